@@ -1,0 +1,25 @@
+#include "common/names.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace tally {
+
+std::string JobName(int64_t id) { return absl::StrCat("jobs/", id); }
+
+absl::StatusOr<int64_t> ParseJobName(absl::string_view name,
+                                     absl::string_view field) {
+  absl::string_view rest = name;
+  int64_t id = 0;
+  if (!absl::ConsumePrefix(&rest, "jobs/") || !absl::SimpleAtoi(rest, &id) ||
+      id <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected a job name like \"jobs/42\", got \"",
+                     name, "\""));
+  }
+  return id;
+}
+
+}  // namespace tally

@@ -1,0 +1,20 @@
+// Resource names: "jobs/{id}" with a positive decimal id.
+#ifndef TALLY_COMMON_NAMES_H_
+#define TALLY_COMMON_NAMES_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tally {
+
+std::string JobName(int64_t id);
+// INVALID_ARGUMENT naming `field` when `name` is not "jobs/{id}".
+absl::StatusOr<int64_t> ParseJobName(absl::string_view name,
+                                     absl::string_view field = "name");
+
+}  // namespace tally
+
+#endif  // TALLY_COMMON_NAMES_H_

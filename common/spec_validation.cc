@@ -1,0 +1,239 @@
+#include "common/spec_validation.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tally {
+namespace {
+
+using tally::v1::JobSpec;
+
+class Problems {
+ public:
+  void Add(absl::string_view field, absl::string_view what) {
+    list_.push_back(absl::StrCat("spec.", field, ": ", what));
+  }
+  template <typename T>
+  void Range(absl::string_view field, T value, T lo, T hi) {
+    if (value < lo || value > hi) {
+      Add(field, absl::StrCat("must be between ", lo, " and ", hi, ", got ",
+                              value));
+    }
+  }
+  void Finite(absl::string_view field, double value, double lo, double hi) {
+    if (!std::isfinite(value)) {
+      Add(field, "must be a finite number");
+    } else {
+      Range(field, value, lo, hi);
+    }
+  }
+  absl::Status ToStatus() const {
+    if (list_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(list_, "; "));
+  }
+
+ private:
+  std::vector<std::string> list_;
+};
+
+bool IsNameChar(char c) {
+  return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-' ||
+         c == '_' || c == '.' || c == '/';
+}
+
+}  // namespace
+
+void ApplySpecDefaults(JobSpec* spec) {
+  auto* data = spec->mutable_data();
+  if (data->packing() == tally::v1::PACKING_MODE_UNSPECIFIED) {
+    data->set_packing(tally::v1::PACKING_MODE_PACKED);
+  }
+  if (data->shuffle_window() == 0) data->set_shuffle_window(1024);
+  auto* moe = spec->mutable_model()->mutable_moe();
+  if (moe->num_experts() > 0) {
+    if (moe->top_k() == 0) moe->set_top_k(1);
+    if (moe->every_n_layers() == 0) moe->set_every_n_layers(1);
+    if (moe->router().empty()) moe->set_router("softmax");
+  }
+  auto* precision = spec->mutable_precision();
+  if (precision->compute() == tally::v1::PRECISION_FP8) {
+    if (precision->fp8_recipe() == tally::v1::FP8_RECIPE_UNSPECIFIED) {
+      precision->set_fp8_recipe(tally::v1::FP8_RECIPE_DELAYED);
+    }
+    if (precision->amax_history_len() == 0) precision->set_amax_history_len(16);
+  }
+  auto* opt = spec->mutable_optimizer();
+  if (opt->lr() == 0) opt->set_lr(3e-4);
+  if (opt->beta1() == 0) opt->set_beta1(0.9);
+  if (opt->beta2() == 0) opt->set_beta2(0.95);
+  if (opt->eps() == 0) opt->set_eps(1e-8);
+  auto* training = spec->mutable_training();
+  if (training->micro_batch_rows() == 0) training->set_micro_batch_rows(8);
+  if (training->global_batch_tokens() == 0) {
+    training->set_global_batch_tokens(int64_t{data->seq_len()} *
+                                      training->micro_batch_rows());
+  }
+  auto* resources = spec->mutable_resources();
+  if (resources->gpu_type().empty()) resources->set_gpu_type("cpu");
+  if (resources->gpu_count() == 0) resources->set_gpu_count(1);
+  if (spec->max_attempts() == 0) spec->set_max_attempts(3);
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  Problems p;
+  if (spec.display_name().size() > 200) {
+    p.Add("display_name", "must be at most 200 characters");
+  }
+
+  const auto& model = spec.model();
+  p.Range("model.num_layers", model.num_layers(), 1, 256);
+  p.Range("model.d_model", model.d_model(), 1, 65536);
+  p.Range("model.num_heads", model.num_heads(), 1, 1024);
+  if (model.num_heads() > 0 && model.d_model() > 0) {
+    if (model.d_model() % model.num_heads() != 0) {
+      p.Add("model.num_heads",
+            absl::StrCat("must divide model.d_model (", model.d_model(),
+                         "), got ", model.num_heads()));
+    } else if ((model.d_model() / model.num_heads()) % 2 != 0) {
+      p.Add("model.num_heads",
+            "d_model / num_heads must be even (RoPE rotates pairs)");
+    }
+  }
+  p.Range("model.d_ff", model.d_ff(), 0, 1 << 20);
+  p.Range("model.vocab_size", model.vocab_size(), 0, 1 << 22);
+  const auto& moe = model.moe();
+  p.Range("model.moe.num_experts", moe.num_experts(), 0, 1024);
+  if (moe.num_experts() > 0) {
+    p.Range("model.moe.top_k", moe.top_k(), 1, moe.num_experts());
+    p.Range("model.moe.every_n_layers", moe.every_n_layers(), 1,
+            std::max(1, model.num_layers()));
+    if (moe.router() != "softmax" && moe.router() != "sigmoid") {
+      p.Add("model.moe.router",
+            absl::StrCat("must be \"softmax\" or \"sigmoid\", got \"",
+                         moe.router(), "\""));
+    }
+  } else if (moe.top_k() != 0 || moe.shared_expert() ||
+             moe.bias_balancing() || moe.aux_loss_coef() != 0 ||
+             moe.capacity_factor() != 0) {
+    p.Add("model.moe.num_experts",
+          "MoE options are set but num_experts is 0; set num_experts >= 1 or "
+          "remove model.moe");
+  }
+  p.Finite("model.moe.aux_loss_coef", moe.aux_loss_coef(), 0, 10);
+  p.Finite("model.moe.z_loss_coef", moe.z_loss_coef(), 0, 10);
+  p.Finite("model.moe.capacity_factor", moe.capacity_factor(), 0, 64);
+
+  const auto& precision = spec.precision();
+  if (!tally::v1::Precision_IsValid(precision.compute())) {
+    p.Add("precision.compute", "must be one of PRECISION_FP32, "
+                               "PRECISION_BF16, PRECISION_FP8");
+  }
+  if (precision.compute() != tally::v1::PRECISION_FP8 &&
+      (precision.fp8_recipe() != tally::v1::FP8_RECIPE_UNSPECIFIED ||
+       precision.amax_history_len() != 0)) {
+    p.Add("precision.fp8_recipe",
+          "FP8 options are set but precision.compute is not PRECISION_FP8");
+  }
+  p.Range("precision.amax_history_len", precision.amax_history_len(), 0,
+          1024);
+  p.Range("precision.fp8_margin", precision.fp8_margin(), 0, 8);
+
+  const auto& data = spec.data();
+  if (data.train_path().empty()) {
+    p.Add("data.train_path",
+          "is required: the dataset prefix written by tally-prep");
+  }
+  p.Range("data.seq_len", data.seq_len(), 8, 1 << 17);
+  p.Range("data.shuffle_window", data.shuffle_window(), 1, 1 << 20);
+  if (!tally::v1::PackingMode_IsValid(data.packing())) {
+    p.Add("data.packing", "must be PACKING_MODE_PACKED, "
+                          "PACKING_MODE_PAD_TO_SEQ_LEN or "
+                          "PACKING_MODE_PAD_TO_LONGEST");
+  }
+
+  const auto& opt = spec.optimizer();
+  p.Finite("optimizer.lr", opt.lr(), 1e-9, 10);
+  p.Finite("optimizer.min_lr", opt.min_lr(), 0, opt.lr());
+  p.Finite("optimizer.weight_decay", opt.weight_decay(), 0, 10);
+  p.Finite("optimizer.beta1", opt.beta1(), 0, 0.999999);
+  p.Finite("optimizer.beta2", opt.beta2(), 0, 0.999999);
+  p.Finite("optimizer.eps", opt.eps(), 1e-12, 1);
+  p.Finite("optimizer.grad_clip", opt.grad_clip(), 0, 1e6);
+
+  const auto& training = spec.training();
+  p.Range<int64_t>("training.max_steps", training.max_steps(), 1,
+                   int64_t{1} << 40);
+  p.Range<int64_t>("optimizer.warmup_steps", opt.warmup_steps(), 0,
+                   std::max<int64_t>(0, training.max_steps()));
+  p.Range("training.micro_batch_rows", training.micro_batch_rows(), 1, 65536);
+  const int64_t micro_tokens =
+      int64_t{data.seq_len()} * training.micro_batch_rows();
+  if (training.global_batch_tokens() <= 0 ||
+      (micro_tokens > 0 && training.global_batch_tokens() % micro_tokens)) {
+    p.Add("training.global_batch_tokens",
+          absl::StrCat("must be a positive multiple of data.seq_len * "
+                       "training.micro_batch_rows (",
+                       micro_tokens, "), got ",
+                       training.global_batch_tokens()));
+  }
+  p.Range<int64_t>("training.eval_interval_steps",
+                   training.eval_interval_steps(), 0, int64_t{1} << 40);
+  p.Range<int64_t>("training.eval_tokens", training.eval_tokens(), 0,
+                   int64_t{1} << 40);
+  p.Range<int64_t>("training.checkpoint_interval_steps",
+                   training.checkpoint_interval_steps(), 0, int64_t{1} << 40);
+
+  const auto& es = spec.early_stopping();
+  p.Range("early_stopping.patience", es.patience(), 0, 10000);
+  p.Finite("early_stopping.min_rel_delta", es.min_rel_delta(), 0, 0.999);
+  p.Finite("early_stopping.min_delta", es.min_delta(), 0, 1e6);
+  p.Range("early_stopping.min_evals", es.min_evals(), 0, 10000);
+  if (es.divergence_factor() != 0) {
+    p.Finite("early_stopping.divergence_factor", es.divergence_factor(), 1.0,
+             1e6);
+  }
+  p.Range("early_stopping.baseline_evals", es.baseline_evals(), 0, 10000);
+  p.Finite("early_stopping.baseline_min_rel_gain", es.baseline_min_rel_gain(),
+           0, 0.999);
+
+  p.Finite("budget.max_dollars", spec.budget().max_dollars(), 0, 1e9);
+
+  const auto& res = spec.resources();
+  const std::string& gpu_type = res.gpu_type();
+  bool gpu_type_ok = !gpu_type.empty() && gpu_type.size() <= 32;
+  for (char c : gpu_type) gpu_type_ok = gpu_type_ok && IsNameChar(c) && c != '/';
+  if (!gpu_type_ok) {
+    p.Add("resources.gpu_type",
+          absl::StrCat("must be 1-32 characters of [a-z0-9._-] (e.g. \"cpu\", "
+                       "\"h200\"), got \"",
+                       gpu_type, "\""));
+  }
+  p.Range("resources.gpu_count", res.gpu_count(), 1, 1024);
+
+  p.Range("priority", spec.priority(), -1000, 1000);
+  p.Range("max_attempts", spec.max_attempts(), 1, 100);
+
+  if (spec.labels_size() > 64) p.Add("labels", "at most 64 labels");
+  for (const auto& [key, value] : spec.labels()) {
+    bool key_ok = !key.empty() && key.size() <= 63 &&
+                  (absl::ascii_islower(key[0]) || absl::ascii_isdigit(key[0]));
+    for (char c : key) key_ok = key_ok && IsNameChar(c);
+    if (!key_ok) {
+      p.Add(absl::StrCat("labels[\"", key, "\"]"),
+            "keys are 1-63 characters of [a-z0-9._/-], starting with a "
+            "letter or digit");
+    }
+    if (value.size() > 256) {
+      p.Add(absl::StrCat("labels[\"", key, "\"]"),
+            "values are at most 256 characters");
+    }
+  }
+  return p.ToStatus();
+}
+
+}  // namespace tally
