@@ -1,0 +1,77 @@
+// JobStore: tallyd's durable state. Synchronous; every method is one
+// transaction, so a crash leaves either all of a write or none of it.
+// Implementations are thread-safe.
+#ifndef TALLY_SERVER_STORE_JOB_STORE_H_
+#define TALLY_SERVER_STORE_JOB_STORE_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tally/store/records.pb.h"
+#include "tally/v1/jobs.pb.h"
+
+namespace tally::store {
+
+// Everything one state change writes, applied atomically by Commit().
+struct Mutation {
+  std::optional<JobRecord> job;                  // replaces the stored job
+  std::vector<tally::v1::JobEvent> events;       // appended; sequences given
+  std::vector<AttemptRecord> attempts;           // inserted or replaced
+  std::vector<tally::v1::Checkpoint> checkpoints;  // appended
+};
+
+struct CreateResult {
+  JobRecord job;
+  bool created = false;  // false: request_id matched an existing job
+};
+
+struct JobQuery {
+  std::vector<tally::v1::JobState> states;  // empty: all states
+  int64_t before_id = 0;                    // 0: from the newest
+  int limit = 50;
+};
+
+class JobStore {
+ public:
+  virtual ~JobStore() = default;
+
+  // Assigns the job an id and name, stores it with its first event (whose
+  // sequence is set to 1). With a non-empty request_id already used, returns
+  // that job and created=false if the specs are equal, else ALREADY_EXISTS.
+  virtual absl::StatusOr<CreateResult> CreateJob(
+      JobRecord job, tally::v1::JobEvent first_event) = 0;
+
+  // Applies a mutation in one transaction. Events must carry the sequences
+  // that follow the job's last one (the caller owns last_event_sequence).
+  virtual absl::Status Commit(const Mutation& mutation) = 0;
+
+  virtual absl::StatusOr<JobRecord> GetJob(int64_t id) = 0;
+  // Newest first.
+  virtual absl::StatusOr<std::vector<JobRecord>> ListJobs(
+      const JobQuery& query) = 0;
+  // Every job not in a terminal state, oldest first (start-up recovery).
+  virtual absl::StatusOr<std::vector<JobRecord>> ListActiveJobs() = 0;
+  // Events with sequence > after_sequence, in order, at most `limit`.
+  virtual absl::StatusOr<std::vector<tally::v1::JobEvent>> ListEvents(
+      int64_t job_id, int64_t after_sequence, int limit) = 0;
+  virtual absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(
+      int64_t job_id) = 0;
+  virtual absl::StatusOr<std::vector<tally::v1::Checkpoint>> ListCheckpoints(
+      int64_t job_id) = 0;
+  // Counts of jobs per state.
+  virtual absl::StatusOr<std::vector<std::pair<tally::v1::JobState, int64_t>>>
+  CountJobsByState() = 0;
+
+  virtual absl::Status PutWorker(const WorkerRecord& worker) = 0;
+  virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;
+};
+
+bool IsTerminal(tally::v1::JobState state);
+
+}  // namespace tally::store
+
+#endif  // TALLY_SERVER_STORE_JOB_STORE_H_

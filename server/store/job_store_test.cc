@@ -1,0 +1,237 @@
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/store/memory_job_store.h"
+#include "server/store/sqlite_job_store.h"
+
+namespace tally::store {
+namespace {
+
+using tally::v1::JobState;
+
+std::string TempDbPath() {
+  static int n = 0;
+  auto dir = std::filesystem::temp_directory_path() /
+             ("tally_store_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / ("db" + std::to_string(n++) + ".sqlite")).string();
+}
+
+JobRecord NewJob(const std::string& request_id = "", int layers = 2) {
+  JobRecord r;
+  r.mutable_job()->set_state(tally::v1::JOB_STATE_QUEUED);
+  r.mutable_job()->set_request_id(request_id);
+  r.mutable_job()->mutable_spec()->mutable_model()->set_num_layers(layers);
+  r.mutable_job()->mutable_create_time()->set_seconds(1000);
+  return r;
+}
+
+tally::v1::JobEvent Submitted() {
+  tally::v1::JobEvent e;
+  e.set_type("submitted");
+  e.set_state(tally::v1::JOB_STATE_QUEUED);
+  return e;
+}
+
+class JobStoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "memory") {
+      store_ = std::make_unique<InMemoryJobStore>();
+    } else {
+      path_ = TempDbPath();
+      auto s = SqliteJobStore::Open(path_);
+      ASSERT_TRUE(s.ok()) << s.status();
+      store_ = std::move(*s);
+    }
+  }
+  std::string path_;
+  std::unique_ptr<JobStore> store_;
+};
+
+TEST_P(JobStoreTest, CreateAssignsIdsAndFirstEvent) {
+  auto a = store_->CreateJob(NewJob(), Submitted());
+  auto b = store_->CreateJob(NewJob(), Submitted());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->created);
+  EXPECT_NE(a->job.id(), b->job.id());
+  EXPECT_EQ(a->job.job().name(), "jobs/" + std::to_string(a->job.id()));
+  auto got = store_->GetJob(a->job.id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->job().last_event_sequence(), 1);
+  auto events = store_->ListEvents(a->job.id(), 0, 100);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].sequence(), 1);
+  EXPECT_EQ((*events)[0].job(), a->job.job().name());
+}
+
+TEST_P(JobStoreTest, RequestIdIsIdempotent) {
+  auto a = store_->CreateJob(NewJob("req-1"), Submitted());
+  auto again = store_->CreateJob(NewJob("req-1"), Submitted());
+  ASSERT_TRUE(a.ok() && again.ok());
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(a->job.id(), again->job.id());
+  auto different = store_->CreateJob(NewJob("req-1", 7), Submitted());
+  EXPECT_EQ(different.status().code(), absl::StatusCode::kAlreadyExists);
+  auto all = store_->ListJobs({});
+  EXPECT_EQ(all->size(), 1u);
+}
+
+TEST_P(JobStoreTest, CommitRoundTripsEverything) {
+  auto a = store_->CreateJob(NewJob(), Submitted());
+  ASSERT_TRUE(a.ok());
+  Mutation m;
+  m.job = a->job;
+  m.job->mutable_job()->set_state(tally::v1::JOB_STATE_RUNNING);
+  m.job->mutable_job()->set_last_event_sequence(2);
+  tally::v1::JobEvent e;
+  e.set_job(a->job.job().name());
+  e.set_sequence(2);
+  e.set_type("state");
+  m.events.push_back(e);
+  AttemptRecord attempt;
+  attempt.set_job_id(a->job.id());
+  attempt.set_attempt(1);
+  attempt.add_worker_ids("w1");
+  attempt.set_state(ATTEMPT_STATE_RUNNING);
+  m.attempts.push_back(attempt);
+  tally::v1::Checkpoint c;
+  c.set_job(a->job.job().name());
+  c.set_step(10);
+  c.set_path("/ckpt/10");
+  m.checkpoints.push_back(c);
+  ASSERT_TRUE(store_->Commit(m).ok());
+
+  EXPECT_EQ(store_->GetJob(a->job.id())->job().state(),
+            tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(store_->ListEvents(a->job.id(), 1, 10)->size(), 1u);
+  EXPECT_EQ(store_->ListEvents(a->job.id(), 0, 1)->size(), 1u);
+  auto attempts = store_->ListAttempts(a->job.id());
+  ASSERT_EQ(attempts->size(), 1u);
+  EXPECT_EQ((*attempts)[0].worker_ids(0), "w1");
+  attempt.set_state(ATTEMPT_STATE_LOST);
+  Mutation m2;
+  m2.attempts.push_back(attempt);
+  ASSERT_TRUE(store_->Commit(m2).ok());
+  EXPECT_EQ((*store_->ListAttempts(a->job.id()))[0].state(), ATTEMPT_STATE_LOST);
+  auto ckpts = store_->ListCheckpoints(a->job.id());
+  ASSERT_EQ(ckpts->size(), 1u);
+  EXPECT_EQ((*ckpts)[0].path(), "/ckpt/10");
+}
+
+TEST_P(JobStoreTest, ListFiltersPagesAndCounts) {
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(store_->CreateJob(NewJob(), Submitted()).ok());
+  auto jobs = store_->ListJobs({});
+  ASSERT_EQ(jobs->size(), 5u);
+  EXPECT_GT((*jobs)[0].id(), (*jobs)[4].id()) << "newest first";
+  Mutation m;
+  m.job = (*jobs)[0];
+  m.job->mutable_job()->set_state(tally::v1::JOB_STATE_CANCELLED);
+  ASSERT_TRUE(store_->Commit(m).ok());
+  JobQuery q;
+  q.states = {tally::v1::JOB_STATE_QUEUED};
+  q.limit = 2;
+  auto page1 = store_->ListJobs(q);
+  ASSERT_EQ(page1->size(), 2u);
+  q.before_id = (*page1)[1].id();
+  auto page2 = store_->ListJobs(q);
+  ASSERT_EQ(page2->size(), 2u);
+  EXPECT_LT((*page2)[0].id(), (*page1)[1].id());
+  EXPECT_EQ(store_->ListActiveJobs()->size(), 4u);
+  auto counts = store_->CountJobsByState();
+  ASSERT_TRUE(counts.ok());
+  std::map<JobState, int64_t> by_state(counts->begin(), counts->end());
+  EXPECT_EQ(by_state[tally::v1::JOB_STATE_QUEUED], 4);
+  EXPECT_EQ(by_state[tally::v1::JOB_STATE_CANCELLED], 1);
+}
+
+TEST_P(JobStoreTest, MissingJobIsNotFound) {
+  EXPECT_EQ(store_->GetJob(99).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->ListEvents(99, 0, 10).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_P(JobStoreTest, WorkersRoundTrip) {
+  WorkerRecord w;
+  w.set_worker_id("w1");
+  w.set_gpu_type("cpu");
+  w.set_slots(2);
+  ASSERT_TRUE(store_->PutWorker(w).ok());
+  w.set_slots(3);
+  ASSERT_TRUE(store_->PutWorker(w).ok());
+  auto workers = store_->ListWorkers();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].slots(), 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, JobStoreTest,
+                         ::testing::Values("memory", "sqlite"));
+
+TEST(SqliteJobStoreTest, SurvivesReopen) {
+  const std::string path = TempDbPath();
+  int64_t id;
+  {
+    auto store = SqliteJobStore::Open(path);
+    ASSERT_TRUE(store.ok());
+    auto a = (*store)->CreateJob(NewJob("r"), Submitted());
+    ASSERT_TRUE(a.ok());
+    id = a->job.id();
+  }
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->GetJob(id)->job().request_id(), "r");
+  EXPECT_EQ(*(*store)->SchemaVersion(), SqliteJobStore::kSchemaVersion);
+  // Ids keep growing after a reopen, never reused.
+  auto b = (*store)->CreateJob(NewJob(), Submitted());
+  EXPECT_GT(b->job.id(), id);
+}
+
+TEST(SqliteJobStoreTest, MigratesAnOlderSchemaKeepingData) {
+  const std::string path = TempDbPath();
+  int64_t id;
+  {
+    auto v1 = SqliteJobStore::OpenAtVersion(path, 1);
+    ASSERT_TRUE(v1.ok()) << v1.status();
+    EXPECT_EQ(*(*v1)->SchemaVersion(), 1);
+    auto a = (*v1)->CreateJob(NewJob(), Submitted());
+    ASSERT_TRUE(a.ok());
+    id = a->job.id();
+    // Checkpoints arrive in version 2.
+    EXPECT_FALSE((*v1)->ListCheckpoints(id).ok());
+  }
+  auto store = SqliteJobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*(*store)->SchemaVersion(), 2);
+  EXPECT_TRUE((*store)->GetJob(id).ok());
+  EXPECT_TRUE((*store)->ListCheckpoints(id).ok());
+}
+
+TEST(SqliteJobStoreTest, RefusesANewerSchema) {
+  const std::string path = TempDbPath();
+  {
+    sqlite3* db;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    sqlite3_exec(db, "PRAGMA user_version=99", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+  }
+  auto store = SqliteJobStore::Open(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(store.status().message()), ::testing::HasSubstr("newer"));
+}
+
+TEST(SqliteJobStoreTest, UnwritablePathIsAClearError) {
+  auto store = SqliteJobStore::Open("/nonexistent-dir/x/tally.db");
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(store.status().message()),
+              ::testing::HasSubstr("/nonexistent-dir/x/tally.db"));
+}
+
+}  // namespace
+}  // namespace tally::store

@@ -1,0 +1,49 @@
+// InMemoryJobStore: a complete JobStore that keeps everything in memory. For
+// tests and `tallyd --store=memory`; nothing survives the process.
+#ifndef TALLY_SERVER_STORE_MEMORY_JOB_STORE_H_
+#define TALLY_SERVER_STORE_MEMORY_JOB_STORE_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "server/store/job_store.h"
+
+namespace tally::store {
+
+class InMemoryJobStore final : public JobStore {
+ public:
+  absl::StatusOr<CreateResult> CreateJob(JobRecord job,
+                                         tally::v1::JobEvent first_event) override;
+  absl::Status Commit(const Mutation& mutation) override;
+  absl::StatusOr<JobRecord> GetJob(int64_t id) override;
+  absl::StatusOr<std::vector<JobRecord>> ListJobs(const JobQuery& query) override;
+  absl::StatusOr<std::vector<JobRecord>> ListActiveJobs() override;
+  absl::StatusOr<std::vector<tally::v1::JobEvent>> ListEvents(
+      int64_t job_id, int64_t after_sequence, int limit) override;
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t job_id) override;
+  absl::StatusOr<std::vector<tally::v1::Checkpoint>> ListCheckpoints(
+      int64_t job_id) override;
+  absl::StatusOr<std::vector<std::pair<tally::v1::JobState, int64_t>>>
+  CountJobsByState() override;
+  absl::Status PutWorker(const WorkerRecord& worker) override;
+  absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() override;
+
+ private:
+  struct Entry {
+    JobRecord job;
+    std::vector<tally::v1::JobEvent> events;
+    std::map<int32_t, AttemptRecord> attempts;
+    std::vector<tally::v1::Checkpoint> checkpoints;
+  };
+  absl::Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> by_request_id_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tally::store
+
+#endif  // TALLY_SERVER_STORE_MEMORY_JOB_STORE_H_

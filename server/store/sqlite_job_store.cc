@@ -1,0 +1,454 @@
+#include "server/store/sqlite_job_store.h"
+
+#include <sqlite3.h>
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace tally::store {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+// Migration i brings the schema from version i to i + 1. Append only: a
+// released migration never changes.
+const char* const kMigrations[] = {
+    // 0 -> 1: jobs, their events and attempts, workers.
+    R"sql(
+    CREATE TABLE jobs (
+      id INTEGER PRIMARY KEY AUTOINCREMENT,
+      request_id TEXT UNIQUE,
+      state INTEGER NOT NULL,
+      create_time_us INTEGER NOT NULL,
+      record BLOB NOT NULL);
+    CREATE TABLE events (
+      job_id INTEGER NOT NULL REFERENCES jobs(id),
+      seq INTEGER NOT NULL,
+      event BLOB NOT NULL,
+      PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
+    CREATE TABLE attempts (
+      job_id INTEGER NOT NULL REFERENCES jobs(id),
+      attempt INTEGER NOT NULL,
+      record BLOB NOT NULL,
+      PRIMARY KEY (job_id, attempt)) WITHOUT ROWID;
+    CREATE TABLE workers (
+      worker_id TEXT PRIMARY KEY,
+      record BLOB NOT NULL);
+    )sql",
+    // 1 -> 2: checkpoints, and an index for listing by state.
+    R"sql(
+    CREATE TABLE checkpoints (
+      id INTEGER PRIMARY KEY AUTOINCREMENT,
+      job_id INTEGER NOT NULL REFERENCES jobs(id),
+      step INTEGER NOT NULL,
+      record BLOB NOT NULL);
+    CREATE INDEX checkpoints_by_job ON checkpoints(job_id, id);
+    CREATE INDEX jobs_by_state ON jobs(state, id);
+    )sql",
+};
+static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) ==
+              SqliteJobStore::kSchemaVersion);
+
+absl::Status SqlError(sqlite3* db, absl::string_view what) {
+  const int code = sqlite3_errcode(db);
+  std::string msg = absl::StrCat(what, ": ", sqlite3_errmsg(db));
+  if (code == SQLITE_BUSY || code == SQLITE_LOCKED) {
+    return absl::UnavailableError(msg);
+  }
+  if (code == SQLITE_FULL || code == SQLITE_IOERR) {
+    return absl::ResourceExhaustedError(msg);
+  }
+  return absl::InternalError(msg);
+}
+
+absl::Status Exec(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("sqlite: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+// A prepared statement; binds are 1-based like SQLite's.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) {
+      status_ = SqlError(db, absl::StrCat("prepare ", sql));
+    }
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  const absl::Status& status() const { return status_; }
+  Stmt& Bind(int i, int64_t v) {
+    if (stmt_) sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, const std::string& v) {
+    if (stmt_) sqlite3_bind_text(stmt_, i, v.data(), v.size(), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& BindNull(int i) {
+    if (stmt_) sqlite3_bind_null(stmt_, i);
+    return *this;
+  }
+  Stmt& BindBlob(int i, const std::string& v) {
+    if (stmt_) sqlite3_bind_blob(stmt_, i, v.data(), v.size(), SQLITE_TRANSIENT);
+    return *this;
+  }
+  // true: a row is ready; false: done.
+  absl::StatusOr<bool> Step() {
+    if (!status_.ok()) return status_;
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return SqlError(db_, "step");
+  }
+  absl::Status Run() {
+    absl::StatusOr<bool> row = Step();
+    return row.status();
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  std::string Blob(int col) {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    return std::string(static_cast<const char*>(p),
+                       sqlite3_column_bytes(stmt_, col));
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  absl::Status status_;
+};
+
+template <typename Proto>
+absl::StatusOr<Proto> ParseRow(Stmt& s, int col, absl::string_view table) {
+  Proto p;
+  if (!p.ParseFromString(s.Blob(col))) {
+    return absl::DataLossError(absl::StrCat("corrupt record in ", table));
+  }
+  return p;
+}
+
+// Rolls back unless Commit() was called.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) {
+    status_ = Exec(db_, "BEGIN IMMEDIATE");
+  }
+  ~Transaction() {
+    if (status_.ok() && !done_) Exec(db_, "ROLLBACK").IgnoreError();
+  }
+  const absl::Status& status() const { return status_; }
+  absl::Status Commit() {
+    done_ = true;
+    return Exec(db_, "COMMIT");
+  }
+
+ private:
+  sqlite3* db_;
+  absl::Status status_;
+  bool done_ = false;
+};
+
+int64_t CreateMicros(const JobRecord& job) {
+  return google::protobuf::util::TimeUtil::TimestampToMicroseconds(
+      job.job().create_time());
+}
+
+absl::StatusOr<int> UserVersion(sqlite3* db) {
+  Stmt s(db, "PRAGMA user_version");
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? static_cast<int>(s.Int(0)) : 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(
+    const std::string& path) {
+  return OpenAtVersion(path, kSchemaVersion);
+}
+
+absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::OpenAtVersion(
+    const std::string& path, int version) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                          SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    absl::Status s = absl::FailedPreconditionError(absl::StrCat(
+        "cannot open database ", path, ": ",
+        db ? sqlite3_errmsg(db) : "out of memory"));
+    sqlite3_close(db);
+    return s;
+  }
+  std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db));
+  sqlite3_busy_timeout(db, 5000);
+  absl::MutexLock lock(&store->mu_);
+  RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL"));
+  RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous=FULL"));
+  RETURN_IF_ERROR(Exec(db, "PRAGMA foreign_keys=ON"));
+  RETURN_IF_ERROR(store->Migrate(version));
+  return store;
+}
+
+SqliteJobStore::~SqliteJobStore() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_close(db_);
+}
+
+absl::Status SqliteJobStore::Migrate(int target) {
+  ASSIGN_OR_RETURN(int current, UserVersion(db_));
+  if (current > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "database schema version ", current, " is newer than this tallyd (",
+        kSchemaVersion, "); run a newer tallyd or point --data_dir elsewhere"));
+  }
+  for (int v = current; v < target; ++v) {
+    Transaction tx(db_);
+    RETURN_IF_ERROR(tx.status());
+    RETURN_IF_ERROR(Exec(db_, kMigrations[v]));
+    RETURN_IF_ERROR(
+        Exec(db_, absl::StrCat("PRAGMA user_version=", v + 1).c_str()));
+    RETURN_IF_ERROR(tx.Commit());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> SqliteJobStore::SchemaVersion() {
+  absl::MutexLock lock(&mu_);
+  return UserVersion(db_);
+}
+
+absl::StatusOr<CreateResult> SqliteJobStore::CreateJob(
+    JobRecord job, tally::v1::JobEvent first_event) {
+  absl::MutexLock lock(&mu_);
+  Transaction tx(db_);
+  RETURN_IF_ERROR(tx.status());
+  const std::string& request_id = job.job().request_id();
+  if (!request_id.empty()) {
+    Stmt s(db_, "SELECT record FROM jobs WHERE request_id = ?");
+    s.Bind(1, request_id);
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (row) {
+      ASSIGN_OR_RETURN(JobRecord existing, ParseRow<JobRecord>(s, 0, "jobs"));
+      if (!MessageDifferencer::Equals(existing.job().spec(), job.job().spec())) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id \"", request_id, "\" was already used for ",
+            existing.job().name(), " with a different spec"));
+      }
+      return CreateResult{existing, false};
+    }
+  }
+  {
+    Stmt s(db_,
+           "INSERT INTO jobs (request_id, state, create_time_us, record) "
+           "VALUES (?, ?, ?, x'')");
+    if (request_id.empty()) {
+      s.BindNull(1);
+    } else {
+      s.Bind(1, request_id);
+    }
+    s.Bind(2, job.job().state()).Bind(3, CreateMicros(job));
+    RETURN_IF_ERROR(s.Run());
+  }
+  const int64_t id = sqlite3_last_insert_rowid(db_);
+  job.set_id(id);
+  job.mutable_job()->set_name(JobName(id));
+  job.mutable_job()->set_last_event_sequence(1);
+  first_event.set_job(job.job().name());
+  first_event.set_sequence(1);
+  Mutation m;
+  m.job = job;
+  m.events.push_back(first_event);
+  RETURN_IF_ERROR(WriteMutationLocked(m));
+  RETURN_IF_ERROR(tx.Commit());
+  return CreateResult{job, true};
+}
+
+absl::Status SqliteJobStore::WriteMutationLocked(const Mutation& m) {
+  if (m.job) {
+    Stmt s(db_, "UPDATE jobs SET state = ?, record = ? WHERE id = ?");
+    s.Bind(1, m.job->job().state())
+        .BindBlob(2, m.job->SerializeAsString())
+        .Bind(3, m.job->id());
+    RETURN_IF_ERROR(s.Run());
+    if (sqlite3_changes(db_) != 1) {
+      return absl::NotFoundError(absl::StrCat(JobName(m.job->id()), " not found"));
+    }
+  }
+  for (const auto& e : m.events) {
+    ASSIGN_OR_RETURN(int64_t job_id, ParseJobName(e.job(), "event.job"));
+    Stmt s(db_, "INSERT INTO events (job_id, seq, event) VALUES (?, ?, ?)");
+    s.Bind(1, job_id).Bind(2, e.sequence()).BindBlob(3, e.SerializeAsString());
+    RETURN_IF_ERROR(s.Run());
+  }
+  for (const auto& a : m.attempts) {
+    Stmt s(db_,
+           "INSERT OR REPLACE INTO attempts (job_id, attempt, record) "
+           "VALUES (?, ?, ?)");
+    s.Bind(1, a.job_id()).Bind(2, a.attempt()).BindBlob(3, a.SerializeAsString());
+    RETURN_IF_ERROR(s.Run());
+  }
+  for (const auto& c : m.checkpoints) {
+    ASSIGN_OR_RETURN(int64_t job_id, ParseJobName(c.job(), "checkpoint.job"));
+    Stmt s(db_, "INSERT INTO checkpoints (job_id, step, record) VALUES (?, ?, ?)");
+    s.Bind(1, job_id).Bind(2, c.step()).BindBlob(3, c.SerializeAsString());
+    RETURN_IF_ERROR(s.Run());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::Commit(const Mutation& m) {
+  absl::MutexLock lock(&mu_);
+  Transaction tx(db_);
+  RETURN_IF_ERROR(tx.status());
+  RETURN_IF_ERROR(WriteMutationLocked(m));
+  return tx.Commit();
+}
+
+absl::StatusOr<JobRecord> SqliteJobStore::GetJob(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT record FROM jobs WHERE id = ?");
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat(JobName(id), " not found"));
+  return ParseRow<JobRecord>(s, 0, "jobs");
+}
+
+absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::ListJobs(
+    const JobQuery& q) {
+  absl::MutexLock lock(&mu_);
+  std::string sql = "SELECT record FROM jobs WHERE id < ?";
+  if (!q.states.empty()) {
+    sql += " AND state IN (";
+    for (size_t i = 0; i < q.states.size(); ++i) {
+      absl::StrAppend(&sql, i ? "," : "", static_cast<int>(q.states[i]));
+    }
+    sql += ")";
+  }
+  sql += " ORDER BY id DESC LIMIT ?";
+  Stmt s(db_, sql.c_str());
+  s.Bind(1, q.before_id > 0 ? q.before_id : std::numeric_limits<int64_t>::max())
+      .Bind(2, q.limit);
+  std::vector<JobRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(JobRecord job, ParseRow<JobRecord>(s, 0, "jobs"));
+    out.push_back(std::move(job));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::ListActiveJobs() {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT record FROM jobs WHERE state IN (?, ?) ORDER BY id");
+  s.Bind(1, tally::v1::JOB_STATE_QUEUED).Bind(2, tally::v1::JOB_STATE_RUNNING);
+  std::vector<JobRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(JobRecord job, ParseRow<JobRecord>(s, 0, "jobs"));
+    out.push_back(std::move(job));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<tally::v1::JobEvent>> SqliteJobStore::ListEvents(
+    int64_t job_id, int64_t after_sequence, int limit) {
+  absl::MutexLock lock(&mu_);
+  {
+    Stmt s(db_, "SELECT 1 FROM jobs WHERE id = ?");
+    s.Bind(1, job_id);
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return absl::NotFoundError(absl::StrCat(JobName(job_id), " not found"));
+  }
+  Stmt s(db_,
+         "SELECT event FROM events WHERE job_id = ? AND seq > ? ORDER BY seq "
+         "LIMIT ?");
+  s.Bind(1, job_id).Bind(2, after_sequence).Bind(3, limit);
+  std::vector<tally::v1::JobEvent> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto e, ParseRow<tally::v1::JobEvent>(s, 0, "events"));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<AttemptRecord>> SqliteJobStore::ListAttempts(
+    int64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT record FROM attempts WHERE job_id = ? ORDER BY attempt");
+  s.Bind(1, job_id);
+  std::vector<AttemptRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto a, ParseRow<AttemptRecord>(s, 0, "attempts"));
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<tally::v1::Checkpoint>>
+SqliteJobStore::ListCheckpoints(int64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT record FROM checkpoints WHERE job_id = ? ORDER BY id");
+  s.Bind(1, job_id);
+  std::vector<tally::v1::Checkpoint> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto c, ParseRow<tally::v1::Checkpoint>(s, 0, "checkpoints"));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<tally::v1::JobState, int64_t>>>
+SqliteJobStore::CountJobsByState() {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state");
+  std::vector<std::pair<tally::v1::JobState, int64_t>> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.emplace_back(static_cast<tally::v1::JobState>(s.Int(0)), s.Int(1));
+  }
+  return out;
+}
+
+absl::Status SqliteJobStore::PutWorker(const WorkerRecord& worker) {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "INSERT OR REPLACE INTO workers (worker_id, record) VALUES (?, ?)");
+  s.Bind(1, worker.worker_id()).BindBlob(2, worker.SerializeAsString());
+  return s.Run();
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> SqliteJobStore::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT record FROM workers ORDER BY worker_id");
+  std::vector<WorkerRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    ASSIGN_OR_RETURN(auto w, ParseRow<WorkerRecord>(s, 0, "workers"));
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace tally::store
