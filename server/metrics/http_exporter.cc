@@ -1,0 +1,59 @@
+#include "server/metrics/http_exporter.h"
+
+#include <civetweb.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/metrics/text_serializer.h"
+
+namespace tally::metrics {
+namespace {
+
+int HandleMetrics(mg_connection* conn, void* data) {
+  const auto* exporter = static_cast<const HttpExporter*>(data);
+  const std::string body = SerializeText(exporter->registry()->Collect());
+  mg_printf(conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+            "Connection: close\r\n\r\n",
+            kTextContentType, body.size());
+  mg_write(conn, body.data(), body.size());
+  return 200;
+}
+
+int HandleHealth(mg_connection* conn, void*) {
+  mg_printf(conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+            "3\r\nConnection: close\r\n\r\nok\n");
+  return 200;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(
+    const std::string& listen, const Registry* registry) {
+  std::unique_ptr<HttpExporter> exporter(new HttpExporter(registry));
+  const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "4",
+                           nullptr};
+  mg_callbacks callbacks;
+  std::memset(&callbacks, 0, sizeof(callbacks));
+  exporter->ctx_ = mg_start(&callbacks, nullptr, options);
+  if (exporter->ctx_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_listen: cannot listen on ", listen,
+        " (address in use or malformed; use host:port, port 0 for any)"));
+  }
+  mg_set_request_handler(exporter->ctx_, "/metrics", HandleMetrics,
+                         exporter.get());
+  mg_set_request_handler(exporter->ctx_, "/healthz", HandleHealth, nullptr);
+  mg_server_port ports[4];
+  const int n = mg_get_server_ports(exporter->ctx_, 4, ports);
+  if (n > 0) exporter->port_ = ports[0].port;
+  return exporter;
+}
+
+HttpExporter::~HttpExporter() {
+  if (ctx_ != nullptr) mg_stop(ctx_);
+}
+
+}  // namespace tally::metrics

@@ -1,0 +1,139 @@
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/metrics/http_exporter.h"
+#include "server/metrics/registry.h"
+#include "server/metrics/text_serializer.h"
+
+namespace tally::metrics {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(TextSerializerTest, CounterAndGaugeWithHelpAndType) {
+  Registry r;
+  auto& c = BuildCounter().Name("tally_requests_total").Help("Requests.").Register(r);
+  c.Add({{"method", "SubmitJob"}, {"code", "OK"}}).Increment(3);
+  auto& g = BuildGauge().Name("tally_queue_depth").Help("Queued jobs.").Register(r);
+  g.Add({}).Set(7);
+  const std::string text = SerializeText(r.Collect());
+  EXPECT_EQ(text,
+            "# HELP tally_requests_total Requests.\n"
+            "# TYPE tally_requests_total counter\n"
+            "tally_requests_total{code=\"OK\",method=\"SubmitJob\"} 3\n"
+            "# HELP tally_queue_depth Queued jobs.\n"
+            "# TYPE tally_queue_depth gauge\n"
+            "tally_queue_depth 7\n");
+}
+
+TEST(TextSerializerTest, EscapesLabelValuesAndHelp) {
+  Registry r;
+  auto& g = BuildGauge().Name("x").Help("line1\nback\\slash").Register(r);
+  g.Add({{"path", "a\"b\\c\nd"}}).Set(1);
+  const std::string text = SerializeText(r.Collect());
+  EXPECT_THAT(text, HasSubstr("# HELP x line1\\nback\\\\slash\n"));
+  EXPECT_THAT(text, HasSubstr("x{path=\"a\\\"b\\\\c\\nd\"} 1\n"));
+}
+
+TEST(TextSerializerTest, HistogramIsCumulativeWithInf) {
+  Registry r;
+  auto& h = BuildHistogram().Name("wait_seconds").Help("Wait.").Register(r);
+  auto& m = h.Add({}, Histogram::BucketBoundaries{1, 5});
+  m.Observe(0.5);
+  m.Observe(1);  // on the bound: counted in le="1"
+  m.Observe(3);
+  m.Observe(100);
+  const std::string text = SerializeText(r.Collect());
+  EXPECT_THAT(text, HasSubstr("wait_seconds_bucket{le=\"1\"} 2\n"));
+  EXPECT_THAT(text, HasSubstr("wait_seconds_bucket{le=\"5\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("wait_seconds_bucket{le=\"+Inf\"} 4\n"));
+  EXPECT_THAT(text, HasSubstr("wait_seconds_sum 104.5\n"));
+  EXPECT_THAT(text, HasSubstr("wait_seconds_count 4\n"));
+}
+
+TEST(RegistryTest, SameLabelsAreOneSeries) {
+  Registry r;
+  auto& c = BuildCounter().Name("c_total").Help("h").Register(r);
+  c.Add({{"a", "1"}}).Increment();
+  c.Add({{"a", "1"}}).Increment();
+  auto families = r.Collect();
+  ASSERT_EQ(families.size(), 1u);
+  ASSERT_EQ(families[0].metric.size(), 1u);
+  EXPECT_EQ(families[0].metric[0].value, 2);
+}
+
+TEST(RegistryTest, RemoveDropsTheSeries) {
+  Registry r;
+  auto& g = BuildGauge().Name("g").Help("h").Register(r);
+  Gauge& one = g.Add({{"job", "jobs/1"}});
+  g.Add({{"job", "jobs/2"}});
+  g.Remove(&one);
+  EXPECT_FALSE(g.Has({{"job", "jobs/1"}}));
+  EXPECT_THAT(SerializeText(r.Collect()), Not(HasSubstr("jobs/1")));
+}
+
+TEST(RegistryTest, CountersIgnoreNegativeIncrements) {
+  Counter c;
+  c.Increment(2);
+  c.Increment(-5);
+  EXPECT_EQ(c.Value(), 2);
+}
+
+TEST(RegistryTest, CollectCallbacksRunFirst) {
+  Registry r;
+  auto& g = BuildGauge().Name("g").Help("h").Register(r);
+  Gauge& m = g.Add({});
+  int calls = 0;
+  r.AddCollectCallback([&] { m.Set(++calls); });
+  EXPECT_EQ(r.Collect()[0].metric[0].value, 1);
+  EXPECT_EQ(r.Collect()[0].metric[0].value, 2);
+}
+
+TEST(RegistryDeathTest, DuplicateFamilyAborts) {
+  Registry r;
+  BuildGauge().Name("dup").Help("h").Register(r);
+  EXPECT_DEATH(BuildCounter().Name("dup").Help("h").Register(r), "twice");
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: x\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+TEST(HttpExporterTest, ServesMetricsOnAPickedPort) {
+  Registry r;
+  BuildGauge().Name("tally_up").Help("Up.").Register(r).Add({}).Set(1);
+  auto exporter = HttpExporter::Start("127.0.0.1:0", &r);
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  ASSERT_GT((*exporter)->port(), 0);
+  const std::string resp = HttpGet((*exporter)->port(), "/metrics");
+  EXPECT_THAT(resp, HasSubstr("200 OK"));
+  EXPECT_THAT(resp, HasSubstr("text/plain; version=0.0.4"));
+  EXPECT_THAT(resp, HasSubstr("\r\n\r\n# HELP tally_up Up.\n"));
+  EXPECT_THAT(HttpGet((*exporter)->port(), "/healthz"), HasSubstr("ok"));
+}
+
+}  // namespace
+}  // namespace tally::metrics
