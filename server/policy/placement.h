@@ -1,0 +1,46 @@
+// Placement: which queued jobs start now, and on which worker slots. Pure:
+// values in, decision out.
+//
+// Order is priority (higher first), then age (older first), then id. A job
+// asking for N GPUs gets N slots of its GPU type at once or nothing (gang);
+// a job that does not fit is skipped so smaller jobs behind it can start
+// (backfill). A job prefers the single worker with the fewest free slots
+// that fits it whole; otherwise it spans the workers with the most free
+// slots, so fragments stay usable.
+#ifndef TALLY_SERVER_POLICY_PLACEMENT_H_
+#define TALLY_SERVER_POLICY_PLACEMENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace tally::policy {
+
+struct QueuedJob {
+  int64_t id = 0;
+  int priority = 0;
+  absl::Time create_time;
+  std::string gpu_type;
+  int gpu_count = 1;
+};
+
+struct WorkerSlots {
+  std::string worker_id;
+  std::string gpu_type;
+  int free_slots = 0;
+};
+
+struct Placement {
+  int64_t job_id = 0;
+  // One entry per rank; a worker with several slots may appear more than once.
+  std::vector<std::string> rank_workers;
+};
+
+std::vector<Placement> PlaceJobs(std::vector<QueuedJob> jobs,
+                                 std::vector<WorkerSlots> workers);
+
+}  // namespace tally::policy
+
+#endif  // TALLY_SERVER_POLICY_PLACEMENT_H_

@@ -1,0 +1,686 @@
+#include "server/sched/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/names.h"
+#include "common/spec_validation.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/time_util.h"
+#include "server/policy/placement.h"
+
+namespace tally::sched {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+using tally::v1::JobState;
+
+google::protobuf::Timestamp ToProto(absl::Time t) {
+  return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+absl::Time FromProto(const google::protobuf::Timestamp& ts) {
+  return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(ts));
+}
+
+std::string StateName(JobState s) {
+  absl::string_view name = tally::v1::JobState_Name(s);
+  absl::ConsumePrefix(&name, "JOB_STATE_");
+  return std::string(name);
+}
+
+std::string ShortSeconds(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
+}
+
+}  // namespace
+
+int Scheduler::WorkerState::Used() const {
+  int n = 0;
+  for (const auto& [key, ranks] : held) n += ranks;
+  return n;
+}
+
+Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel,
+                     const Clock* clock, metrics::Registry* registry,
+                     SchedulerOptions options)
+    : store_(store), channel_(channel), clock_(clock), options_(options) {
+  queue_wait_ = &metrics::BuildHistogram()
+                     .Name("tally_queue_wait_seconds")
+                     .Help("Time jobs waited in QUEUED before an attempt started.")
+                     .Register(*registry)
+                     .Add({}, metrics::Histogram::ExponentialBuckets(0.01, 4, 10));
+  queue_depth_ = &metrics::BuildGauge()
+                      .Name("tally_queue_depth")
+                      .Help("Jobs waiting in QUEUED.")
+                      .Register(*registry)
+                      .Add({});
+  workers_gauge_ = &metrics::BuildGauge()
+                        .Name("tally_workers")
+                        .Help("Workers known to tallyd, by GPU type and whether "
+                              "they are connected.")
+                        .Register(*registry);
+  slots_gauge_ = &metrics::BuildGauge()
+                      .Name("tally_worker_slots")
+                      .Help("Slots of connected workers, by GPU type and "
+                            "whether they are free or used.")
+                      .Register(*registry);
+  attempts_ended_ = &metrics::BuildCounter()
+                         .Name("tally_attempts_ended_total")
+                         .Help("Attempts that ended, by outcome (succeeded, "
+                               "failed, lost, stopped).")
+                         .Register(*registry);
+  transitions_ = &metrics::BuildCounter()
+                      .Name("tally_job_transitions_total")
+                      .Help("Job state transitions, by the state entered.")
+                      .Register(*registry);
+  auto* jobs = &metrics::BuildGauge()
+                    .Name("tally_jobs")
+                    .Help("Jobs by state, as stored.")
+                    .Register(*registry);
+  for (int s = tally::v1::JOB_STATE_QUEUED; s <= tally::v1::JOB_STATE_FAILED; ++s) {
+    jobs->Add({{"state", StateName(static_cast<JobState>(s))}});
+  }
+  // Jobs by state come from the store, the source of truth, at scrape time.
+  registry->AddCollectCallback([store, jobs] {
+    auto counts = store->CountJobsByState();
+    if (!counts.ok()) return;
+    std::map<JobState, int64_t> by_state(counts->begin(), counts->end());
+    for (int s = tally::v1::JOB_STATE_QUEUED; s <= tally::v1::JOB_STATE_FAILED; ++s) {
+      const auto state = static_cast<JobState>(s);
+      jobs->Add({{"state", StateName(state)}}).Set(by_state[state]);
+    }
+  });
+}
+
+tally::v1::JobEvent Scheduler::NewEvent(const ActiveJob& job,
+                                        const std::string& type,
+                                        const std::string& reason,
+                                        const std::string& detail) const {
+  tally::v1::JobEvent e;
+  e.set_job(job.rec.job().name());
+  *e.mutable_time() = ToProto(clock_->Now());
+  e.set_type(type);
+  e.set_reason(reason);
+  e.set_detail(detail);
+  e.set_attempt(job.rec.job().attempt());
+  e.set_step(job.rec.job().step());
+  e.set_tokens(job.rec.job().tokens());
+  return e;
+}
+
+absl::Status Scheduler::Record(ActiveJob& job, JobState state,
+                               const std::string& type,
+                               const std::string& reason,
+                               const std::string& detail, bool write_attempt) {
+  store::Mutation m;
+  m.job = job.rec;
+  tally::v1::Job& j = *m.job->mutable_job();
+  const bool transition = j.state() != state;
+  j.set_state(state);
+  if (transition) j.set_state_reason(reason);
+  if (store::IsTerminal(state)) *j.mutable_end_time() = ToProto(clock_->Now());
+  j.set_last_event_sequence(j.last_event_sequence() + 1);
+  tally::v1::JobEvent e = NewEvent(job, type, reason, detail);
+  e.set_sequence(j.last_event_sequence());
+  e.set_state(state);
+  m.events.push_back(e);
+  if (write_attempt && job.attempt) m.attempts.push_back(*job.attempt);
+  RETURN_IF_ERROR(store_->Commit(m));
+  job.rec = *m.job;
+  job.progress_dirty = false;
+  if (transition) transitions_->Add({{"state", StateName(state)}}).Increment();
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Recover() {
+  ASSIGN_OR_RETURN(std::vector<store::JobRecord> jobs, store_->ListActiveJobs());
+  const absl::Time now = clock_->Now();
+  for (auto& rec : jobs) {
+    ActiveJob job;
+    job.rec = rec;
+    job.queued_since = now;
+    if (rec.job().state() == tally::v1::JOB_STATE_RUNNING) {
+      ASSIGN_OR_RETURN(std::vector<store::AttemptRecord> attempts,
+                       store_->ListAttempts(rec.id()));
+      if (!attempts.empty() &&
+          attempts.back().state() == store::ATTEMPT_STATE_RUNNING) {
+        job.attempt = attempts.back();
+        for (const std::string& w : job.attempt->worker_ids()) {
+          WorkerState& ws = workers_[w];
+          ws.rec.set_worker_id(w);
+          ws.last_seen = now;  // it has heartbeat_timeout to come back
+          ++ws.held[{rec.id(), job.attempt->attempt()}];
+        }
+      }
+    }
+    const int64_t id = rec.id();
+    active_[id] = std::move(job);
+    if (rec.job().state() == tally::v1::JOB_STATE_RUNNING &&
+        !active_[id].attempt) {
+      // RUNNING without a running attempt: the attempt's end was recorded
+      // but not the job's; requeue it.
+      RETURN_IF_ERROR(Record(active_[id], tally::v1::JOB_STATE_QUEUED,
+                             "requeued", "recovered without a running attempt",
+                             "", false));
+    }
+  }
+  // Known workers keep their records (GPU type, slots) for the dashboards.
+  ASSIGN_OR_RETURN(std::vector<store::WorkerRecord> stored, store_->ListWorkers());
+  for (const auto& w : stored) {
+    auto it = workers_.find(w.worker_id());
+    if (it != workers_.end()) it->second.rec = w;
+  }
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
+                                                 const std::string& request_id) {
+  if (request_id.size() > 128) {
+    return absl::InvalidArgumentError(
+        "request_id: must be at most 128 characters");
+  }
+  ApplySpecDefaults(&spec);
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  const absl::Time now = clock_->Now();
+  store::JobRecord rec;
+  tally::v1::Job& job = *rec.mutable_job();
+  *job.mutable_spec() = spec;
+  job.set_state(tally::v1::JOB_STATE_QUEUED);
+  job.set_state_reason("waiting for a worker");
+  *job.mutable_create_time() = ToProto(now);
+  job.set_request_id(request_id);
+  tally::v1::JobEvent first;
+  first.set_type("submitted");
+  first.set_state(tally::v1::JOB_STATE_QUEUED);
+  *first.mutable_time() = ToProto(now);
+  first.set_detail(absl::StrCat("needs ", spec.resources().gpu_count(), " x ",
+                                spec.resources().gpu_type(), ", priority ",
+                                spec.priority()));
+  ASSIGN_OR_RETURN(store::CreateResult created,
+                   store_->CreateJob(std::move(rec), std::move(first)));
+  if (created.created) {
+    ActiveJob& a = active_[created.job.id()];
+    a.rec = created.job;
+    a.queued_since = now;
+    transitions_->Add({{"state", "QUEUED"}}).Increment();
+  }
+  return created.job.job();
+}
+
+absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id,
+                                                 const std::string& reason) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) {
+    ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
+    return absl::FailedPreconditionError(
+        absl::StrCat(rec.job().name(), " has already ended (",
+                     StateName(rec.job().state()),
+                     "); only QUEUED or RUNNING jobs can be cancelled"));
+  }
+  ActiveJob& job = it->second;
+  const std::string why =
+      reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
+  if (job.attempt) {
+    job.attempt->set_state(store::ATTEMPT_STATE_STOPPED);
+    *job.attempt->mutable_end_time() = ToProto(clock_->Now());
+    job.attempt->set_reason(why);
+    std::set<std::string> workers(job.attempt->worker_ids().begin(),
+                                  job.attempt->worker_ids().end());
+    for (const auto& w : workers) {
+      Stop(w, job.rec.job().name(), job.attempt->attempt(), why);
+    }
+    attempts_ended_->Add({{"outcome", "stopped"}}).Increment();
+  }
+  RETURN_IF_ERROR(Record(job, tally::v1::JOB_STATE_CANCELLED, "cancelled", why,
+                         "", true));
+  tally::v1::Job out = job.rec.job();
+  Finish(job_id);
+  return out;
+}
+
+void Scheduler::Stop(const std::string& worker_id, const std::string& job,
+                     int32_t attempt, const std::string& reason) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || !it->second.connected) return;
+  tally::v1::ControllerMessage msg;
+  msg.mutable_stop()->set_job(job);
+  msg.mutable_stop()->set_attempt(attempt);
+  msg.mutable_stop()->set_reason(reason);
+  channel_->Send(worker_id, msg);
+}
+
+void Scheduler::Release(int64_t job_id, int32_t attempt) {
+  for (auto& [id, ws] : workers_) ws.held.erase({job_id, attempt});
+}
+
+void Scheduler::Finish(int64_t job_id) { active_.erase(job_id); }
+
+absl::Status Scheduler::StartAttempt(ActiveJob& job,
+                                     const std::vector<std::string>& rank_workers) {
+  const int64_t id = job.rec.id();
+  const absl::Time now = clock_->Now();
+  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> checkpoints,
+                   store_->ListCheckpoints(id));
+  tally::v1::Job& j = *job.rec.mutable_job();
+  j.set_attempt(j.attempt() + 1);
+  j.clear_worker_ids();
+  for (const auto& w : rank_workers) j.add_worker_ids(w);
+  if (!j.has_start_time()) *j.mutable_start_time() = ToProto(now);
+
+  store::AttemptRecord attempt;
+  attempt.set_job_id(id);
+  attempt.set_attempt(j.attempt());
+  for (const auto& w : rank_workers) attempt.add_worker_ids(w);
+  attempt.set_state(store::ATTEMPT_STATE_RUNNING);
+  *attempt.mutable_start_time() = ToProto(now);
+  if (!checkpoints.empty()) attempt.set_resume_step(checkpoints.back().step());
+  job.attempt = attempt;
+
+  std::string detail = absl::StrCat("attempt ", j.attempt(), " of ",
+                                    j.spec().max_attempts(), " on ",
+                                    absl::StrJoin(rank_workers, ","));
+  if (!checkpoints.empty()) {
+    absl::StrAppend(&detail, ", resuming from step ", checkpoints.back().step());
+  }
+  RETURN_IF_ERROR(Record(job, tally::v1::JOB_STATE_RUNNING, "started",
+                         "placed on a worker", detail, true));
+  queue_wait_->Observe(absl::ToDoubleSeconds(now - job.queued_since));
+
+  for (size_t rank = 0; rank < rank_workers.size(); ++rank) {
+    ++workers_[rank_workers[rank]].held[{id, j.attempt()}];
+    tally::v1::ControllerMessage msg;
+    auto* a = msg.mutable_assignment();
+    a->set_job(j.name());
+    a->set_attempt(j.attempt());
+    *a->mutable_spec() = j.spec();
+    if (!checkpoints.empty()) *a->mutable_resume_from() = checkpoints.back();
+    a->set_rank(rank);
+    a->set_world_size(rank_workers.size());
+    channel_->Send(rank_workers[rank], msg);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::EndAttempt(ActiveJob& job,
+                                   store::AttemptState attempt_state,
+                                   const std::string& reason, bool may_retry) {
+  const int64_t id = job.rec.id();
+  const int32_t n = job.rec.job().attempt();
+  const int32_t max = job.rec.job().spec().max_attempts();
+  if (job.attempt) {
+    job.attempt->set_state(attempt_state);
+    *job.attempt->mutable_end_time() = ToProto(clock_->Now());
+    job.attempt->set_reason(reason);
+    // The other ranks of a gang cannot go on without this one.
+    std::set<std::string> workers(job.attempt->worker_ids().begin(),
+                                  job.attempt->worker_ids().end());
+    for (const auto& w : workers) {
+      auto it = workers_.find(w);
+      if (it != workers_.end() && it->second.held.count({id, n})) {
+        Stop(w, job.rec.job().name(), n, reason);
+      }
+    }
+    Release(id, n);
+  }
+  const char* outcome = attempt_state == store::ATTEMPT_STATE_LOST     ? "lost"
+                        : attempt_state == store::ATTEMPT_STATE_FAILED ? "failed"
+                                                                       : "stopped";
+  attempts_ended_->Add({{"outcome", outcome}}).Increment();
+  if (may_retry && n < max) {
+    job.queued_since = clock_->Now();
+    const std::string why = absl::StrCat("attempt ", n, " ", outcome, ": ", reason,
+                                         "; requeued for attempt ", n + 1, " of ",
+                                         max);
+    RETURN_IF_ERROR(
+        Record(job, tally::v1::JOB_STATE_QUEUED, "requeued", why, "", true));
+    job.attempt.reset();
+    return absl::OkStatus();
+  }
+  const std::string why =
+      may_retry ? absl::StrCat("attempt ", n, " of ", max, " ", outcome, ": ",
+                               reason, "; no attempts left (max_attempts ", max, ")")
+                : absl::StrCat("attempt ", n, " ", outcome, ": ", reason);
+  RETURN_IF_ERROR(Record(job, tally::v1::JOB_STATE_FAILED, "failed", why, "", true));
+  Finish(id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
+  if (hello.worker_id().empty() || hello.worker_id().size() > 128) {
+    return absl::InvalidArgumentError(
+        "hello.worker_id: must be 1-128 characters");
+  }
+  if (hello.slots() < 1 || hello.slots() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.slots: must be between 1 and 1024, got ", hello.slots()));
+  }
+  if (hello.gpu_type().empty()) {
+    return absl::InvalidArgumentError("hello.gpu_type: is required (e.g. \"cpu\")");
+  }
+  const absl::Time now = clock_->Now();
+  WorkerState& ws = workers_[hello.worker_id()];
+  const auto first_seen = ws.rec.has_first_seen() ? ws.rec.first_seen() : ToProto(now);
+  ws.rec.set_worker_id(hello.worker_id());
+  ws.rec.set_device(hello.device());
+  ws.rec.set_gpu_type(hello.gpu_type());
+  ws.rec.set_slots(hello.slots());
+  ws.rec.clear_capabilities();
+  for (const auto& c : hello.capabilities()) ws.rec.add_capabilities(c);
+  ws.rec.set_version(hello.version());
+  *ws.rec.mutable_first_seen() = first_seen;
+  *ws.rec.mutable_last_seen() = ToProto(now);
+  ws.connected = true;
+  ws.generation = next_generation_++;
+  ws.last_seen = now;
+  RETURN_IF_ERROR(store_->PutWorker(ws.rec));
+
+  tally::v1::ControllerMessage welcome;
+  welcome.mutable_welcome()->set_heartbeat_interval_seconds(
+      absl::ToDoubleSeconds(options_.heartbeat_interval));
+  channel_->Send(hello.worker_id(), welcome);
+
+  std::set<std::pair<int64_t, int32_t>> reported;
+  for (const auto& r : hello.running()) {
+    absl::StatusOr<int64_t> id = ParseJobName(r.job(), "hello.running.job");
+    if (!id.ok()) continue;
+    reported.insert({*id, r.attempt()});
+  }
+  // Attempts tallyd placed here that the worker no longer runs.
+  std::vector<std::pair<int64_t, int32_t>> forgotten;
+  for (const auto& [key, ranks] : ws.held) {
+    if (!reported.count(key)) forgotten.push_back(key);
+  }
+  for (const auto& key : forgotten) {
+    ws.held.erase(key);
+    auto it = active_.find(key.first);
+    if (it != active_.end() && it->second.attempt &&
+        it->second.attempt->attempt() == key.second) {
+      RETURN_IF_ERROR(EndAttempt(
+          it->second, store::ATTEMPT_STATE_LOST,
+          absl::StrCat("worker ", hello.worker_id(),
+                       " reconnected without it (the worker restarted)"),
+          true));
+    }
+  }
+  for (const auto& r : hello.running()) {
+    ActiveJob* job = CurrentAttempt(r.job(), r.attempt());
+    const bool ours =
+        job != nullptr &&
+        std::count(job->attempt->worker_ids().begin(),
+                   job->attempt->worker_ids().end(), hello.worker_id()) > 0;
+    if (!ours) {
+      Stop(hello.worker_id(), r.job(), r.attempt(),
+           "stale attempt: tallyd no longer runs it here");
+      continue;
+    }
+    const int ranks = std::count(job->attempt->worker_ids().begin(),
+                                 job->attempt->worker_ids().end(),
+                                 hello.worker_id());
+    ws.held[{job->rec.id(), r.attempt()}] = ranks;
+    RETURN_IF_ERROR(Record(*job, tally::v1::JOB_STATE_RUNNING, "adopted",
+                           "worker reconnected",
+                           absl::StrCat("attempt ", r.attempt(), " on ",
+                                        hello.worker_id()),
+                           false));
+  }
+  UpdateGauges();
+  return ws.generation;
+}
+
+void Scheduler::OnDisconnect(const std::string& worker_id, int64_t generation) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.generation != generation) return;
+  it->second.connected = false;
+  UpdateGauges();
+}
+
+Scheduler::ActiveJob* Scheduler::CurrentAttempt(const std::string& job,
+                                                int32_t attempt) {
+  absl::StatusOr<int64_t> id = ParseJobName(job, "job");
+  if (!id.ok()) return nullptr;
+  auto it = active_.find(*id);
+  if (it == active_.end() || !it->second.attempt ||
+      it->second.attempt->attempt() != attempt) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+absl::Status Scheduler::OnMessage(const std::string& worker_id,
+                                  const tally::v1::WorkerMessage& msg) {
+  auto wit = workers_.find(worker_id);
+  if (wit == workers_.end() || !wit->second.connected) {
+    return absl::FailedPreconditionError("send a Hello before other messages");
+  }
+  const absl::Time now = clock_->Now();
+  wit->second.last_seen = now;
+
+  auto current = [&](const std::string& job, int32_t attempt) -> ActiveJob* {
+    ActiveJob* a = CurrentAttempt(job, attempt);
+    if (a == nullptr) {
+      wit->second.held.erase({ParseJobName(job).value_or(0), attempt});
+      Stop(worker_id, job, attempt, "stale attempt: tallyd no longer runs it");
+    }
+    return a;
+  };
+
+  switch (msg.msg_case()) {
+    case tally::v1::WorkerMessage::kHeartbeat:
+      return absl::OkStatus();
+    case tally::v1::WorkerMessage::kProgress: {
+      const auto& p = msg.progress();
+      ActiveJob* job = current(p.job(), p.attempt());
+      if (job == nullptr) return absl::OkStatus();
+      job->rec.mutable_job()->set_step(p.step());
+      job->rec.mutable_job()->set_tokens(p.tokens());
+      job->progress_dirty = true;
+      if (now - job->last_progress_event < options_.progress_event_interval) {
+        return absl::OkStatus();
+      }
+      job->last_progress_event = now;
+      std::string detail =
+          p.trained() ? absl::StrCat("lr ", p.lr(), ", grad_norm ", p.grad_norm(),
+                                     ", ", p.useful_tokens_per_second(),
+                                     " useful tokens/s, padding ",
+                                     p.padding_fraction())
+                      : "no training was done (placeholder worker)";
+      store::Mutation m;
+      tally::v1::Job& j = *job->rec.mutable_job();
+      j.set_last_event_sequence(j.last_event_sequence() + 1);
+      tally::v1::JobEvent e = NewEvent(*job, "progress", "", detail);
+      e.set_sequence(j.last_event_sequence());
+      e.set_state(j.state());
+      if (p.trained()) e.set_train_loss(p.train_loss());
+      m.job = job->rec;
+      m.events.push_back(e);
+      RETURN_IF_ERROR(store_->Commit(m));
+      job->progress_dirty = false;
+      return absl::OkStatus();
+    }
+    case tally::v1::WorkerMessage::kEval: {
+      const auto& ev = msg.eval();
+      ActiveJob* job = current(ev.job(), ev.attempt());
+      if (job == nullptr) return absl::OkStatus();
+      job->rec.mutable_job()->set_step(ev.step());
+      job->rec.mutable_job()->set_tokens(ev.tokens());
+      store::Mutation m;
+      tally::v1::Job& j = *job->rec.mutable_job();
+      j.set_last_event_sequence(j.last_event_sequence() + 1);
+      tally::v1::JobEvent e = NewEvent(*job, "eval", "", "");
+      e.set_sequence(j.last_event_sequence());
+      e.set_state(j.state());
+      e.set_val_loss(ev.val_loss());
+      m.job = job->rec;
+      m.events.push_back(e);
+      return store_->Commit(m);
+    }
+    case tally::v1::WorkerMessage::kCheckpoint: {
+      const auto& c = msg.checkpoint();
+      ActiveJob* job = current(c.job(), c.attempt());
+      if (job == nullptr) return absl::OkStatus();
+      job->rec.mutable_job()->set_step(c.step());
+      job->rec.mutable_job()->set_tokens(c.tokens());
+      store::Mutation m;
+      tally::v1::Checkpoint ck;
+      ck.set_job(c.job());
+      ck.set_attempt(c.attempt());
+      ck.set_step(c.step());
+      ck.set_tokens(c.tokens());
+      ck.set_path(c.path());
+      ck.set_sha256(c.sha256());
+      *ck.mutable_time() = ToProto(now);
+      m.checkpoints.push_back(ck);
+      tally::v1::Job& j = *job->rec.mutable_job();
+      j.set_last_event_sequence(j.last_event_sequence() + 1);
+      tally::v1::JobEvent e = NewEvent(*job, "checkpoint", "", c.path());
+      e.set_sequence(j.last_event_sequence());
+      e.set_state(j.state());
+      m.job = job->rec;
+      m.events.push_back(e);
+      return store_->Commit(m);
+    }
+    case tally::v1::WorkerMessage::kExit:
+      return HandleExit(worker_id, msg.exit());
+    case tally::v1::WorkerMessage::kHello:
+      return absl::FailedPreconditionError("Hello was already sent on this stream");
+    case tally::v1::WorkerMessage::MSG_NOT_SET:
+      return absl::InvalidArgumentError("worker message: no field set");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::HandleExit(const std::string& worker_id,
+                                   const tally::v1::AttemptExit& exit) {
+  const int64_t id = ParseJobName(exit.job()).value_or(0);
+  workers_[worker_id].held.erase({id, exit.attempt()});
+  ActiveJob* job = CurrentAttempt(exit.job(), exit.attempt());
+  if (job == nullptr) {  // e.g. the exit of a cancelled attempt
+    UpdateGauges();
+    return absl::OkStatus();
+  }
+  if (exit.step() > 0) job->rec.mutable_job()->set_step(exit.step());
+  absl::Status s;
+  switch (exit.outcome()) {
+    case tally::v1::ATTEMPT_OUTCOME_SUCCEEDED: {
+      job->attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
+      *job->attempt->mutable_end_time() = ToProto(clock_->Now());
+      job->attempt->set_reason(exit.reason());
+      Release(id, exit.attempt());
+      attempts_ended_->Add({{"outcome", "succeeded"}}).Increment();
+      s = Record(*job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded",
+                 exit.reason().empty() ? "completed" : exit.reason(), "", true);
+      if (s.ok()) Finish(id);
+      break;
+    }
+    case tally::v1::ATTEMPT_OUTCOME_FAILED:
+      s = EndAttempt(*job, store::ATTEMPT_STATE_FAILED, exit.reason(),
+                     exit.retryable());
+      break;
+    default:
+      s = EndAttempt(*job, store::ATTEMPT_STATE_STOPPED,
+                     absl::StrCat("worker ", worker_id, " stopped it: ",
+                                  exit.reason()),
+                     true);
+  }
+  UpdateGauges();
+  return s;
+}
+
+absl::Status Scheduler::Tick() {
+  const absl::Time now = clock_->Now();
+  // 1. Workers silent past the timeout lose what they hold.
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    WorkerState& ws = it->second;
+    const absl::Duration silent = now - ws.last_seen;
+    if (silent <= options_.heartbeat_timeout) {
+      ++it;
+      continue;
+    }
+    const std::string reason = absl::StrCat(
+        "worker ", it->first, " silent for ", ShortSeconds(silent),
+        " (heartbeat timeout ", ShortSeconds(options_.heartbeat_timeout), ")");
+    auto held = ws.held;
+    ws.held.clear();
+    for (const auto& [key, ranks] : held) {
+      auto jit = active_.find(key.first);
+      if (jit != active_.end() && jit->second.attempt &&
+          jit->second.attempt->attempt() == key.second) {
+        RETURN_IF_ERROR(
+            EndAttempt(jit->second, store::ATTEMPT_STATE_LOST, reason, true));
+      }
+    }
+    it = ws.connected ? std::next(it) : workers_.erase(it);
+  }
+
+  // 2. Start what fits.
+  std::vector<policy::QueuedJob> queued;
+  for (const auto& [id, job] : active_) {
+    if (job.rec.job().state() != tally::v1::JOB_STATE_QUEUED) continue;
+    const auto& spec = job.rec.job().spec();
+    queued.push_back({id, spec.priority(), FromProto(job.rec.job().create_time()),
+                      spec.resources().gpu_type(), spec.resources().gpu_count()});
+  }
+  if (!queued.empty()) {
+    std::vector<policy::WorkerSlots> free;
+    for (const auto& [id, ws] : workers_) {
+      if (!ws.connected || now - ws.last_seen > options_.heartbeat_timeout) continue;
+      free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used()});
+    }
+    for (const auto& p : policy::PlaceJobs(std::move(queued), std::move(free))) {
+      RETURN_IF_ERROR(StartAttempt(active_.at(p.job_id), p.rank_workers));
+    }
+  }
+  UpdateGauges();
+  return absl::OkStatus();
+}
+
+void Scheduler::UpdateGauges() {
+  queue_depth_->Set(QueueDepth());
+  std::map<metrics::Labels, double> workers, slots;
+  for (const auto& [id, ws] : workers_) {
+    const std::string& type = ws.rec.gpu_type().empty() ? "unknown" : ws.rec.gpu_type();
+    ++workers[{{"gpu_type", type}, {"state", ws.connected ? "connected" : "disconnected"}}];
+    if (!ws.connected) continue;
+    slots[{{"gpu_type", type}, {"state", "used"}}] += ws.Used();
+    slots[{{"gpu_type", type}, {"state", "free"}}] +=
+        std::max(0, ws.rec.slots() - ws.Used());
+  }
+  // A series seen once stays, at 0 when it empties, so alerts see the drop
+  // rather than a vanished series.
+  for (const auto& labels : seen_worker_labels_) {
+    if (!workers.count(labels)) workers[labels] = 0;
+  }
+  for (const auto& labels : seen_slot_labels_) {
+    if (!slots.count(labels)) slots[labels] = 0;
+  }
+  for (const auto& [labels, v] : workers) {
+    workers_gauge_->Add(labels).Set(v);
+    seen_worker_labels_.insert(labels);
+  }
+  for (const auto& [labels, v] : slots) {
+    slots_gauge_->Add(labels).Set(v);
+    seen_slot_labels_.insert(labels);
+  }
+}
+
+int64_t Scheduler::QueueDepth() const {
+  int64_t n = 0;
+  for (const auto& [id, job] : active_) {
+    n += job.rec.job().state() == tally::v1::JOB_STATE_QUEUED;
+  }
+  return n;
+}
+
+std::vector<WorkerView> Scheduler::Workers() const {
+  std::vector<WorkerView> out;
+  for (const auto& [id, ws] : workers_) {
+    out.push_back({ws.rec, ws.connected, ws.last_seen, ws.Used()});
+  }
+  return out;
+}
+
+}  // namespace tally::sched

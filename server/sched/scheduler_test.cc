@@ -1,0 +1,424 @@
+#include "server/sched/scheduler.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/store/memory_job_store.h"
+
+namespace tally::sched {
+namespace {
+
+using ::testing::HasSubstr;
+using tally::v1::ControllerMessage;
+using tally::v1::JobState;
+
+class FakeWorkerChannel : public WorkerChannel {
+ public:
+  void Send(const std::string& worker_id, const ControllerMessage& m) override {
+    sent[worker_id].push_back(m);
+  }
+  std::vector<ControllerMessage> Take(const std::string& worker_id,
+                                      ControllerMessage::MsgCase kind) {
+    std::vector<ControllerMessage> out, rest;
+    for (auto& m : sent[worker_id]) (m.msg_case() == kind ? out : rest).push_back(m);
+    sent[worker_id] = rest;
+    return out;
+  }
+  std::map<std::string, std::vector<ControllerMessage>> sent;
+};
+
+tally::v1::JobSpec Spec(int priority = 0, const std::string& gpu = "cpu",
+                        int count = 1, int max_attempts = 3) {
+  tally::v1::JobSpec spec;
+  spec.mutable_model()->set_num_layers(1);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_model()->set_num_heads(2);
+  spec.mutable_data()->set_train_path("/data/x");
+  spec.mutable_data()->set_seq_len(64);
+  spec.mutable_training()->set_max_steps(10);
+  spec.set_priority(priority);
+  spec.mutable_resources()->set_gpu_type(gpu);
+  spec.mutable_resources()->set_gpu_count(count);
+  spec.set_max_attempts(max_attempts);
+  return spec;
+}
+
+tally::v1::Hello Hello(const std::string& id, int slots = 1,
+                       const std::string& gpu = "cpu") {
+  tally::v1::Hello h;
+  h.set_worker_id(id);
+  h.set_device("cpu");
+  h.set_gpu_type(gpu);
+  h.set_slots(slots);
+  return h;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  SchedulerTest() { sched_ = NewScheduler(); }
+  std::unique_ptr<Scheduler> NewScheduler() {
+    registries_.push_back(std::make_unique<metrics::Registry>());
+    return std::make_unique<Scheduler>(&store_, &channel_, &clock_,
+                                       registries_.back().get(), options_);
+  }
+  int64_t Submit(tally::v1::JobSpec spec, const std::string& request_id = "") {
+    auto job = sched_->Submit(std::move(spec), request_id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? std::stoll(job->name().substr(5)) : 0;
+  }
+  JobState State(int64_t id) { return store_.GetJob(id)->job().state(); }
+  tally::v1::Job Job(int64_t id) { return store_.GetJob(id)->job(); }
+  void Beat(const std::string& worker) {
+    tally::v1::WorkerMessage m;
+    m.mutable_heartbeat();
+    ASSERT_TRUE(sched_->OnMessage(worker, m).ok());
+  }
+  absl::Status Exit(const std::string& worker, int64_t id, int attempt,
+                    tally::v1::AttemptOutcome outcome, bool retryable = true) {
+    tally::v1::WorkerMessage m;
+    m.mutable_exit()->set_job("jobs/" + std::to_string(id));
+    m.mutable_exit()->set_attempt(attempt);
+    m.mutable_exit()->set_outcome(outcome);
+    m.mutable_exit()->set_reason("test");
+    m.mutable_exit()->set_retryable(retryable);
+    return sched_->OnMessage(worker, m);
+  }
+  std::vector<std::string> EventTypes(int64_t id) {
+    std::vector<std::string> out;
+    auto events = store_.ListEvents(id, 0, 1000);
+    for (const auto& e : *events) out.push_back(e.type());
+    return out;
+  }
+
+  FakeClock clock_;
+  store::InMemoryJobStore store_;
+  FakeWorkerChannel channel_;
+  SchedulerOptions options_;
+  std::vector<std::unique_ptr<metrics::Registry>> registries_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+TEST_F(SchedulerTest, SubmitValidatesAndQueues) {
+  auto bad = Spec();
+  bad.mutable_model()->set_num_layers(0);
+  auto rejected = sched_->Submit(bad, "");
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(rejected.status().message()),
+              HasSubstr("spec.model.num_layers"));
+  EXPECT_TRUE(store_.ListJobs({})->empty()) << "nothing stored for a bad spec";
+
+  const int64_t id = Submit(Spec());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Job(id).spec().max_attempts(), 3);
+  EXPECT_EQ(sched_->QueueDepth(), 1);
+}
+
+TEST_F(SchedulerTest, RepeatedRequestIdMakesOneJob) {
+  const int64_t a = Submit(Spec(), "req");
+  const int64_t b = Submit(Spec(), "req");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(sched_->QueueDepth(), 1);
+  EXPECT_EQ(store_.ListJobs({})->size(), 1u);
+}
+
+TEST_F(SchedulerTest, StartsOnAMatchingWorkerAndSucceeds) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED) << "no worker yet";
+
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  EXPECT_EQ(channel_.Take("w1", ControllerMessage::kWelcome).size(), 1u);
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  auto assigned = channel_.Take("w1", ControllerMessage::kAssignment);
+  ASSERT_EQ(assigned.size(), 1u);
+  EXPECT_EQ(assigned[0].assignment().attempt(), 1);
+  EXPECT_EQ(assigned[0].assignment().world_size(), 1);
+  EXPECT_EQ(assigned[0].assignment().spec().training().max_steps(), 10);
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 1);
+
+  ASSERT_TRUE(Exit("w1", id, 1, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(Job(id).has_end_time());
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 0);
+  EXPECT_THAT(EventTypes(id),
+              ::testing::ElementsAre("submitted", "started", "succeeded"));
+}
+
+TEST_F(SchedulerTest, PriorityThenAge) {
+  const int64_t old_low = Submit(Spec(0));
+  clock_.Advance(absl::Seconds(1));
+  const int64_t high = Submit(Spec(10));
+  clock_.Advance(absl::Seconds(1));
+  const int64_t new_low = Submit(Spec(0));
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(high), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(State(old_low), tally::v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(Exit("w1", high, 1, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(old_low), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(State(new_low), tally::v1::JOB_STATE_QUEUED);
+}
+
+TEST_F(SchedulerTest, GpuTypeMustMatch) {
+  const int64_t id = Submit(Spec(0, "h200"));
+  ASSERT_TRUE(sched_->OnHello(Hello("w1", 8, "cpu")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(sched_->OnHello(Hello("g1", 1, "h200")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).worker_ids(0), "g1");
+}
+
+TEST_F(SchedulerTest, GangIsAllOrNothing) {
+  const int64_t id = Submit(Spec(0, "h200", 2));
+  ASSERT_TRUE(sched_->OnHello(Hello("g1", 1, "h200")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(channel_.Take("g1", ControllerMessage::kAssignment).empty());
+  ASSERT_TRUE(sched_->OnHello(Hello("g2", 1, "h200")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  auto a1 = channel_.Take("g1", ControllerMessage::kAssignment);
+  auto a2 = channel_.Take("g2", ControllerMessage::kAssignment);
+  ASSERT_EQ(a1.size(), 1u);
+  ASSERT_EQ(a2.size(), 1u);
+  EXPECT_EQ(a1[0].assignment().rank() + a2[0].assignment().rank(), 1);
+  EXPECT_EQ(a1[0].assignment().world_size(), 2);
+}
+
+TEST_F(SchedulerTest, HeartbeatLossRequeuesThenFailsAfterMaxAttempts) {
+  const int64_t id = Submit(Spec(0, "cpu", 1, /*max_attempts=*/2));
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+
+  // A checkpoint, so the next attempt resumes from it.
+  tally::v1::WorkerMessage ck;
+  ck.mutable_checkpoint()->set_job("jobs/" + std::to_string(id));
+  ck.mutable_checkpoint()->set_attempt(1);
+  ck.mutable_checkpoint()->set_step(5);
+  ck.mutable_checkpoint()->set_path("/ckpt/5");
+  ASSERT_TRUE(sched_->OnMessage("w1", ck).ok());
+
+  // Heartbeats within the timeout keep it.
+  clock_.Advance(absl::Seconds(8));
+  Beat("w1");
+  clock_.Advance(absl::Seconds(8));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+
+  // Silence past the timeout loses it.
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(sched_->OnHello(Hello("w2")).ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(Job(id).state_reason(), HasSubstr("attempt 1 lost: worker w1 silent"));
+  auto attempts = *store_.ListAttempts(id);
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].state(), store::ATTEMPT_STATE_LOST);
+
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  auto assigned = channel_.Take("w2", ControllerMessage::kAssignment);
+  ASSERT_EQ(assigned.size(), 1u);
+  EXPECT_EQ(assigned[0].assignment().attempt(), 2);
+  EXPECT_EQ(assigned[0].assignment().resume_from().step(), 5);
+  EXPECT_EQ(assigned[0].assignment().resume_from().path(), "/ckpt/5");
+
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_FAILED);
+  EXPECT_THAT(Job(id).state_reason(), HasSubstr("no attempts left (max_attempts 2)"));
+}
+
+TEST_F(SchedulerTest, LosingOneRankStopsTheOthers) {
+  const int64_t id = Submit(Spec(0, "cpu", 2));
+  ASSERT_TRUE(sched_->OnHello(Hello("a")).ok());
+  ASSERT_TRUE(sched_->OnHello(Hello("b")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(6));
+  Beat("b");
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(channel_.Take("b", ControllerMessage::kStop).size(), 1u);
+  EXPECT_EQ(sched_->Workers()[1].used_slots, 0);
+}
+
+TEST_F(SchedulerTest, CancelQueuedRunningAndEnded) {
+  const int64_t queued = Submit(Spec());
+  const int64_t running = Submit(Spec(5));
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(running), tally::v1::JOB_STATE_RUNNING);
+
+  ASSERT_TRUE(sched_->Cancel(queued, "").ok());
+  EXPECT_EQ(State(queued), tally::v1::JOB_STATE_CANCELLED);
+  ASSERT_TRUE(sched_->Cancel(running, "wrong lr").ok());
+  EXPECT_EQ(State(running), tally::v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(Job(running).state_reason(), "cancelled: wrong lr");
+  auto stops = channel_.Take("w1", ControllerMessage::kStop);
+  ASSERT_EQ(stops.size(), 1u);
+  // The slot is held until the worker reports that it stopped.
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 1);
+  ASSERT_TRUE(Exit("w1", running, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 0);
+  EXPECT_EQ(State(running), tally::v1::JOB_STATE_CANCELLED);
+
+  auto again = sched_->Cancel(running, "");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("CANCELLED"));
+  EXPECT_EQ(sched_->Cancel(999, "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SchedulerTest, FailuresRetryOnlyWhenRetryable) {
+  const int64_t a = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Exit("w1", a, 1, tally::v1::ATTEMPT_OUTCOME_FAILED, true).ok());
+  EXPECT_EQ(State(a), tally::v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Exit("w1", a, 2, tally::v1::ATTEMPT_OUTCOME_FAILED, false).ok());
+  EXPECT_EQ(State(a), tally::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(Job(a).state_reason(), "attempt 2 failed: test");
+}
+
+TEST_F(SchedulerTest, ReconnectReportingTheAttemptIsAdopted) {
+  const int64_t id = Submit(Spec());
+  auto gen1 = sched_->OnHello(Hello("w1"));
+  ASSERT_TRUE(sched_->Tick().ok());
+  sched_->OnDisconnect("w1", *gen1);
+  clock_.Advance(absl::Seconds(3));
+  auto hello = Hello("w1");
+  auto* r = hello.add_running();
+  r->set_job("jobs/" + std::to_string(id));
+  r->set_attempt(1);
+  auto gen2 = sched_->OnHello(hello);
+  ASSERT_TRUE(gen2.ok());
+  sched_->OnDisconnect("w1", *gen1);  // a stale stream ending changes nothing
+  clock_.Advance(absl::Seconds(8));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 1);
+  EXPECT_TRUE(sched_->Workers()[0].connected);
+  EXPECT_EQ(EventTypes(id).back(), "adopted");
+}
+
+TEST_F(SchedulerTest, ReconnectWithoutTheAttemptLosesIt) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());  // restarted, runs nothing
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(Job(id).state_reason(), HasSubstr("the worker restarted"));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(id).attempt(), 2);
+}
+
+TEST_F(SchedulerTest, StaleReportsGetAStopOrder) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  tally::v1::WorkerMessage p;
+  p.mutable_progress()->set_job("jobs/" + std::to_string(id));
+  p.mutable_progress()->set_attempt(7);
+  ASSERT_TRUE(sched_->OnMessage("w1", p).ok());
+  auto stops = channel_.Take("w1", ControllerMessage::kStop);
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].stop().attempt(), 7);
+  // And a hello reporting an attempt tallyd never gave it.
+  auto hello = Hello("w2");
+  hello.add_running()->set_job("jobs/424242");
+  ASSERT_TRUE(sched_->OnHello(hello).ok());
+  EXPECT_EQ(channel_.Take("w2", ControllerMessage::kStop).size(), 1u);
+}
+
+TEST_F(SchedulerTest, MessagesBeforeHelloAreRefused) {
+  tally::v1::WorkerMessage m;
+  m.mutable_heartbeat();
+  EXPECT_EQ(sched_->OnMessage("nobody", m).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sched_->OnHello(Hello("")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sched_->OnHello(Hello("w", 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SchedulerTest, ProgressEventsAreRateLimited) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  const size_t before = EventTypes(id).size();
+  for (int step = 1; step <= 10; ++step) {
+    tally::v1::WorkerMessage p;
+    p.mutable_progress()->set_job("jobs/" + std::to_string(id));
+    p.mutable_progress()->set_attempt(1);
+    p.mutable_progress()->set_step(step);
+    ASSERT_TRUE(sched_->OnMessage("w1", p).ok());
+    clock_.Advance(absl::Milliseconds(300));
+  }
+  const size_t progress_events = EventTypes(id).size() - before;
+  EXPECT_GE(progress_events, 3u);
+  EXPECT_LE(progress_events, 4u);
+}
+
+TEST_F(SchedulerTest, RecoverAdoptsReturningWorkersAndRequeuesTheRest) {
+  const int64_t a = Submit(Spec());
+  const int64_t b = Submit(Spec());
+  const int64_t queued = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->OnHello(Hello("w2")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(a), tally::v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(State(b), tally::v1::JOB_STATE_RUNNING);
+
+  // tallyd restarts: a new scheduler over the same store.
+  sched_ = NewScheduler();
+  ASSERT_TRUE(sched_->Recover().ok());
+  EXPECT_EQ(sched_->QueueDepth(), 1);
+  auto hello = Hello(Job(a).worker_ids(0));
+  hello.add_running()->set_job("jobs/" + std::to_string(a));
+  hello.mutable_running(0)->set_attempt(1);
+  ASSERT_TRUE(sched_->OnHello(hello).ok());
+  clock_.Advance(absl::Seconds(11));
+  Beat(Job(a).worker_ids(0));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(a), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(a).attempt(), 1);
+  // b's worker never came back: requeued, then started on the free worker...
+  // which is busy with a; so b waits.
+  EXPECT_EQ(State(b), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(State(queued), tally::v1::JOB_STATE_QUEUED);
+}
+
+TEST_F(SchedulerTest, GaugesReportQueueAndSlots) {
+  Submit(Spec());
+  Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1", 1)).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  std::map<std::string, double> values;
+  for (const auto& f : registries_.back()->Collect()) {
+    for (const auto& m : f.metric) {
+      std::string key = f.name;
+      for (const auto& [k, v] : m.labels) key += "," + k + "=" + v;
+      values[key] = m.value;
+    }
+  }
+  EXPECT_EQ(values["tally_queue_depth"], 1);
+  EXPECT_EQ(values["tally_jobs,state=QUEUED"], 1);
+  EXPECT_EQ(values["tally_jobs,state=RUNNING"], 1);
+  EXPECT_EQ(values["tally_worker_slots,gpu_type=cpu,state=used"], 1);
+  EXPECT_EQ(values["tally_worker_slots,gpu_type=cpu,state=free"], 0);
+  EXPECT_EQ(values["tally_workers,gpu_type=cpu,state=connected"], 1);
+}
+
+}  // namespace
+}  // namespace tally::sched
