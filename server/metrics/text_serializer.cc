@@ -1,6 +1,8 @@
 #include "server/metrics/text_serializer.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
@@ -13,8 +15,12 @@ std::string FormatValue(double v) {
   if (v == std::floor(v) && std::fabs(v) < 1e15) {
     return absl::StrCat(static_cast<int64_t>(v));
   }
+  // The shortest of %.15g..%.17g that reads back as the same double.
   char buf[32];
-  snprintf(buf, sizeof(buf), "%.17g", v);
+  for (int precision = 15; precision <= 17; ++precision) {
+    snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 

@@ -1,0 +1,198 @@
+// tallyd: parse flags, open the store, serve Jobs and Workers over gRPC and
+// /metrics over HTTP, tick the scheduler, drain on SIGTERM.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "server/api/core.h"
+#include "server/api/services.h"
+#include "server/metrics/http_exporter.h"
+#include "server/store/memory_job_store.h"
+#include "server/store/sqlite_job_store.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC address (host:port) for the Jobs and Workers APIs; port 0 "
+          "picks a free port");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "HTTP address (host:port) for /metrics; port 0 picks a free port");
+ABSL_FLAG(std::string, data_dir, "tally-data",
+          "directory for tallyd's SQLite database (created if missing)");
+ABSL_FLAG(std::string, store, "sqlite",
+          "job store: sqlite (durable, default) or memory (lost on exit)");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(2),
+          "how often workers are told to send heartbeats");
+ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
+          "a worker silent this long loses its attempts (they are requeued)");
+ABSL_FLAG(absl::Duration, tick_interval, absl::Milliseconds(200),
+          "how often the scheduler places queued jobs and checks heartbeats");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(5),
+          "on SIGTERM, how long in-flight calls get to finish");
+ABSL_FLAG(std::string, address_file, "",
+          "if set, write \"grpc=HOST:PORT metrics=HOST:PORT\" here once serving");
+
+namespace tally {
+namespace {
+
+absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
+  std::vector<std::string> parts = absl::StrSplit(value, absl::MaxSplits(':', 1));
+  int port;
+  if (parts.size() != 2 || parts[0].empty() || !absl::SimpleAtoi(parts[1], &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": expected host:port (e.g. 127.0.0.1:0), got \"", value, "\""));
+  }
+  return absl::OkStatus();
+}
+
+std::string HostOf(const std::string& hostport) {
+  return hostport.substr(0, hostport.rfind(':'));
+}
+
+int Run() {
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  for (const auto& [flag, value] :
+       {std::pair{"listen", listen}, std::pair{"metrics_listen", metrics_listen}}) {
+    if (absl::Status s = CheckHostPort(flag, value); !s.ok()) {
+      spdlog::error("{}", std::string(s.message()));
+      return 2;
+    }
+  }
+  sched::SchedulerOptions options;
+  options.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  options.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  if (options.heartbeat_timeout <= options.heartbeat_interval) {
+    spdlog::error("--heartbeat_timeout ({}) must be longer than --heartbeat_interval ({})",
+                  absl::FormatDuration(options.heartbeat_timeout),
+                  absl::FormatDuration(options.heartbeat_interval));
+    return 2;
+  }
+
+  // Signals are taken by one thread with sigwait; block them everywhere first.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::unique_ptr<store::JobStore> store;
+  const std::string kind = absl::GetFlag(FLAGS_store);
+  if (kind == "memory") {
+    store = std::make_unique<store::InMemoryJobStore>();
+  } else if (kind == "sqlite") {
+    const std::string dir = absl::GetFlag(FLAGS_data_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      spdlog::error("--data_dir: cannot create {}: {}", dir, ec.message());
+      return 2;
+    }
+    auto opened = store::SqliteJobStore::Open((std::filesystem::path(dir) / "tally.db").string());
+    if (!opened.ok()) {
+      spdlog::error("{}", std::string(opened.status().message()));
+      return 2;
+    }
+    store = std::move(*opened);
+  } else {
+    spdlog::error("--store: must be sqlite or memory, got \"{}\"", kind);
+    return 2;
+  }
+
+  RealClock clock;
+  metrics::Registry registry;
+  api::Core core(store.get(), &clock, &registry, options);
+  if (absl::Status s = core.Init(); !s.ok()) {
+    spdlog::error("recovering state from the store: {}", std::string(s.message()));
+    return 1;
+  }
+
+  api::JobsService jobs(&core);
+  api::WorkersService workers(&core);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&jobs);
+  builder.RegisterService(&workers);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      std::make_unique<api::MetricsInterceptorFactory>(&registry, &clock));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    spdlog::error("--listen: cannot listen on {} (address in use?)", listen);
+    return 2;
+  }
+  auto exporter = metrics::HttpExporter::Start(metrics_listen, &registry);
+  if (!exporter.ok()) {
+    spdlog::error("{}", std::string(exporter.status().message()));
+    server->Shutdown();
+    return 2;
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+
+  const std::string addresses =
+      absl::StrCat("grpc=", HostOf(listen), ":", grpc_port, " metrics=",
+                   HostOf(metrics_listen), ":", (*exporter)->port());
+  std::printf("tallyd serving %s\n", addresses.c_str());
+  std::fflush(stdout);
+  if (const std::string f = absl::GetFlag(FLAGS_address_file); !f.empty()) {
+    const std::string tmp = f + ".tmp";
+    std::ofstream(tmp) << addresses << "\n";
+    std::filesystem::rename(tmp, f);
+  }
+
+  std::atomic<bool> stop{false};
+  std::thread ticker([&] {
+    const absl::Duration every = absl::GetFlag(FLAGS_tick_interval);
+    while (!stop.load()) {
+      absl::Status s = core.Run([](sched::Scheduler& sch) { return sch.Tick(); });
+      if (!s.ok()) spdlog::error("scheduler tick: {}", std::string(s.message()));
+      absl::SleepFor(every);
+    }
+  });
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("tallyd: signal {}, draining", sig);
+  // Health first, so load balancers and probes stop sending work.
+  server->GetHealthCheckService()->SetServingStatus(false);
+  stop.store(true);
+  ticker.join();
+  core.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(absl::GetFlag(FLAGS_drain_timeout)));
+  spdlog::info("tallyd: stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace tally
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tallyd: the Tally controller. Accepts training jobs over gRPC, stores "
+      "them durably, schedules them onto tally-worker processes and exports "
+      "Prometheus metrics.\n\nUsage: tallyd [--listen=HOST:PORT] "
+      "[--metrics_listen=HOST:PORT] [--data_dir=DIR]");
+  absl::ParseCommandLine(argc, argv);
+  return tally::Run();
+}
