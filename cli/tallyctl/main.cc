@@ -1,0 +1,494 @@
+// tallyctl: the command-line client for tallyd's Jobs API.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/spec_validation.h"
+#include "common/spec_yaml.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/time_util.h"
+#include "tally/v1/jobs.grpc.pb.h"
+
+ABSL_FLAG(std::string, controller, "",
+          "tallyd's gRPC address host:port (default: $TALLY_CONTROLLER, else "
+          "127.0.0.1:50051)");
+ABSL_FLAG(std::string, output, "text", "output format: text or json");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
+          "deadline for each call (watch: for each reconnect)");
+ABSL_FLAG(std::string, file, "", "submit: the job spec, YAML or JSON (- for stdin)");
+ABSL_FLAG(std::string, request_id, "",
+          "submit: idempotency key; a retried submit with the same key makes no "
+          "second job (default: a fresh random key, reused for this command's "
+          "own retries)");
+ABSL_FLAG(std::string, state, "",
+          "list: only jobs in these states, comma-separated (e.g. queued,running)");
+ABSL_FLAG(int, page_size, 50, "list: jobs per page");
+ABSL_FLAG(std::string, page_token, "", "list: continue from a previous page");
+ABSL_FLAG(std::string, reason, "", "cancel: why, recorded in the job's events");
+ABSL_FLAG(int64_t, after, 0, "watch: start after this event sequence number");
+ABSL_FLAG(bool, wait, true, "submit: false to return right after submitting");
+
+namespace tally::cli {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+// Exit codes, by what the caller should do.
+enum Exit {
+  kOk = 0,
+  kError = 1,           // anything else
+  kUsage = 2,           // bad flags or a bad spec: fix the input
+  kNotFound = 3,
+  kFailedPrecondition = 4,  // e.g. cancelling a job that has ended
+  kUnavailable = 5,     // tallyd not reachable: retry later
+  kJobUnsuccessful = 6, // watch: the job ended FAILED, CANCELLED or BUDGET_EXHAUSTED
+};
+
+constexpr char kUsageText[] = R"(tallyctl: submit and follow Tally training jobs.
+
+Usage: tallyctl [flags] COMMAND [ARGS]
+
+Commands:
+  submit -f job.yaml     submit a job spec (YAML or JSON); prints the job name
+  get JOB                show one job (JOB is jobs/ID or just ID)
+  list                   list jobs, newest first (--state, --page_size)
+  watch JOB              follow a job's events until it ends (progress bar on
+                         a terminal, one line per event otherwise)
+  cancel JOB             cancel a queued or running job (--reason)
+  checkpoints JOB        list a job's checkpoints
+  validate -f job.yaml   check a spec locally without submitting
+
+Common flags: --controller=HOST:PORT (or $TALLY_CONTROLLER), --output=json,
+--timeout=10s.
+
+Exit codes: 0 ok; 1 error; 2 bad input; 3 not found; 4 wrong state;
+5 tallyd unavailable; 6 (watch) the job ended FAILED, CANCELLED or
+BUDGET_EXHAUSTED.
+)";
+
+int ExitFor(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::OK:
+      return kOk;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return kUsage;
+    case grpc::StatusCode::NOT_FOUND:
+      return kNotFound;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return kFailedPrecondition;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return kUnavailable;
+    default:
+      return kError;
+  }
+}
+
+int Fail(const grpc::Status& s, const std::string& controller) {
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::cerr << "tallyctl: tallyd at " << controller
+              << " is not reachable: " << s.error_message() << "\n";
+  } else {
+    std::cerr << "tallyctl: " << s.error_message() << "\n";
+  }
+  return ExitFor(s);
+}
+
+std::string StateName(tally::v1::JobState s) {
+  absl::string_view name = tally::v1::JobState_Name(s);
+  absl::ConsumePrefix(&name, "JOB_STATE_");
+  return std::string(name);
+}
+
+std::string Json(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+std::string Time(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S",
+                          absl::FromUnixSeconds(t.seconds()), absl::LocalTimeZone());
+}
+
+std::string NormalizeName(const std::string& arg) {
+  return absl::StartsWith(arg, "jobs/") ? arg : absl::StrCat("jobs/", arg);
+}
+
+class Client {
+ public:
+  explicit Client(const std::string& controller)
+      : controller_(controller),
+        stub_(tally::v1::Jobs::NewStub(
+            grpc::CreateChannel(controller, grpc::InsecureChannelCredentials()))) {}
+
+  void Deadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_timeout)));
+  }
+  tally::v1::Jobs::Stub* stub() { return stub_.get(); }
+  const std::string& controller() const { return controller_; }
+
+ private:
+  std::string controller_;
+  std::unique_ptr<tally::v1::Jobs::Stub> stub_;
+};
+
+void PrintJob(const tally::v1::Job& j) {
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(j) << "\n";
+    return;
+  }
+  const auto& spec = j.spec();
+  std::cout << j.name() << "  " << StateName(j.state());
+  if (!j.state_reason().empty()) std::cout << "  (" << j.state_reason() << ")";
+  std::cout << "\n";
+  if (!spec.display_name().empty()) std::cout << "  name:      " << spec.display_name() << "\n";
+  std::cout << "  model:     " << spec.model().num_layers() << " layers, d_model "
+            << spec.model().d_model() << ", " << spec.model().num_heads() << " heads"
+            << (spec.model().moe().num_experts() > 0
+                    ? absl::StrCat(", MoE ", spec.model().moe().num_experts(), "x top-",
+                                   spec.model().moe().top_k())
+                    : "")
+            << "\n";
+  std::cout << "  resources: " << spec.resources().gpu_count() << " x "
+            << spec.resources().gpu_type() << ", priority " << spec.priority() << "\n";
+  std::cout << "  progress:  step " << j.step() << " / " << spec.training().max_steps()
+            << ", attempt " << j.attempt() << " of " << spec.max_attempts() << "\n";
+  if (j.worker_ids_size() > 0) {
+    std::cout << "  workers:   " << absl::StrJoin(j.worker_ids(), ", ") << "\n";
+  }
+  std::cout << "  created:   " << Time(j.create_time()) << "   started: "
+            << Time(j.start_time()) << "   ended: " << Time(j.end_time()) << "\n";
+}
+
+int Watch(Client& c, const std::string& name);
+
+int Submit(Client& c) {
+  const std::string file = absl::GetFlag(FLAGS_file);
+  if (file.empty()) {
+    std::cerr << "tallyctl submit: -f job.yaml is required\n";
+    return kUsage;
+  }
+  absl::StatusOr<tally::v1::JobSpec> spec;
+  if (file == "-") {
+    std::string text((std::istreambuf_iterator<char>(std::cin)), {});
+    spec = ParseJobSpecYaml(text);
+  } else {
+    spec = ReadJobSpecFile(file);
+  }
+  if (!spec.ok()) {
+    std::cerr << "tallyctl: " << spec.status().message() << "\n";
+    return spec.status().code() == absl::StatusCode::kNotFound ? kNotFound : kUsage;
+  }
+  tally::v1::SubmitJobRequest req;
+  *req.mutable_spec() = *spec;
+  std::string request_id = absl::GetFlag(FLAGS_request_id);
+  if (request_id.empty()) {
+    std::mt19937_64 rng(std::random_device{}());
+    request_id = absl::StrFormat("tallyctl-%016x%016x", rng(), rng());
+  }
+  req.set_request_id(request_id);
+  tally::v1::Job job;
+  grpc::Status s;
+  // Retries reuse the request id, so a submit whose answer was lost makes
+  // no second job.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    grpc::ClientContext ctx;
+    c.Deadline(&ctx);
+    s = c.stub()->SubmitJob(&ctx, req, &job);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    absl::SleepFor(absl::Milliseconds(300 << attempt));
+  }
+  if (!s.ok()) return Fail(s, c.controller());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(job) << "\n";
+  } else {
+    std::cout << job.name() << "\n";
+  }
+  return kOk;
+}
+
+int Get(Client& c, const std::string& name) {
+  tally::v1::GetJobRequest req;
+  req.set_name(NormalizeName(name));
+  tally::v1::Job job;
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
+  if (!s.ok()) return Fail(s, c.controller());
+  PrintJob(job);
+  return kOk;
+}
+
+int List(Client& c) {
+  tally::v1::ListJobsRequest req;
+  req.set_page_size(absl::GetFlag(FLAGS_page_size));
+  req.set_page_token(absl::GetFlag(FLAGS_page_token));
+  for (absl::string_view s :
+       absl::StrSplit(absl::GetFlag(FLAGS_state), ',', absl::SkipEmpty())) {
+    tally::v1::JobState state;
+    std::string full = absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(s));
+    if (!tally::v1::JobState_Parse(full, &state) ||
+        state == tally::v1::JOB_STATE_UNSPECIFIED) {
+      std::cerr << "tallyctl list: --state: unknown state \"" << s
+                << "\"; use queued, running, succeeded, early_stopped, "
+                   "budget_exhausted, cancelled, failed\n";
+      return kUsage;
+    }
+    req.add_states(state);
+  }
+  tally::v1::ListJobsResponse resp;
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.stub()->ListJobs(&ctx, req, &resp);
+  if (!s.ok()) return Fail(s, c.controller());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(resp) << "\n";
+    return kOk;
+  }
+  std::cout << absl::StrFormat("%-12s %-17s %-8s %-12s %s\n", "JOB", "STATE", "ATTEMPT",
+                               "STEP", "NAME");
+  for (const auto& j : resp.jobs()) {
+    std::cout << absl::StrFormat(
+        "%-12s %-17s %-8s %-12s %s\n", j.name(), StateName(j.state()),
+        absl::StrCat(j.attempt(), "/", j.spec().max_attempts()),
+        absl::StrCat(j.step(), "/", j.spec().training().max_steps()),
+        j.spec().display_name());
+  }
+  if (!resp.next_page_token().empty()) {
+    std::cout << "more: --page_token=" << resp.next_page_token() << "\n";
+  }
+  return kOk;
+}
+
+int Cancel(Client& c, const std::string& name) {
+  tally::v1::CancelJobRequest req;
+  req.set_name(NormalizeName(name));
+  req.set_reason(absl::GetFlag(FLAGS_reason));
+  tally::v1::Job job;
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.stub()->CancelJob(&ctx, req, &job);
+  if (!s.ok()) return Fail(s, c.controller());
+  PrintJob(job);
+  return kOk;
+}
+
+int Checkpoints(Client& c, const std::string& name) {
+  tally::v1::ListCheckpointsRequest req;
+  req.set_name(NormalizeName(name));
+  tally::v1::ListCheckpointsResponse resp;
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.stub()->ListCheckpoints(&ctx, req, &resp);
+  if (!s.ok()) return Fail(s, c.controller());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(resp) << "\n";
+    return kOk;
+  }
+  std::cout << absl::StrFormat("%-8s %-8s %-12s %-10s %s\n", "ATTEMPT", "STEP", "TOKENS",
+                               "VAL_LOSS", "PATH");
+  for (const auto& ck : resp.checkpoints()) {
+    std::cout << absl::StrFormat("%-8d %-8d %-12d %-10.4f %s\n", ck.attempt(), ck.step(),
+                                 ck.tokens(), ck.val_loss(), ck.path());
+  }
+  return kOk;
+}
+
+std::string Bar(int64_t step, int64_t max) {
+  constexpr int kWidth = 30;
+  const int filled = max > 0 ? static_cast<int>(kWidth * std::min(step, max) / max) : 0;
+  return absl::StrCat("[", std::string(filled, '#'), std::string(kWidth - filled, '.'),
+                      "]");
+}
+
+int Watch(Client& c, const std::string& arg) {
+  const std::string name = NormalizeName(arg);
+  const bool tty = isatty(STDOUT_FILENO) && absl::GetFlag(FLAGS_output) != "json";
+  int64_t max_steps = 0;
+  {
+    tally::v1::GetJobRequest req;
+    req.set_name(name);
+    tally::v1::Job job;
+    grpc::ClientContext ctx;
+    c.Deadline(&ctx);
+    grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
+    if (!s.ok()) return Fail(s, c.controller());
+    max_steps = job.spec().training().max_steps();
+  }
+  int64_t after = absl::GetFlag(FLAGS_after);
+  tally::v1::JobState last_state = tally::v1::JOB_STATE_UNSPECIFIED;
+  absl::Duration backoff = absl::Milliseconds(200);
+  bool bar_shown = false;
+  while (true) {
+    tally::v1::WatchJobRequest req;
+    req.set_name(name);
+    req.set_after_sequence(after);
+    grpc::ClientContext ctx;
+    auto reader = c.stub()->WatchJob(&ctx, req);
+    tally::v1::JobEvent e;
+    while (reader->Read(&e)) {
+      backoff = absl::Milliseconds(200);
+      after = e.sequence();
+      last_state = e.state();
+      if (absl::GetFlag(FLAGS_output) == "json") {
+        std::string line;
+        google::protobuf::util::JsonPrintOptions opts;
+        opts.preserve_proto_field_names = true;
+        (void)google::protobuf::util::MessageToJsonString(e, &line, opts);
+        std::cout << line << std::endl;
+        continue;
+      }
+      if (tty && e.type() == "progress") {
+        std::cout << "\r" << Bar(e.step(), max_steps) << " step " << e.step() << "/"
+                  << max_steps;
+        if (e.train_loss() != 0) std::cout << absl::StrFormat("  loss %.4f", e.train_loss());
+        std::cout << "   " << std::flush;
+        bar_shown = true;
+        continue;
+      }
+      if (bar_shown) std::cout << "\n";
+      bar_shown = false;
+      std::string line = absl::StrFormat("#%-4d %s %-10s %-9s step %-7d", e.sequence(),
+                                         Time(e.time()), e.type(), StateName(e.state()),
+                                         e.step());
+      if (e.val_loss() != 0) absl::StrAppendFormat(&line, " val_loss %.4f", e.val_loss());
+      if (e.train_loss() != 0) absl::StrAppendFormat(&line, " loss %.4f", e.train_loss());
+      if (!e.reason().empty()) absl::StrAppend(&line, " ", e.reason());
+      if (!e.detail().empty()) absl::StrAppend(&line, " (", e.detail(), ")");
+      std::cout << line << std::endl;
+    }
+    grpc::Status s = reader->Finish();
+    if (s.ok()) break;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      if (bar_shown) std::cout << "\n";
+      return Fail(s, c.controller());
+    }
+    // tallyd restarting or unreachable: resume after the last event seen.
+    if (bar_shown) std::cout << "\n";
+    bar_shown = false;
+    std::cerr << "tallyctl: watch interrupted (" << s.error_message()
+              << "); resuming after event " << after << "\n";
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+  if (bar_shown) std::cout << "\n";
+  switch (last_state) {
+    case tally::v1::JOB_STATE_SUCCEEDED:
+    case tally::v1::JOB_STATE_EARLY_STOPPED:
+      return kOk;
+    default:
+      return kJobUnsuccessful;
+  }
+}
+
+int Validate() {
+  const std::string file = absl::GetFlag(FLAGS_file);
+  if (file.empty()) {
+    std::cerr << "tallyctl validate: -f job.yaml is required\n";
+    return kUsage;
+  }
+  absl::StatusOr<tally::v1::JobSpec> spec = ReadJobSpecFile(file);
+  if (!spec.ok()) {
+    std::cerr << "tallyctl: " << spec.status().message() << "\n";
+    return kUsage;
+  }
+  ApplySpecDefaults(&*spec);
+  if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) {
+    std::cerr << "tallyctl: " << file << ": " << s.message() << "\n";
+    return kUsage;
+  }
+  std::cout << file << ": ok\n";
+  if (absl::GetFlag(FLAGS_output) == "json") std::cout << Json(*spec) << "\n";
+  return kOk;
+}
+
+int Main(std::vector<char*> args) {
+  if (args.size() < 2) {
+    std::cerr << kUsageText;
+    return kUsage;
+  }
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output != "text" && output != "json") {
+    std::cerr << "tallyctl: --output must be text or json, got \"" << output << "\"\n";
+    return kUsage;
+  }
+  std::string controller = absl::GetFlag(FLAGS_controller);
+  if (controller.empty()) {
+    const char* env = std::getenv("TALLY_CONTROLLER");
+    controller = env && *env ? env : "127.0.0.1:50051";
+  }
+  const std::string cmd = args[1];
+  auto need_job = [&](const char* what) -> bool {
+    if (args.size() != 3) {
+      std::cerr << "tallyctl " << what << ": expected one JOB argument (jobs/ID or ID)\n";
+      return false;
+    }
+    return true;
+  };
+  if (cmd == "validate") return Validate();
+  Client client(controller);
+  if (cmd == "submit") {
+    int rc = Submit(client);
+    return rc;
+  }
+  if (cmd == "list") return List(client);
+  if (cmd == "get") return need_job("get") ? Get(client, args[2]) : kUsage;
+  if (cmd == "watch") return need_job("watch") ? Watch(client, args[2]) : kUsage;
+  if (cmd == "cancel") return need_job("cancel") ? Cancel(client, args[2]) : kUsage;
+  if (cmd == "checkpoints") {
+    return need_job("checkpoints") ? Checkpoints(client, args[2]) : kUsage;
+  }
+  if (cmd == "help") {
+    std::cout << kUsageText;
+    return kOk;
+  }
+  std::cerr << "tallyctl: unknown command \"" << cmd << "\"\n\n" << kUsageText;
+  return kUsage;
+}
+
+}  // namespace
+}  // namespace tally::cli
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(tally::cli::kUsageText);
+  // -f is the customary short form of --file.
+  std::vector<std::string> storage;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "-f" || a == "--file") && i + 1 < argc) {
+      a = absl::StrCat("--file=", argv[++i]);
+    } else if (absl::StartsWith(a, "-f=")) {
+      a = "--file=" + a.substr(3);
+    }
+    storage.push_back(a);
+  }
+  std::vector<char*> argv2;
+  for (auto& a : storage) argv2.push_back(a.data());
+  std::vector<char*> args = absl::ParseCommandLine(argv2.size(), argv2.data());
+  return tally::cli::Main(args);
+}

@@ -1,0 +1,307 @@
+#include "worker/agent/agent.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace tally::worker {
+
+using tally::v1::WorkerMessage;
+
+class Agent::AttemptReporter final : public Reporter {
+ public:
+  explicit AttemptReporter(Agent* agent) : agent_(agent) {}
+  void Progress(const tally::v1::Progress& p) override {
+    WorkerMessage m;
+    *m.mutable_progress() = p;
+    agent_->Enqueue(std::move(m));
+  }
+  void Eval(const tally::v1::EvalResult& e) override {
+    WorkerMessage m;
+    *m.mutable_eval() = e;
+    agent_->Enqueue(std::move(m));
+  }
+  void Checkpoint(const tally::v1::CheckpointRecord& c) override {
+    WorkerMessage m;
+    *m.mutable_checkpoint() = c;
+    agent_->Enqueue(std::move(m));
+  }
+
+ private:
+  Agent* agent_;
+};
+
+namespace {
+
+std::string Key(const std::string& job, int32_t attempt) {
+  return absl::StrCat(job, "#", attempt);
+}
+
+}  // namespace
+
+Agent::Agent(AgentOptions options, std::unique_ptr<Runner> runner)
+    : options_(std::move(options)), runner_(std::move(runner)) {}
+
+Agent::~Agent() {
+  Shutdown();
+  std::vector<std::unique_ptr<Attempt>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [k, a] : running_) all.push_back(std::move(a));
+    running_.clear();
+    for (auto& a : finished_) all.push_back(std::move(a));
+    finished_.clear();
+  }
+  for (auto& a : all) {
+    if (a->thread.joinable()) a->thread.join();
+  }
+}
+
+void Agent::Enqueue(WorkerMessage m) {
+  absl::MutexLock lock(&mu_);
+  if (m.has_progress()) {
+    // Keep only the newest progress of an attempt; index 0 may be in flight.
+    for (size_t i = 1; i < outbox_.size(); ++i) {
+      if (outbox_[i].has_progress() &&
+          outbox_[i].progress().job() == m.progress().job() &&
+          outbox_[i].progress().attempt() == m.progress().attempt()) {
+        outbox_[i] = std::move(m);
+        return;
+      }
+    }
+  }
+  outbox_.push_back(std::move(m));
+  outbox_cv_.Signal();
+}
+
+tally::v1::Hello Agent::MakeHello() {
+  tally::v1::Hello h;
+  h.set_worker_id(options_.worker_id);
+  h.set_device(options_.device);
+  h.set_gpu_type(options_.gpu_type);
+  h.set_slots(options_.slots);
+  for (const auto& c : options_.capabilities) h.add_capabilities(c);
+  h.set_version("tally-worker 0.1");
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, a] : running_) {
+    auto* r = h.add_running();
+    r->set_job(a->assignment.job());
+    r->set_attempt(a->assignment.attempt());
+  }
+  // An attempt whose exit is not delivered yet still counts as running, so
+  // tallyd waits for the exit instead of declaring the attempt lost.
+  for (const auto& m : outbox_) {
+    if (!m.has_exit()) continue;
+    auto* r = h.add_running();
+    r->set_job(m.exit().job());
+    r->set_attempt(m.exit().attempt());
+  }
+  return h;
+}
+
+void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
+  const std::string key = Key(assignment.job(), assignment.attempt());
+  absl::MutexLock lock(&mu_);
+  if (running_.count(key)) return;  // a repeated assignment
+  if (static_cast<int>(running_.size()) >= options_.slots || shutdown_.load()) {
+    WorkerMessage m;
+    auto* exit = m.mutable_exit();
+    exit->set_job(assignment.job());
+    exit->set_attempt(assignment.attempt());
+    exit->set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+    exit->set_retryable(true);
+    exit->set_reason(shutdown_.load() ? "worker is shutting down"
+                                      : "worker has no free slot");
+    outbox_.push_back(std::move(m));
+    outbox_cv_.Signal();
+    return;
+  }
+  spdlog::info("attempt {} of {}: starting (rank {}/{})", assignment.attempt(),
+               assignment.job(), assignment.rank(), assignment.world_size());
+  auto attempt = std::make_unique<Attempt>();
+  attempt->assignment = assignment;
+  Attempt* raw = attempt.get();
+  running_[key] = std::move(attempt);
+  raw->thread = std::thread([this, raw, key] {
+    AttemptReporter reporter(this);
+    tally::v1::AttemptExit exit = runner_->Run(raw->assignment, &reporter, &raw->stop);
+    spdlog::info("attempt {} of {}: {} ({})", exit.attempt(), exit.job(),
+                 tally::v1::AttemptOutcome_Name(exit.outcome()), exit.reason());
+    WorkerMessage m;
+    *m.mutable_exit() = exit;
+    absl::MutexLock lock(&mu_);
+    outbox_.push_back(std::move(m));
+    outbox_cv_.Signal();
+    auto it = running_.find(key);
+    if (it != running_.end()) {
+      finished_.push_back(std::move(it->second));
+      running_.erase(it);
+    }
+  });
+}
+
+void Agent::StopAttempt(const tally::v1::StopOrder& stop) {
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(Key(stop.job(), stop.attempt()));
+  if (it == running_.end()) {
+    // Not running here (finished, or never started): say so, so tallyd frees
+    // whatever it thinks is held.
+    WorkerMessage m;
+    auto* exit = m.mutable_exit();
+    exit->set_job(stop.job());
+    exit->set_attempt(stop.attempt());
+    exit->set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+    exit->set_reason("not running here");
+    bool pending = false;
+    for (const auto& o : outbox_) {
+      pending |= o.has_exit() && o.exit().job() == stop.job() &&
+                 o.exit().attempt() == stop.attempt();
+    }
+    if (!pending) {
+      outbox_.push_back(std::move(m));
+      outbox_cv_.Signal();
+    }
+    return;
+  }
+  spdlog::info("attempt {} of {}: stop ordered ({})", stop.attempt(), stop.job(),
+               stop.reason());
+  it->second->stop.store(true);
+}
+
+void Agent::ReapFinished() {
+  std::vector<std::unique_ptr<Attempt>> done;
+  {
+    absl::MutexLock lock(&mu_);
+    done.swap(finished_);
+  }
+  for (auto& a : done) {
+    if (a->thread.joinable()) a->thread.join();
+  }
+}
+
+void Agent::Serve(tally::v1::Workers::Stub* stub) {
+  grpc::ClientContext context;
+  auto stream = stub->Connect(&context);
+  WorkerMessage hello;
+  *hello.mutable_hello() = MakeHello();
+  if (!stream->Write(hello)) {
+    grpc::Status s = stream->Finish();
+    spdlog::warn("cannot reach tallyd at {}: {}", options_.controller,
+                 s.error_message());
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    current_context_ = &context;
+  }
+  bool done = false;  // guarded by mu_
+  std::thread writer([&] {
+    absl::MutexLock lock(&mu_);
+    while (!done) {
+      if (outbox_.empty()) {
+        if (shutdown_.load() && running_.empty()) {
+          context.TryCancel();  // all reported: end the stream
+          return;
+        }
+        outbox_cv_.WaitWithTimeout(&mu_, heartbeat_interval_);
+        if (done) return;
+      }
+      WorkerMessage m;
+      const bool from_outbox = !outbox_.empty();
+      if (from_outbox) {
+        m = outbox_.front();
+      } else {
+        m.mutable_heartbeat();
+      }
+      mu_.Unlock();
+      const bool ok = stream->Write(m);
+      mu_.Lock();
+      if (!ok) return;
+      if (from_outbox) outbox_.pop_front();
+    }
+  });
+
+  spdlog::info("connected to tallyd at {} as {}", options_.controller,
+               options_.worker_id);
+  tally::v1::ControllerMessage msg;
+  while (stream->Read(&msg)) {
+    switch (msg.msg_case()) {
+      case tally::v1::ControllerMessage::kWelcome: {
+        absl::MutexLock lock(&mu_);
+        const double s = msg.welcome().heartbeat_interval_seconds();
+        if (s > 0) heartbeat_interval_ = absl::Seconds(s);
+        break;
+      }
+      case tally::v1::ControllerMessage::kAssignment:
+        StartAttempt(msg.assignment());
+        break;
+      case tally::v1::ControllerMessage::kStop:
+        StopAttempt(msg.stop());
+        break;
+      default:
+        break;
+    }
+    ReapFinished();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    done = true;
+    current_context_ = nullptr;
+    outbox_cv_.SignalAll();
+  }
+  context.TryCancel();
+  writer.join();
+  grpc::Status s = stream->Finish();
+  if (!shutdown_.load()) {
+    spdlog::warn("stream to tallyd ended: {} {}", static_cast<int>(s.error_code()),
+                 s.error_message());
+  }
+}
+
+int Agent::Run() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  auto channel = grpc::CreateCustomChannel(options_.controller,
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = tally::v1::Workers::NewStub(channel);
+  std::mt19937 rng(std::random_device{}());
+  absl::Duration backoff = options_.initial_backoff;
+  int tries_after_shutdown = 0;
+  while (true) {
+    const absl::Time start = absl::Now();
+    Serve(stub.get());
+    ReapFinished();
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutdown_.load() && running_.empty() &&
+          (outbox_.empty() || ++tries_after_shutdown > 3)) {
+        break;
+      }
+    }
+    if (absl::Now() - start > absl::Seconds(10)) backoff = options_.initial_backoff;
+    // Full jitter, so a fleet that lost tallyd does not return in lockstep.
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    const absl::Time until = absl::Now() + backoff * jitter(rng);
+    while (absl::Now() < until && !(shutdown_.load() && tries_after_shutdown > 3)) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+  ReapFinished();
+  return 0;
+}
+
+void Agent::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_.exchange(true)) return;
+  for (auto& [key, a] : running_) a->stop.store(true);
+  outbox_cv_.SignalAll();
+}
+
+}  // namespace tally::worker

@@ -1,0 +1,79 @@
+// Agent: a tally-worker's connection to tallyd. It keeps one Workers.Connect
+// stream open (reconnecting with exponential backoff), says Hello with what
+// it is running, heartbeats, starts a Runner per assignment (up to `slots` at
+// once), relays its reports, and obeys stop orders. Reports made while
+// disconnected are kept and sent after the next Hello; only the latest
+// progress per attempt is kept.
+//
+// Thread-safety: Run() blocks on the calling thread; Shutdown() may be called
+// from any thread.
+#ifndef TALLY_WORKER_AGENT_AGENT_H_
+#define TALLY_WORKER_AGENT_AGENT_H_
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "tally/v1/workers.grpc.pb.h"
+#include "worker/agent/runner.h"
+
+namespace tally::worker {
+
+struct AgentOptions {
+  std::string controller;  // host:port of tallyd
+  std::string worker_id;
+  std::string device = "cpu";
+  std::string gpu_type = "cpu";
+  int slots = 1;
+  std::vector<std::string> capabilities;
+  absl::Duration initial_backoff = absl::Milliseconds(200);
+  absl::Duration max_backoff = absl::Seconds(5);
+};
+
+class Agent {
+ public:
+  Agent(AgentOptions options, std::unique_ptr<Runner> runner);
+  ~Agent();
+
+  // Connects and serves until Shutdown(). Returns 0 on a clean shutdown.
+  int Run();
+  // Stops running attempts (each reports STOPPED) and ends Run().
+  void Shutdown();
+
+ private:
+  struct Attempt {
+    tally::v1::Assignment assignment;
+    std::atomic<bool> stop{false};
+    std::thread thread;
+  };
+  class AttemptReporter;
+
+  void Serve(tally::v1::Workers::Stub* stub);
+  void Enqueue(tally::v1::WorkerMessage m);
+  void StartAttempt(const tally::v1::Assignment& a);
+  void StopAttempt(const tally::v1::StopOrder& s);
+  void ReapFinished();
+  tally::v1::Hello MakeHello();
+
+  const AgentOptions options_;
+  const std::unique_ptr<Runner> runner_;
+  std::atomic<bool> shutdown_{false};
+
+  absl::Mutex mu_;
+  absl::CondVar outbox_cv_;
+  std::deque<tally::v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Attempt>> running_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Attempt>> finished_ ABSL_GUARDED_BY(mu_);
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
+  grpc::ClientContext* current_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace tally::worker
+
+#endif  // TALLY_WORKER_AGENT_AGENT_H_
