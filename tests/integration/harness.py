@@ -1,0 +1,189 @@
+"""Real tallyd and tally-worker processes on loopback, and a Python gRPC client
+whose stubs are generated from proto/ at test time (Debian's python3-grpcio)."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("TALLY_BUILD_DIR", os.path.join(ROOT, "build"))
+TALLYD = os.path.join(BUILD, "server", "tallyd")
+WORKER = os.path.join(BUILD, "worker", "tally-worker")
+TALLYCTL = os.path.join(BUILD, "cli", "tallyctl")
+
+
+def _generate_stubs():
+    out = tempfile.mkdtemp(prefix="tally_py_")
+    protos = ["tally/v1/spec.proto", "tally/v1/jobs.proto", "tally/v1/workers.proto"]
+    subprocess.run(
+        ["protoc", "--proto_path=" + os.path.join(ROOT, "proto"),
+         "--python_out=" + out, "--grpc_out=" + out,
+         "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin"] + protos,
+        check=True)
+    for d in ("tally", "tally/v1"):
+        open(os.path.join(out, d, "__init__.py"), "a").close()
+    sys.path.insert(0, out)
+
+
+_generate_stubs()
+import grpc  # noqa: E402
+from tally.v1 import jobs_pb2, jobs_pb2_grpc, spec_pb2  # noqa: E402,F401
+
+TERMINAL = {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_EARLY_STOPPED,
+            jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED, jobs_pb2.JOB_STATE_CANCELLED,
+            jobs_pb2.JOB_STATE_FAILED}
+
+
+def wait_for(predicate, timeout=30.0, interval=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("timed out after %.0fs waiting for %s" % (timeout, what))
+
+
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
+class Tallyd:
+    """One tallyd process; restart() keeps its data directory."""
+
+    def __init__(self, data_dir, extra_args=()):
+        self.data_dir = data_dir
+        self.extra_args = list(extra_args)
+        self.proc = None
+        self.log_path = os.path.join(data_dir, "tallyd.log")
+        self.start()
+
+    def start(self):
+        addr_file = os.path.join(self.data_dir, "addr")
+        if os.path.exists(addr_file):
+            os.unlink(addr_file)
+        # Reuse the previous ports on restart so workers find it again.
+        listen = getattr(self, "grpc_addr", "127.0.0.1:0")
+        metrics = getattr(self, "metrics_addr", "127.0.0.1:0")
+        self.log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [TALLYD, "--listen=" + listen, "--metrics_listen=" + metrics,
+             "--data_dir=" + self.data_dir, "--address_file=" + addr_file,
+             "--heartbeat_interval=300ms", "--heartbeat_timeout=3s",
+             "--tick_interval=50ms"] + self.extra_args,
+            stdout=self.log, stderr=subprocess.STDOUT)
+        text = wait_for(lambda: os.path.exists(addr_file) and _read(addr_file),
+                        what="tallyd to write its address")
+        fields = dict(kv.split("=", 1) for kv in text.split())
+        self.grpc_addr, self.metrics_addr = fields["grpc"], fields["metrics"]
+        self.channel = grpc.insecure_channel(self.grpc_addr)
+        self.jobs = jobs_pb2_grpc.JobsStub(self.channel)
+
+    def kill(self, sig=signal.SIGKILL):
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=30)
+        self.channel.close()
+        self.log.close()
+        return code
+
+    def restart(self):
+        self.kill()
+        self.start()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+
+    def scrape(self):
+        with urllib.request.urlopen("http://%s/metrics" % self.metrics_addr, timeout=5) as r:
+            return r.read().decode()
+
+    def logs(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+
+class Worker:
+    def __init__(self, controller, worker_id, log_dir, step_time="50ms", extra_args=()):
+        self.worker_id = worker_id
+        self.log_path = os.path.join(log_dir, "worker-%s.log" % worker_id)
+        self.log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(
+            [WORKER, "--controller=" + controller, "--worker_id=" + worker_id,
+             "--placeholder_step_time=" + step_time] + list(extra_args),
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=30)
+        self.log.close()
+        return code
+
+
+def spec(max_steps=20, priority=0, name="test", gpu_type="cpu", gpu_count=1,
+         max_attempts=3):
+    s = spec_pb2.JobSpec(display_name=name, priority=priority, max_attempts=max_attempts)
+    s.model.num_layers = 1
+    s.model.d_model = 16
+    s.model.num_heads = 2
+    s.data.train_path = "/data/unused"
+    s.data.seq_len = 64
+    s.training.max_steps = max_steps
+    s.resources.gpu_type = gpu_type
+    s.resources.gpu_count = gpu_count
+    return s
+
+
+class ClusterTest(unittest.TestCase):
+    """Starts a fresh tallyd per test; workers via add_worker()."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tally_it_")
+        self.tallyd = Tallyd(self.dir)
+        self.workers = []
+
+    def tearDown(self):
+        for w in self.workers:
+            w.kill()
+        self.tallyd.stop()
+        outcome = getattr(self, "_outcome", None)
+        if outcome is not None and not getattr(outcome, "success", True):
+            print("--- tallyd log ---\n" + self.tallyd.logs(), file=sys.stderr)
+            for w in self.workers:
+                with open(w.log_path) as f:
+                    print("--- %s log ---\n%s" % (w.worker_id, f.read()), file=sys.stderr)
+
+    def add_worker(self, worker_id, step_time="50ms", extra_args=()):
+        w = Worker(self.tallyd.grpc_addr, worker_id, self.dir, step_time, extra_args)
+        self.workers.append(w)
+        return w
+
+    def submit(self, s=None, request_id=""):
+        return self.tallyd.jobs.SubmitJob(
+            jobs_pb2.SubmitJobRequest(spec=s or spec(), request_id=request_id), timeout=10)
+
+    def get(self, name):
+        return self.tallyd.jobs.GetJob(jobs_pb2.GetJobRequest(name=name), timeout=10)
+
+    def wait_state(self, name, states, timeout=30):
+        if isinstance(states, int):
+            states = {states}
+        return wait_for(lambda: (lambda j: j if j.state in states else None)(self.get(name)),
+                        timeout=timeout,
+                        what="%s to reach %s" % (name, [jobs_pb2.JobState.Name(s) for s in states]))
+
+    def events(self, name, after=0):
+        return list(self.tallyd.jobs.WatchJob(
+            jobs_pb2.WatchJobRequest(name=name, after_sequence=after), timeout=60))
+
+    def tallyctl(self, *args, stdin=None):
+        env = dict(os.environ, TALLY_CONTROLLER=self.tallyd.grpc_addr)
+        return subprocess.run([TALLYCTL] + list(args), capture_output=True, text=True,
+                              env=env, input=stdin, timeout=120)

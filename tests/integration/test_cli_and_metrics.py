@@ -1,0 +1,119 @@
+"""tallyctl against a real tallyd, and the /metrics exposition checked by
+promtool on a live scrape."""
+
+import json
+import os
+import re
+import subprocess
+import unittest
+
+from harness import ROOT, ClusterTest, jobs_pb2, spec, wait_for
+
+TINY = os.path.join(ROOT, "examples", "jobs", "tiny.yaml")
+
+
+class TallyctlTest(ClusterTest):
+
+    def test_submit_watch_get_list_cancel(self):
+        self.add_worker("w1", step_time="10ms")
+        r = self.tallyctl("submit", "-f", TINY)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        name = r.stdout.strip()
+        self.assertRegex(name, r"^jobs/\d+$")
+        w = self.tallyctl("watch", name)
+        self.assertEqual(w.returncode, 0, w.stderr)  # SUCCEEDED
+        self.assertIn("succeeded", w.stdout)
+        self.assertNotIn("\r", w.stdout, "no progress bar when not a terminal")
+        g = self.tallyctl("get", name, "--output=json")
+        self.assertEqual(g.returncode, 0, g.stderr)
+        job = json.loads(g.stdout)
+        self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(job["spec"]["display_name"], "tiny-packed")
+        self.assertEqual(job["spec"]["labels"], {"team": "research"})
+        lst = self.tallyctl("list", "--state=succeeded")
+        self.assertEqual(lst.returncode, 0, lst.stderr)
+        self.assertIn(name, lst.stdout)
+        c = self.tallyctl("cancel", name)
+        self.assertEqual(c.returncode, 4, "cancelling an ended job: wrong state")
+        self.assertIn("already ended", c.stderr)
+
+    def test_watch_exit_code_for_a_cancelled_job(self):
+        r = self.tallyctl("submit", "-f", TINY)
+        name = r.stdout.strip()
+        self.assertEqual(self.tallyctl("cancel", name, "--reason=test").returncode, 0)
+        w = self.tallyctl("watch", name)
+        self.assertEqual(w.returncode, 6, w.stdout + w.stderr)
+        self.assertIn("cancelled: test", w.stdout)
+
+    def test_errors_name_the_problem_and_exit_codes_mean_something(self):
+        bad = "model: {num_layers: 2, d_model: 64, num_heads: 4}\nbogus: 1\n"
+        r = self.tallyctl("submit", "-f", "-", stdin=bad)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("spec.bogus", r.stderr)
+        invalid = "model: {num_layers: 0, d_model: 64, num_heads: 4}\n"
+        r = self.tallyctl("submit", "-f", "-", stdin=invalid)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("spec.model.num_layers", r.stderr)
+        self.assertEqual(self.tallyctl("get", "jobs/999").returncode, 3)
+        self.assertEqual(self.tallyctl("submit", "-f", "/nonexistent.yaml").returncode, 3)
+        self.assertEqual(self.tallyctl("frobnicate").returncode, 2)
+        self.assertEqual(self.tallyctl("list", "--state=sleepy").returncode, 2)
+        env = dict(os.environ, TALLY_CONTROLLER="127.0.0.1:1")
+        from harness import TALLYCTL
+        down = subprocess.run([TALLYCTL, "list", "--timeout=1s"], capture_output=True,
+                              text=True, env=env, timeout=30)
+        self.assertEqual(down.returncode, 5)
+        self.assertIn("127.0.0.1:1", down.stderr)
+        v = self.tallyctl("validate", "-f", TINY)
+        self.assertEqual(v.returncode, 0, v.stderr)
+
+    def test_request_id_flag_is_idempotent(self):
+        a = self.tallyctl("submit", "-f", TINY, "--request_id=fixed-1").stdout.strip()
+        b = self.tallyctl("submit", "-f", TINY, "--request_id=fixed-1").stdout.strip()
+        self.assertEqual(a, b)
+
+
+def parse_exposition(text):
+    series = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, value = line.rsplit(" ", 1)
+        series[key] = float(value)
+    return series
+
+
+class MetricsTest(ClusterTest):
+
+    def test_live_scrape_passes_promtool_and_counts_what_happened(self):
+        self.add_worker("w1", step_time="10ms")
+        job = self.submit(spec(max_steps=5))
+        self.wait_state(job.name, jobs_pb2.JOB_STATE_SUCCEEDED)
+        with self.assertRaises(Exception):
+            self.get("jobs/4242")
+        text = self.tallyd.scrape()
+        check = subprocess.run(["promtool", "check", "metrics"], input=text,
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        self.assertEqual(check.stdout + check.stderr, "", "promtool has no complaints")
+        s = parse_exposition(text)
+        self.assertEqual(s['tally_jobs{state="SUCCEEDED"}'], 1)
+        self.assertEqual(s['tally_jobs{state="QUEUED"}'], 0)
+        self.assertEqual(s["tally_queue_depth"], 0)
+        self.assertEqual(s['tally_workers{gpu_type="cpu",state="connected"}'], 1)
+        self.assertEqual(s['tally_worker_slots{gpu_type="cpu",state="free"}'], 1)
+        self.assertEqual(s['tally_queue_wait_seconds_count'], 1)
+        self.assertEqual(s['tally_attempts_ended_total{outcome="succeeded"}'], 1)
+        self.assertGreaterEqual(
+            s['tally_grpc_requests_total{code="OK",method="tally.v1.Jobs/SubmitJob"}'], 1)
+        self.assertGreaterEqual(
+            s['tally_grpc_requests_total{code="NOT_FOUND",method="tally.v1.Jobs/GetJob"}'], 1)
+        self.assertEqual(s['tally_grpc_request_duration_seconds_bucket{'
+                         'method="tally.v1.Jobs/SubmitJob",le="+Inf"}'], 1)
+        # No series appears twice.
+        keys = [l.rsplit(" ", 1)[0] for l in text.splitlines() if l and l[0] != "#"]
+        self.assertEqual(len(keys), len(set(keys)))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,216 @@
+"""tallyd + tally-worker on loopback: a job's whole life, watch resume,
+kill -9 of tallyd, a worker lost mid-job, concurrent and repeated submits."""
+
+import concurrent.futures
+import signal
+import unittest
+
+import grpc
+from harness import ClusterTest, Tallyd, jobs_pb2, spec, wait_for
+
+
+class LifecycleTest(ClusterTest):
+
+    def test_python_client_submits_and_watches_to_the_end(self):
+        self.add_worker("w1")
+        job = self.submit(spec(max_steps=20))
+        self.assertEqual(job.state, jobs_pb2.JOB_STATE_QUEUED)
+        self.assertTrue(job.name.startswith("jobs/"))
+        events = self.events(job.name)  # ends by itself once the job is terminal
+        self.assertEqual([e.sequence for e in events], list(range(1, len(events) + 1)))
+        types = [e.type for e in events]
+        self.assertEqual(types[0], "submitted")
+        self.assertIn("started", types)
+        self.assertEqual(types[-1], "succeeded")
+        self.assertEqual(events[-1].state, jobs_pb2.JOB_STATE_SUCCEEDED)
+        # The placeholder says plainly that it trained nothing.
+        self.assertIn("without training", events[-1].reason)
+        final = self.get(job.name)
+        self.assertEqual(final.state, jobs_pb2.JOB_STATE_SUCCEEDED)
+        self.assertEqual(final.step, 20)
+        self.assertEqual(final.attempt, 1)
+        self.assertEqual(list(final.worker_ids), ["w1"])
+
+    def test_watch_resumes_at_its_sequence_number(self):
+        self.add_worker("w1", step_time="100ms")
+        job = self.submit(spec(max_steps=25))
+        stream = self.tallyd.jobs.WatchJob(jobs_pb2.WatchJobRequest(name=job.name))
+        first = []
+        for e in stream:
+            first.append(e)
+            if len(first) == 3:
+                break
+        stream.cancel()
+        rest = self.events(job.name, after=first[-1].sequence)
+        seqs = [e.sequence for e in first + rest]
+        self.assertEqual(seqs, list(range(1, len(seqs) + 1)), "no gap, no repeat")
+        self.assertEqual(rest[-1].state, jobs_pb2.JOB_STATE_SUCCEEDED)
+        # Watching a finished job from the middle returns the tail and ends.
+        tail = self.events(job.name, after=len(seqs) - 2)
+        self.assertEqual([e.sequence for e in tail], seqs[-2:])
+
+    def test_kill_9_loses_nothing_acknowledged(self):
+        self.add_worker("w1", step_time="200ms")
+        names = [self.submit(spec(max_steps=15, name="j%d" % i)).name for i in range(5)]
+        running = self.wait_state(names[0], jobs_pb2.JOB_STATE_RUNNING)
+        self.assertEqual(running.attempt, 1)
+        before = {n: self.get(n) for n in names}
+        events_before = {n: self.events_so_far(n) for n in names}
+        self.assertEqual(self.tallyd.kill(signal.SIGKILL), -signal.SIGKILL)
+        self.tallyd.start()
+        for n in names:
+            job = self.get(n)
+            self.assertEqual(job.spec, before[n].spec)
+            self.assertEqual(job.create_time, before[n].create_time)
+            got = self.events_so_far(n)
+            self.assertEqual(got[:len(events_before[n])], events_before[n])
+        # The worker reconnects and the running attempt is re-adopted, not redone.
+        done = self.wait_state(names[0], jobs_pb2.JOB_STATE_SUCCEEDED, timeout=60)
+        self.assertEqual(done.attempt, 1)
+        self.assertIn("adopted", [e.type for e in self.events(names[0])])
+        for n in names[1:]:
+            self.assertEqual(self.wait_state(n, jobs_pb2.JOB_STATE_SUCCEEDED, timeout=60).attempt, 1)
+
+    def events_so_far(self, name):
+        job = self.get(name)
+        out = []
+        stream = self.tallyd.jobs.WatchJob(jobs_pb2.WatchJobRequest(name=name))
+        for e in stream:
+            out.append(e)
+            if e.sequence >= job.last_event_sequence:
+                break
+        stream.cancel()
+        return out
+
+    def test_worker_killed_mid_job_moves_to_another_worker(self):
+        a = self.add_worker("a", step_time="100ms")
+        job = self.submit(spec(max_steps=30))
+        running = self.wait_state(job.name, jobs_pb2.JOB_STATE_RUNNING)
+        self.assertEqual(list(running.worker_ids), ["a"])
+        wait_for(lambda: self.get(job.name).step >= 3, what="some progress")
+        b = self.add_worker("b", step_time="20ms")
+        a.kill(signal.SIGKILL)
+        done = self.wait_state(job.name, {jobs_pb2.JOB_STATE_SUCCEEDED,
+                                          jobs_pb2.JOB_STATE_FAILED}, timeout=60)
+        self.assertEqual(done.state, jobs_pb2.JOB_STATE_SUCCEEDED)
+        self.assertEqual(done.attempt, 2)
+        self.assertEqual(list(done.worker_ids), ["b"])
+        requeued = [e for e in self.events(job.name) if e.type == "requeued"]
+        self.assertEqual(len(requeued), 1)
+        self.assertIn("worker a silent", requeued[0].reason)
+        del b
+
+    def test_200_concurrent_submits_and_repeated_request_ids(self):
+        ids = ["req-%03d" % i for i in range(200)]
+
+        def submit(request_id):
+            return self.submit(spec(max_steps=1), request_id=request_id).name
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+            names = list(pool.map(submit, ids))
+            again = list(pool.map(submit, ids[:50]))
+        self.assertEqual(len(set(names)), 200, "every submit acknowledged with its own job")
+        self.assertEqual(again, names[:50], "a repeated request_id returns the same job")
+        listed, token = [], ""
+        while True:
+            page = self.tallyd.jobs.ListJobs(
+                jobs_pb2.ListJobsRequest(page_size=64, page_token=token), timeout=10)
+            listed += [j.name for j in page.jobs]
+            token = page.next_page_token
+            if not token:
+                break
+        self.assertEqual(sorted(listed), sorted(names))
+        with self.assertRaises(grpc.RpcError) as err:
+            self.submit(spec(max_steps=2), request_id="req-000")
+        self.assertEqual(err.exception.code(), grpc.StatusCode.ALREADY_EXISTS)
+
+    def test_bad_spec_names_the_field_and_stores_nothing(self):
+        bad = spec()
+        bad.model.num_heads = 3
+        bad.data.seq_len = 2
+        with self.assertRaises(grpc.RpcError) as err:
+            self.submit(bad)
+        self.assertEqual(err.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("spec.model.num_heads", err.exception.details())
+        self.assertIn("spec.data.seq_len", err.exception.details())
+        with self.assertRaises(grpc.RpcError) as err:
+            self.tallyd.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(), timeout=10)
+        self.assertIn("spec", err.exception.details())
+        self.assertEqual(len(self.tallyd.jobs.ListJobs(jobs_pb2.ListJobsRequest()).jobs), 0)
+        for bad_name in ["", "jobs/x", "42", "jobs/-1"]:
+            with self.assertRaises(grpc.RpcError) as err:
+                self.get(bad_name)
+            self.assertEqual(err.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        with self.assertRaises(grpc.RpcError) as err:
+            self.tallyd.jobs.ListJobs(jobs_pb2.ListJobsRequest(page_token="zz"), timeout=10)
+        self.assertIn("page_token", err.exception.details())
+
+    def test_cancel_running_job_stops_the_worker(self):
+        self.add_worker("w1", step_time="100ms")
+        job = self.submit(spec(max_steps=500))
+        self.wait_state(job.name, jobs_pb2.JOB_STATE_RUNNING)
+        cancelled = self.tallyd.jobs.CancelJob(
+            jobs_pb2.CancelJobRequest(name=job.name, reason="wrong lr"), timeout=10)
+        self.assertEqual(cancelled.state, jobs_pb2.JOB_STATE_CANCELLED)
+        with self.assertRaises(grpc.RpcError) as err:
+            self.tallyd.jobs.CancelJob(jobs_pb2.CancelJobRequest(name=job.name), timeout=10)
+        self.assertEqual(err.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        # The freed worker takes the next job.
+        nxt = self.submit(spec(max_steps=5))
+        self.assertEqual(self.wait_state(nxt.name, jobs_pb2.JOB_STATE_SUCCEEDED).attempt, 1)
+        self.assertLess(self.get(job.name).step, 500)
+
+    def test_health_and_reflection(self):
+        check = self.tallyd.channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda _: b"", response_deserializer=lambda b: b)
+        self.assertEqual(check(None, timeout=5), b"\x08\x01")  # status: SERVING
+        reflect = self.tallyd.channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        reply = b"".join(reflect(iter([b"\x3a\x00"]), timeout=5))  # list_services
+        self.assertIn(b"tally.v1.Jobs", reply)
+        self.assertIn(b"tally.v1.Workers", reply)
+        self.assertIn(b"grpc.health.v1.Health", reply)
+
+    def test_sigterm_drains_and_exits_cleanly(self):
+        self.add_worker("w1", step_time="100ms")
+        job = self.submit(spec(max_steps=500))
+        self.wait_state(job.name, jobs_pb2.JOB_STATE_RUNNING)
+        stream = self.tallyd.jobs.WatchJob(jobs_pb2.WatchJobRequest(name=job.name))
+        next(stream)
+        self.tallyd.proc.send_signal(signal.SIGTERM)
+        with self.assertRaises(grpc.RpcError) as err:
+            for _ in stream:
+                pass
+        # Watchers are told to come back, with where to resume.
+        self.assertEqual(err.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("after_sequence=", err.exception.details())
+        self.assertEqual(self.tallyd.kill(signal.SIGTERM), 0)
+        self.assertIn("draining", self.tallyd.logs())
+        self.tallyd.start()  # so tearDown has something to stop
+        self.assertEqual(self.get(job.name).state, jobs_pb2.JOB_STATE_RUNNING)
+
+
+class FlagsTest(unittest.TestCase):
+
+    def test_bad_flags_are_clear_errors(self):
+        import subprocess
+        import tempfile
+        from harness import TALLYD
+        d = tempfile.mkdtemp()
+        for args, expect in [(["--listen=nonsense"], "--listen"),
+                             (["--store=postgres"], "--store"),
+                             (["--heartbeat_timeout=1s", "--heartbeat_interval=2s"],
+                              "--heartbeat_timeout"),
+                             (["--data_dir=/proc/nope"], "--data_dir")]:
+            r = subprocess.run([TALLYD, "--metrics_listen=127.0.0.1:0", "--data_dir=" + d] + args,
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn(expect, r.stderr + r.stdout)
+        r = subprocess.run([TALLYD, "--help"], capture_output=True, text=True, timeout=30)
+        self.assertIn("--data_dir", r.stdout + r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
