@@ -47,6 +47,9 @@ struct BadCase {
   std::string field;  // the message must name it
 };
 
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
+
 class BadSpecTest : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(BadSpecTest, NamesTheField) {

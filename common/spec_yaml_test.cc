@@ -46,6 +46,9 @@ struct BadYaml {
   const char* expect;
 };
 
+void PrintTo(const BadYaml& c, std::ostream* os) { *os << c.text; }
+
+
 class BadYamlTest : public ::testing::TestWithParam<BadYaml> {};
 
 TEST_P(BadYamlTest, IsRejectedNamingTheField) {

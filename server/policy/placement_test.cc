@@ -18,6 +18,9 @@ struct Case {
   std::vector<Placement> want;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+
 class PlacementTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PlacementTest, Places) {

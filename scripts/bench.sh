@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Controller benchmarks, side by side in one run: submit throughput and
+# latency on loopback (SQLite and in-memory stores, 1/8/64 clients), then the
+# scheduler's Tick() and /metrics rendering at fleet scale.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${BUILD_DIR:-build}
+SECONDS_EACH=${SECONDS_EACH:-5}
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+
+echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
+printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"
+for store in sqlite memory; do
+  "$B/server/tallyd" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --store=$store \
+    --data_dir="$tmp/$store" --address_file="$tmp/$store.addr" >"$tmp/$store.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [ -s "$tmp/$store.addr" ] && break; sleep 0.05; done
+  addr=$(sed 's/grpc=\([^ ]*\).*/\1/' "$tmp/$store.addr")
+  for c in 1 8 64; do
+    printf "%s\t" $store
+    "$B/bench/submit_bench" --controller="$addr" --clients=$c --seconds="$SECONDS_EACH"
+  done
+  kill -TERM $pid; wait $pid || true
+done
+echo
+echo "== Scheduler and /metrics =="
+"$B/bench/scheduler_bench" --benchmark_counters_tabular=true
