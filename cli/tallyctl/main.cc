@@ -344,6 +344,7 @@ int Watch(Client& c, const std::string& arg) {
   tally::v1::JobState last_state = tally::v1::JOB_STATE_UNSPECIFIED;
   absl::Duration backoff = absl::Milliseconds(200);
   bool bar_shown = false;
+  int failures = 0;
   while (true) {
     tally::v1::WatchJobRequest req;
     req.set_name(name);
@@ -353,6 +354,7 @@ int Watch(Client& c, const std::string& arg) {
     tally::v1::JobEvent e;
     while (reader->Read(&e)) {
       backoff = absl::Milliseconds(200);
+      failures = 0;
       after = e.sequence();
       last_state = e.state();
       if (absl::GetFlag(FLAGS_output) == "json") {
@@ -384,7 +386,12 @@ int Watch(Client& c, const std::string& arg) {
     }
     grpc::Status s = reader->Finish();
     if (s.ok()) break;
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+    // UNAVAILABLE: tallyd draining or unreachable. CANCELLED we did not ask
+    // for: a call that reached a tallyd mid-shutdown. Both are worth a retry,
+    // for a while.
+    const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           s.error_code() == grpc::StatusCode::CANCELLED;
+    if (!retryable || ++failures > 20) {
       if (bar_shown) std::cout << "\n";
       return Fail(s, c.controller());
     }

@@ -4,6 +4,7 @@ promtool on a live scrape."""
 import json
 import os
 import re
+import signal
 import subprocess
 import unittest
 
@@ -66,6 +67,23 @@ class TallyctlTest(ClusterTest):
         self.assertIn("127.0.0.1:1", down.stderr)
         v = self.tallyctl("validate", "-f", TINY)
         self.assertEqual(v.returncode, 0, v.stderr)
+
+    def test_watch_rides_through_a_tallyd_restart(self):
+        self.add_worker("w1", step_time="100ms")
+        name = self.tallyctl("submit", "-f", TINY).stdout.strip()
+        env = dict(os.environ, TALLY_CONTROLLER=self.tallyd.grpc_addr)
+        from harness import TALLYCTL
+        watch = subprocess.Popen([TALLYCTL, "watch", name], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env)
+        self.wait_state(name, jobs_pb2.JOB_STATE_RUNNING)
+        self.tallyd.kill(signal.SIGTERM)
+        self.tallyd.start()  # same ports
+        out, err = watch.communicate(timeout=120)
+        self.assertEqual(watch.returncode, 0, out + err)
+        self.assertIn("resuming after event", err)
+        seqs = [int(l.split()[0][1:]) for l in out.splitlines() if l.startswith("#")]
+        self.assertEqual(seqs, sorted(set(seqs)), "no event shown twice")
+        self.assertIn("succeeded", out)
 
     def test_request_id_flag_is_idempotent(self):
         a = self.tallyctl("submit", "-f", TINY, "--request_id=fixed-1").stdout.strip()
