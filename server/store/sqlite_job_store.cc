@@ -140,6 +140,18 @@ absl::StatusOr<Proto> ParseRow(Stmt& s, int col, absl::string_view table) {
   return p;
 }
 
+// Every row's column 0, parsed as Proto.
+template <typename Proto>
+absl::StatusOr<std::vector<Proto>> ReadAll(Stmt& s, absl::string_view table) {
+  std::vector<Proto> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    ASSIGN_OR_RETURN(Proto p, ParseRow<Proto>(s, 0, table));
+    out.push_back(std::move(p));
+  }
+}
+
 // Rolls back unless Commit() was called.
 class Transaction {
  public:
@@ -341,28 +353,14 @@ absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::ListJobs(
   Stmt s(db_, sql.c_str());
   s.Bind(1, q.before_id > 0 ? q.before_id : std::numeric_limits<int64_t>::max())
       .Bind(2, q.limit);
-  std::vector<JobRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    ASSIGN_OR_RETURN(JobRecord job, ParseRow<JobRecord>(s, 0, "jobs"));
-    out.push_back(std::move(job));
-  }
-  return out;
+  return ReadAll<JobRecord>(s, "jobs");
 }
 
 absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::ListActiveJobs() {
   absl::MutexLock lock(&mu_);
   Stmt s(db_, "SELECT record FROM jobs WHERE state IN (?, ?) ORDER BY id");
   s.Bind(1, tally::v1::JOB_STATE_QUEUED).Bind(2, tally::v1::JOB_STATE_RUNNING);
-  std::vector<JobRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    ASSIGN_OR_RETURN(JobRecord job, ParseRow<JobRecord>(s, 0, "jobs"));
-    out.push_back(std::move(job));
-  }
-  return out;
+  return ReadAll<JobRecord>(s, "jobs");
 }
 
 absl::StatusOr<std::vector<tally::v1::JobEvent>> SqliteJobStore::ListEvents(
@@ -378,14 +376,7 @@ absl::StatusOr<std::vector<tally::v1::JobEvent>> SqliteJobStore::ListEvents(
          "SELECT event FROM events WHERE job_id = ? AND seq > ? ORDER BY seq "
          "LIMIT ?");
   s.Bind(1, job_id).Bind(2, after_sequence).Bind(3, limit);
-  std::vector<tally::v1::JobEvent> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    ASSIGN_OR_RETURN(auto e, ParseRow<tally::v1::JobEvent>(s, 0, "events"));
-    out.push_back(std::move(e));
-  }
-  return out;
+  return ReadAll<tally::v1::JobEvent>(s, "events");
 }
 
 absl::StatusOr<std::vector<AttemptRecord>> SqliteJobStore::ListAttempts(
@@ -393,14 +384,7 @@ absl::StatusOr<std::vector<AttemptRecord>> SqliteJobStore::ListAttempts(
   absl::MutexLock lock(&mu_);
   Stmt s(db_, "SELECT record FROM attempts WHERE job_id = ? ORDER BY attempt");
   s.Bind(1, job_id);
-  std::vector<AttemptRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    ASSIGN_OR_RETURN(auto a, ParseRow<AttemptRecord>(s, 0, "attempts"));
-    out.push_back(std::move(a));
-  }
-  return out;
+  return ReadAll<AttemptRecord>(s, "attempts");
 }
 
 absl::StatusOr<std::vector<tally::v1::Checkpoint>>
@@ -408,14 +392,7 @@ SqliteJobStore::ListCheckpoints(int64_t job_id) {
   absl::MutexLock lock(&mu_);
   Stmt s(db_, "SELECT record FROM checkpoints WHERE job_id = ? ORDER BY id");
   s.Bind(1, job_id);
-  std::vector<tally::v1::Checkpoint> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    ASSIGN_OR_RETURN(auto c, ParseRow<tally::v1::Checkpoint>(s, 0, "checkpoints"));
-    out.push_back(std::move(c));
-  }
-  return out;
+  return ReadAll<tally::v1::Checkpoint>(s, "checkpoints");
 }
 
 absl::StatusOr<std::vector<std::pair<tally::v1::JobState, int64_t>>>
@@ -441,14 +418,7 @@ absl::Status SqliteJobStore::PutWorker(const WorkerRecord& worker) {
 absl::StatusOr<std::vector<WorkerRecord>> SqliteJobStore::ListWorkers() {
   absl::MutexLock lock(&mu_);
   Stmt s(db_, "SELECT record FROM workers ORDER BY worker_id");
-  std::vector<WorkerRecord> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    ASSIGN_OR_RETURN(auto w, ParseRow<WorkerRecord>(s, 0, "workers"));
-    out.push_back(std::move(w));
-  }
-  return out;
+  return ReadAll<WorkerRecord>(s, "workers");
 }
 
 }  // namespace tally::store
