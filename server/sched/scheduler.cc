@@ -135,6 +135,19 @@ absl::Status Scheduler::Record(ActiveJob& job, JobState state,
   return absl::OkStatus();
 }
 
+absl::Status Scheduler::AppendEvent(ActiveJob& job, tally::v1::JobEvent e,
+                                    store::Mutation m) {
+  m.job = job.rec;
+  tally::v1::Job& j = *m.job->mutable_job();
+  j.set_last_event_sequence(j.last_event_sequence() + 1);
+  e.set_sequence(j.last_event_sequence());
+  e.set_state(j.state());
+  m.events.push_back(std::move(e));
+  RETURN_IF_ERROR(store_->Commit(m));
+  job.rec = *m.job;
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::Recover() {
   ASSIGN_OR_RETURN(std::vector<store::JobRecord> jobs, store_->ListActiveJobs());
   const absl::Time now = clock_->Now();
@@ -488,16 +501,9 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
                                      " useful tokens/s, padding ",
                                      p.padding_fraction())
                       : "no training was done (placeholder worker)";
-      store::Mutation m;
-      tally::v1::Job& j = *job->rec.mutable_job();
-      j.set_last_event_sequence(j.last_event_sequence() + 1);
       tally::v1::JobEvent e = NewEvent(*job, "progress", "", detail);
-      e.set_sequence(j.last_event_sequence());
-      e.set_state(j.state());
       if (p.trained()) e.set_train_loss(p.train_loss());
-      m.job = job->rec;
-      m.events.push_back(e);
-      RETURN_IF_ERROR(store_->Commit(m));
+      RETURN_IF_ERROR(AppendEvent(*job, std::move(e), {}));
       job->progress_dirty = false;
       return absl::OkStatus();
     }
@@ -507,16 +513,9 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       if (job == nullptr) return absl::OkStatus();
       job->rec.mutable_job()->set_step(ev.step());
       job->rec.mutable_job()->set_tokens(ev.tokens());
-      store::Mutation m;
-      tally::v1::Job& j = *job->rec.mutable_job();
-      j.set_last_event_sequence(j.last_event_sequence() + 1);
       tally::v1::JobEvent e = NewEvent(*job, "eval", "", "");
-      e.set_sequence(j.last_event_sequence());
-      e.set_state(j.state());
       e.set_val_loss(ev.val_loss());
-      m.job = job->rec;
-      m.events.push_back(e);
-      return store_->Commit(m);
+      return AppendEvent(*job, std::move(e), {});
     }
     case tally::v1::WorkerMessage::kCheckpoint: {
       const auto& c = msg.checkpoint();
@@ -534,14 +533,8 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       ck.set_sha256(c.sha256());
       *ck.mutable_time() = ToProto(now);
       m.checkpoints.push_back(ck);
-      tally::v1::Job& j = *job->rec.mutable_job();
-      j.set_last_event_sequence(j.last_event_sequence() + 1);
-      tally::v1::JobEvent e = NewEvent(*job, "checkpoint", "", c.path());
-      e.set_sequence(j.last_event_sequence());
-      e.set_state(j.state());
-      m.job = job->rec;
-      m.events.push_back(e);
-      return store_->Commit(m);
+      return AppendEvent(*job, NewEvent(*job, "checkpoint", "", c.path()),
+                         std::move(m));
     }
     case tally::v1::WorkerMessage::kExit:
       return HandleExit(worker_id, msg.exit());

@@ -110,6 +110,10 @@ class Scheduler {
   absl::Status Record(ActiveJob& job, tally::v1::JobState state,
                       const std::string& type, const std::string& reason,
                       const std::string& detail, bool write_attempt);
+  // Appends one event (sequence and state filled in) to the job, committed
+  // with `m` and the job record; the job changes only if the commit does.
+  absl::Status AppendEvent(ActiveJob& job, tally::v1::JobEvent e,
+                           store::Mutation m);
   absl::Status StartAttempt(ActiveJob& job,
                             const std::vector<std::string>& rank_workers);
   // Ends the current attempt in `attempt_state`; requeues the job if it may
