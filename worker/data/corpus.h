@@ -1,0 +1,49 @@
+// Corpus readers for tally-prep: they stream documents out of text and JSONL
+// files without holding a corpus in memory (a single document must fit).
+// Every error names the file and, where it has one, the line.
+#ifndef TALLY_WORKER_DATA_CORPUS_H_
+#define TALLY_WORKER_DATA_CORPUS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace tally::data {
+
+enum class CorpusFormat {
+  kTextFile,       // each file is one document
+  kTextSeparator,  // documents end at a line equal to `separator` (e.g. "%")
+  kTextBlankLine,  // documents end at one or more blank lines
+  kJsonl,          // one JSON object a line; the document is `field`
+};
+
+struct CorpusOptions {
+  CorpusFormat format = CorpusFormat::kTextSeparator;
+  std::string separator = "%";
+  std::string field = "text";
+};
+
+struct DocumentSource {
+  const std::string* file;
+  int64_t first_line;  // 1-based line where the document starts
+};
+
+using DocumentSink =
+    std::function<absl::Status(absl::string_view text, const DocumentSource& where)>;
+
+// Reads one file and calls `sink` for each non-empty document (surrounding
+// blank lines trimmed). Stops at the first error, from the file or the sink.
+// InvalidArgument for bad input (undecodable UTF-8, bad JSON, a missing or
+// non-string field), NotFound for a missing file.
+absl::Status ReadCorpusFile(const std::string& path, const CorpusOptions& options,
+                            const DocumentSink& sink);
+
+// The offset of the first byte that is not part of valid UTF-8, or npos.
+size_t FindInvalidUtf8(absl::string_view s);
+
+}  // namespace tally::data
+
+#endif  // TALLY_WORKER_DATA_CORPUS_H_
