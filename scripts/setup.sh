@@ -15,7 +15,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev libsqlite3-dev sqlite3 libcivetweb-dev libyaml-cpp-dev
-  libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libspdlog-dev nlohmann-json3-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-yaml
   prometheus fortunes fortunes-min unzip curl
 )
