@@ -1,0 +1,140 @@
+#include "worker/model/transformer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+namespace tally::model {
+
+int64_t ResolveDff(int64_t d_model, int64_t d_ff) {
+  if (d_ff > 0) return d_ff;
+  const int64_t raw = (8 * d_model + 2) / 3;
+  return (raw + 31) / 32 * 32;
+}
+
+at::Tensor BlockCausalMask(const at::Tensor& segments_BT) {
+  const int64_t T = segments_BT.size(1);
+  at::Tensor same_BTT = segments_BT.unsqueeze(2).eq(segments_BT.unsqueeze(1));
+  at::Tensor causal_TT =
+      at::ones({T, T}, segments_BT.options().dtype(at::kBool)).tril();
+  return same_BTT.logical_and(causal_TT).unsqueeze(1);
+}
+
+namespace {
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& gain, double eps) {
+  // In FP32 whatever the input, then back: the norm is precision-sensitive.
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor r = at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  return (xf * r).to(x.scalar_type()) * gain.to(x.scalar_type());
+}
+
+// Rotates pairs (x[..., i], x[..., i + K/2]) by position * theta^(-2i/K).
+at::Tensor ApplyRope(const at::Tensor& x_BTHK, const at::Tensor& cos_BTK,
+                     const at::Tensor& sin_BTK) {
+  const int64_t half = x_BTHK.size(-1) / 2;
+  at::Tensor x1 = x_BTHK.narrow(-1, 0, half);
+  at::Tensor x2 = x_BTHK.narrow(-1, half, half);
+  at::Tensor c = cos_BTK.unsqueeze(2).to(x_BTHK.scalar_type());
+  at::Tensor s = sin_BTK.unsqueeze(2).to(x_BTHK.scalar_type());
+  return at::cat({x1 * c - x2 * s, x1 * s + x2 * c}, -1);
+}
+
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device device)
+    : config_(config) {
+  config_.d_ff = ResolveDff(config.d_model, config.d_ff);
+  const int64_t D = config_.d_model, F = config_.d_ff, V = config_.vocab_size;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const double out_std = 0.02 / std::sqrt(2.0 * config_.num_layers);
+  auto normal = [&](std::vector<int64_t> shape, double std) {
+    return at::normal(0.0, std, shape, gen, f32);
+  };
+  auto add = [&](std::string name, at::Tensor t, bool decay) {
+    t = t.to(device);
+    t.set_requires_grad(true);
+    params_.push_back({std::move(name), t, decay});
+    return t;
+  };
+  embed_VD_ = add("embed", normal({V, D}, 0.02), false);
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    Layer layer;
+    layer.attn_norm_D = add(p + "attn_norm", at::ones({D}, f32), false);
+    layer.wqkv_3DD = add(p + "wqkv", normal({3 * D, D}, 0.02), true);
+    layer.wo_DD = add(p + "wo", normal({D, D}, out_std), true);
+    layer.ffn_norm_D = add(p + "ffn_norm", at::ones({D}, f32), false);
+    layer.w1_FD = add(p + "w1", normal({F, D}, 0.02), true);
+    layer.w3_FD = add(p + "w3", normal({F, D}, 0.02), true);
+    layer.w2_DF = add(p + "w2", normal({D, F}, out_std), true);
+    layers_.push_back(std::move(layer));
+  }
+  final_norm_D_ = add("final_norm", at::ones({D}, f32), false);
+  head_VD_ = add("head", normal({V, D}, 0.02), true);
+}
+
+int64_t Transformer::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.value.numel();
+  return n;
+}
+
+double Transformer::TrainingFlopsPerToken(int64_t context) const {
+  const double non_embedding =
+      static_cast<double>(num_parameters() - num_embedding_parameters());
+  return 6.0 * non_embedding +
+         12.0 * config_.num_layers * config_.d_model * static_cast<double>(context);
+}
+
+at::Tensor Transformer::Attention(const Layer& layer, const at::Tensor& x_BTD,
+                                  const ModelInput& in, const at::Tensor& cos_BTK,
+                                  const at::Tensor& sin_BTK,
+                                  AttentionKernel kernel) const {
+  const int64_t B = x_BTD.size(0), T = x_BTD.size(1);
+  const int64_t H = config_.num_heads, K = config_.d_model / config_.num_heads;
+  at::Tensor qkv_BT3HK = at::linear(x_BTD, layer.wqkv_3DD).view({B, T, 3, H, K});
+  at::Tensor q_BTHK = ApplyRope(qkv_BT3HK.select(2, 0), cos_BTK, sin_BTK);
+  at::Tensor k_BTHK = ApplyRope(qkv_BT3HK.select(2, 1), cos_BTK, sin_BTK);
+  at::Tensor v_BTHK = qkv_BT3HK.select(2, 2);
+  at::Tensor out_BTD;
+  if (kernel == AttentionKernel::kVarlenFlash) {
+    // Flattened to N tokens; cu_seqlens keeps every segment to itself.
+    const auto bf16 = at::kBFloat16;
+    auto out = at::_flash_attention_forward(
+        q_BTHK.reshape({B * T, H, K}).to(bf16), k_BTHK.reshape({B * T, H, K}).to(bf16),
+        v_BTHK.reshape({B * T, H, K}).to(bf16), in.cu_seqlens_S, in.cu_seqlens_S,
+        in.max_seqlen, in.max_seqlen, /*dropout_p=*/0.0, /*is_causal=*/true,
+        /*return_debug_mask=*/false);
+    out_BTD = std::get<0>(out).reshape({B, T, config_.d_model});
+  } else {
+    at::Tensor mask_B1TT = BlockCausalMask(in.segments_BT);
+    at::Tensor o_BHTK = at::scaled_dot_product_attention(
+        q_BTHK.transpose(1, 2), k_BTHK.transpose(1, 2), v_BTHK.transpose(1, 2), mask_B1TT);
+    out_BTD = o_BHTK.transpose(1, 2).reshape({B, T, config_.d_model});
+  }
+  return at::linear(out_BTD, layer.wo_DD);
+}
+
+at::Tensor Transformer::Forward(const ModelInput& in, AttentionKernel kernel) const {
+  const int64_t K = config_.d_model / config_.num_heads;
+  // RoPE tables for this batch's positions, in FP32.
+  at::Tensor inv_freq_K = at::exp(
+      at::arange(0, K / 2, in.positions_BT.options().dtype(at::kFloat)) *
+      (-2.0 * std::log(config_.rope_theta) / static_cast<double>(K)));
+  at::Tensor angles_BTK = in.positions_BT.to(at::kFloat).unsqueeze(-1) * inv_freq_K;
+  at::Tensor cos_BTK = angles_BTK.cos(), sin_BTK = angles_BTK.sin();
+
+  at::Tensor x_BTD = at::embedding(embed_VD_, in.tokens_BT);
+  for (const Layer& layer : layers_) {
+    x_BTD = x_BTD + Attention(layer, RmsNorm(x_BTD, layer.attn_norm_D, config_.norm_eps),
+                              in, cos_BTK, sin_BTK, kernel);
+    at::Tensor h_BTD = RmsNorm(x_BTD, layer.ffn_norm_D, config_.norm_eps);
+    at::Tensor gate_BTF = at::silu(at::linear(h_BTD, layer.w1_FD));
+    x_BTD = x_BTD + at::linear(gate_BTF * at::linear(h_BTD, layer.w3_FD), layer.w2_DF);
+  }
+  return at::linear(RmsNorm(x_BTD, final_norm_D_, config_.norm_eps), head_VD_);
+}
+
+}  // namespace tally::model

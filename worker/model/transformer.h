@@ -1,0 +1,102 @@
+// A decoder-only transformer in ATen: token embedding, then num_layers blocks
+// of [RMSNorm -> causal multi-head attention with RoPE -> residual, RMSNorm ->
+// SwiGLU feed-forward -> residual], a final RMSNorm and an output head (not
+// tied to the embedding).
+//
+// Packing: attention never crosses a segment (document) boundary. On CPU the
+// model uses a block-diagonal causal boolean mask with scaled-dot-product
+// attention; on CUDA it uses the variable-length flash-attention kernel with
+// cumulative sequence lengths, never a dense T x T mask. RoPE positions come
+// from the batch, so they restart at 0 in every document.
+//
+// Init (fixed, so a seed reproduces a model): embedding, every linear weight
+// and the head ~ N(0, 0.02); the two projections that write into the residual
+// stream (attention output wo, feed-forward w2) ~ N(0, 0.02 / sqrt(2 *
+// num_layers)) (GPT-2); RMSNorm gains 1. Drawn on the CPU from a generator
+// seeded with `seed`, then moved to the device, so CPU and GPU start equal.
+//
+// Tensor names carry their shape. Legend: B rows, T row width, N = B*T
+// tokens, D d_model, H heads, K head dim (D / H), F d_ff, V vocab, S segments.
+//
+// Not thread-safe: one trainer owns a model.
+#ifndef TALLY_WORKER_MODEL_TRANSFORMER_H_
+#define TALLY_WORKER_MODEL_TRANSFORMER_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tally::model {
+
+struct ModelConfig {
+  int64_t num_layers = 2;
+  int64_t d_model = 64;
+  int64_t num_heads = 4;
+  int64_t d_ff = 0;  // 0: SwiGLU's 8/3 * d_model, rounded up to a multiple of 32
+  int64_t vocab_size = 258;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+};
+
+// The feed-forward width a config resolves to.
+int64_t ResolveDff(int64_t d_model, int64_t d_ff);
+
+enum class AttentionKernel {
+  kMaskedSdpa,    // block-diagonal causal mask + scaled_dot_product_attention
+  kVarlenFlash,   // at::_flash_attention_forward with cu_seqlens (CUDA, bf16)
+};
+
+struct ModelInput {
+  at::Tensor tokens_BT;     // int64
+  at::Tensor positions_BT;  // int64, restart at 0 in each segment
+  at::Tensor segments_BT;   // int64, equal within a segment (kMaskedSdpa)
+  at::Tensor cu_seqlens_S;  // int32, S + 1 segment starts over the flat N (kVarlenFlash)
+  int64_t max_seqlen = 0;
+};
+
+struct Parameter {
+  std::string name;
+  at::Tensor value;  // FP32 master weight, requires grad
+  bool weight_decay;  // false for embeddings and norms
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& config, uint64_t seed, at::Device device);
+
+  // Logits [B, T, V] (FP32 on CPU; the autocast dtype on CUDA).
+  at::Tensor Forward(const ModelInput& input, AttentionKernel kernel) const;
+
+  std::vector<Parameter>& parameters() { return params_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  const ModelConfig& config() const { return config_; }
+  int64_t num_parameters() const;
+  int64_t num_embedding_parameters() const { return config_.vocab_size * config_.d_model; }
+  // Training FLOPs per token (forward + backward): 6 * (parameters outside
+  // the embedding) + 12 * layers * d_model * context (attention scores and
+  // values), as in the PaLM paper's MFU accounting.
+  double TrainingFlopsPerToken(int64_t context) const;
+
+ private:
+  struct Layer {
+    at::Tensor attn_norm_D, wqkv_3DD, wo_DD, ffn_norm_D, w1_FD, w3_FD, w2_DF;
+  };
+  at::Tensor Attention(const Layer& layer, const at::Tensor& x_BTD, const ModelInput& in,
+                       const at::Tensor& cos_BTK, const at::Tensor& sin_BTK,
+                       AttentionKernel kernel) const;
+
+  ModelConfig config_;
+  at::Tensor embed_VD_, final_norm_D_, head_VD_;
+  std::vector<Layer> layers_;
+  std::vector<Parameter> params_;
+};
+
+// The block-diagonal causal mask [B, 1, T, T]: query i sees key j when j <= i
+// and both are in the same segment.
+at::Tensor BlockCausalMask(const at::Tensor& segments_BT);
+
+}  // namespace tally::model
+
+#endif  // TALLY_WORKER_MODEL_TRANSFORMER_H_

@@ -1,0 +1,1 @@
+// Anchors the precompiled ATen header (see worker/CMakeLists.txt).

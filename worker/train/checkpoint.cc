@@ -1,0 +1,176 @@
+#include "worker/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace tally::train {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'A', 'L', 'L', 'Y', 'C', 'K', 'P'};
+constexpr uint32_t kVersion = 1;
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
+    EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
+  }
+  void Update(const void* data, size_t n) { EVP_DigestUpdate(ctx_.get(), data, n); }
+  std::string Final() {
+    unsigned char md[32];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx_.get(), md, &len);
+    return std::string(reinterpret_cast<char*>(md), len);
+  }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx_;
+};
+
+class HashingWriter {
+ public:
+  explicit HashingWriter(int fd) : fd_(fd) {}
+  bool Write(const void* data, size_t n) {
+    sha_.Update(data, n);
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return false;
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return true;
+  }
+  template <typename T>
+  bool Put(T v) { return Write(&v, sizeof(v)); }
+  Sha256& sha() { return sha_; }
+
+ private:
+  int fd_;
+  Sha256 sha_;
+};
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
+                                            const CheckpointData& data) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("creating " + tmp);
+  HashingWriter w(fd);
+  bool ok = w.Write(kMagic, 8) && w.Put(kVersion) &&
+            w.Put(static_cast<uint64_t>(data.metadata_json.size())) &&
+            w.Write(data.metadata_json.data(), data.metadata_json.size()) &&
+            w.Put(static_cast<uint64_t>(data.tensors.size()));
+  for (const auto& [name, tensor] : data.tensors) {
+    if (!ok) break;
+    const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t nbytes = t.numel() * t.element_size();
+    ok = w.Put(static_cast<uint32_t>(name.size())) && w.Write(name.data(), name.size()) &&
+         w.Put(static_cast<int8_t>(t.scalar_type())) &&
+         w.Put(static_cast<uint32_t>(t.dim()));
+    for (int64_t d = 0; ok && d < t.dim(); ++d) ok = w.Put(static_cast<int64_t>(t.size(d)));
+    ok = ok && w.Put(nbytes) && w.Write(t.data_ptr(), nbytes);
+  }
+  const std::string digest = w.sha().Final();
+  ok = ok && ::write(fd, digest.data(), digest.size()) == static_cast<ssize_t>(digest.size());
+  if (!ok || ::fsync(fd) != 0) {
+    absl::Status s = Errno("writing " + tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (::close(fd) != 0) return Errno("closing " + tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("renaming " + tmp);
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return absl::BytesToHexString(digest);
+}
+
+absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
+                                              const std::string& expected_sha256) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        "checkpoint ", path, " not found (workers that resume each other's jobs "
+                             "must share --checkpoint_dir)"));
+  }
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  auto corrupt = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", what));
+  };
+  if (bytes.size() < 8 + 4 + 8 + 8 + 32 || std::memcmp(bytes.data(), kMagic, 8) != 0) {
+    return corrupt("not a tally checkpoint (bad magic or truncated)");
+  }
+  const size_t payload = bytes.size() - 32;
+  Sha256 sha;
+  sha.Update(bytes.data(), payload);
+  const std::string digest = sha.Final();
+  if (digest != bytes.substr(payload)) {
+    return corrupt("checksum mismatch: the file is corrupt or was cut short");
+  }
+  const std::string hex = absl::BytesToHexString(digest);
+  if (!expected_sha256.empty() && hex != expected_sha256) {
+    return corrupt(absl::StrCat("SHA-256 is ", hex, " but tallyd recorded ",
+                                expected_sha256, " (overwritten by another run?)"));
+  }
+  size_t at = 8;
+  auto get = [&](void* out, size_t n) {
+    if (at + n > payload) return false;
+    std::memcpy(out, bytes.data() + at, n);
+    at += n;
+    return true;
+  };
+  uint32_t version = 0;
+  uint64_t meta_len = 0, count = 0;
+  if (!get(&version, 4) || version != kVersion) return corrupt("unsupported version");
+  if (!get(&meta_len, 8) || at + meta_len > payload) return corrupt("bad metadata length");
+  CheckpointData data;
+  data.metadata_json = bytes.substr(at, meta_len);
+  at += meta_len;
+  if (!get(&count, 8)) return corrupt("truncated");
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t name_len = 0, ndim = 0;
+    int8_t dtype = 0;
+    uint64_t nbytes = 0;
+    if (!get(&name_len, 4) || at + name_len > payload) return corrupt("truncated tensor name");
+    std::string name = bytes.substr(at, name_len);
+    at += name_len;
+    if (!get(&dtype, 1) || !get(&ndim, 4) || ndim > 16) return corrupt("bad tensor header");
+    std::vector<int64_t> sizes(ndim);
+    for (auto& s : sizes) {
+      if (!get(&s, 8) || s < 0) return corrupt("bad tensor shape");
+    }
+    if (!get(&nbytes, 8) || at + nbytes > payload) return corrupt("truncated tensor data");
+    at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype)));
+    if (static_cast<uint64_t>(t.numel() * t.element_size()) != nbytes) {
+      return corrupt("tensor " + name + " size does not match its shape");
+    }
+    std::memcpy(t.data_ptr(), bytes.data() + at, nbytes);
+    at += nbytes;
+    data.tensors.emplace_back(std::move(name), std::move(t));
+  }
+  return data;
+}
+
+}  // namespace tally::train

@@ -1,0 +1,132 @@
+// The trainer: a library that trains one model from a plain TrainConfig and
+// reports through TrainEvents. It knows nothing of gRPC or protobuf; the
+// worker's agent and tally-train adapt a JobSpec to it.
+//
+// Loop: AdamW (no decay on embeddings and norms), warmup + cosine learning
+// rate, gradient accumulation over micro-batches to global_batch_tokens, the
+// loss a mean over every real target token of the step, grad-norm clipping;
+// FP32 on CPU, BF16 autocast on CUDA. Evaluation on the held-out split at
+// step 0, every eval_interval_steps and at the end. Checkpoints (model,
+// optimizer, schedule position, data cursor, generator state) every
+// checkpoint_interval_steps and at the end; resuming from one continues the
+// same loss curve, bit for bit on the CPU.
+//
+// Thread-safety: Train() runs on the calling thread; `stop` may be set from
+// any thread and is honoured between micro-batches.
+#ifndef TALLY_WORKER_TRAIN_TRAINER_H_
+#define TALLY_WORKER_TRAIN_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/data/packer.h"
+
+namespace tally::train {
+
+struct TrainConfig {
+  // Model.
+  int64_t num_layers = 2;
+  int64_t d_model = 64;
+  int64_t num_heads = 4;
+  int64_t d_ff = 0;        // 0: SwiGLU default
+  int64_t vocab_size = 0;  // 0: the tokenizer's (258)
+  // Data.
+  std::string train_path;  // dataset prefix written by tally-prep
+  std::string val_path;    // empty: the "val" split beside train_path
+  data::PackingMode packing = data::PackingMode::kPacked;
+  int32_t seq_len = 256;
+  int32_t shuffle_window = 1024;
+  // Optimizer.
+  double lr = 3e-4, min_lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 0;  // 0: no clipping
+  int64_t warmup_steps = 0;
+  // Loop.
+  int64_t max_steps = 100;
+  int64_t global_batch_tokens = 0;  // 0: one micro-batch per step
+  int32_t micro_batch_rows = 8;
+  int64_t eval_interval_steps = 0;  // 0: no evaluation
+  int64_t eval_tokens = 0;          // 0: the whole validation split
+  int64_t checkpoint_interval_steps = 0;  // 0: only at the end
+  uint64_t seed = 0;
+  // Where and how.
+  std::string device = "cpu";       // "cpu" or "cuda:N"
+  std::string checkpoint_dir;       // empty: no checkpoints
+  std::string resume_path;          // a checkpoint to continue from
+  std::string resume_sha256;        // checked when not empty
+  double peak_flops = 0;            // per device, for MFU; 0: not reported
+  int max_nonfinite_steps = 3;      // consecutive NaN/Inf steps before failing
+
+  // InvalidArgument naming the field, for anything Train() cannot run.
+  absl::Status Validate() const;
+};
+
+struct RunInfo {
+  int64_t num_parameters = 0;
+  int64_t num_embedding_parameters = 0;
+  double flops_per_token = 0;      // training FLOPs per token
+  int64_t micro_batches_per_step = 0;
+  int64_t start_step = 0;          // > 0 when resumed
+  int64_t train_docs = 0, val_docs = 0;
+  double packing_efficiency = 0;   // real / slot tokens of the first epoch's plan
+  std::string device;
+  std::string attention;           // "block-diagonal mask" or "varlen flash"
+};
+
+struct StepMetrics {
+  int64_t step = 0;
+  int64_t tokens = 0;              // real (document) tokens trained on so far
+  int64_t padding_tokens = 0;      // padding computed so far
+  int64_t step_tokens = 0;         // real tokens this step
+  int64_t step_padding_tokens = 0;
+  double train_loss = 0;           // mean per target token, this step
+  double lr = 0;
+  double grad_norm = 0;            // before clipping
+  double step_seconds = 0;
+  double useful_tokens_per_second = 0;
+  double padding_fraction = 0;     // this step
+  double mfu = 0;                  // 0 when no peak is configured
+  bool skipped = false;            // non-finite loss or gradient: no update
+};
+
+struct EvalMetrics {
+  int64_t step = 0;
+  int64_t tokens = 0;
+  double val_loss = 0;             // mean per real target token (nats)
+  double bits_per_byte = 0;
+  int64_t target_tokens = 0;
+};
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  int64_t tokens = 0;
+  std::string path;
+  std::string sha256;
+};
+
+class TrainEvents {
+ public:
+  virtual ~TrainEvents() = default;
+  virtual void OnStart(const RunInfo&) {}
+  virtual void OnStep(const StepMetrics&) {}
+  virtual void OnEval(const EvalMetrics&) {}
+  virtual void OnCheckpoint(const CheckpointInfo&) {}
+};
+
+struct TrainResult {
+  enum class Outcome { kSucceeded, kStopped, kFailed };
+  Outcome outcome = Outcome::kFailed;
+  std::string reason;
+  int64_t step = 0;
+  bool retryable = false;  // a failure another attempt may not repeat
+};
+
+// Never throws: LibTorch errors, out-of-memory and persistent non-finite
+// losses come back as kFailed with the reason.
+TrainResult Train(const TrainConfig& config, TrainEvents* events,
+                  const std::atomic<bool>* stop);
+
+}  // namespace tally::train
+
+#endif  // TALLY_WORKER_TRAIN_TRAINER_H_

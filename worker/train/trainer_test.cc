@@ -1,0 +1,233 @@
+// The trainer end to end on a real corpus (fortunes, installed by
+// scripts/setup.sh): golden losses, exact resume, failures with reasons.
+#include "worker/train/trainer.h"
+
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/data/corpus.h"
+#include "worker/data/dataset.h"
+#include "worker/data/tokenizer.h"
+
+namespace tally::train {
+namespace {
+
+std::string g_dir;
+
+class Recorder : public TrainEvents {
+ public:
+  void OnStart(const RunInfo& i) override { info = i; }
+  void OnStep(const StepMetrics& m) override {
+    steps.push_back(m);
+    if (stop_after > 0 && m.step >= stop_after && stop) stop->store(true);
+  }
+  void OnEval(const EvalMetrics& e) override { evals.push_back(e); }
+  void OnCheckpoint(const CheckpointInfo& c) override { checkpoints.push_back(c); }
+  RunInfo info;
+  std::vector<StepMetrics> steps;
+  std::vector<EvalMetrics> evals;
+  std::vector<CheckpointInfo> checkpoints;
+  int64_t stop_after = 0;
+  std::atomic<bool>* stop = nullptr;
+};
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    at::set_num_threads(1);  // the golden file is for one thread
+    char dir[] = "/tmp/tally_trainer_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    g_dir = dir;
+    const std::string fortunes = "/usr/share/games/fortunes/";
+    auto write = [&](const std::string& prefix, std::vector<std::string> files) {
+      auto w = data::DatasetWriter::Create(prefix);
+      ASSERT_TRUE(w.ok()) << w.status();
+      for (const auto& f : files) {
+        absl::Status s = data::ReadCorpusFile(
+            fortunes + f, {}, [&](absl::string_view text, const data::DocumentSource&) {
+              std::vector<uint16_t> t;
+              data::ByteTokenizer::Encode(text, &t);
+              return (*w)->Add(t);
+            });
+        ASSERT_TRUE(s.ok()) << s << " (scripts/setup.sh installs the fortunes package)";
+      }
+      ASSERT_TRUE((*w)->Finish("").ok());
+    };
+    write(g_dir + "/train", {"fortunes.u8", "science.u8", "literature.u8"});
+    write(g_dir + "/val", {"people.u8"});
+  }
+
+  static TrainConfig Tiny() {
+    TrainConfig c;
+    c.num_layers = 2;
+    c.d_model = 32;
+    c.num_heads = 2;
+    c.train_path = g_dir + "/train";
+    c.seq_len = 128;
+    c.micro_batch_rows = 4;
+    c.global_batch_tokens = 1024;  // two micro-batches a step
+    c.max_steps = 30;
+    c.lr = 3e-3;
+    c.warmup_steps = 3;
+    c.grad_clip = 1.0;
+    c.weight_decay = 0.1;
+    c.eval_interval_steps = 4;
+    c.eval_tokens = 4096;
+    c.seed = 1;
+    return c;
+  }
+
+  static std::string NewDir(const std::string& name) {
+    const std::string d = g_dir + "/" + name;
+    ::mkdir(d.c_str(), 0755);
+    return d;
+  }
+};
+
+TEST_F(TrainerTest, MatchesGoldenLosses) {
+  Recorder r;
+  TrainResult result = Train(Tiny(), &r, nullptr);
+  ASSERT_EQ(result.outcome, TrainResult::Outcome::kSucceeded) << result.reason;
+  ASSERT_EQ(r.steps.size(), 30u);
+  const std::string golden = std::string(TALLY_SOURCE_DIR) +
+                             "/worker/train/testdata/golden_losses_tiny.txt";
+  if (std::getenv("TALLY_UPDATE_GOLDEN")) {
+    std::ofstream out(golden);
+    out << "# step train_loss: TrainerTest.Tiny(), fortunes, one thread, FP32 CPU\n";
+    for (const auto& s : r.steps) out << s.step << " " << std::setprecision(9) << s.train_loss << "\n";
+    GTEST_SKIP() << "wrote " << golden;
+  }
+  std::ifstream in(golden);
+  ASSERT_TRUE(in) << golden << " is missing (TALLY_UPDATE_GOLDEN=1 writes it)";
+  std::string line;
+  size_t i = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    int64_t step;
+    double loss;
+    fields >> step >> loss;
+    ASSERT_LT(i, r.steps.size());
+    EXPECT_EQ(r.steps[i].step, step);
+    // Tight enough to catch any change to the model, data order or optimizer;
+    // loose enough for another CPU's vector width.
+    EXPECT_NEAR(r.steps[i].train_loss, loss, 1e-4 * loss) << "step " << step;
+    ++i;
+  }
+  EXPECT_EQ(i, r.steps.size());
+  // It learns: the byte-uniform start is ln(258) = 5.55.
+  EXPECT_NEAR(r.steps.front().train_loss, std::log(258.0), 0.3);
+  EXPECT_LT(r.steps.back().train_loss, r.steps.front().train_loss - 1.5);
+  ASSERT_EQ(r.evals.size(), 9u);  // steps 0, 4, ..., 28 and the end, 30
+  EXPECT_EQ(r.evals.front().step, 0);
+  EXPECT_LT(r.evals.back().val_loss, r.evals.front().val_loss);
+  // Bits per byte: EOS targets carry loss but are not bytes of text.
+  const double bits_per_token = r.evals.back().val_loss / std::log(2.0);
+  EXPECT_GT(r.evals.back().bits_per_byte, bits_per_token);
+  EXPECT_LT(r.evals.back().bits_per_byte, 1.1 * bits_per_token);
+  EXPECT_GT(r.info.flops_per_token, 0);
+  EXPECT_EQ(r.info.micro_batches_per_step, 2);
+  EXPECT_LT(r.steps.back().padding_fraction, 0.05);
+}
+
+TEST_F(TrainerTest, ResumeContinuesTheSameLossCurve) {
+  TrainConfig full = Tiny();
+  full.checkpoint_dir = NewDir("full");
+  full.checkpoint_interval_steps = 5;
+  Recorder a;
+  ASSERT_EQ(Train(full, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  ASSERT_EQ(a.checkpoints.size(), 6u);  // 5, 10, ..., 30
+  EXPECT_EQ(a.checkpoints[0].step, 5);
+  EXPECT_EQ(a.checkpoints[5].step, 30);
+
+  // Checkpointing does not perturb training.
+  Recorder plain;
+  ASSERT_EQ(Train(Tiny(), &plain, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(a.steps[i].train_loss, plain.steps[i].train_loss);
+  }
+
+  TrainConfig resumed = Tiny();
+  resumed.resume_path = a.checkpoints[0].path;
+  resumed.resume_sha256 = a.checkpoints[0].sha256;
+  Recorder b;
+  TrainResult rb = Train(resumed, &b, nullptr);
+  ASSERT_EQ(rb.outcome, TrainResult::Outcome::kSucceeded) << rb.reason;
+  EXPECT_EQ(b.info.start_step, 5);
+  ASSERT_EQ(b.steps.size(), 25u);
+  for (size_t i = 0; i < b.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].step, a.steps[5 + i].step);
+    EXPECT_EQ(b.steps[i].train_loss, a.steps[5 + i].train_loss) << "step " << b.steps[i].step;
+    EXPECT_EQ(b.steps[i].lr, a.steps[5 + i].lr);
+    EXPECT_EQ(b.steps[i].tokens, a.steps[5 + i].tokens);
+  }
+  ASSERT_EQ(b.evals.size(), 7u);  // 8, 12, ..., 28, 30: no second step-0 eval
+  EXPECT_EQ(b.evals.back().val_loss, a.evals.back().val_loss);
+}
+
+TEST_F(TrainerTest, PaddedBaselinesComputeTheSameRowsWithPadding) {
+  for (auto mode : {data::PackingMode::kPadToSeqLen, data::PackingMode::kPadToLongest}) {
+    TrainConfig c = Tiny();
+    c.packing = mode;
+    c.max_steps = 3;
+    c.eval_interval_steps = 0;
+    Recorder r;
+    ASSERT_EQ(Train(c, &r, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+    EXPECT_GT(r.steps.back().padding_fraction, mode == data::PackingMode::kPadToSeqLen ? 0.2 : 0.0)
+        << data::PackingModeName(mode);
+    EXPECT_LT(r.steps.back().tokens, 3 * 1024);
+  }
+}
+
+TEST_F(TrainerTest, StopsWithinAStep) {
+  std::atomic<bool> stop{false};
+  Recorder r;
+  r.stop_after = 3;
+  r.stop = &stop;
+  TrainResult result = Train(Tiny(), &r, &stop);
+  EXPECT_EQ(result.outcome, TrainResult::Outcome::kStopped);
+  EXPECT_EQ(result.step, 3);
+  EXPECT_EQ(r.steps.size(), 3u);
+}
+
+TEST_F(TrainerTest, FailuresSayWhy) {
+  TrainConfig missing = Tiny();
+  missing.train_path = g_dir + "/nope/train";
+  TrainResult r = Train(missing, nullptr, nullptr);
+  EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
+  EXPECT_NE(r.reason.find("data.train_path"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("tally-prep"), std::string::npos) << r.reason;
+
+  TrainConfig full = Tiny();
+  full.max_steps = 2;
+  full.checkpoint_dir = NewDir("fail");
+  Recorder a;
+  ASSERT_EQ(Train(full, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  TrainConfig wrong_sha = Tiny();
+  wrong_sha.resume_path = a.checkpoints.back().path;
+  wrong_sha.resume_sha256 = std::string(64, 'a');
+  r = Train(wrong_sha, nullptr, nullptr);
+  EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
+  EXPECT_NE(r.reason.find("tallyd recorded"), std::string::npos) << r.reason;
+  TrainConfig other_model = Tiny();
+  other_model.d_model = 64;
+  other_model.resume_path = a.checkpoints.back().path;
+  r = Train(other_model, nullptr, nullptr);
+  EXPECT_NE(r.reason.find("different job"), std::string::npos) << r.reason;
+
+  TrainConfig bad = Tiny();
+  bad.num_heads = 3;
+  r = Train(bad, nullptr, nullptr);
+  EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
+  EXPECT_NE(r.reason.find("num_heads"), std::string::npos) << r.reason;
+}
+
+}  // namespace
+}  // namespace tally::train
