@@ -14,7 +14,9 @@
 #include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent/agent.h"
-#include "worker/agent/placeholder_runner.h"
+#include "worker/agent/train_spec.h"
+#include "worker/agent/trainer_runner.h"
+#include "worker/train/trainer.h"
 
 ABSL_FLAG(std::string, controller, "",
           "tallyd's gRPC address host:port (default: $TALLY_CONTROLLER, else "
@@ -27,8 +29,14 @@ ABSL_FLAG(std::string, gpu_type, "cpu",
           "GPU type announced to tallyd and matched against "
           "spec.resources.gpu_type (e.g. cpu, h200)");
 ABSL_FLAG(int, slots, 1, "assignments this worker runs at once");
-ABSL_FLAG(absl::Duration, placeholder_step_time, absl::Milliseconds(100),
-          "how long the placeholder runner takes per step (it trains nothing)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "where checkpoints are written, one folder per job (default: "
+          "$TALLY_CHECKPOINT_DIR, else ./tally-checkpoints); workers that may resume "
+          "each other's jobs must share it");
+ABSL_FLAG(double, peak_tflops, 0,
+          "this device's peak TFLOP/s for model-FLOPs utilization (default: known "
+          "dense BF16 peaks for h100, h200, b200, a100, l4; none for cpu)");
+ABSL_FLAG(int, threads, 0, "CPU threads for training (default: LibTorch's choice)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -59,7 +67,27 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof(host) - 1);
     options.worker_id = absl::StrCat(host, "-", options.device);
   }
-  options.capabilities = {"placeholder"};
+  options.capabilities = {"train", "packing"};
+
+  tally::worker::TrainerRunnerOptions runner;
+  runner.device = options.device;
+  runner.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (runner.checkpoint_dir.empty()) {
+    const char* env = std::getenv("TALLY_CHECKPOINT_DIR");
+    runner.checkpoint_dir = env && *env ? env : "tally-checkpoints";
+  }
+  runner.peak_flops = absl::GetFlag(FLAGS_peak_tflops) > 0
+                          ? absl::GetFlag(FLAGS_peak_tflops) * 1e12
+                          : tally::worker::PeakFlopsFor(options.gpu_type);
+  if (absl::GetFlag(FLAGS_threads) < 0) {
+    spdlog::error("--threads: must be >= 0, got {}", absl::GetFlag(FLAGS_threads));
+    return 2;
+  }
+  tally::train::SetCpuThreads(absl::GetFlag(FLAGS_threads));
+  if (absl::Status s = tally::train::CheckDevice(options.device); !s.ok()) {
+    spdlog::error("--device: {}", std::string(s.message()));
+    return 2;
+  }
 
   sigset_t signals;
   sigemptyset(&signals);
@@ -67,9 +95,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  tally::worker::Agent agent(
-      options, std::make_unique<tally::worker::PlaceholderRunner>(
-                   absl::GetFlag(FLAGS_placeholder_step_time)));
+  tally::worker::Agent agent(options,
+                             std::make_unique<tally::worker::TrainerRunner>(runner));
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
@@ -77,7 +104,7 @@ int main(int argc, char** argv) {
     agent.Shutdown();
   });
   waiter.detach();
-  spdlog::info("tally-worker {} ({} / {}) -> {}", options.worker_id, options.device,
-               options.gpu_type, options.controller);
+  spdlog::info("tally-worker {} ({} / {}) -> {}, checkpoints in {}", options.worker_id,
+               options.device, options.gpu_type, options.controller, runner.checkpoint_dir);
   return agent.Run();
 }

@@ -15,6 +15,8 @@ BUILD = os.environ.get("TALLY_BUILD_DIR", os.path.join(ROOT, "build"))
 TALLYD = os.path.join(BUILD, "server", "tallyd")
 WORKER = os.path.join(BUILD, "worker", "tally-worker")
 TALLYCTL = os.path.join(BUILD, "cli", "tallyctl")
+TALLY_PREP = os.path.join(BUILD, "cli", "tally-prep")
+FORTUNES = "/usr/share/games/fortunes"
 
 
 def _generate_stubs():
@@ -31,6 +33,19 @@ def _generate_stubs():
 
 
 _generate_stubs()
+
+
+def _prepare_corpus():
+    """A real corpus for the workers: seven fortune files (scripts/setup.sh
+    installs the fortunes package), tokenized by tally-prep."""
+    out = tempfile.mkdtemp(prefix="tally_corpus_")
+    files = [os.path.join(FORTUNES, f + ".u8") for f in
+             ("fortunes", "literature", "science", "people", "wisdom", "humorists", "computers")]
+    subprocess.run([TALLY_PREP, "--out=" + out] + files, check=True, capture_output=True)
+    return os.path.join(out, "train")
+
+
+TRAIN_PATH = _prepare_corpus()
 import grpc  # noqa: E402
 from tally.v1 import jobs_pb2, jobs_pb2_grpc, spec_pb2  # noqa: E402,F401
 
@@ -110,13 +125,17 @@ class Tallyd:
 
 
 class Worker:
-    def __init__(self, controller, worker_id, log_dir, step_time="50ms", extra_args=()):
+    """A tally-worker on one CPU thread; workers of a test share a checkpoint
+    directory, as workers on shared storage do."""
+
+    def __init__(self, controller, worker_id, log_dir, extra_args=()):
         self.worker_id = worker_id
         self.log_path = os.path.join(log_dir, "worker-%s.log" % worker_id)
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [WORKER, "--controller=" + controller, "--worker_id=" + worker_id,
-             "--placeholder_step_time=" + step_time] + list(extra_args),
+             "--threads=1", "--checkpoint_dir=" + os.path.join(log_dir, "checkpoints")]
+            + list(extra_args),
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def kill(self, sig=signal.SIGKILL):
@@ -128,14 +147,18 @@ class Worker:
 
 
 def spec(max_steps=20, priority=0, name="test", gpu_type="cpu", gpu_count=1,
-         max_attempts=3):
+         max_attempts=3, checkpoint_interval=0):
+    """A very small model on the real corpus: a few milliseconds a step."""
     s = spec_pb2.JobSpec(display_name=name, priority=priority, max_attempts=max_attempts)
     s.model.num_layers = 1
     s.model.d_model = 16
     s.model.num_heads = 2
-    s.data.train_path = "/data/unused"
+    s.data.train_path = TRAIN_PATH
     s.data.seq_len = 64
+    s.training.micro_batch_rows = 2
     s.training.max_steps = max_steps
+    s.training.checkpoint_interval_steps = checkpoint_interval
+    s.training.seed = 1
     s.resources.gpu_type = gpu_type
     s.resources.gpu_count = gpu_count
     return s
@@ -160,8 +183,8 @@ class ClusterTest(unittest.TestCase):
                 with open(w.log_path) as f:
                     print("--- %s log ---\n%s" % (w.worker_id, f.read()), file=sys.stderr)
 
-    def add_worker(self, worker_id, step_time="50ms", extra_args=()):
-        w = Worker(self.tallyd.grpc_addr, worker_id, self.dir, step_time, extra_args)
+    def add_worker(self, worker_id, extra_args=()):
+        w = Worker(self.tallyd.grpc_addr, worker_id, self.dir, extra_args)
         self.workers.append(w)
         return w
 

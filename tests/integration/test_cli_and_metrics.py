@@ -8,15 +8,31 @@ import signal
 import subprocess
 import unittest
 
-from harness import ROOT, ClusterTest, jobs_pb2, spec, wait_for
+import tempfile
 
-TINY = os.path.join(ROOT, "examples", "jobs", "tiny.yaml")
+from harness import ROOT, TRAIN_PATH, ClusterTest, jobs_pb2, spec, wait_for
+
+EXAMPLE = os.path.join(ROOT, "examples", "jobs", "tiny.yaml")
+
+
+def _tiny_on_test_corpus():
+    """examples/jobs/tiny.yaml, pointed at the test corpus."""
+    with open(EXAMPLE) as f:
+        text = f.read()
+    assert "build/demo/fortunes/train" in text
+    fd, path = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(text.replace("build/demo/fortunes/train", TRAIN_PATH))
+    return path
+
+
+TINY = _tiny_on_test_corpus()
 
 
 class TallyctlTest(ClusterTest):
 
     def test_submit_watch_get_list_cancel(self):
-        self.add_worker("w1", step_time="10ms")
+        self.add_worker("w1")
         r = self.tallyctl("submit", "-f", TINY)
         self.assertEqual(r.returncode, 0, r.stderr)
         name = r.stdout.strip()
@@ -69,7 +85,7 @@ class TallyctlTest(ClusterTest):
         self.assertEqual(v.returncode, 0, v.stderr)
 
     def test_watch_rides_through_a_tallyd_restart(self):
-        self.add_worker("w1", step_time="100ms")
+        self.add_worker("w1")
         name = self.tallyctl("submit", "-f", TINY).stdout.strip()
         env = dict(os.environ, TALLY_CONTROLLER=self.tallyd.grpc_addr)
         from harness import TALLYCTL
@@ -104,7 +120,7 @@ def parse_exposition(text):
 class MetricsTest(ClusterTest):
 
     def test_live_scrape_passes_promtool_and_counts_what_happened(self):
-        self.add_worker("w1", step_time="10ms")
+        self.add_worker("w1")
         job = self.submit(spec(max_steps=5))
         self.wait_state(job.name, jobs_pb2.JOB_STATE_SUCCEEDED)
         with self.assertRaises(Exception):

@@ -55,7 +55,9 @@ MicroBatch BuildMicroBatch(const Dataset& dataset, absl::Span<const Row> rows,
 }
 
 RowStream::RowStream(const Dataset* dataset, PackOptions options)
-    : dataset_(dataset), options_(options), lengths_(dataset->DocLengths()) {}
+    : dataset_(dataset), options_(options), lengths_(dataset->DocLengths()) {
+  Plan();
+}
 
 void RowStream::Plan() {
   if (planned_epoch_ == cursor_.epoch) return;

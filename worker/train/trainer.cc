@@ -1,5 +1,6 @@
 #include "worker/train/trainer.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Reduction.h>
 #include <ATen/core/grad_mode.h>
@@ -407,6 +408,26 @@ TrainResult Run::Go() {
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 }  // namespace
+
+void SetCpuThreads(int num_threads) {
+  if (num_threads > 0) at::set_num_threads(num_threads);  // ATen/Parallel.h
+}
+
+absl::Status CheckDevice(const std::string& device) {
+  if (device == "cpu") return absl::OkStatus();
+  if (!at::hasCUDA()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", device, ": this build or machine has no CUDA (build with "
+                     "-DTALLY_TORCH_CUDA=ON on a machine with a GPU, or use --device=cpu)"));
+  }
+  try {
+    at::empty({1}, at::TensorOptions().device(at::Device(device)));
+  } catch (const c10::Error& e) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", device, ": ", FirstLine(e.what_without_backtrace())));
+  }
+  return absl::OkStatus();
+}
 
 TrainResult Train(const TrainConfig& config, TrainEvents* events,
                   const std::atomic<bool>* stop) {

@@ -122,6 +122,14 @@ struct TrainResult {
   bool retryable = false;  // a failure another attempt may not repeat
 };
 
+// Process-wide: the CPU threads LibTorch uses for one operation (0 leaves
+// LibTorch's default, the number of cores).
+void SetCpuThreads(int num_threads);
+
+// OK when `device` ("cpu", "cuda:N") can train in this process; otherwise
+// FailedPrecondition saying why (no CUDA in this build, no such GPU).
+absl::Status CheckDevice(const std::string& device);
+
 // Never throws: LibTorch errors, out-of-memory and persistent non-finite
 // losses come back as kFailed with the reason.
 TrainResult Train(const TrainConfig& config, TrainEvents* events,

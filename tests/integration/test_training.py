@@ -1,0 +1,101 @@
+"""Real training through tallyd: a tally-worker trains a small model on the
+corpus until its validation loss is clearly below the unigram baseline, with
+its evaluations and checkpoints recorded in tallyd; failures come back with
+their reasons."""
+
+import array
+import math
+import os
+import unittest
+
+from harness import TRAIN_PATH, ClusterTest, jobs_pb2, spec
+
+
+def read_docs(prefix):
+    tokens = array.array("H")
+    with open(prefix + ".bin", "rb") as f:
+        tokens.frombytes(f.read())
+    offsets = array.array("Q")
+    with open(prefix + ".idx", "rb") as f:
+        f.seek(24)
+        offsets.frombytes(f.read())
+    return tokens, offsets
+
+
+def unigram_baseline_nats():
+    """Cross-entropy of the validation targets under the training split's
+    token frequencies (add-one smoothed): what a model that ignores context
+    can reach. Targets are every token but a document's first, as in the
+    trainer."""
+    train, _ = read_docs(TRAIN_PATH)
+    counts = [1] * 258
+    for t in train:
+        counts[t] += 1
+    total = sum(counts)
+    val, offsets = read_docs(os.path.join(os.path.dirname(TRAIN_PATH), "val"))
+    nats, n = 0.0, 0
+    for d in range(len(offsets) - 1):
+        for i in range(offsets[d] + 1, offsets[d + 1]):
+            nats -= math.log(counts[val[i]] / total)
+            n += 1
+    return nats / n
+
+
+class TrainingTest(ClusterTest):
+
+    def test_trains_below_the_unigram_baseline_with_checkpoints(self):
+        self.add_worker("w1")
+        s = spec(max_steps=250, name="learns", checkpoint_interval=100)
+        s.model.num_layers = 2
+        s.model.d_model = 64
+        s.model.num_heads = 4
+        s.data.seq_len = 128
+        s.training.micro_batch_rows = 8
+        s.training.eval_interval_steps = 50
+        s.training.eval_tokens = 16384
+        s.optimizer.lr = 1e-2
+        s.optimizer.min_lr = 1e-3
+        s.optimizer.warmup_steps = 10
+        s.optimizer.grad_clip = 1.0
+        job = self.submit(s)
+        done = self.wait_state(job.name, {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED},
+                               timeout=300)
+        self.assertEqual(done.state, jobs_pb2.JOB_STATE_SUCCEEDED, done.state_reason)
+        self.assertEqual(done.step, 250)
+        events = self.events(job.name)
+        evals = [e for e in events if e.type == "eval"]
+        self.assertEqual([e.step for e in evals], [0, 50, 100, 150, 200, 250])
+        baseline = unigram_baseline_nats()
+        first, last = evals[0].val_loss, evals[-1].val_loss
+        print("\nval loss: step 0 %.4f, step 250 %.4f; unigram baseline %.4f nats/token"
+              % (first, last, baseline))
+        self.assertAlmostEqual(first, math.log(258), delta=0.1)  # an untrained model
+        self.assertLess(last, 0.9 * baseline, "clearly below the unigram baseline")
+        ckpts = self.tallyd.jobs.ListCheckpoints(
+            jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints
+        self.assertEqual([c.step for c in ckpts], [100, 200, 250])
+        for c in ckpts:
+            self.assertTrue(os.path.exists(c.path), c.path)
+            self.assertEqual(len(c.sha256), 64)
+            self.assertGreater(c.tokens, 0)
+        progress = [e for e in events if e.type == "progress"]
+        self.assertTrue(progress)
+        self.assertIn("useful tokens/s", progress[-1].detail)
+
+    def test_a_spec_the_worker_cannot_train_fails_with_the_field(self):
+        self.add_worker("w1")
+        s = spec(max_steps=5)
+        s.precision.compute = 3  # FP8: not in this worker yet
+        fp8 = self.submit(s)
+        done = self.wait_state(fp8.name, {jobs_pb2.JOB_STATE_FAILED}, timeout=60)
+        self.assertIn("spec.precision.compute", done.state_reason)
+        self.assertEqual(done.attempt, 1, "not retried: another attempt would fail the same way")
+        missing = spec(max_steps=5)
+        missing.data.train_path = "/nonexistent/train"
+        done = self.wait_state(self.submit(missing).name, {jobs_pb2.JOB_STATE_FAILED}, timeout=60)
+        self.assertIn("data.train_path", done.state_reason)
+        self.assertIn("tally-prep", done.state_reason)
+
+
+if __name__ == "__main__":
+    unittest.main()

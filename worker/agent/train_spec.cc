@@ -1,0 +1,95 @@
+#include "worker/agent/train_spec.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/spec_validation.h"
+
+namespace tally::worker {
+
+double PeakFlopsFor(const std::string& gpu_type) {
+  const std::string t = absl::AsciiStrToLower(gpu_type);
+  if (t == "h100" || t == "h200") return 989e12;
+  if (t == "b200") return 2250e12;
+  if (t == "a100") return 312e12;
+  if (t == "l4") return 121e12;
+  return 0;
+}
+
+absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
+                                                       const DeviceOptions& device) {
+  ApplySpecDefaults(&spec);
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
+  const bool cuda = device.device != "cpu";
+  const auto compute = spec.precision().compute();
+  if (compute == tally::v1::PRECISION_FP8) {
+    return absl::InvalidArgumentError(
+        "spec.precision.compute: FP8 is not supported by this worker yet; use PRECISION_BF16 "
+        "(CUDA) or PRECISION_FP32 (CPU)");
+  }
+  if (compute == tally::v1::PRECISION_BF16 && !cuda) {
+    return absl::InvalidArgumentError(
+        "spec.precision.compute: BF16 needs a CUDA worker; CPU workers train in FP32");
+  }
+  if (compute == tally::v1::PRECISION_FP32 && cuda) {
+    return absl::InvalidArgumentError(
+        "spec.precision.compute: CUDA workers train in BF16 with FP32 master weights; "
+        "use PRECISION_BF16 or leave it unset");
+  }
+  if (spec.model().moe().num_experts() > 0) {
+    return absl::InvalidArgumentError(
+        "spec.model.moe.num_experts: Mixture-of-Experts is not supported by this worker yet; "
+        "remove model.moe");
+  }
+  if (spec.resources().gpu_count() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.resources.gpu_count: ", spec.resources().gpu_count(),
+        " GPUs asked for, but data-parallel training across workers is not implemented "
+        "yet; use 1"));
+  }
+  train::TrainConfig c;
+  const auto& m = spec.model();
+  c.num_layers = m.num_layers();
+  c.d_model = m.d_model();
+  c.num_heads = m.num_heads();
+  c.d_ff = m.d_ff();
+  c.vocab_size = m.vocab_size();
+  const auto& d = spec.data();
+  c.train_path = d.train_path();
+  c.val_path = d.val_path();
+  switch (d.packing()) {
+    case tally::v1::PACKING_MODE_PAD_TO_SEQ_LEN:
+      c.packing = data::PackingMode::kPadToSeqLen;
+      break;
+    case tally::v1::PACKING_MODE_PAD_TO_LONGEST:
+      c.packing = data::PackingMode::kPadToLongest;
+      break;
+    default:
+      c.packing = data::PackingMode::kPacked;
+  }
+  c.seq_len = d.seq_len();
+  c.shuffle_window = d.shuffle_window();
+  const auto& o = spec.optimizer();
+  c.lr = o.lr();
+  c.min_lr = o.min_lr();
+  c.weight_decay = o.weight_decay();
+  c.beta1 = o.beta1();
+  c.beta2 = o.beta2();
+  c.eps = o.eps();
+  c.grad_clip = o.grad_clip();
+  c.warmup_steps = o.warmup_steps();
+  const auto& t = spec.training();
+  c.max_steps = t.max_steps();
+  c.global_batch_tokens = t.global_batch_tokens();
+  c.micro_batch_rows = t.micro_batch_rows();
+  c.eval_interval_steps = t.eval_interval_steps();
+  c.eval_tokens = t.eval_tokens();
+  c.checkpoint_interval_steps = t.checkpoint_interval_steps();
+  c.seed = t.seed();
+  c.device = device.device;
+  c.checkpoint_dir = device.checkpoint_dir;
+  c.peak_flops = device.peak_flops;
+  if (absl::Status s = c.Validate(); !s.ok()) return s;
+  return c;
+}
+
+}  // namespace tally::worker

@@ -1,0 +1,59 @@
+#include "worker/agent/train_spec.h"
+
+#include "common/spec_yaml.h"
+#include "gtest/gtest.h"
+
+namespace tally::worker {
+namespace {
+
+tally::v1::JobSpec Spec(const std::string& extra = "") {
+  auto spec = ParseJobSpecYaml(R"(
+model: {num_layers: 2, d_model: 64, num_heads: 4}
+data: {train_path: data/train, seq_len: 128, packing: pad_to_longest}
+training: {max_steps: 10, micro_batch_rows: 4, global_batch_tokens: 1024, seed: 3}
+optimizer: {lr: 1e-3, warmup_steps: 2, grad_clip: 1.0}
+)" + extra);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(TrainSpecTest, MapsEveryFieldWithDefaults) {
+  DeviceOptions d;
+  d.checkpoint_dir = "/ckpt/job-1";
+  auto c = TrainConfigFromSpec(Spec(), d);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_layers, 2);
+  EXPECT_EQ(c->d_model, 64);
+  EXPECT_EQ(c->packing, data::PackingMode::kPadToLongest);
+  EXPECT_EQ(c->seq_len, 128);
+  EXPECT_EQ(c->shuffle_window, 1024);  // default
+  EXPECT_EQ(c->global_batch_tokens, 1024);
+  EXPECT_EQ(c->micro_batch_rows, 4);
+  EXPECT_DOUBLE_EQ(c->beta2, 0.95);  // default
+  EXPECT_EQ(c->seed, 3u);
+  EXPECT_EQ(c->checkpoint_dir, "/ckpt/job-1");
+  EXPECT_EQ(c->device, "cpu");
+}
+
+TEST(TrainSpecTest, RefusesWhatThisTrainerCannotDoNamingTheField) {
+  DeviceOptions cpu;
+  auto fp8 = TrainConfigFromSpec(Spec("precision: {compute: fp8}\n"), cpu);
+  EXPECT_EQ(fp8.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fp8.status().message().find("spec.precision.compute"), std::string::npos);
+  auto bf16 = TrainConfigFromSpec(Spec("precision: {compute: bf16}\n"), cpu);
+  EXPECT_NE(bf16.status().message().find("CUDA"), std::string::npos);
+  auto moe = TrainConfigFromSpec(Spec("resources: {gpu_count: 2}\n"), cpu);
+  EXPECT_NE(moe.status().message().find("spec.resources.gpu_count"), std::string::npos);
+  tally::v1::JobSpec bad = Spec();
+  bad.mutable_model()->set_num_heads(5);
+  EXPECT_NE(TrainConfigFromSpec(bad, cpu).status().message().find("spec.model.num_heads"),
+            std::string::npos);
+}
+
+TEST(TrainSpecTest, PeakFlops) {
+  EXPECT_DOUBLE_EQ(PeakFlopsFor("H200"), 989e12);
+  EXPECT_DOUBLE_EQ(PeakFlopsFor("cpu"), 0);
+}
+
+}  // namespace
+}  // namespace tally::worker

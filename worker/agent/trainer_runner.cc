@@ -1,0 +1,116 @@
+#include "worker/agent/trainer_runner.h"
+
+#include <sys/stat.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "spdlog/spdlog.h"
+#include "worker/agent/train_spec.h"
+#include "worker/train/trainer.h"
+
+namespace tally::worker {
+namespace {
+
+class ReportingEvents final : public train::TrainEvents {
+ public:
+  ReportingEvents(const tally::v1::Assignment& a, Reporter* reporter)
+      : a_(a), reporter_(reporter) {}
+
+  void OnStart(const train::RunInfo& i) override {
+    spdlog::info(
+        "{} attempt {}: {} parameters, {:.3g} FLOPs/token, {} attention on {}, {} train / {} "
+        "val documents, packing efficiency {:.4f}{}",
+        a_.job(), a_.attempt(), i.num_parameters, i.flops_per_token, i.attention, i.device,
+        i.train_docs, i.val_docs, i.packing_efficiency,
+        i.start_step > 0 ? absl::StrCat(", resumed at step ", i.start_step) : "");
+  }
+  void OnStep(const train::StepMetrics& m) override {
+    tally::v1::Progress p;
+    p.set_job(a_.job());
+    p.set_attempt(a_.attempt());
+    p.set_step(m.step);
+    p.set_tokens(m.tokens);
+    p.set_train_loss(m.train_loss);
+    p.set_lr(m.lr);
+    p.set_grad_norm(m.grad_norm);
+    p.set_step_seconds(m.step_seconds);
+    p.set_useful_tokens_per_second(m.useful_tokens_per_second);
+    p.set_padding_fraction(m.padding_fraction);
+    p.set_mfu(m.mfu);
+    p.set_padding_tokens(m.padding_tokens);
+    p.set_trained(true);
+    reporter_->Progress(p);
+  }
+  void OnEval(const train::EvalMetrics& e) override {
+    spdlog::info("{} attempt {}: step {} val_loss {:.4f} ({:.3f} bits/byte)", a_.job(),
+                 a_.attempt(), e.step, e.val_loss, e.bits_per_byte);
+    tally::v1::EvalResult r;
+    r.set_job(a_.job());
+    r.set_attempt(a_.attempt());
+    r.set_step(e.step);
+    r.set_tokens(e.tokens);
+    r.set_val_loss(e.val_loss);
+    r.set_bits_per_byte(e.bits_per_byte);
+    reporter_->Eval(r);
+  }
+  void OnCheckpoint(const train::CheckpointInfo& c) override {
+    tally::v1::CheckpointRecord r;
+    r.set_job(a_.job());
+    r.set_attempt(a_.attempt());
+    r.set_step(c.step);
+    r.set_tokens(c.tokens);
+    r.set_path(c.path);
+    r.set_sha256(c.sha256);
+    reporter_->Checkpoint(r);
+  }
+
+ private:
+  const tally::v1::Assignment& a_;
+  Reporter* reporter_;
+};
+
+}  // namespace
+
+tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignment,
+                                          Reporter* reporter,
+                                          const std::atomic<bool>* stop) {
+  tally::v1::AttemptExit exit;
+  exit.set_job(assignment.job());
+  exit.set_attempt(assignment.attempt());
+  DeviceOptions device;
+  device.device = options_.device;
+  ::mkdir(options_.checkpoint_dir.c_str(), 0755);
+  device.checkpoint_dir = absl::StrCat(options_.checkpoint_dir, "/",
+                                       absl::StrReplaceAll(assignment.job(), {{"s/", "-"}}));
+  device.peak_flops = options_.peak_flops;
+  auto config = TrainConfigFromSpec(assignment.spec(), device);
+  if (!config.ok()) {
+    exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+    exit.set_reason(std::string(config.status().message()));
+    exit.set_retryable(false);
+    return exit;
+  }
+  if (!assignment.resume_from().path().empty()) {
+    config->resume_path = assignment.resume_from().path();
+    config->resume_sha256 = assignment.resume_from().sha256();
+  }
+  ReportingEvents events(assignment, reporter);
+  const train::TrainResult result = train::Train(*config, &events, stop);
+  exit.set_step(result.step);
+  exit.set_reason(result.reason);
+  exit.set_retryable(result.retryable);
+  switch (result.outcome) {
+    case train::TrainResult::Outcome::kSucceeded:
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
+      break;
+    case train::TrainResult::Outcome::kStopped:
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+      break;
+    case train::TrainResult::Outcome::kFailed:
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+      break;
+  }
+  return exit;
+}
+
+}  // namespace tally::worker

@@ -1,0 +1,33 @@
+// TrainerRunner: runs an assignment with the LibTorch trainer. It maps the
+// JobSpec to a TrainConfig, resumes from the assignment's checkpoint, and
+// turns the trainer's events into Progress, EvalResult and CheckpointRecord
+// reports. Checkpoints go to <checkpoint_dir>/<job>/ (jobs/7 -> job-7), which
+// workers that may resume each other's jobs must share.
+#ifndef TALLY_WORKER_AGENT_TRAINER_RUNNER_H_
+#define TALLY_WORKER_AGENT_TRAINER_RUNNER_H_
+
+#include <string>
+
+#include "worker/agent/runner.h"
+
+namespace tally::worker {
+
+struct TrainerRunnerOptions {
+  std::string device = "cpu";
+  std::string checkpoint_dir = "tally-checkpoints";
+  double peak_flops = 0;
+};
+
+class TrainerRunner final : public Runner {
+ public:
+  explicit TrainerRunner(TrainerRunnerOptions options) : options_(std::move(options)) {}
+  tally::v1::AttemptExit Run(const tally::v1::Assignment& assignment, Reporter* reporter,
+                             const std::atomic<bool>* stop) override;
+
+ private:
+  const TrainerRunnerOptions options_;
+};
+
+}  // namespace tally::worker
+
+#endif  // TALLY_WORKER_AGENT_TRAINER_RUNNER_H_

@@ -1,0 +1,107 @@
+// tally-train: the trainer with no controller. Reads a job spec (YAML or
+// JSON, the same file tallyctl submits), trains on this machine and prints
+// progress, evaluations and checkpoints.
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "common/spec_yaml.h"
+#include "worker/agent/train_spec.h"
+#include "worker/train/trainer.h"
+
+ABSL_FLAG(std::string, spec, "", "job spec file (YAML or JSON)");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
+ABSL_FLAG(std::string, checkpoint_dir, "", "where to write checkpoints (default: none)");
+ABSL_FLAG(std::string, resume, "", "a checkpoint file to continue from");
+ABSL_FLAG(int, threads, 0, "CPU threads (default: LibTorch's choice)");
+ABSL_FLAG(double, peak_tflops, 0, "device peak TFLOP/s, for model-FLOPs utilization");
+ABSL_FLAG(int, log_every, 1, "print every N-th step");
+
+namespace {
+
+class Printer final : public tally::train::TrainEvents {
+ public:
+  Printer(int64_t max_steps, int log_every) : max_steps_(max_steps), log_every_(log_every) {}
+  void OnStart(const tally::train::RunInfo& i) override {
+    std::cout << absl::StrFormat(
+        "tally-train: %d parameters (%d in the embedding), %.3g training FLOPs/token, "
+        "%d micro-batches/step, %s attention on %s; %d train / %d val documents, "
+        "first-epoch packing efficiency %.4f%s\n",
+        i.num_parameters, i.num_embedding_parameters, i.flops_per_token,
+        i.micro_batches_per_step, i.attention, i.device, i.train_docs, i.val_docs,
+        i.packing_efficiency,
+        i.start_step > 0 ? absl::StrFormat("; resumed at step %d", i.start_step) : "");
+  }
+  void OnStep(const tally::train::StepMetrics& m) override {
+    if (m.step % log_every_ != 0 && m.step != max_steps_) return;
+    std::cout << absl::StrFormat(
+        "step %6d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f useful tok/s  padding %.1f%%",
+        m.step, max_steps_, m.train_loss, m.lr, m.grad_norm, m.useful_tokens_per_second,
+        100 * m.padding_fraction);
+    if (m.mfu > 0) std::cout << absl::StrFormat("  mfu %.1f%%", 100 * m.mfu);
+    if (m.skipped) std::cout << "  (non-finite: update skipped)";
+    std::cout << std::endl;
+  }
+  void OnEval(const tally::train::EvalMetrics& e) override {
+    std::cout << absl::StrFormat("eval step %d: val_loss %.4f, %.3f bits/byte (%d tokens)\n",
+                                 e.step, e.val_loss, e.bits_per_byte, e.target_tokens);
+  }
+  void OnCheckpoint(const tally::train::CheckpointInfo& c) override {
+    std::cout << absl::StrFormat("checkpoint step %d: %s sha256 %s\n", c.step, c.path,
+                                 c.sha256.substr(0, 16));
+  }
+
+ private:
+  int64_t max_steps_;
+  int log_every_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tally-train: train one job spec here, without tallyd.\n\nUsage: tally-train "
+      "--spec=job.yaml [--device=cpu] [--checkpoint_dir=DIR] [--resume=FILE]");
+  absl::ParseCommandLine(argc, argv);
+  const std::string path = absl::GetFlag(FLAGS_spec);
+  if (path.empty()) {
+    std::cerr << "tally-train: --spec is required (a job spec, e.g. examples/jobs/tiny.yaml)\n";
+    return 2;
+  }
+  auto spec = tally::ReadJobSpecFile(path);
+  if (!spec.ok()) {
+    std::cerr << "tally-train: " << path << ": " << spec.status().message() << "\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_log_every) < 1) {
+    std::cerr << "tally-train: --log_every: must be >= 1\n";
+    return 2;
+  }
+  tally::train::SetCpuThreads(absl::GetFlag(FLAGS_threads));
+  if (absl::Status s = tally::train::CheckDevice(absl::GetFlag(FLAGS_device)); !s.ok()) {
+    std::cerr << "tally-train: --device: " << s.message() << "\n";
+    return 2;
+  }
+  tally::worker::DeviceOptions device;
+  device.device = absl::GetFlag(FLAGS_device);
+  device.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  device.peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
+  auto config = tally::worker::TrainConfigFromSpec(*spec, device);
+  if (!config.ok()) {
+    std::cerr << "tally-train: " << path << ": " << config.status().message() << "\n";
+    return 2;
+  }
+  config->resume_path = absl::GetFlag(FLAGS_resume);
+  Printer printer(config->max_steps, absl::GetFlag(FLAGS_log_every));
+  const tally::train::TrainResult r = tally::train::Train(*config, &printer, nullptr);
+  if (r.outcome != tally::train::TrainResult::Outcome::kSucceeded) {
+    std::cerr << "tally-train: failed: " << r.reason << "\n";
+    return 1;
+  }
+  std::cout << "tally-train: " << r.reason << "\n";
+  return 0;
+}
