@@ -513,7 +513,9 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       if (job == nullptr) return absl::OkStatus();
       job->rec.mutable_job()->set_step(ev.step());
       job->rec.mutable_job()->set_tokens(ev.tokens());
-      tally::v1::JobEvent e = NewEvent(*job, "eval", "", "");
+      job->last_eval = {ev.step(), ev.val_loss()};
+      tally::v1::JobEvent e = NewEvent(*job, "eval", "",
+                                       absl::StrCat(ev.bits_per_byte(), " bits/byte"));
       e.set_val_loss(ev.val_loss());
       return AppendEvent(*job, std::move(e), {});
     }
@@ -531,6 +533,9 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       ck.set_tokens(c.tokens());
       ck.set_path(c.path());
       ck.set_sha256(c.sha256());
+      if (job->last_eval && job->last_eval->first == c.step()) {
+        ck.set_val_loss(job->last_eval->second);
+      }
       *ck.mutable_time() = ToProto(now);
       m.checkpoints.push_back(ck);
       return AppendEvent(*job, NewEvent(*job, "checkpoint", "", c.path()),

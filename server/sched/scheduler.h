@@ -90,6 +90,9 @@ class Scheduler {
     std::optional<store::AttemptRecord> attempt;  // when RUNNING
     absl::Time last_progress_event;
     bool progress_dirty = false;
+    // The latest evaluation (step, val_loss): a worker reports the eval of a
+    // step before that step's checkpoint, which records it.
+    std::optional<std::pair<int64_t, double>> last_eval;
   };
   struct WorkerState {
     store::WorkerRecord rec;

@@ -194,6 +194,36 @@ TEST_F(SchedulerTest, GangIsAllOrNothing) {
   EXPECT_EQ(a1[0].assignment().world_size(), 2);
 }
 
+TEST_F(SchedulerTest, CheckpointRecordsTheValLossOfItsStep) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  const std::string name = "jobs/" + std::to_string(id);
+  auto eval = [&](int64_t step, double loss) {
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job(name);
+    m.mutable_eval()->set_attempt(1);
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_val_loss(loss);
+    ASSERT_TRUE(sched_->OnMessage("w1", m).ok());
+  };
+  auto checkpoint = [&](int64_t step) {
+    tally::v1::WorkerMessage m;
+    m.mutable_checkpoint()->set_job(name);
+    m.mutable_checkpoint()->set_attempt(1);
+    m.mutable_checkpoint()->set_step(step);
+    m.mutable_checkpoint()->set_path("/ckpt/" + std::to_string(step));
+    ASSERT_TRUE(sched_->OnMessage("w1", m).ok());
+  };
+  eval(10, 3.5);
+  checkpoint(10);
+  checkpoint(15);  // no eval at step 15: no val_loss claimed
+  auto cks = *store_.ListCheckpoints(id);
+  ASSERT_EQ(cks.size(), 2u);
+  EXPECT_DOUBLE_EQ(cks[0].val_loss(), 3.5);
+  EXPECT_EQ(cks[1].val_loss(), 0);
+}
+
 TEST_F(SchedulerTest, HeartbeatLossRequeuesThenFailsAfterMaxAttempts) {
   const int64_t id = Submit(Spec(0, "cpu", 1, /*max_attempts=*/2));
   ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
