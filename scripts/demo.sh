@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# `make demo`: tallyd and one worker on this machine, a job submitted with
-# tallyctl and followed to its end, then what tallyd recorded and exports.
+# `make demo`: prepares a real corpus (the fortunes package: ~15k short
+# documents of very different lengths), starts tallyd and two CPU workers
+# here, trains a packed job next to its padded baseline through tallyd, shows
+# both as they go, and ends with a side-by-side summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
 DEMO=$B/demo
-rm -rf "$DEMO/tallyd" && mkdir -p "$DEMO/tallyd"
+mkdir -p "$DEMO"
+rm -rf "$DEMO/tallyd" "$DEMO/checkpoints" && mkdir -p "$DEMO/tallyd"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
+
+if [ ! -s "$DEMO/fortunes/train.idx" ]; then
+  echo "\$ tally-prep --out=$DEMO/fortunes /usr/share/games/fortunes/*.u8"
+  "$B/cli/tally-prep" --out="$DEMO/fortunes" /usr/share/games/fortunes/*.u8
+else
+  echo "corpus: $DEMO/fortunes (prepared earlier by tally-prep)"
+fi
 
 "$B/server/tallyd" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
   --data_dir="$DEMO/tallyd" --address_file="$DEMO/tallyd/addr" >"$DEMO/tallyd.log" 2>&1 &
@@ -19,28 +29,62 @@ METRICS=$(sed 's/.*metrics=//' "$DEMO/tallyd/addr")
 export TALLY_CONTROLLER=$GRPC
 echo "tallyd: gRPC $GRPC, metrics http://$METRICS/metrics (log: $DEMO/tallyd.log)"
 
-"$B/worker/tally-worker" --worker_id=demo-cpu-0 --placeholder_step_time=50ms \
-  >"$DEMO/worker.log" 2>&1 &
-pids+=($!)
-echo "tally-worker: demo-cpu-0 (log: $DEMO/worker.log)"
-echo
-echo "NOTE: this build's worker is a placeholder: it walks a job's steps and"
-echo "reports that it trained nothing. Training, packing and costs arrive with"
-echo "the trainer and the cost ledger."
+# Two workers, one core each, so the two jobs run side by side.
+for i in 0 1; do
+  "$B/worker/tally-worker" --worker_id=demo-cpu-$i --threads=1 \
+    --checkpoint_dir="$DEMO/checkpoints" >"$DEMO/worker-$i.log" 2>&1 &
+  pids+=($!)
+done
+echo "tally-worker: demo-cpu-0, demo-cpu-1 (logs: $DEMO/worker-*.log)"
 echo
 
 TALLYCTL="$B/cli/tallyctl"
-echo "\$ tallyctl submit -f examples/jobs/tiny.yaml"
-JOB=$("$TALLYCTL" submit -f examples/jobs/tiny.yaml)
-echo "$JOB"
-echo "\$ tallyctl watch $JOB"
-"$TALLYCTL" watch "$JOB" || true
+echo "\$ tallyctl submit -f examples/jobs/tiny.yaml          # packed"
+PACKED=$("$TALLYCTL" submit -f examples/jobs/tiny.yaml)
+echo "$PACKED"
+echo "\$ tallyctl submit -f examples/jobs/tiny-padded.yaml   # padded baseline"
+PADDED=$("$TALLYCTL" submit -f examples/jobs/tiny-padded.yaml)
+echo "$PADDED"
 echo
-echo "\$ tallyctl get $JOB"
-"$TALLYCTL" get "$JOB"
+echo "\$ tallyctl watch $PACKED & tallyctl watch $PADDED"
+"$TALLYCTL" watch "$PACKED" | sed -u 's/^/[packed] /' &
+w1=$!
+"$TALLYCTL" watch "$PADDED" | sed -u 's/^/[padded] /' &
+w2=$!
+wait $w1 $w2 || true
 echo
-echo "\$ tallyctl list"
-"$TALLYCTL" list
+echo "\$ tallyctl checkpoints $PACKED"
+"$TALLYCTL" checkpoints "$PACKED"
+echo
+
+/usr/bin/python3 - "$TALLYCTL" "$PACKED" "$PADDED" <<'PY'
+import json, subprocess, sys
+from datetime import datetime
+ctl, names = sys.argv[1], sys.argv[2:]
+
+def ctl_json(*args):
+    return json.loads(subprocess.run([ctl, *args, "--output=json"], check=True,
+                                     capture_output=True, text=True).stdout)
+
+def seconds(a, b):
+    f = lambda t: datetime.fromisoformat(t.replace("Z", "+00:00"))
+    return (f(b) - f(a)).total_seconds()
+
+print("Summary: same model, seed and number of steps; only the packing differs.")
+print("%-8s %-15s %6s %13s %8s %14s %9s" % ("job", "packing", "steps", "useful tokens",
+                                              "seconds", "useful tok/s", "val loss"))
+for name in names:
+    job = ctl_json("get", name)
+    cks = ctl_json("checkpoints", name).get("checkpoints", [])
+    secs = seconds(job["start_time"], job["end_time"]) if "end_time" in job else float("nan")
+    tokens = int(job.get("tokens", 0))
+    val = cks[-1].get("val_loss", float("nan")) if cks else float("nan")
+    print("%-8s %-15s %6s %13d %8.1f %14.0f %9.4f" % (
+        name, job["spec"]["data"].get("packing", "?").replace("PACKING_MODE_", "").lower(),
+        job.get("step", 0), tokens, secs, tokens / secs if secs else 0, val))
+print("\nThe padded baseline spends most of each row on padding, so in the same steps it")
+print("trains on far fewer real tokens. Dollars per checkpoint arrive with the cost ledger.")
+PY
 echo
 echo "From /metrics:"
-curl -s "http://$METRICS/metrics" | grep -E '^tally_(jobs|queue_depth|worker_slots|attempts_ended_total)' || true
+curl -s "http://$METRICS/metrics" | grep -E '^tally_(jobs|attempts_ended_total|worker_slots)' || true

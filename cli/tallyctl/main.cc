@@ -313,8 +313,11 @@ int Checkpoints(Client& c, const std::string& name) {
   std::cout << absl::StrFormat("%-8s %-8s %-12s %-10s %s\n", "ATTEMPT", "STEP", "TOKENS",
                                "VAL_LOSS", "PATH");
   for (const auto& ck : resp.checkpoints()) {
-    std::cout << absl::StrFormat("%-8d %-8d %-12d %-10.4f %s\n", ck.attempt(), ck.step(),
-                                 ck.tokens(), ck.val_loss(), ck.path());
+    // 0 means no evaluation at the checkpoint's step.
+    const std::string val =
+        ck.val_loss() != 0 ? absl::StrFormat("%.4f", ck.val_loss()) : std::string("-");
+    std::cout << absl::StrFormat("%-8d %-8d %-12d %-10s %s\n", ck.attempt(), ck.step(),
+                                 ck.tokens(), val, ck.path());
   }
   return kOk;
 }
