@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Controller benchmarks, side by side in one run: submit throughput and
-# latency on loopback (SQLite and in-memory stores, 1/8/64 clients), then the
-# scheduler's Tick() and /metrics rendering at fleet scale.
+# Benchmarks, side by side in one run: the trainer's packing against both
+# padded baselines (same model, corpus and steps), then the controller: submit
+# throughput and latency on loopback (SQLite and in-memory stores, 1/8/64
+# clients), the scheduler's Tick() and /metrics rendering at fleet scale.
+# ONLY=packing or ONLY=controller runs one half.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
 SECONDS_EACH=${SECONDS_EACH:-5}
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+
+ONLY=${ONLY:-}
+if [ "$ONLY" != controller ]; then
+  echo "== Packing: useful tokens/s, packed vs padded baselines (fortunes corpus) =="
+  if [ ! -s "$B/demo/fortunes/train.idx" ]; then
+    "$B/cli/tally-prep" --out="$B/demo/fortunes" /usr/share/games/fortunes/*.u8
+  fi
+  "$B/bench/packing_bench" --train_path="$B/demo/fortunes/train" ${PACKING_ARGS:-}
+  echo
+fi
+[ "$ONLY" = packing ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"
