@@ -55,6 +55,23 @@ if [ ! -f "$LIBTORCH_DIR/.complete" ]; then
   mv "$LIBTORCH_DIR.partial" "$LIBTORCH_DIR"
 fi
 
+# LibTorch's CPU library still names the CUDA runtime and CUPTI (the wheel is
+# a CUDA build). The CUDA toolkit provides them where it is installed;
+# elsewhere the matching NVIDIA wheels are unpacked beside LibTorch, where its
+# RPATH ($ORIGIN/../../nvidia/cu13/lib) looks.
+if ! { ldconfig -p | grep -q 'libcudart.so.13 ' && ldconfig -p | grep -q 'libcupti.so.13 '; } &&
+   [ ! -f "$LIBTORCH_DIR/nvidia/.complete" ]; then
+  echo "setup: no CUDA 13 runtime on this machine; fetching it for LibTorch"
+  PY=$(command -v python3 || echo /usr/bin/python3)
+  tmp=$(mktemp -d "$CACHE_DIR/download.XXXXXX")
+  # The versions torch 2.11.0 pins (through cuda-toolkit 13.0.2).
+  "$PY" -m pip download --quiet --no-deps --only-binary=:all: \
+    "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cupti==13.0.85" -d "$tmp"
+  for whl in "$tmp"/*.whl; do unzip -q -o "$whl" 'nvidia/*' -d "$LIBTORCH_DIR"; done
+  touch "$LIBTORCH_DIR/nvidia/.complete"
+  rm -rf "$tmp"
+fi
+
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja \
     -DTALLY_LIBTORCH_DIR="$LIBTORCH_DIR/torch" >/dev/null
