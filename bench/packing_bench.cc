@@ -19,6 +19,7 @@ ABSL_FLAG(int, rows, 8, "rows per micro-batch");
 ABSL_FLAG(int, d_model, 128, "model width");
 ABSL_FLAG(int, layers, 2, "transformer blocks");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: LibTorch's default)");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 
 namespace {
 
@@ -48,13 +49,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   tally::train::SetCpuThreads(absl::GetFlag(FLAGS_threads));
+  if (auto s = tally::train::CheckDevice(absl::GetFlag(FLAGS_device)); !s.ok()) {
+    std::cerr << "packing_bench: --device: " << s.message() << "\n";
+    return 2;
+  }
   const std::vector<tally::data::PackingMode> modes = {
       tally::data::PackingMode::kPacked, tally::data::PackingMode::kPadToSeqLen,
       tally::data::PackingMode::kPadToLongest};
   std::cout << absl::StrFormat(
-      "%d steps of %d x %d tokens, d_model %d, %d layers; throughput after step %d\n",
+      "%d steps of %d x %d tokens, d_model %d, %d layers, on %s; throughput after step %d\n",
       absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_rows), absl::GetFlag(FLAGS_seq_len),
-      absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_layers),
+      absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_device),
       absl::GetFlag(FLAGS_warmup_steps));
   std::cout << "| packing | useful tokens/s | padding | ms/step | useful tokens | val loss |\n"
                "|---|---|---|---|---|---|\n";
@@ -76,6 +81,7 @@ int main(int argc, char** argv) {
     c.eval_interval_steps = c.max_steps;  // at step 0 and at the end
     c.eval_tokens = 32768;
     c.seed = 1;
+    c.device = absl::GetFlag(FLAGS_device);
     Tally t(absl::GetFlag(FLAGS_warmup_steps));
     auto r = tally::train::Train(c, &t, nullptr);
     if (r.outcome != tally::train::TrainResult::Outcome::kSucceeded) {

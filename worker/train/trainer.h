@@ -7,9 +7,11 @@
 // loss a mean over every real target token of the step, grad-norm clipping;
 // FP32 on CPU, BF16 autocast on CUDA. Evaluation on the held-out split at
 // step 0, every eval_interval_steps and at the end. Checkpoints (model,
-// optimizer, schedule position, data cursor, generator state) every
+// AdamW state and step, token counts, data cursor) every
 // checkpoint_interval_steps and at the end; resuming from one continues the
-// same loss curve, bit for bit on the CPU.
+// same loss curve, bit for bit on the CPU. No random number is drawn after
+// initialisation (no dropout; the data order is a pure function of the seed
+// and the epoch), so the data cursor is all the RNG state a resume needs.
 //
 // Thread-safety: Train() runs on the calling thread; `stop` may be set from
 // any thread and is honoured between micro-batches.
