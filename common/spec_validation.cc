@@ -78,6 +78,10 @@ void ApplySpecDefaults(JobSpec* spec) {
     training->set_global_batch_tokens(int64_t{data->seq_len()} *
                                       training->micro_batch_rows());
   }
+  auto* es = spec->mutable_early_stopping();
+  if (es->patience() > 0 && es->min_rel_delta() == 0 && es->min_delta() == 0) {
+    es->set_min_rel_delta(0.03);  // an improvement is 3% better than the best
+  }
   auto* resources = spec->mutable_resources();
   if (resources->gpu_type().empty()) resources->set_gpu_type("cpu");
   if (resources->gpu_count() == 0) resources->set_gpu_count(1);

@@ -43,6 +43,10 @@ ABSL_FLAG(absl::Duration, tick_interval, absl::Milliseconds(200),
           "how often the scheduler places queued jobs and checks heartbeats");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(5),
           "on SIGTERM, how long in-flight calls get to finish");
+ABSL_FLAG(std::string, config, "",
+          "YAML file with prices and throughputs (usd_per_gpu_hour, "
+          "flops_per_second_per_gpu; see examples/tallyd.yaml); re-read on SIGHUP. "
+          "Without it every GPU type costs $0");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write \"grpc=HOST:PORT metrics=HOST:PORT\" here once serving");
 
@@ -58,6 +62,26 @@ absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
         "--", flag, ": expected host:port (e.g. 127.0.0.1:0), got \"", value, "\""));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<policy::PriceTable> LoadConfig(const std::string& path) {
+  if (path.empty()) return policy::PriceTable{};
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--config: cannot read ", path));
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto table = policy::ParsePriceTable(text);
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config: ", path, ": ", table.status().message()));
+  }
+  return table;
+}
+
+std::string DescribePrices(const policy::PriceTable& t) {
+  if (t.usd_per_gpu_hour.empty()) return "no prices configured: every GPU type costs $0";
+  std::string out = "prices $/GPU-hour:";
+  for (const auto& [gpu, usd] : t.usd_per_gpu_hour) absl::StrAppend(&out, " ", gpu, "=", usd);
+  return out;
 }
 
 std::string HostOf(const std::string& hostport) {
@@ -84,11 +108,21 @@ int Run() {
     return 2;
   }
 
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  auto prices = LoadConfig(config_path);
+  if (!prices.ok()) {
+    spdlog::error("{}", std::string(prices.status().message()));
+    return 2;
+  }
+  options.prices = *prices;
+  spdlog::info("tallyd: {}", DescribePrices(options.prices));
+
   // Signals are taken by one thread with sigwait; block them everywhere first.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::unique_ptr<store::JobStore> store;
@@ -171,7 +205,24 @@ int Run() {
   });
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    // Reload prices; a bad file keeps the old ones.
+    if (config_path.empty()) {
+      spdlog::warn("SIGHUP: no --config to reload");
+      continue;
+    }
+    auto reloaded = LoadConfig(config_path);
+    if (!reloaded.ok()) {
+      spdlog::error("SIGHUP: {}; keeping the previous prices",
+                    std::string(reloaded.status().message()));
+      continue;
+    }
+    spdlog::info("SIGHUP: reloaded {}", DescribePrices(*reloaded));
+    core.Run([&](sched::Scheduler& s) {
+      s.SetPrices(*reloaded);
+      return 0;
+    });
+  }
   spdlog::info("tallyd: signal {}, draining", sig);
   // Health first, so load balancers and probes stop sending work.
   server->GetHealthCheckService()->SetServingStatus(false);

@@ -72,7 +72,10 @@ Commands:
   watch JOB              follow a job's events until it ends (progress bar on
                          a terminal, one line per event otherwise)
   cancel JOB             cancel a queued or running job (--reason)
-  checkpoints JOB        list a job's checkpoints
+  checkpoints JOB        list a job's checkpoints, with their cost
+  cost JOB               what a job cost: estimate beside actual, dollars per
+                         checkpoint, dollars lost to failures
+  estimate -f job.yaml   price a spec before submitting it
   validate -f job.yaml   check a spec locally without submitting
 
 Common flags: --controller=HOST:PORT (or $TALLY_CONTROLLER), --output=json,
@@ -183,29 +186,58 @@ void PrintJob(const tally::v1::Job& j) {
   }
   std::cout << "  created:   " << Time(j.create_time()) << "   started: "
             << Time(j.start_time()) << "   ended: " << Time(j.end_time()) << "\n";
+  std::cout << absl::StrFormat("  cost:      $%.4f (%.1f GPU-seconds at $%.4f/GPU-hour)",
+                               j.cost().cost_usd(), j.cost().gpu_seconds(),
+                               j.cost().usd_per_gpu_hour());
+  if (j.cost().lost_usd() > 0) {
+    std::cout << absl::StrFormat(", $%.4f lost to failures", j.cost().lost_usd());
+  }
+  if (spec.budget().max_dollars() > 0) {
+    std::cout << absl::StrFormat(", budget $%.4f", spec.budget().max_dollars());
+  }
+  std::cout << "\n";
+  const auto& es = j.early_stopping();
+  if (es.has_best()) {
+    std::cout << absl::StrFormat("  val loss:  latest %.4f, best %.4f at step %d", j.val_loss(),
+                                 es.best_val_loss(), es.best_step());
+    if (spec.early_stopping().patience() > 0) {
+      std::cout << absl::StrFormat(", patience left %d of %d", es.patience_left(),
+                                   spec.early_stopping().patience());
+    }
+    std::cout << "\n";
+  }
+  if (!es.best_checkpoint().empty()) {
+    std::cout << "  best checkpoint: " << es.best_checkpoint() << "\n";
+  }
+}
+
+// Reads -f (a file, or - for stdin) into `spec`; kOk or the exit code.
+int ReadSpecFlag(const char* cmd, tally::v1::JobSpec* spec) {
+  const std::string file = absl::GetFlag(FLAGS_file);
+  if (file.empty()) {
+    std::cerr << "tallyctl " << cmd << ": -f job.yaml is required\n";
+    return kUsage;
+  }
+  absl::StatusOr<tally::v1::JobSpec> parsed;
+  if (file == "-") {
+    std::string text((std::istreambuf_iterator<char>(std::cin)), {});
+    parsed = ParseJobSpecYaml(text);
+  } else {
+    parsed = ReadJobSpecFile(file);
+  }
+  if (!parsed.ok()) {
+    std::cerr << "tallyctl: " << parsed.status().message() << "\n";
+    return parsed.status().code() == absl::StatusCode::kNotFound ? kNotFound : kUsage;
+  }
+  *spec = *std::move(parsed);
+  return kOk;
 }
 
 int Watch(Client& c, const std::string& name);
 
 int Submit(Client& c) {
-  const std::string file = absl::GetFlag(FLAGS_file);
-  if (file.empty()) {
-    std::cerr << "tallyctl submit: -f job.yaml is required\n";
-    return kUsage;
-  }
-  absl::StatusOr<tally::v1::JobSpec> spec;
-  if (file == "-") {
-    std::string text((std::istreambuf_iterator<char>(std::cin)), {});
-    spec = ParseJobSpecYaml(text);
-  } else {
-    spec = ReadJobSpecFile(file);
-  }
-  if (!spec.ok()) {
-    std::cerr << "tallyctl: " << spec.status().message() << "\n";
-    return spec.status().code() == absl::StatusCode::kNotFound ? kNotFound : kUsage;
-  }
   tally::v1::SubmitJobRequest req;
-  *req.mutable_spec() = *spec;
+  if (int rc = ReadSpecFlag("submit", req.mutable_spec()); rc != kOk) return rc;
   std::string request_id = absl::GetFlag(FLAGS_request_id);
   if (request_id.empty()) {
     std::mt19937_64 rng(std::random_device{}());
@@ -230,6 +262,66 @@ int Submit(Client& c) {
     std::cout << job.name() << "\n";
   }
   return kOk;
+}
+
+void PrintEstimate(const tally::v1::CostEstimate& e) {
+  std::cout << absl::StrFormat(
+      "$%.4f: %.3g training FLOPs/token x %d tokens at %.3g FLOP/s per GPU (%s) = %.1f s, "
+      "%.4f GPU-hours at $%.4f/GPU-hour\n",
+      e.cost_usd(), e.flops_per_token(), e.tokens(), e.flops_per_second_per_gpu(),
+      e.throughput_source(), e.seconds(), e.gpu_hours(), e.usd_per_gpu_hour());
+}
+
+int Estimate(Client& c) {
+  tally::v1::EstimateCostRequest req;
+  if (int rc = ReadSpecFlag("estimate", req.mutable_spec()); rc != kOk) return rc;
+  tally::v1::CostEstimate e;
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.stub()->EstimateCost(&ctx, req, &e);
+  if (!s.ok()) return Fail(s, c.controller());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(e) << "\n";
+  } else {
+    PrintEstimate(e);
+  }
+  return kOk;
+}
+
+int Checkpoints(Client& c, const std::string& name);
+
+int Cost(Client& c, const std::string& name) {
+  tally::v1::GetJobRequest req;
+  req.set_name(NormalizeName(name));
+  tally::v1::Job j;
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.stub()->GetJob(&ctx, req, &j);
+  if (!s.ok()) return Fail(s, c.controller());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(j.cost()) << "\n";
+    return kOk;
+  }
+  const auto& cost = j.cost();
+  std::cout << j.name() << "  " << StateName(j.state()) << "  "
+            << j.spec().resources().gpu_count() << " x " << j.spec().resources().gpu_type()
+            << absl::StrFormat(" at $%.4f/GPU-hour\n", cost.usd_per_gpu_hour());
+  std::cout << "  estimate:  ";
+  PrintEstimate(cost.estimate());
+  std::cout << absl::StrFormat("  actual:    $%.4f: %.1f GPU-seconds, %d tokens", cost.cost_usd(),
+                               cost.gpu_seconds(), j.tokens());
+  if (cost.estimate().cost_usd() > 0 && j.has_end_time()) {
+    std::cout << absl::StrFormat(" (%.2fx the estimate)",
+                                 cost.cost_usd() / cost.estimate().cost_usd());
+  }
+  std::cout << absl::StrFormat("\n  lost to failures: $%.4f\n", cost.lost_usd());
+  if (j.spec().budget().max_dollars() > 0) {
+    std::cout << absl::StrFormat("  budget:    $%.4f (%.0f%% used)\n",
+                                 j.spec().budget().max_dollars(),
+                                 100 * cost.cost_usd() / j.spec().budget().max_dollars());
+  }
+  std::cout << "\n";
+  return Checkpoints(c, name);
 }
 
 int Get(Client& c, const std::string& name) {
@@ -310,14 +402,19 @@ int Checkpoints(Client& c, const std::string& name) {
     std::cout << Json(resp) << "\n";
     return kOk;
   }
-  std::cout << absl::StrFormat("%-8s %-8s %-12s %-10s %s\n", "ATTEMPT", "STEP", "TOKENS",
-                               "VAL_LOSS", "PATH");
+  std::cout << absl::StrFormat("%-7s %-8s %-10s %-9s %-10s %-10s %-12s %s\n", "ATTEMPT",
+                               "STEP", "TOKENS", "VAL_LOSS", "COST_USD", "SINCE_USD",
+                               "USD_PER_GAIN", "PATH");
   for (const auto& ck : resp.checkpoints()) {
-    // 0 means no evaluation at the checkpoint's step.
+    // 0 means no evaluation at the checkpoint's step, or no gain.
     const std::string val =
         ck.val_loss() != 0 ? absl::StrFormat("%.4f", ck.val_loss()) : std::string("-");
-    std::cout << absl::StrFormat("%-8d %-8d %-12d %-10s %s\n", ck.attempt(), ck.step(),
-                                 ck.tokens(), val, ck.path());
+    const std::string per_gain = ck.usd_per_val_loss_improvement() != 0
+                                     ? absl::StrFormat("%.6f", ck.usd_per_val_loss_improvement())
+                                     : std::string("-");
+    std::cout << absl::StrFormat("%-7d %-8d %-10d %-9s %-10.6f %-10.6f %-12s %s\n",
+                                 ck.attempt(), ck.step(), ck.tokens(), val, ck.cost_usd(),
+                                 ck.cost_since_previous_usd(), per_gain, ck.path());
   }
   return kOk;
 }
@@ -372,6 +469,8 @@ int Watch(Client& c, const std::string& arg) {
         std::cout << "\r" << Bar(e.step(), max_steps) << " step " << e.step() << "/"
                   << max_steps;
         if (e.train_loss() != 0) std::cout << absl::StrFormat("  loss %.4f", e.train_loss());
+        std::cout << absl::StrFormat("  $%.4f", e.cost_usd());
+        if (e.patience_left() >= 0) std::cout << "  patience " << e.patience_left();
         std::cout << "   " << std::flush;
         bar_shown = true;
         continue;
@@ -383,6 +482,10 @@ int Watch(Client& c, const std::string& arg) {
                                          e.step());
       if (e.val_loss() != 0) absl::StrAppendFormat(&line, " val_loss %.4f", e.val_loss());
       if (e.train_loss() != 0) absl::StrAppendFormat(&line, " loss %.4f", e.train_loss());
+      if (e.cost_usd() != 0) absl::StrAppendFormat(&line, " $%.4f", e.cost_usd());
+      if (e.patience_left() >= 0 && (e.type() == "eval" || e.type() == "progress")) {
+        absl::StrAppendFormat(&line, " patience %d", e.patience_left());
+      }
       if (!e.reason().empty()) absl::StrAppend(&line, " ", e.reason());
       if (!e.detail().empty()) absl::StrAppend(&line, " (", e.detail(), ")");
       std::cout << line << std::endl;
@@ -473,6 +576,8 @@ int Main(std::vector<char*> args) {
   if (cmd == "checkpoints") {
     return need_job("checkpoints") ? Checkpoints(client, args[2]) : kUsage;
   }
+  if (cmd == "cost") return need_job("cost") ? Cost(client, args[2]) : kUsage;
+  if (cmd == "estimate") return Estimate(client);
   if (cmd == "help") {
     std::cout << kUsageText;
     return kOk;

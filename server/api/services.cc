@@ -48,9 +48,29 @@ grpc::Status JobsService::GetJob(grpc::ServerContext*,
                                  tally::v1::Job* resp) {
   absl::StatusOr<int64_t> id = ParseJobName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
+  // A live job comes from the scheduler, its cost accrued to this moment.
+  std::optional<tally::v1::Job> live =
+      core_->Run([&](sched::Scheduler& s) { return s.ActiveJobView(*id); });
+  if (live) {
+    *resp = std::move(*live);
+    return grpc::Status::OK;
+  }
   absl::StatusOr<store::JobRecord> rec = core_->store()->GetJob(*id);
   if (!rec.ok()) return ToGrpcStatus(rec.status());
   *resp = rec->job();
+  return grpc::Status::OK;
+}
+
+grpc::Status JobsService::EstimateCost(grpc::ServerContext*,
+                                       const tally::v1::EstimateCostRequest* req,
+                                       tally::v1::CostEstimate* resp) {
+  if (!req->has_spec()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: is required");
+  }
+  absl::StatusOr<tally::v1::CostEstimate> e =
+      core_->Run([&](sched::Scheduler& s) { return s.EstimateCost(req->spec()); });
+  if (!e.ok()) return ToGrpcStatus(e.status());
+  *resp = *e;
   return grpc::Status::OK;
 }
 

@@ -33,6 +33,8 @@ class JobsService final : public tally::v1::Jobs::Service {
   grpc::Status ListCheckpoints(grpc::ServerContext*,
                                const tally::v1::ListCheckpointsRequest*,
                                tally::v1::ListCheckpointsResponse*) override;
+  grpc::Status EstimateCost(grpc::ServerContext*, const tally::v1::EstimateCostRequest*,
+                            tally::v1::CostEstimate*) override;
 
  private:
   Core* const core_;

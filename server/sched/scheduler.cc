@@ -83,6 +83,45 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel,
   for (int s = tally::v1::JOB_STATE_QUEUED; s <= tally::v1::JOB_STATE_FAILED; ++s) {
     jobs->Add({{"state", StateName(static_cast<JobState>(s))}});
   }
+  auto gauge = [&](const char* name, const char* help) {
+    return &metrics::BuildGauge().Name(name).Help(help).Register(*registry);
+  };
+  job_gauges_.step = gauge("tally_job_step", "Latest step of a running job.");
+  job_gauges_.train_loss = gauge("tally_job_train_loss", "Latest training loss of a running job.");
+  job_gauges_.val_loss = gauge("tally_job_val_loss", "Latest validation loss of a running job.");
+  job_gauges_.best_val_loss =
+      gauge("tally_job_best_val_loss", "Best validation loss of a running job so far.");
+  job_gauges_.tokens = gauge("tally_job_tokens",
+                             "Tokens a running job has computed, by kind (useful or padding).");
+  job_gauges_.useful_tokens_per_second = gauge(
+      "tally_job_useful_tokens_per_second", "Document tokens per second of a running job.");
+  job_gauges_.padding_fraction =
+      gauge("tally_job_padding_fraction", "Fraction of a running job's tokens that are padding.");
+  job_gauges_.cost = gauge("tally_job_cost_dollars", "Dollars a running job has cost so far.");
+  job_gauges_.checkpoint_cost = gauge(
+      "tally_job_checkpoint_cost_dollars",
+      "Dollars between a running job's two latest checkpoints.");
+  job_gauges_.patience_left = gauge(
+      "tally_job_patience_left",
+      "Evaluations a running job may go without improving before it is stopped.");
+  job_gauges_.budget_fraction = gauge(
+      "tally_job_budget_used_ratio", "Fraction of budget.max_dollars a running job has spent.");
+  cost_total_ = &metrics::BuildCounter()
+                     .Name("tally_cost_dollars_total")
+                     .Help("Dollars accrued by running attempts, by GPU type.")
+                     .Register(*registry);
+  lost_total_ = &metrics::BuildCounter()
+                     .Name("tally_cost_lost_dollars_total")
+                     .Help("Dollars spent by failed or lost attempts after their last "
+                           "checkpoint, by GPU type.")
+                     .Register(*registry);
+  early_stops_ = &metrics::BuildCounter()
+                      .Name("tally_early_stops_total")
+                      .Help("Jobs stopped early, by rule.")
+                      .Register(*registry);
+  for (const char* rule : {"patience", "divergence", "no_gain_over_baseline"}) {
+    early_stops_->Add({{"rule", rule}});
+  }
   // Jobs by state come from the store, the source of truth, at scrape time.
   registry->AddCollectCallback([store, jobs] {
     auto counts = store->CountJobsByState();
@@ -108,6 +147,12 @@ tally::v1::JobEvent Scheduler::NewEvent(const ActiveJob& job,
   e.set_attempt(job.rec.job().attempt());
   e.set_step(job.rec.job().step());
   e.set_tokens(job.rec.job().tokens());
+  e.set_cost_usd(job.rec.job().cost().cost_usd());
+  e.set_patience_left(job.rec.job().spec().early_stopping().patience() > 0
+                          ? (job.rec.job().early_stopping().evals() > 0
+                                 ? job.rec.job().early_stopping().patience_left()
+                                 : job.rec.job().spec().early_stopping().patience())
+                          : -1);
   return e;
 }
 
@@ -155,6 +200,11 @@ absl::Status Scheduler::Recover() {
     ActiveJob job;
     job.rec = rec;
     job.queued_since = now;
+    // A running attempt kept its GPUs while tallyd was down: cost resumes
+    // from what was last stored.
+    job.accrued_until = rec.job().cost().has_accrued_until()
+                            ? FromProto(rec.job().cost().accrued_until())
+                            : now;
     if (rec.job().state() == tally::v1::JOB_STATE_RUNNING) {
       ASSIGN_OR_RETURN(std::vector<store::AttemptRecord> attempts,
                        store_->ListAttempts(rec.id()));
@@ -179,6 +229,17 @@ absl::Status Scheduler::Recover() {
                              "requeued", "recovered without a running attempt",
                              "", false));
     }
+  }
+  // Throughput measured by finished jobs, for estimates.
+  store::JobQuery q;
+  q.states = {tally::v1::JOB_STATE_SUCCEEDED, tally::v1::JOB_STATE_EARLY_STOPPED,
+              tally::v1::JOB_STATE_BUDGET_EXHAUSTED};
+  q.limit = 1000;
+  while (true) {
+    ASSIGN_OR_RETURN(std::vector<store::JobRecord> page, store_->ListJobs(q));
+    for (const auto& r : page) RecordThroughput(r.job());
+    if (static_cast<int>(page.size()) < q.limit) break;
+    q.before_id = page.back().id();
   }
   // Known workers keep their records (GPU type, slots) for the dashboards.
   ASSIGN_OR_RETURN(std::vector<store::WorkerRecord> stored, store_->ListWorkers());
@@ -206,6 +267,10 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
   job.set_state_reason("waiting for a worker");
   *job.mutable_create_time() = ToProto(now);
   job.set_request_id(request_id);
+  if (auto estimate = EstimateCost(spec); estimate.ok()) {
+    *job.mutable_cost()->mutable_estimate() = *estimate;
+  }
+  job.mutable_cost()->set_usd_per_gpu_hour(options_.prices.Price(spec.resources().gpu_type()));
   tally::v1::JobEvent first;
   first.set_type("submitted");
   first.set_state(tally::v1::JOB_STATE_QUEUED);
@@ -234,25 +299,12 @@ absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id,
                      StateName(rec.job().state()),
                      "); only QUEUED or RUNNING jobs can be cancelled"));
   }
-  ActiveJob& job = it->second;
   const std::string why =
       reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
-  if (job.attempt) {
-    job.attempt->set_state(store::ATTEMPT_STATE_STOPPED);
-    *job.attempt->mutable_end_time() = ToProto(clock_->Now());
-    job.attempt->set_reason(why);
-    std::set<std::string> workers(job.attempt->worker_ids().begin(),
-                                  job.attempt->worker_ids().end());
-    for (const auto& w : workers) {
-      Stop(w, job.rec.job().name(), job.attempt->attempt(), why);
-    }
-    attempts_ended_->Add({{"outcome", "stopped"}}).Increment();
-  }
-  RETURN_IF_ERROR(Record(job, tally::v1::JOB_STATE_CANCELLED, "cancelled", why,
-                         "", true));
-  tally::v1::Job out = job.rec.job();
-  Finish(job_id);
-  return out;
+  RETURN_IF_ERROR(
+      StopJob(it->second, tally::v1::JOB_STATE_CANCELLED, "cancelled", why, ""));
+  ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
+  return rec.job();
 }
 
 void Scheduler::Stop(const std::string& worker_id, const std::string& job,
@@ -270,7 +322,18 @@ void Scheduler::Release(int64_t job_id, int32_t attempt) {
   for (auto& [id, ws] : workers_) ws.held.erase({job_id, attempt});
 }
 
-void Scheduler::Finish(int64_t job_id) { active_.erase(job_id); }
+void Scheduler::Finish(int64_t job_id) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) return;
+  const tally::v1::Job& j = it->second.rec.job();
+  RemoveJobMetrics(j);
+  if (j.state() == tally::v1::JOB_STATE_SUCCEEDED ||
+      j.state() == tally::v1::JOB_STATE_EARLY_STOPPED ||
+      j.state() == tally::v1::JOB_STATE_BUDGET_EXHAUSTED) {
+    RecordThroughput(j);
+  }
+  active_.erase(it);
+}
 
 absl::Status Scheduler::StartAttempt(ActiveJob& job,
                                      const std::vector<std::string>& rank_workers) {
@@ -292,6 +355,8 @@ absl::Status Scheduler::StartAttempt(ActiveJob& job,
   *attempt.mutable_start_time() = ToProto(now);
   if (!checkpoints.empty()) attempt.set_resume_step(checkpoints.back().step());
   job.attempt = attempt;
+  job.accrued_until = now;  // queued time costs nothing
+  j.mutable_cost()->set_attempt_usd_since_checkpoint(0);
 
   std::string detail = absl::StrCat("attempt ", j.attempt(), " of ",
                                     j.spec().max_attempts(), " on ",
@@ -324,6 +389,8 @@ absl::Status Scheduler::EndAttempt(ActiveJob& job,
   const int64_t id = job.rec.id();
   const int32_t n = job.rec.job().attempt();
   const int32_t max = job.rec.job().spec().max_attempts();
+  Accrue(job, clock_->Now());
+  ChargeLostWork(job);
   if (job.attempt) {
     job.attempt->set_state(attempt_state);
     *job.attempt->mutable_end_time() = ToProto(clock_->Now());
@@ -488,8 +555,20 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       const auto& p = msg.progress();
       ActiveJob* job = current(p.job(), p.attempt());
       if (job == nullptr) return absl::OkStatus();
-      job->rec.mutable_job()->set_step(p.step());
-      job->rec.mutable_job()->set_tokens(p.tokens());
+      tally::v1::Job& j = *job->rec.mutable_job();
+      j.set_step(p.step());
+      j.set_tokens(p.tokens());
+      if (p.trained()) {
+        j.set_train_loss(p.train_loss());
+        j.set_padding_tokens(p.padding_tokens());
+        const metrics::Labels l = {{"job", j.name()}};
+        job_gauges_.useful_tokens_per_second->Add(l).Set(p.useful_tokens_per_second());
+        job_gauges_.padding_fraction->Add(l).Set(p.padding_fraction());
+      }
+      Accrue(*job, now);
+      UpdateJobMetrics(*job);
+      ASSIGN_OR_RETURN(const bool over_budget, EnforceBudget(*job));
+      if (over_budget) return absl::OkStatus();
       job->progress_dirty = true;
       if (now - job->last_progress_event < options_.progress_event_interval) {
         return absl::OkStatus();
@@ -511,13 +590,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       const auto& ev = msg.eval();
       ActiveJob* job = current(ev.job(), ev.attempt());
       if (job == nullptr) return absl::OkStatus();
-      job->rec.mutable_job()->set_step(ev.step());
-      job->rec.mutable_job()->set_tokens(ev.tokens());
-      job->last_eval = {ev.step(), ev.val_loss()};
-      tally::v1::JobEvent e = NewEvent(*job, "eval", "",
-                                       absl::StrCat(ev.bits_per_byte(), " bits/byte"));
-      e.set_val_loss(ev.val_loss());
-      return AppendEvent(*job, std::move(e), {});
+      return OnEval(*job, ev);
     }
     case tally::v1::WorkerMessage::kCheckpoint: {
       const auto& c = msg.checkpoint();
@@ -537,6 +610,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
         ck.set_val_loss(job->last_eval->second);
       }
       *ck.mutable_time() = ToProto(now);
+      PriceCheckpoint(*job, &ck);
       m.checkpoints.push_back(ck);
       return AppendEvent(*job, NewEvent(*job, "checkpoint", "", c.path()),
                          std::move(m));
@@ -564,6 +638,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   absl::Status s;
   switch (exit.outcome()) {
     case tally::v1::ATTEMPT_OUTCOME_SUCCEEDED: {
+      Accrue(*job, clock_->Now());
       job->attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
       *job->attempt->mutable_end_time() = ToProto(clock_->Now());
       job->attempt->set_reason(exit.reason());
@@ -614,7 +689,19 @@ absl::Status Scheduler::Tick() {
     it = ws.connected ? std::next(it) : workers_.erase(it);
   }
 
-  // 2. Start what fits.
+  // 2. Accrue cost; stop jobs over budget.
+  std::vector<int64_t> running;
+  for (const auto& [id, job] : active_) {
+    if (job.rec.job().state() == tally::v1::JOB_STATE_RUNNING) running.push_back(id);
+  }
+  for (int64_t id : running) {
+    ActiveJob& job = active_.at(id);
+    Accrue(job, now);
+    ASSIGN_OR_RETURN(const bool stopped, EnforceBudget(job));
+    if (!stopped) UpdateJobMetrics(job);
+  }
+
+  // 3. Start what fits.
   std::vector<policy::QueuedJob> queued;
   for (const auto& [id, job] : active_) {
     if (job.rec.job().state() != tally::v1::JOB_STATE_QUEUED) continue;

@@ -6,11 +6,19 @@
 //
 // Thread-safety: not thread-safe. The API layer serialises every call.
 //
-// Lifecycle: QUEUED -> RUNNING -> {SUCCEEDED | CANCELLED | FAILED | ...}.
-// Every transition is one JobStore::Commit with its event. A worker silent
-// for longer than heartbeat_timeout loses its attempts: each job goes back to
-// QUEUED as a new attempt (resuming from its latest checkpoint) until
-// max_attempts, then FAILED with the reason.
+// Lifecycle: QUEUED -> RUNNING -> {SUCCEEDED | EARLY_STOPPED |
+// BUDGET_EXHAUSTED | CANCELLED | FAILED}. Every transition is one
+// JobStore::Commit with its event. A worker silent for longer than
+// heartbeat_timeout loses its attempts: each job goes back to QUEUED as a new
+// attempt (resuming from its latest checkpoint) until max_attempts, then
+// FAILED with the reason.
+//
+// Policies (server/policy, pure) decide, the scheduler acts: every
+// evaluation goes through the early-stopping rules, and a stop becomes a stop
+// order and EARLY_STOPPED. Cost accrues on the clock while an attempt runs
+// (gpu_count x the price of its GPU type); a job reaching
+// budget.max_dollars is stopped BUDGET_EXHAUSTED at the next progress report
+// or tick. Both states live in the job record, so they survive a restart.
 #ifndef TALLY_SERVER_SCHED_SCHEDULER_H_
 #define TALLY_SERVER_SCHED_SCHEDULER_H_
 
@@ -25,6 +33,8 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/metrics/registry.h"
+#include "server/policy/cost.h"
+#include "server/policy/early_stopping.h"
 #include "server/store/job_store.h"
 #include "tally/v1/workers.pb.h"
 
@@ -43,6 +53,7 @@ struct SchedulerOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   // Progress reports become job events at most this often per job.
   absl::Duration progress_event_interval = absl::Seconds(1);
+  policy::PriceTable prices;
 };
 
 struct WorkerView {
@@ -83,6 +94,16 @@ class Scheduler {
   std::vector<WorkerView> Workers() const;
   int64_t QueueDepth() const;
 
+  // Prices a spec (defaults applied, validated: INVALID_ARGUMENT naming the
+  // field) at the current prices and the GPU type's throughput.
+  absl::StatusOr<tally::v1::CostEstimate> EstimateCost(tally::v1::JobSpec spec) const;
+  // The live record of a queued or running job, cost accrued to now; nullopt
+  // for a job that has ended (read it from the store).
+  std::optional<tally::v1::Job> ActiveJobView(int64_t job_id);
+  // Replaces the price table (SIGHUP); running jobs accrue at the new prices
+  // from now on.
+  void SetPrices(policy::PriceTable prices);
+
  private:
   struct ActiveJob {
     store::JobRecord rec;
@@ -93,6 +114,13 @@ class Scheduler {
     // The latest evaluation (step, val_loss): a worker reports the eval of a
     // step before that step's checkpoint, which records it.
     std::optional<std::pair<int64_t, double>> last_eval;
+    absl::Time accrued_until;  // cost is accrued up to here
+  };
+  // Achieved model FLOP/s per GPU of finished jobs, by GPU type.
+  struct Throughput {
+    double flops = 0;
+    double gpu_seconds = 0;
+    int jobs = 0;
   };
   struct WorkerState {
     store::WorkerRecord rec;
@@ -132,10 +160,29 @@ class Scheduler {
   ActiveJob* CurrentAttempt(const std::string& job, int32_t attempt);
   void UpdateGauges();
 
+  // The cost ledger and early stopping (job_policies.cc).
+  // Accrues the job's cost up to `now` (nothing while it is not running).
+  void Accrue(ActiveJob& job, absl::Time now);
+  // Stops a job over its budget; true when it did.
+  absl::StatusOr<bool> EnforceBudget(ActiveJob& job);
+  // Ends a running or queued job in a terminal `state` on tallyd's decision:
+  // stop orders to its workers, the attempt STOPPED, the job finished.
+  absl::Status StopJob(ActiveJob& job, tally::v1::JobState state, const std::string& type,
+                       const std::string& reason, const std::string& detail);
+  absl::Status OnEval(ActiveJob& job, const tally::v1::EvalResult& eval);
+  void PriceCheckpoint(ActiveJob& job, tally::v1::Checkpoint* ck);
+  // Moves the running attempt's spend since its last checkpoint to lost_usd.
+  void ChargeLostWork(ActiveJob& job);
+  void UpdateJobMetrics(const ActiveJob& job);
+  void RemoveJobMetrics(const tally::v1::Job& job);
+  void RecordThroughput(const tally::v1::Job& job);
+  double Flops(const tally::v1::Job& job) const;
+
   store::JobStore* const store_;
   WorkerChannel* const channel_;
   const Clock* const clock_;
-  const SchedulerOptions options_;
+  SchedulerOptions options_;
+  std::map<std::string, Throughput> throughput_;
   std::map<int64_t, ActiveJob> active_;
   std::map<std::string, WorkerState> workers_;
   int64_t next_generation_ = 1;
@@ -148,6 +195,23 @@ class Scheduler {
   metrics::Family<metrics::Counter>* transitions_;
   std::set<metrics::Labels> seen_worker_labels_;
   std::set<metrics::Labels> seen_slot_labels_;
+  // Per running job, removed when it ends; and totals.
+  struct JobGauges {
+    metrics::Family<metrics::Gauge>* step;
+    metrics::Family<metrics::Gauge>* train_loss;
+    metrics::Family<metrics::Gauge>* val_loss;
+    metrics::Family<metrics::Gauge>* best_val_loss;
+    metrics::Family<metrics::Gauge>* tokens;
+    metrics::Family<metrics::Gauge>* useful_tokens_per_second;
+    metrics::Family<metrics::Gauge>* padding_fraction;
+    metrics::Family<metrics::Gauge>* cost;
+    metrics::Family<metrics::Gauge>* checkpoint_cost;
+    metrics::Family<metrics::Gauge>* patience_left;
+    metrics::Family<metrics::Gauge>* budget_fraction;
+  } job_gauges_;
+  metrics::Family<metrics::Counter>* cost_total_;
+  metrics::Family<metrics::Counter>* lost_total_;
+  metrics::Family<metrics::Counter>* early_stops_;
 };
 
 }  // namespace tally::sched

@@ -177,7 +177,10 @@ class ClusterTest(unittest.TestCase):
             w.kill()
         self.tallyd.stop()
         outcome = getattr(self, "_outcome", None)
-        if outcome is not None and not getattr(outcome, "success", True):
+        result = getattr(outcome, "result", None)
+        failed = (not getattr(outcome, "success", True)) or (
+            result is not None and any(t is self for t, _ in result.errors + result.failures))
+        if failed:
             print("--- tallyd log ---\n" + self.tallyd.logs(), file=sys.stderr)
             for w in self.workers:
                 with open(w.log_path) as f:

@@ -144,9 +144,44 @@ class MetricsTest(ClusterTest):
             s['tally_grpc_requests_total{code="NOT_FOUND",method="tally.v1.Jobs/GetJob"}'], 1)
         self.assertEqual(s['tally_grpc_request_duration_seconds_bucket{'
                          'method="tally.v1.Jobs/SubmitJob",le="+Inf"}'], 1)
+        # Per-job series exist only while a job runs.
+        self.assertNotIn('tally_job_step{job="%s"}' % job.name, s)
         # No series appears twice.
         keys = [l.rsplit(" ", 1)[0] for l in text.splitlines() if l and l[0] != "#"]
         self.assertEqual(len(keys), len(set(keys)))
+
+
+class JobMetricsTest(ClusterTest):
+
+    def test_running_jobs_export_their_series_and_drop_them_when_they_end(self):
+        self.add_worker("w1")
+        s = spec(max_steps=100000, name="metrics")
+        s.training.eval_interval_steps = 50
+        s.training.eval_tokens = 2048
+        s.early_stopping.patience = 1000
+        s.budget.max_dollars = 100
+        job = self.submit(s)
+        wait_for(lambda: self.get(job.name).early_stopping.evals >= 2, timeout=60,
+                 what="two evaluations")
+        text = self.tallyd.scrape()
+        check = subprocess.run(["promtool", "check", "metrics"], input=text,
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        series = parse_exposition(text)
+        label = '{job="%s"}' % job.name
+        for name in ("tally_job_step", "tally_job_train_loss", "tally_job_val_loss",
+                     "tally_job_best_val_loss", "tally_job_cost_dollars",
+                     "tally_job_patience_left", "tally_job_useful_tokens_per_second",
+                     "tally_job_padding_fraction", "tally_job_budget_used_ratio"):
+            self.assertIn(name + label, series, name)
+        self.assertIn('tally_job_tokens{job="%s",kind="useful"}' % job.name, series)
+        self.assertGreater(series["tally_job_step" + label], 0)
+        self.assertEqual(series["tally_job_patience_left" + label],
+                         self.get(job.name).early_stopping.patience_left)
+        self.tallyd.jobs.CancelJob(jobs_pb2.CancelJobRequest(name=job.name), timeout=10)
+        after = self.tallyd.scrape()
+        self.assertNotIn(job.name, after, "a job's series go away when it ends")
+        self.assertIn('tally_early_stops_total{rule="patience"} 0', after)
 
 
 if __name__ == "__main__":

@@ -267,14 +267,19 @@ int Agent::Run() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto channel = grpc::CreateCustomChannel(options_.controller,
-                                           grpc::InsecureChannelCredentials(), args);
-  auto stub = tally::v1::Workers::NewStub(channel);
   std::mt19937 rng(std::random_device{}());
   absl::Duration backoff = options_.initial_backoff;
   int tries_after_shutdown = 0;
   while (true) {
     const absl::Time start = absl::Now();
+    // A fresh channel for every connection: one that failed carries gRPC's
+    // own reconnect backoff (1 s growing to 2 min), which kept workers away
+    // from a restarted tallyd for seconds, past its heartbeat timeout, so
+    // attempts that could have been re-adopted were lost. Our backoff below
+    // (with jitter) paces the retries instead.
+    auto channel = grpc::CreateCustomChannel(options_.controller,
+                                             grpc::InsecureChannelCredentials(), args);
+    auto stub = tally::v1::Workers::NewStub(channel);
     Serve(stub.get());
     ReapFinished();
     {

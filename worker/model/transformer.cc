@@ -4,13 +4,9 @@
 
 #include <cmath>
 
-namespace tally::model {
+#include "common/model_flops.h"
 
-int64_t ResolveDff(int64_t d_model, int64_t d_ff) {
-  if (d_ff > 0) return d_ff;
-  const int64_t raw = (8 * d_model + 2) / 3;
-  return (raw + 31) / 32 * 32;
-}
+namespace tally::model {
 
 at::Tensor BlockCausalMask(const at::Tensor& segments_BT) {
   const int64_t T = segments_BT.size(1);
@@ -44,7 +40,7 @@ at::Tensor ApplyRope(const at::Tensor& x_BTHK, const at::Tensor& cos_BTK,
 
 Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device device)
     : config_(config) {
-  config_.d_ff = ResolveDff(config.d_model, config.d_ff);
+  config_.d_ff = tally::ResolveDff(config.d_model, config.d_ff);
   const int64_t D = config_.d_model, F = config_.d_ff, V = config_.vocab_size;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
@@ -82,10 +78,8 @@ int64_t Transformer::num_parameters() const {
 }
 
 double Transformer::TrainingFlopsPerToken(int64_t context) const {
-  const double non_embedding =
-      static_cast<double>(num_parameters() - num_embedding_parameters());
-  return 6.0 * non_embedding +
-         12.0 * config_.num_layers * config_.d_model * static_cast<double>(context);
+  return tally::TrainingFlopsPerToken(num_parameters() - num_embedding_parameters(),
+                                      config_.num_layers, config_.d_model, context);
 }
 
 at::Tensor Transformer::Attention(const Layer& layer, const at::Tensor& x_BTD,

@@ -40,9 +40,6 @@ struct ModelConfig {
   double norm_eps = 1e-5;
 };
 
-// The feed-forward width a config resolves to.
-int64_t ResolveDff(int64_t d_model, int64_t d_ff);
-
 enum class AttentionKernel {
   kMaskedSdpa,    // block-diagonal causal mask + scaled_dot_product_attention
   kVarlenFlash,   // at::_flash_attention_forward with cu_seqlens (CUDA, bf16)
@@ -74,9 +71,8 @@ class Transformer {
   const ModelConfig& config() const { return config_; }
   int64_t num_parameters() const;
   int64_t num_embedding_parameters() const { return config_.vocab_size * config_.d_model; }
-  // Training FLOPs per token (forward + backward): 6 * (parameters outside
-  // the embedding) + 12 * layers * d_model * context (attention scores and
-  // values), as in the PaLM paper's MFU accounting.
+  // Training FLOPs per token (forward + backward), as common/model_flops.h
+  // defines them (tallyd prices jobs with the same formula).
   double TrainingFlopsPerToken(int64_t context) const;
 
  private:

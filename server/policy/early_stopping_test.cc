@@ -1,0 +1,118 @@
+#include "server/policy/early_stopping.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tally::policy {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Case {
+  const char* name;
+  EarlyStoppingRules rules;
+  std::vector<std::pair<int64_t, double>> evals;  // (step, val_loss)
+  StopRule want_rule;
+  int want_stop_at;  // index of the eval that stops; -1 none
+};
+
+EarlyStoppingRules Patience(int p, double rel = 0.03, int min_evals = 0) {
+  EarlyStoppingRules r;
+  r.patience = p;
+  r.min_rel_delta = rel;
+  r.min_evals = min_evals;
+  return r;
+}
+
+class EarlyStoppingTable : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EarlyStoppingTable, StopsWhereItShould) {
+  const Case& c = GetParam();
+  EarlyStoppingState s;
+  int stopped_at = -1;
+  StopRule rule = StopRule::kNone;
+  for (size_t i = 0; i < c.evals.size(); ++i) {
+    auto d = ObserveEval(c.rules, &s, c.evals[i].first, c.evals[i].second);
+    if (d.rule != StopRule::kNone) {
+      stopped_at = static_cast<int>(i);
+      rule = d.rule;
+      EXPECT_THAT(d.reason, HasSubstr(StopRuleName(rule) == std::string("no_gain_over_baseline")
+                                          ? "no gain over baseline"
+                                          : StopRuleName(rule)));
+      break;
+    }
+  }
+  EXPECT_EQ(stopped_at, c.want_stop_at);
+  EXPECT_EQ(rule, c.want_rule);
+}
+
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+const double kInf = std::numeric_limits<double>::infinity();
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, EarlyStoppingTable,
+    ::testing::Values(
+        Case{"improving_never_stops", Patience(2), {{0, 5}, {10, 4}, {20, 3}, {30, 2}},
+             StopRule::kNone, -1},
+        Case{"plateau_stops_after_patience", Patience(2),
+             {{0, 5}, {10, 4}, {20, 3.99}, {30, 3.98}}, StopRule::kPatience, 3},
+        // 4 * 0.97 = 3.88: exactly at the threshold is not an improvement.
+        Case{"exactly_at_threshold_is_not_improvement", Patience(1),
+             {{0, 4}, {10, 3.88}}, StopRule::kPatience, 1},
+        Case{"just_below_threshold_improves", Patience(1),
+             {{0, 4}, {10, 3.8799}}, StopRule::kNone, -1},
+        Case{"min_evals_delays_patience", Patience(1, 0.03, 4),
+             {{0, 4}, {10, 4}, {20, 4}, {30, 4}}, StopRule::kPatience, 3},
+        Case{"nan_at_first_eval_diverges", Patience(5), {{0, kNaN}}, StopRule::kDivergence, 0},
+        Case{"inf_diverges_even_without_rules", EarlyStoppingRules{}, {{0, 5}, {10, kInf}},
+             StopRule::kDivergence, 1},
+        Case{"above_factor_of_best_diverges",
+             [] { EarlyStoppingRules r; r.divergence_factor = 1.5; return r; }(),
+             {{0, 5}, {10, 2}, {20, 2.9}, {30, 3.1}}, StopRule::kDivergence, 3},
+        Case{"no_gain_over_baseline",
+             [] { EarlyStoppingRules r; r.baseline_evals = 2; r.baseline_min_rel_gain = 0.1;
+                  return r; }(),
+             {{0, 5}, {10, 4.8}, {20, 4.6}}, StopRule::kNoGainOverBaseline, 2},
+        Case{"beats_baseline_keeps_going",
+             [] { EarlyStoppingRules r; r.baseline_evals = 2; r.baseline_min_rel_gain = 0.1;
+                  return r; }(),
+             {{0, 5}, {10, 4.8}, {20, 4.4}, {30, 4.3}}, StopRule::kNone, -1},
+        Case{"absolute_min_delta_counts_as_improvement",
+             [] { EarlyStoppingRules r = Patience(1, 0.5); r.min_delta = 0.01; return r; }(),
+             {{0, 4}, {10, 3.98}, {20, 3.96}}, StopRule::kNone, -1},
+        Case{"repeated_step_after_resume_is_ignored", Patience(2),
+             {{0, 5}, {10, 5}, {10, 5}, {10, 5}, {20, 4}}, StopRule::kNone, -1}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(EarlyStoppingTest, PatienceLeftCountsDownAndResets) {
+  const auto r = Patience(3);
+  EarlyStoppingState s;
+  EXPECT_EQ(ObserveEval(r, &s, 0, 5).patience_left, 3);
+  EXPECT_EQ(ObserveEval(r, &s, 1, 5).patience_left, 2);
+  EXPECT_EQ(ObserveEval(r, &s, 2, 5).patience_left, 1);
+  EXPECT_EQ(ObserveEval(r, &s, 3, 4).patience_left, 3);
+  EXPECT_EQ(s.best_step, 3);
+  EXPECT_EQ(ObserveEval(EarlyStoppingRules{}, &s, 4, 4).patience_left, -1);
+}
+
+// State is plain data: a copy taken mid-window (as tallyd stores it) resumes
+// the same count.
+TEST(EarlyStoppingTest, RestartInTheMiddleOfThePatienceWindow) {
+  const auto r = Patience(3);
+  EarlyStoppingState s;
+  ObserveEval(r, &s, 0, 5);
+  ObserveEval(r, &s, 10, 5);
+  ObserveEval(r, &s, 20, 5);
+  EarlyStoppingState restored = s;  // what the store kept
+  // The resumed attempt re-evaluates step 20, then goes on.
+  EXPECT_FALSE(ObserveEval(r, &restored, 20, 5).counted);
+  auto d = ObserveEval(r, &restored, 30, 5);
+  EXPECT_EQ(d.rule, StopRule::kPatience);
+}
+
+}  // namespace
+}  // namespace tally::policy

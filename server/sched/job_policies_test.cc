@@ -1,0 +1,299 @@
+// The scheduler's cost ledger and early stopping, on a fake clock and the
+// in-memory store: what tallyd decides, and that it survives a restart.
+#include <memory>
+
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/sched/scheduler.h"
+#include "server/store/memory_job_store.h"
+
+namespace tally::sched {
+namespace {
+
+using ::testing::HasSubstr;
+using tally::v1::ControllerMessage;
+
+class Channel : public WorkerChannel {
+ public:
+  void Send(const std::string& w, const ControllerMessage& m) override {
+    if (m.has_stop()) stops.push_back(w + ":" + m.stop().reason());
+  }
+  std::vector<std::string> stops;
+};
+
+class JobPoliciesTest : public ::testing::Test {
+ protected:
+  JobPoliciesTest() {
+    options_.prices.usd_per_gpu_hour["cpu"] = 3.6;  // $0.001 per GPU-second
+    options_.prices.flops_per_second_per_gpu["cpu"] = 1e9;
+    Restart();
+  }
+  // A fresh scheduler over the same store: what a tallyd restart does.
+  void Restart() {
+    registries_.push_back(std::make_unique<metrics::Registry>());
+    sched_ = std::make_unique<Scheduler>(&store_, &channel_, &clock_, registries_.back().get(),
+                                         options_);
+    ASSERT_TRUE(sched_->Recover().ok());
+  }
+  tally::v1::JobSpec Spec(int gpus = 1) {
+    tally::v1::JobSpec s;
+    s.mutable_model()->set_num_layers(1);
+    s.mutable_model()->set_d_model(16);
+    s.mutable_model()->set_num_heads(2);
+    s.mutable_data()->set_train_path("/data/x");
+    s.mutable_data()->set_seq_len(64);
+    s.mutable_training()->set_max_steps(1000);
+    s.mutable_resources()->set_gpu_type("cpu");
+    s.mutable_resources()->set_gpu_count(gpus);
+    return s;
+  }
+  int64_t Start(tally::v1::JobSpec spec) {
+    auto job = sched_->Submit(spec, "");
+    EXPECT_TRUE(job.ok()) << job.status();
+    for (int i = 0; i < spec.resources().gpu_count(); ++i) {
+      tally::v1::Hello h;
+      h.set_worker_id("w" + std::to_string(i));
+      h.set_gpu_type("cpu");
+      h.set_slots(1);
+      EXPECT_TRUE(sched_->OnHello(h).ok());
+    }
+    EXPECT_TRUE(sched_->Tick().ok());
+    const int64_t id = std::stoll(job->name().substr(5));
+    EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+    return id;
+  }
+  tally::v1::Job Job(int64_t id) { return store_.GetJob(id)->job(); }
+  void Send(tally::v1::WorkerMessage m) {
+    ASSERT_TRUE(sched_->OnMessage("w0", m).ok());
+  }
+  void Eval(int64_t id, int64_t step, double loss) {
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job("jobs/" + std::to_string(id));
+    m.mutable_eval()->set_attempt(Job(id).attempt());
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_val_loss(loss);
+    Send(m);
+  }
+  void Checkpoint(int64_t id, int64_t step, int64_t tokens) {
+    tally::v1::WorkerMessage m;
+    m.mutable_checkpoint()->set_job("jobs/" + std::to_string(id));
+    m.mutable_checkpoint()->set_attempt(Job(id).attempt());
+    m.mutable_checkpoint()->set_step(step);
+    m.mutable_checkpoint()->set_tokens(tokens);
+    m.mutable_checkpoint()->set_path("/ckpt/" + std::to_string(step));
+    Send(m);
+  }
+  void Progress(int64_t id, int64_t step) {
+    tally::v1::WorkerMessage m;
+    m.mutable_progress()->set_job("jobs/" + std::to_string(id));
+    m.mutable_progress()->set_attempt(Job(id).attempt());
+    m.mutable_progress()->set_step(step);
+    m.mutable_progress()->set_trained(true);
+    Send(m);
+  }
+  void Beat() {
+    tally::v1::WorkerMessage m;
+    m.mutable_heartbeat();
+    Send(m);
+  }
+
+  FakeClock clock_;
+  store::InMemoryJobStore store_;
+  Channel channel_;
+  SchedulerOptions options_;
+  std::vector<std::unique_ptr<metrics::Registry>> registries_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+TEST_F(JobPoliciesTest, CostAccruesOnlyWhileRunningPerGpu) {
+  auto job = sched_->Submit(Spec(2), "");
+  ASSERT_TRUE(job.ok());
+  const int64_t id = std::stoll(job->name().substr(5));
+  clock_.Advance(absl::Seconds(30));  // queued, no workers: free
+  ASSERT_TRUE(sched_->Tick().ok());
+  for (const char* w : {"w0", "w1"}) {
+    tally::v1::Hello h;
+    h.set_worker_id(w);
+    h.set_gpu_type("cpu");
+    h.set_slots(1);
+    ASSERT_TRUE(sched_->OnHello(h).ok());
+  }
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).cost().cost_usd(), 0);
+  clock_.Advance(absl::Seconds(5));
+  Progress(id, 5);
+  clock_.Advance(absl::Seconds(5));
+  Progress(id, 10);  // commits: 10 s x 2 GPUs
+  const auto cost = Job(id).cost();
+  EXPECT_NEAR(cost.gpu_seconds(), 20.0, 1e-9);
+  EXPECT_NEAR(cost.cost_usd(), 0.02, 1e-12);
+  EXPECT_DOUBLE_EQ(cost.usd_per_gpu_hour(), 3.6);
+}
+
+TEST_F(JobPoliciesTest, BudgetStopsTheJobAtTheNextProgress) {
+  auto spec = Spec();
+  spec.mutable_budget()->set_max_dollars(0.05);
+  const int64_t id = Start(spec);
+  clock_.Advance(absl::Seconds(3));
+  Progress(id, 1);
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(47));
+  Progress(id, 2);  // $0.050: at the budget
+  const auto j = Job(id);
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_BUDGET_EXHAUSTED);
+  EXPECT_THAT(j.state_reason(), HasSubstr("spent $0.0500 of max_dollars $0.0500"));
+  ASSERT_EQ(channel_.stops.size(), 1u);
+  EXPECT_THAT(channel_.stops[0], HasSubstr("w0:budget"));
+  // The worker's exit afterwards changes nothing.
+  tally::v1::WorkerMessage m;
+  m.mutable_exit()->set_job(j.name());
+  m.mutable_exit()->set_attempt(1);
+  m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+  Send(m);
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_BUDGET_EXHAUSTED);
+}
+
+TEST_F(JobPoliciesTest, BudgetAlsoEnforcedByTheTick) {
+  auto spec = Spec();
+  spec.mutable_budget()->set_max_dollars(0.01);
+  const int64_t id = Start(spec);
+  clock_.Advance(absl::Seconds(5));
+  Beat();
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_TRUE(sched_->Tick().ok());  // a worker that reports nothing
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_BUDGET_EXHAUSTED);
+}
+
+TEST_F(JobPoliciesTest, PatienceStopsWithTheRuleTheNumbersAndTheBestCheckpoint) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_patience(2);
+  const int64_t id = Start(spec);
+  Eval(id, 0, 5.0);
+  Eval(id, 100, 3.0);
+  Checkpoint(id, 100, 1000);
+  Eval(id, 200, 2.95);  // < 3% better: no improvement
+  EXPECT_EQ(Job(id).early_stopping().patience_left(), 1);
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  Eval(id, 300, 2.99);
+  const auto j = Job(id);
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_THAT(j.state_reason(), HasSubstr("patience: 2 evaluations without improving"));
+  EXPECT_THAT(j.state_reason(), HasSubstr("3.0000 (step 100) by 3%"));
+  EXPECT_EQ(j.early_stopping().stop_rule(), "patience");
+  EXPECT_EQ(j.early_stopping().best_checkpoint(), "/ckpt/100");
+  auto events = *store_.ListEvents(id, 0, 100);
+  EXPECT_EQ(events.back().type(), "early_stopped");
+  EXPECT_THAT(events.back().detail(), HasSubstr("best checkpoint: step 100"));
+  ASSERT_EQ(channel_.stops.size(), 1u);
+}
+
+TEST_F(JobPoliciesTest, NanAtTheFirstEvalDiverges) {
+  const int64_t id = Start(Spec());
+  Eval(id, 0, std::nan(""));
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_EQ(Job(id).early_stopping().stop_rule(), "divergence");
+}
+
+TEST_F(JobPoliciesTest, PatienceAndCostContinueAcrossARestart) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_patience(3);
+  const int64_t id = Start(spec);
+  Eval(id, 0, 5.0);
+  clock_.Advance(absl::Seconds(10));
+  Eval(id, 100, 5.0);  // 1 of 3
+  Eval(id, 200, 5.0);  // 2 of 3
+  const double cost_before = Job(id).cost().cost_usd();
+  EXPECT_NEAR(cost_before, 0.01, 1e-12);
+  EXPECT_EQ(Job(id).early_stopping().patience_left(), 1);
+
+  clock_.Advance(absl::Seconds(4));  // tallyd is down; the worker trains on
+  Restart();
+  tally::v1::Hello h;
+  h.set_worker_id("w0");
+  h.set_gpu_type("cpu");
+  h.set_slots(1);
+  auto* r = h.add_running();
+  r->set_job("jobs/" + std::to_string(id));
+  r->set_attempt(1);
+  ASSERT_TRUE(sched_->OnHello(h).ok());  // re-adopted
+  clock_.Advance(absl::Seconds(6));
+  Progress(id, 250);
+  EXPECT_NEAR(Job(id).cost().cost_usd(), 0.02, 1e-12) << "the downtime counts: GPUs were held";
+  Eval(id, 200, 5.0);  // the resumed step again: not counted
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  Eval(id, 300, 5.0);  // 3 of 3
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+}
+
+TEST_F(JobPoliciesTest, CheckpointsArePricedAndLostWorkIsCounted) {
+  auto spec = Spec();
+  spec.set_max_attempts(2);
+  const int64_t id = Start(spec);
+  Eval(id, 0, 5.0);
+  clock_.Advance(absl::Seconds(4));
+  Beat();
+  Eval(id, 100, 4.0);
+  Checkpoint(id, 100, 1000);
+  clock_.Advance(absl::Seconds(6));
+  Beat();
+  Eval(id, 200, 3.0);
+  Checkpoint(id, 200, 2500);
+  auto cks = *store_.ListCheckpoints(id);
+  ASSERT_EQ(cks.size(), 2u);
+  EXPECT_NEAR(cks[0].cost_usd(), 0.004, 1e-12);
+  EXPECT_NEAR(cks[0].usd_per_val_loss_improvement(), 0.004, 1e-12);  // vs the baseline 5.0
+  EXPECT_NEAR(cks[1].cost_since_previous_usd(), 0.006, 1e-12);
+  EXPECT_EQ(cks[1].tokens_since_previous(), 1500);
+  EXPECT_DOUBLE_EQ(cks[1].val_loss(), 3.0);
+  EXPECT_NEAR(cks[1].usd_per_val_loss_improvement(), 0.006, 1e-12);
+
+  clock_.Advance(absl::Seconds(7));
+  Beat();
+  clock_.Advance(absl::Seconds(11));  // silent past the timeout
+  ASSERT_TRUE(sched_->Tick().ok());
+  const auto j = Job(id);
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_NEAR(j.cost().lost_usd(), 0.018, 1e-12);  // 18 s since the step-200 checkpoint
+  EXPECT_NEAR(j.cost().cost_usd(), 0.028, 1e-12);
+}
+
+TEST_F(JobPoliciesTest, EstimateIsConfiguredThenMeasured) {
+  auto spec = Spec();
+  spec.mutable_training()->set_max_steps(10);
+  auto e = sched_->EstimateCost(spec);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->throughput_source(), "configured");
+  EXPECT_EQ(e->tokens(), 10 * 64 * 8);
+  EXPECT_GT(e->flops_per_token(), 0);
+  EXPECT_NEAR(e->seconds(), e->flops_per_token() * e->tokens() / 1e9, 1e-9);
+  EXPECT_NEAR(e->cost_usd(), e->seconds() * 0.001, 1e-12);
+  // The submitted job keeps its estimate beside what it will cost.
+  const int64_t id = Start(spec);
+  EXPECT_NEAR(Job(id).cost().estimate().cost_usd(), e->cost_usd(), 1e-15);
+  clock_.Advance(absl::Seconds(2));
+  tally::v1::WorkerMessage m;
+  m.mutable_progress()->set_job("jobs/" + std::to_string(id));
+  m.mutable_progress()->set_attempt(1);
+  m.mutable_progress()->set_step(10);
+  m.mutable_progress()->set_tokens(5120);
+  Send(m);
+  m.Clear();
+  m.mutable_exit()->set_job("jobs/" + std::to_string(id));
+  m.mutable_exit()->set_attempt(1);
+  m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
+  Send(m);
+  auto measured = sched_->EstimateCost(spec);
+  EXPECT_EQ(measured->throughput_source(), "measured from 1 finished cpu jobs");
+  EXPECT_NEAR(measured->flops_per_second_per_gpu(), e->flops_per_token() * 5120 / 2.0, 1e-6);
+  // And the measurement survives a restart.
+  Restart();
+  EXPECT_EQ(sched_->EstimateCost(spec)->throughput_source(), "measured from 1 finished cpu jobs");
+  auto bad = Spec();
+  bad.mutable_model()->set_num_heads(3);
+  EXPECT_THAT(sched_->EstimateCost(bad).status().message(), HasSubstr("spec.model.num_heads"));
+}
+
+}  // namespace
+}  // namespace tally::sched
