@@ -21,13 +21,15 @@ else
 fi
 
 "$B/server/tallyd" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
-  --data_dir="$DEMO/tallyd" --address_file="$DEMO/tallyd/addr" >"$DEMO/tallyd.log" 2>&1 &
+  --data_dir="$DEMO/tallyd" --address_file="$DEMO/tallyd/addr" \
+  --config=examples/tallyd.yaml >"$DEMO/tallyd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [ -s "$DEMO/tallyd/addr" ] && break; sleep 0.05; done
 GRPC=$(sed 's/grpc=\([^ ]*\).*/\1/' "$DEMO/tallyd/addr")
 METRICS=$(sed 's/.*metrics=//' "$DEMO/tallyd/addr")
 export TALLY_CONTROLLER=$GRPC
 echo "tallyd: gRPC $GRPC, metrics http://$METRICS/metrics (log: $DEMO/tallyd.log)"
+echo "        prices from examples/tallyd.yaml: a cpu slot costs \$0.05 an hour"
 
 # Two workers, one core each, so the two jobs run side by side.
 for i in 0 1; do
@@ -39,6 +41,9 @@ echo "tally-worker: demo-cpu-0, demo-cpu-1 (logs: $DEMO/worker-*.log)"
 echo
 
 TALLYCTL="$B/cli/tallyctl"
+echo "\$ tallyctl estimate -f examples/jobs/tiny.yaml"
+"$TALLYCTL" estimate -f examples/jobs/tiny.yaml
+echo
 echo "\$ tallyctl submit -f examples/jobs/tiny.yaml          # packed"
 PACKED=$("$TALLYCTL" submit -f examples/jobs/tiny.yaml)
 echo "$PACKED"
@@ -53,8 +58,8 @@ w1=$!
 w2=$!
 wait $w1 $w2 || true
 echo
-echo "\$ tallyctl checkpoints $PACKED"
-"$TALLYCTL" checkpoints "$PACKED"
+echo "\$ tallyctl cost $PACKED"
+"$TALLYCTL" cost "$PACKED"
 echo
 
 /usr/bin/python3 - "$TALLYCTL" "$PACKED" "$PADDED" <<'PY'
@@ -71,20 +76,23 @@ def seconds(a, b):
     return (f(b) - f(a)).total_seconds()
 
 print("Summary: same model, seed and number of steps; only the packing differs.")
-print("%-8s %-15s %6s %13s %8s %14s %9s" % ("job", "packing", "steps", "useful tokens",
-                                              "seconds", "useful tok/s", "val loss"))
+print("%-8s %-15s %6s %13s %8s %14s %9s %11s %16s" % (
+    "job", "packing", "steps", "useful tokens", "seconds", "useful tok/s", "val loss",
+    "dollars", "$ per 1M tokens"))
 for name in names:
     job = ctl_json("get", name)
     cks = ctl_json("checkpoints", name).get("checkpoints", [])
     secs = seconds(job["start_time"], job["end_time"]) if "end_time" in job else float("nan")
     tokens = int(job.get("tokens", 0))
     val = cks[-1].get("val_loss", float("nan")) if cks else float("nan")
-    print("%-8s %-15s %6s %13d %8.1f %14.0f %9.4f" % (
+    usd = job.get("cost", {}).get("cost_usd", 0)
+    print("%-8s %-15s %6s %13d %8.1f %14.0f %9.4f %11.6f %16.6f" % (
         name, job["spec"]["data"].get("packing", "?").replace("PACKING_MODE_", "").lower(),
-        job.get("step", 0), tokens, secs, tokens / secs if secs else 0, val))
-print("\nThe padded baseline spends most of each row on padding, so in the same steps it")
-print("trains on far fewer real tokens. Dollars per checkpoint arrive with the cost ledger.")
+        job.get("step", 0), tokens, secs, tokens / secs if secs else 0, val, usd,
+        usd / tokens * 1e6 if tokens else 0))
+print("\nThe padded baseline spends most of each row on padding, so in the same steps and")
+print("about the same dollars it trains on far fewer real tokens.")
 PY
 echo
 echo "From /metrics:"
-curl -s "http://$METRICS/metrics" | grep -E '^tally_(jobs|attempts_ended_total|worker_slots)' || true
+curl -s "http://$METRICS/metrics" | grep -E '^tally_(jobs|attempts_ended_total|worker_slots|cost_dollars_total)' || true
