@@ -1,7 +1,5 @@
 #include "worker/agent/trainer_runner.h"
 
-#include <sys/stat.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "spdlog/spdlog.h"
@@ -79,7 +77,6 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   exit.set_attempt(assignment.attempt());
   DeviceOptions device;
   device.device = options_.device;
-  ::mkdir(options_.checkpoint_dir.c_str(), 0755);
   device.checkpoint_dir = absl::StrCat(options_.checkpoint_dir, "/",
                                        absl::StrReplaceAll(assignment.job(), {{"s/", "-"}}));
   device.peak_flops = options_.peak_flops;

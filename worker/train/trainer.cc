@@ -6,11 +6,11 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
-#include <sys/stat.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -193,7 +193,12 @@ EvalMetrics Run::Evaluate() {
 }
 
 absl::Status Run::SaveCheckpoint() {
-  ::mkdir(c_.checkpoint_dir.c_str(), 0755);
+  std::error_code ec;
+  std::filesystem::create_directories(c_.checkpoint_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", c_.checkpoint_dir, ": ", ec.message()));
+  }
   const std::string path =
       absl::StrFormat("%s/step-%08d.ckpt", c_.checkpoint_dir, step_);
   CheckpointData data;
