@@ -3,7 +3,7 @@
 # padded baselines (same model, corpus and steps), then the controller: submit
 # throughput and latency on loopback (SQLite and in-memory stores, 1/8/64
 # clients), the scheduler's Tick() and /metrics rendering at fleet scale.
-# ONLY=packing or ONLY=controller runs one half.
+# ONLY=packing, ONLY=fp8 or ONLY=controller runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -21,6 +21,13 @@ if [ "$ONLY" != controller ]; then
   echo
 fi
 [ "$ONLY" = packing ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = fp8 ]; then
+  echo "== FP8 vs BF16 and FP32: matrix products and training steps =="
+  "$B/bench/fp8_bench" --train_path="$B/demo/fortunes/train"
+  echo
+fi
+[ "$ONLY" = fp8 ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"

@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof(host) - 1);
     options.worker_id = absl::StrCat(host, "-", options.device);
   }
-  options.capabilities = {"train", "packing"};
+  options.capabilities = {"train", "packing", "fp8"};
 
   tally::worker::TrainerRunnerOptions runner;
   runner.device = options.device;

@@ -43,6 +43,10 @@ class Printer final : public tally::train::TrainEvents {
         m.step, max_steps_, m.train_loss, m.lr, m.grad_norm, m.useful_tokens_per_second,
         100 * m.padding_fraction);
     if (m.mfu > 0) std::cout << absl::StrFormat("  mfu %.1f%%", 100 * m.mfu);
+    if (m.fp8_product_fraction > 0) {
+      std::cout << absl::StrFormat("  fp8 %.0f%% of products, %d overflows",
+                                   100 * m.fp8_product_fraction, m.fp8_overflows);
+    }
     if (m.skipped) std::cout << "  (non-finite: update skipped)";
     std::cout << std::endl;
   }

@@ -283,8 +283,14 @@ void Scheduler::RemoveJobMetrics(const tally::v1::Job& j) {
   for (auto* f : {job_gauges_.step, job_gauges_.train_loss, job_gauges_.val_loss,
                   job_gauges_.best_val_loss, job_gauges_.useful_tokens_per_second,
                   job_gauges_.padding_fraction, job_gauges_.cost, job_gauges_.checkpoint_cost,
-                  job_gauges_.patience_left, job_gauges_.budget_fraction}) {
+                  job_gauges_.patience_left, job_gauges_.budget_fraction,
+                  job_gauges_.fp8_overflows, job_gauges_.fp8_product_fraction}) {
     if (f->Has(l)) f->Remove(&f->Add(l));
+  }
+  for (const char* group : {"attention.input", "attention.weight", "attention.grad",
+                            "ffn.input", "ffn.weight", "ffn.grad"}) {
+    const metrics::Labels g = {{"job", j.name()}, {"group", group}};
+    if (job_gauges_.fp8_amax->Has(g)) job_gauges_.fp8_amax->Remove(&job_gauges_.fp8_amax->Add(g));
   }
   for (const char* kind : {"useful", "padding"}) {
     metrics::Labels k = l;

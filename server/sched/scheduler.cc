@@ -106,6 +106,14 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel,
       "Evaluations a running job may go without improving before it is stopped.");
   job_gauges_.budget_fraction = gauge(
       "tally_job_budget_used_ratio", "Fraction of budget.max_dollars a running job has spent.");
+  job_gauges_.fp8_overflows = gauge(
+      "tally_job_fp8_overflows",
+      "Values an FP8 job's current attempt clamped to the format's range.");
+  job_gauges_.fp8_product_fraction = gauge(
+      "tally_job_fp8_product_fraction",
+      "Fraction of an FP8 job's matrix products computed in FP8.");
+  job_gauges_.fp8_amax = gauge("tally_job_fp8_amax",
+                               "Latest amax of an FP8 job's tensors, by group.");
   cost_total_ = &metrics::BuildCounter()
                      .Name("tally_cost_dollars_total")
                      .Help("Dollars accrued by running attempts, by GPU type.")
@@ -564,6 +572,13 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
         const metrics::Labels l = {{"job", j.name()}};
         job_gauges_.useful_tokens_per_second->Add(l).Set(p.useful_tokens_per_second());
         job_gauges_.padding_fraction->Add(l).Set(p.padding_fraction());
+        if (p.fp8_product_fraction() > 0) {
+          job_gauges_.fp8_overflows->Add(l).Set(static_cast<double>(p.fp8_overflows()));
+          job_gauges_.fp8_product_fraction->Add(l).Set(p.fp8_product_fraction());
+          for (const auto& [group, amax] : p.fp8_amax()) {
+            job_gauges_.fp8_amax->Add({{"job", j.name()}, {"group", group}}).Set(amax);
+          }
+        }
       }
       Accrue(*job, now);
       UpdateJobMetrics(*job);

@@ -208,6 +208,9 @@ class Scheduler {
     metrics::Family<metrics::Gauge>* checkpoint_cost;
     metrics::Family<metrics::Gauge>* patience_left;
     metrics::Family<metrics::Gauge>* budget_fraction;
+    metrics::Family<metrics::Gauge>* fp8_overflows;
+    metrics::Family<metrics::Gauge>* fp8_product_fraction;
+    metrics::Family<metrics::Gauge>* fp8_amax;
   } job_gauges_;
   metrics::Family<metrics::Counter>* cost_total_;
   metrics::Family<metrics::Counter>* lost_total_;

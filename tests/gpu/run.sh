@@ -20,12 +20,12 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTALLY_TRAINER_ONLY=ON -DTALLY_TORCH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$TORCH_CMAKE;$PREFIX/usr" \
   -DOPENSSL_ROOT_DIR="$PREFIX/usr" 2>&1 | tail -5 | tee "$OUT/cmake.log"
-ninja -C build-gpu data_test model_test cuda_parity_test packing_bench \
+ninja -C build-gpu data_test model_test precision_test cuda_parity_test packing_bench fp8_bench \
   2>&1 | tail -3 | tee "$OUT/build.log"
 
 # The CPU tests that need no fortunes package, then the CUDA checks.
 for t in "worker/data/data_test --gtest_filter=-*Fortunes*" worker/model/model_test \
-         tests/gpu/cuda_parity_test; do
+         worker/precision/precision_test tests/gpu/cuda_parity_test; do
   name=$(basename ${t%% *})
   if build-gpu/$t >"$OUT/$name.log" 2>&1; then echo "$name: passed"; else
     echo "$name: FAILED"; fi
@@ -34,6 +34,9 @@ grep -hE "max diff|max \||CUDA training" "$OUT/cuda_parity_test.log" | tee -a "$
 
 build-gpu/bench/packing_bench --device=cuda:0 --train_path=build/demo/fortunes/train \
   --d_model=1024 --layers=8 --seq_len=2048 --rows=8 --steps=30 | tee "$OUT/packing_bench.md"
+# FP8 (at::_scaled_mm) against BF16 at transformer shapes, and whole steps.
+build-gpu/bench/fp8_bench --device=cuda:0 --tokens=8192 --d_in=4096 --d_out=4096 --reps=20 \
+  --train_path=build/demo/fortunes/train --steps=30 | tee "$OUT/fp8_bench.md"
 echo
 cat "$OUT/summary.txt"
 grep -q FAILED "$OUT/summary.txt" && exit 1 || exit 0

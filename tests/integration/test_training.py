@@ -8,7 +8,7 @@ import math
 import os
 import unittest
 
-from harness import TRAIN_PATH, ClusterTest, jobs_pb2, spec
+from harness import TRAIN_PATH, ClusterTest, jobs_pb2, spec, spec_pb2, wait_for
 
 
 def read_docs(prefix):
@@ -82,13 +82,37 @@ class TrainingTest(ClusterTest):
         self.assertTrue(progress)
         self.assertIn("useful tokens/s", progress[-1].detail)
 
+    def test_an_fp8_job_trains_and_reports_its_fp8_statistics(self):
+        self.add_worker("w1")
+        s = spec(max_steps=400, name="fp8", checkpoint_interval=200)
+        s.precision.compute = spec_pb2.PRECISION_FP8  # delayed scaling by default
+        job = self.submit(s)
+        wait_for(lambda: self.get(job.name).step >= 50, timeout=120, what="50 FP8 steps")
+        series = {}
+        for line in self.tallyd.scrape().splitlines():
+            if line.startswith("tally_job_fp8") and job.name in line:
+                key, value = line.rsplit(" ", 1)
+                series[key] = float(value)
+        label = 'job="%s"' % job.name
+        self.assertEqual(series["tally_job_fp8_product_fraction{%s}" % label], 1.0)
+        self.assertIn("tally_job_fp8_overflows{%s}" % label, series)
+        for group in ("attention.input", "attention.weight", "attention.grad", "ffn.input",
+                      "ffn.weight", "ffn.grad"):
+            self.assertGreater(series['tally_job_fp8_amax{group="%s",%s}' % (group, label)], 0)
+        done = self.wait_state(job.name, {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED},
+                               timeout=300)
+        self.assertEqual(done.state, jobs_pb2.JOB_STATE_SUCCEEDED, done.state_reason)
+        self.assertEqual(len(self.tallyd.jobs.ListCheckpoints(
+            jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints), 2)
+
     def test_a_spec_the_worker_cannot_train_fails_with_the_field(self):
         self.add_worker("w1")
         s = spec(max_steps=5)
-        s.precision.compute = 3  # FP8: not in this worker yet
-        fp8 = self.submit(s)
-        done = self.wait_state(fp8.name, {jobs_pb2.JOB_STATE_FAILED}, timeout=60)
-        self.assertIn("spec.precision.compute", done.state_reason)
+        s.precision.compute = spec_pb2.PRECISION_FP8
+        s.precision.fp8_recipe = spec_pb2.FP8_RECIPE_ROWWISE  # not in this worker yet
+        rowwise = self.submit(s)
+        done = self.wait_state(rowwise.name, {jobs_pb2.JOB_STATE_FAILED}, timeout=60)
+        self.assertIn("spec.precision.fp8_recipe", done.state_reason)
         self.assertEqual(done.attempt, 1, "not retried: another attempt would fail the same way")
         missing = spec(max_steps=5)
         missing.data.train_path = "/nonexistent/train"

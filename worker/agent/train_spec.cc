@@ -21,10 +21,11 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
   const bool cuda = device.device != "cpu";
   const auto compute = spec.precision().compute();
-  if (compute == tally::v1::PRECISION_FP8) {
+  if (compute == tally::v1::PRECISION_FP8 &&
+      spec.precision().fp8_recipe() == tally::v1::FP8_RECIPE_ROWWISE) {
     return absl::InvalidArgumentError(
-        "spec.precision.compute: FP8 is not supported by this worker yet; use PRECISION_BF16 "
-        "(CUDA) or PRECISION_FP32 (CPU)");
+        "spec.precision.fp8_recipe: row-wise scaling is not supported by this worker yet; use "
+        "FP8_RECIPE_DELAYED or FP8_RECIPE_CURRENT");
   }
   if (compute == tally::v1::PRECISION_BF16 && !cuda) {
     return absl::InvalidArgumentError(
@@ -85,6 +86,14 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   c.eval_tokens = t.eval_tokens();
   c.checkpoint_interval_steps = t.checkpoint_interval_steps();
   c.seed = t.seed();
+  c.fp8 = compute == tally::v1::PRECISION_FP8;
+  if (c.fp8) {
+    c.fp8_recipe = spec.precision().fp8_recipe() == tally::v1::FP8_RECIPE_CURRENT
+                       ? train::Fp8Recipe::kCurrent
+                       : train::Fp8Recipe::kDelayed;
+    c.amax_history_len = spec.precision().amax_history_len();
+    c.fp8_margin = spec.precision().fp8_margin();
+  }
   c.device = device.device;
   c.checkpoint_dir = device.checkpoint_dir;
   c.peak_flops = device.peak_flops;

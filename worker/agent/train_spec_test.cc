@@ -37,9 +37,10 @@ TEST(TrainSpecTest, MapsEveryFieldWithDefaults) {
 
 TEST(TrainSpecTest, RefusesWhatThisTrainerCannotDoNamingTheField) {
   DeviceOptions cpu;
-  auto fp8 = TrainConfigFromSpec(Spec("precision: {compute: fp8}\n"), cpu);
-  EXPECT_EQ(fp8.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(fp8.status().message().find("spec.precision.compute"), std::string::npos);
+  auto rowwise = TrainConfigFromSpec(
+      Spec("precision: {compute: fp8, fp8_recipe: rowwise}\n"), cpu);
+  EXPECT_EQ(rowwise.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rowwise.status().message().find("spec.precision.fp8_recipe"), std::string::npos);
   auto bf16 = TrainConfigFromSpec(Spec("precision: {compute: bf16}\n"), cpu);
   EXPECT_NE(bf16.status().message().find("CUDA"), std::string::npos);
   auto moe = TrainConfigFromSpec(Spec("resources: {gpu_count: 2}\n"), cpu);
@@ -48,6 +49,20 @@ TEST(TrainSpecTest, RefusesWhatThisTrainerCannotDoNamingTheField) {
   bad.mutable_model()->set_num_heads(5);
   EXPECT_NE(TrainConfigFromSpec(bad, cpu).status().message().find("spec.model.num_heads"),
             std::string::npos);
+}
+
+TEST(TrainSpecTest, Fp8MapsItsRecipe) {
+  auto c = TrainConfigFromSpec(
+      Spec("precision: {compute: fp8, fp8_recipe: current, amax_history_len: 4, fp8_margin: 1}\n"),
+      DeviceOptions{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->fp8);
+  EXPECT_EQ(c->fp8_recipe, train::Fp8Recipe::kCurrent);
+  EXPECT_EQ(c->amax_history_len, 4);
+  EXPECT_EQ(c->fp8_margin, 1);
+  auto d = TrainConfigFromSpec(Spec("precision: {compute: fp8}\n"), DeviceOptions{});
+  EXPECT_EQ(d->fp8_recipe, train::Fp8Recipe::kDelayed);
+  EXPECT_EQ(d->amax_history_len, 16);  // the spec's default
 }
 
 TEST(TrainSpecTest, PeakFlops) {

@@ -37,6 +37,14 @@ class ReportingEvents final : public train::TrainEvents {
     p.set_mfu(m.mfu);
     p.set_padding_tokens(m.padding_tokens);
     p.set_trained(true);
+    fp8_overflows_ += m.fp8_overflows;
+    fp8_underflows_ += m.fp8_underflows;
+    if (m.fp8_product_fraction > 0) {
+      p.set_fp8_overflows(fp8_overflows_);
+      p.set_fp8_underflows(fp8_underflows_);
+      p.set_fp8_product_fraction(m.fp8_product_fraction);
+      for (const auto& [group, amax] : m.fp8_amax) (*p.mutable_fp8_amax())[group] = amax;
+    }
     reporter_->Progress(p);
   }
   void OnEval(const train::EvalMetrics& e) override {
@@ -65,6 +73,7 @@ class ReportingEvents final : public train::TrainEvents {
  private:
   const tally::v1::Assignment& a_;
   Reporter* reporter_;
+  int64_t fp8_overflows_ = 0, fp8_underflows_ = 0;
 };
 
 }  // namespace

@@ -58,6 +58,7 @@ Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device de
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     Layer layer;
+    layer.prefix = p;
     layer.attn_norm_D = add(p + "attn_norm", at::ones({D}, f32), false);
     layer.wqkv_3DD = add(p + "wqkv", normal({3 * D, D}, 0.02), true);
     layer.wo_DD = add(p + "wo", normal({D, D}, out_std), true);
@@ -69,6 +70,12 @@ Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device de
   }
   final_norm_D_ = add("final_norm", at::ones({D}, f32), false);
   head_VD_ = add("head", normal({V, D}, 0.02), true);
+}
+
+at::Tensor Transformer::Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
+                               const char* name) const {
+  if (linear_ == nullptr) return at::linear(x, w);
+  return linear_->Linear(x, w, layer.prefix + name);
 }
 
 int64_t Transformer::num_parameters() const {
@@ -88,7 +95,7 @@ at::Tensor Transformer::Attention(const Layer& layer, const at::Tensor& x_BTD,
                                   AttentionKernel kernel) const {
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1);
   const int64_t H = config_.num_heads, K = config_.d_model / config_.num_heads;
-  at::Tensor qkv_BT3HK = at::linear(x_BTD, layer.wqkv_3DD).view({B, T, 3, H, K});
+  at::Tensor qkv_BT3HK = Linear(x_BTD, layer.wqkv_3DD, layer, "wqkv").view({B, T, 3, H, K});
   at::Tensor q_BTHK = ApplyRope(qkv_BT3HK.select(2, 0), cos_BTK, sin_BTK);
   at::Tensor k_BTHK = ApplyRope(qkv_BT3HK.select(2, 1), cos_BTK, sin_BTK);
   at::Tensor v_BTHK = qkv_BT3HK.select(2, 2);
@@ -108,7 +115,7 @@ at::Tensor Transformer::Attention(const Layer& layer, const at::Tensor& x_BTD,
         q_BTHK.transpose(1, 2), k_BTHK.transpose(1, 2), v_BTHK.transpose(1, 2), mask_B1TT);
     out_BTD = o_BHTK.transpose(1, 2).reshape({B, T, config_.d_model});
   }
-  return at::linear(out_BTD, layer.wo_DD);
+  return Linear(out_BTD, layer.wo_DD, layer, "wo");
 }
 
 at::Tensor Transformer::Forward(const ModelInput& in, AttentionKernel kernel) const {
@@ -125,8 +132,9 @@ at::Tensor Transformer::Forward(const ModelInput& in, AttentionKernel kernel) co
     x_BTD = x_BTD + Attention(layer, RmsNorm(x_BTD, layer.attn_norm_D, config_.norm_eps),
                               in, cos_BTK, sin_BTK, kernel);
     at::Tensor h_BTD = RmsNorm(x_BTD, layer.ffn_norm_D, config_.norm_eps);
-    at::Tensor gate_BTF = at::silu(at::linear(h_BTD, layer.w1_FD));
-    x_BTD = x_BTD + at::linear(gate_BTF * at::linear(h_BTD, layer.w3_FD), layer.w2_DF);
+    at::Tensor gate_BTF = at::silu(Linear(h_BTD, layer.w1_FD, layer, "w1"));
+    x_BTD = x_BTD + Linear(gate_BTF * Linear(h_BTD, layer.w3_FD, layer, "w3"), layer.w2_DF,
+                           layer, "w2");
   }
   return at::linear(RmsNorm(x_BTD, final_norm_D_, config_.norm_eps), head_VD_);
 }

@@ -53,6 +53,16 @@ struct ModelInput {
   int64_t max_seqlen = 0;
 };
 
+// How the model computes its block linears (attention projections and
+// feed-forward weights; never the output head). precision/ supplies FP8; the
+// default is at::linear. `site` names the weight ("layers.0.wqkv").
+class LinearOverride {
+ public:
+  virtual ~LinearOverride() = default;
+  virtual at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
+                            const std::string& site) = 0;
+};
+
 struct Parameter {
   std::string name;
   at::Tensor value;  // FP32 master weight, requires grad
@@ -66,6 +76,9 @@ class Transformer {
   // Logits [B, T, V] (FP32 on CPU; the autocast dtype on CUDA).
   at::Tensor Forward(const ModelInput& input, AttentionKernel kernel) const;
 
+  // Not owned; nullptr restores at::linear.
+  void SetLinearOverride(LinearOverride* linear) { linear_ = linear; }
+
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   const ModelConfig& config() const { return config_; }
@@ -77,8 +90,11 @@ class Transformer {
 
  private:
   struct Layer {
+    std::string prefix;  // "layers.N."
     at::Tensor attn_norm_D, wqkv_3DD, wo_DD, ffn_norm_D, w1_FD, w3_FD, w2_DF;
   };
+  at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
+                    const char* name) const;
   at::Tensor Attention(const Layer& layer, const at::Tensor& x_BTD, const ModelInput& in,
                        const at::Tensor& cos_BTK, const at::Tensor& sin_BTK,
                        AttentionKernel kernel) const;
@@ -87,6 +103,7 @@ class Transformer {
   at::Tensor embed_VD_, final_norm_D_, head_VD_;
   std::vector<Layer> layers_;
   std::vector<Parameter> params_;
+  LinearOverride* linear_ = nullptr;
 };
 
 // The block-diagonal causal mask [B, 1, T, T]: query i sees key j when j <= i

@@ -21,6 +21,7 @@
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
 #include "worker/model/transformer.h"
+#include "worker/precision/fp8.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/lr_schedule.h"
 
@@ -48,6 +49,9 @@ absl::Status TrainConfig::Validate() const {
   need(lr > 0 && std::isfinite(lr), "lr: must be a positive number");
   need(device == "cpu" || device.rfind("cuda", 0) == 0, "device: must be cpu or cuda:N");
   need(max_nonfinite_steps >= 1, "max_nonfinite_steps: must be >= 1");
+  need(!fp8 || (amax_history_len >= 1 && amax_history_len <= 1024),
+       "amax_history_len: must be between 1 and 1024");
+  need(!fp8 || (fp8_margin >= 0 && fp8_margin <= 8), "fp8_margin: must be between 0 and 8");
   if (problems.empty()) return absl::OkStatus();
   std::string msg;
   for (const auto& p : problems) absl::StrAppend(&msg, msg.empty() ? "" : "; ", p);
@@ -157,20 +161,27 @@ class Run {
   std::unique_ptr<data::RowStream> rows_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<precision::Fp8Linears> fp8_;
   std::vector<data::Row> eval_rows_;
   int64_t step_ = 0, tokens_ = 0, padding_tokens_ = 0;
   int64_t last_eval_step_ = -1, last_checkpoint_step_ = -1;
 };
 
 std::string Run::Fingerprint() const {
-  return absl::StrCat("layers=", c_.num_layers, " d_model=", c_.d_model, " heads=",
-                      c_.num_heads, " d_ff=", model_->config().d_ff, " vocab=",
-                      model_->config().vocab_size, " seq_len=", c_.seq_len, " packing=",
-                      data::PackingModeName(c_.packing), " seed=", c_.seed);
+  return absl::StrCat(
+      "layers=", c_.num_layers, " d_model=", c_.d_model, " heads=", c_.num_heads,
+      " d_ff=", model_->config().d_ff, " vocab=", model_->config().vocab_size,
+      " seq_len=", c_.seq_len, " packing=", data::PackingModeName(c_.packing),
+      " seed=", c_.seed,
+      c_.fp8 ? absl::StrCat(" fp8=", c_.fp8_recipe == Fp8Recipe::kDelayed ? "delayed" : "current",
+                            "/", c_.amax_history_len, "/", c_.fp8_margin)
+             : "");
 }
 
 EvalMetrics Run::Evaluate() {
   at::NoGradGuard no_grad;
+  // Evaluation computes like training but never moves the FP8 scales.
+  if (fp8_) fp8_->SetTraining(false);
   double loss_sum = 0;
   int64_t targets = 0, target_bytes = 0;
   for (size_t i = 0; i < eval_rows_.size(); i += c_.micro_batch_rows) {
@@ -189,6 +200,7 @@ EvalMetrics Run::Evaluate() {
   e.val_loss = targets ? loss_sum / targets : 0;
   e.bits_per_byte = target_bytes ? loss_sum / std::log(2.0) / target_bytes : 0;
   last_eval_step_ = step_;
+  if (fp8_) fp8_->SetTraining(true);
   return e;
 }
 
@@ -214,6 +226,9 @@ absl::Status Run::SaveCheckpoint() {
     data.tensors.emplace_back("model." + params[i].name, params[i].value);
     data.tensors.emplace_back("adamw.m." + params[i].name, opt_->m()[i]);
     data.tensors.emplace_back("adamw.v." + params[i].name, opt_->v()[i]);
+  }
+  if (fp8_) {
+    for (auto& t : fp8_->State()) data.tensors.push_back(std::move(t));
   }
   auto sha = WriteCheckpoint(path, data);
   if (!sha.ok()) return sha.status();
@@ -248,6 +263,13 @@ absl::Status Run::LoadCheckpoint() {
                                                 " is missing or has the wrong shape"));
       }
       dst.copy_(it->second);
+    }
+  }
+  if (fp8_) {
+    std::string bad;
+    if (!fp8_->LoadState(by_name, &bad)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", c_.resume_path,
+                                              ": FP8 scaling state ", bad, " is unreadable"));
     }
   }
   step_ = meta["step"].get<int64_t>();
@@ -300,6 +322,15 @@ TrainResult Run::Go() {
   mc.vocab_size = c_.vocab_size ? c_.vocab_size : data::ByteTokenizer::kVocabSize;
   model_ = std::make_unique<model::Transformer>(mc, c_.seed, device_);
   opt_ = std::make_unique<AdamW>(&model_->parameters(), c_);
+  if (c_.fp8) {
+    precision::RecipeConfig rc;
+    rc.recipe = c_.fp8_recipe == Fp8Recipe::kDelayed ? precision::Recipe::kDelayed
+                                                      : precision::Recipe::kCurrent;
+    rc.history_len = c_.amax_history_len;
+    rc.margin = c_.fp8_margin;
+    fp8_ = std::make_unique<precision::Fp8Linears>(rc);
+    model_->SetLinearOverride(fp8_.get());
+  }
   if (!c_.resume_path.empty()) {
     if (absl::Status s = LoadCheckpoint(); !s.ok()) {
       return Fail("resume: " + std::string(s.message()), false);
@@ -325,6 +356,9 @@ TrainResult Run::Go() {
 
   if (val_ && step_ == 0) events_->OnEval(Evaluate());
   NonFiniteGuard guard(c_.max_nonfinite_steps);
+  // FP8 statistics "go bad" when over 1% of the values a step quantizes
+  // overflow, or an amax is not finite: stop rather than drift.
+  NonFiniteGuard fp8_guard(c_.max_nonfinite_steps);
   while (step_ < c_.max_steps) {
     if (stop_->load()) {
       return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_), step_,
@@ -379,6 +413,29 @@ TrainResult Run::Go() {
         opt_->Step(m.lr);
       }
       m.skipped = !finite;
+      if (fp8_) {
+        fp8_->OnOptimizerStep();
+        const precision::Fp8Stats st = fp8_->TakeStats();
+        m.fp8_overflows = st.overflows;
+        m.fp8_underflows = st.underflows;
+        m.fp8_product_fraction =
+            st.total_products ? static_cast<double>(st.fp8_products) / st.total_products : 0;
+        bool amax_finite = true;
+        for (const auto& [group, amax] : st.amax) {
+          m.fp8_amax.emplace_back(group, amax);
+          amax_finite = amax_finite && std::isfinite(amax);
+        }
+        const double overflow_fraction =
+            st.elements ? static_cast<double>(st.overflows) / st.elements : 0;
+        if (fp8_guard.Observe(amax_finite && overflow_fraction <= 0.01)) {
+          return Fail(absl::StrFormat("FP8 statistics went bad for %d steps in a row (step %d: "
+                                      "%.2f%% of values overflowed, amax %s): raise "
+                                      "precision.fp8_margin or use the current recipe",
+                                      fp8_guard.streak(), m.step, 100 * overflow_fraction,
+                                      amax_finite ? "finite" : "not finite"),
+                      false);
+        }
+      }
       for (auto& p : model_->parameters()) p.value.mutable_grad() = at::Tensor();
     }
     ++step_;

@@ -21,11 +21,15 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "worker/data/packer.h"
 
 namespace tally::train {
+
+enum class Fp8Recipe { kDelayed, kCurrent };
 
 struct TrainConfig {
   // Model.
@@ -52,6 +56,12 @@ struct TrainConfig {
   int64_t eval_tokens = 0;          // 0: the whole validation split
   int64_t checkpoint_interval_steps = 0;  // 0: only at the end
   uint64_t seed = 0;
+  // Precision: FP32 on CPU and BF16 autocast on CUDA, or FP8 linears
+  // (worker/precision/fp8.h; emulated on CPU) on top of that.
+  bool fp8 = false;
+  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;
+  int amax_history_len = 16;
+  int fp8_margin = 0;
   // Where and how.
   std::string device = "cpu";       // "cpu" or "cuda:N"
   std::string checkpoint_dir;       // empty: no checkpoints
@@ -90,6 +100,11 @@ struct StepMetrics {
   double padding_fraction = 0;     // this step
   double mfu = 0;                  // 0 when no peak is configured
   bool skipped = false;            // non-finite loss or gradient: no update
+  // FP8 runs only (zero otherwise), for this step.
+  int64_t fp8_overflows = 0;       // values clamped to the format's range
+  int64_t fp8_underflows = 0;      // nonzero values that became 0
+  double fp8_product_fraction = 0; // matrix products computed in FP8
+  std::vector<std::pair<std::string, double>> fp8_amax;  // per tensor group
 };
 
 struct EvalMetrics {

@@ -91,18 +91,17 @@ class TrainerTest : public ::testing::Test {
   }
 };
 
-TEST_F(TrainerTest, MatchesGoldenLosses) {
-  Recorder r;
-  TrainResult result = Train(Tiny(), &r, nullptr);
-  ASSERT_EQ(result.outcome, TrainResult::Outcome::kSucceeded) << result.reason;
-  ASSERT_EQ(r.steps.size(), 30u);
-  const std::string golden = std::string(TALLY_SOURCE_DIR) +
-                             "/worker/train/testdata/golden_losses_tiny.txt";
+// Compares a run's per-step losses with a golden file (TALLY_UPDATE_GOLDEN=1
+// rewrites it).
+void ExpectGolden(const std::vector<StepMetrics>& steps, const std::string& name,
+                  const std::string& what) {
+  const std::string golden =
+      std::string(TALLY_SOURCE_DIR) + "/worker/train/testdata/" + name;
   if (std::getenv("TALLY_UPDATE_GOLDEN")) {
     std::ofstream out(golden);
-    out << "# step train_loss: TrainerTest.Tiny(), fortunes, one thread, FP32 CPU\n";
-    for (const auto& s : r.steps) out << s.step << " " << std::setprecision(9) << s.train_loss << "\n";
-    GTEST_SKIP() << "wrote " << golden;
+    out << "# step train_loss: " << what << "\n";
+    for (const auto& s : steps) out << s.step << " " << std::setprecision(9) << s.train_loss << "\n";
+    return;
   }
   std::ifstream in(golden);
   ASSERT_TRUE(in) << golden << " is missing (TALLY_UPDATE_GOLDEN=1 writes it)";
@@ -114,14 +113,21 @@ TEST_F(TrainerTest, MatchesGoldenLosses) {
     int64_t step;
     double loss;
     fields >> step >> loss;
-    ASSERT_LT(i, r.steps.size());
-    EXPECT_EQ(r.steps[i].step, step);
-    // Tight enough to catch any change to the model, data order or optimizer;
-    // loose enough for another CPU's vector width.
-    EXPECT_NEAR(r.steps[i].train_loss, loss, 1e-4 * loss) << "step " << step;
+    ASSERT_LT(i, steps.size());
+    EXPECT_EQ(steps[i].step, step);
+    EXPECT_NEAR(steps[i].train_loss, loss, 1e-4 * loss) << "step " << step;
     ++i;
   }
-  EXPECT_EQ(i, r.steps.size());
+  EXPECT_EQ(i, steps.size());
+}
+
+TEST_F(TrainerTest, MatchesGoldenLosses) {
+  Recorder r;
+  TrainResult result = Train(Tiny(), &r, nullptr);
+  ASSERT_EQ(result.outcome, TrainResult::Outcome::kSucceeded) << result.reason;
+  ASSERT_EQ(r.steps.size(), 30u);
+  ExpectGolden(r.steps, "golden_losses_tiny.txt",
+               "TrainerTest.Tiny(), fortunes, one thread, FP32 CPU");
   // It learns: the byte-uniform start is ln(258) = 5.55.
   EXPECT_NEAR(r.steps.front().train_loss, std::log(258.0), 0.3);
   EXPECT_LT(r.steps.back().train_loss, r.steps.front().train_loss - 1.5);
@@ -135,6 +141,62 @@ TEST_F(TrainerTest, MatchesGoldenLosses) {
   EXPECT_GT(r.info.flops_per_token, 0);
   EXPECT_EQ(r.info.micro_batches_per_step, 2);
   EXPECT_LT(r.steps.back().padding_fraction, 0.05);
+}
+
+TEST_F(TrainerTest, Fp8TrainsWithinOnePointFivePercentOfFp32) {
+  TrainConfig fp32 = Tiny();
+  fp32.max_steps = 60;
+  fp32.eval_interval_steps = 60;
+  TrainConfig fp8 = fp32;
+  fp8.fp8 = true;
+  Recorder a, b;
+  ASSERT_EQ(Train(fp32, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  TrainResult r = Train(fp8, &b, nullptr);
+  ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
+  const double v32 = a.evals.back().val_loss, v8 = b.evals.back().val_loss;
+  std::cout << "val loss at step 60: fp32 " << v32 << ", fp8 (delayed) " << v8 << " ("
+            << 100 * (v8 - v32) / v32 << "%)\n";
+  EXPECT_LT(std::abs(v8 - v32) / v32, 0.015);
+  EXPECT_NE(v8, v32) << "FP8 changes the numerics";
+  // Every block product ran in FP8; the statistics are reported.
+  EXPECT_DOUBLE_EQ(b.steps.back().fp8_product_fraction, 1.0);
+  EXPECT_EQ(b.steps.back().fp8_amax.size(), 6u);  // {attention, ffn} x {input, weight, grad}
+  EXPECT_EQ(a.steps.back().fp8_product_fraction, 0.0);
+  ExpectGolden(std::vector<StepMetrics>(b.steps.begin(), b.steps.begin() + 30),
+               "golden_losses_tiny_fp8.txt",
+               "TrainerTest.Tiny() with fp8 (delayed, history 16), fortunes, one thread, CPU "
+               "emulation");
+
+  TrainConfig current = fp8;
+  current.fp8_recipe = Fp8Recipe::kCurrent;
+  Recorder c;
+  ASSERT_EQ(Train(current, &c, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  EXPECT_LT(std::abs(c.evals.back().val_loss - v32) / v32, 0.015);
+}
+
+TEST_F(TrainerTest, Fp8ResumeRestoresTheScalingState) {
+  TrainConfig full = Tiny();
+  full.fp8 = true;
+  full.max_steps = 16;
+  full.checkpoint_dir = NewDir("fp8");
+  full.checkpoint_interval_steps = 8;
+  Recorder a;
+  ASSERT_EQ(Train(full, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  TrainConfig resumed = full;
+  resumed.checkpoint_dir = NewDir("fp8-resumed");
+  resumed.resume_path = a.checkpoints[0].path;
+  Recorder b;
+  TrainResult r = Train(resumed, &b, nullptr);
+  ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
+  ASSERT_EQ(b.steps.size(), 8u);
+  for (size_t i = 0; i < b.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].train_loss, a.steps[8 + i].train_loss) << "step " << b.steps[i].step;
+  }
+  // A checkpoint without FP8 state cannot resume an FP8 job, and vice versa.
+  TrainConfig fp32 = full;
+  fp32.fp8 = false;
+  fp32.resume_path = a.checkpoints[0].path;
+  EXPECT_NE(Train(fp32, nullptr, nullptr).reason.find("different job"), std::string::npos);
 }
 
 TEST_F(TrainerTest, ResumeContinuesTheSameLossCurve) {

@@ -1,0 +1,135 @@
+// FP8 benchmark, side by side in one run: each of a linear layer's three
+// matrix products (output, input gradient, weight gradient) in FP32, BF16 and
+// FP8, then whole training steps in FP32 and FP8. On a CPU, FP8 is emulated
+// (quantize, dequantize, FP32 product): it measures the cost of the
+// numerics, not a speed-up, which needs FP8 tensor cores. Asserts nothing.
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "worker/precision/fp8.h"
+#include "worker/train/trainer.h"
+
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
+ABSL_FLAG(int, tokens, 1024, "rows of the activation (tokens)");
+ABSL_FLAG(int, d_in, 1024, "input features");
+ABSL_FLAG(int, d_out, 1024, "output features");
+ABSL_FLAG(int, reps, 5, "timed repetitions per product (median reported)");
+ABSL_FLAG(std::string, train_path, "", "dataset prefix for the training-step rows (optional)");
+ABSL_FLAG(int, steps, 12, "training steps per precision");
+
+namespace {
+
+using tally::precision::Fp8Format;
+
+template <typename F>
+double MedianMs(F&& f, int reps) {
+  f();  // warm-up
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (auto s = tally::train::CheckDevice(device); !s.ok()) {
+    std::cerr << "fp8_bench: --device: " << s.message() << "\n";
+    return 2;
+  }
+  const at::Device dev(device);
+  const bool cuda = dev.is_cuda();
+  const int M = absl::GetFlag(FLAGS_tokens), K = absl::GetFlag(FLAGS_d_in),
+            N = absl::GetFlag(FLAGS_d_out), reps = absl::GetFlag(FLAGS_reps);
+  at::manual_seed(0);
+  const auto opts = at::TensorOptions().device(dev);
+  at::Tensor x = at::randn({M, K}, opts), w = at::randn({N, K}, opts) * 0.02,
+             g = at::randn({M, N}, opts) * 1e-3;
+  auto sync = [&] {
+    if (cuda) at::empty({1}, opts).cpu();  // waits for the stream
+  };
+  auto scale = [](const at::Tensor& t, Fp8Format f) {
+    return tally::precision::ScaleForAmax(t.abs().max().item<double>(), f, 0, 1.0);
+  };
+  struct Row {
+    const char* product;
+    double fp32, bf16, fp8;
+  };
+  std::vector<Row> rows;
+  auto time = [&](auto&& f) {
+    return MedianMs([&] { f(); sync(); }, reps);
+  };
+  at::Tensor xb = x.to(at::kBFloat16), wb = w.to(at::kBFloat16), gb = g.to(at::kBFloat16);
+  auto q = [&](const at::Tensor& t, Fp8Format f) {
+    return tally::precision::QuantizeDequantize(t, scale(t, f), f, nullptr);
+  };
+  rows.push_back({"output  Y = X W^T", time([&] { at::matmul(x, w.t()); }),
+                  time([&] { at::matmul(xb, wb.t()); }),
+                  time([&] { at::matmul(q(x, Fp8Format::kE4M3), q(w, Fp8Format::kE4M3).t()); })});
+  rows.push_back({"input grad  dX = dY W", time([&] { at::matmul(g, w); }),
+                  time([&] { at::matmul(gb, wb); }),
+                  time([&] { at::matmul(q(g, Fp8Format::kE5M2), q(w, Fp8Format::kE4M3)); })});
+  rows.push_back({"weight grad  dW = dY^T X", time([&] { at::matmul(g.t(), x); }),
+                  time([&] { at::matmul(gb.t(), xb); }),
+                  time([&] { at::matmul(q(g, Fp8Format::kE5M2).t(), q(x, Fp8Format::kE4M3)); })});
+  std::cout << absl::StrFormat("Matrix products, %d x %d activations, %d x %d weights, on %s "
+                               "(median of %d; FP8 %s)\n",
+                               M, K, N, K, device, reps,
+                               cuda ? "quantize + product" : "emulated: quantize, dequantize, FP32 product");
+  std::cout << "| product | FP32 ms | BF16 ms | FP8 ms | FP8 / BF16 |\n|---|---|---|---|---|\n";
+  for (const Row& r : rows) {
+    std::cout << absl::StrFormat("| %s | %.2f | %.2f | %.2f | %.2fx |\n", r.product, r.fp32,
+                                 r.bf16, r.fp8, r.fp8 / r.bf16);
+  }
+
+  const std::string train_path = absl::GetFlag(FLAGS_train_path);
+  if (train_path.empty()) return 0;
+  std::cout << "\nTraining steps (2 layers, d_model 256, 8 x 512 tokens, packed), on " << device
+            << "\n| precision | ms/step | useful tokens/s | final train loss |\n|---|---|---|---|\n";
+  for (bool fp8 : {false, true}) {
+    tally::train::TrainConfig c;
+    c.train_path = train_path;
+    c.num_layers = 2;
+    c.d_model = 256;
+    c.num_heads = 8;
+    c.seq_len = 512;
+    c.micro_batch_rows = 8;
+    c.max_steps = absl::GetFlag(FLAGS_steps);
+    c.lr = 3e-3;
+    c.warmup_steps = 2;
+    c.seed = 1;
+    c.device = device;
+    c.fp8 = fp8;
+    struct Timer : tally::train::TrainEvents {
+      void OnStep(const tally::train::StepMetrics& m) override {
+        if (m.step > 2) seconds += m.step_seconds, tokens += m.step_tokens, ++n;
+        loss = m.train_loss;
+      }
+      double seconds = 0, loss = 0;
+      int64_t tokens = 0;
+      int n = 0;
+    } t;
+    auto r = tally::train::Train(c, &t, nullptr);
+    if (r.outcome != tally::train::TrainResult::Outcome::kSucceeded) {
+      std::cerr << "fp8_bench: " << r.reason << "\n";
+      return 1;
+    }
+    std::cout << absl::StrFormat("| %s | %.1f | %.0f | %.4f |\n",
+                                 fp8 ? (cuda ? "FP8" : "FP8 (emulated)") : (cuda ? "BF16" : "FP32"),
+                                 1000 * t.seconds / t.n, t.tokens / t.seconds, t.loss);
+  }
+  return 0;
+}

@@ -1,0 +1,270 @@
+#include "worker/precision/fp8.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace tally::precision {
+
+double Fp8Max(Fp8Format f) { return f == Fp8Format::kE4M3 ? 448.0 : 57344.0; }
+
+at::ScalarType Fp8Dtype(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+}
+
+at::Tensor QuantizeScaled(const at::Tensor& x, double scale, Fp8Format f, QuantStats* stats) {
+  const double max = Fp8Max(f);
+  at::Tensor scaled = x.to(at::kFloat) * scale;
+  at::Tensor q = scaled.clamp(-max, max).to(Fp8Dtype(f)).to(at::kFloat);
+  if (stats != nullptr) {
+    stats->overflows += scaled.abs().gt(max).sum().item<int64_t>();
+    stats->underflows += x.ne(0).logical_and(q.eq(0)).sum().item<int64_t>();
+    stats->elements += x.numel();
+  }
+  return q;
+}
+
+at::Tensor QuantizeDequantize(const at::Tensor& x, double scale, Fp8Format f,
+                              QuantStats* stats) {
+  return QuantizeScaled(x, scale, f, stats) / scale;
+}
+
+double ScaleForAmax(double amax, Fp8Format f, int margin, double previous) {
+  if (!(amax > 0) || !std::isfinite(amax)) return previous;
+  const double s = Fp8Max(f) / amax / std::pow(2.0, margin);
+  return std::isfinite(s) ? s : previous;
+}
+
+TensorScaling::TensorScaling(Fp8Format format, const RecipeConfig& config)
+    : format_(format), config_(config) {}
+
+double TensorScaling::ScaleFor(const at::Tensor& x, bool record) {
+  const double amax = x.detach().abs().max().item<double>();
+  if (record) {
+    last_amax_ = amax;
+    if (std::isfinite(amax)) step_amax_ = std::max(step_amax_, amax);
+  }
+  if (config_.recipe == Recipe::kCurrent || history_.empty()) {
+    return ScaleForAmax(amax, format_, config_.margin, scale_);
+  }
+  return scale_;
+}
+
+void TensorScaling::Step() {
+  ++steps_;
+  if (config_.recipe == Recipe::kCurrent) {
+    step_amax_ = 0;
+    return;
+  }
+  history_.push_back(step_amax_);
+  if (static_cast<int>(history_.size()) > config_.history_len) history_.erase(history_.begin());
+  const double amax = config_.history_max
+                          ? *std::max_element(history_.begin(), history_.end())
+                          : history_.back();
+  scale_ = ScaleForAmax(amax, format_, config_.margin, scale_);
+  step_amax_ = 0;
+}
+
+at::Tensor TensorScaling::State() const {
+  std::vector<double> v(config_.history_len + 3, 0.0);
+  // Oldest first, right-aligned, with the count so a short history is exact.
+  for (size_t i = 0; i < history_.size(); ++i) v[i] = history_[i];
+  v[config_.history_len] = scale_;
+  v[config_.history_len + 1] = static_cast<double>(history_.size());
+  v[config_.history_len + 2] = static_cast<double>(steps_);
+  return at::tensor(v, at::kDouble);
+}
+
+bool TensorScaling::LoadState(const at::Tensor& state) {
+  if (state.numel() != config_.history_len + 3 || state.scalar_type() != at::kDouble) {
+    return false;
+  }
+  const double* v = state.data_ptr<double>();
+  const int n = static_cast<int>(v[config_.history_len + 1]);
+  if (n < 0 || n > config_.history_len) return false;
+  history_.assign(v, v + n);
+  scale_ = v[config_.history_len];
+  steps_ = static_cast<int64_t>(v[config_.history_len + 2]);
+  step_amax_ = 0;
+  return true;
+}
+
+struct Fp8Linears::Layer {
+  Layer(const std::string& site, const RecipeConfig& c)
+      : group(site.find(".w1") != std::string::npos || site.find(".w2") != std::string::npos ||
+                      site.find(".w3") != std::string::npos
+                  ? "ffn"
+                  : "attention"),
+        x(Fp8Format::kE4M3, c),
+        w(Fp8Format::kE4M3, c),
+        g(Fp8Format::kE5M2, c) {}
+  std::string group;
+  TensorScaling x, w, g;
+};
+
+namespace {
+
+using Context = Fp8Linears::Context;
+
+void Account(Fp8Stats* s, const QuantStats& q) {
+  s->overflows += q.overflows;
+  s->underflows += q.underflows;
+  s->elements += q.elements;
+}
+
+bool ScaledMmShapeOk(int64_t m, int64_t k, int64_t n) {
+  return m % 16 == 0 && k % 16 == 0 && n % 16 == 0;
+}
+
+// a [M, K] x b [N, K]^T in FP8 on CUDA with FP32 accumulation; BF16 output.
+at::Tensor ScaledMm(const at::Tensor& a, double sa, Fp8Format fa, const at::Tensor& b, double sb,
+                    Fp8Format fb, QuantStats* qa, QuantStats* qb) {
+  at::Tensor a8 = QuantizeScaled(a, sa, fa, qa).to(Fp8Dtype(fa));
+  at::Tensor b8 = QuantizeScaled(b, sb, fb, qb).to(Fp8Dtype(fb));
+  auto inv = [&](double s) { return at::tensor(1.0 / s, a.options().dtype(at::kFloat)); };
+  // The second operand must be column-major: b8 is [N, K] row-major, so
+  // b8.t() is [K, N] column-major.
+  return at::_scaled_mm(a8, b8.t(), inv(sa), inv(sb), {}, {}, at::kBFloat16);
+}
+
+class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w, int64_t context) {
+    auto* c = reinterpret_cast<Context*>(context);
+    const bool record = *c->training;
+    Fp8Stats scratch;
+    Fp8Stats* stats = record ? c->stats : &scratch;
+    at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    const double sx = c->layer->x.ScaleFor(x2, record), sw = c->layer->w.ScaleFor(w, record);
+    if (record) {
+      stats->amax[c->layer->group + ".input"] = c->layer->x.last_amax();
+      stats->amax[c->layer->group + ".weight"] = c->layer->w.last_amax();
+    }
+    QuantStats qx, qw;
+    at::Tensor y;
+    ++stats->total_products;
+    if (x.is_cuda() && !ScaledMmShapeOk(x2.size(0), x2.size(1), w.size(0))) {
+      y = at::linear(x2.to(at::kBFloat16), w.to(at::kBFloat16));  // counted as not FP8
+    } else {
+      ++stats->fp8_products;
+      if (x.is_cuda()) {
+        y = ScaledMm(x2, sx, Fp8Format::kE4M3, w, sw, Fp8Format::kE4M3, &qx, &qw);
+      } else {
+        y = at::matmul(QuantizeDequantize(x2, sx, Fp8Format::kE4M3, &qx),
+                       QuantizeDequantize(w, sw, Fp8Format::kE4M3, &qw).t());
+      }
+    }
+    Account(stats, qx);
+    Account(stats, qw);
+    ctx->save_for_backward({x2, w});
+    ctx->saved_data["context"] = context;
+    ctx->saved_data["sx"] = sx;
+    ctx->saved_data["sw"] = sw;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = w.size(0);
+    return y.reshape(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* c = reinterpret_cast<Context*>(ctx->saved_data["context"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x2 = saved[0];
+    const at::Tensor& w = saved[1];
+    const double sx = ctx->saved_data["sx"].toDouble(), sw = ctx->saved_data["sw"].toDouble();
+    at::Tensor g2 = grads[0].reshape({-1, w.size(0)});
+    const double sg = c->layer->g.ScaleFor(g2);
+    c->stats->amax[c->layer->group + ".grad"] = c->layer->g.last_amax();
+    QuantStats qg, unused;
+    at::Tensor gx, gw;
+    c->stats->total_products += 2;
+    const bool cuda = g2.is_cuda();
+    if (cuda && !(ScaledMmShapeOk(g2.size(0), w.size(0), w.size(1)) &&
+                  ScaledMmShapeOk(w.size(0), g2.size(0), x2.size(1)))) {
+      gx = g2.to(at::kBFloat16).matmul(w.to(at::kBFloat16));
+      gw = g2.t().to(at::kBFloat16).matmul(x2.to(at::kBFloat16));
+    } else if (cuda) {
+      c->stats->fp8_products += 2;
+      // gx [M, K] = g [M, N] x w [N, K]; gw [N, K] = g^T [N, M] x x [M, K].
+      gx = ScaledMm(g2, sg, Fp8Format::kE5M2, w.t().contiguous(), sw, Fp8Format::kE4M3, &qg,
+                    &unused);
+      gw = ScaledMm(g2.t().contiguous(), sg, Fp8Format::kE5M2, x2.t().contiguous(), sx,
+                    Fp8Format::kE4M3, &unused, &unused);
+    } else {
+      c->stats->fp8_products += 2;
+      at::Tensor gq = QuantizeDequantize(g2, sg, Fp8Format::kE5M2, &qg);
+      at::Tensor xq = QuantizeDequantize(x2, sx, Fp8Format::kE4M3, nullptr);
+      at::Tensor wq = QuantizeDequantize(w, sw, Fp8Format::kE4M3, nullptr);
+      gx = gq.matmul(wq);
+      gw = gq.t().matmul(xq);
+    }
+    Account(c->stats, qg);
+    std::vector<int64_t> shape(grads[0].sizes().begin(), grads[0].sizes().end());
+    shape.back() = w.size(1);
+    return {gx.reshape(shape).to(grads[0].scalar_type()), gw.to(w.scalar_type()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Fp8Linears::Fp8Linears(RecipeConfig config) : config_(config) {}
+Fp8Linears::~Fp8Linears() = default;
+
+Fp8Linears::Layer& Fp8Linears::LayerFor(const std::string& site) {
+  auto& slot = layers_[site];
+  if (!slot) slot = std::make_unique<Layer>(site, config_);
+  return *slot;
+}
+
+at::Tensor Fp8Linears::Linear(const at::Tensor& x, const at::Tensor& w,
+                              const std::string& site) {
+  // The context outlives the autograd graph: it lives in the layer map.
+  Layer& layer = LayerFor(site);
+  auto& context = contexts_[site];
+  context = {&layer, &stats_, &training_};
+  return Fp8LinearFunction::apply(x, w, reinterpret_cast<int64_t>(&context));
+}
+
+void Fp8Linears::OnOptimizerStep() {
+  for (auto& [site, layer] : layers_) {
+    layer->x.Step();
+    layer->w.Step();
+    layer->g.Step();
+  }
+}
+
+Fp8Stats Fp8Linears::TakeStats() {
+  Fp8Stats out = std::move(stats_);
+  stats_ = Fp8Stats{};
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Fp8Linears::State() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [site, layer] : layers_) {
+    out.emplace_back("fp8." + site + ".input", layer->x.State());
+    out.emplace_back("fp8." + site + ".weight", layer->w.State());
+    out.emplace_back("fp8." + site + ".grad", layer->g.State());
+  }
+  return out;
+}
+
+bool Fp8Linears::LoadState(const std::map<std::string, at::Tensor>& tensors,
+                           std::string* missing) {
+  for (const auto& [name, t] : tensors) {
+    if (name.rfind("fp8.", 0) != 0) continue;
+    const size_t dot = name.rfind('.');
+    const std::string site = name.substr(4, dot - 4), which = name.substr(dot + 1);
+    Layer& layer = LayerFor(site);
+    TensorScaling* s = which == "input" ? &layer.x : which == "weight" ? &layer.w : &layer.g;
+    if (!s->LoadState(t)) {
+      *missing = name;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace tally::precision

@@ -1,0 +1,141 @@
+// FP8 training: linear layers that compute in FP8 with FP32 accumulation.
+//
+// Design. Forward: input and weight are scaled, clamped to the format's
+// finite range and cast to E4M3; backward: the output gradient is cast to
+// E5M2. All three products (output, input gradient, weight gradient) take
+// FP8 operands and accumulate in FP32; master weights and optimizer state
+// stay FP32. Each tensor (input, weight, gradient) of each layer has its own
+// per-tensor scale:
+// - delayed (Transformer Engine's recipe): scale = max / (amax x 2^margin)
+//   with amax the maximum (or the most recent) of an amax history that
+//   advances once per optimizer step, not per micro-batch; the first step,
+//   with no history yet, scales from the tensor itself;
+// - current: scale from the tensor's own amax at every use.
+// A zero or non-finite amax leaves the scale unchanged (never infinite).
+// Values beyond the range are clamped before the cast (LibTorch turns
+// |x| > 448 into NaN when casting to E4M3) and counted as overflows;
+// nonzero values that round to zero are counted as underflows.
+//
+// CPU: the same quantize/dequantize numerics, with FP32 matrix products, so
+// CPU tests check what the GPU computes up to accumulation order. CUDA:
+// at::_scaled_mm on the FP8 operands (the second column-major, dimensions
+// multiples of 16); a shape it cannot take runs in BF16 and is counted.
+//
+// Not thread-safe: one trainer owns it. Embeddings, norms, softmax and the
+// output head never come here.
+#ifndef TALLY_WORKER_PRECISION_FP8_H_
+#define TALLY_WORKER_PRECISION_FP8_H_
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "worker/model/transformer.h"
+
+namespace tally::precision {
+
+enum class Fp8Format { kE4M3, kE5M2 };
+double Fp8Max(Fp8Format format);  // 448 and 57344
+at::ScalarType Fp8Dtype(Fp8Format format);
+
+struct QuantStats {
+  int64_t overflows = 0;   // |x * scale| beyond the format's range
+  int64_t underflows = 0;  // nonzero x that became 0
+  int64_t elements = 0;
+};
+
+// The FP8 value of x * scale (clamped), as FP32 and not yet divided back.
+at::Tensor QuantizeScaled(const at::Tensor& x, double scale, Fp8Format format,
+                          QuantStats* stats);
+// x through FP8 and back: QuantizeScaled(x) / scale.
+at::Tensor QuantizeDequantize(const at::Tensor& x, double scale, Fp8Format format,
+                              QuantStats* stats);
+// max / (amax x 2^margin); `previous` when amax is zero or not finite.
+double ScaleForAmax(double amax, Fp8Format format, int margin, double previous);
+
+enum class Recipe { kDelayed, kCurrent };
+
+struct RecipeConfig {
+  Recipe recipe = Recipe::kDelayed;
+  int history_len = 16;
+  int margin = 0;
+  bool history_max = true;  // false: the most recent amax
+};
+
+// One tensor's scaling state.
+class TensorScaling {
+ public:
+  TensorScaling(Fp8Format format, const RecipeConfig& config);
+  // The scale to use for `x` now; with `record`, x's amax counts for this
+  // step (evaluation passes do not record, so they never move the scales).
+  double ScaleFor(const at::Tensor& x, bool record = true);
+  // Once per optimizer step: the step's amax joins the history.
+  void Step();
+  Fp8Format format() const { return format_; }
+  double scale() const { return scale_; }
+  double last_amax() const { return last_amax_; }
+  // history (history_len), then scale, step amax, steps: for checkpoints.
+  at::Tensor State() const;
+  bool LoadState(const at::Tensor& state);
+
+ private:
+  Fp8Format format_;
+  RecipeConfig config_;
+  std::vector<double> history_;  // newest last
+  double scale_ = 1.0;
+  double step_amax_ = 0;
+  double last_amax_ = 0;
+  int64_t steps_ = 0;
+};
+
+struct Fp8Stats {
+  int64_t overflows = 0;
+  int64_t underflows = 0;
+  int64_t elements = 0;
+  int64_t fp8_products = 0;    // matrix products computed in FP8
+  int64_t total_products = 0;  // all products of the converted layers
+  // Latest amax per tensor group: "attention.input", "ffn.grad", ...
+  std::map<std::string, double> amax;
+};
+
+// The converter: swaps FP8 in for the transformer's block linears (attention
+// projections and feed-forward weights) through model::LinearOverride.
+class Fp8Linears final : public model::LinearOverride {
+ public:
+  explicit Fp8Linears(RecipeConfig config);
+  ~Fp8Linears() override;
+  at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const std::string& site) override;
+  // Advances every tensor's amax history; call once per optimizer step.
+  void OnOptimizerStep();
+  // false while evaluating: products still run in FP8, but nothing is
+  // recorded (amax, statistics).
+  void SetTraining(bool training) { training_ = training; }
+  // Statistics since the previous call.
+  Fp8Stats TakeStats();
+  // Scaling state for checkpoints: (name, tensor) pairs, and back.
+  std::vector<std::pair<std::string, at::Tensor>> State() const;
+  bool LoadState(const std::map<std::string, at::Tensor>& tensors, std::string* missing);
+
+  struct Layer;
+  struct Context {
+    Layer* layer;
+    Fp8Stats* stats;
+    const bool* training;
+  };
+
+ private:
+  Layer& LayerFor(const std::string& site);
+  RecipeConfig config_;
+  std::map<std::string, std::unique_ptr<Layer>> layers_;
+  std::map<std::string, Context> contexts_;  // stable addresses for autograd
+  Fp8Stats stats_;
+  bool training_ = true;
+};
+
+}  // namespace tally::precision
+
+#endif  // TALLY_WORKER_PRECISION_FP8_H_

@@ -1,0 +1,201 @@
+#include "worker/precision/fp8.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tally::precision {
+namespace {
+
+// Every finite value of a format, from its 256 bit patterns.
+std::vector<double> Grid(Fp8Format f) {
+  at::Tensor bits = at::arange(256, at::kInt).to(at::kByte);
+  at::Tensor v = bits.view(Fp8Dtype(f)).to(at::kDouble);
+  std::vector<double> out;
+  for (int i = 0; i < 256; ++i) {
+    const double x = v[i].item<double>();
+    if (std::isfinite(x)) out.push_back(x);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Round to nearest; ties to the value whose bit pattern is even.
+double Reference(double x, Fp8Format f, const std::vector<double>& grid) {
+  const double max = Fp8Max(f);
+  x = std::clamp(x, -max, max);
+  auto hi = std::lower_bound(grid.begin(), grid.end(), x);
+  if (hi == grid.end()) return grid.back();
+  if (*hi == x || hi == grid.begin()) return *hi;
+  const double a = *(hi - 1), b = *hi;
+  if (x - a < b - x) return a;
+  if (b - x < x - a) return b;
+  auto even = [&](double v) {
+    const uint8_t byte =
+        at::tensor(v, at::kDouble).to(Fp8Dtype(f)).view(at::kByte).item<uint8_t>();
+    return (byte & 1) == 0;
+  };
+  return even(a) ? a : b;
+}
+
+class QuantizeTest : public ::testing::TestWithParam<Fp8Format> {};
+
+TEST_P(QuantizeTest, MatchesTheReferenceWithinHalfAnUlp) {
+  const Fp8Format f = GetParam();
+  const auto grid = Grid(f);
+  at::manual_seed(1);
+  // Across the range: normals, subnormals, values at the edges.
+  at::Tensor x = at::cat({at::randn({4000}) * (f == Fp8Format::kE4M3 ? 100 : 10000),
+                          at::randn({1000}) * 1e-3, at::tensor({0.0f, -0.0f})});
+  QuantStats stats;
+  at::Tensor q = QuantizeScaled(x, 1.0, f, &stats).to(at::kDouble);
+  const int mantissa_bits = f == Fp8Format::kE4M3 ? 3 : 2;
+  const double min_normal = f == Fp8Format::kE4M3 ? std::ldexp(1.0, -6) : std::ldexp(1.0, -14);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double xi = x[i].item<double>(), qi = q[i].item<double>();
+    ASSERT_EQ(qi, Reference(xi, f, grid)) << "x=" << xi;
+    const double ax = std::min(std::abs(xi), Fp8Max(f));
+    // Half a unit in the last place: relative for normals, absolute below.
+    const double half_ulp = ax >= min_normal
+                                ? std::ldexp(1.0, static_cast<int>(std::floor(std::log2(ax))) -
+                                                      mantissa_bits - 1)
+                                : std::ldexp(min_normal, -mantissa_bits - 1);
+    ASSERT_LE(std::abs(qi - std::clamp(xi, -Fp8Max(f), Fp8Max(f))), half_ulp) << xi;
+  }
+  EXPECT_EQ(stats.elements, x.numel());
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantizeTest,
+                         ::testing::Values(Fp8Format::kE4M3, Fp8Format::kE5M2),
+                         [](const auto& i) {
+                           return std::string(i.param == Fp8Format::kE4M3 ? "E4M3" : "E5M2");
+                         });
+
+TEST(QuantizeTest, ClampsInsteadOfNaNAndCountsOverAndUnderflow) {
+  QuantStats s;
+  at::Tensor q = QuantizeScaled(at::tensor({1000.0f, -1e9f, 1e-12f, 0.0f}), 1.0,
+                                Fp8Format::kE4M3, &s);
+  EXPECT_EQ(q[0].item<float>(), 448.0f);
+  EXPECT_EQ(q[1].item<float>(), -448.0f);
+  EXPECT_FALSE(at::isnan(q).any().item<bool>());
+  EXPECT_EQ(s.overflows, 2);
+  EXPECT_EQ(s.underflows, 1);  // 1e-12 became 0; a true 0 is not an underflow
+  at::Tensor back = QuantizeDequantize(at::tensor({3.0f}), 100.0, Fp8Format::kE4M3, nullptr);
+  EXPECT_NEAR(back.item<float>(), 3.0f, 3.0 / 16);
+}
+
+TEST(ScaleTest, ZeroAndHugeAmax) {
+  EXPECT_DOUBLE_EQ(ScaleForAmax(2.0, Fp8Format::kE4M3, 0, 1.0), 224.0);
+  EXPECT_DOUBLE_EQ(ScaleForAmax(2.0, Fp8Format::kE4M3, 1, 1.0), 112.0);
+  EXPECT_DOUBLE_EQ(ScaleForAmax(0.0, Fp8Format::kE4M3, 0, 7.0), 7.0);  // never infinite
+  EXPECT_DOUBLE_EQ(ScaleForAmax(std::numeric_limits<double>::infinity(), Fp8Format::kE5M2, 0,
+                                7.0),
+                   7.0);
+  EXPECT_DOUBLE_EQ(ScaleForAmax(std::nan(""), Fp8Format::kE5M2, 0, 7.0), 7.0);
+  const double tiny = ScaleForAmax(1e30, Fp8Format::kE4M3, 0, 1.0);
+  EXPECT_GT(tiny, 0);
+  EXPECT_TRUE(std::isfinite(tiny));
+}
+
+TEST(ScaleTest, DelayedScalingAdvancesOncePerOptimizerStep) {
+  RecipeConfig c;
+  c.history_len = 2;
+  TensorScaling s(Fp8Format::kE4M3, c);
+  // First step: no history, so the tensor scales itself.
+  EXPECT_DOUBLE_EQ(s.ScaleFor(at::tensor({4.0f})), 112.0);
+  // Gradient accumulation: three micro-batches, one optimizer step.
+  EXPECT_DOUBLE_EQ(s.ScaleFor(at::tensor({1.0f})), 448.0);  // still no history
+  s.ScaleFor(at::tensor({8.0f}));
+  s.Step();
+  EXPECT_DOUBLE_EQ(s.scale(), 56.0);  // the step's max amax, 8
+  // Delayed: this step uses the history's scale, whatever the tensor.
+  EXPECT_DOUBLE_EQ(s.ScaleFor(at::tensor({1.0f})), 56.0);
+  s.Step();  // history [8, 1]
+  EXPECT_DOUBLE_EQ(s.scale(), 56.0);
+  s.ScaleFor(at::tensor({2.0f}));
+  s.Step();  // history [1, 2]: 8 has left the window
+  EXPECT_DOUBLE_EQ(s.scale(), 224.0);
+  // A step with only zeros keeps the scale finite.
+  s.ScaleFor(at::zeros({3}));
+  s.Step();
+  s.ScaleFor(at::zeros({3}));
+  s.Step();
+  EXPECT_DOUBLE_EQ(s.scale(), 224.0);
+
+  RecipeConfig recent = c;
+  recent.history_max = false;
+  TensorScaling r(Fp8Format::kE4M3, recent);
+  r.ScaleFor(at::tensor({8.0f}));
+  r.Step();
+  r.ScaleFor(at::tensor({2.0f}));
+  r.Step();
+  EXPECT_DOUBLE_EQ(r.scale(), 224.0);  // most recent, not max
+}
+
+TEST(ScaleTest, CurrentScalingFollowsEachTensorAndStateRoundTrips) {
+  RecipeConfig c;
+  c.recipe = Recipe::kCurrent;
+  TensorScaling s(Fp8Format::kE5M2, c);
+  EXPECT_DOUBLE_EQ(s.ScaleFor(at::tensor({57344.0f})), 1.0);
+  EXPECT_DOUBLE_EQ(s.ScaleFor(at::tensor({-2.0f})), 28672.0);
+
+  RecipeConfig d;
+  d.history_len = 4;
+  TensorScaling a(Fp8Format::kE4M3, d), b(Fp8Format::kE4M3, d);
+  a.ScaleFor(at::tensor({3.0f}));
+  a.Step();
+  a.ScaleFor(at::tensor({5.0f}));
+  a.Step();
+  ASSERT_TRUE(b.LoadState(a.State()));
+  EXPECT_DOUBLE_EQ(b.scale(), a.scale());
+  b.ScaleFor(at::tensor({1.0f}));
+  a.ScaleFor(at::tensor({1.0f}));
+  a.Step();
+  b.Step();
+  EXPECT_DOUBLE_EQ(b.scale(), a.scale());
+  EXPECT_FALSE(b.LoadState(at::zeros({3}, at::kDouble)));
+}
+
+TEST(Fp8LinearsTest, ProductsUseFp8OperandsAndFp32Accumulation) {
+  at::manual_seed(2);
+  RecipeConfig c;
+  c.recipe = Recipe::kCurrent;
+  Fp8Linears fp8(c);
+  at::Tensor x = at::randn({2, 5, 32}).set_requires_grad(true);
+  at::Tensor w = (at::randn({48, 32}) * 0.1).set_requires_grad(true);
+  at::Tensor y = fp8.Linear(x, w, "layers.0.w1");
+  ASSERT_EQ(y.sizes(), (at::IntArrayRef{2, 5, 48}));
+  at::Tensor g = at::randn({2, 5, 48});
+  y.backward(g);
+
+  // The same numerics by hand.
+  auto qdq = [](const at::Tensor& t, Fp8Format f) {
+    const double s = ScaleForAmax(t.abs().max().item<double>(), f, 0, 1.0);
+    return QuantizeDequantize(t, s, f, nullptr);
+  };
+  at::NoGradGuard no_grad;
+  at::Tensor x2 = x.detach().reshape({10, 32});
+  at::Tensor xq = qdq(x2, Fp8Format::kE4M3), wq = qdq(w.detach(), Fp8Format::kE4M3);
+  at::Tensor gq = qdq(g.reshape({10, 48}), Fp8Format::kE5M2);
+  EXPECT_TRUE(at::allclose(y.reshape({10, 48}), xq.matmul(wq.t()), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(x.grad().reshape({10, 32}), gq.matmul(wq), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(w.grad(), gq.t().matmul(xq), 1e-5, 1e-6));
+  // And close to FP32, as FP8 is.
+  const double rel = ((y - at::linear(x, w)).norm() / at::linear(x, w).norm()).item<double>();
+  EXPECT_LT(rel, 0.1);
+  EXPECT_GT(rel, 0.0);
+  Fp8Stats stats = fp8.TakeStats();
+  EXPECT_EQ(stats.fp8_products, 3);
+  EXPECT_EQ(stats.total_products, 3);
+  EXPECT_GT(stats.amax.at("ffn.input"), 0);
+  EXPECT_GT(stats.amax.at("ffn.grad"), 0);
+  EXPECT_EQ(fp8.State().size(), 3u);
+}
+
+}  // namespace
+}  // namespace tally::precision
