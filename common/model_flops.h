@@ -17,7 +17,17 @@ struct ModelShape {
   int64_t d_model = 0;
   int64_t d_ff = 0;        // 0: SwiGLU's 8/3 * d_model, rounded up to 32
   int64_t vocab_size = 0;  // 0: kDefaultVocabSize
+  // Mixture-of-Experts: E experts of width d_ff, top-k, on every n-th layer.
+  int64_t num_experts = 0;
+  int64_t top_k = 1;
+  int64_t every_n_layers = 1;
+  bool shared_expert = false;
 };
+
+inline bool IsMoeLayer(const ModelShape& m, int64_t layer) {
+  const int64_t n = m.every_n_layers > 0 ? m.every_n_layers : 1;
+  return m.num_experts > 0 && layer % n == n - 1;
+}
 
 inline int64_t ResolveDff(int64_t d_model, int64_t d_ff) {
   if (d_ff > 0) return d_ff;
@@ -30,10 +40,22 @@ inline int64_t ResolveVocab(int64_t vocab_size) {
 }
 
 // Embedding V*D, per layer two norms (2D), fused QKV and output (4D^2) and
-// SwiGLU (3DF), the final norm D and the untied head V*D.
-inline int64_t ParameterCount(const ModelShape& m) {
+// SwiGLU (3DF) -- or, on an MoE layer, a router (E*D), E experts (E*3DF)
+// and an optional shared expert (3DF) -- the final norm D and the untied
+// head V*D. `active`: only the top-k experts a token is routed to.
+inline int64_t ParameterCount(const ModelShape& m, bool active = false) {
   const int64_t D = m.d_model, F = ResolveDff(m.d_model, m.d_ff), V = ResolveVocab(m.vocab_size);
-  return 2 * V * D + D + m.num_layers * (2 * D + 4 * D * D + 3 * D * F);
+  int64_t n = 2 * V * D + D;
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    n += 2 * D + 4 * D * D;
+    if (!IsMoeLayer(m, l)) {
+      n += 3 * D * F;
+      continue;
+    }
+    n += m.num_experts * D + (active ? m.top_k : m.num_experts) * 3 * D * F;
+    if (m.shared_expert) n += 3 * D * F;
+  }
+  return n;
 }
 
 // Training FLOPs per token (forward + backward): 6 x the parameters outside
@@ -45,9 +67,11 @@ inline double TrainingFlopsPerToken(int64_t non_embedding_parameters, int64_t nu
          12.0 * static_cast<double>(num_layers * d_model) * static_cast<double>(context);
 }
 
+// From the active parameters: a token computes only its experts.
 inline double TrainingFlopsPerToken(const ModelShape& m, int64_t context) {
-  return TrainingFlopsPerToken(ParameterCount(m) - ResolveVocab(m.vocab_size) * m.d_model,
-                               m.num_layers, m.d_model, context);
+  return TrainingFlopsPerToken(
+      ParameterCount(m, /*active=*/true) - ResolveVocab(m.vocab_size) * m.d_model,
+      m.num_layers, m.d_model, context);
 }
 
 }  // namespace tally

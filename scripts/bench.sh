@@ -3,7 +3,7 @@
 # padded baselines (same model, corpus and steps), then the controller: submit
 # throughput and latency on loopback (SQLite and in-memory stores, 1/8/64
 # clients), the scheduler's Tick() and /metrics rendering at fleet scale.
-# ONLY=packing, ONLY=fp8 or ONLY=controller runs one part.
+# ONLY=packing, ONLY=fp8, ONLY=moe or ONLY=controller runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -12,7 +12,7 @@ tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
 ONLY=${ONLY:-}
-if [ "$ONLY" != controller ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = packing ]; then
   echo "== Packing: useful tokens/s, packed vs padded baselines (fortunes corpus) =="
   if [ ! -s "$B/demo/fortunes/train.idx" ]; then
     "$B/cli/tally-prep" --out="$B/demo/fortunes" /usr/share/games/fortunes/*.u8
@@ -28,6 +28,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = fp8 ]; then
   echo
 fi
 [ "$ONLY" = fp8 ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = moe ]; then
+  echo "== MoE vs dense at the same active FLOPs per token =="
+  "$B/bench/moe_bench" --train_path="$B/demo/fortunes/train"
+  echo
+fi
+[ "$ONLY" = moe ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"

@@ -28,10 +28,12 @@ class Printer final : public tally::train::TrainEvents {
   Printer(int64_t max_steps, int log_every) : max_steps_(max_steps), log_every_(log_every) {}
   void OnStart(const tally::train::RunInfo& i) override {
     std::cout << absl::StrFormat(
-        "tally-train: %d parameters (%d in the embedding), %.3g training FLOPs/token, "
+        "tally-train: %d parameters (%d active, %d in the embedding), %.3g training "
+        "FLOPs/token, "
         "%d micro-batches/step, %s attention on %s; %d train / %d val documents, "
         "first-epoch packing efficiency %.4f%s\n",
-        i.num_parameters, i.num_embedding_parameters, i.flops_per_token,
+        i.num_parameters, i.num_active_parameters, i.num_embedding_parameters,
+        i.flops_per_token,
         i.micro_batches_per_step, i.attention, i.device, i.train_docs, i.val_docs,
         i.packing_efficiency,
         i.start_step > 0 ? absl::StrFormat("; resumed at step %d", i.start_step) : "");
@@ -43,6 +45,9 @@ class Printer final : public tally::train::TrainEvents {
         m.step, max_steps_, m.train_loss, m.lr, m.grad_norm, m.useful_tokens_per_second,
         100 * m.padding_fraction);
     if (m.mfu > 0) std::cout << absl::StrFormat("  mfu %.1f%%", 100 * m.mfu);
+    if (!m.moe.empty()) {
+      std::cout << absl::StrFormat("  moe max/mean load %.2f", m.moe_max_over_mean_load);
+    }
     if (m.fp8_product_fraction > 0) {
       std::cout << absl::StrFormat("  fp8 %.0f%% of products, %d overflows",
                                    100 * m.fp8_product_fraction, m.fp8_overflows);

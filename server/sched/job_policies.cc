@@ -156,9 +156,26 @@ absl::Status Scheduler::OnEval(ActiveJob& job, const tally::v1::EvalResult& ev) 
                                    absl::StrCat(ev.bits_per_byte(), " bits/byte"));
   e.set_val_loss(ev.val_loss());
   RETURN_IF_ERROR(AppendEvent(job, std::move(e), {}));
+  // AppendEvent replaces job.rec: no reference into it survives a commit.
   UpdateJobMetrics(job);
+  // Routing collapse: one expert taking most tokens for several evaluations.
+  constexpr int kCollapseEvals = 3;
+  job.collapsed_evals = job.max_expert_share > 0.5 ? job.collapsed_evals + 1 : 0;
+  if (job.collapsed_evals >= kCollapseEvals && !job.collapse_warned) {
+    job.collapse_warned = true;
+    RETURN_IF_ERROR(AppendEvent(
+        job,
+        NewEvent(job, "warning",
+                 absl::StrFormat("routing collapse: %s took %.0f%% of its layer's tokens for "
+                                 "%d evaluations in a row",
+                                 job.max_expert_where, 100 * job.max_expert_share,
+                                 job.collapsed_evals),
+                 "raise model.moe.aux_loss_coef or set model.moe.bias_balancing"),
+        {}));
+  }
   // At the last step there is nothing left to save by stopping.
-  if (d.rule == policy::StopRule::kNone || ev.step() >= j.spec().training().max_steps()) {
+  if (d.rule == policy::StopRule::kNone ||
+      ev.step() >= job.rec.job().spec().training().max_steps()) {
     return absl::OkStatus();
   }
   // The best checkpoint: the lowest recorded validation loss, else the latest.
@@ -172,11 +189,11 @@ absl::Status Scheduler::OnEval(ActiveJob& job, const tally::v1::EvalResult& ev) 
   }
   std::string detail = "no checkpoint yet";
   if (best != nullptr) {
-    j.mutable_early_stopping()->set_best_checkpoint(best->path());
+    job.rec.mutable_job()->mutable_early_stopping()->set_best_checkpoint(best->path());
     detail = absl::StrFormat("best checkpoint: step %d, val_loss %.4f, %s", best->step(),
                              best->val_loss(), best->path());
   }
-  j.mutable_early_stopping()->set_stop_rule(policy::StopRuleName(d.rule));
+  job.rec.mutable_job()->mutable_early_stopping()->set_stop_rule(policy::StopRuleName(d.rule));
   early_stops_->Add({{"rule", policy::StopRuleName(d.rule)}}).Increment();
   return StopJob(job, tally::v1::JOB_STATE_EARLY_STOPPED, "early_stopped", d.reason, detail);
 }
@@ -203,8 +220,12 @@ void Scheduler::PriceCheckpoint(ActiveJob& job, tally::v1::Checkpoint* ck) {
 
 double Scheduler::Flops(const tally::v1::Job& job) const {
   const auto& m = job.spec().model();
-  return TrainingFlopsPerToken(ModelShape{m.num_layers(), m.d_model(), m.d_ff(), m.vocab_size()},
-                               job.spec().data().seq_len());
+  ModelShape shape{m.num_layers(), m.d_model(), m.d_ff(), m.vocab_size()};
+  shape.num_experts = m.moe().num_experts();
+  shape.top_k = std::max(1, m.moe().top_k());
+  shape.every_n_layers = std::max(1, m.moe().every_n_layers());
+  shape.shared_expert = m.moe().shared_expert();
+  return TrainingFlopsPerToken(shape, job.spec().data().seq_len());
 }
 
 void Scheduler::RecordThroughput(const tally::v1::Job& job) {
@@ -251,6 +272,39 @@ absl::StatusOr<tally::v1::CostEstimate> Scheduler::EstimateCost(tally::v1::JobSp
   return out;
 }
 
+void Scheduler::SetJobSeries(const std::string& job, metrics::Family<metrics::Gauge>* family,
+                             metrics::Labels labels, double value) {
+  family->Add(labels).Set(value);
+  job_series_[job].insert({family, std::move(labels)});
+}
+
+void Scheduler::OnMoeProgress(ActiveJob& job, const tally::v1::Progress& p) {
+  const std::string& name = job.rec.job().name();
+  job.max_expert_share = 0;
+  for (const auto& l : p.moe()) {
+    const std::string layer = std::to_string(l.layer());
+    SetJobSeries(name, job_gauges_.moe_load, {{"job", name}, {"layer", layer}},
+                 l.max_over_mean_load());
+    SetJobSeries(name, job_gauges_.moe_entropy, {{"job", name}, {"layer", layer}},
+                 l.router_entropy());
+    SetJobSeries(name, job_gauges_.moe_dropped, {{"job", name}, {"layer", layer}},
+                 l.dropped_fraction());
+    int64_t total = 0;
+    for (int64_t n : l.tokens_per_expert()) total += n;
+    for (int e = 0; e < l.tokens_per_expert_size(); ++e) {
+      SetJobSeries(name, job_gauges_.moe_expert_tokens,
+                   {{"job", name}, {"layer", layer}, {"expert", std::to_string(e)}},
+                   static_cast<double>(l.tokens_per_expert(e)));
+      const double share =
+          total > 0 ? static_cast<double>(l.tokens_per_expert(e)) / static_cast<double>(total) : 0;
+      if (share > job.max_expert_share) {
+        job.max_expert_share = share;
+        job.max_expert_where = absl::StrCat("layer ", l.layer(), " expert ", e);
+      }
+    }
+  }
+}
+
 void Scheduler::UpdateJobMetrics(const ActiveJob& job) {
   const tally::v1::Job& j = job.rec.job();
   if (j.state() != tally::v1::JOB_STATE_RUNNING) return;
@@ -287,10 +341,12 @@ void Scheduler::RemoveJobMetrics(const tally::v1::Job& j) {
                   job_gauges_.fp8_overflows, job_gauges_.fp8_product_fraction}) {
     if (f->Has(l)) f->Remove(&f->Add(l));
   }
-  for (const char* group : {"attention.input", "attention.weight", "attention.grad",
-                            "ffn.input", "ffn.weight", "ffn.grad"}) {
-    const metrics::Labels g = {{"job", j.name()}, {"group", group}};
-    if (job_gauges_.fp8_amax->Has(g)) job_gauges_.fp8_amax->Remove(&job_gauges_.fp8_amax->Add(g));
+  auto series = job_series_.find(j.name());
+  if (series != job_series_.end()) {
+    for (const auto& [family, labels] : series->second) {
+      if (family->Has(labels)) family->Remove(&family->Add(labels));
+    }
+    job_series_.erase(series);
   }
   for (const char* kind : {"useful", "padding"}) {
     metrics::Labels k = l;

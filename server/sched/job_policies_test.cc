@@ -259,6 +259,45 @@ TEST_F(JobPoliciesTest, CheckpointsArePricedAndLostWorkIsCounted) {
   EXPECT_NEAR(j.cost().cost_usd(), 0.028, 1e-12);
 }
 
+TEST_F(JobPoliciesTest, RoutingCollapseWarnsOnceAfterThreeEvaluations) {
+  const int64_t id = Start(Spec());
+  auto progress = [&](int64_t step, std::vector<int64_t> tokens) {
+    tally::v1::WorkerMessage m;
+    m.mutable_progress()->set_job("jobs/" + std::to_string(id));
+    m.mutable_progress()->set_attempt(1);
+    m.mutable_progress()->set_step(step);
+    m.mutable_progress()->set_trained(true);
+    auto* l = m.mutable_progress()->add_moe();
+    l->set_layer(1);
+    for (int64_t n : tokens) l->add_tokens_per_expert(n);
+    Send(m);
+  };
+  auto warnings = [&] {
+    int n = 0;
+    const auto events = store_.ListEvents(id, 0, 1000);
+    for (const auto& e : *events) n += e.type() == "warning";
+    return n;
+  };
+  progress(1, {90, 5, 5});
+  Eval(id, 10, 3.0);
+  progress(2, {30, 40, 30});  // balanced again: the count restarts
+  Eval(id, 20, 3.0);
+  for (int i = 0; i < 3; ++i) {
+    progress(3 + i, {10, 80, 10});
+    Eval(id, 30 + 10 * i, 3.0);
+    EXPECT_EQ(warnings(), i == 2 ? 1 : 0);
+  }
+  progress(9, {10, 80, 10});
+  Eval(id, 70, 3.0);
+  EXPECT_EQ(warnings(), 1) << "warned once";
+  auto events = *store_.ListEvents(id, 0, 1000);
+  for (const auto& e : events) {
+    if (e.type() == "warning") {
+      EXPECT_THAT(e.reason(), HasSubstr("routing collapse: layer 1 expert 1 took 80%"));
+    }
+  }
+}
+
 TEST_F(JobPoliciesTest, EstimateIsConfiguredThenMeasured) {
   auto spec = Spec();
   spec.mutable_training()->set_max_steps(10);

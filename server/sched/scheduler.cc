@@ -114,6 +114,15 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel,
       "Fraction of an FP8 job's matrix products computed in FP8.");
   job_gauges_.fp8_amax = gauge("tally_job_fp8_amax",
                                "Latest amax of an FP8 job's tensors, by group.");
+  job_gauges_.moe_load = gauge(
+      "tally_job_moe_max_over_mean_load",
+      "MoE jobs: the busiest expert's tokens over the mean, per MoE layer (1 is balanced).");
+  job_gauges_.moe_entropy =
+      gauge("tally_job_moe_router_entropy", "MoE jobs: mean router entropy per layer, nats.");
+  job_gauges_.moe_dropped = gauge(
+      "tally_job_moe_dropped_fraction", "MoE jobs: token assignments over capacity, per layer.");
+  job_gauges_.moe_expert_tokens = gauge(
+      "tally_job_moe_expert_tokens", "MoE jobs: tokens each expert took at the latest step.");
   cost_total_ = &metrics::BuildCounter()
                      .Name("tally_cost_dollars_total")
                      .Help("Dollars accrued by running attempts, by GPU type.")
@@ -376,13 +385,15 @@ absl::Status Scheduler::StartAttempt(ActiveJob& job,
                          "placed on a worker", detail, true));
   queue_wait_->Observe(absl::ToDoubleSeconds(now - job.queued_since));
 
+  // Record replaced job.rec: `j` must not outlive it.
+  const tally::v1::Job& started = job.rec.job();
   for (size_t rank = 0; rank < rank_workers.size(); ++rank) {
-    ++workers_[rank_workers[rank]].held[{id, j.attempt()}];
+    ++workers_[rank_workers[rank]].held[{id, started.attempt()}];
     tally::v1::ControllerMessage msg;
     auto* a = msg.mutable_assignment();
-    a->set_job(j.name());
-    a->set_attempt(j.attempt());
-    *a->mutable_spec() = j.spec();
+    a->set_job(started.name());
+    a->set_attempt(started.attempt());
+    *a->mutable_spec() = started.spec();
     if (!checkpoints.empty()) *a->mutable_resume_from() = checkpoints.back();
     a->set_rank(rank);
     a->set_world_size(rank_workers.size());
@@ -576,9 +587,11 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
           job_gauges_.fp8_overflows->Add(l).Set(static_cast<double>(p.fp8_overflows()));
           job_gauges_.fp8_product_fraction->Add(l).Set(p.fp8_product_fraction());
           for (const auto& [group, amax] : p.fp8_amax()) {
-            job_gauges_.fp8_amax->Add({{"job", j.name()}, {"group", group}}).Set(amax);
+            SetJobSeries(j.name(), job_gauges_.fp8_amax, {{"job", j.name()}, {"group", group}},
+                         amax);
           }
         }
+        if (p.moe_size() > 0) OnMoeProgress(*job, p);
       }
       Accrue(*job, now);
       UpdateJobMetrics(*job);

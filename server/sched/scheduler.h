@@ -115,6 +115,13 @@ class Scheduler {
     // step before that step's checkpoint, which records it.
     std::optional<std::pair<int64_t, double>> last_eval;
     absl::Time accrued_until;  // cost is accrued up to here
+    // MoE routing collapse: the largest share of tokens one expert took in
+    // any layer at the latest progress, and for how many evaluations in a
+    // row it has been above half (warned once).
+    double max_expert_share = 0;
+    std::string max_expert_where;
+    int collapsed_evals = 0;
+    bool collapse_warned = false;
   };
   // Achieved model FLOP/s per GPU of finished jobs, by GPU type.
   struct Throughput {
@@ -211,7 +218,17 @@ class Scheduler {
     metrics::Family<metrics::Gauge>* fp8_overflows;
     metrics::Family<metrics::Gauge>* fp8_product_fraction;
     metrics::Family<metrics::Gauge>* fp8_amax;
+    metrics::Family<metrics::Gauge>* moe_load;
+    metrics::Family<metrics::Gauge>* moe_entropy;
+    metrics::Family<metrics::Gauge>* moe_dropped;
+    metrics::Family<metrics::Gauge>* moe_expert_tokens;
   } job_gauges_;
+  // Series a job created with labels beyond {job}, removed when it ends.
+  std::map<std::string, std::set<std::pair<metrics::Family<metrics::Gauge>*, metrics::Labels>>>
+      job_series_;
+  void SetJobSeries(const std::string& job, metrics::Family<metrics::Gauge>* family,
+                    metrics::Labels labels, double value);
+  void OnMoeProgress(ActiveJob& job, const tally::v1::Progress& p);
   metrics::Family<metrics::Counter>* cost_total_;
   metrics::Family<metrics::Counter>* lost_total_;
   metrics::Family<metrics::Counter>* early_stops_;

@@ -105,6 +105,35 @@ class TrainingTest(ClusterTest):
         self.assertEqual(len(self.tallyd.jobs.ListCheckpoints(
             jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints), 2)
 
+    def test_a_packed_fp8_moe_job_trains_end_to_end(self):
+        self.add_worker("w1")
+        s = spec(max_steps=300, name="packed-fp8-moe", checkpoint_interval=150)
+        s.model.num_layers = 2
+        s.model.d_model = 32
+        s.model.num_heads = 2
+        s.model.moe.num_experts = 4
+        s.model.moe.top_k = 2
+        s.model.moe.aux_loss_coef = 0.01
+        s.model.moe.bias_balancing = True
+        s.precision.compute = spec_pb2.PRECISION_FP8
+        s.data.packing = spec_pb2.PACKING_MODE_PACKED
+        s.training.eval_interval_steps = 100
+        s.training.eval_tokens = 4096
+        s.optimizer.lr = 3e-3
+        job = self.submit(s)
+        wait_for(lambda: self.get(job.name).step >= 30, timeout=120, what="30 steps")
+        text = self.tallyd.scrape()
+        label = 'job="%s"' % job.name
+        self.assertIn('tally_job_moe_max_over_mean_load{%s,layer="0"}' % label, text)
+        self.assertIn('tally_job_moe_expert_tokens{expert="3",%s,layer="1"}' % label, text)
+        self.assertIn("tally_job_fp8_product_fraction{%s} 1" % label, text)
+        done = self.wait_state(job.name, {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED},
+                               timeout=300)
+        self.assertEqual(done.state, jobs_pb2.JOB_STATE_SUCCEEDED, done.state_reason)
+        evals = [e for e in self.events(job.name) if e.type == "eval"]
+        self.assertLess(evals[-1].val_loss, evals[0].val_loss - 1.0)
+        self.assertNotIn(job.name, self.tallyd.scrape(), "series gone once it ended")
+
     def test_a_spec_the_worker_cannot_train_fails_with_the_field(self):
         self.add_worker("w1")
         s = spec(max_steps=5)

@@ -36,11 +36,6 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
         "spec.precision.compute: CUDA workers train in BF16 with FP32 master weights; "
         "use PRECISION_BF16 or leave it unset");
   }
-  if (spec.model().moe().num_experts() > 0) {
-    return absl::InvalidArgumentError(
-        "spec.model.moe.num_experts: Mixture-of-Experts is not supported by this worker yet; "
-        "remove model.moe");
-  }
   if (spec.resources().gpu_count() > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.resources.gpu_count: ", spec.resources().gpu_count(),
@@ -54,6 +49,18 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   c.num_heads = m.num_heads();
   c.d_ff = m.d_ff();
   c.vocab_size = m.vocab_size();
+  const auto& moe = m.moe();
+  c.moe_num_experts = moe.num_experts();
+  if (c.moe_num_experts > 0) {
+    c.moe_top_k = moe.top_k();
+    c.moe_every_n_layers = moe.every_n_layers();
+    c.moe_shared_expert = moe.shared_expert();
+    c.moe_sigmoid_router = moe.router() == "sigmoid";
+    c.moe_capacity_factor = moe.capacity_factor();
+    c.moe_aux_loss_coef = moe.aux_loss_coef();
+    c.moe_z_loss_coef = moe.z_loss_coef();
+    c.moe_bias_balancing = moe.bias_balancing();
+  }
   const auto& d = spec.data();
   c.train_path = d.train_path();
   c.val_path = d.val_path();

@@ -65,6 +65,23 @@ TEST(TrainSpecTest, Fp8MapsItsRecipe) {
   EXPECT_EQ(d->amax_history_len, 16);  // the spec's default
 }
 
+TEST(TrainSpecTest, MoeMapsEveryField) {
+  auto c = TrainConfigFromSpec(
+      Spec("model: {num_layers: 2, d_model: 64, num_heads: 4, moe: {num_experts: 8, top_k: 2, "
+           "every_n_layers: 2, shared_expert: true, router: sigmoid, capacity_factor: 1.25, "
+           "aux_loss_coef: 0.01, z_loss_coef: 0.001, bias_balancing: true}}\n"),
+      DeviceOptions{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe_num_experts, 8);
+  EXPECT_EQ(c->moe_top_k, 2);
+  EXPECT_EQ(c->moe_every_n_layers, 2);
+  EXPECT_TRUE(c->moe_shared_expert);
+  EXPECT_TRUE(c->moe_sigmoid_router);
+  EXPECT_DOUBLE_EQ(c->moe_capacity_factor, 1.25);
+  EXPECT_DOUBLE_EQ(c->moe_aux_loss_coef, 0.01);
+  EXPECT_TRUE(c->moe_bias_balancing);
+}
+
 TEST(TrainSpecTest, PeakFlops) {
   EXPECT_DOUBLE_EQ(PeakFlopsFor("H200"), 989e12);
   EXPECT_DOUBLE_EQ(PeakFlopsFor("cpu"), 0);

@@ -16,9 +16,9 @@ class ReportingEvents final : public train::TrainEvents {
 
   void OnStart(const train::RunInfo& i) override {
     spdlog::info(
-        "{} attempt {}: {} parameters, {:.3g} FLOPs/token, {} attention on {}, {} train / {} "
+        "{} attempt {}: {} parameters ({} active), {:.3g} FLOPs/token, {} attention on {}, {} train / {} "
         "val documents, packing efficiency {:.4f}{}",
-        a_.job(), a_.attempt(), i.num_parameters, i.flops_per_token, i.attention, i.device,
+        a_.job(), a_.attempt(), i.num_parameters, i.num_active_parameters, i.flops_per_token, i.attention, i.device,
         i.train_docs, i.val_docs, i.packing_efficiency,
         i.start_step > 0 ? absl::StrCat(", resumed at step ", i.start_step) : "");
   }
@@ -39,6 +39,14 @@ class ReportingEvents final : public train::TrainEvents {
     p.set_trained(true);
     fp8_overflows_ += m.fp8_overflows;
     fp8_underflows_ += m.fp8_underflows;
+    for (const auto& l : m.moe) {
+      auto* out = p.add_moe();
+      out->set_layer(static_cast<int32_t>(l.layer));
+      for (int64_t n : l.tokens_per_expert) out->add_tokens_per_expert(n);
+      out->set_max_over_mean_load(l.max_over_mean_load);
+      out->set_router_entropy(l.router_entropy);
+      out->set_dropped_fraction(l.dropped_fraction);
+    }
     if (m.fp8_product_fraction > 0) {
       p.set_fp8_overflows(fp8_overflows_);
       p.set_fp8_underflows(fp8_underflows_);

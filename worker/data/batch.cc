@@ -20,6 +20,7 @@ MicroBatch BuildMicroBatch(const Dataset& dataset, absl::Span<const Row> rows,
   b.targets.assign(n, kIgnoreTarget);
   b.positions.assign(n, 0);
   b.segment_ids.assign(n, 0);
+  b.real.assign(n, 0);
   b.cu_seqlens.push_back(0);
   int64_t segment_id = 0;
   auto add_segment = [&](size_t start, int32_t length) {
@@ -45,6 +46,7 @@ MicroBatch BuildMicroBatch(const Dataset& dataset, absl::Span<const Row> rows,
         }
       }
       add_segment(at, s.length);
+      std::fill(b.real.begin() + at, b.real.begin() + at + s.length, 1);
       at += s.length;
       b.real_tokens += s.length;
     }

@@ -29,6 +29,7 @@ struct MicroBatch {
   std::vector<int64_t> targets;     // [B*T]; kIgnoreTarget where no loss
   std::vector<int64_t> positions;   // [B*T]; restart at 0 in each segment
   std::vector<int64_t> segment_ids; // [B*T]; distinct per segment in the batch
+  std::vector<uint8_t> real;        // [B*T]; 1 for document tokens, 0 for padding
   std::vector<int32_t> cu_seqlens;  // segment starts over the flat B*T, + end
   int32_t max_seqlen = 0;           // longest segment
   int64_t real_tokens = 0;          // document tokens

@@ -178,6 +178,9 @@ TEST_F(BatchTest, TargetsAndPositionsStayInsideDocuments) {
   EXPECT_EQ(b.max_seqlen, 12);
   EXPECT_NE(b.segment_ids[4], b.segment_ids[5]);
   EXPECT_NE(b.segment_ids[8], b.segment_ids[7]);
+  EXPECT_EQ(b.real[7], 1);
+  EXPECT_EQ(b.real[8], 0);
+  EXPECT_EQ(std::count(b.real.begin(), b.real.end(), 1), b.real_tokens);
 
   MicroBatch longest = BuildMicroBatch(*ds_, {Row{{{0, 0, 5}}, 5}, Row{{{2, 0, 3}}, 3}}, 64,
                                        PackingMode::kPadToLongest);

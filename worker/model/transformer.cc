@@ -63,9 +63,21 @@ Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device de
     layer.wqkv_3DD = add(p + "wqkv", normal({3 * D, D}, 0.02), true);
     layer.wo_DD = add(p + "wo", normal({D, D}, out_std), true);
     layer.ffn_norm_D = add(p + "ffn_norm", at::ones({D}, f32), false);
-    layer.w1_FD = add(p + "w1", normal({F, D}, 0.02), true);
-    layer.w3_FD = add(p + "w3", normal({F, D}, 0.02), true);
-    layer.w2_DF = add(p + "w2", normal({D, F}, out_std), true);
+    const auto& moe = config_.moe;
+    layer.moe = moe.num_experts > 0 && (l % moe.every_n_layers) == moe.every_n_layers - 1;
+    if (layer.moe) {
+      const int64_t E = moe.num_experts;
+      layer.router_ED = add(p + "router", normal({E, D}, 0.02), false);
+      layer.w1_EFD = add(p + "experts.w1", normal({E, F, D}, 0.02), true);
+      layer.w3_EFD = add(p + "experts.w3", normal({E, F, D}, 0.02), true);
+      layer.w2_EDF = add(p + "experts.w2", normal({E, D, F}, out_std), true);
+      layer.bias_E = at::zeros({E}, f32).to(device);
+    }
+    if (!layer.moe || moe.shared_expert) {
+      layer.w1_FD = add(p + "w1", normal({F, D}, 0.02), true);
+      layer.w3_FD = add(p + "w3", normal({F, D}, 0.02), true);
+      layer.w2_DF = add(p + "w2", normal({D, F}, out_std), true);
+    }
     layers_.push_back(std::move(layer));
   }
   final_norm_D_ = add("final_norm", at::ones({D}, f32), false);
@@ -78,6 +90,29 @@ at::Tensor Transformer::Linear(const at::Tensor& x, const at::Tensor& w, const L
   return linear_->Linear(x, w, layer.prefix + name);
 }
 
+int64_t Transformer::num_active_parameters() const {
+  int64_t n = num_parameters();
+  for (const Layer& l : layers_) {
+    if (!l.moe) continue;
+    const int64_t per_expert = l.w1_EFD[0].numel() + l.w3_EFD[0].numel() + l.w2_EDF[0].numel();
+    n -= (config_.moe.num_experts - config_.moe.top_k) * per_expert;
+  }
+  return n;
+}
+
+std::vector<std::pair<int64_t, at::Tensor>> Transformer::expert_biases() const {
+  std::vector<std::pair<int64_t, at::Tensor>> out;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (layers_[l].moe) out.emplace_back(static_cast<int64_t>(l), layers_[l].bias_E);
+  }
+  return out;
+}
+
+at::Tensor Transformer::SwiGlu(const at::Tensor& h, const Layer& layer) const {
+  at::Tensor gate = at::silu(Linear(h, layer.w1_FD, layer, "w1"));
+  return Linear(gate * Linear(h, layer.w3_FD, layer, "w3"), layer.w2_DF, layer, "w2");
+}
+
 int64_t Transformer::num_parameters() const {
   int64_t n = 0;
   for (const auto& p : params_) n += p.value.numel();
@@ -85,7 +120,7 @@ int64_t Transformer::num_parameters() const {
 }
 
 double Transformer::TrainingFlopsPerToken(int64_t context) const {
-  return tally::TrainingFlopsPerToken(num_parameters() - num_embedding_parameters(),
+  return tally::TrainingFlopsPerToken(num_active_parameters() - num_embedding_parameters(),
                                       config_.num_layers, config_.d_model, context);
 }
 
@@ -119,6 +154,11 @@ at::Tensor Transformer::Attention(const Layer& layer, const at::Tensor& x_BTD,
 }
 
 at::Tensor Transformer::Forward(const ModelInput& in, AttentionKernel kernel) const {
+  return Run(in, kernel).logits_BTV;
+}
+
+ForwardOutput Transformer::Run(const ModelInput& in, AttentionKernel kernel) const {
+  ForwardOutput out;
   const int64_t K = config_.d_model / config_.num_heads;
   // RoPE tables for this batch's positions, in FP32.
   at::Tensor inv_freq_K = at::exp(
@@ -128,15 +168,29 @@ at::Tensor Transformer::Forward(const ModelInput& in, AttentionKernel kernel) co
   at::Tensor cos_BTK = angles_BTK.cos(), sin_BTK = angles_BTK.sin();
 
   at::Tensor x_BTD = at::embedding(embed_VD_, in.tokens_BT);
-  for (const Layer& layer : layers_) {
+  const int64_t B = in.tokens_BT.size(0), T = in.tokens_BT.size(1);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
     x_BTD = x_BTD + Attention(layer, RmsNorm(x_BTD, layer.attn_norm_D, config_.norm_eps),
                               in, cos_BTK, sin_BTK, kernel);
     at::Tensor h_BTD = RmsNorm(x_BTD, layer.ffn_norm_D, config_.norm_eps);
-    at::Tensor gate_BTF = at::silu(Linear(h_BTD, layer.w1_FD, layer, "w1"));
-    x_BTD = x_BTD + Linear(gate_BTF * Linear(h_BTD, layer.w3_FD, layer, "w3"), layer.w2_DF,
-                           layer, "w2");
+    if (!layer.moe) {
+      x_BTD = x_BTD + SwiGlu(h_BTD, layer);
+      continue;
+    }
+    MoeOutput moe = MoeForward(
+        h_BTD.reshape({B * T, -1}), in.real_BT.defined() ? in.real_BT.reshape({-1}) : at::Tensor(),
+        layer.router_ED, layer.bias_E, layer.w1_EFD, layer.w3_EFD, layer.w2_EDF, config_.moe,
+        linear_, layer.prefix);
+    at::Tensor y_BTD = moe.y_ND.reshape({B, T, -1});
+    if (config_.moe.shared_expert) y_BTD = y_BTD + SwiGlu(h_BTD, layer);
+    x_BTD = x_BTD + y_BTD;
+    out.aux_loss = out.aux_loss.defined() ? out.aux_loss + moe.aux_loss : moe.aux_loss;
+    out.z_loss = out.z_loss.defined() ? out.z_loss + moe.z_loss : moe.z_loss;
+    out.moe.push_back({static_cast<int64_t>(l), std::move(moe.stats)});
   }
-  return at::linear(RmsNorm(x_BTD, final_norm_D_, config_.norm_eps), head_VD_);
+  out.logits_BTV = at::linear(RmsNorm(x_BTD, final_norm_D_, config_.norm_eps), head_VD_);
+  return out;
 }
 
 }  // namespace tally::model

@@ -24,6 +24,8 @@
 
 #include <ATen/ATen.h>
 
+#include "worker/model/moe.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,6 +40,7 @@ struct ModelConfig {
   int64_t vocab_size = 258;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
+  MoeConfig moe;  // num_experts 0: every feed-forward block is dense
 };
 
 enum class AttentionKernel {
@@ -51,6 +54,19 @@ struct ModelInput {
   at::Tensor segments_BT;   // int64, equal within a segment (kMaskedSdpa)
   at::Tensor cu_seqlens_S;  // int32, S + 1 segment starts over the flat N (kVarlenFlash)
   int64_t max_seqlen = 0;
+  at::Tensor real_BT;       // bool, false for padding (MoE routing statistics); optional
+};
+
+struct MoeLayerStats {
+  int64_t layer = 0;
+  MoeStats stats;
+};
+
+struct ForwardOutput {
+  at::Tensor logits_BTV;
+  at::Tensor aux_loss;  // sum over MoE layers (undefined for a dense model)
+  at::Tensor z_loss;    // sum over MoE layers
+  std::vector<MoeLayerStats> moe;
 };
 
 // How the model computes its block linears (attention projections and
@@ -75,6 +91,11 @@ class Transformer {
 
   // Logits [B, T, V] (FP32 on CPU; the autocast dtype on CUDA).
   at::Tensor Forward(const ModelInput& input, AttentionKernel kernel) const;
+  // The logits with the MoE layers' losses and routing statistics.
+  ForwardOutput Run(const ModelInput& input, AttentionKernel kernel) const;
+  // Per MoE layer (in layer order): its selection bias, not a parameter (the
+  // trainer nudges it toward balance and checkpoints it).
+  std::vector<std::pair<int64_t, at::Tensor>> expert_biases() const;
 
   // Not owned; nullptr restores at::linear.
   void SetLinearOverride(LinearOverride* linear) { linear_ = linear; }
@@ -84,15 +105,23 @@ class Transformer {
   const ModelConfig& config() const { return config_; }
   int64_t num_parameters() const;
   int64_t num_embedding_parameters() const { return config_.vocab_size * config_.d_model; }
-  // Training FLOPs per token (forward + backward), as common/model_flops.h
-  // defines them (tallyd prices jobs with the same formula).
+  // Parameters one token uses: all but the experts it is not routed to.
+  int64_t num_active_parameters() const;
+  // Training FLOPs per token (forward + backward) from the active
+  // parameters, as common/model_flops.h defines them (tallyd prices jobs
+  // with the same formula).
   double TrainingFlopsPerToken(int64_t context) const;
 
  private:
   struct Layer {
     std::string prefix;  // "layers.N."
     at::Tensor attn_norm_D, wqkv_3DD, wo_DD, ffn_norm_D, w1_FD, w3_FD, w2_DF;
+    // MoE layers: router, selection bias, experts; w1/w3/w2 above are then
+    // the shared expert (undefined without one).
+    bool moe = false;
+    at::Tensor router_ED, bias_E, w1_EFD, w3_EFD, w2_EDF;
   };
+  at::Tensor SwiGlu(const at::Tensor& h, const Layer& layer) const;
   at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
                     const char* name) const;
   at::Tensor Attention(const Layer& layer, const at::Tensor& x_BTD, const ModelInput& in,

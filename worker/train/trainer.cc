@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -49,6 +50,8 @@ absl::Status TrainConfig::Validate() const {
   need(lr > 0 && std::isfinite(lr), "lr: must be a positive number");
   need(device == "cpu" || device.rfind("cuda", 0) == 0, "device: must be cpu or cuda:N");
   need(max_nonfinite_steps >= 1, "max_nonfinite_steps: must be >= 1");
+  need(moe_num_experts == 0 || (moe_top_k >= 1 && moe_top_k <= moe_num_experts),
+       "moe_top_k: must be between 1 and moe_num_experts");
   need(!fp8 || (amax_history_len >= 1 && amax_history_len <= 1024),
        "amax_history_len: must be between 1 and 1024");
   need(!fp8 || (fp8_margin >= 0 && fp8_margin <= 8), "fp8_margin: must be between 0 and 8");
@@ -122,17 +125,27 @@ DeviceBatch ToDevice(const data::MicroBatch& b, at::Device device) {
   d.input.segments_BT = longs(b.segment_ids, true);
   d.input.cu_seqlens_S = at::tensor(b.cu_seqlens, at::kInt).to(device);
   d.input.max_seqlen = b.max_seqlen;
+  d.input.real_BT = at::tensor(std::vector<int64_t>(b.real.begin(), b.real.end()), at::kLong)
+                        .view({b.rows, b.width})
+                        .to(device, at::kBool);
   d.targets_N = longs(b.targets, false);
   d.host = &b;
   return d;
 }
 
-// Sum of the cross-entropy over the batch's target tokens, in FP32.
-at::Tensor LossSum(const model::Transformer& m, const DeviceBatch& d,
-                   model::AttentionKernel kernel) {
-  at::Tensor logits_BTV = m.Forward(d.input, kernel);
-  return at::cross_entropy_loss(logits_BTV.reshape({-1, logits_BTV.size(-1)}).to(at::kFloat),
-                                d.targets_N, {}, at::Reduction::Sum, data::kIgnoreTarget);
+struct Losses {
+  at::Tensor ce_sum;  // cross-entropy summed over the batch's target tokens, FP32
+  at::Tensor aux;     // MoE load-balancing loss (undefined when dense)
+  at::Tensor z;       // MoE router z-loss
+  std::vector<model::MoeLayerStats> moe;
+};
+
+Losses LossSum(const model::Transformer& m, const DeviceBatch& d, model::AttentionKernel kernel) {
+  model::ForwardOutput out = m.Run(d.input, kernel);
+  at::Tensor logits_BTV = out.logits_BTV;
+  return {at::cross_entropy_loss(logits_BTV.reshape({-1, logits_BTV.size(-1)}).to(at::kFloat),
+                                 d.targets_N, {}, at::Reduction::Sum, data::kIgnoreTarget),
+          out.aux_loss, out.z_loss, std::move(out.moe)};
 }
 
 class Run {
@@ -173,6 +186,12 @@ std::string Run::Fingerprint() const {
       " d_ff=", model_->config().d_ff, " vocab=", model_->config().vocab_size,
       " seq_len=", c_.seq_len, " packing=", data::PackingModeName(c_.packing),
       " seed=", c_.seed,
+      c_.moe_num_experts > 0
+          ? absl::StrCat(" moe=", c_.moe_num_experts, "x", c_.moe_top_k, "/every",
+                         c_.moe_every_n_layers, c_.moe_shared_expert ? "/shared" : "",
+                         c_.moe_sigmoid_router ? "/sigmoid" : "/softmax", "/cap",
+                         c_.moe_capacity_factor)
+          : "",
       c_.fp8 ? absl::StrCat(" fp8=", c_.fp8_recipe == Fp8Recipe::kDelayed ? "delayed" : "current",
                             "/", c_.amax_history_len, "/", c_.fp8_margin)
              : "");
@@ -189,7 +208,7 @@ EvalMetrics Run::Evaluate() {
     const data::MicroBatch mb = data::BuildMicroBatch(
         *val_, absl::MakeConstSpan(eval_rows_).subspan(i, n), c_.seq_len,
         data::PackingMode::kPacked);
-    loss_sum += LossSum(*model_, ToDevice(mb, device_), kernel_).item<double>();
+    loss_sum += LossSum(*model_, ToDevice(mb, device_), kernel_).ce_sum.item<double>();
     targets += mb.num_targets;
     target_bytes += mb.target_bytes;
   }
@@ -230,6 +249,9 @@ absl::Status Run::SaveCheckpoint() {
   if (fp8_) {
     for (auto& t : fp8_->State()) data.tensors.push_back(std::move(t));
   }
+  for (const auto& [layer, bias] : model_->expert_biases()) {
+    data.tensors.emplace_back(absl::StrCat("moe.layers.", layer, ".bias"), bias);
+  }
   auto sha = WriteCheckpoint(path, data);
   if (!sha.ok()) return sha.status();
   last_checkpoint_step_ = step_;
@@ -264,6 +286,14 @@ absl::Status Run::LoadCheckpoint() {
       }
       dst.copy_(it->second);
     }
+  }
+  for (auto& [layer, bias] : model_->expert_biases()) {
+    auto it = by_name.find(absl::StrCat("moe.layers.", layer, ".bias"));
+    if (it == by_name.end() || !it->second.sizes().equals(bias.sizes())) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", c_.resume_path,
+                                              ": expert bias of layer ", layer, " is missing"));
+    }
+    bias.copy_(it->second);
   }
   if (fp8_) {
     std::string bad;
@@ -320,6 +350,12 @@ TrainResult Run::Go() {
   mc.num_heads = c_.num_heads;
   mc.d_ff = c_.d_ff;
   mc.vocab_size = c_.vocab_size ? c_.vocab_size : data::ByteTokenizer::kVocabSize;
+  mc.moe.num_experts = c_.moe_num_experts;
+  mc.moe.top_k = c_.moe_top_k;
+  mc.moe.every_n_layers = std::max<int64_t>(1, c_.moe_every_n_layers);
+  mc.moe.shared_expert = c_.moe_shared_expert;
+  mc.moe.sigmoid_router = c_.moe_sigmoid_router;
+  mc.moe.capacity_factor = c_.moe_capacity_factor;
   model_ = std::make_unique<model::Transformer>(mc, c_.seed, device_);
   opt_ = std::make_unique<AdamW>(&model_->parameters(), c_);
   if (c_.fp8) {
@@ -343,6 +379,7 @@ TrainResult Run::Go() {
   RunInfo info;
   info.num_parameters = model_->num_parameters();
   info.num_embedding_parameters = model_->num_embedding_parameters();
+  info.num_active_parameters = model_->num_active_parameters();
   info.flops_per_token = model_->TrainingFlopsPerToken(c_.seq_len);
   info.micro_batches_per_step = micro_per_step;
   info.start_step = step_;
@@ -374,17 +411,52 @@ TrainResult Run::Go() {
       real += mb.real_tokens;
       padding += mb.padding_tokens;
     }
-    double loss_sum = 0;
+    double loss_sum = 0, aux_sum = 0;
+    std::map<int64_t, StepMetrics::MoeLayer> moe_layers;
+    std::map<int64_t, int64_t> moe_assignments, moe_dropped;
     for (const auto& mb : micro) {
       if (stop_->load()) {
         return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_),
                 step_, false};
       }
-      at::Tensor loss = LossSum(*model_, ToDevice(mb, device_), kernel_);
-      loss_sum += loss.item<double>();
-      (loss / static_cast<double>(std::max<int64_t>(1, targets))).backward();
+      Losses l = LossSum(*model_, ToDevice(mb, device_), kernel_);
+      loss_sum += l.ce_sum.item<double>();
+      at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, targets));
+      if (l.aux.defined()) {
+        // The MoE losses are means already: one share per micro-batch.
+        const double share = 1.0 / static_cast<double>(micro_per_step);
+        loss = loss + (c_.moe_aux_loss_coef * share) * l.aux +
+               (c_.moe_z_loss_coef * share) * l.z;
+        aux_sum += l.aux.item<double>() * share;
+        for (const auto& ls : l.moe) {
+          auto& agg = moe_layers[ls.layer];
+          agg.layer = ls.layer;
+          if (agg.tokens_per_expert.empty()) {
+            agg.tokens_per_expert.assign(ls.stats.tokens_per_expert.size(), 0);
+          }
+          for (size_t e = 0; e < ls.stats.tokens_per_expert.size(); ++e) {
+            agg.tokens_per_expert[e] += ls.stats.tokens_per_expert[e];
+          }
+          agg.router_entropy += ls.stats.router_entropy * share;
+          moe_assignments[ls.layer] += ls.stats.assignments;
+          moe_dropped[ls.layer] += ls.stats.dropped;
+        }
+      }
+      loss.backward();
     }
     StepMetrics m;
+    m.moe_aux_loss = aux_sum;
+    for (auto& [layer, agg] : moe_layers) {
+      int64_t total = 0, max = 0;
+      for (int64_t n : agg.tokens_per_expert) total += n, max = std::max(max, n);
+      const double mean = static_cast<double>(total) / agg.tokens_per_expert.size();
+      agg.max_over_mean_load = mean > 0 ? max / mean : 0;
+      agg.dropped_fraction =
+          moe_assignments[layer] ? static_cast<double>(moe_dropped[layer]) / moe_assignments[layer]
+                                 : 0;
+      m.moe_max_over_mean_load = std::max(m.moe_max_over_mean_load, agg.max_over_mean_load);
+      m.moe.push_back(agg);
+    }
     m.step = step_ + 1;
     m.lr = LearningRate(m.step, c_.lr, c_.min_lr, c_.warmup_steps, c_.max_steps);
     m.train_loss = loss_sum / static_cast<double>(std::max<int64_t>(1, targets));
@@ -413,6 +485,12 @@ TrainResult Run::Go() {
         opt_->Step(m.lr);
       }
       m.skipped = !finite;
+      if (c_.moe_bias_balancing) {
+        auto biases = model_->expert_biases();
+        for (size_t i = 0; i < biases.size() && i < m.moe.size(); ++i) {
+          model::NudgeBias(biases[i].second, m.moe[i].tokens_per_expert, c_.moe_bias_rate);
+        }
+      }
       if (fp8_) {
         fp8_->OnOptimizerStep();
         const precision::Fp8Stats st = fp8_->TakeStats();

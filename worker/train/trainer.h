@@ -56,6 +56,17 @@ struct TrainConfig {
   int64_t eval_tokens = 0;          // 0: the whole validation split
   int64_t checkpoint_interval_steps = 0;  // 0: only at the end
   uint64_t seed = 0;
+  // Mixture-of-Experts (worker/model/moe.h); 0 experts: dense.
+  int64_t moe_num_experts = 0;
+  int64_t moe_top_k = 1;
+  int64_t moe_every_n_layers = 1;
+  bool moe_shared_expert = false;
+  bool moe_sigmoid_router = false;
+  double moe_capacity_factor = 0;  // 0: dropless
+  double moe_aux_loss_coef = 0;    // Switch load-balancing loss
+  double moe_z_loss_coef = 0;
+  bool moe_bias_balancing = false; // auxiliary-loss-free balancing
+  double moe_bias_rate = 1e-3;
   // Precision: FP32 on CPU and BF16 autocast on CUDA, or FP8 linears
   // (worker/precision/fp8.h; emulated on CPU) on top of that.
   bool fp8 = false;
@@ -77,6 +88,7 @@ struct TrainConfig {
 struct RunInfo {
   int64_t num_parameters = 0;
   int64_t num_embedding_parameters = 0;
+  int64_t num_active_parameters = 0;  // per token (all but unrouted experts)
   double flops_per_token = 0;      // training FLOPs per token
   int64_t micro_batches_per_step = 0;
   int64_t start_step = 0;          // > 0 when resumed
@@ -100,6 +112,18 @@ struct StepMetrics {
   double padding_fraction = 0;     // this step
   double mfu = 0;                  // 0 when no peak is configured
   bool skipped = false;            // non-finite loss or gradient: no update
+  // MoE runs only, for this step: per MoE layer, the tokens each expert
+  // took, and summaries over layers.
+  struct MoeLayer {
+    int64_t layer = 0;
+    std::vector<int64_t> tokens_per_expert;
+    double max_over_mean_load = 0;
+    double router_entropy = 0;
+    double dropped_fraction = 0;
+  };
+  std::vector<MoeLayer> moe;
+  double moe_max_over_mean_load = 0;  // the worst layer
+  double moe_aux_loss = 0;            // summed over layers, unweighted
   // FP8 runs only (zero otherwise), for this step.
   int64_t fp8_overflows = 0;       // values clamped to the format's range
   int64_t fp8_underflows = 0;      // nonzero values that became 0

@@ -199,6 +199,50 @@ TEST_F(TrainerTest, Fp8ResumeRestoresTheScalingState) {
   EXPECT_NE(Train(fp32, nullptr, nullptr).reason.find("different job"), std::string::npos);
 }
 
+TEST_F(TrainerTest, MoeTrainsBalancesAndResumesExactly) {
+  TrainConfig c = Tiny();
+  c.moe_num_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_aux_loss_coef = 0.01;
+  c.moe_z_loss_coef = 1e-3;
+  c.moe_bias_balancing = true;
+  c.max_steps = 16;
+  c.checkpoint_dir = NewDir("moe");
+  c.checkpoint_interval_steps = 8;
+  Recorder a;
+  TrainResult r = Train(c, &a, nullptr);
+  ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
+  ASSERT_EQ(a.steps.back().moe.size(), 2u);  // every layer
+  int64_t assigned = 0;
+  for (int64_t n : a.steps.back().moe[0].tokens_per_expert) assigned += n;
+  EXPECT_EQ(assigned, 2 * a.steps.back().step_tokens);  // top-2 of every real token
+  EXPECT_GE(a.steps.back().moe_max_over_mean_load, 1.0);
+  EXPECT_GT(a.steps.back().moe_aux_loss, 0.9);  // ~1 when balanced
+  EXPECT_GT(a.steps.back().moe[0].router_entropy, 0);
+  EXPECT_LT(a.evals.back().val_loss, a.evals.front().val_loss - 0.5);
+  EXPECT_GT(a.info.num_parameters, a.info.num_active_parameters);
+  // Resume: weights, optimizer and the experts' selection biases come back.
+  TrainConfig resumed = c;
+  resumed.checkpoint_dir = NewDir("moe-resumed");
+  resumed.resume_path = a.checkpoints[0].path;
+  Recorder b;
+  ASSERT_EQ(Train(resumed, &b, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  ASSERT_EQ(b.steps.size(), 8u);
+  for (size_t i = 0; i < b.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].train_loss, a.steps[8 + i].train_loss) << "step " << b.steps[i].step;
+    EXPECT_EQ(b.steps[i].moe[1].tokens_per_expert, a.steps[8 + i].moe[1].tokens_per_expert);
+  }
+  // And with FP8, expert products included.
+  TrainConfig fp8 = c;
+  fp8.fp8 = true;
+  fp8.checkpoint_dir.clear();
+  Recorder f;
+  ASSERT_EQ(Train(fp8, &f, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  EXPECT_DOUBLE_EQ(f.steps.back().fp8_product_fraction, 1.0);
+  EXPECT_LT(std::abs(f.evals.back().val_loss - a.evals.back().val_loss) / a.evals.back().val_loss,
+            0.015);
+}
+
 TEST_F(TrainerTest, ResumeContinuesTheSameLossCurve) {
   TrainConfig full = Tiny();
   full.checkpoint_dir = NewDir("full");

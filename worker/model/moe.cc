@@ -1,0 +1,123 @@
+#include "worker/model/moe.h"
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cmath>
+
+#include "worker/model/transformer.h"
+
+#include <ATen/core/grad_mode.h>
+
+namespace tally::model {
+
+Routing Route(const at::Tensor& x_ND, const at::Tensor& router_ED, const at::Tensor& bias_E,
+              const MoeConfig& c) {
+  Routing r;
+  // The router runs in FP32 whatever the compute precision (inputs cast
+  // explicitly, so autocast leaves the product in FP32).
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  r.logits_NE = at::matmul(x_ND.to(at::kFloat), router_ED.to(at::kFloat).t());
+  r.scores_NE = c.sigmoid_router ? at::sigmoid(r.logits_NE) : at::softmax(r.logits_NE, -1);
+  at::Tensor choose_NE = r.scores_NE.detach();
+  if (bias_E.defined()) choose_NE = choose_NE + bias_E.to(choose_NE.device());
+  r.expert_NK = std::get<1>(at::topk(choose_NE, c.top_k, -1));
+  at::Tensor picked_NK = r.scores_NE.gather(1, r.expert_NK);
+  // Top-1 keeps the raw score as its gate (Switch Transformer): normalised,
+  // it would be 1 and the router would learn nothing from the model's loss.
+  r.gate_NK = c.top_k == 1 ? picked_NK : picked_NK / picked_NK.sum(-1, true).clamp_min(1e-9);
+  r.kept_NK = at::ones_like(r.expert_NK, at::kBool);
+  if (c.capacity_factor > 0) {
+    const int64_t N = x_ND.size(0), E = router_ED.size(0);
+    const int64_t capacity = static_cast<int64_t>(
+        std::ceil(c.capacity_factor * static_cast<double>(N * c.top_k) / static_cast<double>(E)));
+    // Position of each assignment in its expert's queue, in token order.
+    at::Tensor one_hot = at::one_hot(r.expert_NK.reshape({-1}), E);  // [N*K, E]
+    at::Tensor position = (one_hot.cumsum(0) - 1).mul(one_hot).sum(-1);
+    r.kept_NK = position.lt(capacity).reshape({N, c.top_k});
+  }
+  return r;
+}
+
+namespace {
+
+at::Tensor ExpertLinear(const at::Tensor& x, const at::Tensor& w, LinearOverride* linear,
+                        const std::string& site) {
+  return linear == nullptr ? at::linear(x, w) : linear->Linear(x, w, site);
+}
+
+}  // namespace
+
+MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at::Tensor& router_ED,
+                     const at::Tensor& bias_E, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
+                     const at::Tensor& w2_EDF, const MoeConfig& c, LinearOverride* linear,
+                     const std::string& prefix) {
+  const int64_t N = x_ND.size(0), E = router_ED.size(0), K = c.top_k;
+  Routing r = Route(x_ND, router_ED, bias_E, c);
+  at::Tensor real = real_N.defined() ? real_N.to(at::kBool) : at::ones({N}, x_ND.options().dtype(at::kBool));
+  at::Tensor use_NK = r.kept_NK.logical_and(real.unsqueeze(1));
+
+  // Sort assignments by expert; run each expert once over its tokens.
+  at::Tensor expert_A = r.expert_NK.reshape({-1});
+  at::Tensor token_A = at::arange(N, r.expert_NK.options()).unsqueeze(1).expand({N, K}).reshape({-1});
+  at::Tensor gate_A = r.gate_NK.reshape({-1});
+  at::Tensor use_A = use_NK.reshape({-1});
+  at::Tensor order = at::argsort(expert_A.masked_fill(use_A.logical_not(), E), /*stable=*/true);
+  at::Tensor counts_E = at::bincount(expert_A.masked_select(use_A), {}, E);
+  std::vector<int64_t> counts(E);
+  at::Tensor counts_cpu = counts_E.to(at::kCPU);
+  for (int64_t e = 0; e < E; ++e) counts[e] = counts_cpu[e].item<int64_t>();
+
+  at::Tensor y_ND = at::zeros_like(x_ND);
+  int64_t start = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (counts[e] == 0) continue;
+    at::Tensor idx = order.narrow(0, start, counts[e]);
+    start += counts[e];
+    at::Tensor tok = token_A.index_select(0, idx);
+    at::Tensor xe = x_ND.index_select(0, tok);
+    const std::string site = prefix + "experts." + std::to_string(e) + ".";
+    at::Tensor h = at::silu(ExpertLinear(xe, w1_EFD[e], linear, site + "w1")) *
+                   ExpertLinear(xe, w3_EFD[e], linear, site + "w3");
+    at::Tensor ye = ExpertLinear(h, w2_EDF[e], linear, site + "w2");
+    ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
+    y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
+  }
+
+  MoeOutput out;
+  out.y_ND = y_ND;
+  // Losses and statistics over real tokens only.
+  at::Tensor probs_NE = c.sigmoid_router ? r.scores_NE / r.scores_NE.sum(-1, true) : r.scores_NE;
+  at::Tensor realf = real.to(at::kFloat).unsqueeze(1);
+  const double num_real = std::max(1.0, real.sum().item<double>());
+  at::Tensor assigned_NE = at::zeros({N, E}, probs_NE.options())
+                               .scatter_add(1, r.expert_NK, use_NK.to(at::kFloat));
+  at::Tensor f_E = assigned_NE.sum(0) / (num_real * K);
+  at::Tensor p_E = (probs_NE * realf).sum(0) / num_real;
+  out.aux_loss = static_cast<double>(E) * (f_E.detach() * p_E).sum();
+  at::Tensor lse_N = at::logsumexp(r.logits_NE, -1);
+  out.z_loss = (lse_N.pow(2) * realf.squeeze(1)).sum() / num_real;
+
+  out.stats.tokens_per_expert = counts;
+  out.stats.assignments = static_cast<int64_t>(num_real) * K;
+  int64_t kept = 0;
+  for (int64_t n : counts) kept += n;
+  out.stats.dropped = out.stats.assignments - kept;
+  at::Tensor ent_N = -(probs_NE.detach() * probs_NE.detach().clamp_min(1e-12).log()).sum(-1);
+  out.stats.router_entropy = (ent_N * realf.squeeze(1)).sum().item<double>() / num_real;
+  return out;
+}
+
+void NudgeBias(at::Tensor& bias_E, const std::vector<int64_t>& tokens_per_expert, double rate) {
+  double mean = 0;
+  for (int64_t n : tokens_per_expert) mean += static_cast<double>(n);
+  mean /= static_cast<double>(tokens_per_expert.size());
+  std::vector<float> delta(tokens_per_expert.size());
+  for (size_t e = 0; e < delta.size(); ++e) {
+    const double n = static_cast<double>(tokens_per_expert[e]);
+    delta[e] = static_cast<float>(n < mean ? rate : n > mean ? -rate : 0.0);
+  }
+  at::NoGradGuard no_grad;
+  bias_E.add_(at::tensor(delta, at::kFloat).to(bias_E.device()));
+}
+
+}  // namespace tally::model

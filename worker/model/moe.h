@@ -1,0 +1,88 @@
+// Mixture-of-Experts feed-forward block.
+//
+// E experts, each a SwiGLU of width F. A router scores every token against
+// every expert in FP32 whatever the compute precision (softmax, or sigmoid);
+// each token goes to its top-k experts, chosen on score + bias (the bias,
+// nudged toward balance by the trainer, affects selection only), and their
+// outputs are combined with the scores of the chosen experts, normalised to
+// sum to 1 when k > 1 (with k = 1 the gate is the raw score, as in the Switch
+// Transformer, so the router learns from the model's loss). An optional
+// shared expert sees every token.
+//
+// Compute: token-expert assignments are sorted by expert and each expert
+// runs once over its tokens (a loop here; a grouped product on GPU is the
+// next step), then results are scattered back, weighted by their gates. An
+// expert that gets no tokens is skipped: its weights get no gradient, never
+// NaN. With a capacity factor, an expert takes at most
+// ceil(factor x N x k / E) tokens, in token order, and the rest are dropped
+// (their contribution is 0); 0 is dropless.
+//
+// Losses (returned, for the trainer to add): the Switch Transformer
+// load-balancing loss E x sum_i f_i x P_i, with f_i the fraction of
+// assignments to expert i (so it is normalised for top-k) and P_i its mean
+// router probability; and the router z-loss, mean(logsumexp(logits)^2).
+//
+// Legend: N tokens, D d_model, E experts, F expert width, K top-k.
+#ifndef TALLY_WORKER_MODEL_MOE_H_
+#define TALLY_WORKER_MODEL_MOE_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tally::model {
+
+class LinearOverride;
+
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: dense
+  int64_t top_k = 1;
+  int64_t every_n_layers = 1;
+  bool shared_expert = false;
+  bool sigmoid_router = false;  // false: softmax
+  double capacity_factor = 0;   // 0: dropless
+};
+
+struct MoeStats {
+  std::vector<int64_t> tokens_per_expert;  // assignments kept, per expert
+  int64_t assignments = 0;                 // N x K (real tokens only)
+  int64_t dropped = 0;                     // over capacity
+  double router_entropy = 0;               // mean over tokens, nats
+};
+
+struct MoeOutput {
+  at::Tensor y_ND;
+  at::Tensor aux_loss;  // Switch load-balancing loss (scalar)
+  at::Tensor z_loss;    // router z-loss (scalar)
+  MoeStats stats;
+};
+
+// The routing decisions alone (exposed for tests and statistics).
+struct Routing {
+  at::Tensor scores_NE;   // FP32 router probabilities (softmax) or sigmoids
+  at::Tensor logits_NE;   // FP32
+  at::Tensor expert_NK;   // int64 chosen experts
+  at::Tensor gate_NK;     // FP32 combine weights (sum to 1 over K when K > 1)
+  at::Tensor kept_NK;     // bool, false where capacity dropped it
+};
+
+Routing Route(const at::Tensor& x_ND, const at::Tensor& router_ED, const at::Tensor& bias_E,
+              const MoeConfig& config);
+
+// x_ND: tokens; real_N: bool, false for padding (excluded from routing
+// statistics and losses; padding still flows through, with its output 0).
+// `linear` may be nullptr (at::linear); sites are prefix + "experts.E.w1" etc.
+MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at::Tensor& router_ED,
+                     const at::Tensor& bias_E, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
+                     const at::Tensor& w2_EDF, const MoeConfig& config, LinearOverride* linear,
+                     const std::string& prefix);
+
+// Auxiliary-loss-free balancing: each expert's selection bias moves by
+// `rate` toward balance (up when it got fewer than the mean, down when more).
+void NudgeBias(at::Tensor& bias_E, const std::vector<int64_t>& tokens_per_expert, double rate);
+
+}  // namespace tally::model
+
+#endif  // TALLY_WORKER_MODEL_MOE_H_
