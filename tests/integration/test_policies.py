@@ -109,6 +109,24 @@ class PoliciesTest(ClusterTest):
         est = self.tallyd.jobs.EstimateCost(jobs_pb2.EstimateCostRequest(spec=s), timeout=10)
         self.assertEqual(est.throughput_source, "measured from 1 finished cpu jobs")
 
+    def test_sighup_reloads_prices_and_a_bad_file_keeps_them(self):
+        s = spec(max_steps=10, name="priced")
+        est = lambda: self.tallyd.jobs.EstimateCost(
+            jobs_pb2.EstimateCostRequest(spec=s), timeout=10)
+        self.assertEqual(est().usd_per_gpu_hour, PRICE)
+        config = self.tallyd.extra_args[0].split("=", 1)[1]
+        with open(config, "w") as f:
+            f.write("usd_per_gpu_hour: {cpu: 72}\n")
+        self.tallyd.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: est().usd_per_gpu_hour == 72, timeout=10, what="the new price")
+        with open(config, "w") as f:
+            f.write("usd_per_gpu_hour: {cpu: cheap}\n")
+        self.tallyd.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "keeping the previous prices" in self.tallyd.logs(), timeout=10,
+                 what="the reload to be refused")
+        self.assertEqual(est().usd_per_gpu_hour, 72)
+        self.assertIn("usd_per_gpu_hour.cpu (line 1): not a number", self.tallyd.logs())
+
     def test_patience_and_cost_continue_across_a_tallyd_restart(self):
         self.add_worker("w1")
         s = self.learning_spec(4000, "restart")
