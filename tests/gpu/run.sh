@@ -20,11 +20,12 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTALLY_TRAINER_ONLY=ON -DTALLY_TORCH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_PREFIX_PATH="$TORCH_CMAKE;$PREFIX/usr" \
   -DOPENSSL_ROOT_DIR="$PREFIX/usr" 2>&1 | tail -5 | tee "$OUT/cmake.log"
-ninja -C build-gpu data_test model_test precision_test cuda_parity_test packing_bench fp8_bench \
+ninja -C build-gpu kernels_test data_test model_test precision_test cuda_parity_test packing_bench \
+  fp8_bench \
   2>&1 | tail -3 | tee "$OUT/build.log"
 
 # The CPU tests that need no fortunes package, then the CUDA checks.
-for t in "worker/data/data_test --gtest_filter=-*Fortunes*" worker/model/model_test \
+for t in kernels/kernels_test "worker/data/data_test --gtest_filter=-*Fortunes*" worker/model/model_test \
          worker/precision/precision_test tests/gpu/cuda_parity_test; do
   name=$(basename ${t%% *})
   if build-gpu/$t >"$OUT/$name.log" 2>&1; then echo "$name: passed"; else

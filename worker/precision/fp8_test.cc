@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/fp8_cast.h"
 
 namespace tally::precision {
 namespace {
@@ -87,6 +88,19 @@ TEST(QuantizeTest, ClampsInsteadOfNaNAndCountsOverAndUnderflow) {
   EXPECT_EQ(s.underflows, 1);  // 1e-12 became 0; a true 0 is not an underflow
   at::Tensor back = QuantizeDequantize(at::tensor({3.0f}), 100.0, Fp8Format::kE4M3, nullptr);
   EXPECT_NEAR(back.item<float>(), 3.0f, 3.0 / 16);
+}
+
+// The LibTorch-free reference in kernels/ (the CUDA kernel's oracle) agrees
+// with LibTorch's own cast, value for value.
+TEST(QuantizeTest, KernelReferenceAgreesWithLibTorch) {
+  at::manual_seed(4);
+  at::Tensor x = at::cat({at::randn({20000}) * 60, at::randn({5000}) * 1e-2,
+                          at::tensor({448.0f, -448.0f, 1e4f, 0.0f})});
+  at::Tensor bits = x.clamp(-448, 448).to(at::kFloat8_e4m3fn).view(at::kByte);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    ASSERT_EQ(kernels::FloatToE4M3(x[i].item<float>()), bits[i].item<uint8_t>())
+        << x[i].item<float>();
+  }
 }
 
 TEST(ScaleTest, ZeroAndHugeAmax) {

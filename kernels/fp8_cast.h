@@ -1,0 +1,33 @@
+// Fused FP8 cast + amax (CUDA, with a CPU reference). No LibTorch: raw
+// pointers and a stream, so the worker calls it through a thin wrapper and
+// tests compare it with the reference directly.
+#ifndef TALLY_KERNELS_FP8_CAST_H_
+#define TALLY_KERNELS_FP8_CAST_H_
+
+#include <cstdint>
+#include <string>
+
+namespace tally::kernels {
+
+// E4M3 ("fn": no infinities, 0x7f/0xff are NaN, max 448) bit pattern of
+// x * scale, saturated to +-448, rounded to nearest even. NaN stays NaN.
+uint8_t FloatToE4M3(float x);
+float E4M3ToFloat(uint8_t bits);
+
+// CPU reference: y[i] = FloatToE4M3(x[i] * scale); *amax = max |x[i]| (of
+// the input, before scaling; NaN ignored).
+void CastToE4M3Reference(const float* x, int64_t n, float scale, uint8_t* y, float* amax);
+
+// The same in one pass over x on the GPU: every block converts its slice and
+// reduces its amax, then one atomic per block folds it into *amax (which the
+// caller zeroes). All pointers are device pointers; `stream` is a
+// cudaStream_t. Returns "" or the CUDA error, never exits.
+std::string CastToE4M3Cuda(const float* x, int64_t n, float scale, uint8_t* y, float* amax,
+                           void* stream);
+
+// True when this build has the CUDA kernel (compiled with nvcc).
+bool HaveCudaKernels();
+
+}  // namespace tally::kernels
+
+#endif  // TALLY_KERNELS_FP8_CAST_H_
