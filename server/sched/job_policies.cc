@@ -57,7 +57,7 @@ void ToStatus(const policy::EarlyStoppingState& st, tally::v1::EarlyStoppingStat
   s->set_baseline_val_loss(st.baseline);
 }
 
-metrics::Labels JobLabels(const tally::v1::Job& job) { return {{"job", job.name()}}; }
+metrics::Labels JobLabels(const tally::v1::Job& job) { return {{"tally_job", job.name()}}; }
 
 }  // namespace
 
@@ -283,17 +283,17 @@ void Scheduler::OnMoeProgress(ActiveJob& job, const tally::v1::Progress& p) {
   job.max_expert_share = 0;
   for (const auto& l : p.moe()) {
     const std::string layer = std::to_string(l.layer());
-    SetJobSeries(name, job_gauges_.moe_load, {{"job", name}, {"layer", layer}},
+    SetJobSeries(name, job_gauges_.moe_load, {{"tally_job", name}, {"layer", layer}},
                  l.max_over_mean_load());
-    SetJobSeries(name, job_gauges_.moe_entropy, {{"job", name}, {"layer", layer}},
+    SetJobSeries(name, job_gauges_.moe_entropy, {{"tally_job", name}, {"layer", layer}},
                  l.router_entropy());
-    SetJobSeries(name, job_gauges_.moe_dropped, {{"job", name}, {"layer", layer}},
+    SetJobSeries(name, job_gauges_.moe_dropped, {{"tally_job", name}, {"layer", layer}},
                  l.dropped_fraction());
     int64_t total = 0;
     for (int64_t n : l.tokens_per_expert()) total += n;
     for (int e = 0; e < l.tokens_per_expert_size(); ++e) {
       SetJobSeries(name, job_gauges_.moe_expert_tokens,
-                   {{"job", name}, {"layer", layer}, {"expert", std::to_string(e)}},
+                   {{"tally_job", name}, {"layer", layer}, {"expert", std::to_string(e)}},
                    static_cast<double>(l.tokens_per_expert(e)));
       const double share =
           total > 0 ? static_cast<double>(l.tokens_per_expert(e)) / static_cast<double>(total) : 0;

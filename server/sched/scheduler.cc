@@ -473,6 +473,10 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   *ws.rec.mutable_first_seen() = first_seen;
   *ws.rec.mutable_last_seen() = ToProto(now);
   ws.connected = true;
+  // Dollar totals exist (at 0) for every GPU type that has a worker, so
+  // dashboards and alerts see a series before the first dollar.
+  cost_total_->Add({{"gpu_type", hello.gpu_type()}});
+  lost_total_->Add({{"gpu_type", hello.gpu_type()}});
   ws.generation = next_generation_++;
   ws.last_seen = now;
   RETURN_IF_ERROR(store_->PutWorker(ws.rec));
@@ -580,14 +584,14 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       if (p.trained()) {
         j.set_train_loss(p.train_loss());
         j.set_padding_tokens(p.padding_tokens());
-        const metrics::Labels l = {{"job", j.name()}};
+        const metrics::Labels l = {{"tally_job", j.name()}};
         job_gauges_.useful_tokens_per_second->Add(l).Set(p.useful_tokens_per_second());
         job_gauges_.padding_fraction->Add(l).Set(p.padding_fraction());
         if (p.fp8_product_fraction() > 0) {
           job_gauges_.fp8_overflows->Add(l).Set(static_cast<double>(p.fp8_overflows()));
           job_gauges_.fp8_product_fraction->Add(l).Set(p.fp8_product_fraction());
           for (const auto& [group, amax] : p.fp8_amax()) {
-            SetJobSeries(j.name(), job_gauges_.fp8_amax, {{"job", j.name()}, {"group", group}},
+            SetJobSeries(j.name(), job_gauges_.fp8_amax, {{"tally_job", j.name()}, {"group", group}},
                          amax);
           }
         }

@@ -145,7 +145,7 @@ class MetricsTest(ClusterTest):
         self.assertEqual(s['tally_grpc_request_duration_seconds_bucket{'
                          'method="tally.v1.Jobs/SubmitJob",le="+Inf"}'], 1)
         # Per-job series exist only while a job runs.
-        self.assertNotIn('tally_job_step{job="%s"}' % job.name, s)
+        self.assertNotIn('tally_job_step{tally_job="%s"}' % job.name, s)
         # No series appears twice.
         keys = [l.rsplit(" ", 1)[0] for l in text.splitlines() if l and l[0] != "#"]
         self.assertEqual(len(keys), len(set(keys)))
@@ -168,13 +168,13 @@ class JobMetricsTest(ClusterTest):
                                capture_output=True, text=True, timeout=30)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
         series = parse_exposition(text)
-        label = '{job="%s"}' % job.name
+        label = '{tally_job="%s"}' % job.name
         for name in ("tally_job_step", "tally_job_train_loss", "tally_job_val_loss",
                      "tally_job_best_val_loss", "tally_job_cost_dollars",
                      "tally_job_patience_left", "tally_job_useful_tokens_per_second",
                      "tally_job_padding_fraction", "tally_job_budget_used_ratio"):
             self.assertIn(name + label, series, name)
-        self.assertIn('tally_job_tokens{job="%s",kind="useful"}' % job.name, series)
+        self.assertIn('tally_job_tokens{kind="useful",tally_job="%s"}' % job.name, series)
         self.assertGreater(series["tally_job_step" + label], 0)
         self.assertEqual(series["tally_job_patience_left" + label],
                          self.get(job.name).early_stopping.patience_left)

@@ -93,7 +93,7 @@ class TrainingTest(ClusterTest):
             if line.startswith("tally_job_fp8") and job.name in line:
                 key, value = line.rsplit(" ", 1)
                 series[key] = float(value)
-        label = 'job="%s"' % job.name
+        label = 'tally_job="%s"' % job.name
         self.assertEqual(series["tally_job_fp8_product_fraction{%s}" % label], 1.0)
         self.assertIn("tally_job_fp8_overflows{%s}" % label, series)
         for group in ("attention.input", "attention.weight", "attention.grad", "ffn.input",
@@ -123,9 +123,9 @@ class TrainingTest(ClusterTest):
         job = self.submit(s)
         wait_for(lambda: self.get(job.name).step >= 30, timeout=120, what="30 steps")
         text = self.tallyd.scrape()
-        label = 'job="%s"' % job.name
-        self.assertIn('tally_job_moe_max_over_mean_load{%s,layer="0"}' % label, text)
-        self.assertIn('tally_job_moe_expert_tokens{expert="3",%s,layer="1"}' % label, text)
+        label = 'tally_job="%s"' % job.name
+        self.assertIn('tally_job_moe_max_over_mean_load{layer="0",%s}' % label, text)
+        self.assertIn('tally_job_moe_expert_tokens{expert="3",layer="1",%s}' % label, text)
         self.assertIn("tally_job_fp8_product_fraction{%s} 1" % label, text)
         done = self.wait_state(job.name, {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED},
                                timeout=300)
