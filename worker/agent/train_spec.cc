@@ -21,12 +21,6 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
   const bool cuda = device.device != "cpu";
   const auto compute = spec.precision().compute();
-  if (compute == tally::v1::PRECISION_FP8 &&
-      spec.precision().fp8_recipe() == tally::v1::FP8_RECIPE_ROWWISE) {
-    return absl::InvalidArgumentError(
-        "spec.precision.fp8_recipe: row-wise scaling is not supported by this worker yet; use "
-        "FP8_RECIPE_DELAYED or FP8_RECIPE_CURRENT");
-  }
   if (compute == tally::v1::PRECISION_BF16 && !cuda) {
     return absl::InvalidArgumentError(
         "spec.precision.compute: BF16 needs a CUDA worker; CPU workers train in FP32");
@@ -95,9 +89,16 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   c.seed = t.seed();
   c.fp8 = compute == tally::v1::PRECISION_FP8;
   if (c.fp8) {
-    c.fp8_recipe = spec.precision().fp8_recipe() == tally::v1::FP8_RECIPE_CURRENT
-                       ? train::Fp8Recipe::kCurrent
-                       : train::Fp8Recipe::kDelayed;
+    switch (spec.precision().fp8_recipe()) {
+      case tally::v1::FP8_RECIPE_CURRENT:
+        c.fp8_recipe = train::Fp8Recipe::kCurrent;
+        break;
+      case tally::v1::FP8_RECIPE_ROWWISE:
+        c.fp8_recipe = train::Fp8Recipe::kRowwise;
+        break;
+      default:
+        c.fp8_recipe = train::Fp8Recipe::kDelayed;
+    }
     c.amax_history_len = spec.precision().amax_history_len();
     c.fp8_margin = spec.precision().fp8_margin();
   }

@@ -18,8 +18,8 @@ struct DeviceOptions {
 };
 
 // Applies the spec's defaults and validation, then maps it. InvalidArgument,
-// naming the spec field, for what this trainer cannot do (row-wise FP8 and
-// multi-worker jobs come later; BF16 needs CUDA; FP8 is emulated on CPU).
+// naming the spec field, for what this trainer cannot do (multi-worker jobs
+// come later; BF16 needs CUDA; FP8 is emulated on CPU).
 absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
                                                        const DeviceOptions& device);
 

@@ -18,7 +18,9 @@ at::Tensor QuantizeScaled(const at::Tensor& x, double scale, Fp8Format f, QuantS
   at::Tensor scaled = x.to(at::kFloat) * scale;
   at::Tensor q = scaled.clamp(-max, max).to(Fp8Dtype(f)).to(at::kFloat);
   if (stats != nullptr) {
-    stats->overflows += scaled.abs().gt(max).sum().item<int64_t>();
+    // A value scaled exactly to the limit can land an ulp past it: not an
+    // overflow.
+    stats->overflows += scaled.abs().gt(max * (1 + 1e-6)).sum().item<int64_t>();
     stats->underflows += x.ne(0).logical_and(q.eq(0)).sum().item<int64_t>();
     stats->elements += x.numel();
   }
@@ -28,6 +30,27 @@ at::Tensor QuantizeScaled(const at::Tensor& x, double scale, Fp8Format f, QuantS
 at::Tensor QuantizeDequantize(const at::Tensor& x, double scale, Fp8Format f,
                               QuantStats* stats) {
   return QuantizeScaled(x, scale, f, stats) / scale;
+}
+
+at::Tensor QuantizeDequantizeAlong(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
+                                   QuantStats* stats, at::Tensor* scales_out) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor amax = xf.abs().amax({dim}, /*keepdim=*/true);
+  at::Tensor scales =
+      at::where(amax.gt(0).logical_and(at::isfinite(amax)),
+                Fp8Max(f) / amax / std::pow(2.0, margin), at::ones_like(amax));
+  at::Tensor scaled = xf * scales;
+  const double max = Fp8Max(f);
+  at::Tensor q = scaled.clamp(-max, max).to(Fp8Dtype(f)).to(at::kFloat);
+  if (stats != nullptr) {
+    // A value scaled exactly to the limit can land an ulp past it: not an
+    // overflow.
+    stats->overflows += scaled.abs().gt(max * (1 + 1e-6)).sum().item<int64_t>();
+    stats->underflows += xf.ne(0).logical_and(q.eq(0)).sum().item<int64_t>();
+    stats->elements += x.numel();
+  }
+  if (scales_out != nullptr) *scales_out = scales;
+  return q / scales;
 }
 
 double ScaleForAmax(double amax, Fp8Format f, int margin, double previous) {
@@ -128,6 +151,73 @@ at::Tensor ScaledMm(const at::Tensor& a, double sa, Fp8Format fa, const at::Tens
   return at::_scaled_mm(a8, b8.t(), inv(sa), inv(sb), {}, {}, at::kBFloat16);
 }
 
+// Row-wise scaling. Forward: Y [M, N] = X [M, K] W [N, K]^T with a scale per
+// row of X (token) and per row of W (output channel). Backward: dX = dY W
+// scales dY per row and W per column (K); dW = dY^T X scales dY per column
+// (N) and X per column (K). On CUDA each is one row-wise _scaled_mm.
+at::Tensor RowwiseProduct(const at::Tensor& a, int64_t a_dim, Fp8Format fa, const at::Tensor& b,
+                          int64_t b_dim, Fp8Format fb, int margin, Fp8Stats* stats,
+                          bool* in_fp8) {
+  // a [M, K] (scaled along a_dim), b [N, K] (scaled along b_dim); a x b^T.
+  QuantStats qa, qb;
+  at::Tensor y;
+  const bool cuda = a.is_cuda();
+  if (cuda && !ScaledMmShapeOk(a.size(0), a.size(1), b.size(0))) {
+    *in_fp8 = false;
+    y = at::matmul(a.to(at::kBFloat16), b.to(at::kBFloat16).t());
+  } else if (cuda) {
+    *in_fp8 = true;
+    at::Tensor sa, sb;
+    QuantizeDequantizeAlong(a, a_dim, fa, margin, &qa, &sa);
+    QuantizeDequantizeAlong(b, b_dim, fb, margin, &qb, &sb);
+    const double max_a = Fp8Max(fa), max_b = Fp8Max(fb);
+    at::Tensor a8 = (a.to(at::kFloat) * sa).clamp(-max_a, max_a).to(Fp8Dtype(fa));
+    at::Tensor b8 = (b.to(at::kFloat) * sb).clamp(-max_b, max_b).to(Fp8Dtype(fb));
+    // Row-wise _scaled_mm: scale_a [M, 1], scale_b [1, N], both FP32.
+    y = at::_scaled_mm(a8, b8.t(), (1.0 / sa).reshape({-1, 1}).contiguous(),
+                       (1.0 / sb).reshape({1, -1}).contiguous(), {}, {}, at::kBFloat16);
+  } else {
+    *in_fp8 = true;
+    y = at::matmul(QuantizeDequantizeAlong(a, a_dim, fa, margin, &qa),
+                   QuantizeDequantizeAlong(b, b_dim, fb, margin, &qb).t());
+  }
+  Account(stats, qa);
+  Account(stats, qb);
+  return y;
+}
+
+at::Tensor RowwiseForward(Context* c, Fp8Stats* stats, bool record, const at::Tensor& x2,
+                          const at::Tensor& w) {
+  if (record) {
+    stats->amax[c->layer->group + ".input"] = x2.detach().abs().max().item<double>();
+    stats->amax[c->layer->group + ".weight"] = w.detach().abs().max().item<double>();
+  }
+  bool fp8 = false;
+  at::Tensor y = RowwiseProduct(x2, 1, Fp8Format::kE4M3, w, 1, Fp8Format::kE4M3,
+                                c->config->margin, stats, &fp8);
+  ++stats->total_products;
+  stats->fp8_products += fp8;
+  return y;
+}
+
+std::pair<at::Tensor, at::Tensor> RowwiseBackward(Context* c, const at::Tensor& g2,
+                                                  const at::Tensor& x2, const at::Tensor& w) {
+  Fp8Stats* stats = c->stats;
+  stats->amax[c->layer->group + ".grad"] = g2.detach().abs().max().item<double>();
+  const int margin = c->config->margin;
+  bool fp8_x = false, fp8_w = false;
+  // dX [M, K] = dY [M, N] x (W^T [K, N])^T: dY per row, W^T per row (W per column).
+  at::Tensor wt = w.t().contiguous();
+  at::Tensor gx = RowwiseProduct(g2, 1, Fp8Format::kE5M2, wt, 1, Fp8Format::kE4M3, margin, stats,
+                                 &fp8_x);
+  // dW [N, K] = dY^T [N, M] x (X^T [K, M])^T: both along M.
+  at::Tensor gw = RowwiseProduct(g2.t().contiguous(), 1, Fp8Format::kE5M2, x2.t().contiguous(), 1,
+                                 Fp8Format::kE4M3, margin, stats, &fp8_w);
+  stats->total_products += 2;
+  stats->fp8_products += fp8_x + fp8_w;
+  return {gx, gw};
+}
+
 class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
@@ -137,6 +227,13 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     Fp8Stats scratch;
     Fp8Stats* stats = record ? c->stats : &scratch;
     at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    if (c->config->recipe == Recipe::kRowwise) {
+      ctx->save_for_backward({x2, w});
+      ctx->saved_data["context"] = context;
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+      shape.back() = w.size(0);
+      return RowwiseForward(c, stats, record, x2, w).reshape(shape);
+    }
     const double sx = c->layer->x.ScaleFor(x2, record), sw = c->layer->w.ScaleFor(w, record);
     if (record) {
       stats->amax[c->layer->group + ".input"] = c->layer->x.last_amax();
@@ -173,6 +270,12 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x2 = saved[0];
     const at::Tensor& w = saved[1];
+    if (c->config->recipe == Recipe::kRowwise) {
+      auto [gx, gw] = RowwiseBackward(c, grads[0].reshape({-1, w.size(0)}), x2, w);
+      std::vector<int64_t> shape(grads[0].sizes().begin(), grads[0].sizes().end());
+      shape.back() = w.size(1);
+      return {gx.reshape(shape).to(grads[0].scalar_type()), gw.to(w.scalar_type()), at::Tensor()};
+    }
     const double sx = ctx->saved_data["sx"].toDouble(), sw = ctx->saved_data["sw"].toDouble();
     at::Tensor g2 = grads[0].reshape({-1, w.size(0)});
     const double sg = c->layer->g.ScaleFor(g2);
@@ -223,7 +326,7 @@ at::Tensor Fp8Linears::Linear(const at::Tensor& x, const at::Tensor& w,
   // The context outlives the autograd graph: it lives in the layer map.
   Layer& layer = LayerFor(site);
   auto& context = contexts_[site];
-  context = {&layer, &stats_, &training_};
+  context = {&layer, &stats_, &training_, &config_};
   return Fp8LinearFunction::apply(x, w, reinterpret_cast<int64_t>(&context));
 }
 
@@ -243,6 +346,7 @@ Fp8Stats Fp8Linears::TakeStats() {
 
 std::vector<std::pair<std::string, at::Tensor>> Fp8Linears::State() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
+  if (config_.recipe == Recipe::kRowwise) return out;  // nothing carries over
   for (const auto& [site, layer] : layers_) {
     out.emplace_back("fp8." + site + ".input", layer->x.State());
     out.emplace_back("fp8." + site + ".weight", layer->w.State());

@@ -54,10 +54,18 @@ at::Tensor QuantizeScaled(const at::Tensor& x, double scale, Fp8Format format,
 // x through FP8 and back: QuantizeScaled(x) / scale.
 at::Tensor QuantizeDequantize(const at::Tensor& x, double scale, Fp8Format format,
                               QuantStats* stats);
+// x through FP8 and back with one scale per slice along `dim` (the amax
+// over `dim` of each slice, e.g. dim 1 of [M, K]: a scale per row); a zero
+// slice keeps scale 1. `scales` gets them (the shape of amax with keepdim).
+at::Tensor QuantizeDequantizeAlong(const at::Tensor& x, int64_t dim, Fp8Format format, int margin,
+                                   QuantStats* stats, at::Tensor* scales = nullptr);
 // max / (amax x 2^margin); `previous` when amax is zero or not finite.
 double ScaleForAmax(double amax, Fp8Format format, int margin, double previous);
 
-enum class Recipe { kDelayed, kCurrent };
+// kRowwise: current scaling per row instead of per tensor (each token's
+// input row, each weight's output row; the backward pass rescales along
+// the other axis where a product needs it), as torchao's row-wise recipe.
+enum class Recipe { kDelayed, kCurrent, kRowwise };
 
 struct RecipeConfig {
   Recipe recipe = Recipe::kDelayed;
@@ -125,6 +133,7 @@ class Fp8Linears final : public model::LinearOverride {
     Layer* layer;
     Fp8Stats* stats;
     const bool* training;
+    const RecipeConfig* config;
   };
 
  private:

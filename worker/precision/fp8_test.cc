@@ -211,5 +211,37 @@ TEST(Fp8LinearsTest, ProductsUseFp8OperandsAndFp32Accumulation) {
   EXPECT_EQ(fp8.State().size(), 3u);
 }
 
+TEST(Fp8LinearsTest, RowwiseScalesEachRowAndRescalesForTheBackward) {
+  at::manual_seed(3);
+  RecipeConfig c;
+  c.recipe = Recipe::kRowwise;
+  Fp8Linears fp8(c);
+  // Rows of very different magnitudes: per-tensor scaling would crush the
+  // small ones; per-row keeps each to FP8's relative precision.
+  at::Tensor x = (at::randn({6, 32}) * at::logspace(-3, 3, 6).unsqueeze(1)).set_requires_grad(true);
+  at::Tensor w = (at::randn({16, 32}) * 0.1).set_requires_grad(true);
+  at::Tensor y = fp8.Linear(x, w, "layers.0.wqkv");
+  at::Tensor g = at::randn({6, 16});
+  y.backward(g);
+  at::NoGradGuard no_grad;
+  auto q = [](const at::Tensor& t, int64_t dim, Fp8Format f) {
+    return QuantizeDequantizeAlong(t, dim, f, 0, nullptr);
+  };
+  at::Tensor xd = x.detach(), wd = w.detach();
+  EXPECT_TRUE(at::allclose(y, q(xd, 1, Fp8Format::kE4M3).matmul(q(wd, 1, Fp8Format::kE4M3).t()),
+                           1e-5, 1e-7));
+  EXPECT_TRUE(at::allclose(x.grad(), q(g, 1, Fp8Format::kE5M2).matmul(q(wd, 0, Fp8Format::kE4M3)),
+                           1e-5, 1e-7));
+  EXPECT_TRUE(at::allclose(w.grad(), q(g, 0, Fp8Format::kE5M2).t().matmul(q(xd, 0, Fp8Format::kE4M3)),
+                           1e-5, 1e-7));
+  // Every row keeps its relative precision, the smallest included.
+  at::Tensor rel = ((y - at::linear(xd, wd)).norm(2, 1) / at::linear(xd, wd).norm(2, 1));
+  EXPECT_LT(rel.max().item<double>(), 0.1);
+  Fp8Stats s = fp8.TakeStats();
+  EXPECT_EQ(s.fp8_products, 3);
+  EXPECT_EQ(s.overflows, 0);
+  EXPECT_TRUE(fp8.State().empty()) << "row-wise keeps no history";
+}
+
 }  // namespace
 }  // namespace tally::precision

@@ -192,7 +192,10 @@ std::string Run::Fingerprint() const {
                          c_.moe_sigmoid_router ? "/sigmoid" : "/softmax", "/cap",
                          c_.moe_capacity_factor)
           : "",
-      c_.fp8 ? absl::StrCat(" fp8=", c_.fp8_recipe == Fp8Recipe::kDelayed ? "delayed" : "current",
+      c_.fp8 ? absl::StrCat(" fp8=",
+                            c_.fp8_recipe == Fp8Recipe::kDelayed   ? "delayed"
+                            : c_.fp8_recipe == Fp8Recipe::kCurrent ? "current"
+                                                                   : "rowwise",
                             "/", c_.amax_history_len, "/", c_.fp8_margin)
              : "");
 }
@@ -360,8 +363,9 @@ TrainResult Run::Go() {
   opt_ = std::make_unique<AdamW>(&model_->parameters(), c_);
   if (c_.fp8) {
     precision::RecipeConfig rc;
-    rc.recipe = c_.fp8_recipe == Fp8Recipe::kDelayed ? precision::Recipe::kDelayed
-                                                      : precision::Recipe::kCurrent;
+    rc.recipe = c_.fp8_recipe == Fp8Recipe::kDelayed   ? precision::Recipe::kDelayed
+                : c_.fp8_recipe == Fp8Recipe::kCurrent ? precision::Recipe::kCurrent
+                                                       : precision::Recipe::kRowwise;
     rc.history_len = c_.amax_history_len;
     rc.margin = c_.fp8_margin;
     fp8_ = std::make_unique<precision::Fp8Linears>(rc);

@@ -29,7 +29,7 @@
 
 namespace tally::train {
 
-enum class Fp8Recipe { kDelayed, kCurrent };
+enum class Fp8Recipe { kDelayed, kCurrent, kRowwise };
 
 struct TrainConfig {
   // Model.

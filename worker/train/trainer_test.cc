@@ -167,11 +167,14 @@ TEST_F(TrainerTest, Fp8TrainsWithinOnePointFivePercentOfFp32) {
                "TrainerTest.Tiny() with fp8 (delayed, history 16), fortunes, one thread, CPU "
                "emulation");
 
-  TrainConfig current = fp8;
-  current.fp8_recipe = Fp8Recipe::kCurrent;
-  Recorder c;
-  ASSERT_EQ(Train(current, &c, nullptr).outcome, TrainResult::Outcome::kSucceeded);
-  EXPECT_LT(std::abs(c.evals.back().val_loss - v32) / v32, 0.015);
+  for (Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kRowwise}) {
+    TrainConfig other = fp8;
+    other.fp8_recipe = recipe;
+    Recorder c;
+    ASSERT_EQ(Train(other, &c, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+    EXPECT_LT(std::abs(c.evals.back().val_loss - v32) / v32, 0.015);
+    EXPECT_DOUBLE_EQ(c.steps.back().fp8_product_fraction, 1.0);
+  }
 }
 
 TEST_F(TrainerTest, Fp8ResumeRestoresTheScalingState) {
