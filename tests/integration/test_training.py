@@ -137,11 +137,11 @@ class TrainingTest(ClusterTest):
     def test_a_spec_the_worker_cannot_train_fails_with_the_field(self):
         self.add_worker("w1")
         s = spec(max_steps=5)
-        s.precision.compute = spec_pb2.PRECISION_FP8
-        s.precision.fp8_recipe = spec_pb2.FP8_RECIPE_ROWWISE  # not in this worker yet
-        rowwise = self.submit(s)
-        done = self.wait_state(rowwise.name, {jobs_pb2.JOB_STATE_FAILED}, timeout=60)
-        self.assertIn("spec.precision.fp8_recipe", done.state_reason)
+        s.precision.compute = spec_pb2.PRECISION_BF16  # a CPU worker cannot
+        bf16 = self.submit(s)
+        done = self.wait_state(bf16.name, {jobs_pb2.JOB_STATE_FAILED}, timeout=60)
+        self.assertIn("spec.precision.compute", done.state_reason)
+        self.assertIn("CUDA", done.state_reason)
         self.assertEqual(done.attempt, 1, "not retried: another attempt would fail the same way")
         missing = spec(max_steps=5)
         missing.data.train_path = "/nonexistent/train"
