@@ -42,8 +42,6 @@ __global__ void CastToE4M3Kernel(const float* __restrict__ x, int64_t n, float s
 
 }  // namespace
 
-bool HaveCudaKernels() { return true; }
-
 std::string CastToE4M3Cuda(const float* x, int64_t n, float scale, uint8_t* y, float* amax,
                            void* stream) {
   if (n <= 0) return "";

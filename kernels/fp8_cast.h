@@ -25,9 +25,6 @@ void CastToE4M3Reference(const float* x, int64_t n, float scale, uint8_t* y, flo
 std::string CastToE4M3Cuda(const float* x, int64_t n, float scale, uint8_t* y, float* amax,
                            void* stream);
 
-// True when this build has the CUDA kernel (compiled with nvcc).
-bool HaveCudaKernels();
-
 }  // namespace tally::kernels
 
 #endif  // TALLY_KERNELS_FP8_CAST_H_

@@ -3,8 +3,6 @@
 
 namespace tally::kernels {
 
-bool HaveCudaKernels() { return false; }
-
 std::string CastToE4M3Cuda(const float*, int64_t, float, uint8_t*, float*, void*) {
   return "this build has no CUDA kernels (nvcc was not found at configure time)";
 }

@@ -9,17 +9,11 @@
 #include "common/model_flops.h"
 #include "common/spec_validation.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/time_util.h"
+#include "server/sched/proto_time.h"
 #include "server/sched/scheduler.h"
 
 namespace tally::sched {
 namespace {
-
-using google::protobuf::util::TimeUtil;
-
-google::protobuf::Timestamp ToProto(absl::Time t) {
-  return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
-}
 
 policy::EarlyStoppingRules Rules(const tally::v1::EarlyStoppingSpec& s) {
   policy::EarlyStoppingRules r;
@@ -202,9 +196,15 @@ void Scheduler::PriceCheckpoint(ActiveJob& job, tally::v1::Checkpoint* ck) {
   tally::v1::Job& j = *job.rec.mutable_job();
   Accrue(job, clock_->Now());
   policy::PreviousCheckpoint prev;
-  auto cks = store_->ListCheckpoints(job.rec.id());
-  if (cks.ok() && !cks->empty()) {
-    prev = {cks->back().cost_usd(), cks->back().tokens(), cks->back().val_loss()};
+  if (!job.last_checkpoint) {
+    // Once per job life in this process (e.g. after a restart): the store
+    // has it; afterwards the job keeps its latest checkpoint.
+    auto cks = store_->ListCheckpoints(job.rec.id());
+    if (cks.ok() && !cks->empty()) job.last_checkpoint = cks->back();
+  }
+  if (job.last_checkpoint) {
+    const auto& last = *job.last_checkpoint;
+    prev = {last.cost_usd(), last.tokens(), last.val_loss()};
   } else if (j.early_stopping().has_baseline()) {
     prev.val_loss = j.early_stopping().baseline_val_loss();
   }

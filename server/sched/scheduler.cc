@@ -10,20 +10,12 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/policy/placement.h"
+#include "server/sched/proto_time.h"
 
 namespace tally::sched {
 namespace {
 
-using google::protobuf::util::TimeUtil;
 using tally::v1::JobState;
-
-google::protobuf::Timestamp ToProto(absl::Time t) {
-  return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
-}
-
-absl::Time FromProto(const google::protobuf::Timestamp& ts) {
-  return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(ts));
-}
 
 std::string StateName(JobState s) {
   absl::string_view name = tally::v1::JobState_Name(s);
@@ -644,8 +636,10 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       *ck.mutable_time() = ToProto(now);
       PriceCheckpoint(*job, &ck);
       m.checkpoints.push_back(ck);
-      return AppendEvent(*job, NewEvent(*job, "checkpoint", "", c.path()),
-                         std::move(m));
+      RETURN_IF_ERROR(AppendEvent(*job, NewEvent(*job, "checkpoint", "", c.path()),
+                                  std::move(m)));
+      job->last_checkpoint = std::move(ck);
+      return absl::OkStatus();
     }
     case tally::v1::WorkerMessage::kExit:
       return HandleExit(worker_id, msg.exit());

@@ -115,6 +115,9 @@ class Scheduler {
     // step before that step's checkpoint, which records it.
     std::optional<std::pair<int64_t, double>> last_eval;
     absl::Time accrued_until;  // cost is accrued up to here
+    // The latest recorded checkpoint (loaded from the store on first need),
+    // which the next one is priced against.
+    std::optional<tally::v1::Checkpoint> last_checkpoint;
     // MoE routing collapse: the largest share of tokens one expert took in
     // any layer at the latest progress, and for how many evaluations in a
     // row it has been above half (warned once).

@@ -64,6 +64,17 @@ def wait_for(predicate, timeout=30.0, interval=0.05, what="condition"):
     raise AssertionError("timed out after %.0fs waiting for %s" % (timeout, what))
 
 
+def parse_exposition(text):
+    """Prometheus text exposition -> {'name{labels}': value}."""
+    series = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, value = line.rsplit(" ", 1)
+        series[key] = float(value)
+    return series
+
+
 def _read(path):
     with open(path) as f:
         return f.read()

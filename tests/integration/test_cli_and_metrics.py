@@ -10,7 +10,7 @@ import unittest
 
 import tempfile
 
-from harness import ROOT, TRAIN_PATH, ClusterTest, jobs_pb2, spec, wait_for
+from harness import ROOT, TRAIN_PATH, ClusterTest, jobs_pb2, parse_exposition, spec, wait_for
 
 EXAMPLE = os.path.join(ROOT, "examples", "jobs", "tiny.yaml")
 
@@ -105,16 +105,6 @@ class TallyctlTest(ClusterTest):
         a = self.tallyctl("submit", "-f", TINY, "--request_id=fixed-1").stdout.strip()
         b = self.tallyctl("submit", "-f", TINY, "--request_id=fixed-1").stdout.strip()
         self.assertEqual(a, b)
-
-
-def parse_exposition(text):
-    series = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, value = line.rsplit(" ", 1)
-        series[key] = float(value)
-    return series
 
 
 class MetricsTest(ClusterTest):

@@ -8,7 +8,8 @@ import math
 import os
 import unittest
 
-from harness import TRAIN_PATH, ClusterTest, jobs_pb2, spec, spec_pb2, wait_for
+from harness import (TRAIN_PATH, ClusterTest, jobs_pb2, parse_exposition, spec, spec_pb2,
+                     wait_for)
 
 
 def read_docs(prefix):
@@ -88,11 +89,7 @@ class TrainingTest(ClusterTest):
         s.precision.compute = spec_pb2.PRECISION_FP8  # delayed scaling by default
         job = self.submit(s)
         wait_for(lambda: self.get(job.name).step >= 50, timeout=120, what="50 FP8 steps")
-        series = {}
-        for line in self.tallyd.scrape().splitlines():
-            if line.startswith("tally_job_fp8") and job.name in line:
-                key, value = line.rsplit(" ", 1)
-                series[key] = float(value)
+        series = parse_exposition(self.tallyd.scrape())
         label = 'tally_job="%s"' % job.name
         self.assertEqual(series["tally_job_fp8_product_fraction{%s}" % label], 1.0)
         self.assertIn("tally_job_fp8_overflows{%s}" % label, series)

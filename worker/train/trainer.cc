@@ -110,7 +110,6 @@ class AdamW {
 struct DeviceBatch {
   model::ModelInput input;
   at::Tensor targets_N;
-  const data::MicroBatch* host;
 };
 
 DeviceBatch ToDevice(const data::MicroBatch& b, at::Device device) {
@@ -129,7 +128,6 @@ DeviceBatch ToDevice(const data::MicroBatch& b, at::Device device) {
                         .view({b.rows, b.width})
                         .to(device, at::kBool);
   d.targets_N = longs(b.targets, false);
-  d.host = &b;
   return d;
 }
 
