@@ -17,7 +17,7 @@ PACKAGES=(
   libabsl-dev libsqlite3-dev sqlite3 libcivetweb-dev libyaml-cpp-dev
   libspdlog-dev nlohmann-json3-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-yaml python3-venv
-  prometheus fortunes fortunes-min unzip curl
+  libgloo-dev prometheus fortunes fortunes-min unzip curl
 )
 
 missing=()

@@ -1,0 +1,183 @@
+#include "worker/dist/group.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+#if defined(TALLY_WITH_GLOO)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if defined(TALLY_WITH_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace tally::dist {
+namespace {
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+class C10dGroup final : public Group {
+ public:
+  C10dGroup(c10::intrusive_ptr<c10d::Backend> pg, std::string backend)
+      : pg_(std::move(pg)), backend_(std::move(backend)) {}
+
+  int rank() const override { return pg_->getRank(); }
+  int size() const override { return pg_->getSize(); }
+  std::string backend() const override { return backend_; }
+
+  void AllReduceSum(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) override {
+    // Buckets of one dtype and device, in the order given.
+    struct Bucket {
+      std::vector<at::Tensor> members;
+      int64_t bytes = 0;
+      at::Tensor flat;
+      c10::intrusive_ptr<c10d::Work> work;
+    };
+    std::vector<Bucket> buckets;
+    std::map<std::pair<int, int>, size_t> open;  // (dtype, device) -> bucket
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined() || t.numel() == 0) continue;
+      const std::pair<int, int> key{static_cast<int>(t.scalar_type()),
+                                    static_cast<int>(t.device().type()) * 256 + t.device().index()};
+      const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+      auto it = open.find(key);
+      if (it == open.end() || buckets[it->second].bytes + bytes > bucket_bytes) {
+        buckets.emplace_back();
+        open[key] = buckets.size() - 1;
+        it = open.find(key);
+      }
+      Bucket& b = buckets[it->second];
+      b.members.push_back(t);
+      b.bytes += bytes;
+    }
+    Guard([&] {
+      for (Bucket& b : buckets) {
+        std::vector<at::Tensor> flat_parts;
+        for (const at::Tensor& t : b.members) flat_parts.push_back(t.reshape({-1}));
+        b.flat = at::cat(flat_parts);
+        std::vector<at::Tensor> io{b.flat};
+        c10d::AllreduceOptions o;
+        o.reduceOp = c10d::ReduceOp::SUM;
+        b.work = pg_->allreduce(io, o);
+      }
+      for (Bucket& b : buckets) {
+        b.work->wait();
+        int64_t offset = 0;
+        for (const at::Tensor& t : b.members) {
+          t.copy_(b.flat.narrow(0, offset, t.numel()).view_as(t));
+          offset += t.numel();
+        }
+      }
+    }, "all-reduce");
+  }
+
+  void AllReduceMax(const at::Tensor& tensor) override {
+    Guard([&] {
+      std::vector<at::Tensor> io{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::MAX;
+      pg_->allreduce(io, o)->wait();
+      if (!io[0].is_same(tensor)) tensor.copy_(io[0]);
+    }, "all-reduce (max)");
+  }
+
+  void Broadcast(const std::vector<at::Tensor>& tensors, int root) override {
+    Guard([&] {
+      for (const at::Tensor& t : tensors) {
+        std::vector<at::Tensor> io{t.is_contiguous() ? t : t.contiguous()};
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        pg_->broadcast(io, o)->wait();
+        if (!io[0].is_same(t)) t.copy_(io[0]);
+      }
+    }, "broadcast");
+  }
+
+  void Barrier() override {
+    Guard([&] { pg_->barrier()->wait(); }, "barrier");
+  }
+
+ private:
+  template <typename F>
+  void Guard(F&& f, const char* what) {
+    try {
+      f();
+    } catch (const c10::Error& e) {
+      throw CollectiveError(absl::StrCat(backend_, " ", what, " failed on rank ", rank(), " of ",
+                                         size(), ": ", FirstLine(e.what_without_backtrace())));
+    } catch (const std::exception& e) {
+      throw CollectiveError(absl::StrCat(backend_, " ", what, " failed on rank ", rank(), " of ",
+                                         size(), ": ", FirstLine(e.what())));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Backend> pg_;
+  std::string backend_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Group>> Group::Create(const GroupOptions& o) {
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", o.rank, " is not in a world of size ", o.world_size));
+  }
+  const size_t colon = o.store_address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(o.store_address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous address \"", o.store_address, "\": want host:port, e.g. 10.0.0.5:29500"));
+  }
+  const bool cuda = o.device.rfind("cuda", 0) == 0;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_seconds * 1000));
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(port);
+    so.isServer = o.rank == 0;
+    so.numWorkers = o.world_size;
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(o.store_address.substr(0, colon), so);
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(o.prefix, tcp);
+    if (cuda) {
+#if defined(TALLY_WITH_NCCL)
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world_size, opts);
+      return std::unique_ptr<Group>(new C10dGroup(pg, "nccl"));
+#else
+      return absl::FailedPreconditionError(
+          "device " + o.device + ": this build has no NCCL process group (build with "
+          "-DTALLY_TORCH_CUDA=ON against a LibTorch with USE_C10D_NCCL)");
+#endif
+    }
+#if defined(TALLY_WITH_GLOO)
+    auto opts = c10d::ProcessGroupGloo::Options::create();
+    opts->timeout = timeout;
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.local_host));
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, opts);
+    return std::unique_ptr<Group>(new C10dGroup(pg, "gloo"));
+#else
+    return absl::FailedPreconditionError(
+        "this build has no Gloo process group: install Debian's libgloo-dev (its headers) "
+        "and reconfigure");
+#endif
+  } catch (const c10::Error& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", o.rank, " of ", o.world_size, " could not join the group at ", o.store_address,
+        ": ", FirstLine(e.what_without_backtrace())));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", o.rank, " of ", o.world_size,
+                                               " could not join the group at ",
+                                               o.store_address, ": ", FirstLine(e.what())));
+  }
+}
+
+}  // namespace tally::dist
