@@ -108,6 +108,25 @@ std::vector<std::pair<int64_t, at::Tensor>> Transformer::expert_biases() const {
   return out;
 }
 
+std::vector<std::string> Transformer::LinearSites() const {
+  std::vector<std::string> out;
+  for (const Layer& l : layers_) {
+    out.push_back(l.prefix + "wqkv");
+    out.push_back(l.prefix + "wo");
+    if (l.moe) {
+      for (int64_t e = 0; e < config_.moe.num_experts; ++e) {
+        for (const char* w : {"w1", "w3", "w2"}) {
+          out.push_back(l.prefix + "experts." + std::to_string(e) + "." + w);
+        }
+      }
+    }
+    if (l.w1_FD.defined()) {
+      for (const char* w : {"w1", "w3", "w2"}) out.push_back(l.prefix + w);
+    }
+  }
+  return out;
+}
+
 at::Tensor Transformer::SwiGlu(const at::Tensor& h, const Layer& layer) const {
   at::Tensor gate = at::silu(Linear(h, layer.w1_FD, layer, "w1"));
   return Linear(gate * Linear(h, layer.w3_FD, layer, "w3"), layer.w2_DF, layer, "w2");

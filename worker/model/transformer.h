@@ -96,6 +96,8 @@ class Transformer {
   // Per MoE layer (in layer order): its selection bias, not a parameter (the
   // trainer nudges it toward balance and checkpoints it).
   std::vector<std::pair<int64_t, at::Tensor>> expert_biases() const;
+  // Every site name the model passes to its LinearOverride.
+  std::vector<std::string> LinearSites() const;
 
   // Not owned; nullptr restores at::linear.
   void SetLinearOverride(LinearOverride* linear) { linear_ = linear; }

@@ -80,6 +80,9 @@ void TensorScaling::Step() {
     step_amax_ = 0;
     return;
   }
+  // A tensor that has never seen a value (a declared layer not yet called)
+  // starts its history when it first does, as an undeclared one would.
+  if (history_.empty() && step_amax_ == 0) return;
   history_.push_back(step_amax_);
   if (static_cast<int>(history_.size()) > config_.history_len) history_.erase(history_.begin());
   const double amax = config_.history_max
@@ -342,6 +345,30 @@ Fp8Stats Fp8Linears::TakeStats() {
   Fp8Stats out = std::move(stats_);
   stats_ = Fp8Stats{};
   return out;
+}
+
+void Fp8Linears::Declare(const std::vector<std::string>& sites) {
+  for (const auto& site : sites) LayerFor(site);
+}
+
+std::vector<double> Fp8Linears::StepAmax() const {
+  std::vector<double> out;
+  for (const auto& [site, layer] : layers_) {
+    out.push_back(layer->x.step_amax());
+    out.push_back(layer->w.step_amax());
+    out.push_back(layer->g.step_amax());
+  }
+  return out;
+}
+
+void Fp8Linears::SetStepAmax(const std::vector<double>& amax) {
+  size_t i = 0;
+  for (auto& [site, layer] : layers_) {
+    if (i + 3 > amax.size()) return;
+    layer->x.set_step_amax(amax[i++]);
+    layer->w.set_step_amax(amax[i++]);
+    layer->g.set_step_amax(amax[i++]);
+  }
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Fp8Linears::State() const {

@@ -86,6 +86,10 @@ class TensorScaling {
   Fp8Format format() const { return format_; }
   double scale() const { return scale_; }
   double last_amax() const { return last_amax_; }
+  // The largest amax recorded since the last Step(); data-parallel ranks
+  // replace it with the maximum over ranks before stepping.
+  double step_amax() const { return step_amax_; }
+  void set_step_amax(double amax) { step_amax_ = amax; }
   // history (history_len), then scale, step amax, steps: for checkpoints.
   at::Tensor State() const;
   bool LoadState(const at::Tensor& state);
@@ -124,6 +128,13 @@ class Fp8Linears final : public model::LinearOverride {
   void SetTraining(bool training) { training_ = training; }
   // Statistics since the previous call.
   Fp8Stats TakeStats();
+  // Data parallel: creates the layers of every site up front, so every rank
+  // holds the same layers whichever sites its batches reached (an expert
+  // with no tokens is never called); then the step's amax of every tensor,
+  // in one fixed order, and back.
+  void Declare(const std::vector<std::string>& sites);
+  std::vector<double> StepAmax() const;
+  void SetStepAmax(const std::vector<double>& amax);
   // Scaling state for checkpoints: (name, tensor) pairs, and back.
   std::vector<std::pair<std::string, at::Tensor>> State() const;
   bool LoadState(const std::map<std::string, at::Tensor>& tensors, std::string* missing);

@@ -21,6 +21,7 @@
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
+#include "worker/dist/group.h"
 #include "worker/model/transformer.h"
 #include "worker/precision/fp8.h"
 #include "worker/train/checkpoint.h"
@@ -55,6 +56,18 @@ absl::Status TrainConfig::Validate() const {
   need(!fp8 || (amax_history_len >= 1 && amax_history_len <= 1024),
        "amax_history_len: must be between 1 and 1024");
   need(!fp8 || (fp8_margin >= 0 && fp8_margin <= 8), "fp8_margin: must be between 0 and 8");
+  need(world_size >= 1 && rank >= 0 && rank < world_size,
+       absl::StrCat("rank: ", rank, " is not in a world of size ", world_size));
+  need(world_size == 1 || !rendezvous.empty(),
+       "rendezvous: is required with more than one rank (host:port of rank 0's store)");
+  const int64_t micro_per_step =
+      global_batch_tokens > 0 && micro_tokens > 0 ? global_batch_tokens / micro_tokens : 1;
+  need(world_size <= 1 || micro_per_step % world_size == 0,
+       absl::StrCat("global_batch_tokens: with ", world_size,
+                    " ranks it must be a multiple of seq_len * micro_batch_rows * ", world_size,
+                    " (", micro_tokens * std::max(1, world_size), "), so every rank gets the "
+                    "same number of micro-batches"));
+  need(collective_timeout_seconds > 0, "collective_timeout_seconds: must be > 0");
   if (problems.empty()) return absl::OkStatus();
   std::string msg;
   for (const auto& p : problems) absl::StrAppend(&msg, msg.empty() ? "" : "; ", p);
@@ -159,6 +172,12 @@ class Run {
     return {TrainResult::Outcome::kFailed, std::move(reason), step_, retryable};
   }
   EvalMetrics Evaluate();
+  bool lead() const { return c_.rank == 0; }
+  // Sums `v` over the ranks (a no-op with one rank).
+  void SumOverRanks(std::vector<double>* v);
+  // FailedPrecondition naming the first parameter whose value differs
+  // between ranks.
+  absl::Status CheckParametersAgree();
   absl::Status SaveCheckpoint();
   absl::Status LoadCheckpoint();
   std::string Fingerprint() const;
@@ -174,6 +193,7 @@ class Run {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<precision::Fp8Linears> fp8_;
   std::vector<data::Row> eval_rows_;
+  std::unique_ptr<dist::Group> group_;  // null with one rank
   int64_t step_ = 0, tokens_ = 0, padding_tokens_ = 0;
   int64_t last_eval_step_ = -1, last_checkpoint_step_ = -1;
 };
@@ -204,7 +224,9 @@ EvalMetrics Run::Evaluate() {
   if (fp8_) fp8_->SetTraining(false);
   double loss_sum = 0;
   int64_t targets = 0, target_bytes = 0;
-  for (size_t i = 0; i < eval_rows_.size(); i += c_.micro_batch_rows) {
+  size_t chunk = 0;
+  for (size_t i = 0; i < eval_rows_.size(); i += c_.micro_batch_rows, ++chunk) {
+    if (chunk % c_.world_size != static_cast<size_t>(c_.rank)) continue;  // another rank's
     const size_t n = std::min<size_t>(c_.micro_batch_rows, eval_rows_.size() - i);
     const data::MicroBatch mb = data::BuildMicroBatch(
         *val_, absl::MakeConstSpan(eval_rows_).subspan(i, n), c_.seq_len,
@@ -213,6 +235,12 @@ EvalMetrics Run::Evaluate() {
     targets += mb.num_targets;
     target_bytes += mb.target_bytes;
   }
+  std::vector<double> sums = {loss_sum, static_cast<double>(targets),
+                              static_cast<double>(target_bytes)};
+  SumOverRanks(&sums);
+  loss_sum = sums[0];
+  targets = static_cast<int64_t>(sums[1]);
+  target_bytes = static_cast<int64_t>(sums[2]);
   EvalMetrics e;
   e.step = step_;
   e.tokens = tokens_;
@@ -222,6 +250,40 @@ EvalMetrics Run::Evaluate() {
   last_eval_step_ = step_;
   if (fp8_) fp8_->SetTraining(true);
   return e;
+}
+
+void Run::SumOverRanks(std::vector<double>* v) {
+  if (!group_ || v->empty()) return;
+  at::Tensor t = at::tensor(*v, at::kDouble);
+  group_->AllReduceSum({t});
+  std::copy(t.data_ptr<double>(), t.data_ptr<double>() + v->size(), v->begin());
+}
+
+absl::Status Run::CheckParametersAgree() {
+  if (!group_) return absl::OkStatus();
+  at::NoGradGuard no_grad;
+  auto& params = model_->parameters();
+  // Each parameter's sum and sum of squares, in FP64 on the host; the
+  // maximum over ranks of (x, -x) is (x, -x) again only when all agree.
+  std::vector<at::Tensor> parts;
+  for (const auto& p : params) {
+    at::Tensor v = p.value.detach().to(at::kDouble);
+    parts.push_back(v.sum().reshape({1}));
+    parts.push_back(v.square().sum().reshape({1}));
+  }
+  at::Tensor x = at::cat(parts).cpu();
+  at::Tensor both = at::cat({x, -x});
+  group_->AllReduceMax(both);
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double hi = both[i].item<double>(), lo = -both[n + i].item<double>();
+    if (hi != lo) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parameter ", params[i / 2].name, " differs between ranks at step ", step_,
+          " (", i % 2 ? "sum of squares" : "sum", " from ", lo, " to ", hi, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Run::SaveCheckpoint() {
@@ -256,7 +318,7 @@ absl::Status Run::SaveCheckpoint() {
   auto sha = WriteCheckpoint(path, data);
   if (!sha.ok()) return sha.status();
   last_checkpoint_step_ = step_;
-  events_->OnCheckpoint({step_, tokens_, path, *sha});
+  events_->OnCheckpoint({step_, tokens_, path, *sha});  // rank 0 only
   return absl::OkStatus();
 }
 
@@ -374,6 +436,26 @@ TrainResult Run::Go() {
       return Fail("resume: " + std::string(s.message()), false);
     }
   }
+  if (c_.world_size > 1) {
+    dist::GroupOptions g;
+    g.rank = c_.rank;
+    g.world_size = c_.world_size;
+    g.store_address = c_.rendezvous;
+    g.prefix = c_.rendezvous_prefix;
+    g.local_host = c_.rendezvous_local_host;
+    g.device = c_.device;
+    g.timeout_seconds = c_.collective_timeout_seconds;
+    auto group = dist::Group::Create(g);
+    if (!group.ok()) return Fail("rendezvous: " + std::string(group.status().message()), true);
+    group_ = std::move(*group);
+    // Every rank holds every FP8 layer, so their amax vectors line up.
+    if (fp8_) fp8_->Declare(model_->LinearSites());
+    // Same seed, same checkpoint: the ranks must start from the same
+    // parameters; anything else is a configuration error, not bad luck.
+    if (absl::Status s = CheckParametersAgree(); !s.ok()) {
+      return Fail(absl::StrCat("ranks start from different parameters: ", s.message()), false);
+    }
+  }
 
   const int64_t micro_tokens = int64_t{c_.seq_len} * c_.micro_batch_rows;
   const int64_t micro_per_step =
@@ -391,9 +473,17 @@ TrainResult Run::Go() {
   info.device = c_.device;
   info.attention = kernel_ == model::AttentionKernel::kVarlenFlash ? "varlen flash"
                                                                     : "block-diagonal mask";
+  info.world_size = c_.world_size;
+  info.backend = group_ ? group_->backend() : "";
   events_->OnStart(info);
+  // Only rank 0 reports steps, evaluations and checkpoints.
+  TrainEvents silent;
+  TrainEvents* report = lead() ? events_ : &silent;
 
-  if (val_ && step_ == 0) events_->OnEval(Evaluate());
+  if (val_ && step_ == 0) {
+    EvalMetrics e = Evaluate();
+    report->OnEval(e);
+  }
   NonFiniteGuard guard(c_.max_nonfinite_steps);
   // FP8 statistics "go bad" when over 1% of the values a step quantizes
   // overflow, or an amax is not finite: stop rather than drift.
@@ -404,20 +494,29 @@ TrainResult Run::Go() {
               false};
     }
     const auto t0 = Clock::now();
-    std::vector<data::MicroBatch> micro(micro_per_step);
+    // Every rank walks the whole step's rows (the cursor stays global) and
+    // builds only its own micro-batches: i % world_size == rank.
+    std::vector<data::MicroBatch> micro;
     int64_t targets = 0, real = 0, padding = 0;
-    for (auto& mb : micro) {
-      mb = data::BuildMicroBatch(*train_, rows_->Next(c_.micro_batch_rows), c_.seq_len,
-                                 c_.packing);
-      targets += mb.num_targets;
-      real += mb.real_tokens;
-      padding += mb.padding_tokens;
+    for (int64_t i = 0; i < micro_per_step; ++i) {
+      std::vector<data::Row> rows = rows_->Next(c_.micro_batch_rows);
+      for (const data::Row& r : rows) {
+        for (const data::Segment& seg : r.segments) targets += std::max<int32_t>(0, seg.length - 1);
+      }
+      if (i % c_.world_size != c_.rank) continue;
+      micro.push_back(data::BuildMicroBatch(*train_, rows, c_.seq_len, c_.packing));
+      real += micro.back().real_tokens;
+      padding += micro.back().padding_tokens;
     }
     double loss_sum = 0, aux_sum = 0;
     std::map<int64_t, StepMetrics::MoeLayer> moe_layers;
     std::map<int64_t, int64_t> moe_assignments, moe_dropped;
+    bool stop_asked = false;
     for (const auto& mb : micro) {
-      if (stop_->load()) {
+      if (group_) {
+        // The ranks stop together, at the end of the step (below).
+        stop_asked = stop_asked || stop_->load();
+      } else if (stop_->load()) {
         return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_),
                 step_, false};
       }
@@ -445,6 +544,83 @@ TrainResult Run::Go() {
         }
       }
       loss.backward();
+    }
+    precision::Fp8Stats fp8_stats = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};
+    if (group_) {
+      bool amax_finite = true;
+      for (const auto& [group, amax] : fp8_stats.amax) amax_finite &= std::isfinite(amax);
+      // Every count of the step in one collective: losses, tokens, the stop
+      // vote, FP8 counts, which gradients exist, MoE loads.
+      std::vector<double> v = {loss_sum,
+                               aux_sum,
+                               static_cast<double>(real),
+                               static_cast<double>(padding),
+                               stop_asked || stop_->load() ? 1.0 : 0.0,
+                               static_cast<double>(fp8_stats.overflows),
+                               static_cast<double>(fp8_stats.underflows),
+                               static_cast<double>(fp8_stats.elements),
+                               static_cast<double>(fp8_stats.fp8_products),
+                               static_cast<double>(fp8_stats.total_products),
+                               amax_finite ? 0.0 : 1.0};
+      auto& params = model_->parameters();
+      const size_t grads_at = v.size();
+      for (const auto& p : params) v.push_back(p.value.grad().defined() ? 1.0 : 0.0);
+      const size_t moe_at = v.size();
+      const auto biases = model_->expert_biases();
+      for (const auto& [layer, bias] : biases) {
+        auto& agg = moe_layers[layer];
+        agg.layer = layer;
+        agg.tokens_per_expert.resize(c_.moe_num_experts, 0);
+        for (int64_t n : agg.tokens_per_expert) v.push_back(static_cast<double>(n));
+        v.push_back(agg.router_entropy);
+        v.push_back(static_cast<double>(moe_assignments[layer]));
+        v.push_back(static_cast<double>(moe_dropped[layer]));
+      }
+      SumOverRanks(&v);
+      if (v[4] > 0) {
+        return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_), step_,
+                false};
+      }
+      loss_sum = v[0];
+      aux_sum = v[1];
+      real = static_cast<int64_t>(v[2]);
+      padding = static_cast<int64_t>(v[3]);
+      fp8_stats.overflows = static_cast<int64_t>(v[5]);
+      fp8_stats.underflows = static_cast<int64_t>(v[6]);
+      fp8_stats.elements = static_cast<int64_t>(v[7]);
+      fp8_stats.fp8_products = static_cast<int64_t>(v[8]);
+      fp8_stats.total_products = static_cast<int64_t>(v[9]);
+      if (v[10] > 0) fp8_stats.amax["any rank"] = std::nan("");
+      size_t at = moe_at;
+      for (const auto& [layer, bias] : biases) {
+        auto& agg = moe_layers[layer];
+        for (int64_t& n : agg.tokens_per_expert) n = static_cast<int64_t>(v[at++]);
+        agg.router_entropy = v[at++];
+        moe_assignments[layer] = static_cast<int64_t>(v[at++]);
+        moe_dropped[layer] = static_cast<int64_t>(v[at++]);
+      }
+      // Gradients: a parameter no local batch reached (an expert without
+      // tokens here) joins as zeros; one no rank reached stays without a
+      // gradient, as it would in a single process.
+      std::vector<at::Tensor> grads;
+      for (auto& p : params) {
+        if (!p.value.grad().defined()) p.value.mutable_grad() = at::zeros_like(p.value);
+        grads.push_back(p.value.grad());
+      }
+      group_->AllReduceSum(grads, c_.bucket_bytes);
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (v[grads_at + i] == 0) params[i].value.mutable_grad() = at::Tensor();
+      }
+      if (fp8_) {
+        // Delayed scaling steps from the largest amax any rank saw.
+        const std::vector<double> local = fp8_->StepAmax();
+        if (!local.empty()) {
+          at::Tensor amax = at::tensor(local, at::kDouble);
+          group_->AllReduceMax(amax);
+          fp8_->SetStepAmax(std::vector<double>(amax.data_ptr<double>(),
+                                                amax.data_ptr<double>() + amax.numel()));
+        }
+      }
     }
     StepMetrics m;
     m.moe_aux_loss = aux_sum;
@@ -495,7 +671,7 @@ TrainResult Run::Go() {
       }
       if (fp8_) {
         fp8_->OnOptimizerStep();
-        const precision::Fp8Stats st = fp8_->TakeStats();
+        const precision::Fp8Stats& st = fp8_stats;
         m.fp8_overflows = st.overflows;
         m.fp8_underflows = st.underflows;
         m.fp8_product_fraction =
@@ -529,15 +705,27 @@ TrainResult Run::Go() {
     m.useful_tokens_per_second = m.step_seconds > 0 ? real / m.step_seconds : 0;
     m.padding_fraction = static_cast<double>(padding) / static_cast<double>(real + padding);
     if (c_.peak_flops > 0 && m.step_seconds > 0) {
-      m.mfu = info.flops_per_token * real / m.step_seconds / c_.peak_flops;
+      m.mfu = info.flops_per_token * real / m.step_seconds / (c_.peak_flops * c_.world_size);
     }
-    events_->OnStep(m);
+    report->OnStep(m);
 
     const bool last = step_ == c_.max_steps;
-    if (val_ && (step_ % c_.eval_interval_steps == 0 || last)) events_->OnEval(Evaluate());
-    if (!c_.checkpoint_dir.empty() &&
-        ((c_.checkpoint_interval_steps > 0 && step_ % c_.checkpoint_interval_steps == 0) ||
-         last)) {
+    if (val_ && (step_ % c_.eval_interval_steps == 0 || last)) {
+      EvalMetrics e = Evaluate();
+      report->OnEval(e);
+    }
+    const bool checkpoint =
+        !c_.checkpoint_dir.empty() &&
+        ((c_.checkpoint_interval_steps > 0 && step_ % c_.checkpoint_interval_steps == 0) || last);
+    if (group_ && (checkpoint || (c_.param_check_interval_steps > 0 &&
+                                  step_ % c_.param_check_interval_steps == 0))) {
+      // A checkpoint holds rank 0's parameters: check they are everyone's.
+      if (absl::Status s = CheckParametersAgree(); !s.ok()) {
+        return Fail(absl::StrCat(s.message(), "; resuming from the last checkpoint re-syncs them"),
+                    true);
+      }
+    }
+    if (checkpoint && lead()) {
       if (absl::Status s = SaveCheckpoint(); !s.ok()) {
         return Fail("checkpoint: " + std::string(s.message()), true);
       }
@@ -582,6 +770,11 @@ TrainResult Train(const TrainConfig& config, TrainEvents* events,
   };
   try {
     return run.Go();
+  } catch (const dist::CollectiveError& e) {
+    // A peer died or hung: the attempt as a whole is lost, not the job.
+    TrainResult r = failed(std::string("a rank was lost: ") + e.what());
+    r.retryable = true;
+    return r;
   } catch (const c10::OutOfMemoryError& e) {
     return failed("out of memory: " + FirstLine(e.what_without_backtrace()) +
                   "; lower training.micro_batch_rows or data.seq_len");

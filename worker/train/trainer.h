@@ -13,8 +13,20 @@
 // initialisation (no dropout; the data order is a pure function of the seed
 // and the epoch), so the data cursor is all the RNG state a resume needs.
 //
+// Data parallel: every rank runs Train() with its own rank; each computes
+// its share of the micro-batches, and the ranks sum gradients, losses, token
+// counts, MoE loads and FP8 overflow counts, take the FP8 amax as the
+// maximum over ranks, agree on stopping, and check every
+// param_check_interval_steps that their parameters are identical. Rank 0
+// alone reports steps, evaluations (computed by all ranks on shards of the
+// validation split) and checkpoints, and writes the checkpoints, which carry
+// nothing rank-specific: a run resumes with any world size that divides its
+// micro-batches. A lost rank fails the others' next collective: they return
+// a retryable failure.
+//
 // Thread-safety: Train() runs on the calling thread; `stop` may be set from
-// any thread and is honoured between micro-batches.
+// any thread and is honoured between micro-batches (with several ranks: at
+// the end of the step, by all ranks together).
 #ifndef TALLY_WORKER_TRAIN_TRAINER_H_
 #define TALLY_WORKER_TRAIN_TRAINER_H_
 
@@ -80,6 +92,18 @@ struct TrainConfig {
   std::string resume_sha256;        // checked when not empty
   double peak_flops = 0;            // per device, for MFU; 0: not reported
   int max_nonfinite_steps = 3;      // consecutive NaN/Inf steps before failing
+  // Data parallel (worker/dist): world_size ranks each compute every
+  // world_size-th micro-batch of a step, gradients are summed over the ranks
+  // before the (identical) optimizer step, so a step is the same step a
+  // single process takes over the same global batch. 1: no process group.
+  int rank = 0;
+  int world_size = 1;
+  std::string rendezvous;            // host:port of rank 0's c10d store
+  std::string rendezvous_prefix;     // keys of this attempt in the store
+  std::string rendezvous_local_host = "127.0.0.1";  // Gloo binds its connections here
+  double collective_timeout_seconds = 120;
+  int64_t param_check_interval_steps = 50;  // parameters compared across ranks
+  int64_t bucket_bytes = 25 << 20;          // gradient all-reduce buckets
 
   // InvalidArgument naming the field, for anything Train() cannot run.
   absl::Status Validate() const;
@@ -96,6 +120,8 @@ struct RunInfo {
   double packing_efficiency = 0;   // real / slot tokens of the first epoch's plan
   std::string device;
   std::string attention;           // "block-diagonal mask" or "varlen flash"
+  int world_size = 1;              // data-parallel ranks
+  std::string backend;             // "gloo" or "nccl"; empty with one rank
 };
 
 struct StepMetrics {

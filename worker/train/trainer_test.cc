@@ -3,18 +3,23 @@
 #include "worker/train/trainer.h"
 
 #include <ATen/Parallel.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/data/corpus.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
+#include "worker/dist/group.h"
 
 namespace tally::train {
 namespace {
@@ -336,6 +341,195 @@ TEST_F(TrainerTest, FailuresSayWhy) {
   r = Train(bad, nullptr, nullptr);
   EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
   EXPECT_NE(r.reason.find("num_heads"), std::string::npos) << r.reason;
+}
+
+// Data parallel: ranks as threads of this process, joined by a real Gloo
+// group on loopback (worker/dist).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct RankRun {
+  TrainConfig config;
+  Recorder events;
+  std::atomic<bool> stop{false};
+  TrainResult result;
+};
+
+// Runs configs[r] as rank r of configs.size(), each on its own thread.
+std::vector<std::unique_ptr<RankRun>> TrainRanks(const std::vector<TrainConfig>& configs) {
+  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  std::vector<std::unique_ptr<RankRun>> runs;
+  for (size_t r = 0; r < configs.size(); ++r) {
+    runs.push_back(std::make_unique<RankRun>());
+    runs.back()->config = configs[r];
+    runs.back()->config.rank = static_cast<int>(r);
+    runs.back()->config.world_size = static_cast<int>(configs.size());
+    runs.back()->config.rendezvous = address;
+    runs.back()->config.rendezvous_prefix = "test";
+    runs.back()->config.collective_timeout_seconds = 30;
+    runs.back()->events.stop = &runs.back()->stop;
+  }
+  std::vector<std::thread> threads;
+  for (auto& run : runs) {
+    threads.emplace_back([r = run.get()] { r->result = Train(r->config, &r->events, &r->stop); });
+  }
+  for (auto& t : threads) t.join();
+  return runs;
+}
+
+void ExpectSameCurve(const Recorder& one, const Recorder& many, double rel) {
+  ASSERT_EQ(one.steps.size(), many.steps.size());
+  for (size_t i = 0; i < one.steps.size(); ++i) {
+    EXPECT_EQ(one.steps[i].tokens, many.steps[i].tokens);
+    EXPECT_EQ(one.steps[i].padding_tokens, many.steps[i].padding_tokens);
+    EXPECT_NEAR(many.steps[i].train_loss, one.steps[i].train_loss,
+                rel * one.steps[i].train_loss)
+        << "step " << one.steps[i].step;
+  }
+  ASSERT_EQ(one.evals.size(), many.evals.size());
+  for (size_t i = 0; i < one.evals.size(); ++i) {
+    EXPECT_EQ(one.evals[i].target_tokens, many.evals[i].target_tokens);
+    EXPECT_NEAR(many.evals[i].val_loss, one.evals[i].val_loss, rel * one.evals[i].val_loss);
+  }
+}
+
+TEST_F(TrainerTest, TwoRanksTakeTheStepsOfOneProcess) {
+  TrainConfig c = Tiny();
+  c.max_steps = 20;
+  c.checkpoint_dir = NewDir("dp-one");
+  c.checkpoint_interval_steps = 10;
+  Recorder one;
+  ASSERT_EQ(Train(c, &one, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  c.checkpoint_dir = NewDir("dp-two");
+  c.param_check_interval_steps = 5;
+  auto ranks = TrainRanks({c, c});
+  for (const auto& r : ranks) {
+    ASSERT_EQ(r->result.outcome, TrainResult::Outcome::kSucceeded) << r->result.reason;
+  }
+  EXPECT_EQ(ranks[0]->events.info.world_size, 2);
+  EXPECT_EQ(ranks[0]->events.info.backend, "gloo");
+  ExpectSameCurve(one, ranks[0]->events, 1e-5);
+  // Rank 0 alone reports and writes checkpoints.
+  EXPECT_TRUE(ranks[1]->events.steps.empty());
+  EXPECT_TRUE(ranks[1]->events.checkpoints.empty());
+  ASSERT_EQ(ranks[0]->events.checkpoints.size(), 2u);
+
+  // Its checkpoint resumes in a single process on the same curve.
+  TrainConfig resumed = c;
+  resumed.checkpoint_dir = NewDir("dp-resumed");
+  resumed.resume_path = ranks[0]->events.checkpoints[0].path;
+  Recorder rest;
+  ASSERT_EQ(Train(resumed, &rest, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  ASSERT_EQ(rest.steps.size(), 10u);
+  for (size_t i = 0; i < rest.steps.size(); ++i) {
+    EXPECT_NEAR(rest.steps[i].train_loss, one.steps[10 + i].train_loss,
+                1e-5 * one.steps[10 + i].train_loss);
+  }
+}
+
+TEST_F(TrainerTest, TwoRanksWithMoeAndFp8) {
+  TrainConfig c = Tiny();
+  c.max_steps = 10;
+  c.global_batch_tokens = 2048;  // four micro-batches, two per rank
+  c.moe_num_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_aux_loss_coef = 0.01;
+  c.moe_bias_balancing = true;
+  c.fp8 = true;
+  Recorder one;
+  ASSERT_EQ(Train(c, &one, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  c.param_check_interval_steps = 1;  // biases and FP8 scales must agree too
+  auto ranks = TrainRanks({c, c});
+  for (const auto& r : ranks) {
+    ASSERT_EQ(r->result.outcome, TrainResult::Outcome::kSucceeded) << r->result.reason;
+  }
+  ExpectSameCurve(one, ranks[0]->events, 1e-3);
+  // Loads are summed over ranks: the same tokens the single process routed.
+  const auto& a = one.steps.back().moe[0].tokens_per_expert;
+  const auto& b = ranks[0]->events.steps.back().moe[0].tokens_per_expert;
+  EXPECT_EQ(std::accumulate(a.begin(), a.end(), int64_t{0}),
+            std::accumulate(b.begin(), b.end(), int64_t{0}));
+  EXPECT_DOUBLE_EQ(ranks[0]->events.steps.back().fp8_product_fraction, 1.0);
+}
+
+TEST_F(TrainerTest, RanksStopTogether) {
+  TrainConfig c = Tiny();
+  std::vector<TrainConfig> cs = {c, c};
+  // Only rank 1 is told to stop (after its step 3 ends): both stop at the
+  // end of the next step, which neither applies.
+  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  RankRun r0, r1;
+  for (auto* r : {&r0, &r1}) {
+    r->config = c;
+    r->config.world_size = 2;
+    r->config.rendezvous = address;
+  }
+  r1.config.rank = 1;
+  std::thread t0([&] { r0.result = Train(r0.config, &r0.events, &r0.stop); });
+  std::thread t1([&] {
+    // Rank 1 reports nothing, so stop it from rank 0's reports.
+    while (r0.events.steps.size() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    r1.stop.store(true);
+  });
+  std::thread t2([&] { r1.result = Train(r1.config, &r1.events, &r1.stop); });
+  t0.join();
+  t1.join();
+  t2.join();
+  EXPECT_EQ(r0.result.outcome, TrainResult::Outcome::kStopped) << r0.result.reason;
+  EXPECT_EQ(r1.result.outcome, TrainResult::Outcome::kStopped) << r1.result.reason;
+  EXPECT_EQ(r0.result.step, r1.result.step);
+  EXPECT_LT(r0.result.step, c.max_steps);
+}
+
+TEST_F(TrainerTest, ALostRankFailsTheOthersRetryably) {
+  // Rank 1 joins the group and leaves at once, as a killed process would
+  // (its connections close): rank 0's first collective fails.
+  TrainConfig c = Tiny();
+  c.world_size = 2;
+  c.rendezvous = absl::StrCat("127.0.0.1:", FreePort());
+  c.rendezvous_prefix = "lost";
+  std::thread leaver([&] {
+    dist::GroupOptions o;
+    o.rank = 1;
+    o.world_size = 2;
+    o.store_address = c.rendezvous;
+    o.prefix = c.rendezvous_prefix;
+    auto g = dist::Group::Create(o);
+    EXPECT_TRUE(g.ok()) << g.status();
+  });
+  TrainResult r = Train(c, nullptr, nullptr);
+  leaver.join();
+  EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
+  EXPECT_TRUE(r.retryable);
+  EXPECT_NE(r.reason.find("a rank was lost"), std::string::npos) << r.reason;
+}
+
+TEST_F(TrainerTest, DataParallelConfigErrorsNameTheField) {
+  TrainConfig c = Tiny();
+  c.world_size = 3;  // two micro-batches a step do not split three ways
+  c.rendezvous = "127.0.0.1:1";
+  TrainResult r = Train(c, nullptr, nullptr);
+  EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
+  EXPECT_NE(r.reason.find("global_batch_tokens"), std::string::npos) << r.reason;
+  c.world_size = 2;
+  c.rendezvous.clear();
+  r = Train(c, nullptr, nullptr);
+  EXPECT_NE(r.reason.find("rendezvous"), std::string::npos) << r.reason;
+  c.rendezvous = "127.0.0.1:1";
+  c.collective_timeout_seconds = 1;
+  r = Train(c, nullptr, nullptr);  // rank 0 cannot bind port 1 (or nobody joins)
+  EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
+  EXPECT_NE(r.reason.find("rendezvous"), std::string::npos) << r.reason;
+  EXPECT_TRUE(r.retryable);
 }
 
 }  // namespace
