@@ -74,9 +74,11 @@ void ApplySpecDefaults(JobSpec* spec) {
   if (opt->eps() == 0) opt->set_eps(1e-8);
   auto* training = spec->mutable_training();
   if (training->micro_batch_rows() == 0) training->set_micro_batch_rows(8);
+  // One micro-batch per rank and step.
+  const int ranks = std::max(1, spec->resources().gpu_count());
   if (training->global_batch_tokens() == 0) {
     training->set_global_batch_tokens(int64_t{data->seq_len()} *
-                                      training->micro_batch_rows());
+                                      training->micro_batch_rows() * ranks);
   }
   auto* es = spec->mutable_early_stopping();
   if (es->patience() > 0 && es->min_rel_delta() == 0 && es->min_delta() == 0) {
@@ -183,6 +185,15 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
           absl::StrCat("must be a positive multiple of data.seq_len * "
                        "training.micro_batch_rows (",
                        micro_tokens, "), got ",
+                       training.global_batch_tokens()));
+  } else if (micro_tokens > 0 && spec.resources().gpu_count() > 1 &&
+             (training.global_batch_tokens() / micro_tokens) %
+                 spec.resources().gpu_count()) {
+    p.Add("training.global_batch_tokens",
+          absl::StrCat("with resources.gpu_count ", spec.resources().gpu_count(),
+                       " it must be a multiple of data.seq_len * training.micro_batch_rows * "
+                       "gpu_count (", micro_tokens * spec.resources().gpu_count(),
+                       "), so every rank gets the same micro-batches; got ",
                        training.global_batch_tokens()));
   }
   p.Range<int64_t>("training.eval_interval_steps",

@@ -126,6 +126,12 @@ INSTANTIATE_TEST_SUITE_P(
                   s->mutable_training()->set_global_batch_tokens(1000);
                 },
                 "training.global_batch_tokens"},
+        BadCase{"batch_not_split_by_gpus",
+                [](JobSpec* s) {
+                  s->mutable_resources()->set_gpu_count(3);
+                  s->mutable_training()->set_global_batch_tokens(128 * 8 * 4);
+                },
+                "training.global_batch_tokens"},
         BadCase{"negative_budget",
                 [](JobSpec* s) { s->mutable_budget()->set_max_dollars(-1); },
                 "budget.max_dollars"},

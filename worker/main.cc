@@ -37,6 +37,16 @@ ABSL_FLAG(double, peak_tflops, 0,
           "this device's peak TFLOP/s for model-FLOPs utilization (default: known "
           "dense BF16 peaks for h100, h200, b200, a100, l4; none for cpu)");
 ABSL_FLAG(int, threads, 0, "CPU threads for training (default: LibTorch's choice)");
+ABSL_FLAG(std::string, rendezvous_host, "",
+          "multi-GPU jobs: the address other workers reach this one at, where it hosts "
+          "the c10d store of attempts it leads and binds its Gloo connections "
+          "(default: $TALLY_RENDEZVOUS_HOST, else this machine's hostname)");
+ABSL_FLAG(int, rendezvous_port, 29500,
+          "multi-GPU jobs: first port for the c10d store of attempts this worker leads, "
+          "one port per slot from here; 0: never lead one");
+ABSL_FLAG(double, collective_timeout, 120,
+          "multi-GPU jobs: seconds a collective (or the rendezvous) waits for the other "
+          "ranks before the attempt fails and is requeued");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -67,10 +77,29 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof(host) - 1);
     options.worker_id = absl::StrCat(host, "-", options.device);
   }
-  options.capabilities = {"train", "packing", "fp8"};
+  options.capabilities = {"train", "packing", "fp8", "moe", "data-parallel"};
+  options.rendezvous_host = absl::GetFlag(FLAGS_rendezvous_host);
+  if (options.rendezvous_host.empty()) {
+    const char* env = std::getenv("TALLY_RENDEZVOUS_HOST");
+    char host[256] = "localhost";
+    gethostname(host, sizeof(host) - 1);
+    options.rendezvous_host = env && *env ? env : host;
+  }
+  options.rendezvous_port = absl::GetFlag(FLAGS_rendezvous_port);
+  if (options.rendezvous_port < 0 || options.rendezvous_port + options.slots > 65536) {
+    spdlog::error("--rendezvous_port: must be 0 or a port with room for --slots ports "
+                  "below 65536, got {}", options.rendezvous_port);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_collective_timeout) <= 0) {
+    spdlog::error("--collective_timeout: must be > 0 seconds");
+    return 2;
+  }
 
   tally::worker::TrainerRunnerOptions runner;
   runner.device = options.device;
+  runner.rendezvous_local_host = options.rendezvous_host;
+  runner.collective_timeout_seconds = absl::GetFlag(FLAGS_collective_timeout);
   runner.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (runner.checkpoint_dir.empty()) {
     const char* env = std::getenv("TALLY_CHECKPOINT_DIR");

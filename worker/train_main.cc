@@ -2,6 +2,7 @@
 // JSON, the same file tallyctl submits), trains on this machine and prints
 // progress, evaluations and checkpoints.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -20,12 +21,23 @@ ABSL_FLAG(std::string, resume, "", "a checkpoint file to continue from");
 ABSL_FLAG(int, threads, 0, "CPU threads (default: LibTorch's choice)");
 ABSL_FLAG(double, peak_tflops, 0, "device peak TFLOP/s, for model-FLOPs utilization");
 ABSL_FLAG(int, log_every, 1, "print every N-th step");
+ABSL_FLAG(std::string, metrics_out, "",
+          "also write every step and evaluation here as JSON lines, at full precision");
+ABSL_FLAG(int, rank, 0, "data parallel: this process's rank (0 hosts the rendezvous)");
+ABSL_FLAG(int, world_size, 1,
+          "data parallel: number of processes training this spec together (with one, "
+          "spec.resources.gpu_count is ignored)");
+ABSL_FLAG(std::string, rendezvous, "",
+          "data parallel: host:port of rank 0's c10d store (rank 0 binds the port)");
+ABSL_FLAG(std::string, rendezvous_host, "127.0.0.1",
+          "data parallel: this process's address for its Gloo connections");
 
 namespace {
 
 class Printer final : public tally::train::TrainEvents {
  public:
-  Printer(int64_t max_steps, int log_every) : max_steps_(max_steps), log_every_(log_every) {}
+  Printer(int64_t max_steps, int log_every, std::ostream* jsonl)
+      : max_steps_(max_steps), log_every_(log_every), jsonl_(jsonl) {}
   void OnStart(const tally::train::RunInfo& i) override {
     std::cout << absl::StrFormat(
         "tally-train: %d parameters (%d active, %d in the embedding), %.3g training "
@@ -39,6 +51,13 @@ class Printer final : public tally::train::TrainEvents {
         i.start_step > 0 ? absl::StrFormat("; resumed at step %d", i.start_step) : "");
   }
   void OnStep(const tally::train::StepMetrics& m) override {
+    if (jsonl_) {
+      *jsonl_ << absl::StrFormat(
+                     "{\"step\": %d, \"train_loss\": %.17g, \"grad_norm\": %.17g, "
+                     "\"tokens\": %d, \"padding_tokens\": %d}",
+                     m.step, m.train_loss, m.grad_norm, m.tokens, m.padding_tokens)
+              << std::endl;
+    }
     if (m.step % log_every_ != 0 && m.step != max_steps_) return;
     std::cout << absl::StrFormat(
         "step %6d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f useful tok/s  padding %.1f%%",
@@ -56,6 +75,11 @@ class Printer final : public tally::train::TrainEvents {
     std::cout << std::endl;
   }
   void OnEval(const tally::train::EvalMetrics& e) override {
+    if (jsonl_) {
+      *jsonl_ << absl::StrFormat("{\"eval_step\": %d, \"val_loss\": %.17g}", e.step,
+                                 e.val_loss)
+              << std::endl;
+    }
     std::cout << absl::StrFormat("eval step %d: val_loss %.4f, %.3f bits/byte (%d tokens)\n",
                                  e.step, e.val_loss, e.bits_per_byte, e.target_tokens);
   }
@@ -67,6 +91,7 @@ class Printer final : public tally::train::TrainEvents {
  private:
   int64_t max_steps_;
   int log_every_;
+  std::ostream* jsonl_;
 };
 
 }  // namespace
@@ -99,13 +124,28 @@ int main(int argc, char** argv) {
   device.device = absl::GetFlag(FLAGS_device);
   device.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   device.peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
+  device.rank = absl::GetFlag(FLAGS_rank);
+  device.world_size = absl::GetFlag(FLAGS_world_size);
+  device.rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  device.rendezvous_prefix = "tally-train";
+  device.rendezvous_local_host = absl::GetFlag(FLAGS_rendezvous_host);
   auto config = tally::worker::TrainConfigFromSpec(*spec, device);
   if (!config.ok()) {
     std::cerr << "tally-train: " << path << ": " << config.status().message() << "\n";
     return 2;
   }
   config->resume_path = absl::GetFlag(FLAGS_resume);
-  Printer printer(config->max_steps, absl::GetFlag(FLAGS_log_every));
+  std::ofstream jsonl;
+  if (!absl::GetFlag(FLAGS_metrics_out).empty()) {
+    jsonl.open(absl::GetFlag(FLAGS_metrics_out));
+    if (!jsonl) {
+      std::cerr << "tally-train: --metrics_out: cannot write " << absl::GetFlag(FLAGS_metrics_out)
+                << "\n";
+      return 2;
+    }
+  }
+  Printer printer(config->max_steps, absl::GetFlag(FLAGS_log_every),
+                  jsonl.is_open() ? &jsonl : nullptr);
   const tally::train::TrainResult r = tally::train::Train(*config, &printer, nullptr);
   if (r.outcome != tally::train::TrainResult::Outcome::kSucceeded) {
     std::cerr << "tally-train: failed: " << r.reason << "\n";

@@ -327,8 +327,44 @@ void Scheduler::Stop(const std::string& worker_id, const std::string& job,
   channel_->Send(worker_id, msg);
 }
 
-void Scheduler::Release(int64_t job_id, int32_t attempt) {
-  for (auto& [id, ws] : workers_) ws.held.erase({job_id, attempt});
+void Scheduler::StopOtherRanks(ActiveJob& job, const std::string& reason) {
+  const int64_t id = job.rec.id();
+  const int32_t n = job.attempt->attempt();
+  std::set<std::string> workers(job.attempt->worker_ids().begin(),
+                                job.attempt->worker_ids().end());
+  for (const auto& w : workers) {
+    auto it = workers_.find(w);
+    if (it == workers_.end() || !it->second.held.count({id, n})) continue;
+    if (it->second.connected) {
+      // Its slots stay held until it reports the exit, so nothing new is
+      // placed on a worker still busy ending this attempt (a gang rank
+      // leaving a collective, a rendezvous port still bound).
+      Stop(w, job.rec.job().name(), n, reason);
+    } else {
+      it->second.held.erase({id, n});  // nobody to confirm: free it now
+    }
+  }
+}
+
+std::string Scheduler::PickRendezvous(const std::string& leader) const {
+  auto it = workers_.find(leader);
+  if (it == workers_.end() || it->second.rec.rendezvous_port() <= 0 ||
+      it->second.rec.rendezvous_host().empty()) {
+    return "";  // the ranks fail with "rendezvous: is required", naming the fix
+  }
+  const auto& rec = it->second.rec;
+  std::set<std::string> taken;
+  for (const auto& [id, job] : active_) {
+    if (job.attempt && job.attempt->worker_ids_size() > 1 &&
+        job.attempt->worker_ids(0) == leader) {
+      taken.insert(job.attempt->rendezvous());
+    }
+  }
+  for (int k = 0; k < std::max(1, rec.slots()); ++k) {
+    std::string address = absl::StrCat(rec.rendezvous_host(), ":", rec.rendezvous_port() + k);
+    if (!taken.count(address)) return address;
+  }
+  return absl::StrCat(rec.rendezvous_host(), ":", rec.rendezvous_port());
 }
 
 void Scheduler::Finish(int64_t job_id) {
@@ -363,6 +399,7 @@ absl::Status Scheduler::StartAttempt(ActiveJob& job,
   attempt.set_state(store::ATTEMPT_STATE_RUNNING);
   *attempt.mutable_start_time() = ToProto(now);
   if (!checkpoints.empty()) attempt.set_resume_step(checkpoints.back().step());
+  if (rank_workers.size() > 1) attempt.set_rendezvous(PickRendezvous(rank_workers[0]));
   job.attempt = attempt;
   job.accrued_until = now;  // queued time costs nothing
   j.mutable_cost()->set_attempt_usd_since_checkpoint(0);
@@ -389,6 +426,10 @@ absl::Status Scheduler::StartAttempt(ActiveJob& job,
     if (!checkpoints.empty()) *a->mutable_resume_from() = checkpoints.back();
     a->set_rank(rank);
     a->set_world_size(rank_workers.size());
+    if (rank_workers.size() > 1) {
+      a->set_rendezvous(job.attempt->rendezvous());
+      a->set_rendezvous_prefix(absl::StrCat(started.name(), "/attempt-", started.attempt()));
+    }
     channel_->Send(rank_workers[rank], msg);
   }
   return absl::OkStatus();
@@ -407,15 +448,7 @@ absl::Status Scheduler::EndAttempt(ActiveJob& job,
     *job.attempt->mutable_end_time() = ToProto(clock_->Now());
     job.attempt->set_reason(reason);
     // The other ranks of a gang cannot go on without this one.
-    std::set<std::string> workers(job.attempt->worker_ids().begin(),
-                                  job.attempt->worker_ids().end());
-    for (const auto& w : workers) {
-      auto it = workers_.find(w);
-      if (it != workers_.end() && it->second.held.count({id, n})) {
-        Stop(w, job.rec.job().name(), n, reason);
-      }
-    }
-    Release(id, n);
+    StopOtherRanks(job, reason);
   }
   const char* outcome = attempt_state == store::ATTEMPT_STATE_LOST     ? "lost"
                         : attempt_state == store::ATTEMPT_STATE_FAILED ? "failed"
@@ -449,6 +482,11 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
     return absl::InvalidArgumentError(absl::StrCat(
         "hello.slots: must be between 1 and 1024, got ", hello.slots()));
   }
+  if (hello.rendezvous_port() < 0 || hello.rendezvous_port() + hello.slots() > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.rendezvous_port: must be 0 (cannot lead a multi-GPU attempt) or a port with room "
+        "for one per slot below 65536, got ", hello.rendezvous_port()));
+  }
   if (hello.gpu_type().empty()) {
     return absl::InvalidArgumentError("hello.gpu_type: is required (e.g. \"cpu\")");
   }
@@ -462,6 +500,8 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   ws.rec.clear_capabilities();
   for (const auto& c : hello.capabilities()) ws.rec.add_capabilities(c);
   ws.rec.set_version(hello.version());
+  ws.rec.set_rendezvous_host(hello.rendezvous_host());
+  ws.rec.set_rendezvous_port(hello.rendezvous_port());
   *ws.rec.mutable_first_seen() = first_seen;
   *ws.rec.mutable_last_seen() = ToProto(now);
   ws.connected = true;
@@ -668,7 +708,8 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
       job->attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
       *job->attempt->mutable_end_time() = ToProto(clock_->Now());
       job->attempt->set_reason(exit.reason());
-      Release(id, exit.attempt());
+      // The other ranks end the same step; any still running is told to stop.
+      StopOtherRanks(*job, "the attempt succeeded");
       attempts_ended_->Add({{"outcome", "succeeded"}}).Increment();
       s = Record(*job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded",
                  exit.reason().empty() ? "completed" : exit.reason(), "", true);

@@ -162,7 +162,11 @@ class Scheduler {
   absl::Status EndAttempt(ActiveJob& job, store::AttemptState attempt_state,
                           const std::string& reason, bool may_retry);
   void Finish(int64_t job_id);  // drop a terminal job from active_
-  void Release(int64_t job_id, int32_t attempt);  // free the slots it holds
+  // Orders every worker still holding the job's current attempt to stop it.
+  void StopOtherRanks(ActiveJob& job, const std::string& reason);
+  // host:port for a new multi-rank attempt led by `leader`: its advertised
+  // port plus the first offset no attempt it leads now uses.
+  std::string PickRendezvous(const std::string& leader) const;
   void Stop(const std::string& worker_id, const std::string& job,
             int32_t attempt, const std::string& reason);
   absl::Status HandleExit(const std::string& worker_id,

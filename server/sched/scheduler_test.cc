@@ -281,7 +281,59 @@ TEST_F(SchedulerTest, LosingOneRankStopsTheOthers) {
   ASSERT_TRUE(sched_->Tick().ok());
   EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
   EXPECT_EQ(channel_.Take("b", ControllerMessage::kStop).size(), 1u);
+  // b's slot stays held until b says its rank stopped: nothing new lands on
+  // a worker still leaving the gang.
+  EXPECT_EQ(sched_->Workers()[1].used_slots, 1);
+  ASSERT_TRUE(Exit("b", id, 1, tally::v1::ATTEMPT_OUTCOME_FAILED, true).ok());
   EXPECT_EQ(sched_->Workers()[1].used_slots, 0);
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);  // the late exit changes nothing
+}
+
+TEST_F(SchedulerTest, GangRanksMeetAtTheLeadersRendezvous) {
+  auto leader = Hello("lead", 2);
+  leader.set_rendezvous_host("10.0.0.5");
+  leader.set_rendezvous_port(29500);
+  ASSERT_TRUE(sched_->OnHello(leader).ok());
+  auto other = Hello("other", 2);
+  other.set_rendezvous_host("10.0.0.6");
+  other.set_rendezvous_port(29500);
+  ASSERT_TRUE(sched_->OnHello(other).ok());
+  // Two 2-rank jobs: each fits one worker whole.
+  const int64_t first = Submit(Spec(0, "cpu", 2));
+  const int64_t second = Submit(Spec(0, "cpu", 2));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(first), tally::v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(State(second), tally::v1::JOB_STATE_RUNNING);
+  std::set<std::string> addresses;
+  for (const char* w : {"lead", "other"}) {
+    auto as = channel_.Take(w, ControllerMessage::kAssignment);
+    ASSERT_EQ(as.size(), 2u);
+    EXPECT_EQ(as[0].assignment().rendezvous(), as[1].assignment().rendezvous());
+    EXPECT_EQ(as[0].assignment().rendezvous_prefix(),
+              absl::StrCat(as[0].assignment().job(), "/attempt-1"));
+    addresses.insert(as[0].assignment().rendezvous());
+  }
+  EXPECT_EQ(addresses, (std::set<std::string>{"10.0.0.5:29500", "10.0.0.6:29500"}));
+
+  auto bad = Hello("bad");
+  bad.set_rendezvous_port(70000);
+  EXPECT_THAT(std::string(sched_->OnHello(bad).status().message()),
+              HasSubstr("hello.rendezvous_port"));
+}
+
+TEST_F(SchedulerTest, AttemptsLedByOneWorkerAtOnceGetTheirOwnPorts) {
+  auto leader = Hello("lead", 4);
+  leader.set_rendezvous_host("10.0.0.5");
+  leader.set_rendezvous_port(29500);
+  ASSERT_TRUE(sched_->OnHello(leader).ok());
+  Submit(Spec(0, "cpu", 2));
+  Submit(Spec(0, "cpu", 2));
+  ASSERT_TRUE(sched_->Tick().ok());
+  std::set<std::string> addresses;
+  for (const auto& a : channel_.Take("lead", ControllerMessage::kAssignment)) {
+    addresses.insert(a.assignment().rendezvous());
+  }
+  EXPECT_EQ(addresses, (std::set<std::string>{"10.0.0.5:29500", "10.0.0.5:29501"}));
 }
 
 TEST_F(SchedulerTest, CancelQueuedRunningAndEnded) {

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p tests/gpu/.debs
 (cd tests/gpu/.debs && apt-get download libabsl-dev libabsl20220623 libgtest-dev \
-  nlohmann-json3-dev libssl-dev libssl3)
+  nlohmann-json3-dev libssl-dev libssl3 libgloo-dev)
 B=${BUILD_DIR:-build}
 [ -s "$B/demo/fortunes/train.idx" ] ||
   "$B/cli/tally-prep" --out="$B/demo/fortunes" /usr/share/games/fortunes/*.u8

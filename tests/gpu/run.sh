@@ -3,7 +3,8 @@
 # build/demo/fortunes, made by tests/gpu/fetch-deps.sh): builds the trainer
 # against that machine's LibTorch with CUDA, runs the CPU unit tests of the
 # model and data there, the CUDA-vs-CPU parity tests, then the packing benchmark on
-# the GPU at transformer scale. Results go to $OUT; a short table prints last.
+# the GPU at transformer scale (the parity test includes a one-rank NCCL
+# group). Results go to $OUT; a short table prints last.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/tally-gpu-out}
@@ -31,7 +32,7 @@ for t in kernels/kernels_test "worker/data/data_test --gtest_filter=-*Fortunes*"
   if build-gpu/$t >"$OUT/$name.log" 2>&1; then echo "$name: passed"; else
     echo "$name: FAILED"; fi
 done | tee "$OUT/summary.txt"
-grep -hE "max diff|max \||CUDA training" "$OUT/cuda_parity_test.log" | tee -a "$OUT/summary.txt" || true
+grep -hE "max diff|max \||CUDA training|NCCL" "$OUT/cuda_parity_test.log" | tee -a "$OUT/summary.txt" || true
 
 build-gpu/bench/packing_bench --device=cuda:0 --train_path=build/demo/fortunes/train \
   --d_model=1024 --layers=8 --seq_len=2048 --rows=8 --steps=30 | tee "$OUT/packing_bench.md"

@@ -3,6 +3,7 @@ whose stubs are generated from proto/ at test time (Debian's python3-grpcio)."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,7 @@ TALLYD = os.path.join(BUILD, "server", "tallyd")
 WORKER = os.path.join(BUILD, "worker", "tally-worker")
 TALLYCTL = os.path.join(BUILD, "cli", "tallyctl")
 TALLY_PREP = os.path.join(BUILD, "cli", "tally-prep")
+TALLY_TRAIN = os.path.join(BUILD, "worker", "tally-train")
 FORTUNES = "/usr/share/games/fortunes"
 
 
@@ -135,9 +137,16 @@ class Tallyd:
             return f.read()
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Worker:
     """A tally-worker on one CPU thread; workers of a test share a checkpoint
-    directory, as workers on shared storage do."""
+    directory, as workers on shared storage do, and each has its own
+    rendezvous port on loopback for multi-GPU attempts it leads."""
 
     def __init__(self, controller, worker_id, log_dir, extra_args=()):
         self.worker_id = worker_id
@@ -145,7 +154,9 @@ class Worker:
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             [WORKER, "--controller=" + controller, "--worker_id=" + worker_id,
-             "--threads=1", "--checkpoint_dir=" + os.path.join(log_dir, "checkpoints")]
+             "--threads=1", "--checkpoint_dir=" + os.path.join(log_dir, "checkpoints"),
+             "--rendezvous_host=127.0.0.1", "--rendezvous_port=%d" % free_port(),
+             "--collective_timeout=30"]
             + list(extra_args),
             stdout=self.log, stderr=subprocess.STDOUT)
 

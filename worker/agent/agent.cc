@@ -37,8 +37,10 @@ class Agent::AttemptReporter final : public Reporter {
 
 namespace {
 
-std::string Key(const std::string& job, int32_t attempt) {
-  return absl::StrCat(job, "#", attempt);
+// One entry per rank: a worker with several slots may run several ranks of
+// one attempt.
+std::string Key(const std::string& job, int32_t attempt, int32_t rank) {
+  return absl::StrCat(job, "#", attempt, "#", rank);
 }
 
 }  // namespace
@@ -86,6 +88,8 @@ tally::v1::Hello Agent::MakeHello() {
   h.set_slots(options_.slots);
   for (const auto& c : options_.capabilities) h.add_capabilities(c);
   h.set_version("tally-worker 0.1");
+  h.set_rendezvous_host(options_.rendezvous_host);
+  h.set_rendezvous_port(options_.rendezvous_port);
   absl::MutexLock lock(&mu_);
   for (const auto& [key, a] : running_) {
     auto* r = h.add_running();
@@ -104,7 +108,7 @@ tally::v1::Hello Agent::MakeHello() {
 }
 
 void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
-  const std::string key = Key(assignment.job(), assignment.attempt());
+  const std::string key = Key(assignment.job(), assignment.attempt(), assignment.rank());
   absl::MutexLock lock(&mu_);
   if (running_.count(key)) return;  // a repeated assignment
   if (static_cast<int>(running_.size()) >= options_.slots || shutdown_.load()) {
@@ -146,8 +150,13 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
 
 void Agent::StopAttempt(const tally::v1::StopOrder& stop) {
   absl::MutexLock lock(&mu_);
-  auto it = running_.find(Key(stop.job(), stop.attempt()));
-  if (it == running_.end()) {
+  std::vector<Attempt*> ranks;
+  for (auto& [key, a] : running_) {
+    if (a->assignment.job() == stop.job() && a->assignment.attempt() == stop.attempt()) {
+      ranks.push_back(a.get());
+    }
+  }
+  if (ranks.empty()) {
     // Not running here (finished, or never started): say so, so tallyd frees
     // whatever it thinks is held.
     WorkerMessage m;
@@ -169,7 +178,7 @@ void Agent::StopAttempt(const tally::v1::StopOrder& stop) {
   }
   spdlog::info("attempt {} of {}: stop ordered ({})", stop.attempt(), stop.job(),
                stop.reason());
-  it->second->stop.store(true);
+  for (Attempt* a : ranks) a->stop.store(true);
 }
 
 void Agent::ReapFinished() {

@@ -32,6 +32,10 @@ struct AgentOptions {
   std::string gpu_type = "cpu";
   int slots = 1;
   std::vector<std::string> capabilities;
+  // Multi-GPU attempts this worker leads host their c10d store here (see
+  // Hello.rendezvous_port); port 0: never lead.
+  std::string rendezvous_host;
+  int rendezvous_port = 0;
   absl::Duration initial_backoff = absl::Milliseconds(200);
   absl::Duration max_backoff = absl::Seconds(5);
 };

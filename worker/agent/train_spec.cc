@@ -30,12 +30,6 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
         "spec.precision.compute: CUDA workers train in BF16 with FP32 master weights; "
         "use PRECISION_BF16 or leave it unset");
   }
-  if (spec.resources().gpu_count() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.resources.gpu_count: ", spec.resources().gpu_count(),
-        " GPUs asked for, but data-parallel training across workers is not implemented "
-        "yet; use 1"));
-  }
   train::TrainConfig c;
   const auto& m = spec.model();
   c.num_layers = m.num_layers();
@@ -105,6 +99,11 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   c.device = device.device;
   c.checkpoint_dir = device.checkpoint_dir;
   c.peak_flops = device.peak_flops;
+  c.rank = device.rank;
+  c.world_size = device.world_size;
+  c.rendezvous = device.rendezvous;
+  c.rendezvous_prefix = device.rendezvous_prefix;
+  c.rendezvous_local_host = device.rendezvous_local_host;
   if (absl::Status s = c.Validate(); !s.ok()) return s;
   return c;
 }

@@ -15,11 +15,18 @@ struct DeviceOptions {
   std::string device = "cpu";   // "cpu" or "cuda:N"
   std::string checkpoint_dir;   // this job's directory
   double peak_flops = 0;
+  // Data parallel: this process's rank of world_size (tallyd's assignment,
+  // or tally-train's flags), and where the ranks meet.
+  int rank = 0;
+  int world_size = 1;
+  std::string rendezvous;         // host:port of rank 0's store
+  std::string rendezvous_prefix;
+  std::string rendezvous_local_host = "127.0.0.1";
 };
 
 // Applies the spec's defaults and validation, then maps it. InvalidArgument,
-// naming the spec field, for what this trainer cannot do (multi-worker jobs
-// come later; BF16 needs CUDA; FP8 is emulated on CPU).
+// naming the spec field, for what this trainer cannot do (BF16 needs CUDA;
+// FP8 is emulated on CPU).
 absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
                                                        const DeviceOptions& device);
 

@@ -43,8 +43,18 @@ TEST(TrainSpecTest, RefusesWhatThisTrainerCannotDoNamingTheField) {
   EXPECT_EQ(rowwise->fp8_recipe, train::Fp8Recipe::kRowwise);
   auto bf16 = TrainConfigFromSpec(Spec("precision: {compute: bf16}\n"), cpu);
   EXPECT_NE(bf16.status().message().find("CUDA"), std::string::npos);
-  auto moe = TrainConfigFromSpec(Spec("resources: {gpu_count: 2}\n"), cpu);
-  EXPECT_NE(moe.status().message().find("spec.resources.gpu_count"), std::string::npos);
+  // A rank of a multi-GPU job needs to know where the ranks meet.
+  DeviceOptions rank1 = cpu;
+  rank1.rank = 1;
+  rank1.world_size = 2;
+  auto lost = TrainConfigFromSpec(Spec("resources: {gpu_count: 2}\n"), rank1);
+  EXPECT_NE(lost.status().message().find("rendezvous"), std::string::npos) << lost.status();
+  rank1.rendezvous = "10.0.0.5:29500";
+  auto two = TrainConfigFromSpec(Spec("resources: {gpu_count: 2}\n"), rank1);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->world_size, 2);
+  EXPECT_EQ(two->rank, 1);
+  EXPECT_EQ(two->global_batch_tokens % (2 * two->seq_len * two->micro_batch_rows), 0);
   tally::v1::JobSpec bad = Spec();
   bad.mutable_model()->set_num_heads(5);
   EXPECT_NE(TrainConfigFromSpec(bad, cpu).status().message().find("spec.model.num_heads"),

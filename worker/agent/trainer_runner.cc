@@ -17,10 +17,13 @@ class ReportingEvents final : public train::TrainEvents {
   void OnStart(const train::RunInfo& i) override {
     spdlog::info(
         "{} attempt {}: {} parameters ({} active), {:.3g} FLOPs/token, {} attention on {}, {} train / {} "
-        "val documents, packing efficiency {:.4f}{}",
-        a_.job(), a_.attempt(), i.num_parameters, i.num_active_parameters, i.flops_per_token, i.attention, i.device,
-        i.train_docs, i.val_docs, i.packing_efficiency,
-        i.start_step > 0 ? absl::StrCat(", resumed at step ", i.start_step) : "");
+        "val documents, packing efficiency {:.4f}{}{}",
+        a_.job(), a_.attempt(), i.num_parameters, i.num_active_parameters, i.flops_per_token,
+        i.attention, i.device, i.train_docs, i.val_docs, i.packing_efficiency,
+        i.start_step > 0 ? absl::StrCat(", resumed at step ", i.start_step) : "",
+        i.world_size > 1 ? absl::StrCat(", rank ", a_.rank(), " of ", i.world_size, " over ",
+                                        i.backend, " (", a_.rendezvous(), ")")
+                         : "");
   }
   void OnStep(const train::StepMetrics& m) override {
     tally::v1::Progress p;
@@ -97,6 +100,11 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   device.checkpoint_dir = absl::StrCat(options_.checkpoint_dir, "/",
                                        absl::StrReplaceAll(assignment.job(), {{"s/", "-"}}));
   device.peak_flops = options_.peak_flops;
+  device.rank = assignment.rank();
+  device.world_size = std::max(1, assignment.world_size());
+  device.rendezvous = assignment.rendezvous();
+  device.rendezvous_prefix = assignment.rendezvous_prefix();
+  device.rendezvous_local_host = options_.rendezvous_local_host;
   auto config = TrainConfigFromSpec(assignment.spec(), device);
   if (!config.ok()) {
     exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
@@ -108,6 +116,7 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
     config->resume_path = assignment.resume_from().path();
     config->resume_sha256 = assignment.resume_from().sha256();
   }
+  config->collective_timeout_seconds = options_.collective_timeout_seconds;
   ReportingEvents events(assignment, reporter);
   const train::TrainResult result = train::Train(*config, &events, stop);
   exit.set_step(result.step);

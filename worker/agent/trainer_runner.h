@@ -16,6 +16,8 @@ struct TrainerRunnerOptions {
   std::string device = "cpu";
   std::string checkpoint_dir = "tally-checkpoints";
   double peak_flops = 0;
+  std::string rendezvous_local_host = "127.0.0.1";  // this worker's address for Gloo
+  double collective_timeout_seconds = 120;
 };
 
 class TrainerRunner final : public Runner {

@@ -77,6 +77,28 @@ class C10dGroup final : public Group {
     }, "all-reduce");
   }
 
+  std::unique_ptr<Pending> StartAllReduceSum(const at::Tensor& tensor) override {
+    class Work final : public Pending {
+     public:
+      Work(C10dGroup* g, c10::intrusive_ptr<c10d::Work> w) : g_(g), w_(std::move(w)) {}
+      void Wait() override {
+        g_->Guard([&] { w_->wait(); }, "all-reduce");
+      }
+
+     private:
+      C10dGroup* g_;
+      c10::intrusive_ptr<c10d::Work> w_;
+    };
+    c10::intrusive_ptr<c10d::Work> w;
+    Guard([&] {
+      std::vector<at::Tensor> io{tensor};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      w = pg_->allreduce(io, o);
+    }, "all-reduce");
+    return std::make_unique<Work>(this, std::move(w));
+  }
+
   void AllReduceMax(const at::Tensor& tensor) override {
     Guard([&] {
       std::vector<at::Tensor> io{tensor.is_contiguous() ? tensor : tensor.contiguous()};

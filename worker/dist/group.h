@@ -60,6 +60,14 @@ class Group {
   // before the first is awaited, and the results are copied back.
   virtual void AllReduceSum(const std::vector<at::Tensor>& tensors,
                             int64_t bucket_bytes = 25 << 20) = 0;
+  // Starts summing a contiguous tensor in place over the ranks and returns
+  // at once; Wait() finishes it (and throws CollectiveError on failure).
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void Wait() = 0;
+  };
+  virtual std::unique_ptr<Pending> StartAllReduceSum(const at::Tensor& tensor) = 0;
   // Elementwise maximum over the ranks, in place.
   virtual void AllReduceMax(const at::Tensor& tensor) = 0;
   // Every rank's tensors become `root`'s.

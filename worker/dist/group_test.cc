@@ -1,11 +1,9 @@
+#include "worker/dist/free_port.h"
 #include "worker/dist/group.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <functional>
@@ -15,18 +13,6 @@
 
 namespace tally::dist {
 namespace {
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 GroupOptions Options(int rank, int world, int port, double timeout = 30) {
   GroupOptions o;
@@ -40,7 +26,7 @@ GroupOptions Options(int rank, int world, int port, double timeout = 30) {
 
 // Runs body(group) on `world` ranks, one thread each, in this process.
 void OnRanks(int world, const std::function<void(Group&)>& body) {
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -85,7 +71,7 @@ TEST(GroupTest, MaxAndBroadcast) {
 }
 
 TEST(GroupTest, MissingPeerTimesOutWithTheAddress) {
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   const auto start = std::chrono::steady_clock::now();
   auto g = Group::Create(Options(0, 2, port, /*timeout=*/1.5));
   ASSERT_FALSE(g.ok());
@@ -105,7 +91,7 @@ TEST(GroupTest, BadAddressNamesTheFix) {
 }
 
 TEST(GroupTest, PeerThatLeavesFailsTheCollective) {
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   std::thread leaver([&] {
     auto g = Group::Create(Options(1, 2, port));
     ASSERT_TRUE(g.ok()) << g.status();

@@ -21,6 +21,7 @@
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
+#include "worker/dist/grad_sync.h"
 #include "worker/dist/group.h"
 #include "worker/model/transformer.h"
 #include "worker/precision/fp8.h"
@@ -194,6 +195,7 @@ class Run {
   std::unique_ptr<precision::Fp8Linears> fp8_;
   std::vector<data::Row> eval_rows_;
   std::unique_ptr<dist::Group> group_;  // null with one rank
+  std::unique_ptr<dist::GradientSync> sync_;  // with group_
   int64_t step_ = 0, tokens_ = 0, padding_tokens_ = 0;
   int64_t last_eval_step_ = -1, last_checkpoint_step_ = -1;
 };
@@ -436,7 +438,7 @@ TrainResult Run::Go() {
       return Fail("resume: " + std::string(s.message()), false);
     }
   }
-  if (c_.world_size > 1) {
+  if (c_.world_size > 1 || !c_.rendezvous.empty()) {  // one rank may still join a group
     dist::GroupOptions g;
     g.rank = c_.rank;
     g.world_size = c_.world_size;
@@ -448,6 +450,9 @@ TrainResult Run::Go() {
     auto group = dist::Group::Create(g);
     if (!group.ok()) return Fail("rendezvous: " + std::string(group.status().message()), true);
     group_ = std::move(*group);
+    std::vector<at::Tensor> values;
+    for (const auto& p : model_->parameters()) values.push_back(p.value);
+    sync_ = std::make_unique<dist::GradientSync>(group_.get(), std::move(values), c_.bucket_bytes);
     // Every rank holds every FP8 layer, so their amax vectors line up.
     if (fp8_) fp8_->Declare(model_->LinearSites());
     // Same seed, same checkpoint: the ranks must start from the same
@@ -512,7 +517,10 @@ TrainResult Run::Go() {
     std::map<int64_t, StepMetrics::MoeLayer> moe_layers;
     std::map<int64_t, int64_t> moe_assignments, moe_dropped;
     bool stop_asked = false;
-    for (const auto& mb : micro) {
+    for (size_t mi = 0; mi < micro.size(); ++mi) {
+      const data::MicroBatch& mb = micro[mi];
+      // The last backward of the step all-reduces buckets as they finish.
+      if (sync_ && mi + 1 == micro.size()) sync_->Arm();
       if (group_) {
         // The ranks stop together, at the end of the step (below).
         stop_asked = stop_asked || stop_->load();
@@ -565,6 +573,8 @@ TrainResult Run::Go() {
       auto& params = model_->parameters();
       const size_t grads_at = v.size();
       for (const auto& p : params) v.push_back(p.value.grad().defined() ? 1.0 : 0.0);
+      // Gradients first (most buckets are under way already), then the counts.
+      sync_->Finish();
       const size_t moe_at = v.size();
       const auto biases = model_->expert_biases();
       for (const auto& [layer, bias] : biases) {
@@ -599,15 +609,9 @@ TrainResult Run::Go() {
         moe_assignments[layer] = static_cast<int64_t>(v[at++]);
         moe_dropped[layer] = static_cast<int64_t>(v[at++]);
       }
-      // Gradients: a parameter no local batch reached (an expert without
-      // tokens here) joins as zeros; one no rank reached stays without a
-      // gradient, as it would in a single process.
-      std::vector<at::Tensor> grads;
-      for (auto& p : params) {
-        if (!p.value.grad().defined()) p.value.mutable_grad() = at::zeros_like(p.value);
-        grads.push_back(p.value.grad());
-      }
-      group_->AllReduceSum(grads, c_.bucket_bytes);
+      // A parameter no local batch reached (an expert without tokens here)
+      // joined the sum as zeros; one no rank reached has no gradient, as in
+      // a single process.
       for (size_t i = 0; i < params.size(); ++i) {
         if (v[grads_at + i] == 0) params[i].value.mutable_grad() = at::Tensor();
       }

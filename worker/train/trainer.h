@@ -95,7 +95,8 @@ struct TrainConfig {
   // Data parallel (worker/dist): world_size ranks each compute every
   // world_size-th micro-batch of a step, gradients are summed over the ranks
   // before the (identical) optimizer step, so a step is the same step a
-  // single process takes over the same global batch. 1: no process group.
+  // single process takes over the same global batch. One rank without a
+  // rendezvous: no process group.
   int rank = 0;
   int world_size = 1;
   std::string rendezvous;            // host:port of rank 0's c10d store

@@ -3,8 +3,6 @@
 #include "worker/train/trainer.h"
 
 #include <ATen/Parallel.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -19,6 +17,7 @@
 #include "worker/data/corpus.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
+#include "worker/dist/free_port.h"
 #include "worker/dist/group.h"
 
 namespace tally::train {
@@ -345,18 +344,6 @@ TEST_F(TrainerTest, FailuresSayWhy) {
 
 // Data parallel: ranks as threads of this process, joined by a real Gloo
 // group on loopback (worker/dist).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 struct RankRun {
   TrainConfig config;
   Recorder events;
@@ -366,7 +353,7 @@ struct RankRun {
 
 // Runs configs[r] as rank r of configs.size(), each on its own thread.
 std::vector<std::unique_ptr<RankRun>> TrainRanks(const std::vector<TrainConfig>& configs) {
-  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string address = absl::StrCat("127.0.0.1:", dist::FreeLoopbackPort());
   std::vector<std::unique_ptr<RankRun>> runs;
   for (size_t r = 0; r < configs.size(); ++r) {
     runs.push_back(std::make_unique<RankRun>());
@@ -466,7 +453,7 @@ TEST_F(TrainerTest, RanksStopTogether) {
   std::vector<TrainConfig> cs = {c, c};
   // Only rank 1 is told to stop (after its step 3 ends): both stop at the
   // end of the next step, which neither applies.
-  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string address = absl::StrCat("127.0.0.1:", dist::FreeLoopbackPort());
   RankRun r0, r1;
   for (auto* r : {&r0, &r1}) {
     r->config = c;
@@ -495,7 +482,7 @@ TEST_F(TrainerTest, ALostRankFailsTheOthersRetryably) {
   // (its connections close): rank 0's first collective fails.
   TrainConfig c = Tiny();
   c.world_size = 2;
-  c.rendezvous = absl::StrCat("127.0.0.1:", FreePort());
+  c.rendezvous = absl::StrCat("127.0.0.1:", dist::FreeLoopbackPort());
   c.rendezvous_prefix = "lost";
   std::thread leaver([&] {
     dist::GroupOptions o;
