@@ -118,6 +118,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     p.Range("model.moe.top_k", moe.top_k(), 1, moe.num_experts());
     p.Range("model.moe.every_n_layers", moe.every_n_layers(), 1,
             std::max(1, model.num_layers()));
+    const int ranks = spec.resources().gpu_count();
+    if (moe.expert_parallel() && ranks > 1 && moe.num_experts() % ranks != 0) {
+      p.Add("model.moe.expert_parallel",
+            absl::StrCat("num_experts (", moe.num_experts(),
+                         ") must be a multiple of resources.gpu_count (", ranks,
+                         "); change either, or turn expert_parallel off"));
+    }
     if (moe.router() != "softmax" && moe.router() != "sigmoid") {
       p.Add("model.moe.router",
             absl::StrCat("must be \"softmax\" or \"sigmoid\", got \"",
@@ -125,7 +132,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     }
   } else if (moe.top_k() != 0 || moe.shared_expert() ||
              moe.bias_balancing() || moe.aux_loss_coef() != 0 ||
-             moe.capacity_factor() != 0) {
+             moe.capacity_factor() != 0 || moe.expert_parallel()) {
     p.Add("model.moe.num_experts",
           "MoE options are set but num_experts is 0; set num_experts >= 1 or "
           "remove model.moe");

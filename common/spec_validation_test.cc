@@ -132,6 +132,15 @@ INSTANTIATE_TEST_SUITE_P(
                   s->mutable_training()->set_global_batch_tokens(128 * 8 * 4);
                 },
                 "training.global_batch_tokens"},
+        BadCase{"experts_not_split_by_gpus",
+                [](JobSpec* s) {
+                  s->mutable_resources()->set_gpu_count(4);
+                  s->mutable_training()->set_global_batch_tokens(128 * 8 * 4);
+                  s->mutable_model()->mutable_moe()->set_num_experts(6);
+                  s->mutable_model()->mutable_moe()->set_top_k(2);
+                  s->mutable_model()->mutable_moe()->set_expert_parallel(true);
+                },
+                "model.moe.expert_parallel"},
         BadCase{"negative_budget",
                 [](JobSpec* s) { s->mutable_budget()->set_max_dollars(-1); },
                 "budget.max_dollars"},

@@ -1,9 +1,10 @@
 """Multi-GPU jobs on CPU: data-parallel ranks in separate processes joined by
 PyTorch's c10d Gloo group on loopback. Two tally-train processes take the
-same steps as one process over the same global batch; a 2-rank job through
-tallyd trains on two of three workers, survives a `kill -9` of one rank by
-being requeued as a whole, and finishes from its last checkpoint on a
-different pair of workers."""
+same steps as one process over the same global batch (dense, and MoE with
+the experts split over the ranks); a 2-rank expert-parallel MoE + FP8 job
+through tallyd trains on two of three workers, survives a `kill -9` of one
+rank by being requeued as a whole, and finishes from its last checkpoint on
+a different pair of workers."""
 
 import json
 import os
@@ -13,7 +14,18 @@ import unittest
 
 from google.protobuf import json_format
 
-from harness import TALLY_TRAIN, ClusterTest, free_port, jobs_pb2, spec, wait_for
+from harness import TALLY_TRAIN, ClusterTest, free_port, jobs_pb2, spec, spec_pb2, wait_for
+
+
+def moe(s, fp8=False):
+    s.model.moe.num_experts = 4
+    s.model.moe.top_k = 2
+    s.model.moe.aux_loss_coef = 0.01
+    s.model.moe.bias_balancing = True
+    s.model.moe.expert_parallel = True
+    if fp8:
+        s.precision.compute = spec_pb2.PRECISION_FP8
+    return s
 
 
 def dp_spec(max_steps, name="dp", checkpoint_interval=0):
@@ -57,11 +69,11 @@ class TallyTrainRanks(unittest.TestCase):
             self.assertEqual(p.returncode, 0, out)
         return read_jsonl(os.path.join(out_dir, "rank0.jsonl"))
 
-    def test_two_processes_take_the_steps_of_one(self):
+    def compare(self, job_spec, what):
         d = tempfile.mkdtemp(prefix="tally_dp_")
         path = os.path.join(d, "spec.json")
         with open(path, "w") as f:
-            f.write(json_format.MessageToJson(dp_spec(20)))
+            f.write(json_format.MessageToJson(job_spec))
         os.mkdir(os.path.join(d, "one"))
         os.mkdir(os.path.join(d, "two"))
         one = self.run_ranks(path, 1, os.path.join(d, "one"))
@@ -81,9 +93,16 @@ class TallyTrainRanks(unittest.TestCase):
         for a, b in zip(evals_one, evals_two):
             self.assertLess(abs(a - b) / a, 1e-5)
         self.assertLess(steps_two[-1]["train_loss"], steps_two[0]["train_loss"] - 0.5)
-        print("\n2 ranks vs 1 process, 20 steps: largest relative loss difference %.2e" % worst)
+        print("\n%s, 2 ranks vs 1 process, 20 steps: largest relative loss difference %.2e"
+              % (what, worst))
         # Rank 1 reports no steps of its own.
         self.assertEqual([r for r in read_jsonl(os.path.join(d, "two", "rank1.jsonl"))], [])
+
+    def test_two_processes_take_the_steps_of_one(self):
+        self.compare(dp_spec(20), "dense")
+
+    def test_expert_parallel_ranks_take_the_steps_of_one(self):
+        self.compare(moe(dp_spec(20)), "MoE, experts split over the ranks")
 
 
 class GangJobTest(ClusterTest):
@@ -91,7 +110,7 @@ class GangJobTest(ClusterTest):
     def test_a_lost_rank_requeues_the_job_which_resumes_on_other_workers(self):
         for w in ("w1", "w2", "w3"):
             self.add_worker(w)
-        job = self.submit(dp_spec(300, name="gang", checkpoint_interval=20))
+        job = self.submit(moe(dp_spec(300, name="gang", checkpoint_interval=20), fp8=True))
         running = self.wait_state(job.name, jobs_pb2.JOB_STATE_RUNNING)
         first = list(running.worker_ids)
         self.assertEqual(len(first), 2)

@@ -45,6 +45,7 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
     c.moe_shared_expert = moe.shared_expert();
     c.moe_sigmoid_router = moe.router() == "sigmoid";
     c.moe_capacity_factor = moe.capacity_factor();
+    c.moe_expert_parallel = moe.expert_parallel();
     c.moe_aux_loss_coef = moe.aux_loss_coef();
     c.moe_z_loss_coef = moe.z_loss_coef();
     c.moe_bias_balancing = moe.bias_balancing();

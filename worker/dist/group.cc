@@ -24,8 +24,13 @@ std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); 
 
 class C10dGroup final : public Group {
  public:
-  C10dGroup(c10::intrusive_ptr<c10d::Backend> pg, std::string backend)
-      : pg_(std::move(pg)), backend_(std::move(backend)) {}
+  C10dGroup(c10::intrusive_ptr<c10d::Backend> pg, std::string backend, GroupOptions options,
+            c10::intrusive_ptr<c10d::Store> tcp, std::string prefix)
+      : pg_(std::move(pg)),
+        backend_(std::move(backend)),
+        options_(std::move(options)),
+        tcp_(std::move(tcp)),
+        prefix_(std::move(prefix)) {}
 
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }
@@ -125,6 +130,24 @@ class C10dGroup final : public Group {
     Guard([&] { pg_->barrier()->wait(); }, "barrier");
   }
 
+  at::Tensor AllToAll(const at::Tensor& x, const std::vector<int64_t>& send,
+                      const std::vector<int64_t>& recv) override {
+    int64_t rows = 0;
+    for (int64_t n : recv) rows += n;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape[0] = rows;
+    at::Tensor out = at::empty(shape, x.options());
+    Guard([&] {
+      at::Tensor in = x.contiguous();
+      std::vector<int64_t> out_splits = recv, in_splits = send;
+      c10d::AllToAllOptions o;
+      pg_->alltoall_base(out, in, out_splits, in_splits, o)->wait();
+    }, "all-to-all");
+    return out;
+  }
+
+  absl::StatusOr<std::unique_ptr<Group>> NewGroup(const std::string& name) override;
+
  private:
   template <typename F>
   void Guard(F&& f, const char* what) {
@@ -141,7 +164,19 @@ class C10dGroup final : public Group {
 
   c10::intrusive_ptr<c10d::Backend> pg_;
   std::string backend_;
+  GroupOptions options_;
+  c10::intrusive_ptr<c10d::Store> tcp_;
+  std::string prefix_;
 };
+
+}  // namespace
+
+namespace {
+
+// A process group on `store` for the options' rank and device.
+absl::StatusOr<std::unique_ptr<Group>> MakeGroup(const GroupOptions& o,
+                                                 c10::intrusive_ptr<c10d::Store> tcp,
+                                                 const std::string& prefix);
 
 }  // namespace
 
@@ -157,7 +192,6 @@ absl::StatusOr<std::unique_ptr<Group>> Group::Create(const GroupOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rendezvous address \"", o.store_address, "\": want host:port, e.g. 10.0.0.5:29500"));
   }
-  const bool cuda = o.device.rfind("cuda", 0) == 0;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_seconds * 1000));
   try {
     c10d::TCPStoreOptions so;
@@ -167,30 +201,7 @@ absl::StatusOr<std::unique_ptr<Group>> Group::Create(const GroupOptions& o) {
     so.waitWorkers = true;
     so.timeout = timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(o.store_address.substr(0, colon), so);
-    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(o.prefix, tcp);
-    if (cuda) {
-#if defined(TALLY_WITH_NCCL)
-      auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = timeout;
-      auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world_size, opts);
-      return std::unique_ptr<Group>(new C10dGroup(pg, "nccl"));
-#else
-      return absl::FailedPreconditionError(
-          "device " + o.device + ": this build has no NCCL process group (build with "
-          "-DTALLY_TORCH_CUDA=ON against a LibTorch with USE_C10D_NCCL)");
-#endif
-    }
-#if defined(TALLY_WITH_GLOO)
-    auto opts = c10d::ProcessGroupGloo::Options::create();
-    opts->timeout = timeout;
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.local_host));
-    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, opts);
-    return std::unique_ptr<Group>(new C10dGroup(pg, "gloo"));
-#else
-    return absl::FailedPreconditionError(
-        "this build has no Gloo process group: install Debian's libgloo-dev (its headers) "
-        "and reconfigure");
-#endif
+    return MakeGroup(o, tcp, o.prefix);
   } catch (const c10::Error& e) {
     return absl::UnavailableError(absl::StrCat(
         "rank ", o.rank, " of ", o.world_size, " could not join the group at ", o.store_address,
@@ -201,5 +212,49 @@ absl::StatusOr<std::unique_ptr<Group>> Group::Create(const GroupOptions& o) {
                                                o.store_address, ": ", FirstLine(e.what())));
   }
 }
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Group>> MakeGroup(const GroupOptions& o,
+                                                 c10::intrusive_ptr<c10d::Store> tcp,
+                                                 const std::string& prefix) {
+  const bool cuda = o.device.rfind("cuda", 0) == 0;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_seconds * 1000));
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
+  if (cuda) {
+#if defined(TALLY_WITH_NCCL)
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world_size, opts);
+    return std::unique_ptr<Group>(new C10dGroup(pg, "nccl", o, tcp, prefix));
+#else
+    return absl::FailedPreconditionError(
+        "device " + o.device + ": this build has no NCCL process group (build with "
+        "-DTALLY_TORCH_CUDA=ON against a LibTorch with USE_C10D_NCCL)");
+#endif
+  }
+#if defined(TALLY_WITH_GLOO)
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  opts->timeout = timeout;
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.local_host));
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, opts);
+  return std::unique_ptr<Group>(new C10dGroup(pg, "gloo", o, tcp, prefix));
+#else
+  return absl::FailedPreconditionError(
+      "this build has no Gloo process group: install Debian's libgloo-dev (its headers) "
+      "and reconfigure");
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Group>> C10dGroup::NewGroup(const std::string& name) {
+  try {
+    return MakeGroup(options_, tcp_, prefix_ + "/" + name);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", options_.rank, ": group ", name, ": ",
+                                               FirstLine(e.what())));
+  }
+}
+
+}  // namespace
 
 }  // namespace tally::dist

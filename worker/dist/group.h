@@ -73,6 +73,15 @@ class Group {
   // Every rank's tensors become `root`'s.
   virtual void Broadcast(const std::vector<at::Tensor>& tensors, int root) = 0;
   virtual void Barrier() = 0;
+  // Rows of `x`: send[j] go to rank j; returns recv[j] rows from each rank j,
+  // in rank order.
+  virtual at::Tensor AllToAll(const at::Tensor& x, const std::vector<int64_t>& send,
+                              const std::vector<int64_t>& recv) = 0;
+  // Another group of the same ranks over the same store, under its own key
+  // prefix: its collectives need no ordering with this group's (e.g. expert
+  // all-to-alls in the backward pass beside gradient all-reduces). Every
+  // rank calls it, in the same order.
+  virtual absl::StatusOr<std::unique_ptr<Group>> NewGroup(const std::string& name) = 0;
 };
 
 }  // namespace tally::dist

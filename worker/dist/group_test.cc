@@ -70,6 +70,37 @@ TEST(GroupTest, MaxAndBroadcast) {
   });
 }
 
+TEST(GroupTest, AllToAllWithUnevenAndEmptySplits) {
+  OnRanks(3, [](Group& g) {
+    const int r = g.rank();
+    // Rank r sends j + r rows to rank j, each row [r, j]; rank 0 sends
+    // nothing to itself.
+    std::vector<int64_t> send(3), recv(3);
+    std::vector<float> rows;
+    for (int j = 0; j < 3; ++j) {
+      send[j] = j + r;
+      recv[j] = r + j;
+      for (int i = 0; i < j + r; ++i) rows.insert(rows.end(), {float(r), float(j)});
+    }
+    at::Tensor x = at::tensor(rows, at::kFloat).reshape({-1, 2});
+    at::Tensor y = g.AllToAll(x, send, recv);
+    ASSERT_EQ(y.size(0), 3 * r + 3);
+    int64_t at_row = 0;
+    for (int j = 0; j < 3; ++j) {
+      for (int i = 0; i < r + j; ++i, ++at_row) {
+        EXPECT_EQ(y[at_row][0].item<float>(), j);  // from rank j
+        EXPECT_EQ(y[at_row][1].item<float>(), r);  // meant for me
+      }
+    }
+    // A second group of the same ranks works beside the first.
+    auto other = g.NewGroup("other");
+    ASSERT_TRUE(other.ok()) << other.status();
+    at::Tensor t = at::full({2}, float(r));
+    (*other)->AllReduceSum({t});
+    EXPECT_TRUE(at::equal(t, at::full({2}, 3.0f)));
+  });
+}
+
 TEST(GroupTest, MissingPeerTimesOutWithTheAddress) {
   const int port = FreeLoopbackPort();
   const auto start = std::chrono::steady_clock::now();

@@ -1,6 +1,7 @@
 #include "worker/model/moe.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 
@@ -45,12 +46,95 @@ at::Tensor ExpertLinear(const at::Tensor& x, const at::Tensor& w, LinearOverride
   return linear == nullptr ? at::linear(x, w) : linear->Linear(x, w, site);
 }
 
+at::Tensor RunExpert(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
+                     const at::Tensor& w2, LinearOverride* linear, const std::string& site) {
+  at::Tensor h = at::silu(ExpertLinear(x, w1, linear, site + "w1")) *
+                 ExpertLinear(x, w3, linear, site + "w3");
+  return ExpertLinear(h, w2, linear, site + "w2");
+}
+
+// All-to-all as an autograd function: the gradient goes back along the same
+// routes, the splits swapped.
+struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            int64_t exchange, std::vector<int64_t> send,
+                            std::vector<int64_t> recv) {
+    ctx->saved_data["exchange"] = exchange;
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    ctx->saved_data["cols"] = x.size(1);
+    return reinterpret_cast<ExpertExchange*>(exchange)->AllToAll(x.contiguous(), send, recv);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* exchange = reinterpret_cast<ExpertExchange*>(ctx->saved_data["exchange"].toInt());
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    at::Tensor g = grads[0];
+    if (!g.defined()) {  // every rank must still join the exchange
+      int64_t rows = 0;
+      for (int64_t n : recv) rows += n;
+      g = at::zeros({rows, ctx->saved_data["cols"].toInt()}, at::kFloat);
+    }
+    g = g.contiguous();
+    return {exchange->AllToAll(g, recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The expert-parallel middle of MoeForward: `rows_SD` are this rank's kept
+// assignments' inputs sorted by expert, counts[e] per expert; returns the
+// experts' outputs for them, in the same order.
+at::Tensor ExpertsAcrossRanks(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
+                              const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
+                              const at::Tensor& w2_EDF, LinearOverride* linear,
+                              const std::string& prefix, ExpertExchange* ex) {
+  const int W = ex->size(), me = ex->rank();
+  const int64_t E = static_cast<int64_t>(counts.size()), M = E / W;  // M experts per rank
+  // Counts first: rank j learns how many rows of each of its experts every
+  // rank sends (a plain all-to-all of M counts per pair).
+  at::Tensor mine = at::tensor(counts, at::kLong).to(at::kDouble).reshape({E, 1});
+  at::Tensor theirs =
+      ex->AllToAll(mine, std::vector<int64_t>(W, M), std::vector<int64_t>(W, M)).to(at::kCPU);
+  std::vector<int64_t> send(W, 0), recv(W, 0);
+  std::vector<std::vector<int64_t>> from(W, std::vector<int64_t>(M));  // [source][local expert]
+  for (int j = 0; j < W; ++j) {
+    for (int64_t m = 0; m < M; ++m) {
+      send[j] += counts[j * M + m];
+      from[j][m] = static_cast<int64_t>(theirs[j * M + m][0].item<double>());
+      recv[j] += from[j][m];
+    }
+  }
+  const int64_t ex_id = reinterpret_cast<int64_t>(ex);
+  at::Tensor in_RD = AllToAllFunction::apply(rows_SD, ex_id, send, recv);
+  // Received rows are grouped by source rank, each sorted by expert. `out`
+  // starts as in x 0 so the backward always reaches the dispatch all-to-all,
+  // even on a rank that received nothing (every rank must join it).
+  at::Tensor out_RD = in_RD * 0;
+  std::vector<int64_t> source_start(W, 0);
+  for (int j = 1; j < W; ++j) source_start[j] = source_start[j - 1] + recv[j - 1];
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<int64_t> idx;
+    for (int j = 0; j < W; ++j) {
+      int64_t at_row = source_start[j];
+      for (int64_t k = 0; k < m; ++k) at_row += from[j][k];
+      for (int64_t i = 0; i < from[j][m]; ++i) idx.push_back(at_row + i);
+    }
+    if (idx.empty()) continue;
+    const int64_t e = me * M + m;
+    at::Tensor rows = at::tensor(idx, at::kLong).to(in_RD.device());
+    at::Tensor ye = RunExpert(in_RD.index_select(0, rows), w1_EFD[e], w3_EFD[e], w2_EDF[e],
+                              linear, prefix + "experts." + std::to_string(e) + ".");
+    out_RD = out_RD.index_add(0, rows, ye.to(out_RD.scalar_type()));
+  }
+  return AllToAllFunction::apply(out_RD, ex_id, recv, send);
+}
+
 }  // namespace
 
 MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at::Tensor& router_ED,
                      const at::Tensor& bias_E, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
                      const at::Tensor& w2_EDF, const MoeConfig& c, LinearOverride* linear,
-                     const std::string& prefix) {
+                     const std::string& prefix, ExpertExchange* exchange) {
   const int64_t N = x_ND.size(0), E = router_ED.size(0), K = c.top_k;
   Routing r = Route(x_ND, router_ED, bias_E, c);
   at::Tensor real = real_N.defined() ? real_N.to(at::kBool) : at::ones({N}, x_ND.options().dtype(at::kBool));
@@ -68,19 +152,27 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
   for (int64_t e = 0; e < E; ++e) counts[e] = counts_cpu[e].item<int64_t>();
 
   at::Tensor y_ND = at::zeros_like(x_ND);
-  int64_t start = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    if (counts[e] == 0) continue;
-    at::Tensor idx = order.narrow(0, start, counts[e]);
-    start += counts[e];
+  if (exchange != nullptr && exchange->size() > 1) {
+    int64_t kept = 0;
+    for (int64_t n : counts) kept += n;
+    at::Tensor idx = order.narrow(0, 0, kept);
     at::Tensor tok = token_A.index_select(0, idx);
-    at::Tensor xe = x_ND.index_select(0, tok);
-    const std::string site = prefix + "experts." + std::to_string(e) + ".";
-    at::Tensor h = at::silu(ExpertLinear(xe, w1_EFD[e], linear, site + "w1")) *
-                   ExpertLinear(xe, w3_EFD[e], linear, site + "w3");
-    at::Tensor ye = ExpertLinear(h, w2_EDF[e], linear, site + "w2");
+    at::Tensor ye = ExpertsAcrossRanks(x_ND.index_select(0, tok), counts, w1_EFD, w3_EFD,
+                                       w2_EDF, linear, prefix, exchange);
     ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
     y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
+  } else {
+    int64_t start = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (counts[e] == 0) continue;
+      at::Tensor idx = order.narrow(0, start, counts[e]);
+      start += counts[e];
+      at::Tensor tok = token_A.index_select(0, idx);
+      at::Tensor ye = RunExpert(x_ND.index_select(0, tok), w1_EFD[e], w3_EFD[e], w2_EDF[e],
+                                linear, prefix + "experts." + std::to_string(e) + ".");
+      ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
+      y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
+    }
   }
 
   MoeOutput out;

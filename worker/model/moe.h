@@ -36,6 +36,24 @@ namespace tally::model {
 
 class LinearOverride;
 
+// Expert parallelism: E experts dealt to `size()` ranks in contiguous blocks
+// (rank r computes experts [r·E/W, (r+1)·E/W)); every rank routes its own
+// tokens, sends each assignment to its expert's rank and gets the results
+// back, by all-to-all. The weights stay replicated (the trainer sums expert
+// gradients over ranks like any other, so every replica takes the owner's
+// update); what is split is the experts' compute.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Rows of `x`: the first send[0] go to rank 0, the next send[1] to rank
+  // 1, ...; returns the rows received, recv[j] from rank j, in rank order.
+  // Every rank calls it the same number of times, in the same order.
+  virtual at::Tensor AllToAll(const at::Tensor& x, const std::vector<int64_t>& send,
+                              const std::vector<int64_t>& recv) = 0;
+};
+
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: dense
   int64_t top_k = 1;
@@ -74,10 +92,13 @@ Routing Route(const at::Tensor& x_ND, const at::Tensor& router_ED, const at::Ten
 // x_ND: tokens; real_N: bool, false for padding (excluded from routing
 // statistics and losses; padding still flows through, with its output 0).
 // `linear` may be nullptr (at::linear); sites are prefix + "experts.E.w1" etc.
+// With `exchange` (E a multiple of its size), this rank computes only its
+// block of experts, over every rank's tokens for them; the collectives run
+// in the forward pass and again in the backward pass.
 MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at::Tensor& router_ED,
                      const at::Tensor& bias_E, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
                      const at::Tensor& w2_EDF, const MoeConfig& config, LinearOverride* linear,
-                     const std::string& prefix);
+                     const std::string& prefix, ExpertExchange* exchange = nullptr);
 
 // Auxiliary-loss-free balancing: each expert's selection bias moves by
 // `rate` toward balance (up when it got fewer than the mean, down when more).

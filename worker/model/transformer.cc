@@ -200,7 +200,7 @@ ForwardOutput Transformer::Run(const ModelInput& in, AttentionKernel kernel) con
     MoeOutput moe = MoeForward(
         h_BTD.reshape({B * T, -1}), in.real_BT.defined() ? in.real_BT.reshape({-1}) : at::Tensor(),
         layer.router_ED, layer.bias_E, layer.w1_EFD, layer.w3_EFD, layer.w2_EDF, config_.moe,
-        linear_, layer.prefix);
+        linear_, layer.prefix, exchange_);
     at::Tensor y_BTD = moe.y_ND.reshape({B, T, -1});
     if (config_.moe.shared_expert) y_BTD = y_BTD + SwiGlu(h_BTD, layer);
     x_BTD = x_BTD + y_BTD;

@@ -101,6 +101,8 @@ class Transformer {
 
   // Not owned; nullptr restores at::linear.
   void SetLinearOverride(LinearOverride* linear) { linear_ = linear; }
+  // Expert parallelism for the MoE layers (moe.h); nullptr: every expert here.
+  void SetExpertExchange(ExpertExchange* exchange) { exchange_ = exchange; }
 
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
@@ -135,6 +137,7 @@ class Transformer {
   std::vector<Layer> layers_;
   std::vector<Parameter> params_;
   LinearOverride* linear_ = nullptr;
+  ExpertExchange* exchange_ = nullptr;
 };
 
 // The block-diagonal causal mask [B, 1, T, T]: query i sees key j when j <= i

@@ -21,6 +21,7 @@
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
+#include "worker/dist/expert_exchange.h"
 #include "worker/dist/grad_sync.h"
 #include "worker/dist/group.h"
 #include "worker/model/transformer.h"
@@ -69,6 +70,10 @@ absl::Status TrainConfig::Validate() const {
                     " (", micro_tokens * std::max(1, world_size), "), so every rank gets the "
                     "same number of micro-batches"));
   need(collective_timeout_seconds > 0, "collective_timeout_seconds: must be > 0");
+  need(!moe_expert_parallel || world_size <= 1 ||
+           (moe_num_experts > 0 && moe_num_experts % world_size == 0),
+       absl::StrCat("moe_expert_parallel: num_experts (", moe_num_experts,
+                    ") must be a multiple of the number of ranks (", world_size, ")"));
   if (problems.empty()) return absl::OkStatus();
   std::string msg;
   for (const auto& p : problems) absl::StrAppend(&msg, msg.empty() ? "" : "; ", p);
@@ -196,6 +201,8 @@ class Run {
   std::vector<data::Row> eval_rows_;
   std::unique_ptr<dist::Group> group_;  // null with one rank
   std::unique_ptr<dist::GradientSync> sync_;  // with group_
+  std::unique_ptr<dist::Group> expert_group_;    // expert parallelism
+  std::unique_ptr<model::ExpertExchange> exchange_;
   int64_t step_ = 0, tokens_ = 0, padding_tokens_ = 0;
   int64_t last_eval_step_ = -1, last_checkpoint_step_ = -1;
 };
@@ -226,14 +233,25 @@ EvalMetrics Run::Evaluate() {
   if (fp8_) fp8_->SetTraining(false);
   double loss_sum = 0;
   int64_t targets = 0, target_bytes = 0;
-  size_t chunk = 0;
-  for (size_t i = 0; i < eval_rows_.size(); i += c_.micro_batch_rows, ++chunk) {
-    if (chunk % c_.world_size != static_cast<size_t>(c_.rank)) continue;  // another rank's
-    const size_t n = std::min<size_t>(c_.micro_batch_rows, eval_rows_.size() - i);
+  // Chunks of micro_batch_rows rows, dealt round-robin to the ranks. With
+  // expert parallelism every rank runs as many forward passes as the
+  // busiest (they exchange tokens in each), discarding the extra ones.
+  const size_t rows = static_cast<size_t>(c_.micro_batch_rows);
+  const size_t chunks = (eval_rows_.size() + rows - 1) / rows;
+  const size_t W = static_cast<size_t>(c_.world_size);
+  const size_t passes = exchange_ ? (chunks + W - 1) / W : chunks;
+  for (size_t t = 0; t < passes; ++t) {
+    const size_t chunk = exchange_ ? t * W + c_.rank : t;
+    if (!exchange_ && chunk % W != static_cast<size_t>(c_.rank)) continue;  // another rank's
+    const bool extra = chunk >= chunks;
+    const size_t i = (extra ? 0 : chunk) * rows;
+    const size_t n = std::min(rows, eval_rows_.size() - i);
     const data::MicroBatch mb = data::BuildMicroBatch(
         *val_, absl::MakeConstSpan(eval_rows_).subspan(i, n), c_.seq_len,
         data::PackingMode::kPacked);
-    loss_sum += LossSum(*model_, ToDevice(mb, device_), kernel_).ce_sum.item<double>();
+    const double loss = LossSum(*model_, ToDevice(mb, device_), kernel_).ce_sum.item<double>();
+    if (extra) continue;
+    loss_sum += loss;
     targets += mb.num_targets;
     target_bytes += mb.target_bytes;
   }
@@ -453,6 +471,15 @@ TrainResult Run::Go() {
     std::vector<at::Tensor> values;
     for (const auto& p : model_->parameters()) values.push_back(p.value);
     sync_ = std::make_unique<dist::GradientSync>(group_.get(), std::move(values), c_.bucket_bytes);
+    if (c_.moe_expert_parallel && c_.moe_num_experts > 0 && c_.world_size > 1) {
+      // Its own group: expert all-to-alls run inside the backward pass, beside
+      // the gradient buckets, and the two need no common order.
+      auto experts = group_->NewGroup("experts");
+      if (!experts.ok()) return Fail("rendezvous: " + std::string(experts.status().message()), true);
+      expert_group_ = std::move(*experts);
+      exchange_ = std::make_unique<dist::GroupExchange>(expert_group_.get());
+      model_->SetExpertExchange(exchange_.get());
+    }
     // Every rank holds every FP8 layer, so their amax vectors line up.
     if (fp8_) fp8_->Declare(model_->LinearSites());
     // Same seed, same checkpoint: the ranks must start from the same
@@ -480,6 +507,7 @@ TrainResult Run::Go() {
                                                                     : "block-diagonal mask";
   info.world_size = c_.world_size;
   info.backend = group_ ? group_->backend() : "";
+  info.expert_parallel = exchange_ != nullptr;
   events_->OnStart(info);
   // Only rank 0 reports steps, evaluations and checkpoints.
   TrainEvents silent;
@@ -783,7 +811,15 @@ TrainResult Train(const TrainConfig& config, TrainEvents* events,
     return failed("out of memory: " + FirstLine(e.what_without_backtrace()) +
                   "; lower training.micro_batch_rows or data.seq_len");
   } catch (const c10::Error& e) {
-    return failed("LibTorch error: " + FirstLine(e.what_without_backtrace()));
+    const std::string what = FirstLine(e.what_without_backtrace());
+    if (config.world_size > 1 && what.find(" failed on rank ") != std::string::npos) {
+      // A collective inside the backward pass (expert all-to-all) comes
+      // back through autograd's own error.
+      TrainResult r = failed("a rank was lost: " + what);
+      r.retryable = true;
+      return r;
+    }
+    return failed("LibTorch error: " + what);
   } catch (const std::exception& e) {
     return failed(std::string("error: ") + e.what());
   }

@@ -79,6 +79,10 @@ struct TrainConfig {
   double moe_z_loss_coef = 0;
   bool moe_bias_balancing = false; // auxiliary-loss-free balancing
   double moe_bias_rate = 1e-3;
+  // With several ranks: each computes only its block of experts, over every
+  // rank's tokens for them (moe.h, ExpertExchange); moe_num_experts must be
+  // a multiple of world_size.
+  bool moe_expert_parallel = false;
   // Precision: FP32 on CPU and BF16 autocast on CUDA, or FP8 linears
   // (worker/precision/fp8.h; emulated on CPU) on top of that.
   bool fp8 = false;
@@ -123,6 +127,7 @@ struct RunInfo {
   std::string attention;           // "block-diagonal mask" or "varlen flash"
   int world_size = 1;              // data-parallel ranks
   std::string backend;             // "gloo" or "nccl"; empty with one rank
+  bool expert_parallel = false;    // experts' compute split over the ranks
 };
 
 struct StepMetrics {
