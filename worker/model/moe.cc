@@ -81,6 +81,78 @@ struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
   }
 };
 
+// The grouped product wants rows of 16 bytes' multiples (both d_model and
+// the expert width, in the dtype it runs in); other shapes take the loop.
+bool GroupedShapesFit(int64_t D, int64_t F, bool cuda) {
+  const int64_t per16 = cuda ? 8 : 4;  // BF16 on CUDA, FP32 on CPU
+  return D % per16 == 0 && F % per16 == 0;
+}
+
+// Tokens of the kept assignments, sorted by expert.
+at::Tensor TokensOf(const at::Tensor& token_A, const at::Tensor& order,
+                    const std::vector<int64_t>& counts) {
+  int64_t kept = 0;
+  for (int64_t n : counts) kept += n;
+  return token_A.index_select(0, order.narrow(0, 0, kept));
+}
+
+}  // namespace
+
+std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t align,
+                                     std::vector<int64_t>* starts) {
+  std::vector<int64_t> ends;
+  int64_t rows = 0;
+  for (int64_t n : counts) {
+    if (starts) starts->push_back(rows);
+    rows += align > 1 ? (n + align - 1) / align * align : n;
+    ends.push_back(rows);
+  }
+  return ends;
+}
+
+namespace {
+
+// The grouped middle of MoeForward: gate-weighted expert outputs for the
+// kept assignments, in sorted (expert) order.
+at::Tensor GroupedExperts(const at::Tensor& x_ND, const at::Tensor& token_A,
+                          const at::Tensor& gate_A, const at::Tensor& order,
+                          const std::vector<int64_t>& counts, const at::Tensor& w1_EFD,
+                          const at::Tensor& w3_EFD, const at::Tensor& w2_EDF,
+                          const MoeConfig& c) {
+  const bool cuda = x_ND.is_cuda();
+  const int64_t align = c.group_align > 0 ? c.group_align : (cuda ? 16 : 1);
+  int64_t kept = 0;
+  for (int64_t n : counts) kept += n;
+  at::Tensor idx = order.narrow(0, 0, kept);
+  // Destination row of each sorted assignment: its expert's padded start
+  // plus its place among that expert's assignments.
+  std::vector<int64_t> starts;
+  const std::vector<int64_t> ends = PaddedGroupEnds(counts, align, &starts);
+  std::vector<int64_t> dest;
+  dest.reserve(kept);
+  for (size_t e = 0; e < counts.size(); ++e) {
+    for (int64_t i = 0; i < counts[e]; ++i) dest.push_back(starts[e] + i);
+  }
+  const int64_t rows = ends.empty() ? 0 : ends.back();
+  // BF16 on CUDA (what its grouped kernels take); FP32 on CPU.
+  const auto dtype = cuda ? at::kBFloat16 : at::kFloat;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  at::Tensor dest_S = at::tensor(dest, at::kLong).to(x_ND.device());
+  at::Tensor xs = x_ND.index_select(0, token_A.index_select(0, idx)).to(dtype);
+  at::Tensor x_RD = rows == kept ? xs
+                                 : at::zeros({rows, x_ND.size(1)}, xs.options()).index_copy(
+                                       0, dest_S, xs);
+  std::vector<int32_t> ends32(ends.begin(), ends.end());
+  at::Tensor offs = at::tensor(ends32, at::kInt).to(x_ND.device());
+  auto grouped = [&](const at::Tensor& a, const at::Tensor& w) {
+    return at::_grouped_mm(a, w.to(dtype).transpose(1, 2), offs);
+  };
+  at::Tensor h_RF = at::silu(grouped(x_RD, w1_EFD)) * grouped(x_RD, w3_EFD);
+  at::Tensor y_RD = grouped(h_RF, w2_EDF);
+  at::Tensor ys = rows == kept ? y_RD : y_RD.index_select(0, dest_S);
+  return ys.to(x_ND.scalar_type()) * gate_A.index_select(0, idx).unsqueeze(1).to(x_ND.scalar_type());
+}
+
 // The expert-parallel middle of MoeForward: `rows_SD` are this rank's kept
 // assignments' inputs sorted by expert, counts[e] per expert; returns the
 // experts' outputs for them, in the same order.
@@ -161,6 +233,11 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
                                        w2_EDF, linear, prefix, exchange);
     ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
     y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
+  } else if (linear == nullptr && c.grouped_mm &&
+             GroupedShapesFit(x_ND.size(1), w1_EFD.size(1), x_ND.is_cuda())) {
+    y_ND = y_ND.index_add(0, TokensOf(token_A, order, counts),
+                          GroupedExperts(x_ND, token_A, gate_A, order, counts, w1_EFD, w3_EFD,
+                                         w2_EDF, c));
   } else {
     int64_t start = 0;
     for (int64_t e = 0; e < E; ++e) {

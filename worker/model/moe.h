@@ -9,11 +9,15 @@
 // Transformer, so the router learns from the model's loss). An optional
 // shared expert sees every token.
 //
-// Compute: token-expert assignments are sorted by expert and each expert
-// runs once over its tokens (a loop here; a grouped product on GPU is the
-// next step), then results are scattered back, weighted by their gates. An
-// expert that gets no tokens is skipped: its weights get no gradient, never
-// NaN. With a capacity factor, an expert takes at most
+// Compute: token-expert assignments are sorted by expert (stable), each
+// expert's group padded to the alignment the grouped product needs (the
+// permutation kernels/moe_permute.h computes, built here from ATen ops),
+// and each weight runs as one grouped product over all experts
+// (at::_grouped_mm with int32 group ends; BF16 on CUDA, FP32 on CPU); the
+// results are gathered back and combined with their gates. With FP8 (a
+// LinearOverride) each expert runs once over its tokens in a loop instead.
+// An expert that gets no tokens has an empty group or is skipped: its
+// weights get a zero gradient or none, never NaN. With a capacity factor, an expert takes at most
 // ceil(factor x N x k / E) tokens, in token order, and the rest are dropped
 // (their contribution is 0); 0 is dropless.
 //
@@ -61,6 +65,13 @@ struct MoeConfig {
   bool shared_expert = false;
   bool sigmoid_router = false;  // false: softmax
   double capacity_factor = 0;   // 0: dropless
+  // Expert products: one grouped product per weight over all experts
+  // (at::_grouped_mm; BF16 on CUDA) instead of a loop over experts. Used
+  // when no LinearOverride transforms the products (FP8 keeps the loop).
+  bool grouped_mm = true;
+  // Rows of each expert's group padded to a multiple of this (zero rows) for
+  // the grouped product; 0: what the device needs (16 on CUDA, 1 on CPU).
+  int64_t group_align = 0;
 };
 
 struct MoeStats {
@@ -99,6 +110,12 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
                      const at::Tensor& bias_E, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
                      const at::Tensor& w2_EDF, const MoeConfig& config, LinearOverride* linear,
                      const std::string& prefix, ExpertExchange* exchange = nullptr);
+
+// Cumulative group ends after padding each count to a multiple of `align`
+// (the offsets a grouped product takes); `starts` gets each group's first
+// row when not null. kernels/moe_permute.h computes the same on the GPU.
+std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t align,
+                                     std::vector<int64_t>* starts = nullptr);
 
 // Auxiliary-loss-free balancing: each expert's selection bias moves by
 // `rate` toward balance (up when it got fewer than the mean, down when more).

@@ -63,6 +63,44 @@ TEST(MoeTest, MatchesANaivePerTokenReferenceWithGradients) {
   EXPECT_EQ(out.stats.dropped, 0);
 }
 
+TEST(MoeTest, GroupedProductsMatchTheLoopWithPaddedGroupsAndDrops) {
+  MoeConfig loop;
+  loop.num_experts = 6;
+  loop.top_k = 2;
+  loop.capacity_factor = 1.0;  // some drops, some experts short
+  loop.grouped_mm = false;
+  for (int64_t align : {1, 4, 16}) {
+    MoeConfig grouped = loop;
+    grouped.grouped_mm = true;
+    grouped.group_align = align;
+    Experts a = Make(6, 8, 16, 3), b = Make(6, 8, 16, 3);
+    at::manual_seed(11);
+    at::Tensor x1 = at::randn({29, 8}).set_requires_grad(true);
+    at::Tensor x2 = x1.detach().clone().set_requires_grad(true);
+    MoeOutput og = MoeForward(x1, {}, a.router, {}, a.w1, a.w3, a.w2, grouped, nullptr, "");
+    MoeOutput ol = MoeForward(x2, {}, b.router, {}, b.w1, b.w3, b.w2, loop, nullptr, "");
+    EXPECT_GT(og.stats.dropped, 0);
+    EXPECT_EQ(og.stats.tokens_per_expert, ol.stats.tokens_per_expert);
+    EXPECT_TRUE(at::allclose(og.y_ND, ol.y_ND, 1e-5, 1e-6)) << align;
+    at::Tensor g = at::randn({29, 8});
+    og.y_ND.backward(g);
+    ol.y_ND.backward(g);
+    EXPECT_TRUE(at::allclose(x1.grad(), x2.grad(), 1e-5, 1e-6)) << align;
+    EXPECT_TRUE(at::allclose(a.w2.grad(), b.w2.grad(), 1e-5, 1e-6)) << align;
+    EXPECT_TRUE(at::allclose(a.w3.grad(), b.w3.grad(), 1e-5, 1e-6)) << align;
+    EXPECT_FALSE(at::isnan(a.w1.grad()).any().item<bool>());
+  }
+}
+
+TEST(MoeTest, PaddedGroupsAreTheKernelsPermutation) {
+  // The permute kernel's reference lays out [2, 3, 0, 2] assignments aligned
+  // to 4 with group ends 4, 8, 8, 12 (kernels/moe_permute_test.cc).
+  std::vector<int64_t> starts;
+  EXPECT_EQ(PaddedGroupEnds({2, 3, 0, 2}, 4, &starts), (std::vector<int64_t>{4, 8, 8, 12}));
+  EXPECT_EQ(starts, (std::vector<int64_t>{0, 4, 8, 8}));
+  EXPECT_EQ(PaddedGroupEnds({2, 3, 0, 2}, 1), (std::vector<int64_t>{2, 5, 5, 7}));
+}
+
 TEST(MoeTest, TopOneMatchesTheReferenceAndTrainsTheRouter) {
   MoeConfig c;
   c.num_experts = 3;
