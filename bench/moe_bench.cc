@@ -21,6 +21,8 @@ ABSL_FLAG(int, top_k, 2, "experts per token; each is 1/top_k as wide as the dens
 ABSL_FLAG(int, threads, 0, "CPU threads (0: LibTorch's default)");
 ABSL_FLAG(double, aux_loss_coef, 0.01, "Switch load-balancing loss weight");
 ABSL_FLAG(bool, bias_balancing, true, "auxiliary-loss-free balancing as well");
+ABSL_FLAG(double, bias_rate, 1e-3, "step of the balancing bias per optimizer step");
+ABSL_FLAG(bool, dense, true, "train the dense baseline too");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -40,7 +42,9 @@ int main(int argc, char** argv) {
       steps);
   std::cout << "| model | parameters | active | FLOPs/token | val loss | tokens/s | max/mean load "
                "| router entropy |\n|---|---|---|---|---|---|---|---|\n";
-  for (int experts : {0, absl::GetFlag(FLAGS_experts)}) {
+  std::vector<int> models = {0, absl::GetFlag(FLAGS_experts)};
+  if (!absl::GetFlag(FLAGS_dense)) models.erase(models.begin());
+  for (int experts : models) {
     tally::train::TrainConfig c;
     c.train_path = absl::GetFlag(FLAGS_train_path);
     c.device = absl::GetFlag(FLAGS_device);
@@ -62,6 +66,7 @@ int main(int argc, char** argv) {
     c.d_ff = experts ? 352 / c.moe_top_k : 352;  // 352: SwiGLU's width at d_model 128
     c.moe_aux_loss_coef = absl::GetFlag(FLAGS_aux_loss_coef);
     c.moe_bias_balancing = absl::GetFlag(FLAGS_bias_balancing);
+    c.moe_bias_rate = absl::GetFlag(FLAGS_bias_rate);
     struct Tally : tally::train::TrainEvents {
       void OnStart(const tally::train::RunInfo& i) override { info = i; }
       void OnStep(const tally::train::StepMetrics& m) override {

@@ -15,15 +15,19 @@ uint8_t FloatToE4M3(float x);
 float E4M3ToFloat(uint8_t bits);
 
 // CPU reference: y[i] = FloatToE4M3(x[i] * scale); *amax = max |x[i]| (of
-// the input, before scaling; NaN ignored).
-void CastToE4M3Reference(const float* x, int64_t n, float scale, uint8_t* y, float* amax);
+// the input, before scaling; NaN ignored). With `counts`: counts[0] += the
+// values whose |x * scale| passes the format's max (by more than a part in a
+// million: those were clamped), counts[1] += the nonzero values that became
+// zero.
+void CastToE4M3Reference(const float* x, int64_t n, float scale, uint8_t* y, float* amax,
+                         uint64_t* counts = nullptr);
 
 // The same in one pass over x on the GPU: every block converts its slice and
 // reduces its amax, then one atomic per block folds it into *amax (which the
 // caller zeroes). All pointers are device pointers; `stream` is a
 // cudaStream_t. Returns "" or the CUDA error, never exits.
 std::string CastToE4M3Cuda(const float* x, int64_t n, float scale, uint8_t* y, float* amax,
-                           void* stream);
+                           void* stream, uint64_t* counts = nullptr);
 
 }  // namespace tally::kernels
 

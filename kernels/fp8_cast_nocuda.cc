@@ -3,7 +3,7 @@
 
 namespace tally::kernels {
 
-std::string CastToE4M3Cuda(const float*, int64_t, float, uint8_t*, float*, void*) {
+std::string CastToE4M3Cuda(const float*, int64_t, float, uint8_t*, float*, void*, uint64_t*) {
   return "this build has no CUDA kernels (nvcc was not found at configure time)";
 }
 

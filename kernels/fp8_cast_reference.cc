@@ -37,12 +37,18 @@ float E4M3ToFloat(uint8_t bits) {
   return sign * std::ldexp(1.0f + frac / 8.0f, exp - 7);
 }
 
-void CastToE4M3Reference(const float* x, int64_t n, float scale, uint8_t* y, float* amax) {
+void CastToE4M3Reference(const float* x, int64_t n, float scale, uint8_t* y, float* amax,
+                         uint64_t* counts) {
   float m = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float a = std::fabs(x[i]);
     if (a > m) m = a;  // NaN compares false: ignored
-    y[i] = FloatToE4M3(x[i] * scale);
+    const float s = x[i] * scale;
+    y[i] = FloatToE4M3(s);
+    if (counts != nullptr) {
+      counts[0] += std::fabs(s) > 448.0f * (1.0f + 1e-6f);
+      counts[1] += x[i] != 0.0f && (y[i] & 0x7f) == 0;
+    }
   }
   *amax = m;
 }

@@ -30,6 +30,17 @@ TEST(Fp8CastReference, KnownValuesSaturationAndTies) {
   EXPECT_EQ(E4M3ToFloat(0x7e), 448.0f);
 }
 
+TEST(Fp8CastReference, CountsClampedAndFlushedValues) {
+  const std::vector<float> x = {1.0f, 500.0f, -1000.0f, 448.0f, 1e-6f, 0.0f, -2e-7f};
+  std::vector<uint8_t> y(x.size());
+  float amax = 0;
+  uint64_t counts[2] = {0, 0};
+  CastToE4M3Reference(x.data(), x.size(), 1.0f, y.data(), &amax, counts);
+  EXPECT_EQ(amax, 1000.0f);
+  EXPECT_EQ(counts[0], 2u);  // 500 and -1000 clamp; 448 is the max itself
+  EXPECT_EQ(counts[1], 2u);  // 1e-6 and -2e-7 flush to zero; 0 is not counted
+}
+
 TEST(Fp8CastReference, EveryValueRoundTripsAndRoundingIsNearest) {
   std::vector<float> grid;
   for (int b = 0; b < 256; ++b) {
@@ -72,15 +83,22 @@ TEST(Fp8CastGpu, MatchesTheReferenceBitForBit) {
   for (auto& v : x) v = dist(rng);
   std::vector<uint8_t> want(n), got(n);
   float want_amax = 0, got_amax = 0;
-  CastToE4M3Reference(x.data(), n, 37.5f, want.data(), &want_amax);
+  uint64_t want_counts[2] = {0, 0}, got_counts[2] = {0, 0};
+  CastToE4M3Reference(x.data(), n, 37.5f, want.data(), &want_amax, want_counts);
+  ASSERT_GT(want_counts[0], 0u);  // 37.5 x 3 sigma passes 448: some clamp
   float *dx = nullptr, *damax = nullptr;
   uint8_t* dy = nullptr;
+  uint64_t* dcounts = nullptr;
+  ASSERT_EQ(cudaMalloc(&dcounts, 2 * sizeof(uint64_t)), cudaSuccess);
+  cudaMemset(dcounts, 0, 2 * sizeof(uint64_t));
   ASSERT_EQ(cudaMalloc(&dx, n * sizeof(float)), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&dy, n), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&damax, sizeof(float)), cudaSuccess);
   cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
   cudaMemset(damax, 0, sizeof(float));
-  ASSERT_EQ(CastToE4M3Cuda(dx, n, 37.5f, dy, damax, nullptr), "");
+  ASSERT_EQ(CastToE4M3Cuda(dx, n, 37.5f, dy, damax, nullptr, dcounts), "");
+  cudaMemcpy(got_counts, dcounts, 2 * sizeof(uint64_t), cudaMemcpyDeviceToHost);
+  cudaFree(dcounts);
   cudaMemcpy(got.data(), dy, n, cudaMemcpyDeviceToHost);
   cudaMemcpy(&got_amax, damax, sizeof(float), cudaMemcpyDeviceToHost);
   cudaFree(dx);
@@ -88,6 +106,8 @@ TEST(Fp8CastGpu, MatchesTheReferenceBitForBit) {
   cudaFree(damax);
   EXPECT_EQ(got, want);
   EXPECT_EQ(got_amax, want_amax);
+  EXPECT_EQ(got_counts[0], want_counts[0]);
+  EXPECT_EQ(got_counts[1], want_counts[1]);
 }
 #endif
 

@@ -1,6 +1,12 @@
 #include "worker/precision/fp8.h"
 
 #include <torch/csrc/autograd/custom_function.h>
+#if defined(TALLY_WITH_CUDA) && defined(TALLY_HAVE_CUDA)
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/fp8_cast.h"
+#define TALLY_FUSED_FP8_CAST 1
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -74,6 +80,15 @@ double TensorScaling::ScaleFor(const at::Tensor& x, bool record) {
   return scale_;
 }
 
+bool TensorScaling::ScaleKnownAhead() const {
+  return config_.recipe == Recipe::kDelayed && !history_.empty();
+}
+
+void TensorScaling::RecordAmax(double amax) {
+  last_amax_ = amax;
+  if (std::isfinite(amax)) step_amax_ = std::max(step_amax_, amax);
+}
+
 void TensorScaling::Step() {
   ++steps_;
   if (config_.recipe == Recipe::kCurrent) {
@@ -141,6 +156,46 @@ void Account(Fp8Stats* s, const QuantStats& q) {
 
 bool ScaledMmShapeOk(int64_t m, int64_t k, int64_t n) {
   return m % 16 == 0 && k % 16 == 0 && n % 16 == 0;
+}
+
+#if defined(TALLY_FUSED_FP8_CAST)
+// E4M3 image of an FP32 tensor under a known scale, with its amax and the
+// clamped/flushed counts, in one pass over memory (kernels/fp8_cast.h)
+// instead of an amax pass, a cast and two counting passes.
+at::Tensor FusedCastE4M3(const at::Tensor& x, double scale, double* amax, QuantStats* q) {
+  at::Tensor xf = x.contiguous();
+  at::Tensor y = at::empty(xf.sizes(), xf.options().dtype(at::kByte));
+  at::Tensor amax_dev = at::zeros({1}, xf.options());
+  at::Tensor counts = at::zeros({2}, xf.options().dtype(at::kLong));
+  const std::string err = kernels::CastToE4M3Cuda(
+      xf.data_ptr<float>(), xf.numel(), static_cast<float>(scale), y.data_ptr<uint8_t>(),
+      amax_dev.data_ptr<float>(), c10::cuda::getCurrentCUDAStream().stream(),
+      reinterpret_cast<uint64_t*>(counts.data_ptr<int64_t>()));
+  TORCH_CHECK(err.empty(), "fused FP8 cast: ", err);
+  at::Tensor host = at::cat({amax_dev.to(at::kDouble), counts.to(at::kDouble)}).cpu();
+  *amax = host[0].item<double>();
+  q->overflows += static_cast<int64_t>(host[1].item<double>());
+  q->underflows += static_cast<int64_t>(host[2].item<double>());
+  q->elements += x.numel();
+  return y.view(at::kFloat8_e4m3fn);
+}
+#endif
+
+// An E4M3 weight (FP32 master) for a CUDA product: fused when the scale is
+// known ahead, else the plain cast after ScaleFor. Sets *scale.
+at::Tensor WeightE4M3(const at::Tensor& w, TensorScaling* s, bool record, double* scale,
+                      QuantStats* q) {
+#if defined(TALLY_FUSED_FP8_CAST)
+  if (w.is_cuda() && w.scalar_type() == at::kFloat && s->ScaleKnownAhead()) {
+    *scale = s->scale();
+    double amax = 0;
+    at::Tensor w8 = FusedCastE4M3(w.detach(), *scale, &amax, q);
+    if (record) s->RecordAmax(amax);
+    return w8;
+  }
+#endif
+  *scale = s->ScaleFor(w, record);
+  return QuantizeScaled(w, *scale, Fp8Format::kE4M3, q).to(Fp8Dtype(Fp8Format::kE4M3));
 }
 
 // a [M, K] x b [N, K]^T in FP8 on CUDA with FP32 accumulation; BF16 output.
@@ -237,20 +292,31 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       shape.back() = w.size(0);
       return RowwiseForward(c, stats, record, x2, w).reshape(shape);
     }
-    const double sx = c->layer->x.ScaleFor(x2, record), sw = c->layer->w.ScaleFor(w, record);
+    const double sx = c->layer->x.ScaleFor(x2, record);
+    const bool cuda_fp8 = x.is_cuda() && ScaledMmShapeOk(x2.size(0), x2.size(1), w.size(0));
+    QuantStats qx, qw;
+    // On CUDA the weight's cast and amax may come from one fused pass.
+    at::Tensor w8;
+    double sw = 0;
+    if (cuda_fp8) {
+      w8 = WeightE4M3(w, &c->layer->w, record, &sw, &qw);
+    } else {
+      sw = c->layer->w.ScaleFor(w, record);
+    }
     if (record) {
       stats->amax[c->layer->group + ".input"] = c->layer->x.last_amax();
       stats->amax[c->layer->group + ".weight"] = c->layer->w.last_amax();
     }
-    QuantStats qx, qw;
     at::Tensor y;
     ++stats->total_products;
-    if (x.is_cuda() && !ScaledMmShapeOk(x2.size(0), x2.size(1), w.size(0))) {
+    if (x.is_cuda() && !cuda_fp8) {
       y = at::linear(x2.to(at::kBFloat16), w.to(at::kBFloat16));  // counted as not FP8
     } else {
       ++stats->fp8_products;
       if (x.is_cuda()) {
-        y = ScaledMm(x2, sx, Fp8Format::kE4M3, w, sw, Fp8Format::kE4M3, &qx, &qw);
+        at::Tensor x8 = QuantizeScaled(x2, sx, Fp8Format::kE4M3, &qx).to(at::kFloat8_e4m3fn);
+        auto inv = [&](double s) { return at::tensor(1.0 / s, x2.options().dtype(at::kFloat)); };
+        y = at::_scaled_mm(x8, w8.t(), inv(sx), inv(sw), {}, {}, at::kBFloat16);
       } else {
         y = at::matmul(QuantizeDequantize(x2, sx, Fp8Format::kE4M3, &qx),
                        QuantizeDequantize(w, sw, Fp8Format::kE4M3, &qw).t());

@@ -89,6 +89,11 @@ class TensorScaling {
   // The largest amax recorded since the last Step(); data-parallel ranks
   // replace it with the maximum over ranks before stepping.
   double step_amax() const { return step_amax_; }
+  // Delayed scaling with a history: the scale is fixed before the tensor is
+  // seen, so a cast can compute the tensor's amax in the same pass and hand
+  // it over here (what ScaleFor would have recorded).
+  bool ScaleKnownAhead() const;
+  void RecordAmax(double amax);
   void set_step_amax(double amax) { step_amax_ = amax; }
   // history (history_len), then scale, step amax, steps: for checkpoints.
   at::Tensor State() const;
