@@ -34,7 +34,8 @@ echo "        prices from examples/tallyd.yaml: a cpu slot costs \$0.05 an hour"
 # Two workers, one core each, so the two jobs run side by side.
 for i in 0 1; do
   "$B/worker/tally-worker" --worker_id=demo-cpu-$i --threads=1 \
-    --checkpoint_dir="$DEMO/checkpoints" >"$DEMO/worker-$i.log" 2>&1 &
+    --checkpoint_dir="$DEMO/checkpoints" --rendezvous_host=127.0.0.1 \
+    --rendezvous_port=$((29610 + 10 * i)) >"$DEMO/worker-$i.log" 2>&1 &
   pids+=($!)
 done
 echo "tally-worker: demo-cpu-0, demo-cpu-1 (logs: $DEMO/worker-*.log)"
@@ -93,6 +94,13 @@ for name in names:
 print("\nThe padded baseline spends most of each row on padding, so in the same steps and")
 print("about the same dollars it trains on far fewer real tokens.")
 PY
+echo
+echo "Now one job on both workers: two data-parallel ranks (c10d over Gloo)."
+echo "\$ tallyctl submit -f examples/jobs/tiny-2gpu.yaml"
+GANG=$("$TALLYCTL" submit -f examples/jobs/tiny-2gpu.yaml)
+echo "$GANG"
+"$TALLYCTL" watch "$GANG" | sed -u 's/^/[2 ranks] /' || true
+grep -ho "rank [01] of 2 over [a-z]* ([^)]*)" "$DEMO"/worker-*.log | sort -u || true
 echo
 echo "From /metrics:"
 curl -s "http://$METRICS/metrics" | grep -E '^tally_(jobs|attempts_ended_total|worker_slots|cost_dollars_total)' || true
