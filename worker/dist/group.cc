@@ -30,7 +30,9 @@ class C10dGroup final : public Group {
         backend_(std::move(backend)),
         options_(std::move(options)),
         tcp_(std::move(tcp)),
-        prefix_(std::move(prefix)) {}
+        prefix_(std::move(prefix)),
+        // NCCL reduces device tensors only; Gloo host tensors.
+        device_(backend_ == "nccl" ? at::Device(options_.device) : at::Device(at::kCPU)) {}
 
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }
@@ -65,7 +67,7 @@ class C10dGroup final : public Group {
       for (Bucket& b : buckets) {
         std::vector<at::Tensor> flat_parts;
         for (const at::Tensor& t : b.members) flat_parts.push_back(t.reshape({-1}));
-        b.flat = at::cat(flat_parts);
+        b.flat = at::cat(flat_parts).to(device_);
         std::vector<at::Tensor> io{b.flat};
         c10d::AllreduceOptions o;
         o.reduceOp = c10d::ReduceOp::SUM;
@@ -106,7 +108,7 @@ class C10dGroup final : public Group {
 
   void AllReduceMax(const at::Tensor& tensor) override {
     Guard([&] {
-      std::vector<at::Tensor> io{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+      std::vector<at::Tensor> io{tensor.to(device_).contiguous()};
       c10d::AllreduceOptions o;
       o.reduceOp = c10d::ReduceOp::MAX;
       pg_->allreduce(io, o)->wait();
@@ -117,7 +119,7 @@ class C10dGroup final : public Group {
   void Broadcast(const std::vector<at::Tensor>& tensors, int root) override {
     Guard([&] {
       for (const at::Tensor& t : tensors) {
-        std::vector<at::Tensor> io{t.is_contiguous() ? t : t.contiguous()};
+        std::vector<at::Tensor> io{t.to(device_).contiguous()};
         c10d::BroadcastOptions o;
         o.rootRank = root;
         pg_->broadcast(io, o)->wait();
@@ -136,14 +138,14 @@ class C10dGroup final : public Group {
     for (int64_t n : recv) rows += n;
     std::vector<int64_t> shape = x.sizes().vec();
     shape[0] = rows;
-    at::Tensor out = at::empty(shape, x.options());
+    at::Tensor out = at::empty(shape, x.options().device(device_));
     Guard([&] {
-      at::Tensor in = x.contiguous();
+      at::Tensor in = x.to(device_).contiguous();
       std::vector<int64_t> out_splits = recv, in_splits = send;
       c10d::AllToAllOptions o;
       pg_->alltoall_base(out, in, out_splits, in_splits, o)->wait();
     }, "all-to-all");
-    return out;
+    return out.to(x.device());
   }
 
   absl::StatusOr<std::unique_ptr<Group>> NewGroup(const std::string& name) override;
@@ -167,6 +169,7 @@ class C10dGroup final : public Group {
   GroupOptions options_;
   c10::intrusive_ptr<c10d::Store> tcp_;
   std::string prefix_;
+  at::Device device_;
 };
 
 }  // namespace
