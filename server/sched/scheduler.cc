@@ -704,6 +704,12 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   absl::Status s;
   switch (exit.outcome()) {
     case tally::v1::ATTEMPT_OUTCOME_SUCCEEDED: {
+      if (job->attempt->worker_ids_size() > 1 && exit.rank() != 0) {
+        // Another rank is done; rank 0 ends the job once its own reports
+        // (the last evaluation and checkpoint) are in.
+        UpdateGauges();
+        return absl::OkStatus();
+      }
       Accrue(*job, clock_->Now());
       job->attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
       *job->attempt->mutable_end_time() = ToProto(clock_->Now());

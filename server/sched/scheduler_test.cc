@@ -289,6 +289,32 @@ TEST_F(SchedulerTest, LosingOneRankStopsTheOthers) {
   EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);  // the late exit changes nothing
 }
 
+TEST_F(SchedulerTest, OnlyRankZeroSucceedsAGang) {
+  const int64_t id = Submit(Spec(0, "cpu", 2));
+  ASSERT_TRUE(sched_->OnHello(Hello("a")).ok());
+  ASSERT_TRUE(sched_->OnHello(Hello("b")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  std::string leader;
+  for (const char* w : {"a", "b"}) {
+    auto as = channel_.Take(w, ControllerMessage::kAssignment);
+    ASSERT_EQ(as.size(), 1u);
+    if (as[0].assignment().rank() == 0) leader = w;
+  }
+  const std::string other = leader == "a" ? "b" : "a";
+  // Rank 1 finishes first: the job waits for rank 0 (and its last reports).
+  tally::v1::WorkerMessage m;
+  auto* exit = m.mutable_exit();
+  exit->set_job(absl::StrCat("jobs/", id));
+  exit->set_attempt(1);
+  exit->set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
+  exit->set_rank(1);
+  ASSERT_TRUE(sched_->OnMessage(other, m).ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  exit->set_rank(0);
+  ASSERT_TRUE(sched_->OnMessage(leader, m).ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_SUCCEEDED);
+}
+
 TEST_F(SchedulerTest, GangRanksMeetAtTheLeadersRendezvous) {
   auto leader = Hello("lead", 2);
   leader.set_rendezvous_host("10.0.0.5");

@@ -133,6 +133,7 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
   raw->thread = std::thread([this, raw, key] {
     AttemptReporter reporter(this);
     tally::v1::AttemptExit exit = runner_->Run(raw->assignment, &reporter, &raw->stop);
+    exit.set_rank(raw->assignment.rank());
     spdlog::info("attempt {} of {}: {} ({})", exit.attempt(), exit.job(),
                  tally::v1::AttemptOutcome_Name(exit.outcome()), exit.reason());
     WorkerMessage m;
