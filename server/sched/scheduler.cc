@@ -381,7 +381,17 @@ void Scheduler::Finish(int64_t job_id) {
 }
 
 absl::Status Scheduler::StartAttempt(ActiveJob& job,
-                                     const std::vector<std::string>& rank_workers) {
+                                     std::vector<std::string> rank_workers) {
+  // Rank 0 hosts the rendezvous: a worker that advertises one leads.
+  auto can_lead = [&](const std::string& w) {
+    auto it = workers_.find(w);
+    return it != workers_.end() && it->second.rec.rendezvous_port() > 0 &&
+           !it->second.rec.rendezvous_host().empty();
+  };
+  if (rank_workers.size() > 1 && !can_lead(rank_workers[0])) {
+    auto leader = std::find_if(rank_workers.begin(), rank_workers.end(), can_lead);
+    if (leader != rank_workers.end()) std::iter_swap(rank_workers.begin(), leader);
+  }
   const int64_t id = job.rec.id();
   const absl::Time now = clock_->Now();
   ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> checkpoints,

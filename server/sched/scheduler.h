@@ -156,7 +156,7 @@ class Scheduler {
   absl::Status AppendEvent(ActiveJob& job, tally::v1::JobEvent e,
                            store::Mutation m);
   absl::Status StartAttempt(ActiveJob& job,
-                            const std::vector<std::string>& rank_workers);
+                            std::vector<std::string> rank_workers);
   // Ends the current attempt in `attempt_state`; requeues the job if it may
   // retry, else fails it.
   absl::Status EndAttempt(ActiveJob& job, store::AttemptState attempt_state,

@@ -341,6 +341,20 @@ TEST_F(SchedulerTest, GangRanksMeetAtTheLeadersRendezvous) {
   }
   EXPECT_EQ(addresses, (std::set<std::string>{"10.0.0.5:29500", "10.0.0.6:29500"}));
 
+  // A worker that cannot lead (port 0) never gets rank 0.
+  auto follower = Hello("follower");
+  ASSERT_TRUE(sched_->OnHello(follower).ok());
+  auto leads = Hello("leads");
+  leads.set_rendezvous_host("10.0.0.7");
+  leads.set_rendezvous_port(29500);
+  ASSERT_TRUE(sched_->OnHello(leads).ok());
+  Submit(Spec(0, "cpu", 2));
+  ASSERT_TRUE(sched_->Tick().ok());
+  auto f = channel_.Take("follower", ControllerMessage::kAssignment);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].assignment().rank(), 1);
+  EXPECT_EQ(f[0].assignment().rendezvous(), "10.0.0.7:29500");
+
   auto bad = Hello("bad");
   bad.set_rendezvous_port(70000);
   EXPECT_THAT(std::string(sched_->OnHello(bad).status().message()),
