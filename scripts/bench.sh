@@ -3,7 +3,7 @@
 # padded baselines (same model, corpus and steps), then the controller: submit
 # throughput and latency on loopback (SQLite and in-memory stores, 1/8/64
 # clients), the scheduler's Tick() and /metrics rendering at fleet scale.
-# ONLY=packing, ONLY=fp8, ONLY=moe or ONLY=controller runs one part.
+# ONLY=packing, ONLY=fp8, ONLY=moe, ONLY=dp or ONLY=controller runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -35,6 +35,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = moe ]; then
   echo
 fi
 [ "$ONLY" = moe ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = dp ]; then
+  echo "== Data parallel: one process against two ranks (c10d, Gloo) =="
+  bench/dp_bench.sh "$B"
+  echo
+fi
+[ "$ONLY" = dp ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"

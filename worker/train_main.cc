@@ -54,8 +54,9 @@ class Printer final : public tally::train::TrainEvents {
     if (jsonl_) {
       *jsonl_ << absl::StrFormat(
                      "{\"step\": %d, \"train_loss\": %.17g, \"grad_norm\": %.17g, "
-                     "\"tokens\": %d, \"padding_tokens\": %d}",
-                     m.step, m.train_loss, m.grad_norm, m.tokens, m.padding_tokens)
+                     "\"tokens\": %d, \"padding_tokens\": %d, \"step_seconds\": %.6f}",
+                     m.step, m.train_loss, m.grad_norm, m.tokens, m.padding_tokens,
+                     m.step_seconds)
               << std::endl;
     }
     if (m.step % log_every_ != 0 && m.step != max_steps_) return;
