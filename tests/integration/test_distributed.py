@@ -2,9 +2,9 @@
 PyTorch's c10d Gloo group on loopback. Two tally-train processes take the
 same steps as one process over the same global batch (dense, and MoE with
 the experts split over the ranks); a 2-rank expert-parallel MoE + FP8 job
-through tallyd trains on two of three workers, survives a `kill -9` of one
-rank by being requeued as a whole, and finishes from its last checkpoint on
-a different pair of workers."""
+through tallyd trains on two of three workers, survives a `kill -9` of either
+rank (rank 0's worker also hosts the rendezvous) by being requeued as a whole,
+and finishes from its last checkpoint on a different pair of workers."""
 
 import json
 import os
@@ -108,6 +108,12 @@ class TallyTrainRanks(unittest.TestCase):
 class GangJobTest(ClusterTest):
 
     def test_a_lost_rank_requeues_the_job_which_resumes_on_other_workers(self):
+        self.lose_a_rank(1)
+
+    def test_losing_rank_zero_and_its_rendezvous_does_the_same(self):
+        self.lose_a_rank(0)
+
+    def lose_a_rank(self, rank):
         for w in ("w1", "w2", "w3"):
             self.add_worker(w)
         job = self.submit(moe(dp_spec(300, name="gang", checkpoint_interval=20), fp8=True))
@@ -119,8 +125,9 @@ class GangJobTest(ClusterTest):
             return self.tallyd.jobs.ListCheckpoints(
                 jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints
         wait_for(lambda: len(checkpoints()) > 0, timeout=120, what="a first checkpoint")
-        # Kill rank 1's worker: rank 0 fails its next collective.
-        victim = next(w for w in self.workers if w.worker_id == first[1])
+        # Kill one rank's worker: the other fails its next collective (rank
+        # 0's worker also hosts the rendezvous store).
+        victim = next(w for w in self.workers if w.worker_id == first[rank])
         victim.kill()
         lost_at = self.get(job.name).step
         self.assertLess(lost_at, 300, "the job ended before a rank could be lost")
@@ -131,7 +138,7 @@ class GangJobTest(ClusterTest):
         self.assertEqual(done.step, 300)
         self.assertEqual(done.attempt, 2)
         second = list(done.worker_ids)
-        self.assertNotIn(first[1], second)
+        self.assertNotIn(first[rank], second)
         self.assertNotEqual(sorted(first), sorted(second))
         events = self.events(job.name)
         requeued = [e for e in events if e.type == "requeued"]
@@ -141,8 +148,8 @@ class GangJobTest(ClusterTest):
         self.assertIn("resuming from step", started[1].detail)
         resumed_from = int(started[1].detail.rsplit(" ", 1)[1])
         self.assertGreaterEqual(resumed_from, 20)
-        print("\nrank lost at step ~%d (%s); requeued: %s; attempt 2 on %s resumed from step %d"
-              % (lost_at, first[1], requeued[0].reason, ",".join(second), resumed_from))
+        print("\nrank %d lost at step ~%d (%s); requeued: %s; attempt 2 on %s resumed from step %d"
+              % (rank, lost_at, first[rank], requeued[0].reason, ",".join(second), resumed_from))
         evals = [e for e in events if e.type == "eval"]
         self.assertLess(evals[-1].val_loss, evals[0].val_loss - 1.0)
 
