@@ -71,18 +71,14 @@ int main(int argc, char** argv) {
     spdlog::error("--slots: must be between 1 and 1024, got {}", options.slots);
     return 2;
   }
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
-  if (options.worker_id.empty()) {
-    char host[256] = "localhost";
-    gethostname(host, sizeof(host) - 1);
-    options.worker_id = absl::StrCat(host, "-", options.device);
-  }
+  if (options.worker_id.empty()) options.worker_id = absl::StrCat(host, "-", options.device);
   options.capabilities = {"train", "packing", "fp8", "moe", "data-parallel"};
   options.rendezvous_host = absl::GetFlag(FLAGS_rendezvous_host);
   if (options.rendezvous_host.empty()) {
     const char* env = std::getenv("TALLY_RENDEZVOUS_HOST");
-    char host[256] = "localhost";
-    gethostname(host, sizeof(host) - 1);
     options.rendezvous_host = env && *env ? env : host;
   }
   options.rendezvous_port = absl::GetFlag(FLAGS_rendezvous_port);

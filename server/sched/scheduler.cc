@@ -346,13 +346,15 @@ void Scheduler::StopOtherRanks(ActiveJob& job, const std::string& reason) {
   }
 }
 
+bool Scheduler::CanLead(const std::string& worker_id) const {
+  auto it = workers_.find(worker_id);
+  return it != workers_.end() && it->second.rec.rendezvous_port() > 0 &&
+         !it->second.rec.rendezvous_host().empty();
+}
+
 std::string Scheduler::PickRendezvous(const std::string& leader) const {
-  auto it = workers_.find(leader);
-  if (it == workers_.end() || it->second.rec.rendezvous_port() <= 0 ||
-      it->second.rec.rendezvous_host().empty()) {
-    return "";  // the ranks fail with "rendezvous: is required", naming the fix
-  }
-  const auto& rec = it->second.rec;
+  if (!CanLead(leader)) return "";  // the ranks fail with "rendezvous: is required"
+  const auto& rec = workers_.at(leader).rec;
   std::set<std::string> taken;
   for (const auto& [id, job] : active_) {
     if (job.attempt && job.attempt->worker_ids_size() > 1 &&
@@ -383,13 +385,9 @@ void Scheduler::Finish(int64_t job_id) {
 absl::Status Scheduler::StartAttempt(ActiveJob& job,
                                      std::vector<std::string> rank_workers) {
   // Rank 0 hosts the rendezvous: a worker that advertises one leads.
-  auto can_lead = [&](const std::string& w) {
-    auto it = workers_.find(w);
-    return it != workers_.end() && it->second.rec.rendezvous_port() > 0 &&
-           !it->second.rec.rendezvous_host().empty();
-  };
-  if (rank_workers.size() > 1 && !can_lead(rank_workers[0])) {
-    auto leader = std::find_if(rank_workers.begin(), rank_workers.end(), can_lead);
+  if (rank_workers.size() > 1 && !CanLead(rank_workers[0])) {
+    auto leader = std::find_if(rank_workers.begin(), rank_workers.end(),
+                               [&](const std::string& w) { return CanLead(w); });
     if (leader != rank_workers.end()) std::iter_swap(rank_workers.begin(), leader);
   }
   const int64_t id = job.rec.id();

@@ -167,6 +167,8 @@ class Scheduler {
   // host:port for a new multi-rank attempt led by `leader`: its advertised
   // port plus the first offset no attempt it leads now uses.
   std::string PickRendezvous(const std::string& leader) const;
+  // Whether the worker advertises a rendezvous, so it may be a gang's rank 0.
+  bool CanLead(const std::string& worker_id) const;
   void Stop(const std::string& worker_id, const std::string& job,
             int32_t attempt, const std::string& reason);
   absl::Status HandleExit(const std::string& worker_id,

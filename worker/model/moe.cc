@@ -88,14 +88,6 @@ bool GroupedShapesFit(int64_t D, int64_t F, bool cuda) {
   return D % per16 == 0 && F % per16 == 0;
 }
 
-// Tokens of the kept assignments, sorted by expert.
-at::Tensor TokensOf(const at::Tensor& token_A, const at::Tensor& order,
-                    const std::vector<int64_t>& counts) {
-  int64_t kept = 0;
-  for (int64_t n : counts) kept += n;
-  return token_A.index_select(0, order.narrow(0, 0, kept));
-}
-
 }  // namespace
 
 std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t align,
@@ -112,18 +104,15 @@ std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t
 
 namespace {
 
-// The grouped middle of MoeForward: gate-weighted expert outputs for the
-// kept assignments, in sorted (expert) order.
-at::Tensor GroupedExperts(const at::Tensor& x_ND, const at::Tensor& token_A,
-                          const at::Tensor& gate_A, const at::Tensor& order,
-                          const std::vector<int64_t>& counts, const at::Tensor& w1_EFD,
-                          const at::Tensor& w3_EFD, const at::Tensor& w2_EDF,
-                          const MoeConfig& c) {
-  const bool cuda = x_ND.is_cuda();
+// The grouped middle of MoeForward: `rows_SD` are the kept assignments'
+// inputs sorted by expert, counts[e] per expert; returns the experts'
+// outputs for them, in the same order.
+at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
+                          const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
+                          const at::Tensor& w2_EDF, const MoeConfig& c) {
+  const bool cuda = rows_SD.is_cuda();
   const int64_t align = c.group_align > 0 ? c.group_align : (cuda ? 16 : 1);
-  int64_t kept = 0;
-  for (int64_t n : counts) kept += n;
-  at::Tensor idx = order.narrow(0, 0, kept);
+  const int64_t kept = rows_SD.size(0);
   // Destination row of each sorted assignment: its expert's padded start
   // plus its place among that expert's assignments.
   std::vector<int64_t> starts;
@@ -137,20 +126,20 @@ at::Tensor GroupedExperts(const at::Tensor& x_ND, const at::Tensor& token_A,
   // BF16 on CUDA (what its grouped kernels take); FP32 on CPU.
   const auto dtype = cuda ? at::kBFloat16 : at::kFloat;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  at::Tensor dest_S = at::tensor(dest, at::kLong).to(x_ND.device());
-  at::Tensor xs = x_ND.index_select(0, token_A.index_select(0, idx)).to(dtype);
+  at::Tensor dest_S = at::tensor(dest, at::kLong).to(rows_SD.device());
+  at::Tensor xs = rows_SD.to(dtype);
   at::Tensor x_RD = rows == kept ? xs
-                                 : at::zeros({rows, x_ND.size(1)}, xs.options()).index_copy(
+                                 : at::zeros({rows, rows_SD.size(1)}, xs.options()).index_copy(
                                        0, dest_S, xs);
   std::vector<int32_t> ends32(ends.begin(), ends.end());
-  at::Tensor offs = at::tensor(ends32, at::kInt).to(x_ND.device());
+  at::Tensor offs = at::tensor(ends32, at::kInt).to(rows_SD.device());
   auto grouped = [&](const at::Tensor& a, const at::Tensor& w) {
     return at::_grouped_mm(a, w.to(dtype).transpose(1, 2), offs);
   };
   at::Tensor h_RF = at::silu(grouped(x_RD, w1_EFD)) * grouped(x_RD, w3_EFD);
   at::Tensor y_RD = grouped(h_RF, w2_EDF);
   at::Tensor ys = rows == kept ? y_RD : y_RD.index_select(0, dest_S);
-  return ys.to(x_ND.scalar_type()) * gate_A.index_select(0, idx).unsqueeze(1).to(x_ND.scalar_type());
+  return ys.to(rows_SD.scalar_type());
 }
 
 // The expert-parallel middle of MoeForward: `rows_SD` are this rank's kept
@@ -223,21 +212,22 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
   at::Tensor counts_cpu = counts_E.to(at::kCPU);
   for (int64_t e = 0; e < E; ++e) counts[e] = counts_cpu[e].item<int64_t>();
 
+  int64_t kept = 0;
+  for (int64_t n : counts) kept += n;
+
   at::Tensor y_ND = at::zeros_like(x_ND);
-  if (exchange != nullptr && exchange->size() > 1) {
-    int64_t kept = 0;
-    for (int64_t n : counts) kept += n;
+  const bool across_ranks = exchange != nullptr && exchange->size() > 1;
+  if (across_ranks || (linear == nullptr && c.grouped_mm &&
+                       GroupedShapesFit(x_ND.size(1), w1_EFD.size(1), x_ND.is_cuda()))) {
+    // All kept assignments at once, sorted by expert.
     at::Tensor idx = order.narrow(0, 0, kept);
     at::Tensor tok = token_A.index_select(0, idx);
-    at::Tensor ye = ExpertsAcrossRanks(x_ND.index_select(0, tok), counts, w1_EFD, w3_EFD,
-                                       w2_EDF, linear, prefix, exchange);
+    at::Tensor xs = x_ND.index_select(0, tok);
+    at::Tensor ye = across_ranks ? ExpertsAcrossRanks(xs, counts, w1_EFD, w3_EFD, w2_EDF, linear,
+                                                      prefix, exchange)
+                                 : GroupedExperts(xs, counts, w1_EFD, w3_EFD, w2_EDF, c);
     ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
     y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
-  } else if (linear == nullptr && c.grouped_mm &&
-             GroupedShapesFit(x_ND.size(1), w1_EFD.size(1), x_ND.is_cuda())) {
-    y_ND = y_ND.index_add(0, TokensOf(token_A, order, counts),
-                          GroupedExperts(x_ND, token_A, gate_A, order, counts, w1_EFD, w3_EFD,
-                                         w2_EDF, c));
   } else {
     int64_t start = 0;
     for (int64_t e = 0; e < E; ++e) {
@@ -268,8 +258,6 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
 
   out.stats.tokens_per_expert = counts;
   out.stats.assignments = static_cast<int64_t>(num_real) * K;
-  int64_t kept = 0;
-  for (int64_t n : counts) kept += n;
   out.stats.dropped = out.stats.assignments - kept;
   at::Tensor ent_N = -(probs_NE.detach() * probs_NE.detach().clamp_min(1e-12).log()).sum(-1);
   out.stats.router_entropy = (ent_N * realf.squeeze(1)).sum().item<double>() / num_real;

@@ -295,15 +295,14 @@ absl::Status Run::CheckParametersAgree() {
   at::Tensor both = at::cat({x, -x});
   group_->AllReduceMax(both);
   const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const double hi = both[i].item<double>(), lo = -both[n + i].item<double>();
-    if (hi != lo) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "parameter ", params[i / 2].name, " differs between ranks at step ", step_,
-          " (", i % 2 ? "sum of squares" : "sum", " from ", lo, " to ", hi, ")"));
-    }
-  }
-  return absl::OkStatus();
+  const at::Tensor hi = both.narrow(0, 0, n), lo = -both.narrow(0, n, n);
+  const at::Tensor differ = hi.ne(lo).nonzero();
+  if (differ.numel() == 0) return absl::OkStatus();
+  const int64_t i = differ[0][0].item<int64_t>();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "parameter ", params[i / 2].name, " differs between ranks at step ", step_, " (",
+      i % 2 ? "sum of squares" : "sum", " from ", lo[i].item<double>(), " to ",
+      hi[i].item<double>(), ")"));
 }
 
 absl::Status Run::SaveCheckpoint() {
