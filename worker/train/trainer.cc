@@ -521,7 +521,9 @@ TrainResult Run::Go() {
   // overflow, or an amax is not finite: stop rather than drift.
   NonFiniteGuard fp8_guard(c_.max_nonfinite_steps);
   while (step_ < c_.max_steps) {
-    if (stop_->load()) {
+    // In a group the ranks vote at the end of a step instead (below): a rank
+    // that left here would fail its peers' next collective.
+    if (!group_ && stop_->load()) {
       return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_), step_,
               false};
     }
