@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <mutex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,16 @@ namespace {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// c10d's flight recorder, one per process, files a group in a std::map
+// outside its lock when the group launches its first collective, so two
+// groups launching from two threads at once corrupt the map (a crash in
+// ProcessGroupGloo::enqueue, seen with ranks run as threads of one test).
+// Every Gloo launch holds this lock; waits do not. A worker launches from its
+// one trainer thread, so the lock is uncontended there. NCCL launches are
+// left alone: a group's first one blocks until every rank has created the
+// communicator, and NCCL ranks are processes of their own (one per GPU).
+std::mutex launch_mu;
+
 class C10dGroup final : public Group {
  public:
   C10dGroup(c10::intrusive_ptr<c10d::Backend> pg, std::string backend, GroupOptions options,
@@ -37,6 +48,13 @@ class C10dGroup final : public Group {
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }
   std::string backend() const override { return backend_; }
+
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> Launch(F&& launch) {
+    if (backend_ == "nccl") return launch();
+    std::lock_guard<std::mutex> lock(launch_mu);
+    return launch();
+  }
 
   void AllReduceSum(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) override {
     // Buckets of one dtype and device, in the order given.
@@ -71,7 +89,7 @@ class C10dGroup final : public Group {
         std::vector<at::Tensor> io{b.flat};
         c10d::AllreduceOptions o;
         o.reduceOp = c10d::ReduceOp::SUM;
-        b.work = pg_->allreduce(io, o);
+        b.work = Launch([&] { return pg_->allreduce(io, o); });
       }
       for (Bucket& b : buckets) {
         b.work->wait();
@@ -101,7 +119,7 @@ class C10dGroup final : public Group {
       std::vector<at::Tensor> io{tensor};
       c10d::AllreduceOptions o;
       o.reduceOp = c10d::ReduceOp::SUM;
-      w = pg_->allreduce(io, o);
+      w = Launch([&] { return pg_->allreduce(io, o); });
     }, "all-reduce");
     return std::make_unique<Work>(this, std::move(w));
   }
@@ -111,7 +129,7 @@ class C10dGroup final : public Group {
       std::vector<at::Tensor> io{tensor.to(device_).contiguous()};
       c10d::AllreduceOptions o;
       o.reduceOp = c10d::ReduceOp::MAX;
-      pg_->allreduce(io, o)->wait();
+      Launch([&] { return pg_->allreduce(io, o); })->wait();
       if (!io[0].is_same(tensor)) tensor.copy_(io[0]);
     }, "all-reduce (max)");
   }
@@ -122,14 +140,14 @@ class C10dGroup final : public Group {
         std::vector<at::Tensor> io{t.to(device_).contiguous()};
         c10d::BroadcastOptions o;
         o.rootRank = root;
-        pg_->broadcast(io, o)->wait();
+        Launch([&] { return pg_->broadcast(io, o); })->wait();
         if (!io[0].is_same(t)) t.copy_(io[0]);
       }
     }, "broadcast");
   }
 
   void Barrier() override {
-    Guard([&] { pg_->barrier()->wait(); }, "barrier");
+    Guard([&] { Launch([&] { return pg_->barrier(); })->wait(); }, "barrier");
   }
 
   at::Tensor AllToAll(const at::Tensor& x, const std::vector<int64_t>& send,
@@ -143,7 +161,7 @@ class C10dGroup final : public Group {
       at::Tensor in = x.to(device_).contiguous();
       std::vector<int64_t> out_splits = recv, in_splits = send;
       c10d::AllToAllOptions o;
-      pg_->alltoall_base(out, in, out_splits, in_splits, o)->wait();
+      Launch([&] { return pg_->alltoall_base(out, in, out_splits, in_splits, o); })->wait();
     }, "all-to-all");
     return out.to(x.device());
   }
