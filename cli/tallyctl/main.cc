@@ -426,25 +426,55 @@ std::string Bar(int64_t step, int64_t max) {
                       "]");
 }
 
+// A watch rides through tallyd restarting or briefly unreachable.
+// UNAVAILABLE: tallyd draining or unreachable. CANCELLED we did not ask for:
+// a call that reached a tallyd mid-shutdown. Both are worth a retry, for a
+// while: 20 tries take about a minute and a half, 5 about six seconds.
+struct Retry {
+  int limit = 20;
+  absl::Duration backoff = absl::Milliseconds(200);
+  int failures = 0;
+
+  bool Again(const grpc::Status& s) {
+    const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           s.error_code() == grpc::StatusCode::CANCELLED;
+    return retryable && ++failures <= limit;
+  }
+  void Wait() {
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+  void Reset() { failures = 0, backoff = absl::Milliseconds(200); }
+};
+
 int Watch(Client& c, const std::string& arg) {
   const std::string name = NormalizeName(arg);
   const bool tty = isatty(STDOUT_FILENO) && absl::GetFlag(FLAGS_output) != "json";
+  // A mistyped --controller fails in seconds; a watch under way waits longer.
+  Retry retry{.limit = 5};
   int64_t max_steps = 0;
-  {
+  while (true) {
     tally::v1::GetJobRequest req;
     req.set_name(name);
     tally::v1::Job job;
     grpc::ClientContext ctx;
     c.Deadline(&ctx);
     grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
-    if (!s.ok()) return Fail(s, c.controller());
-    max_steps = job.spec().training().max_steps();
+    if (s.ok()) {
+      max_steps = job.spec().training().max_steps();
+      break;
+    }
+    if (!retry.Again(s)) return Fail(s, c.controller());
+    if (retry.failures == 1) {
+      std::cerr << "tallyctl: waiting for tallyd at " << c.controller() << " ("
+                << s.error_message() << ")\n";
+    }
+    retry.Wait();
   }
+  retry = Retry();
   int64_t after = absl::GetFlag(FLAGS_after);
   tally::v1::JobState last_state = tally::v1::JOB_STATE_UNSPECIFIED;
-  absl::Duration backoff = absl::Milliseconds(200);
   bool bar_shown = false;
-  int failures = 0;
   while (true) {
     tally::v1::WatchJobRequest req;
     req.set_name(name);
@@ -453,8 +483,7 @@ int Watch(Client& c, const std::string& arg) {
     auto reader = c.stub()->WatchJob(&ctx, req);
     tally::v1::JobEvent e;
     while (reader->Read(&e)) {
-      backoff = absl::Milliseconds(200);
-      failures = 0;
+      retry.Reset();
       after = e.sequence();
       last_state = e.state();
       if (absl::GetFlag(FLAGS_output) == "json") {
@@ -492,22 +521,13 @@ int Watch(Client& c, const std::string& arg) {
     }
     grpc::Status s = reader->Finish();
     if (s.ok()) break;
-    // UNAVAILABLE: tallyd draining or unreachable. CANCELLED we did not ask
-    // for: a call that reached a tallyd mid-shutdown. Both are worth a retry,
-    // for a while.
-    const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                           s.error_code() == grpc::StatusCode::CANCELLED;
-    if (!retryable || ++failures > 20) {
-      if (bar_shown) std::cout << "\n";
-      return Fail(s, c.controller());
-    }
-    // tallyd restarting or unreachable: resume after the last event seen.
     if (bar_shown) std::cout << "\n";
     bar_shown = false;
+    if (!retry.Again(s)) return Fail(s, c.controller());
+    // tallyd restarting or unreachable: resume after the last event seen.
     std::cerr << "tallyctl: watch interrupted (" << s.error_message()
               << "); resuming after event " << after << "\n";
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Seconds(5));
+    retry.Wait();
   }
   if (bar_shown) std::cout << "\n";
   switch (last_state) {

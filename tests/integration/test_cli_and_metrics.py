@@ -92,9 +92,14 @@ class TallyctlTest(ClusterTest):
         watch = subprocess.Popen([TALLYCTL, "watch", name], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=env)
         self.wait_state(name, jobs_pb2.JOB_STATE_RUNNING)
+        # The watch is under way once it has shown an event; a tallyctl still
+        # starting up would meet the restarted tallyd and have nothing to resume.
+        first = watch.stdout.readline()
+        self.assertTrue(first.startswith("#"), first)
         self.tallyd.kill(signal.SIGTERM)
         self.tallyd.start()  # same ports
         out, err = watch.communicate(timeout=120)
+        out = first + out
         self.assertEqual(watch.returncode, 0, out + err)
         self.assertIn("resuming after event", err)
         seqs = [int(l.split()[0][1:]) for l in out.splitlines() if l.startswith("#")]
