@@ -43,12 +43,16 @@ class Printer final : public tally::train::TrainEvents {
         "tally-train: %d parameters (%d active, %d in the embedding), %.3g training "
         "FLOPs/token, "
         "%d micro-batches/step, %s attention on %s; %d train / %d val documents, "
-        "first-epoch packing efficiency %.4f%s\n",
+        "first-epoch packing efficiency %.4f%s%s\n",
         i.num_parameters, i.num_active_parameters, i.num_embedding_parameters,
         i.flops_per_token,
         i.micro_batches_per_step, i.attention, i.device, i.train_docs, i.val_docs,
         i.packing_efficiency,
-        i.start_step > 0 ? absl::StrFormat("; resumed at step %d", i.start_step) : "");
+        i.start_step > 0 ? absl::StrFormat("; resumed at step %d", i.start_step) : "",
+        i.num_resident_parameters < i.num_parameters
+            ? absl::StrFormat("; experts sharded, %d parameters held by this rank",
+                              i.num_resident_parameters)
+            : "");
   }
   void OnStep(const tally::train::StepMetrics& m) override {
     if (jsonl_) {

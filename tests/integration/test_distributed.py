@@ -8,6 +8,7 @@ and finishes from its last checkpoint on a different pair of workers."""
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 import unittest
@@ -64,9 +65,11 @@ class TallyTrainRanks(unittest.TestCase):
                          "--rendezvous=" + address]
             procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
+        self.outputs = []
         for p in procs:
             out, _ = p.communicate(timeout=300)
             self.assertEqual(p.returncode, 0, out)
+            self.outputs.append(out)
         return read_jsonl(os.path.join(out_dir, "rank0.jsonl"))
 
     def compare(self, job_spec, what):
@@ -103,6 +106,12 @@ class TallyTrainRanks(unittest.TestCase):
 
     def test_expert_parallel_ranks_take_the_steps_of_one(self):
         self.compare(moe(dp_spec(20)), "MoE, experts split over the ranks")
+        # Each rank holds its own two experts of four per layer.
+        total = int(re.search(r"tally-train: (\d+) parameters", self.outputs[0]).group(1))
+        for out in self.outputs:
+            held = int(re.search(r"experts sharded, (\d+) parameters held", out).group(1))
+            self.assertLess(held, total)
+        print("parameters: %d in the model, %d held by each rank" % (total, held))
 
 
 class GangJobTest(ClusterTest):

@@ -17,13 +17,17 @@ class ReportingEvents final : public train::TrainEvents {
   void OnStart(const train::RunInfo& i) override {
     spdlog::info(
         "{} attempt {}: {} parameters ({} active), {:.3g} FLOPs/token, {} attention on {}, {} train / {} "
-        "val documents, packing efficiency {:.4f}{}{}",
+        "val documents, packing efficiency {:.4f}{}{}{}",
         a_.job(), a_.attempt(), i.num_parameters, i.num_active_parameters, i.flops_per_token,
         i.attention, i.device, i.train_docs, i.val_docs, i.packing_efficiency,
         i.start_step > 0 ? absl::StrCat(", resumed at step ", i.start_step) : "",
         i.world_size > 1 ? absl::StrCat(", rank ", a_.rank(), " of ", i.world_size, " over ",
                                         i.backend, " (", a_.rendezvous(), ")")
-                         : "");
+                         : "",
+        i.num_resident_parameters < i.num_parameters
+            ? absl::StrCat(", experts sharded: ", i.num_resident_parameters,
+                           " parameters held here")
+            : "");
   }
   void OnStep(const train::StepMetrics& m) override {
     tally::v1::Progress p;

@@ -182,8 +182,10 @@ at::Tensor ExpertsAcrossRanks(const at::Tensor& rows_SD, const std::vector<int64
     }
     if (idx.empty()) continue;
     const int64_t e = me * M + m;
+    // The weights hold every expert, or (sharded) this rank's block only.
+    const int64_t w = w1_EFD.size(0) == E ? e : m;
     at::Tensor rows = at::tensor(idx, at::kLong).to(in_RD.device());
-    at::Tensor ye = RunExpert(in_RD.index_select(0, rows), w1_EFD[e], w3_EFD[e], w2_EDF[e],
+    at::Tensor ye = RunExpert(in_RD.index_select(0, rows), w1_EFD[w], w3_EFD[w], w2_EDF[w],
                               linear, prefix + "experts." + std::to_string(e) + ".");
     out_RD = out_RD.index_add(0, rows, ye.to(out_RD.scalar_type()));
   }
@@ -217,6 +219,9 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
 
   at::Tensor y_ND = at::zeros_like(x_ND);
   const bool across_ranks = exchange != nullptr && exchange->size() > 1;
+  TORCH_CHECK(w1_EFD.size(0) == E || (across_ranks && w1_EFD.size(0) * exchange->size() == E),
+              "MoeForward: ", w1_EFD.size(0), " experts' weights here for ", E,
+              " experts, and no expert exchange that holds the rest");
   if (across_ranks || (linear == nullptr && c.grouped_mm &&
                        GroupedShapesFit(x_ND.size(1), w1_EFD.size(1), x_ND.is_cuda()))) {
     // All kept assignments at once, sorted by expert.

@@ -105,7 +105,8 @@ Routing Route(const at::Tensor& x_ND, const at::Tensor& router_ED, const at::Ten
 // `linear` may be nullptr (at::linear); sites are prefix + "experts.E.w1" etc.
 // With `exchange` (E a multiple of its size), this rank computes only its
 // block of experts, over every rank's tokens for them; the collectives run
-// in the forward pass and again in the backward pass.
+// in the forward pass and again in the backward pass. The expert weights
+// then hold every expert or only this rank's block (E / size of them).
 MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at::Tensor& router_ED,
                      const at::Tensor& bias_E, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
                      const at::Tensor& w2_EDF, const MoeConfig& config, LinearOverride* linear,

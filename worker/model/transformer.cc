@@ -134,8 +134,37 @@ at::Tensor Transformer::SwiGlu(const at::Tensor& h, const Layer& layer) const {
 
 int64_t Transformer::num_parameters() const {
   int64_t n = 0;
+  for (const auto& p : params_) n += p.value.numel() * (p.sharded ? expert_ranks_ : 1);
+  return n;
+}
+
+int64_t Transformer::num_resident_parameters() const {
+  int64_t n = 0;
   for (const auto& p : params_) n += p.value.numel();
   return n;
+}
+
+void Transformer::ShardExperts(int rank, int ranks) {
+  const int64_t E = config_.moe.num_experts;
+  TORCH_CHECK(expert_ranks_ == 1 && ranks > 0 && rank >= 0 && rank < ranks && E % ranks == 0,
+              "ShardExperts: ", E, " experts over ", ranks, " ranks (rank ", rank, ")");
+  if (ranks == 1) return;
+  const int64_t M = E / ranks;
+  auto shard = [&](at::Tensor& t) {
+    at::Tensor block = t.detach().narrow(0, rank * M, M).clone();
+    block.set_requires_grad(true);
+    for (auto& p : params_) {
+      if (p.value.is_same(t)) p.value = block, p.sharded = true;
+    }
+    t = block;
+  };
+  for (Layer& l : layers_) {
+    if (!l.moe) continue;
+    shard(l.w1_EFD);
+    shard(l.w3_EFD);
+    shard(l.w2_EDF);
+  }
+  expert_ranks_ = ranks;
 }
 
 double Transformer::TrainingFlopsPerToken(int64_t context) const {

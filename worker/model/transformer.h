@@ -83,6 +83,9 @@ struct Parameter {
   std::string name;
   at::Tensor value;  // FP32 master weight, requires grad
   bool weight_decay;  // false for embeddings and norms
+  // Expert weights under expert parallelism: this rank's block of experts
+  // (dim 0) only; the other ranks hold the others (ShardExperts).
+  bool sharded = false;
 };
 
 class Transformer {
@@ -103,11 +106,20 @@ class Transformer {
   void SetLinearOverride(LinearOverride* linear) { linear_ = linear; }
   // Expert parallelism for the MoE layers (moe.h); nullptr: every expert here.
   void SetExpertExchange(ExpertExchange* exchange) { exchange_ = exchange; }
+  // Keeps only rank's block of num_experts / ranks experts of every MoE
+  // layer (the ones it computes under expert parallelism), as initialised
+  // for the whole model; their parameters become `sharded`. Call before the
+  // optimizer takes the parameters.
+  void ShardExperts(int rank, int ranks);
+  int expert_ranks() const { return expert_ranks_; }
 
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   const ModelConfig& config() const { return config_; }
+  // The whole model's, wherever its experts are held.
   int64_t num_parameters() const;
+  // The ones this process holds (fewer with sharded experts).
+  int64_t num_resident_parameters() const;
   int64_t num_embedding_parameters() const { return config_.vocab_size * config_.d_model; }
   // Parameters one token uses: all but the experts it is not routed to.
   int64_t num_active_parameters() const;
@@ -138,6 +150,7 @@ class Transformer {
   std::vector<Parameter> params_;
   LinearOverride* linear_ = nullptr;
   ExpertExchange* exchange_ = nullptr;
+  int expert_ranks_ = 1;
 };
 
 // The block-diagonal causal mask [B, 1, T, T]: query i sees key j when j <= i

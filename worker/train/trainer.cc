@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -184,7 +185,11 @@ class Run {
   // FailedPrecondition naming the first parameter whose value differs
   // between ranks.
   absl::Status CheckParametersAgree();
-  absl::Status SaveCheckpoint();
+  // Expert parallelism: each sharded parameter whole again, with its AdamW
+  // moments (value, m, v), by parameter index; empty without sharding.
+  // Every rank takes part.
+  std::map<size_t, std::array<at::Tensor, 3>> GatherShards();
+  absl::Status SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3>>& whole);
   absl::Status LoadCheckpoint();
   std::string Fingerprint() const;
 
@@ -285,9 +290,13 @@ absl::Status Run::CheckParametersAgree() {
   auto& params = model_->parameters();
   // Each parameter's sum and sum of squares, in FP64 on the host; the
   // maximum over ranks of (x, -x) is (x, -x) again only when all agree.
+  // Sharded experts differ by design.
+  std::vector<size_t> checked;
   std::vector<at::Tensor> parts;
-  for (const auto& p : params) {
-    at::Tensor v = p.value.detach().to(at::kDouble);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].sharded) continue;
+    checked.push_back(i);
+    at::Tensor v = params[i].value.detach().to(at::kDouble);
     parts.push_back(v.sum().reshape({1}));
     parts.push_back(v.square().sum().reshape({1}));
   }
@@ -300,12 +309,53 @@ absl::Status Run::CheckParametersAgree() {
   if (differ.numel() == 0) return absl::OkStatus();
   const int64_t i = differ[0][0].item<int64_t>();
   return absl::FailedPreconditionError(absl::StrCat(
-      "parameter ", params[i / 2].name, " differs between ranks at step ", step_, " (",
+      "parameter ", params[checked[i / 2]].name, " differs between ranks at step ", step_, " (",
       i % 2 ? "sum of squares" : "sum", " from ", lo[i].item<double>(), " to ",
       hi[i].item<double>(), ")"));
 }
 
-absl::Status Run::SaveCheckpoint() {
+std::map<size_t, std::array<at::Tensor, 3>> Run::GatherShards() {
+  std::map<size_t, std::array<at::Tensor, 3>> whole;
+  auto& params = model_->parameters();
+  std::vector<size_t> sharded;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].sharded) sharded.push_back(i);
+  }
+  if (sharded.empty() || !group_) return whole;
+  at::NoGradGuard no_grad;
+  const int W = c_.world_size;
+  auto local = [&](size_t i) {
+    return std::array<at::Tensor, 3>{params[i].value.detach(), opt_->m()[i], opt_->v()[i]};
+  };
+  for (size_t i : sharded) {
+    for (int k = 0; k < 3; ++k) {
+      const at::Tensor& t = local(i)[k];
+      std::vector<int64_t> shape = t.sizes().vec();
+      shape[0] *= W;
+      whole[i][k] = at::empty(shape, t.options());
+    }
+  }
+  // Each rank's block in turn, from that rank to all.
+  for (int j = 0; j < W; ++j) {
+    std::vector<at::Tensor> block;
+    for (size_t i : sharded) {
+      for (const at::Tensor& t : local(i)) {
+        block.push_back(j == c_.rank ? t.clone() : at::empty_like(t));
+      }
+    }
+    group_->Broadcast(block, j);
+    size_t n = 0;
+    for (size_t i : sharded) {
+      for (int k = 0; k < 3; ++k) {
+        const int64_t M = block[n].size(0);
+        whole[i][k].narrow(0, j * M, M).copy_(block[n++]);
+      }
+    }
+  }
+  return whole;
+}
+
+absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3>>& whole) {
   std::error_code ec;
   std::filesystem::create_directories(c_.checkpoint_dir, ec);
   if (ec) {
@@ -324,9 +374,12 @@ absl::Status Run::SaveCheckpoint() {
   data.metadata_json = meta.dump();
   auto& params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
-    data.tensors.emplace_back("model." + params[i].name, params[i].value);
-    data.tensors.emplace_back("adamw.m." + params[i].name, opt_->m()[i]);
-    data.tensors.emplace_back("adamw.v." + params[i].name, opt_->v()[i]);
+    // Checkpoints hold the whole model: any world size resumes from them.
+    auto it = whole.find(i);
+    const bool w = it != whole.end();
+    data.tensors.emplace_back("model." + params[i].name, w ? it->second[0] : params[i].value);
+    data.tensors.emplace_back("adamw.m." + params[i].name, w ? it->second[1] : opt_->m()[i]);
+    data.tensors.emplace_back("adamw.v." + params[i].name, w ? it->second[2] : opt_->v()[i]);
   }
   if (fp8_) {
     for (auto& t : fp8_->State()) data.tensors.push_back(std::move(t));
@@ -361,12 +414,17 @@ absl::Status Run::LoadCheckpoint() {
                                std::pair{"adamw.m.", opt_->m()[i]},
                                std::pair{"adamw.v.", opt_->v()[i]}}) {
       auto it = by_name.find(prefix + params[i].name);
-      if (it == by_name.end() || !it->second.sizes().equals(dst.sizes())) {
+      at::Tensor src = it == by_name.end() ? at::Tensor() : it->second;
+      if (src.defined() && params[i].sharded && src.dim() > 0 &&
+          src.size(0) == dst.size(0) * c_.world_size) {
+        src = src.narrow(0, c_.rank * dst.size(0), dst.size(0));  // this rank's experts
+      }
+      if (!src.defined() || !src.sizes().equals(dst.sizes())) {
         return absl::DataLossError(absl::StrCat("checkpoint ", c_.resume_path, ": tensor ",
                                                 prefix, params[i].name,
                                                 " is missing or has the wrong shape"));
       }
-      dst.copy_(it->second);
+      dst.copy_(src);
     }
   }
   for (auto& [layer, bias] : model_->expert_biases()) {
@@ -439,6 +497,10 @@ TrainResult Run::Go() {
   mc.moe.sigmoid_router = c_.moe_sigmoid_router;
   mc.moe.capacity_factor = c_.moe_capacity_factor;
   model_ = std::make_unique<model::Transformer>(mc, c_.seed, device_);
+  const bool expert_parallel =
+      c_.moe_expert_parallel && c_.moe_num_experts > 0 && c_.world_size > 1;
+  // Each rank holds, updates and keeps optimizer state for its own experts.
+  if (expert_parallel) model_->ShardExperts(c_.rank, c_.world_size);
   opt_ = std::make_unique<AdamW>(&model_->parameters(), c_);
   if (c_.fp8) {
     precision::RecipeConfig rc;
@@ -467,10 +529,14 @@ TrainResult Run::Go() {
     auto group = dist::Group::Create(g);
     if (!group.ok()) return Fail("rendezvous: " + std::string(group.status().message()), true);
     group_ = std::move(*group);
+    // Sharded experts get every rank's gradient through the all-to-all:
+    // nothing to sum.
     std::vector<at::Tensor> values;
-    for (const auto& p : model_->parameters()) values.push_back(p.value);
+    for (const auto& p : model_->parameters()) {
+      if (!p.sharded) values.push_back(p.value);
+    }
     sync_ = std::make_unique<dist::GradientSync>(group_.get(), std::move(values), c_.bucket_bytes);
-    if (c_.moe_expert_parallel && c_.moe_num_experts > 0 && c_.world_size > 1) {
+    if (expert_parallel) {
       // Its own group: expert all-to-alls run inside the backward pass, beside
       // the gradient buckets, and the two need no common order.
       auto experts = group_->NewGroup("experts");
@@ -493,6 +559,7 @@ TrainResult Run::Go() {
       c_.global_batch_tokens > 0 ? c_.global_batch_tokens / micro_tokens : 1;
   RunInfo info;
   info.num_parameters = model_->num_parameters();
+  info.num_resident_parameters = model_->num_resident_parameters();
   info.num_embedding_parameters = model_->num_embedding_parameters();
   info.num_active_parameters = model_->num_active_parameters();
   info.flops_per_token = model_->TrainingFlopsPerToken(c_.seq_len);
@@ -583,6 +650,7 @@ TrainResult Run::Go() {
       loss.backward();
     }
     precision::Fp8Stats fp8_stats = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};
+    double sharded_grad_sq = 0;  // summed over ranks
     if (group_) {
       bool amax_finite = true;
       for (const auto& [group, amax] : fp8_stats.amax) amax_finite &= std::isfinite(amax);
@@ -604,6 +672,14 @@ TrainResult Run::Go() {
       for (const auto& p : params) v.push_back(p.value.grad().defined() ? 1.0 : 0.0);
       // Gradients first (most buckets are under way already), then the counts.
       sync_->Finish();
+      // Sharded experts' share of the gradient norm: each rank has its own.
+      const size_t sharded_sq_at = v.size();
+      v.push_back(0);
+      for (const auto& p : params) {
+        if (p.sharded && p.value.grad().defined()) {
+          v[sharded_sq_at] += p.value.grad().to(at::kDouble).square().sum().item<double>();
+        }
+      }
       const size_t moe_at = v.size();
       const auto biases = model_->expert_biases();
       for (const auto& [layer, bias] : biases) {
@@ -641,9 +717,17 @@ TrainResult Run::Go() {
       // A parameter no local batch reached (an expert without tokens here)
       // joined the sum as zeros; one no rank reached has no gradient, as in
       // a single process.
+      // A sharded block no token reached has zeros where some other block
+      // had tokens, as the whole tensor would in a single process.
       for (size_t i = 0; i < params.size(); ++i) {
-        if (v[grads_at + i] == 0) params[i].value.mutable_grad() = at::Tensor();
+        at::Tensor& g = params[i].value.mutable_grad();
+        if (v[grads_at + i] == 0) {
+          g = at::Tensor();
+        } else if (params[i].sharded && !g.defined()) {
+          g = at::zeros_like(params[i].value);
+        }
       }
+      sharded_grad_sq = v[sharded_sq_at];
       if (fp8_) {
         // Delayed scaling steps from the largest amax any rank saw.
         const std::vector<double> local = fp8_->StepAmax();
@@ -675,9 +759,14 @@ TrainResult Run::Go() {
       at::NoGradGuard no_grad;
       std::vector<at::Tensor> norms;
       for (auto& p : model_->parameters()) {
-        if (p.value.grad().defined()) norms.push_back(p.value.grad().norm().to(at::kFloat));
+        if (!p.sharded && p.value.grad().defined()) {
+          norms.push_back(p.value.grad().norm().to(at::kFloat));
+        }
       }
-      m.grad_norm = at::stack(norms).norm().item<double>();
+      const double replicated = norms.empty() ? 0.0 : at::stack(norms).norm().item<double>();
+      m.grad_norm = sharded_grad_sq > 0
+                        ? std::sqrt(replicated * replicated + sharded_grad_sq)
+                        : replicated;
       const bool finite = std::isfinite(m.train_loss) && std::isfinite(m.grad_norm);
       if (guard.Observe(finite)) {
         return Fail(absl::StrCat("loss or gradient was NaN/Inf for ", guard.streak(),
@@ -758,9 +847,12 @@ TrainResult Run::Go() {
                     true);
       }
     }
-    if (checkpoint && lead()) {
-      if (absl::Status s = SaveCheckpoint(); !s.ok()) {
-        return Fail("checkpoint: " + std::string(s.message()), true);
+    if (checkpoint) {
+      const auto whole = GatherShards();  // every rank
+      if (lead()) {
+        if (absl::Status s = SaveCheckpoint(whole); !s.ok()) {
+          return Fail("checkpoint: " + std::string(s.message()), true);
+        }
       }
     }
   }

@@ -116,6 +116,9 @@ struct TrainConfig {
 
 struct RunInfo {
   int64_t num_parameters = 0;
+  // Held by this rank: fewer than num_parameters when expert parallelism
+  // shards the experts.
+  int64_t num_resident_parameters = 0;
   int64_t num_embedding_parameters = 0;
   int64_t num_active_parameters = 0;  // per token (all but unrouted experts)
   double flops_per_token = 0;      // training FLOPs per token

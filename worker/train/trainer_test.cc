@@ -458,12 +458,16 @@ TEST_F(TrainerTest, ExpertParallelRanksTakeTheStepsOfOneProcess) {
   c.moe_aux_loss_coef = 0.01;
   c.moe_bias_balancing = true;
   c.moe_capacity_factor = 1.25;  // drops are decided per rank and micro-batch
+  c.checkpoint_dir = NewDir("ep-one");
+  c.checkpoint_interval_steps = 5;
   Recorder one;
   ASSERT_EQ(Train(c, &one, nullptr).outcome, TrainResult::Outcome::kSucceeded);
   c.moe_expert_parallel = true;
   c.param_check_interval_steps = 1;
+  std::string sharded_checkpoint;  // step 5 of the FP32 run
   for (bool fp8 : {false, true}) {
     c.fp8 = fp8;
+    c.checkpoint_dir = NewDir(fp8 ? "ep-fp8" : "ep-two");
     Recorder reference;
     if (fp8) {
       TrainConfig single = c;
@@ -482,6 +486,39 @@ TEST_F(TrainerTest, ExpertParallelRanksTakeTheStepsOfOneProcess) {
     // its first inputs from both ranks' tokens at once, so routing (and what
     // capacity drops) drifts apart, within the loss tolerance above.
     if (!fp8) EXPECT_EQ(got, want);
+    // Each rank holds its two experts of four, and their optimizer state.
+    // Two experts' weights fewer per MoE layer: as many as a token skips
+    // with top-2 of four, so what a rank holds is what a token uses.
+    const RunInfo& info = ranks[0]->events.info;
+    EXPECT_EQ(info.num_parameters, one.info.num_parameters);
+    EXPECT_EQ(info.num_resident_parameters, one.info.num_active_parameters);
+    EXPECT_EQ(one.info.num_resident_parameters, one.info.num_parameters);
+    if (!fp8) {
+      ASSERT_FALSE(ranks[0]->events.checkpoints.empty());
+      sharded_checkpoint = ranks[0]->events.checkpoints[0].path;
+    }
+  }
+
+  // Checkpoints hold the whole model, so either side resumes the other's.
+  TrainConfig single = c;
+  single.fp8 = false;
+  single.moe_expert_parallel = false;
+  single.checkpoint_dir = NewDir("ep-single-resumed");
+  single.resume_path = sharded_checkpoint;
+  Recorder rest;
+  ASSERT_EQ(Train(single, &rest, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  TrainConfig sharded = c;
+  sharded.fp8 = false;
+  sharded.checkpoint_dir = NewDir("ep-two-resumed");
+  sharded.resume_path = one.checkpoints[0].path;
+  auto ranks = TrainRanks({sharded, sharded});
+  ASSERT_EQ(ranks[0]->result.outcome, TrainResult::Outcome::kSucceeded) << ranks[0]->result.reason;
+  for (const Recorder* r : {&rest, &ranks[0]->events}) {
+    ASSERT_EQ(r->steps.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_NEAR(r->steps[i].train_loss, one.steps[5 + i].train_loss,
+                  1e-5 * one.steps[5 + i].train_loss);
+    }
   }
 }
 
