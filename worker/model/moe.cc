@@ -109,7 +109,8 @@ namespace {
 // outputs for them, in the same order.
 at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
                           const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
-                          const at::Tensor& w2_EDF, const MoeConfig& c) {
+                          const at::Tensor& w2_EDF, const MoeConfig& c, LinearOverride* linear,
+                          const std::string& prefix) {
   const bool cuda = rows_SD.is_cuda();
   const int64_t align = c.group_align > 0 ? c.group_align : (cuda ? 16 : 1);
   const int64_t kept = rows_SD.size(0);
@@ -133,11 +134,18 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
                                        0, dest_S, xs);
   std::vector<int32_t> ends32(ends.begin(), ends.end());
   at::Tensor offs = at::tensor(ends32, at::kInt).to(rows_SD.device());
-  auto grouped = [&](const at::Tensor& a, const at::Tensor& w) {
+  auto grouped = [&](const at::Tensor& a, const at::Tensor& w, const char* name) {
+    if (linear != nullptr) {  // FP8: the override's own grouped product
+      std::vector<std::string> sites;
+      for (size_t e = 0; e < counts.size(); ++e) {
+        sites.push_back(prefix + "experts." + std::to_string(e) + "." + name);
+      }
+      return linear->GroupedLinear(a, counts, ends, w, sites).to(dtype);
+    }
     return at::_grouped_mm(a, w.to(dtype).transpose(1, 2), offs);
   };
-  at::Tensor h_RF = at::silu(grouped(x_RD, w1_EFD)) * grouped(x_RD, w3_EFD);
-  at::Tensor y_RD = grouped(h_RF, w2_EDF);
+  at::Tensor h_RF = at::silu(grouped(x_RD, w1_EFD, "w1")) * grouped(x_RD, w3_EFD, "w3");
+  at::Tensor y_RD = grouped(h_RF, w2_EDF, "w2");
   at::Tensor ys = rows == kept ? y_RD : y_RD.index_select(0, dest_S);
   return ys.to(rows_SD.scalar_type());
 }
@@ -222,15 +230,20 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
   TORCH_CHECK(w1_EFD.size(0) == E || (across_ranks && w1_EFD.size(0) * exchange->size() == E),
               "MoeForward: ", w1_EFD.size(0), " experts' weights here for ", E,
               " experts, and no expert exchange that holds the rest");
-  if (across_ranks || (linear == nullptr && c.grouped_mm &&
-                       GroupedShapesFit(x_ND.size(1), w1_EFD.size(1), x_ND.is_cuda()))) {
+  const int64_t D = x_ND.size(1), F = w1_EFD.size(1);
+  const bool grouped =
+      c.grouped_mm && (linear == nullptr
+                           ? GroupedShapesFit(D, F, x_ND.is_cuda())
+                           : linear->Groups(x_ND, F, D) && linear->Groups(x_ND, D, F));
+  if (across_ranks || grouped) {
     // All kept assignments at once, sorted by expert.
     at::Tensor idx = order.narrow(0, 0, kept);
     at::Tensor tok = token_A.index_select(0, idx);
     at::Tensor xs = x_ND.index_select(0, tok);
     at::Tensor ye = across_ranks ? ExpertsAcrossRanks(xs, counts, w1_EFD, w3_EFD, w2_EDF, linear,
                                                       prefix, exchange)
-                                 : GroupedExperts(xs, counts, w1_EFD, w3_EFD, w2_EDF, c);
+                                 : GroupedExperts(xs, counts, w1_EFD, w3_EFD, w2_EDF, c,
+                                                  linear, prefix);
     ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
     y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
   } else {

@@ -15,7 +15,9 @@
 // and each weight runs as one grouped product over all experts
 // (at::_grouped_mm with int32 group ends; BF16 on CUDA, FP32 on CPU); the
 // results are gathered back and combined with their gates. With FP8 (a
-// LinearOverride) each expert runs once over its tokens in a loop instead.
+// LinearOverride) the override's GroupedLinear takes each weight's grouped
+// product where its Groups() allows (at::_scaled_grouped_mm on CUDA), and
+// each expert runs once over its tokens in a loop elsewhere.
 // An expert that gets no tokens has an empty group or is skipped: its
 // weights get a zero gradient or none, never NaN. With a capacity factor, an expert takes at most
 // ceil(factor x N x k / E) tokens, in token order, and the rest are dropped
@@ -66,8 +68,9 @@ struct MoeConfig {
   bool sigmoid_router = false;  // false: softmax
   double capacity_factor = 0;   // 0: dropless
   // Expert products: one grouped product per weight over all experts
-  // (at::_grouped_mm; BF16 on CUDA) instead of a loop over experts. Used
-  // when no LinearOverride transforms the products (FP8 keeps the loop).
+  // (at::_grouped_mm; BF16 on CUDA) instead of a loop over experts. With a
+  // LinearOverride (FP8), where its Groups() says so, through its
+  // GroupedLinear (at::_scaled_grouped_mm); elsewhere the loop.
   bool grouped_mm = true;
   // Rows of each expert's group padded to a multiple of this (zero rows) for
   // the grouped product; 0: what the device needs (16 on CUDA, 1 on CPU).

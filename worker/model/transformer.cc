@@ -84,6 +84,12 @@ Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device de
   head_VD_ = add("head", normal({V, D}, 0.02), true);
 }
 
+at::Tensor LinearOverride::GroupedLinear(const at::Tensor&, const std::vector<int64_t>&,
+                                         const std::vector<int64_t>&, const at::Tensor&,
+                                         const std::vector<std::string>&) {
+  TORCH_CHECK(false, "GroupedLinear called where Groups() said no");
+}
+
 at::Tensor Transformer::Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
                                const char* name) const {
   if (linear_ == nullptr) return at::linear(x, w);

@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
 
 namespace tally::precision {
 
@@ -276,6 +279,41 @@ std::pair<at::Tensor, at::Tensor> RowwiseBackward(Context* c, const at::Tensor& 
   return {gx, gw};
 }
 
+// Per-tensor recipes' backward of y = x w^T (x2 [M, K] scaled by sx, w
+// [N, K] by sw in the forward): dX and dW from the output gradient g2
+// [M, N] in E5M2, both in FP8 where the shapes allow.
+std::pair<at::Tensor, at::Tensor> TensorwiseBackward(Context* c, const at::Tensor& g2,
+                                                     const at::Tensor& x2, const at::Tensor& w,
+                                                     double sx, double sw) {
+  const double sg = c->layer->g.ScaleFor(g2);
+  c->stats->amax[c->layer->group + ".grad"] = c->layer->g.last_amax();
+  QuantStats qg, unused;
+  at::Tensor gx, gw;
+  c->stats->total_products += 2;
+  const bool cuda = g2.is_cuda();
+  if (cuda && !(ScaledMmShapeOk(g2.size(0), w.size(0), w.size(1)) &&
+                ScaledMmShapeOk(w.size(0), g2.size(0), x2.size(1)))) {
+    gx = g2.to(at::kBFloat16).matmul(w.to(at::kBFloat16));
+    gw = g2.t().to(at::kBFloat16).matmul(x2.to(at::kBFloat16));
+  } else if (cuda) {
+    c->stats->fp8_products += 2;
+    // gx [M, K] = g [M, N] x w [N, K]; gw [N, K] = g^T [N, M] x x [M, K].
+    gx = ScaledMm(g2, sg, Fp8Format::kE5M2, w.t().contiguous(), sw, Fp8Format::kE4M3, &qg,
+                  &unused);
+    gw = ScaledMm(g2.t().contiguous(), sg, Fp8Format::kE5M2, x2.t().contiguous(), sx,
+                  Fp8Format::kE4M3, &unused, &unused);
+  } else {
+    c->stats->fp8_products += 2;
+    at::Tensor gq = QuantizeDequantize(g2, sg, Fp8Format::kE5M2, &qg);
+    at::Tensor xq = QuantizeDequantize(x2, sx, Fp8Format::kE4M3, nullptr);
+    at::Tensor wq = QuantizeDequantize(w, sw, Fp8Format::kE4M3, nullptr);
+    gx = gq.matmul(wq);
+    gw = gq.t().matmul(xq);
+  }
+  Account(c->stats, qg);
+  return {gx, gw};
+}
+
 class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
@@ -346,36 +384,176 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       return {gx.reshape(shape).to(grads[0].scalar_type()), gw.to(w.scalar_type()), at::Tensor()};
     }
     const double sx = ctx->saved_data["sx"].toDouble(), sw = ctx->saved_data["sw"].toDouble();
-    at::Tensor g2 = grads[0].reshape({-1, w.size(0)});
-    const double sg = c->layer->g.ScaleFor(g2);
-    c->stats->amax[c->layer->group + ".grad"] = c->layer->g.last_amax();
-    QuantStats qg, unused;
-    at::Tensor gx, gw;
-    c->stats->total_products += 2;
-    const bool cuda = g2.is_cuda();
-    if (cuda && !(ScaledMmShapeOk(g2.size(0), w.size(0), w.size(1)) &&
-                  ScaledMmShapeOk(w.size(0), g2.size(0), x2.size(1)))) {
-      gx = g2.to(at::kBFloat16).matmul(w.to(at::kBFloat16));
-      gw = g2.t().to(at::kBFloat16).matmul(x2.to(at::kBFloat16));
-    } else if (cuda) {
-      c->stats->fp8_products += 2;
-      // gx [M, K] = g [M, N] x w [N, K]; gw [N, K] = g^T [N, M] x x [M, K].
-      gx = ScaledMm(g2, sg, Fp8Format::kE5M2, w.t().contiguous(), sw, Fp8Format::kE4M3, &qg,
-                    &unused);
-      gw = ScaledMm(g2.t().contiguous(), sg, Fp8Format::kE5M2, x2.t().contiguous(), sx,
-                    Fp8Format::kE4M3, &unused, &unused);
-    } else {
-      c->stats->fp8_products += 2;
-      at::Tensor gq = QuantizeDequantize(g2, sg, Fp8Format::kE5M2, &qg);
-      at::Tensor xq = QuantizeDequantize(x2, sx, Fp8Format::kE4M3, nullptr);
-      at::Tensor wq = QuantizeDequantize(w, sw, Fp8Format::kE4M3, nullptr);
-      gx = gq.matmul(wq);
-      gw = gq.t().matmul(xq);
-    }
-    Account(c->stats, qg);
+    auto [gx, gw] = TensorwiseBackward(c, grads[0].reshape({-1, w.size(0)}), x2, w, sx, sw);
     std::vector<int64_t> shape(grads[0].sizes().begin(), grads[0].sizes().end());
     shape.back() = w.size(1);
     return {gx.reshape(shape).to(grads[0].scalar_type()), gw.to(w.scalar_type()), at::Tensor()};
+  }
+};
+
+// The grouped product of per-expert FP8 operands: x8 [R, I] E4M3 with a
+// dequantising scale per row (sa_R), w8 [E, O, I] E4M3 with one per output
+// row of each expert (sb_EO); group e is rows [ends[e - 1], ends[e]). CUDA:
+// one at::_scaled_grouped_mm with FP32 accumulation and BF16 output; CPU
+// (tests): the same arithmetic per group in FP32.
+at::Tensor ScaledGroupedMm(const at::Tensor& x8, const at::Tensor& sa_R, const at::Tensor& w8,
+                           const at::Tensor& sb_EO, const std::vector<int64_t>& ends) {
+  if (x8.is_cuda()) {
+    std::vector<int32_t> ends32(ends.begin(), ends.end());
+    at::Tensor offs = at::tensor(ends32, at::kInt).to(x8.device());
+    // The second operand column-major per group: w8 is [E, O, I] row-major,
+    // so its transpose [E, I, O] is.
+    return at::_scaled_grouped_mm(x8, w8.transpose(1, 2), sa_R, sb_EO, offs, {}, {},
+                                  at::kBFloat16);
+  }
+  at::Tensor y = at::zeros({x8.size(0), w8.size(1)}, x8.options().dtype(at::kFloat));
+  int64_t start = 0;
+  for (size_t e = 0; e < ends.size(); ++e) {
+    const int64_t n = ends[e] - start;
+    if (n > 0) {
+      at::Tensor a = x8.narrow(0, start, n).to(at::kFloat) * sa_R.narrow(0, start, n).unsqueeze(1);
+      at::Tensor b = w8[e].to(at::kFloat) * sb_EO[e].unsqueeze(1);
+      y.narrow(0, start, n).copy_(a.matmul(b.t()));
+    }
+    start = ends[e];
+  }
+  return y;
+}
+
+// The same product expert by expert with per-tensor _scaled_mm (CUDA): what
+// the grouped one must match, and where it falls back.
+at::Tensor PerExpertScaledMm(const at::Tensor& x8, const std::vector<double>& sx,
+                             const at::Tensor& w8, const std::vector<double>& sw,
+                             const std::vector<int64_t>& ends) {
+  at::Tensor y = at::zeros({x8.size(0), w8.size(1)}, x8.options().dtype(at::kBFloat16));
+  auto inv = [&](double s) { return at::tensor(1.0 / s, x8.options().dtype(at::kFloat)); };
+  int64_t start = 0;
+  for (size_t e = 0; e < ends.size(); ++e) {
+    const int64_t n = ends[e] - start;
+    if (n > 0 && sx[e] > 0) {
+      y.narrow(0, start, n)
+          .copy_(at::_scaled_mm(x8.narrow(0, start, n), w8[e].t(), inv(sx[e]), inv(sw[e]), {}, {},
+                                at::kBFloat16));
+    }
+    start = ends[e];
+  }
+  return y;
+}
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Every expert's product for one weight: forward grouped, backward expert by
+// expert. contexts[e] is expert e's (its site's scaling state).
+class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_RI,
+                            const at::Tensor& w_EOI, int64_t linears,
+                            std::vector<int64_t> contexts, std::vector<int64_t> counts,
+                            std::vector<int64_t> ends) {
+    auto* self = reinterpret_cast<Fp8Linears*>(linears);
+    const int64_t E = w_EOI.size(0), R = x_RI.size(0), O = w_EOI.size(1), I = w_EOI.size(2);
+    auto* first = reinterpret_cast<Context*>(contexts[0]);
+    const bool record = *first->training;
+    Fp8Stats scratch;
+    Fp8Stats* stats = record ? first->stats : &scratch;
+    // FP8 bytes (0 is +0 in E4M3: padding and idle experts stay zero).
+    at::Tensor x8 = at::zeros({R, I}, x_RI.options().dtype(at::kByte));
+    at::Tensor w8 = at::zeros({E, O, I}, w_EOI.options().dtype(at::kByte));
+    std::vector<float> sa(R, 1.0f), sb(E, 1.0f);
+    std::vector<double> sx(E, 0.0), sw(E, 0.0);
+    int64_t start = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t n = counts[e];
+      if (n > 0) {
+        auto* c = reinterpret_cast<Context*>(contexts[e]);
+        at::Tensor x_e = x_RI.narrow(0, start, n);
+        QuantStats qx, qw;
+        sx[e] = c->layer->x.ScaleFor(x_e, record);
+        w8[e].copy_(WeightE4M3(w_EOI[e], &c->layer->w, record, &sw[e], &qw).view(at::kByte));
+        if (record) {
+          stats->amax[c->layer->group + ".input"] = c->layer->x.last_amax();
+          stats->amax[c->layer->group + ".weight"] = c->layer->w.last_amax();
+        }
+        x8.narrow(0, start, n)
+            .copy_(QuantizeScaled(x_e, sx[e], Fp8Format::kE4M3, &qx)
+                       .to(at::kFloat8_e4m3fn)
+                       .view(at::kByte));
+        Account(stats, qx);
+        Account(stats, qw);
+        ++stats->total_products;
+        ++stats->fp8_products;
+        ++stats->grouped_products;
+        std::fill(sa.begin() + start, sa.begin() + start + n, static_cast<float>(1.0 / sx[e]));
+        sb[e] = static_cast<float>(1.0 / sw[e]);
+      }
+      start = ends[e];
+    }
+    x8 = x8.view(at::kFloat8_e4m3fn);
+    w8 = w8.view(at::kFloat8_e4m3fn);
+    const auto f32 = x_RI.options().dtype(at::kFloat);
+    at::Tensor sa_R = at::tensor(sa, at::kFloat).to(f32.device());
+    at::Tensor sb_EO = at::tensor(sb, at::kFloat).to(f32.device()).unsqueeze(1).expand({E, O})
+                           .contiguous();
+    at::Tensor y;
+    if (!x_RI.is_cuda()) {
+      y = ScaledGroupedMm(x8, sa_R, w8, sb_EO, ends);
+    } else {
+      try {
+        y = ScaledGroupedMm(x8, sa_R, w8, sb_EO, ends);
+      } catch (const c10::Error& err) {
+        self->TurnGroupedOff("at::_scaled_grouped_mm refused: " +
+                             FirstLine(err.what_without_backtrace()));
+      }
+      if (y.defined() && self->FirstGroupedProduct()) {
+        at::Tensor ref = PerExpertScaledMm(x8, sx, w8, sw, ends).to(at::kFloat);
+        const double diff = (y.to(at::kFloat) - ref).abs().max().item<double>();
+        const double top = ref.abs().max().item<double>();
+        if (!(diff <= 1e-2 * std::max(top, 1e-6))) {
+          self->TurnGroupedOff(absl::StrCat(
+              "its first product differed from the per-expert _scaled_mm by ", diff,
+              " (largest value ", top, ")"));
+          y = at::Tensor();
+        }
+      }
+      if (!y.defined()) y = PerExpertScaledMm(x8, sx, w8, sw, ends);
+    }
+    ctx->save_for_backward({x_RI, w_EOI});
+    ctx->saved_data["contexts"] = contexts;
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["ends"] = ends;
+    ctx->saved_data["sx"] = sx;
+    ctx->saved_data["sw"] = sw;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x_RI = saved[0];
+    const at::Tensor& w_EOI = saved[1];
+    const std::vector<int64_t> contexts = ctx->saved_data["contexts"].toIntVector();
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const std::vector<int64_t> ends = ctx->saved_data["ends"].toIntVector();
+    const std::vector<double> sx = ctx->saved_data["sx"].toDoubleVector();
+    const std::vector<double> sw = ctx->saved_data["sw"].toDoubleVector();
+    const at::Tensor& g_RO = grads[0];
+    at::Tensor gx = at::zeros(x_RI.sizes(), g_RO.options());
+    at::Tensor gw = at::zeros_like(w_EOI);
+    int64_t start = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      if (counts[e] > 0) {
+        // On CUDA the whole group, padding included: zero rows change no
+        // product and keep the row count a multiple of 16 for _scaled_mm.
+        const int64_t n = x_RI.is_cuda() ? ends[e] - start : counts[e];
+        auto [gx_e, gw_e] = TensorwiseBackward(reinterpret_cast<Context*>(contexts[e]),
+                                               g_RO.narrow(0, start, n),
+                                               x_RI.narrow(0, start, n), w_EOI[e], sx[e], sw[e]);
+        gx.narrow(0, start, n).copy_(gx_e);
+        gw[e].copy_(gw_e);
+      }
+      start = ends[e];
+    }
+    return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -397,6 +575,37 @@ at::Tensor Fp8Linears::Linear(const at::Tensor& x, const at::Tensor& w,
   auto& context = contexts_[site];
   context = {&layer, &stats_, &training_, &config_};
   return Fp8LinearFunction::apply(x, w, reinterpret_cast<int64_t>(&context));
+}
+
+bool Fp8Linears::Groups(const at::Tensor& x, int64_t out, int64_t in) const {
+  if (!config_.grouped_experts || config_.recipe == Recipe::kRowwise || !grouped_off_.empty()) {
+    return false;
+  }
+  return x.is_cuda() ? out % 16 == 0 && in % 16 == 0 : config_.grouped_on_cpu;
+}
+
+at::Tensor Fp8Linears::GroupedLinear(const at::Tensor& x_RI, const std::vector<int64_t>& counts,
+                                     const std::vector<int64_t>& ends, const at::Tensor& w_EOI,
+                                     const std::vector<std::string>& sites) {
+  TORCH_CHECK(counts.size() == sites.size() && ends.size() == sites.size() &&
+                  static_cast<int64_t>(sites.size()) == w_EOI.size(0),
+              "GroupedLinear: ", sites.size(), " sites for ", w_EOI.size(0), " experts");
+  std::vector<int64_t> contexts;
+  for (const std::string& site : sites) {
+    Layer& layer = LayerFor(site);
+    auto& context = contexts_[site];
+    context = {&layer, &stats_, &training_, &config_};
+    contexts.push_back(reinterpret_cast<int64_t>(&context));
+  }
+  return Fp8GroupedFunction::apply(x_RI, w_EOI, reinterpret_cast<int64_t>(this), contexts,
+                                   counts, ends);
+}
+
+void Fp8Linears::TurnGroupedOff(std::string why) {
+  if (!grouped_off_.empty()) return;
+  grouped_off_ = std::move(why);
+  std::cerr << "tally: FP8 grouped expert products are off for this run: " << grouped_off_
+            << "; the experts run one by one\n";
 }
 
 void Fp8Linears::OnOptimizerStep() {

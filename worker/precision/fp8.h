@@ -72,6 +72,17 @@ struct RecipeConfig {
   int history_len = 16;
   int margin = 0;
   bool history_max = true;  // false: the most recent amax
+  // MoE expert products (per-tensor recipes): on CUDA each weight's forward
+  // product over all experts is one at::_scaled_grouped_mm (E4M3 operands,
+  // each expert's per-tensor scales spread over its rows and output
+  // channels); the backward pass runs each expert's two products with
+  // _scaled_mm. The first grouped product of a run is checked against the
+  // per-expert products, and a mismatch or a refusal turns grouping off
+  // for the run (grouped_off()). false: a loop over experts throughout.
+  bool grouped_experts = true;
+  // Tests: the grouped path on CPU too, the grouped product emulated in
+  // FP32 from the same FP8 operands and scales.
+  bool grouped_on_cpu = false;
 };
 
 // One tensor's scaling state.
@@ -115,6 +126,7 @@ struct Fp8Stats {
   int64_t elements = 0;
   int64_t fp8_products = 0;    // matrix products computed in FP8
   int64_t total_products = 0;  // all products of the converted layers
+  int64_t grouped_products = 0;  // expert products run inside grouped ones
   // Latest amax per tensor group: "attention.input", "ffn.grad", ...
   std::map<std::string, double> amax;
 };
@@ -126,6 +138,15 @@ class Fp8Linears final : public model::LinearOverride {
   explicit Fp8Linears(RecipeConfig config);
   ~Fp8Linears() override;
   at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const std::string& site) override;
+  bool Groups(const at::Tensor& x, int64_t out, int64_t in) const override;
+  at::Tensor GroupedLinear(const at::Tensor& x_RI, const std::vector<int64_t>& counts,
+                           const std::vector<int64_t>& ends, const at::Tensor& w_EOI,
+                           const std::vector<std::string>& sites) override;
+  // Why grouped expert products were turned off for this run; empty while on.
+  const std::string& grouped_off() const { return grouped_off_; }
+  void TurnGroupedOff(std::string why);
+  // True the first time only: that grouped product gets checked.
+  bool FirstGroupedProduct() { return !std::exchange(grouped_checked_, true); }
   // Advances every tensor's amax history; call once per optimizer step.
   void OnOptimizerStep();
   // false while evaluating: products still run in FP8, but nothing is
@@ -159,6 +180,8 @@ class Fp8Linears final : public model::LinearOverride {
   std::map<std::string, Context> contexts_;  // stable addresses for autograd
   Fp8Stats stats_;
   bool training_ = true;
+  std::string grouped_off_;
+  bool grouped_checked_ = false;
 };
 
 }  // namespace tally::precision
