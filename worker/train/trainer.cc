@@ -764,9 +764,10 @@ TrainResult Run::Go() {
         }
       }
       const double replicated = norms.empty() ? 0.0 : at::stack(norms).norm().item<double>();
-      m.grad_norm = sharded_grad_sq > 0
-                        ? std::sqrt(replicated * replicated + sharded_grad_sq)
-                        : replicated;
+      // (A NaN in the sharded sum is not 0, so it reaches the norm.)
+      m.grad_norm = sharded_grad_sq == 0
+                        ? replicated
+                        : std::sqrt(replicated * replicated + sharded_grad_sq);
       const bool finite = std::isfinite(m.train_loss) && std::isfinite(m.grad_norm);
       if (guard.Observe(finite)) {
         return Fail(absl::StrCat("loss or gradient was NaN/Inf for ", guard.streak(),
