@@ -146,24 +146,29 @@ absl::Status Scheduler::OnEval(ActiveJob& job, const tally::v1::EvalResult& ev) 
                                                               ev.val_loss());
   ToStatus(state, j.mutable_early_stopping());
   j.mutable_early_stopping()->set_patience_left(d.patience_left);
+  // Routing collapse: one expert taking most tokens for several evaluations;
+  // the streak is stored with this evaluation.
+  constexpr int kCollapseEvals = 3;
+  tally::v1::RoutingStatus& routing = *j.mutable_routing();
+  routing.set_collapsed_evals(job.max_expert_share > 0.5 ? routing.collapsed_evals() + 1 : 0);
+  const int collapsed_evals = routing.collapsed_evals();
+  const bool warn = collapsed_evals >= kCollapseEvals && !routing.collapse_warned();
   tally::v1::JobEvent e = NewEvent(job, "eval", "",
                                    absl::StrCat(ev.bits_per_byte(), " bits/byte"));
   e.set_val_loss(ev.val_loss());
   RETURN_IF_ERROR(AppendEvent(job, std::move(e), {}));
   // AppendEvent replaces job.rec: no reference into it survives a commit.
   UpdateJobMetrics(job);
-  // Routing collapse: one expert taking most tokens for several evaluations.
-  constexpr int kCollapseEvals = 3;
-  job.collapsed_evals = job.max_expert_share > 0.5 ? job.collapsed_evals + 1 : 0;
-  if (job.collapsed_evals >= kCollapseEvals && !job.collapse_warned) {
-    job.collapse_warned = true;
+  if (warn) {
+    // Stored with the warning itself: warned once, restarts included.
+    job.rec.mutable_job()->mutable_routing()->set_collapse_warned(true);
     RETURN_IF_ERROR(AppendEvent(
         job,
         NewEvent(job, "warning",
                  absl::StrFormat("routing collapse: %s took %.0f%% of its layer's tokens for "
                                  "%d evaluations in a row",
                                  job.max_expert_where, 100 * job.max_expert_share,
-                                 job.collapsed_evals),
+                                 collapsed_evals),
                  "raise model.moe.aux_loss_coef or set model.moe.bias_balancing"),
         {}));
   }

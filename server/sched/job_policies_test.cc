@@ -272,6 +272,17 @@ TEST_F(JobPoliciesTest, RoutingCollapseWarnsOnceAfterThreeEvaluations) {
     for (int64_t n : tokens) l->add_tokens_per_expert(n);
     Send(m);
   };
+  auto restart = [&] {  // tallyd restarts; the worker reconnects, still training
+    Restart();
+    tally::v1::Hello h;
+    h.set_worker_id("w0");
+    h.set_gpu_type("cpu");
+    h.set_slots(1);
+    auto* r = h.add_running();
+    r->set_job("jobs/" + std::to_string(id));
+    r->set_attempt(1);
+    ASSERT_TRUE(sched_->OnHello(h).ok());
+  };
   auto warnings = [&] {
     int n = 0;
     const auto events = store_.ListEvents(id, 0, 1000);
@@ -286,10 +297,14 @@ TEST_F(JobPoliciesTest, RoutingCollapseWarnsOnceAfterThreeEvaluations) {
     progress(3 + i, {10, 80, 10});
     Eval(id, 30 + 10 * i, 3.0);
     EXPECT_EQ(warnings(), i == 2 ? 1 : 0);
+    // The streak survives tallyd restarting in the middle of it.
+    if (i == 0) restart();
   }
+  EXPECT_EQ(Job(id).routing().collapsed_evals(), 3);
+  restart();
   progress(9, {10, 80, 10});
   Eval(id, 70, 3.0);
-  EXPECT_EQ(warnings(), 1) << "warned once";
+  EXPECT_EQ(warnings(), 1) << "warned once, across a restart too";
   auto events = *store_.ListEvents(id, 0, 1000);
   for (const auto& e : events) {
     if (e.type() == "warning") {

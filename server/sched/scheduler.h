@@ -119,12 +119,9 @@ class Scheduler {
     // which the next one is priced against.
     std::optional<tally::v1::Checkpoint> last_checkpoint;
     // MoE routing collapse: the largest share of tokens one expert took in
-    // any layer at the latest progress, and for how many evaluations in a
-    // row it has been above half (warned once).
+    // any layer at the latest progress (the streak is in rec's routing).
     double max_expert_share = 0;
     std::string max_expert_where;
-    int collapsed_evals = 0;
-    bool collapse_warned = false;
   };
   // Achieved model FLOP/s per GPU of finished jobs, by GPU type.
   struct Throughput {
