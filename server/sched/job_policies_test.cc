@@ -36,6 +36,18 @@ class JobPoliciesTest : public ::testing::Test {
                                          options_);
     ASSERT_TRUE(sched_->Recover().ok());
   }
+  // Worker w0 reconnects to a restarted tallyd, still running attempt 1 of
+  // the job: tallyd adopts it.
+  void Readopt(int64_t id) {
+    tally::v1::Hello h;
+    h.set_worker_id("w0");
+    h.set_gpu_type("cpu");
+    h.set_slots(1);
+    auto* r = h.add_running();
+    r->set_job("jobs/" + std::to_string(id));
+    r->set_attempt(1);
+    ASSERT_TRUE(sched_->OnHello(h).ok());
+  }
   tally::v1::JobSpec Spec(int gpus = 1) {
     tally::v1::JobSpec s;
     s.mutable_model()->set_num_layers(1);
@@ -210,14 +222,7 @@ TEST_F(JobPoliciesTest, PatienceAndCostContinueAcrossARestart) {
 
   clock_.Advance(absl::Seconds(4));  // tallyd is down; the worker trains on
   Restart();
-  tally::v1::Hello h;
-  h.set_worker_id("w0");
-  h.set_gpu_type("cpu");
-  h.set_slots(1);
-  auto* r = h.add_running();
-  r->set_job("jobs/" + std::to_string(id));
-  r->set_attempt(1);
-  ASSERT_TRUE(sched_->OnHello(h).ok());  // re-adopted
+  Readopt(id);
   clock_.Advance(absl::Seconds(6));
   Progress(id, 250);
   EXPECT_NEAR(Job(id).cost().cost_usd(), 0.02, 1e-12) << "the downtime counts: GPUs were held";
@@ -274,14 +279,7 @@ TEST_F(JobPoliciesTest, RoutingCollapseWarnsOnceAfterThreeEvaluations) {
   };
   auto restart = [&] {  // tallyd restarts; the worker reconnects, still training
     Restart();
-    tally::v1::Hello h;
-    h.set_worker_id("w0");
-    h.set_gpu_type("cpu");
-    h.set_slots(1);
-    auto* r = h.add_running();
-    r->set_job("jobs/" + std::to_string(id));
-    r->set_attempt(1);
-    ASSERT_TRUE(sched_->OnHello(h).ok());
+    Readopt(id);
   };
   auto warnings = [&] {
     int n = 0;
