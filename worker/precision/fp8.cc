@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <iostream>
 
@@ -22,27 +23,55 @@ at::ScalarType Fp8Dtype(Fp8Format f) {
   return f == Fp8Format::kE4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
 }
 
-at::Tensor QuantizeScaled(const at::Tensor& x, double scale, Fp8Format f, QuantStats* stats) {
+namespace {
+
+std::atomic<int64_t> host_reads{0};
+
+// The values of a small device tensor, as doubles on the host: one read.
+std::vector<double> ReadHost(const at::Tensor& t) {
+  ++host_reads;
+  at::Tensor h = t.to(at::kCPU, at::kDouble).contiguous();
+  return std::vector<double>(h.data_ptr<double>(), h.data_ptr<double>() + h.numel());
+}
+
+// Leaves one quantization's counts on the device, in stats->pending.
+void CountLater(QuantStats* stats, const at::Tensor& overflows, const at::Tensor& underflows,
+                int64_t elements) {
+  at::Tensor c = at::stack({overflows.sum(), underflows.sum()}).to(at::kLong);
+  stats->pending = stats->pending.defined() ? stats->pending + c : c;
+  stats->elements += elements;
+}
+
+void ResolveCounts(QuantStats* stats) {
+  if (stats == nullptr || !stats->pending.defined()) return;
+  const std::vector<double> c = ReadHost(stats->pending);
+  stats->overflows += static_cast<int64_t>(c[0]);
+  stats->underflows += static_cast<int64_t>(c[1]);
+  stats->pending = at::Tensor();
+}
+
+// QuantizeScaled with the counts left on the device.
+at::Tensor QuantizeScaledLater(const at::Tensor& x, double scale, Fp8Format f,
+                               QuantStats* stats) {
   const double max = Fp8Max(f);
   at::Tensor scaled = x.to(at::kFloat) * scale;
   at::Tensor q = scaled.clamp(-max, max).to(Fp8Dtype(f)).to(at::kFloat);
   if (stats != nullptr) {
     // A value scaled exactly to the limit can land an ulp past it: not an
     // overflow.
-    stats->overflows += scaled.abs().gt(max * (1 + 1e-6)).sum().item<int64_t>();
-    stats->underflows += x.ne(0).logical_and(q.eq(0)).sum().item<int64_t>();
-    stats->elements += x.numel();
+    CountLater(stats, scaled.abs().gt(max * (1 + 1e-6)), x.ne(0).logical_and(q.eq(0)),
+               x.numel());
   }
   return q;
 }
 
-at::Tensor QuantizeDequantize(const at::Tensor& x, double scale, Fp8Format f,
-                              QuantStats* stats) {
-  return QuantizeScaled(x, scale, f, stats) / scale;
+at::Tensor QuantizeDequantizeLater(const at::Tensor& x, double scale, Fp8Format f,
+                                   QuantStats* stats) {
+  return QuantizeScaledLater(x, scale, f, stats) / scale;
 }
 
-at::Tensor QuantizeDequantizeAlong(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
-                                   QuantStats* stats, at::Tensor* scales_out) {
+at::Tensor QuantizeDequantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
+                                        QuantStats* stats, at::Tensor* scales_out) {
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor amax = xf.abs().amax({dim}, /*keepdim=*/true);
   at::Tensor scales =
@@ -52,14 +81,35 @@ at::Tensor QuantizeDequantizeAlong(const at::Tensor& x, int64_t dim, Fp8Format f
   const double max = Fp8Max(f);
   at::Tensor q = scaled.clamp(-max, max).to(Fp8Dtype(f)).to(at::kFloat);
   if (stats != nullptr) {
-    // A value scaled exactly to the limit can land an ulp past it: not an
-    // overflow.
-    stats->overflows += scaled.abs().gt(max * (1 + 1e-6)).sum().item<int64_t>();
-    stats->underflows += xf.ne(0).logical_and(q.eq(0)).sum().item<int64_t>();
-    stats->elements += x.numel();
+    CountLater(stats, scaled.abs().gt(max * (1 + 1e-6)), xf.ne(0).logical_and(q.eq(0)),
+               x.numel());
   }
   if (scales_out != nullptr) *scales_out = scales;
   return q / scales;
+}
+
+// The public functions count at once.
+at::Tensor Counted(at::Tensor q, QuantStats* stats) {
+  ResolveCounts(stats);
+  return q;
+}
+
+}  // namespace
+
+int64_t Fp8HostReads() { return host_reads.load(); }
+
+at::Tensor QuantizeScaled(const at::Tensor& x, double scale, Fp8Format f, QuantStats* stats) {
+  return Counted(QuantizeScaledLater(x, scale, f, stats), stats);
+}
+
+at::Tensor QuantizeDequantize(const at::Tensor& x, double scale, Fp8Format f,
+                              QuantStats* stats) {
+  return Counted(QuantizeDequantizeLater(x, scale, f, stats), stats);
+}
+
+at::Tensor QuantizeDequantizeAlong(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
+                                   QuantStats* stats, at::Tensor* scales_out) {
+  return Counted(QuantizeDequantizeAlongLater(x, dim, f, margin, stats, scales_out), stats);
 }
 
 double ScaleForAmax(double amax, Fp8Format f, int margin, double previous) {
@@ -72,7 +122,11 @@ TensorScaling::TensorScaling(Fp8Format format, const RecipeConfig& config)
     : format_(format), config_(config) {}
 
 double TensorScaling::ScaleFor(const at::Tensor& x, bool record) {
-  const double amax = x.detach().abs().max().item<double>();
+  if (ScaleKnownAhead()) {  // nothing needs the amax now
+    if (record) RecordAmax(x.detach().abs().max());
+    return scale_;
+  }
+  const double amax = ReadHost(x.detach().abs().max())[0];
   if (record) {
     last_amax_ = amax;
     if (std::isfinite(amax)) step_amax_ = std::max(step_amax_, amax);
@@ -87,12 +141,25 @@ bool TensorScaling::ScaleKnownAhead() const {
   return config_.recipe == Recipe::kDelayed && !history_.empty();
 }
 
-void TensorScaling::RecordAmax(double amax) {
-  last_amax_ = amax;
-  if (std::isfinite(amax)) step_amax_ = std::max(step_amax_, amax);
+void TensorScaling::RecordAmax(const at::Tensor& amax) {
+  at::Tensor a = amax.detach().reshape({}).to(at::kDouble);
+  pending_last_ = a;
+  at::Tensor finite = at::where(at::isfinite(a), a, at::zeros_like(a));
+  pending_step_ = pending_step_.defined() ? at::maximum(pending_step_, finite) : finite;
+}
+
+void TensorScaling::Resolve(double last, double step) {
+  last_amax_ = last;
+  step_amax_ = std::max(step_amax_, step);
+  pending_last_ = at::Tensor();
+  pending_step_ = at::Tensor();
 }
 
 void TensorScaling::Step() {
+  if (pending_last_.defined()) {  // Fp8Linears reads them all at once first
+    const std::vector<double> v = ReadHost(at::stack({pending_last_, pending_step_}));
+    Resolve(v[0], v[1]);
+  }
   ++steps_;
   if (config_.recipe == Recipe::kCurrent) {
     step_amax_ = 0;
@@ -131,6 +198,8 @@ bool TensorScaling::LoadState(const at::Tensor& state) {
   scale_ = v[config_.history_len];
   steps_ = static_cast<int64_t>(v[config_.history_len + 2]);
   step_amax_ = 0;
+  pending_last_ = at::Tensor();
+  pending_step_ = at::Tensor();
   return true;
 }
 
@@ -155,6 +224,26 @@ void Account(Fp8Stats* s, const QuantStats& q) {
   s->overflows += q.overflows;
   s->underflows += q.underflows;
   s->elements += q.elements;
+  if (q.pending.defined()) {
+    s->pending_counts = s->pending_counts.defined() ? s->pending_counts + q.pending : q.pending;
+  }
+}
+
+// The latest amax of a tensor group for the statistics: read already, or
+// still on the device.
+void ReportAmax(Fp8Stats* s, const std::string& group, const TensorScaling& t) {
+  if (t.pending_last().defined()) {
+    s->pending_amax[group] = t.pending_last();
+    s->amax.erase(group);
+  } else {
+    s->amax[group] = t.last_amax();
+    s->pending_amax.erase(group);
+  }
+}
+
+void ReportAmax(Fp8Stats* s, const std::string& group, const at::Tensor& amax) {
+  s->pending_amax[group] = amax.detach().reshape({}).to(at::kDouble);
+  s->amax.erase(group);
 }
 
 bool ScaledMmShapeOk(int64_t m, int64_t k, int64_t n) {
@@ -165,7 +254,7 @@ bool ScaledMmShapeOk(int64_t m, int64_t k, int64_t n) {
 // E4M3 image of an FP32 tensor under a known scale, with its amax and the
 // clamped/flushed counts, in one pass over memory (kernels/fp8_cast.h)
 // instead of an amax pass, a cast and two counting passes.
-at::Tensor FusedCastE4M3(const at::Tensor& x, double scale, double* amax, QuantStats* q) {
+at::Tensor FusedCastE4M3(const at::Tensor& x, double scale, at::Tensor* amax, QuantStats* q) {
   at::Tensor xf = x.contiguous();
   at::Tensor y = at::empty(xf.sizes(), xf.options().dtype(at::kByte));
   at::Tensor amax_dev = at::zeros({1}, xf.options());
@@ -175,10 +264,9 @@ at::Tensor FusedCastE4M3(const at::Tensor& x, double scale, double* amax, QuantS
       amax_dev.data_ptr<float>(), c10::cuda::getCurrentCUDAStream().stream(),
       reinterpret_cast<uint64_t*>(counts.data_ptr<int64_t>()));
   TORCH_CHECK(err.empty(), "fused FP8 cast: ", err);
-  at::Tensor host = at::cat({amax_dev.to(at::kDouble), counts.to(at::kDouble)}).cpu();
-  *amax = host[0].item<double>();
-  q->overflows += static_cast<int64_t>(host[1].item<double>());
-  q->underflows += static_cast<int64_t>(host[2].item<double>());
+  // Both stay on the device: the step reads them with everything else.
+  *amax = amax_dev;
+  q->pending = q->pending.defined() ? q->pending + counts : counts;
   q->elements += x.numel();
   return y.view(at::kFloat8_e4m3fn);
 }
@@ -191,21 +279,21 @@ at::Tensor WeightE4M3(const at::Tensor& w, TensorScaling* s, bool record, double
 #if defined(TALLY_FUSED_FP8_CAST)
   if (w.is_cuda() && w.scalar_type() == at::kFloat && s->ScaleKnownAhead()) {
     *scale = s->scale();
-    double amax = 0;
+    at::Tensor amax;
     at::Tensor w8 = FusedCastE4M3(w.detach(), *scale, &amax, q);
     if (record) s->RecordAmax(amax);
     return w8;
   }
 #endif
   *scale = s->ScaleFor(w, record);
-  return QuantizeScaled(w, *scale, Fp8Format::kE4M3, q).to(Fp8Dtype(Fp8Format::kE4M3));
+  return QuantizeScaledLater(w, *scale, Fp8Format::kE4M3, q).to(Fp8Dtype(Fp8Format::kE4M3));
 }
 
 // a [M, K] x b [N, K]^T in FP8 on CUDA with FP32 accumulation; BF16 output.
 at::Tensor ScaledMm(const at::Tensor& a, double sa, Fp8Format fa, const at::Tensor& b, double sb,
                     Fp8Format fb, QuantStats* qa, QuantStats* qb) {
-  at::Tensor a8 = QuantizeScaled(a, sa, fa, qa).to(Fp8Dtype(fa));
-  at::Tensor b8 = QuantizeScaled(b, sb, fb, qb).to(Fp8Dtype(fb));
+  at::Tensor a8 = QuantizeScaledLater(a, sa, fa, qa).to(Fp8Dtype(fa));
+  at::Tensor b8 = QuantizeScaledLater(b, sb, fb, qb).to(Fp8Dtype(fb));
   auto inv = [&](double s) { return at::tensor(1.0 / s, a.options().dtype(at::kFloat)); };
   // The second operand must be column-major: b8 is [N, K] row-major, so
   // b8.t() is [K, N] column-major.
@@ -229,8 +317,8 @@ at::Tensor RowwiseProduct(const at::Tensor& a, int64_t a_dim, Fp8Format fa, cons
   } else if (cuda) {
     *in_fp8 = true;
     at::Tensor sa, sb;
-    QuantizeDequantizeAlong(a, a_dim, fa, margin, &qa, &sa);
-    QuantizeDequantizeAlong(b, b_dim, fb, margin, &qb, &sb);
+    QuantizeDequantizeAlongLater(a, a_dim, fa, margin, &qa, &sa);
+    QuantizeDequantizeAlongLater(b, b_dim, fb, margin, &qb, &sb);
     const double max_a = Fp8Max(fa), max_b = Fp8Max(fb);
     at::Tensor a8 = (a.to(at::kFloat) * sa).clamp(-max_a, max_a).to(Fp8Dtype(fa));
     at::Tensor b8 = (b.to(at::kFloat) * sb).clamp(-max_b, max_b).to(Fp8Dtype(fb));
@@ -239,8 +327,8 @@ at::Tensor RowwiseProduct(const at::Tensor& a, int64_t a_dim, Fp8Format fa, cons
                        (1.0 / sb).reshape({1, -1}).contiguous(), {}, {}, at::kBFloat16);
   } else {
     *in_fp8 = true;
-    y = at::matmul(QuantizeDequantizeAlong(a, a_dim, fa, margin, &qa),
-                   QuantizeDequantizeAlong(b, b_dim, fb, margin, &qb).t());
+    y = at::matmul(QuantizeDequantizeAlongLater(a, a_dim, fa, margin, &qa, nullptr),
+                   QuantizeDequantizeAlongLater(b, b_dim, fb, margin, &qb, nullptr).t());
   }
   Account(stats, qa);
   Account(stats, qb);
@@ -250,8 +338,8 @@ at::Tensor RowwiseProduct(const at::Tensor& a, int64_t a_dim, Fp8Format fa, cons
 at::Tensor RowwiseForward(Context* c, Fp8Stats* stats, bool record, const at::Tensor& x2,
                           const at::Tensor& w) {
   if (record) {
-    stats->amax[c->layer->group + ".input"] = x2.detach().abs().max().item<double>();
-    stats->amax[c->layer->group + ".weight"] = w.detach().abs().max().item<double>();
+    ReportAmax(stats, c->layer->group + ".input", x2.detach().abs().max());
+    ReportAmax(stats, c->layer->group + ".weight", w.detach().abs().max());
   }
   bool fp8 = false;
   at::Tensor y = RowwiseProduct(x2, 1, Fp8Format::kE4M3, w, 1, Fp8Format::kE4M3,
@@ -264,7 +352,7 @@ at::Tensor RowwiseForward(Context* c, Fp8Stats* stats, bool record, const at::Te
 std::pair<at::Tensor, at::Tensor> RowwiseBackward(Context* c, const at::Tensor& g2,
                                                   const at::Tensor& x2, const at::Tensor& w) {
   Fp8Stats* stats = c->stats;
-  stats->amax[c->layer->group + ".grad"] = g2.detach().abs().max().item<double>();
+  ReportAmax(stats, c->layer->group + ".grad", g2.detach().abs().max());
   const int margin = c->config->margin;
   bool fp8_x = false, fp8_w = false;
   // dX [M, K] = dY [M, N] x (W^T [K, N])^T: dY per row, W^T per row (W per column).
@@ -286,7 +374,7 @@ std::pair<at::Tensor, at::Tensor> TensorwiseBackward(Context* c, const at::Tenso
                                                      const at::Tensor& x2, const at::Tensor& w,
                                                      double sx, double sw) {
   const double sg = c->layer->g.ScaleFor(g2);
-  c->stats->amax[c->layer->group + ".grad"] = c->layer->g.last_amax();
+  ReportAmax(c->stats, c->layer->group + ".grad", c->layer->g);
   QuantStats qg, unused;
   at::Tensor gx, gw;
   c->stats->total_products += 2;
@@ -304,9 +392,9 @@ std::pair<at::Tensor, at::Tensor> TensorwiseBackward(Context* c, const at::Tenso
                   Fp8Format::kE4M3, &unused, &unused);
   } else {
     c->stats->fp8_products += 2;
-    at::Tensor gq = QuantizeDequantize(g2, sg, Fp8Format::kE5M2, &qg);
-    at::Tensor xq = QuantizeDequantize(x2, sx, Fp8Format::kE4M3, nullptr);
-    at::Tensor wq = QuantizeDequantize(w, sw, Fp8Format::kE4M3, nullptr);
+    at::Tensor gq = QuantizeDequantizeLater(g2, sg, Fp8Format::kE5M2, &qg);
+    at::Tensor xq = QuantizeDequantizeLater(x2, sx, Fp8Format::kE4M3, nullptr);
+    at::Tensor wq = QuantizeDequantizeLater(w, sw, Fp8Format::kE4M3, nullptr);
     gx = gq.matmul(wq);
     gw = gq.t().matmul(xq);
   }
@@ -342,8 +430,8 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       sw = c->layer->w.ScaleFor(w, record);
     }
     if (record) {
-      stats->amax[c->layer->group + ".input"] = c->layer->x.last_amax();
-      stats->amax[c->layer->group + ".weight"] = c->layer->w.last_amax();
+      ReportAmax(stats, c->layer->group + ".input", c->layer->x);
+      ReportAmax(stats, c->layer->group + ".weight", c->layer->w);
     }
     at::Tensor y;
     ++stats->total_products;
@@ -352,12 +440,13 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     } else {
       ++stats->fp8_products;
       if (x.is_cuda()) {
-        at::Tensor x8 = QuantizeScaled(x2, sx, Fp8Format::kE4M3, &qx).to(at::kFloat8_e4m3fn);
+        at::Tensor x8 =
+            QuantizeScaledLater(x2, sx, Fp8Format::kE4M3, &qx).to(at::kFloat8_e4m3fn);
         auto inv = [&](double s) { return at::tensor(1.0 / s, x2.options().dtype(at::kFloat)); };
         y = at::_scaled_mm(x8, w8.t(), inv(sx), inv(sw), {}, {}, at::kBFloat16);
       } else {
-        y = at::matmul(QuantizeDequantize(x2, sx, Fp8Format::kE4M3, &qx),
-                       QuantizeDequantize(w, sw, Fp8Format::kE4M3, &qw).t());
+        y = at::matmul(QuantizeDequantizeLater(x2, sx, Fp8Format::kE4M3, &qx),
+                       QuantizeDequantizeLater(w, sw, Fp8Format::kE4M3, &qw).t());
       }
     }
     Account(stats, qx);
@@ -471,11 +560,11 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
         sx[e] = c->layer->x.ScaleFor(x_e, record);
         w8[e].copy_(WeightE4M3(w_EOI[e], &c->layer->w, record, &sw[e], &qw).view(at::kByte));
         if (record) {
-          stats->amax[c->layer->group + ".input"] = c->layer->x.last_amax();
-          stats->amax[c->layer->group + ".weight"] = c->layer->w.last_amax();
+          ReportAmax(stats, c->layer->group + ".input", c->layer->x);
+          ReportAmax(stats, c->layer->group + ".weight", c->layer->w);
         }
         x8.narrow(0, start, n)
-            .copy_(QuantizeScaled(x_e, sx[e], Fp8Format::kE4M3, &qx)
+            .copy_(QuantizeScaledLater(x_e, sx[e], Fp8Format::kE4M3, &qx)
                        .to(at::kFloat8_e4m3fn)
                        .view(at::kByte));
         Account(stats, qx);
@@ -608,7 +697,24 @@ void Fp8Linears::TurnGroupedOff(std::string why) {
             << "; the experts run one by one\n";
 }
 
+void Fp8Linears::ResolvePending() {
+  std::vector<TensorScaling*> which;
+  std::vector<at::Tensor> parts;
+  for (auto& [site, layer] : layers_) {
+    for (TensorScaling* t : {&layer->x, &layer->w, &layer->g}) {
+      if (!t->pending_last().defined()) continue;
+      which.push_back(t);
+      parts.push_back(t->pending_last());
+      parts.push_back(t->pending_step());
+    }
+  }
+  if (parts.empty()) return;
+  const std::vector<double> v = ReadHost(at::stack(parts));
+  for (size_t i = 0; i < which.size(); ++i) which[i]->Resolve(v[2 * i], v[2 * i + 1]);
+}
+
 void Fp8Linears::OnOptimizerStep() {
+  ResolvePending();
   for (auto& [site, layer] : layers_) {
     layer->x.Step();
     layer->w.Step();
@@ -619,6 +725,21 @@ void Fp8Linears::OnOptimizerStep() {
 Fp8Stats Fp8Linears::TakeStats() {
   Fp8Stats out = std::move(stats_);
   stats_ = Fp8Stats{};
+  // Everything the step left on the device, in one read.
+  std::vector<at::Tensor> parts;
+  if (out.pending_counts.defined()) parts.push_back(out.pending_counts.to(at::kDouble));
+  for (const auto& [group, amax] : out.pending_amax) parts.push_back(amax.reshape({1}));
+  if (!parts.empty()) {
+    const std::vector<double> v = ReadHost(at::cat(parts));
+    size_t i = 0;
+    if (out.pending_counts.defined()) {
+      out.overflows += static_cast<int64_t>(v[i++]);
+      out.underflows += static_cast<int64_t>(v[i++]);
+    }
+    for (const auto& [group, amax] : out.pending_amax) out.amax[group] = v[i++];
+  }
+  out.pending_counts = at::Tensor();
+  out.pending_amax.clear();
   return out;
 }
 
@@ -626,7 +747,8 @@ void Fp8Linears::Declare(const std::vector<std::string>& sites) {
   for (const auto& site : sites) LayerFor(site);
 }
 
-std::vector<double> Fp8Linears::StepAmax() const {
+std::vector<double> Fp8Linears::StepAmax() {
+  ResolvePending();
   std::vector<double> out;
   for (const auto& [site, layer] : layers_) {
     out.push_back(layer->x.step_amax());

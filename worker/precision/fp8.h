@@ -46,6 +46,10 @@ struct QuantStats {
   int64_t overflows = 0;   // |x * scale| beyond the format's range
   int64_t underflows = 0;  // nonzero x that became 0
   int64_t elements = 0;
+  // Counts still on the device, [overflows, underflows] (int64): the FP8
+  // linears read them once per step, not once per product. The functions
+  // below leave none.
+  at::Tensor pending;
 };
 
 // The FP8 value of x * scale (clamped), as FP32 and not yet divided back.
@@ -96,16 +100,25 @@ class TensorScaling {
   void Step();
   Fp8Format format() const { return format_; }
   double scale() const { return scale_; }
+  // The latest and the step's amax as read so far: with amax recorded on
+  // the device (below) they hold only once Resolve has run.
   double last_amax() const { return last_amax_; }
   // The largest amax recorded since the last Step(); data-parallel ranks
   // replace it with the maximum over ranks before stepping.
   double step_amax() const { return step_amax_; }
   // Delayed scaling with a history: the scale is fixed before the tensor is
-  // seen, so a cast can compute the tensor's amax in the same pass and hand
-  // it over here (what ScaleFor would have recorded).
+  // seen, so nothing needs the amax now. ScaleFor then records it on the
+  // device without reading it, and a cast that computes it in the same
+  // pass hands it over here.
   bool ScaleKnownAhead() const;
-  void RecordAmax(double amax);
+  void RecordAmax(const at::Tensor& amax);  // a one-element tensor, any device
   void set_step_amax(double amax) { step_amax_ = amax; }
+  // The amax recorded on the device and not yet read: the latest, and the
+  // step's largest finite one (undefined when none).
+  const at::Tensor& pending_last() const { return pending_last_; }
+  const at::Tensor& pending_step() const { return pending_step_; }
+  // Takes those two values, read by the caller, and clears them.
+  void Resolve(double last, double step);
   // history (history_len), then scale, step amax, steps: for checkpoints.
   at::Tensor State() const;
   bool LoadState(const at::Tensor& state);
@@ -117,8 +130,13 @@ class TensorScaling {
   double scale_ = 1.0;
   double step_amax_ = 0;
   double last_amax_ = 0;
+  at::Tensor pending_last_, pending_step_;
   int64_t steps_ = 0;
 };
+
+// How many values the FP8 bookkeeping has read back from the device in this
+// process (each one a host sync on a GPU): for tests.
+int64_t Fp8HostReads();
 
 struct Fp8Stats {
   int64_t overflows = 0;
@@ -129,6 +147,10 @@ struct Fp8Stats {
   int64_t grouped_products = 0;  // expert products run inside grouped ones
   // Latest amax per tensor group: "attention.input", "ffn.grad", ...
   std::map<std::string, double> amax;
+  // Still on the device while a step runs (TakeStats reads them, in one
+  // go, into the fields above): [overflows, underflows], and amax by group.
+  at::Tensor pending_counts;
+  std::map<std::string, at::Tensor> pending_amax;
 };
 
 // The converter: swaps FP8 in for the transformer's block linears (attention
@@ -152,14 +174,14 @@ class Fp8Linears final : public model::LinearOverride {
   // false while evaluating: products still run in FP8, but nothing is
   // recorded (amax, statistics).
   void SetTraining(bool training) { training_ = training; }
-  // Statistics since the previous call.
+  // Statistics since the previous call (one read from the device).
   Fp8Stats TakeStats();
   // Data parallel: creates the layers of every site up front, so every rank
   // holds the same layers whichever sites its batches reached (an expert
   // with no tokens is never called); then the step's amax of every tensor,
   // in one fixed order, and back.
   void Declare(const std::vector<std::string>& sites);
-  std::vector<double> StepAmax() const;
+  std::vector<double> StepAmax();
   void SetStepAmax(const std::vector<double>& amax);
   // Scaling state for checkpoints: (name, tensor) pairs, and back.
   std::vector<std::pair<std::string, at::Tensor>> State() const;
@@ -175,6 +197,8 @@ class Fp8Linears final : public model::LinearOverride {
 
  private:
   Layer& LayerFor(const std::string& site);
+  // Reads every tensor's amax still on the device, all in one go.
+  void ResolvePending();
   RecipeConfig config_;
   std::map<std::string, std::unique_ptr<Layer>> layers_;
   std::map<std::string, Context> contexts_;  // stable addresses for autograd
