@@ -609,7 +609,9 @@ TrainResult Run::Go() {
       real += micro.back().real_tokens;
       padding += micro.back().padding_tokens;
     }
-    double loss_sum = 0, aux_sum = 0;
+    // Summed on the device (in FP64) and read once the step's passes are done.
+    at::Tensor loss_acc = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    at::Tensor aux_acc = at::zeros_like(loss_acc);
     std::map<int64_t, StepMetrics::MoeLayer> moe_layers;
     std::map<int64_t, int64_t> moe_assignments, moe_dropped;
     bool stop_asked = false;
@@ -625,14 +627,14 @@ TrainResult Run::Go() {
                 step_, false};
       }
       Losses l = LossSum(*model_, ToDevice(mb, device_), kernel_);
-      loss_sum += l.ce_sum.item<double>();
+      loss_acc = loss_acc + l.ce_sum.detach().to(at::kDouble);
       at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, targets));
       if (l.aux.defined()) {
         // The MoE losses are means already: one share per micro-batch.
         const double share = 1.0 / static_cast<double>(micro_per_step);
         loss = loss + (c_.moe_aux_loss_coef * share) * l.aux +
                (c_.moe_z_loss_coef * share) * l.z;
-        aux_sum += l.aux.item<double>() * share;
+        aux_acc = aux_acc + l.aux.detach().to(at::kDouble) * share;
         for (const auto& ls : l.moe) {
           auto& agg = moe_layers[ls.layer];
           agg.layer = ls.layer;
@@ -649,6 +651,8 @@ TrainResult Run::Go() {
       }
       loss.backward();
     }
+    const at::Tensor sums = at::stack({loss_acc, aux_acc}).cpu();
+    double loss_sum = sums[0].item<double>(), aux_sum = sums[1].item<double>();
     precision::Fp8Stats fp8_stats = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};
     double sharded_grad_sq = 0;  // summed over ranks
     if (group_) {
