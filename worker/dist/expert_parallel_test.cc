@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -31,33 +32,13 @@ class Recording final : public model::LinearOverride {
   std::set<std::string> sites_;
 };
 
-TEST(ExpertParallelTest, MatchesOneProcessAndSplitsTheExperts) {
-  const int64_t E = 4, D = 8, F = 16, N = 37;
-  model::MoeConfig c;
-  c.num_experts = E;
-  c.top_k = 2;
-  at::manual_seed(5);
-  const at::Tensor router = at::randn({E, D}), w1 = at::randn({E, F, D}) * 0.3,
-                   w3 = at::randn({E, F, D}) * 0.3, w2 = at::randn({E, D, F}) * 0.3;
-  const at::Tensor tokens[2] = {at::randn({N, D}), at::randn({N + 9, D})};
-  struct Result {
-    at::Tensor y, dx, dw1, drouter;
-    std::set<std::string> sites;
-  };
-  auto run = [&](int rank, model::ExpertExchange* ex) {
-    std::vector<at::Tensor> p = {router.clone(), w1.clone(), w3.clone(), w2.clone()};
-    for (auto& t : p) t.set_requires_grad(true);
-    at::Tensor x = tokens[rank].clone().set_requires_grad(true);
-    Recording rec;
-    model::MoeOutput out =
-        model::MoeForward(x, {}, p[0], {}, p[1], p[2], p[3], c, &rec, "l.", ex);
-    (out.y_ND * at::arange(D, at::kFloat)).sum().backward();
-    Result r{out.y_ND.detach(), x.grad(), p[1].grad(), p[0].grad(), rec.sites()};
-    if (!r.dw1.defined()) r.dw1 = at::zeros_like(w1);
-    return r;
-  };
-  Result alone[2] = {run(0, nullptr), run(1, nullptr)};
-  Result split[2];
+struct Result {
+  at::Tensor y, dx, dw1, drouter;
+  std::set<std::string> sites;
+};
+
+// run(rank, exchange) on two ranks, threads joined by a Gloo group.
+void OnTwoRanks(const std::function<Result(int, model::ExpertExchange*)>& run, Result* split) {
   const std::string address = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
@@ -73,6 +54,49 @@ TEST(ExpertParallelTest, MatchesOneProcessAndSplitsTheExperts) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+class ExpertParallelTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t E = 4, D = 8, F = 16, N = 37;
+  ExpertParallelTest() {
+    c_.num_experts = E;
+    c_.top_k = 2;
+    at::manual_seed(5);
+    router_ = at::randn({E, D});
+    w_ = {at::randn({E, F, D}) * 0.3, at::randn({E, F, D}) * 0.3, at::randn({E, D, F}) * 0.3};
+    tokens_[0] = at::randn({N, D});
+    tokens_[1] = at::randn({N + 9, D});
+  }
+  // One rank's MoE block: with `linear` (the loop over experts) or without
+  // (grouped products); with `shard`, the rank holds only its own experts.
+  Result Run(int rank, model::ExpertExchange* ex, model::LinearOverride* linear, bool shard) {
+    std::vector<at::Tensor> p = {router_.clone()};
+    for (const at::Tensor& w : w_) p.push_back(shard ? w.narrow(0, 2 * rank, 2).clone() : w.clone());
+    for (auto& t : p) t.set_requires_grad(true);
+    at::Tensor x = tokens_[rank].clone().set_requires_grad(true);
+    model::MoeOutput out =
+        model::MoeForward(x, {}, p[0], {}, p[1], p[2], p[3], c_, linear, "l.", ex);
+    (out.y_ND * at::arange(D, at::kFloat)).sum().backward();
+    Result r{out.y_ND.detach(), x.grad(), p[1].grad(), p[0].grad(), {}};
+    if (!r.dw1.defined()) r.dw1 = at::zeros_like(p[1]);
+    return r;
+  }
+  model::MoeConfig c_;
+  at::Tensor router_, tokens_[2];
+  std::vector<at::Tensor> w_;
+};
+
+TEST_F(ExpertParallelTest, MatchesOneProcessAndSplitsTheExperts) {
+  auto run = [&](int rank, model::ExpertExchange* ex) {
+    Recording rec;
+    Result r = Run(rank, ex, &rec, /*shard=*/false);
+    r.sites = rec.sites();
+    return r;
+  };
+  Result alone[2] = {run(0, nullptr), run(1, nullptr)};
+  Result split[2];
+  OnTwoRanks(run, split);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_TRUE(at::allclose(split[rank].y, alone[rank].y, 1e-5, 1e-6)) << rank;
     EXPECT_TRUE(at::allclose(split[rank].dx, alone[rank].dx, 1e-5, 1e-6)) << rank;
@@ -88,6 +112,24 @@ TEST(ExpertParallelTest, MatchesOneProcessAndSplitsTheExperts) {
   EXPECT_TRUE(at::allclose(split[0].dw1 + split[1].dw1, alone[0].dw1 + alone[1].dw1, 1e-4,
                            1e-5));
   EXPECT_TRUE(at::equal(split[0].dw1.narrow(0, 2, 2), at::zeros({2, F, D})));
+}
+
+TEST_F(ExpertParallelTest, ShardedWeightsWithGroupedProducts) {
+  // Each rank holds only its two experts and runs them as grouped products
+  // over both ranks' rows for them.
+  Result alone[2] = {Run(0, nullptr, nullptr, false), Run(1, nullptr, nullptr, false)};
+  Result split[2];
+  OnTwoRanks([&](int rank, model::ExpertExchange* ex) { return Run(rank, ex, nullptr, true); },
+             split);
+  const at::Tensor dw1 = alone[0].dw1 + alone[1].dw1;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(at::allclose(split[rank].y, alone[rank].y, 1e-5, 1e-6)) << rank;
+    EXPECT_TRUE(at::allclose(split[rank].dx, alone[rank].dx, 1e-5, 1e-6)) << rank;
+    EXPECT_TRUE(at::allclose(split[rank].drouter, alone[rank].drouter, 1e-5, 1e-6)) << rank;
+    ASSERT_EQ(split[rank].dw1.size(0), 2);
+    // The owner's gradient is already every rank's: nothing left to sum.
+    EXPECT_TRUE(at::allclose(split[rank].dw1, dw1.narrow(0, 2 * rank, 2), 1e-4, 1e-5)) << rank;
+  }
 }
 
 }  // namespace

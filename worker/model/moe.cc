@@ -110,7 +110,7 @@ namespace {
 at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
                           const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
                           const at::Tensor& w2_EDF, const MoeConfig& c, LinearOverride* linear,
-                          const std::string& prefix) {
+                          const std::string& prefix, int64_t first_expert = 0) {
   const bool cuda = rows_SD.is_cuda();
   const int64_t align = c.group_align > 0 ? c.group_align : (cuda ? 16 : 1);
   const int64_t kept = rows_SD.size(0);
@@ -138,7 +138,7 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
     if (linear != nullptr) {  // FP8: the override's own grouped product
       std::vector<std::string> sites;
       for (size_t e = 0; e < counts.size(); ++e) {
-        sites.push_back(prefix + "experts." + std::to_string(e) + "." + name);
+        sites.push_back(prefix + "experts." + std::to_string(first_expert + e) + "." + name);
       }
       return linear->GroupedLinear(a, counts, ends, w, sites).to(dtype);
     }
@@ -152,11 +152,13 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
 
 // The expert-parallel middle of MoeForward: `rows_SD` are this rank's kept
 // assignments' inputs sorted by expert, counts[e] per expert; returns the
-// experts' outputs for them, in the same order.
+// experts' outputs for them, in the same order. With `grouped`, this rank's
+// experts run as GroupedExperts over every rank's rows for them.
 at::Tensor ExpertsAcrossRanks(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
                               const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
-                              const at::Tensor& w2_EDF, LinearOverride* linear,
-                              const std::string& prefix, ExpertExchange* ex) {
+                              const at::Tensor& w2_EDF, const MoeConfig& c, bool grouped,
+                              LinearOverride* linear, const std::string& prefix,
+                              ExpertExchange* ex) {
   const int W = ex->size(), me = ex->rank();
   const int64_t E = static_cast<int64_t>(counts.size()), M = E / W;  // M experts per rank
   // Counts first: rank j learns how many rows of each of its experts every
@@ -181,18 +183,36 @@ at::Tensor ExpertsAcrossRanks(const at::Tensor& rows_SD, const std::vector<int64
   at::Tensor out_RD = in_RD * 0;
   std::vector<int64_t> source_start(W, 0);
   for (int j = 1; j < W; ++j) source_start[j] = source_start[j - 1] + recv[j - 1];
+  // The received rows of local expert m, from every source in turn.
+  std::vector<std::vector<int64_t>> rows_of(M);
   for (int64_t m = 0; m < M; ++m) {
-    std::vector<int64_t> idx;
     for (int j = 0; j < W; ++j) {
       int64_t at_row = source_start[j];
       for (int64_t k = 0; k < m; ++k) at_row += from[j][k];
-      for (int64_t i = 0; i < from[j][m]; ++i) idx.push_back(at_row + i);
+      for (int64_t i = 0; i < from[j][m]; ++i) rows_of[m].push_back(at_row + i);
     }
-    if (idx.empty()) continue;
+  }
+  // The weights hold every expert, or (sharded) this rank's block only.
+  const bool all_here = w1_EFD.size(0) == E;
+  if (grouped) {
+    std::vector<int64_t> order, local_counts;
+    for (const auto& rows : rows_of) {
+      order.insert(order.end(), rows.begin(), rows.end());
+      local_counts.push_back(static_cast<int64_t>(rows.size()));
+    }
+    if (order.empty()) return AllToAllFunction::apply(out_RD, ex_id, recv, send);
+    auto block = [&](const at::Tensor& w) { return all_here ? w.narrow(0, me * M, M) : w; };
+    at::Tensor sorted = at::tensor(order, at::kLong).to(in_RD.device());
+    at::Tensor ye = GroupedExperts(in_RD.index_select(0, sorted), local_counts, block(w1_EFD),
+                                   block(w3_EFD), block(w2_EDF), c, linear, prefix, me * M);
+    out_RD = out_RD.index_add(0, sorted, ye.to(out_RD.scalar_type()));
+    return AllToAllFunction::apply(out_RD, ex_id, recv, send);
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    if (rows_of[m].empty()) continue;
     const int64_t e = me * M + m;
-    // The weights hold every expert, or (sharded) this rank's block only.
-    const int64_t w = w1_EFD.size(0) == E ? e : m;
-    at::Tensor rows = at::tensor(idx, at::kLong).to(in_RD.device());
+    const int64_t w = all_here ? e : m;
+    at::Tensor rows = at::tensor(rows_of[m], at::kLong).to(in_RD.device());
     at::Tensor ye = RunExpert(in_RD.index_select(0, rows), w1_EFD[w], w3_EFD[w], w2_EDF[w],
                               linear, prefix + "experts." + std::to_string(e) + ".");
     out_RD = out_RD.index_add(0, rows, ye.to(out_RD.scalar_type()));
@@ -240,8 +260,8 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
     at::Tensor idx = order.narrow(0, 0, kept);
     at::Tensor tok = token_A.index_select(0, idx);
     at::Tensor xs = x_ND.index_select(0, tok);
-    at::Tensor ye = across_ranks ? ExpertsAcrossRanks(xs, counts, w1_EFD, w3_EFD, w2_EDF, linear,
-                                                      prefix, exchange)
+    at::Tensor ye = across_ranks ? ExpertsAcrossRanks(xs, counts, w1_EFD, w3_EFD, w2_EDF, c,
+                                                      grouped, linear, prefix, exchange)
                                  : GroupedExperts(xs, counts, w1_EFD, w3_EFD, w2_EDF, c,
                                                   linear, prefix);
     ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
