@@ -186,8 +186,8 @@ class Run {
   // between ranks.
   absl::Status CheckParametersAgree();
   // Expert parallelism: each sharded parameter whole again, with its AdamW
-  // moments (value, m, v), by parameter index; empty without sharding.
-  // Every rank takes part.
+  // moments (value, m, v), by parameter index, on rank 0 (in host memory);
+  // empty elsewhere and without sharding. Every rank takes part.
   std::map<size_t, std::array<at::Tensor, 3>> GatherShards();
   absl::Status SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3>>& whole);
   absl::Status LoadCheckpoint();
@@ -324,31 +324,29 @@ std::map<size_t, std::array<at::Tensor, 3>> Run::GatherShards() {
   if (sharded.empty() || !group_) return whole;
   at::NoGradGuard no_grad;
   const int W = c_.world_size;
-  auto local = [&](size_t i) {
-    return std::array<at::Tensor, 3>{params[i].value.detach(), opt_->m()[i], opt_->v()[i]};
+  auto local = [&](size_t i, int k) -> at::Tensor {  // value, m, v
+    return k == 0 ? params[i].value.detach() : k == 1 ? opt_->m()[i] : opt_->v()[i];
   };
-  for (size_t i : sharded) {
-    for (int k = 0; k < 3; ++k) {
-      const at::Tensor& t = local(i)[k];
-      std::vector<int64_t> shape = t.sizes().vec();
-      shape[0] *= W;
-      whole[i][k] = at::empty(shape, t.options());
-    }
-  }
-  // Each rank's block in turn, from that rank to all.
-  for (int j = 0; j < W; ++j) {
-    std::vector<at::Tensor> block;
-    for (size_t i : sharded) {
-      for (const at::Tensor& t : local(i)) {
-        block.push_back(j == c_.rank ? t.clone() : at::empty_like(t));
-      }
-    }
-    group_->Broadcast(block, j);
-    size_t n = 0;
+  // Only rank 0, which writes the checkpoint, assembles the whole tensors,
+  // in host memory; the others hold one extra block at a time.
+  if (lead()) {
     for (size_t i : sharded) {
       for (int k = 0; k < 3; ++k) {
-        const int64_t M = block[n].size(0);
-        whole[i][k].narrow(0, j * M, M).copy_(block[n++]);
+        const at::Tensor t = local(i, k);
+        std::vector<int64_t> shape = t.sizes().vec();
+        shape[0] *= W;
+        whole[i][k] = at::empty(shape, t.options().device(at::kCPU));
+      }
+    }
+  }
+  // Each rank's blocks in turn, from that rank to all.
+  for (int j = 0; j < W; ++j) {
+    for (size_t i : sharded) {
+      for (int k = 0; k < 3; ++k) {
+        const at::Tensor t = local(i, k);
+        at::Tensor block = j == c_.rank ? t.clone() : at::empty_like(t);
+        group_->Broadcast({block}, j);
+        if (lead()) whole[i][k].narrow(0, j * t.size(0), t.size(0)).copy_(block);
       }
     }
   }
