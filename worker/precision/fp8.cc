@@ -375,7 +375,7 @@ std::pair<at::Tensor, at::Tensor> TensorwiseBackward(Context* c, const at::Tenso
                                                      double sx, double sw) {
   const double sg = c->layer->g.ScaleFor(g2);
   ReportAmax(c->stats, c->layer->group + ".grad", c->layer->g);
-  QuantStats qg, unused;
+  QuantStats qg;  // the gradient's counts (the operands' were counted forward)
   at::Tensor gx, gw;
   c->stats->total_products += 2;
   const bool cuda = g2.is_cuda();
@@ -387,9 +387,9 @@ std::pair<at::Tensor, at::Tensor> TensorwiseBackward(Context* c, const at::Tenso
     c->stats->fp8_products += 2;
     // gx [M, K] = g [M, N] x w [N, K]; gw [N, K] = g^T [N, M] x x [M, K].
     gx = ScaledMm(g2, sg, Fp8Format::kE5M2, w.t().contiguous(), sw, Fp8Format::kE4M3, &qg,
-                  &unused);
+                  nullptr);
     gw = ScaledMm(g2.t().contiguous(), sg, Fp8Format::kE5M2, x2.t().contiguous(), sx,
-                  Fp8Format::kE4M3, &unused, &unused);
+                  Fp8Format::kE4M3, nullptr, nullptr);
   } else {
     c->stats->fp8_products += 2;
     at::Tensor gq = QuantizeDequantizeLater(g2, sg, Fp8Format::kE5M2, &qg);
