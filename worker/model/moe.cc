@@ -114,20 +114,27 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
   const bool cuda = rows_SD.is_cuda();
   const int64_t align = c.group_align > 0 ? c.group_align : (cuda ? 16 : 1);
   const int64_t kept = rows_SD.size(0);
-  // Destination row of each sorted assignment: its expert's padded start
-  // plus its place among that expert's assignments.
   std::vector<int64_t> starts;
   const std::vector<int64_t> ends = PaddedGroupEnds(counts, align, &starts);
-  std::vector<int64_t> dest;
-  dest.reserve(kept);
-  for (size_t e = 0; e < counts.size(); ++e) {
-    for (int64_t i = 0; i < counts[e]; ++i) dest.push_back(starts[e] + i);
-  }
   const int64_t rows = ends.empty() ? 0 : ends.back();
+  // Destination row of each sorted assignment: its place plus the padding
+  // of the groups before its expert's (built on the device from E values).
+  at::Tensor dest_S;
+  if (rows != kept) {
+    std::vector<int64_t> shift;
+    int64_t first = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      shift.push_back(starts[e] - first);
+      first += counts[e];
+    }
+    const at::Device device = rows_SD.device();
+    dest_S = at::arange(kept, at::TensorOptions().dtype(at::kLong).device(device)) +
+             at::repeat_interleave(at::tensor(shift, at::kLong).to(device),
+                                   at::tensor(counts, at::kLong).to(device), 0, kept);
+  }
   // BF16 on CUDA (what its grouped kernels take); FP32 on CPU.
   const auto dtype = cuda ? at::kBFloat16 : at::kFloat;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  at::Tensor dest_S = at::tensor(dest, at::kLong).to(rows_SD.device());
   at::Tensor xs = rows_SD.to(dtype);
   at::Tensor x_RD = rows == kept ? xs
                                  : at::zeros({rows, rows_SD.size(1)}, xs.options()).index_copy(
