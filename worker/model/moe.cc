@@ -190,36 +190,42 @@ at::Tensor ExpertsAcrossRanks(const at::Tensor& rows_SD, const std::vector<int64
   at::Tensor out_RD = in_RD * 0;
   std::vector<int64_t> source_start(W, 0);
   for (int j = 1; j < W; ++j) source_start[j] = source_start[j - 1] + recv[j - 1];
-  // The received rows of local expert m, from every source in turn.
-  std::vector<std::vector<int64_t>> rows_of(M);
+  // The received rows in expert order: local expert m's rows from every
+  // source in turn. Each (m, source) segment is a run of consecutive rows,
+  // so the order is built on the device from M x W shifts.
+  std::vector<int64_t> shift, length, local_counts(M, 0);
+  int64_t placed = 0;
   for (int64_t m = 0; m < M; ++m) {
     for (int j = 0; j < W; ++j) {
       int64_t at_row = source_start[j];
       for (int64_t k = 0; k < m; ++k) at_row += from[j][k];
-      for (int64_t i = 0; i < from[j][m]; ++i) rows_of[m].push_back(at_row + i);
+      shift.push_back(at_row - placed);
+      length.push_back(from[j][m]);
+      placed += from[j][m];
+      local_counts[m] += from[j][m];
     }
   }
+  if (placed == 0) return AllToAllFunction::apply(out_RD, ex_id, recv, send);
+  const at::Device device = in_RD.device();
+  at::Tensor order = at::arange(placed, at::TensorOptions().dtype(at::kLong).device(device)) +
+                     at::repeat_interleave(at::tensor(shift, at::kLong).to(device),
+                                           at::tensor(length, at::kLong).to(device), 0, placed);
   // The weights hold every expert, or (sharded) this rank's block only.
   const bool all_here = w1_EFD.size(0) == E;
   if (grouped) {
-    std::vector<int64_t> order, local_counts;
-    for (const auto& rows : rows_of) {
-      order.insert(order.end(), rows.begin(), rows.end());
-      local_counts.push_back(static_cast<int64_t>(rows.size()));
-    }
-    if (order.empty()) return AllToAllFunction::apply(out_RD, ex_id, recv, send);
     auto block = [&](const at::Tensor& w) { return all_here ? w.narrow(0, me * M, M) : w; };
-    at::Tensor sorted = at::tensor(order, at::kLong).to(in_RD.device());
-    at::Tensor ye = GroupedExperts(in_RD.index_select(0, sorted), local_counts, block(w1_EFD),
+    at::Tensor ye = GroupedExperts(in_RD.index_select(0, order), local_counts, block(w1_EFD),
                                    block(w3_EFD), block(w2_EDF), c, linear, prefix, me * M);
-    out_RD = out_RD.index_add(0, sorted, ye.to(out_RD.scalar_type()));
+    out_RD = out_RD.index_add(0, order, ye.to(out_RD.scalar_type()));
     return AllToAllFunction::apply(out_RD, ex_id, recv, send);
   }
+  int64_t first = 0;
   for (int64_t m = 0; m < M; ++m) {
-    if (rows_of[m].empty()) continue;
+    if (local_counts[m] == 0) continue;
     const int64_t e = me * M + m;
     const int64_t w = all_here ? e : m;
-    at::Tensor rows = at::tensor(rows_of[m], at::kLong).to(in_RD.device());
+    at::Tensor rows = order.narrow(0, first, local_counts[m]);
+    first += local_counts[m];
     at::Tensor ye = RunExpert(in_RD.index_select(0, rows), w1_EFD[w], w3_EFD[w], w2_EDF[w],
                               linear, prefix + "experts." + std::to_string(e) + ".");
     out_RD = out_RD.index_add(0, rows, ye.to(out_RD.scalar_type()));
