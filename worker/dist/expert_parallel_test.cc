@@ -7,11 +7,9 @@
 #include <functional>
 #include <mutex>
 #include <set>
-#include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "worker/dist/expert_exchange.h"
-#include "worker/dist/free_port.h"
+#include "worker/dist/on_ranks.h"
 #include "worker/model/transformer.h"
 
 namespace tally::dist {
@@ -37,23 +35,12 @@ struct Result {
   std::set<std::string> sites;
 };
 
-// run(rank, exchange) on two ranks, threads joined by a Gloo group.
+// run(rank, exchange) on two ranks.
 void OnTwoRanks(const std::function<Result(int, model::ExpertExchange*)>& run, Result* split) {
-  const std::string address = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      GroupOptions o;
-      o.rank = rank;
-      o.world_size = 2;
-      o.store_address = address;
-      auto g = Group::Create(o);
-      ASSERT_TRUE(g.ok()) << g.status();
-      GroupExchange ex(g->get());
-      split[rank] = run(rank, &ex);
-    });
-  }
-  for (auto& t : threads) t.join();
+  OnRanks(2, [&](Group& g) {
+    GroupExchange ex(&g);
+    split[g.rank()] = run(g.rank(), &ex);
+  });
 }
 
 class ExpertParallelTest : public ::testing::Test {

@@ -3,10 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <thread>
-
-#include "absl/strings/str_cat.h"
-#include "worker/dist/free_port.h"
+#include "worker/dist/on_ranks.h"
 
 namespace tally::dist {
 namespace {
@@ -15,20 +12,14 @@ namespace {
 // is (r + 1) x sum(c * (b * a)) over two micro-batches; rank 1 leaves `b`
 // out of its first micro-batch and rank 0 never uses `c`.
 TEST(GradientSyncTest, SumsOverlapTheBackwardAndKeepOrder) {
-  const std::string address = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
   std::vector<at::Tensor> results[2];
   int early[2] = {0, 0}, buckets[2] = {0, 0};
-  auto rank_main = [&](int rank) {
-    GroupOptions o;
-    o.rank = rank;
-    o.world_size = 2;
-    o.store_address = address;
-    auto group = Group::Create(o);
-    ASSERT_TRUE(group.ok()) << group.status();
+  OnRanks(2, [&](Group& group) {
+    const int rank = group.rank();
     std::vector<at::Tensor> params = {at::full({1024}, 1.0), at::full({1024}, 2.0),
                                       at::full({1024}, 3.0)};
     for (auto& p : params) p.set_requires_grad(true);
-    GradientSync sync(group->get(), params, 4096);
+    GradientSync sync(&group, params, 4096);
     buckets[rank] = sync.num_buckets();
     for (int micro = 0; micro < 2; ++micro) {
       if (micro == 1) sync.Arm();
@@ -39,10 +30,7 @@ TEST(GradientSyncTest, SumsOverlapTheBackwardAndKeepOrder) {
     sync.Finish();
     early[rank] = sync.launched_during_backward();
     for (auto& p : params) results[rank].push_back(p.grad().clone());
-  };
-  std::thread r0(rank_main, 0), r1(rank_main, 1);
-  r0.join();
-  r1.join();
+  });
   EXPECT_EQ(buckets[0], 3);
   // Rank 0: da = 2 b, db = 2 a (both micro-batches), dc = 0.
   // Rank 1: da = 2 (c + b c), db = 2 a c (second only), dc = 2 (a + a b).

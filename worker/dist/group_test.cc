@@ -1,5 +1,6 @@
 #include "worker/dist/free_port.h"
 #include "worker/dist/group.h"
+#include "worker/dist/on_ranks.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -22,20 +23,6 @@ GroupOptions Options(int rank, int world, int port, double timeout = 30) {
   o.prefix = "test";
   o.timeout_seconds = timeout;
   return o;
-}
-
-// Runs body(group) on `world` ranks, one thread each, in this process.
-void OnRanks(int world, const std::function<void(Group&)>& body) {
-  const int port = FreeLoopbackPort();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto g = Group::Create(Options(r, world, port));
-      ASSERT_TRUE(g.ok()) << g.status();
-      body(**g);
-    });
-  }
-  for (auto& t : threads) t.join();
 }
 
 TEST(GroupTest, AllReduceSumAcrossBucketsAndDtypes) {
