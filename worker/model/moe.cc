@@ -268,7 +268,9 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
       c.grouped_mm && (linear == nullptr
                            ? GroupedShapesFit(D, F, x_ND.is_cuda())
                            : linear->Groups(x_ND, F, D) && linear->Groups(x_ND, D, F));
-  if (across_ranks || grouped) {
+  // (With no kept assignment at all, the loop below has nothing to do; the
+  // exchange must still run, as every rank joins it.)
+  if (across_ranks || (grouped && kept > 0)) {
     // All kept assignments at once, sorted by expert.
     at::Tensor idx = order.narrow(0, 0, kept);
     at::Tensor tok = token_A.index_select(0, idx);

@@ -344,6 +344,17 @@ TEST(Fp8LinearsTest, GroupedExpertsMatchTheLoopOnTheSameFp8Operands) {
       EXPECT_TRUE(grouped.grouped_off().empty());
     }
   }
+  // A batch of padding only: no expert runs, nothing is turned off.
+  RecipeConfig rc;
+  rc.grouped_on_cpu = true;
+  Fp8Linears fp8(rc);
+  at::Tensor x = at::randn({N, D}).set_requires_grad(true);
+  at::Tensor w = (at::randn({E, F, D}) * 0.2).set_requires_grad(true);
+  model::MoeOutput out = model::MoeForward(x, at::zeros({N}, at::kBool), at::randn({E, D}), {},
+                                           w, w, at::randn({E, D, F}), moe, &fp8, "layers.0.");
+  EXPECT_EQ(out.y_ND.abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(fp8.TakeStats().total_products, 0);
+  EXPECT_TRUE(fp8.grouped_off().empty());
 }
 
 }  // namespace
