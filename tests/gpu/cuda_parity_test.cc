@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
@@ -107,52 +109,77 @@ TEST(CudaParity, DocumentsStayApartOnCuda) {
   EXPECT_LT(err, 1e-2) << "the same BF16 kernels on the same document";
 }
 
+// One MoE layer's inputs, small (checked against the CPU) or at transformer
+// scale (timed): 8 experts, top-2, under BF16 autocast on CUDA.
+struct MoeLayerCase {
+  MoeLayerCase(bool big, uint64_t seed)
+      : E(8), D(big ? 1024 : 64), F(big ? 1408 : 128), N(big ? 8192 : 300) {
+    config.num_experts = E;
+    config.top_k = 2;
+    at::manual_seed(seed);
+    x = at::randn({N, D});
+    router = at::randn({E, D}) * 0.1;
+    w1 = at::randn({E, F, D}) * 0.02;
+    w3 = at::randn({E, F, D}) * 0.02;
+    w2 = at::randn({E, D, F}) * 0.02;
+  }
+  // Forward and backward on `dev`: the output, dx and dw1, on the host.
+  std::vector<at::Tensor> Run(const model::MoeConfig& c, at::Device dev,
+                              model::LinearOverride* linear) const {
+    std::vector<at::Tensor> p = {x.to(dev).set_requires_grad(true), router.to(dev),
+                                 w1.to(dev).set_requires_grad(true), w3.to(dev),
+                                 w2.to(dev).set_requires_grad(true)};
+    model::MoeOutput o =
+        model::MoeForward(p[0], {}, p[1], {}, p[2], p[3], p[4], c, linear, "layers.0.");
+    o.y_ND.to(at::kFloat).square().sum().backward();
+    return {o.y_ND.to(at::kCPU, at::kFloat), p[0].grad().to(at::kCPU), p[2].grad().to(at::kCPU)};
+  }
+  std::string Shape() const {
+    return absl::StrCat(N, " tokens, ", E, " experts ", D, "x", F);
+  }
+  const int64_t E, D, F, N;
+  model::MoeConfig config;
+  at::Tensor x, router, w1, w3, w2;
+};
+
+// Each output's largest difference relative to the reference's largest value.
+void ExpectClose(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want,
+                 double tolerance, const std::string& what) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = ((got[i] - want[i]).abs().max() / want[i].abs().max()).item<double>();
+    std::cout << what << ", output " << i << ": max diff " << err << "\n";
+    EXPECT_LT(err, tolerance) << what << ", output " << i;
+  }
+}
+
+// Milliseconds per call of `f`, over 10 calls after a warm-up.
+double MsPerCall(const std::function<void()>& f) {
+  f();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 10; ++r) f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+         10;
+}
+
 // The grouped expert path (at::_grouped_mm, BF16) against the CPU FP32
 // reference, then timed against the loop over experts at transformer scale.
 TEST(CudaParity, GroupedExpertsMatchTheCpuAndBeatTheLoop) {
   at::autocast::set_autocast_enabled(at::kCUDA, true);
   at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  const at::Device cuda("cuda:0");
   for (const bool big : {false, true}) {
-    const int64_t E = 8, D = big ? 1024 : 64, F = big ? 1408 : 128, N = big ? 8192 : 300;
-    model::MoeConfig grouped;
-    grouped.num_experts = E;
-    grouped.top_k = 2;
-    model::MoeConfig loop = grouped;
+    const MoeLayerCase m(big, 9);
+    model::MoeConfig loop = m.config;
     loop.grouped_mm = false;
-    at::manual_seed(9);
-    at::Tensor x = at::randn({N, D}), router = at::randn({E, D}) * 0.1,
-               w1 = at::randn({E, F, D}) * 0.02, w3 = at::randn({E, F, D}) * 0.02,
-               w2 = at::randn({E, D, F}) * 0.02;
-    auto run = [&](const model::MoeConfig& c, at::Device dev) {
-      std::vector<at::Tensor> p = {x.to(dev).set_requires_grad(true), router.to(dev),
-                                   w1.to(dev).set_requires_grad(true), w3.to(dev),
-                                   w2.to(dev).set_requires_grad(true)};
-      model::MoeOutput o = model::MoeForward(p[0], {}, p[1], {}, p[2], p[3], p[4], c, nullptr, "");
-      o.y_ND.to(at::kFloat).square().sum().backward();
-      return std::vector<at::Tensor>{o.y_ND.to(at::kCPU, at::kFloat), p[0].grad().to(at::kCPU),
-                                     p[2].grad().to(at::kCPU)};
-    };
     if (!big) {
-      auto cpu = run(loop, at::kCPU);
-      auto gpu = run(grouped, at::Device("cuda:0"));
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        const double err = ((gpu[i] - cpu[i]).abs().max() / cpu[i].abs().max()).item<double>();
-        std::cout << "grouped experts on CUDA vs CPU, output " << i << ": max diff " << err << "\n";
-        EXPECT_LT(err, 3e-2) << i;
-      }
+      ExpectClose(m.Run(m.config, cuda, nullptr), m.Run(loop, at::kCPU, nullptr), 3e-2,
+                  "grouped experts on CUDA vs CPU");
       continue;
     }
-    double ms[2];
-    for (int which = 0; which < 2; ++which) {
-      const auto& c = which == 0 ? grouped : loop;
-      run(c, at::Device("cuda:0"));  // warm-up
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < 10; ++r) run(c, at::Device("cuda:0"));
-      ms[which] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                      .count() / 10;
-    }
-    std::cout << "MoE layer fwd+bwd, " << N << " tokens, " << E << " experts " << D << "x" << F
-              << ": grouped " << ms[0] << " ms, loop " << ms[1] << " ms\n";
+    const double grouped = MsPerCall([&] { m.Run(m.config, cuda, nullptr); });
+    const double looped = MsPerCall([&] { m.Run(loop, cuda, nullptr); });
+    std::cout << "MoE layer fwd+bwd, " << m.Shape() << ": grouped " << grouped << " ms, loop "
+              << looped << " ms\n";
   }
   at::autocast::set_autocast_enabled(at::kCUDA, false);
 }
@@ -198,57 +225,34 @@ TEST(CudaParity, Fp8LinearMatchesTheCpuEmulationWithTheFusedCast) {
 TEST(CudaParity, Fp8GroupedExpertsMatchTheCpuAndBeatTheLoop) {
   at::autocast::set_autocast_enabled(at::kCUDA, true);
   at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  const at::Device cuda("cuda:0");
+  auto recipe = [](bool grouped) {
+    precision::RecipeConfig rc;
+    rc.recipe = precision::Recipe::kCurrent;
+    rc.grouped_experts = grouped;
+    rc.grouped_on_cpu = grouped;
+    return rc;
+  };
   for (const bool big : {false, true}) {
-    const int64_t E = 8, D = big ? 1024 : 64, F = big ? 1408 : 128, N = big ? 8192 : 300;
-    model::MoeConfig moe;
-    moe.num_experts = E;
-    moe.top_k = 2;
-    at::manual_seed(21);
-    at::Tensor x = at::randn({N, D}), router = at::randn({E, D}) * 0.1,
-               w1 = at::randn({E, F, D}) * 0.02, w3 = at::randn({E, F, D}) * 0.02,
-               w2 = at::randn({E, D, F}) * 0.02;
-    auto run = [&](bool grouped, at::Device dev, std::string* off, int64_t* grouped_products) {
-      precision::RecipeConfig rc;
-      rc.recipe = precision::Recipe::kCurrent;
-      rc.grouped_experts = grouped;
-      rc.grouped_on_cpu = grouped;
-      precision::Fp8Linears fp8(rc);
-      std::vector<at::Tensor> p = {x.to(dev).set_requires_grad(true), router.to(dev),
-                                   w1.to(dev).set_requires_grad(true), w3.to(dev),
-                                   w2.to(dev).set_requires_grad(true)};
-      model::MoeOutput o =
-          model::MoeForward(p[0], {}, p[1], {}, p[2], p[3], p[4], moe, &fp8, "layers.0.");
-      o.y_ND.to(at::kFloat).square().sum().backward();
-      if (off) *off = fp8.grouped_off();
-      if (grouped_products) *grouped_products = fp8.TakeStats().grouped_products;
-      return std::vector<at::Tensor>{o.y_ND.to(at::kCPU, at::kFloat), p[0].grad().to(at::kCPU),
-                                     p[2].grad().to(at::kCPU)};
-    };
+    const MoeLayerCase m(big, 21);
     if (!big) {
-      std::string off;
-      int64_t products = 0;
-      auto cpu = run(true, at::kCPU, nullptr, nullptr);
-      auto gpu = run(true, at::Device("cuda:0"), &off, &products);
-      EXPECT_EQ(off, "") << "the grouped product was turned off";
-      EXPECT_GT(products, 0);
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        const double err = ((gpu[i] - cpu[i]).abs().max() / cpu[i].abs().max()).item<double>();
-        std::cout << "FP8 grouped experts on CUDA vs CPU emulation, output " << i
-                  << ": max diff " << err << "\n";
-        EXPECT_LT(err, 5e-2) << i;
-      }
+      precision::Fp8Linears on_cpu(recipe(true)), on_gpu(recipe(true));
+      const auto cpu = m.Run(m.config, at::kCPU, &on_cpu);
+      const auto gpu = m.Run(m.config, cuda, &on_gpu);
+      EXPECT_EQ(on_gpu.grouped_off(), "") << "the grouped product was turned off";
+      EXPECT_GT(on_gpu.TakeStats().grouped_products, 0);
+      ExpectClose(gpu, cpu, 5e-2, "FP8 grouped experts on CUDA vs CPU emulation");
       continue;
     }
     double ms[2];
-    for (int which = 0; which < 2; ++which) {
-      run(which == 0, at::Device("cuda:0"), nullptr, nullptr);  // warm-up
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < 10; ++r) run(which == 0, at::Device("cuda:0"), nullptr, nullptr);
-      ms[which] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                      .count() / 10;
+    for (const bool grouped : {true, false}) {
+      ms[grouped ? 0 : 1] = MsPerCall([&] {
+        precision::Fp8Linears fp8(recipe(grouped));
+        m.Run(m.config, cuda, &fp8);
+      });
     }
-    std::cout << "FP8 MoE layer fwd+bwd, " << N << " tokens, " << E << " experts " << D << "x"
-              << F << ": grouped forward " << ms[0] << " ms, loop " << ms[1] << " ms\n";
+    std::cout << "FP8 MoE layer fwd+bwd, " << m.Shape() << ": grouped forward " << ms[0]
+              << " ms, loop " << ms[1] << " ms\n";
   }
   at::autocast::set_autocast_enabled(at::kCUDA, false);
 }
