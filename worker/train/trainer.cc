@@ -344,7 +344,7 @@ std::map<size_t, std::array<at::Tensor, 3>> Run::GatherShards() {
     for (size_t i : sharded) {
       for (int k = 0; k < 3; ++k) {
         const at::Tensor t = local(i, k);
-        at::Tensor block = j == c_.rank ? t.clone() : at::empty_like(t);
+        at::Tensor block = j == c_.rank ? t : at::empty_like(t);  // the root only sends
         group_->Broadcast({block}, j);
         if (lead()) whole[i][k].narrow(0, j * t.size(0), t.size(0)).copy_(block);
       }
@@ -676,11 +676,14 @@ TrainResult Run::Go() {
       sync_->Finish();
       // Sharded experts' share of the gradient norm: each rank has its own.
       const size_t sharded_sq_at = v.size();
-      v.push_back(0);
-      for (const auto& p : params) {
-        if (p.sharded && p.value.grad().defined()) {
-          v[sharded_sq_at] += p.value.grad().to(at::kDouble).square().sum().item<double>();
+      {
+        std::vector<at::Tensor> squares;
+        for (const auto& p : params) {
+          if (p.sharded && p.value.grad().defined()) {
+            squares.push_back(p.value.grad().to(at::kDouble).square().sum());
+          }
         }
+        v.push_back(squares.empty() ? 0.0 : at::stack(squares).sum().item<double>());  // one read
       }
       const size_t moe_at = v.size();
       const auto biases = model_->expert_biases();
