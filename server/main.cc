@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "server/api/core.h"
 #include "server/api/services.h"
+#include "server/config/tallyd_config.h"
 #include "server/metrics/http_exporter.h"
 #include "server/store/memory_job_store.h"
 #include "server/store/sqlite_job_store.h"
@@ -64,24 +65,27 @@ absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<policy::PriceTable> LoadConfig(const std::string& path) {
-  if (path.empty()) return policy::PriceTable{};
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("--config: cannot read ", path));
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  auto table = policy::ParsePriceTable(text);
-  if (!table.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--config: ", path, ": ", table.status().message()));
+// Writes `text` to `path` atomically (a temporary file renamed over it), so a
+// reader never sees half of it. Errors name the flag and the path.
+absl::Status WriteAddressFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text << "\n";
+    out.flush();
+    if (!out) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--address_file: cannot write ", tmp, " (does its directory exist and is it writable?)"));
+    }
   }
-  return table;
-}
-
-std::string DescribePrices(const policy::PriceTable& t) {
-  if (t.usd_per_gpu_hour.empty()) return "no prices configured: every GPU type costs $0";
-  std::string out = "prices $/GPU-hour:";
-  for (const auto& [gpu, usd] : t.usd_per_gpu_hour) absl::StrAppend(&out, " ", gpu, "=", usd);
-  return out;
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return absl::FailedPreconditionError(
+        absl::StrCat("--address_file: cannot rename ", tmp, " to ", path, ": ", ec.message()));
+  }
+  return absl::OkStatus();
 }
 
 std::string HostOf(const std::string& hostport) {
@@ -108,14 +112,29 @@ int Run() {
     return 2;
   }
 
+  // A bad --address_file is refused before anything is served.
+  const std::string address_file = absl::GetFlag(FLAGS_address_file);
+  if (!address_file.empty()) {
+    // Its temporary file is made and removed: the file itself appears only
+    // once tallyd serves, since readers take its appearance as that sign.
+    const std::string tmp = address_file + ".tmp";
+    if (!std::ofstream(tmp, std::ios::trunc)) {
+      spdlog::error("--address_file: cannot write {} (does its directory exist and is it "
+                    "writable?)", tmp);
+      return 2;
+    }
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+  }
+
   const std::string config_path = absl::GetFlag(FLAGS_config);
-  auto prices = LoadConfig(config_path);
-  if (!prices.ok()) {
-    spdlog::error("{}", std::string(prices.status().message()));
+  auto config = config::LoadTallydConfig(config_path);
+  if (!config.ok()) {
+    spdlog::error("{}", std::string(config.status().message()));
     return 2;
   }
-  options.prices = *prices;
-  spdlog::info("tallyd: {}", DescribePrices(options.prices));
+  options.prices = config->prices;
+  spdlog::info("tallyd: {}", options.prices.Describe());
 
   // Signals are taken by one thread with sigwait; block them everywhere first.
   sigset_t signals;
@@ -188,10 +207,12 @@ int Run() {
                    HostOf(metrics_listen), ":", (*exporter)->port());
   std::printf("tallyd serving %s\n", addresses.c_str());
   std::fflush(stdout);
-  if (const std::string f = absl::GetFlag(FLAGS_address_file); !f.empty()) {
-    const std::string tmp = f + ".tmp";
-    std::ofstream(tmp) << addresses << "\n";
-    std::filesystem::rename(tmp, f);
+  if (!address_file.empty()) {
+    if (absl::Status s = WriteAddressFile(address_file, addresses); !s.ok()) {
+      spdlog::error("{}", std::string(s.message()));
+      server->Shutdown();
+      return 2;
+    }
   }
 
   std::atomic<bool> stop{false};
@@ -211,15 +232,15 @@ int Run() {
       spdlog::warn("SIGHUP: no --config to reload");
       continue;
     }
-    auto reloaded = LoadConfig(config_path);
+    auto reloaded = config::LoadTallydConfig(config_path);
     if (!reloaded.ok()) {
       spdlog::error("SIGHUP: {}; keeping the previous prices",
                     std::string(reloaded.status().message()));
       continue;
     }
-    spdlog::info("SIGHUP: reloaded {}", DescribePrices(*reloaded));
+    spdlog::info("SIGHUP: reloaded {}", reloaded->prices.Describe());
     core.Run([&](sched::Scheduler& s) {
-      s.SetPrices(*reloaded);
+      s.SetPrices(reloaded->prices);
       return 0;
     });
   }

@@ -1,31 +1,12 @@
-// The cost ledger's arithmetic (pure): prices, checkpoint costs, estimates.
-// The scheduler accrues time on its clock and calls these; they do no I/O.
+// The cost ledger's arithmetic (pure): dollars for GPU time, checkpoint
+// costs, estimates. server/ledger's CostLedger calls these; they do no I/O.
 #ifndef TALLY_SERVER_POLICY_COST_H_
 #define TALLY_SERVER_POLICY_COST_H_
 
 #include <cstdint>
-#include <map>
-#include <optional>
-#include <string>
-
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace tally::policy {
-
-// tallyd's price table, from its config file (YAML):
-//   usd_per_gpu_hour: {cpu: 0.05, h200: 3.50}
-//   flops_per_second_per_gpu: {cpu: 2.0e10, h200: 4.0e14}   # for estimates
-// A GPU type with no price costs 0 and is reported as unpriced.
-struct PriceTable {
-  std::map<std::string, double> usd_per_gpu_hour;
-  std::map<std::string, double> flops_per_second_per_gpu;
-  double Price(const std::string& gpu_type) const;  // 0 when unpriced
-};
-
-// InvalidArgument naming the key and the line for anything malformed.
-absl::StatusOr<PriceTable> ParsePriceTable(absl::string_view yaml);
 
 double CostUsd(absl::Duration held, int gpus, double usd_per_gpu_hour);
 

@@ -8,30 +8,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(CostTest, ParsesThePriceTable) {
-  auto t = ParsePriceTable(R"(
-usd_per_gpu_hour: {cpu: 0.05, h200: 3.5}
-flops_per_second_per_gpu:
-  h200: 4.0e14
-)");
-  ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_DOUBLE_EQ(t->Price("h200"), 3.5);
-  EXPECT_DOUBLE_EQ(t->Price("a100"), 0);
-  EXPECT_DOUBLE_EQ(t->flops_per_second_per_gpu.at("h200"), 4e14);
-  EXPECT_TRUE(ParsePriceTable("").ok());
-}
-
-TEST(CostTest, BadConfigNamesTheKeyAndLine) {
-  auto a = ParsePriceTable("usd_per_gpu_hour: {cpu: cheap}\n");
-  EXPECT_THAT(a.status().message(), HasSubstr("usd_per_gpu_hour.cpu (line 1): not a number"));
-  auto b = ParsePriceTable("prices: {cpu: 1}\n");
-  EXPECT_THAT(b.status().message(), HasSubstr("prices (line 1): unknown key"));
-  auto c = ParsePriceTable("usd_per_gpu_hour:\n  cpu: -1\n");
-  EXPECT_THAT(c.status().message(), HasSubstr("line 2"));
-  EXPECT_FALSE(ParsePriceTable("usd_per_gpu_hour: [1, 2]").ok());
-  EXPECT_FALSE(ParsePriceTable("{unclosed").ok());
-}
-
 TEST(CostTest, DollarsAreGpuHoursTimesPrice) {
   EXPECT_DOUBLE_EQ(CostUsd(absl::Minutes(30), 4, 2.0), 4.0);
   EXPECT_DOUBLE_EQ(CostUsd(absl::ZeroDuration(), 4, 2.0), 0.0);

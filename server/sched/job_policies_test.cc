@@ -18,8 +18,10 @@ class Channel : public WorkerChannel {
  public:
   void Send(const std::string& w, const ControllerMessage& m) override {
     if (m.has_stop()) stops.push_back(w + ":" + m.stop().reason());
+    if (m.has_stop() && m.stop().checkpoint()) ++checkpoint_stops;
   }
   std::vector<std::string> stops;
+  int checkpoint_stops = 0;
 };
 
 class JobPoliciesTest : public ::testing::Test {
@@ -109,6 +111,15 @@ class JobPoliciesTest : public ::testing::Test {
     m.mutable_heartbeat();
     Send(m);
   }
+  // The worker obeys a stop order: the attempt exits STOPPED.
+  void ExitStopped(int64_t id) {
+    tally::v1::WorkerMessage m;
+    m.mutable_exit()->set_job("jobs/" + std::to_string(id));
+    m.mutable_exit()->set_attempt(Job(id).attempt());
+    m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+    m.mutable_exit()->set_reason("stop ordered");
+    Send(m);
+  }
 
   FakeClock clock_;
   store::InMemoryJobStore store_;
@@ -189,8 +200,16 @@ TEST_F(JobPoliciesTest, PatienceStopsWithTheRuleTheNumbersAndTheBestCheckpoint) 
   EXPECT_EQ(Job(id).early_stopping().patience_left(), 1);
   EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
   Eval(id, 300, 2.99);
+  // Decided and committed; the job ends once the worker has stopped.
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).pending_stop().rule(), "patience");
+  EXPECT_EQ(Job(id).pending_stop().step(), 300);
+  ASSERT_EQ(channel_.stops.size(), 1u);
+  EXPECT_EQ(channel_.checkpoint_stops, 1);
+  ExitStopped(id);  // a worker that wrote no final checkpoint
   const auto j = Job(id);
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_FALSE(j.has_pending_stop());
   EXPECT_THAT(j.state_reason(), HasSubstr("patience: 2 evaluations without improving"));
   EXPECT_THAT(j.state_reason(), HasSubstr("3.0000 (step 100) by 3%"));
   EXPECT_EQ(j.early_stopping().stop_rule(), "patience");
@@ -201,9 +220,74 @@ TEST_F(JobPoliciesTest, PatienceStopsWithTheRuleTheNumbersAndTheBestCheckpoint) 
   ASSERT_EQ(channel_.stops.size(), 1u);
 }
 
+// The evaluation that stops a job measured a state the job keeps: the
+// checkpoint the worker writes at that step (reported after the eval, maybe
+// after the stop was decided) is recorded, priced and named the best.
+TEST_F(JobPoliciesTest, AnEarlyStopKeepsTheStateItsEvaluationMeasured) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_baseline_evals(1);
+  spec.mutable_early_stopping()->set_baseline_min_rel_gain(0.5);
+  const int64_t id = Start(spec);
+  Eval(id, 0, 4.0);
+  Eval(id, 10, 3.9);
+  Checkpoint(id, 10, 100);
+  Eval(id, 20, 3.5187);  // not 50% better than the baseline: stop
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).pending_stop().rule(), "no_gain_over_baseline");
+  Checkpoint(id, 20, 200);  // written at step 20, in flight when the stop was decided
+  ExitStopped(id);
+  const auto j = Job(id);
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_EQ(j.early_stopping().best_checkpoint(), "/ckpt/20");
+  auto cks = *store_.ListCheckpoints(id);
+  ASSERT_EQ(cks.size(), 2u);
+  EXPECT_DOUBLE_EQ(cks[1].val_loss(), 3.5187);
+  auto events = *store_.ListEvents(id, 0, 100);
+  EXPECT_THAT(events.back().detail(), HasSubstr("best checkpoint: step 20, val_loss 3.5187"));
+}
+
+TEST_F(JobPoliciesTest, ADecidedStopEndsAfterTheGraceWithoutTheWorker) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_patience(1);
+  const int64_t id = Start(spec);
+  Eval(id, 0, 5.0);
+  Checkpoint(id, 0, 0);
+  Eval(id, 10, 5.0);
+  ASSERT_TRUE(Job(id).has_pending_stop());
+  clock_.Advance(options_.stop_grace - absl::Seconds(1));
+  Beat();
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(2));
+  Beat();
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  auto events = *store_.ListEvents(id, 0, 100);
+  EXPECT_THAT(events.back().detail(), HasSubstr("did not confirm the stop"));
+}
+
+TEST_F(JobPoliciesTest, ADecidedStopSurvivesARestartAndIsAskedAgain) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_patience(1);
+  const int64_t id = Start(spec);
+  Eval(id, 0, 5.0);
+  Eval(id, 10, 5.0);
+  ASSERT_TRUE(Job(id).has_pending_stop());
+  EXPECT_EQ(channel_.checkpoint_stops, 1);
+  Restart();
+  Readopt(id);
+  EXPECT_EQ(channel_.checkpoint_stops, 2) << "the adopted attempt is told to stop again";
+  Checkpoint(id, 10, 100);
+  ExitStopped(id);
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_EQ(Job(id).early_stopping().best_checkpoint(), "/ckpt/10");
+}
+
 TEST_F(JobPoliciesTest, NanAtTheFirstEvalDiverges) {
   const int64_t id = Start(Spec());
   Eval(id, 0, std::nan(""));
+  EXPECT_EQ(Job(id).pending_stop().rule(), "divergence");
+  ExitStopped(id);
   EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
   EXPECT_EQ(Job(id).early_stopping().stop_rule(), "divergence");
 }
@@ -229,6 +313,8 @@ TEST_F(JobPoliciesTest, PatienceAndCostContinueAcrossARestart) {
   Eval(id, 200, 5.0);  // the resumed step again: not counted
   EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
   Eval(id, 300, 5.0);  // 3 of 3
+  EXPECT_EQ(Job(id).pending_stop().rule(), "patience");
+  ExitStopped(id);
   EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
 }
 

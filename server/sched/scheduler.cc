@@ -1,16 +1,18 @@
 #include "server/sched/scheduler.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/names.h"
+#include "common/proto_time.h"
 #include "common/spec_validation.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/time_util.h"
 #include "server/policy/placement.h"
-#include "server/sched/proto_time.h"
+#include "server/sched/eval_decision.h"
 
 namespace tally::sched {
 namespace {
@@ -27,7 +29,64 @@ std::string ShortSeconds(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
 }
 
+const char* Outcome(store::AttemptState s) {
+  switch (s) {
+    case store::ATTEMPT_STATE_SUCCEEDED:
+      return "succeeded";
+    case store::ATTEMPT_STATE_LOST:
+      return "lost";
+    case store::ATTEMPT_STATE_FAILED:
+      return "failed";
+    default:
+      return "stopped";
+  }
+}
+
+// Per-job metrics observe commits like any other observer.
+class JobMetricsObserver final : public CommitObserver {
+ public:
+  explicit JobMetricsObserver(metrics::JobMetrics* metrics) : metrics_(metrics) {}
+  void OnJobCommitted(const store::JobRecord& job, const store::Mutation& m) override {
+    metrics_->Update(job.job());
+    for (const auto& ck : m.checkpoints) metrics_->OnCheckpoint(job.job(), ck);
+  }
+
+ private:
+  metrics::JobMetrics* const metrics_;
+};
+
 }  // namespace
+
+// One state change, decided: everything the transaction writes and what is
+// done once it has committed. Built from a copy of the job; nothing outside
+// the plan changes until Execute commits it.
+struct Scheduler::Plan {
+  int64_t job_id = 0;
+  absl::Time now;
+  // Written in one transaction.
+  store::JobRecord rec;
+  std::optional<store::AttemptRecord> attempt;  // the attempt, changed or not
+  bool write_attempt = false;
+  std::vector<tally::v1::JobEvent> events;
+  std::vector<tally::v1::Checkpoint> checkpoints;
+  // In memory, once committed.
+  bool keep_attempt = false;  // the job still has a current attempt after
+  bool finished = false;      // terminal: the job leaves the active set
+  bool requeued = false;      // queued again: its wait starts now
+  bool progress_event = false;
+  std::optional<tally::v1::Checkpoint> last_checkpoint;
+  std::optional<std::pair<int64_t, double>> last_eval;
+  std::vector<std::pair<std::string, AttemptKey>> release;    // slots freed
+  std::vector<std::tuple<std::string, AttemptKey, int>> hold;  // slots taken
+  // Acted on, once committed.
+  std::vector<std::pair<std::string, tally::v1::ControllerMessage>> sends;
+  std::vector<JobState> transitions;
+  std::vector<std::string> attempts_ended;  // outcomes
+  double cost_added_usd = 0;
+  double lost_added_usd = 0;
+  std::string early_stop_rule;
+  std::optional<double> queue_wait_seconds;
+};
 
 int Scheduler::WorkerState::Used() const {
   int n = 0;
@@ -35,10 +94,16 @@ int Scheduler::WorkerState::Used() const {
   return n;
 }
 
-Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel,
-                     const Clock* clock, metrics::Registry* registry,
-                     SchedulerOptions options)
-    : store_(store), channel_(channel), clock_(clock), options_(options) {
+Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock* clock,
+                     metrics::Registry* registry, SchedulerOptions options)
+    : store_(store),
+      channel_(channel),
+      clock_(clock),
+      options_(options),
+      ledger_(options.prices),
+      job_metrics_(registry) {
+  job_metrics_observer_ = std::make_unique<JobMetricsObserver>(&job_metrics_);
+  observers_.push_back(job_metrics_observer_.get());
   queue_wait_ = &metrics::BuildHistogram()
                      .Name("tally_queue_wait_seconds")
                      .Help("Time jobs waited in QUEUED before an attempt started.")
@@ -75,46 +140,6 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel,
   for (int s = tally::v1::JOB_STATE_QUEUED; s <= tally::v1::JOB_STATE_FAILED; ++s) {
     jobs->Add({{"state", StateName(static_cast<JobState>(s))}});
   }
-  auto gauge = [&](const char* name, const char* help) {
-    return &metrics::BuildGauge().Name(name).Help(help).Register(*registry);
-  };
-  job_gauges_.step = gauge("tally_job_step", "Latest step of a running job.");
-  job_gauges_.train_loss = gauge("tally_job_train_loss", "Latest training loss of a running job.");
-  job_gauges_.val_loss = gauge("tally_job_val_loss", "Latest validation loss of a running job.");
-  job_gauges_.best_val_loss =
-      gauge("tally_job_best_val_loss", "Best validation loss of a running job so far.");
-  job_gauges_.tokens = gauge("tally_job_tokens",
-                             "Tokens a running job has computed, by kind (useful or padding).");
-  job_gauges_.useful_tokens_per_second = gauge(
-      "tally_job_useful_tokens_per_second", "Document tokens per second of a running job.");
-  job_gauges_.padding_fraction =
-      gauge("tally_job_padding_fraction", "Fraction of a running job's tokens that are padding.");
-  job_gauges_.cost = gauge("tally_job_cost_dollars", "Dollars a running job has cost so far.");
-  job_gauges_.checkpoint_cost = gauge(
-      "tally_job_checkpoint_cost_dollars",
-      "Dollars between a running job's two latest checkpoints.");
-  job_gauges_.patience_left = gauge(
-      "tally_job_patience_left",
-      "Evaluations a running job may go without improving before it is stopped.");
-  job_gauges_.budget_fraction = gauge(
-      "tally_job_budget_used_ratio", "Fraction of budget.max_dollars a running job has spent.");
-  job_gauges_.fp8_overflows = gauge(
-      "tally_job_fp8_overflows",
-      "Values an FP8 job's current attempt clamped to the format's range.");
-  job_gauges_.fp8_product_fraction = gauge(
-      "tally_job_fp8_product_fraction",
-      "Fraction of an FP8 job's matrix products computed in FP8.");
-  job_gauges_.fp8_amax = gauge("tally_job_fp8_amax",
-                               "Latest amax of an FP8 job's tensors, by group.");
-  job_gauges_.moe_load = gauge(
-      "tally_job_moe_max_over_mean_load",
-      "MoE jobs: the busiest expert's tokens over the mean, per MoE layer (1 is balanced).");
-  job_gauges_.moe_entropy =
-      gauge("tally_job_moe_router_entropy", "MoE jobs: mean router entropy per layer, nats.");
-  job_gauges_.moe_dropped = gauge(
-      "tally_job_moe_dropped_fraction", "MoE jobs: token assignments over capacity, per layer.");
-  job_gauges_.moe_expert_tokens = gauge(
-      "tally_job_moe_expert_tokens", "MoE jobs: tokens each expert took at the latest step.");
   cost_total_ = &metrics::BuildCounter()
                      .Name("tally_cost_dollars_total")
                      .Help("Dollars accrued by running attempts, by GPU type.")
@@ -143,64 +168,370 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel,
   });
 }
 
-tally::v1::JobEvent Scheduler::NewEvent(const ActiveJob& job,
-                                        const std::string& type,
-                                        const std::string& reason,
-                                        const std::string& detail) const {
-  tally::v1::JobEvent e;
-  e.set_job(job.rec.job().name());
-  *e.mutable_time() = ToProto(clock_->Now());
+Scheduler::~Scheduler() = default;
+
+// ---------------------------------------------------------------- plans
+
+Scheduler::Plan Scheduler::NewPlan(const ActiveJob& job, absl::Time now) const {
+  Plan p;
+  p.job_id = job.rec.id();
+  p.now = now;
+  p.rec = job.rec;
+  p.attempt = job.attempt;
+  p.keep_attempt = job.attempt.has_value();
+  const bool running =
+      job.rec.job().state() == tally::v1::JOB_STATE_RUNNING && job.attempt.has_value();
+  ledger::Accrual a = ledger_.Accrue(job.rec.job(), running, now);
+  *p.rec.mutable_job()->mutable_cost() = std::move(a.cost);
+  p.cost_added_usd = a.added_usd;
+  return p;
+}
+
+void Scheduler::AddEvent(Plan& p, const std::string& type, const std::string& reason,
+                         const std::string& detail, std::optional<JobState> state) const {
+  tally::v1::Job& j = *p.rec.mutable_job();
+  if (state) {
+    if (j.state() != *state) {
+      j.set_state_reason(reason);
+      p.transitions.push_back(*state);
+    }
+    j.set_state(*state);
+    if (store::IsTerminal(*state)) *j.mutable_end_time() = ToProto(p.now);
+  }
+  j.set_last_event_sequence(j.last_event_sequence() + 1);
+  tally::v1::JobEvent& e = p.events.emplace_back();
+  e.set_job(j.name());
+  e.set_sequence(j.last_event_sequence());
+  *e.mutable_time() = ToProto(p.now);
   e.set_type(type);
+  e.set_state(j.state());
   e.set_reason(reason);
   e.set_detail(detail);
-  e.set_attempt(job.rec.job().attempt());
-  e.set_step(job.rec.job().step());
-  e.set_tokens(job.rec.job().tokens());
-  e.set_cost_usd(job.rec.job().cost().cost_usd());
-  e.set_patience_left(job.rec.job().spec().early_stopping().patience() > 0
-                          ? (job.rec.job().early_stopping().evals() > 0
-                                 ? job.rec.job().early_stopping().patience_left()
-                                 : job.rec.job().spec().early_stopping().patience())
+  e.set_attempt(j.attempt());
+  e.set_step(j.step());
+  e.set_tokens(j.tokens());
+  e.set_cost_usd(j.cost().cost_usd());
+  e.set_patience_left(j.spec().early_stopping().patience() > 0
+                          ? (j.early_stopping().evals() > 0
+                                 ? j.early_stopping().patience_left()
+                                 : j.spec().early_stopping().patience())
                           : -1);
-  return e;
 }
 
-absl::Status Scheduler::Record(ActiveJob& job, JobState state,
-                               const std::string& type,
-                               const std::string& reason,
-                               const std::string& detail, bool write_attempt) {
+void Scheduler::StopOrders(Plan& p, const std::string& reason, bool checkpoint,
+                           const std::string& except_worker) const {
+  if (!p.attempt) return;
+  const AttemptKey key{p.job_id, p.attempt->attempt()};
+  std::set<std::string> workers(p.attempt->worker_ids().begin(), p.attempt->worker_ids().end());
+  for (const auto& w : workers) {
+    if (w == except_worker) continue;
+    auto it = workers_.find(w);
+    if (it == workers_.end()) continue;
+    if (it->second.connected) {
+      // Its slots stay held until it reports the exit, so nothing new is
+      // placed on a worker still busy ending this attempt (a gang rank
+      // leaving a collective, a rendezvous port still bound).
+      tally::v1::ControllerMessage msg;
+      msg.mutable_stop()->set_job(p.rec.job().name());
+      msg.mutable_stop()->set_attempt(p.attempt->attempt());
+      msg.mutable_stop()->set_reason(reason);
+      msg.mutable_stop()->set_checkpoint(checkpoint);
+      p.sends.emplace_back(w, std::move(msg));
+    } else if (it->second.held.count(key)) {
+      p.release.emplace_back(w, key);  // nobody to confirm: free it now
+    }
+  }
+}
+
+Scheduler::Plan Scheduler::PlanStopNow(const ActiveJob& job, JobState state,
+                                       const std::string& type, const std::string& reason,
+                                       const std::string& detail) const {
+  Plan p = NewPlan(job, clock_->Now());
+  if (p.attempt) {
+    p.attempt->set_state(store::ATTEMPT_STATE_STOPPED);
+    *p.attempt->mutable_end_time() = ToProto(p.now);
+    p.attempt->set_reason(reason);
+    p.write_attempt = true;
+    StopOrders(p, reason, /*checkpoint=*/false);
+    p.attempts_ended.push_back("stopped");
+  }
+  p.rec.mutable_job()->clear_pending_stop();
+  AddEvent(p, type, reason, detail, state);
+  p.keep_attempt = false;
+  p.finished = true;
+  return p;
+}
+
+absl::StatusOr<Scheduler::Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
+                                                          const std::string& how) const {
+  const tally::v1::PendingStop ps = job.rec.job().pending_stop();
+  // The best checkpoint: the lowest recorded validation loss, else the latest.
+  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks, store_->ListCheckpoints(job.rec.id()));
+  const tally::v1::Checkpoint* best = cks.empty() ? nullptr : &cks.back();
+  for (const auto& c : cks) {
+    if (c.val_loss() > 0 && (best->val_loss() <= 0 || c.val_loss() < best->val_loss())) {
+      best = &c;
+    }
+  }
+  Plan p = NewPlan(job, clock_->Now());
+  tally::v1::Job& j = *p.rec.mutable_job();
+  if (p.attempt) {
+    p.attempt->set_state(store::ATTEMPT_STATE_STOPPED);
+    *p.attempt->mutable_end_time() = ToProto(p.now);
+    p.attempt->set_reason(ps.reason());
+    p.write_attempt = true;
+    StopOrders(p, ps.reason(), /*checkpoint=*/false);
+    p.attempts_ended.push_back("stopped");
+  }
+  std::string detail = "no checkpoint yet";
+  if (best != nullptr) {
+    j.mutable_early_stopping()->set_best_checkpoint(best->path());
+    detail = absl::StrFormat("best checkpoint: step %d, val_loss %.4f, %s", best->step(),
+                             best->val_loss(), best->path());
+  }
+  if (!how.empty()) absl::StrAppend(&detail, " (", how, ")");
+  if (!ps.rule().empty()) {
+    j.mutable_early_stopping()->set_stop_rule(ps.rule());
+    p.early_stop_rule = ps.rule();
+  }
+  j.clear_pending_stop();
+  AddEvent(p, ps.type(), ps.reason(), detail, ps.state());
+  p.keep_attempt = false;
+  p.finished = true;
+  return p;
+}
+
+absl::StatusOr<Scheduler::Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
+                                                          store::AttemptState attempt_state,
+                                                          const std::string& reason,
+                                                          bool may_retry) const {
+  if (job.rec.job().has_pending_stop()) {
+    // The stop was decided; the attempt ending early does not undo it.
+    return PlanFinishStop(job, absl::StrCat("the attempt ended: ", reason));
+  }
+  Plan p = NewPlan(job, clock_->Now());
+  tally::v1::Job& j = *p.rec.mutable_job();
+  const int32_t n = j.attempt();
+  const int32_t max = j.spec().max_attempts();
+  ledger::Accrual lost = ledger_.ChargeLost(j.cost());
+  *j.mutable_cost() = std::move(lost.cost);
+  p.lost_added_usd = lost.added_usd;
+  if (p.attempt) {
+    p.attempt->set_state(attempt_state);
+    *p.attempt->mutable_end_time() = ToProto(p.now);
+    p.attempt->set_reason(reason);
+    p.write_attempt = true;
+    // The other ranks of a gang cannot go on without this one.
+    StopOrders(p, reason, /*checkpoint=*/false);
+  }
+  const char* outcome = Outcome(attempt_state);
+  p.attempts_ended.push_back(outcome);
+  p.keep_attempt = false;
+  if (may_retry && n < max) {
+    AddEvent(p, "requeued",
+             absl::StrCat("attempt ", n, " ", outcome, ": ", reason, "; requeued for attempt ",
+                          n + 1, " of ", max),
+             "", tally::v1::JOB_STATE_QUEUED);
+    p.requeued = true;
+    return p;
+  }
+  const std::string why =
+      may_retry ? absl::StrCat("attempt ", n, " of ", max, " ", outcome, ": ", reason,
+                               "; no attempts left (max_attempts ", max, ")")
+                : absl::StrCat("attempt ", n, " ", outcome, ": ", reason);
+  AddEvent(p, "failed", why, "", tally::v1::JOB_STATE_FAILED);
+  p.finished = true;
+  return p;
+}
+
+absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
+                                                     std::vector<std::string> rank_workers) const {
+  // Rank 0 hosts the rendezvous: a worker that advertises one leads.
+  if (rank_workers.size() > 1 && !CanLead(rank_workers[0])) {
+    auto leader = std::find_if(rank_workers.begin(), rank_workers.end(),
+                               [&](const std::string& w) { return CanLead(w); });
+    if (leader != rank_workers.end()) std::iter_swap(rank_workers.begin(), leader);
+  }
+  const int64_t id = job.rec.id();
+  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> checkpoints, store_->ListCheckpoints(id));
+  Plan p = NewPlan(job, clock_->Now());  // queued time costs nothing
+  tally::v1::Job& j = *p.rec.mutable_job();
+  j.set_attempt(j.attempt() + 1);
+  j.clear_worker_ids();
+  for (const auto& w : rank_workers) j.add_worker_ids(w);
+  if (!j.has_start_time()) *j.mutable_start_time() = ToProto(p.now);
+  j.mutable_cost()->set_attempt_usd_since_checkpoint(0);
+
+  store::AttemptRecord& attempt = p.attempt.emplace();
+  attempt.set_job_id(id);
+  attempt.set_attempt(j.attempt());
+  for (const auto& w : rank_workers) attempt.add_worker_ids(w);
+  attempt.set_state(store::ATTEMPT_STATE_RUNNING);
+  *attempt.mutable_start_time() = ToProto(p.now);
+  if (!checkpoints.empty()) attempt.set_resume_step(checkpoints.back().step());
+  if (rank_workers.size() > 1) attempt.set_rendezvous(PickRendezvous(rank_workers[0]));
+  p.write_attempt = true;
+  p.keep_attempt = true;
+
+  std::string detail = absl::StrCat("attempt ", j.attempt(), " of ", j.spec().max_attempts(),
+                                    " on ", absl::StrJoin(rank_workers, ","));
+  if (!checkpoints.empty()) {
+    absl::StrAppend(&detail, ", resuming from step ", checkpoints.back().step());
+  }
+  AddEvent(p, "started", "placed on a worker", detail, tally::v1::JOB_STATE_RUNNING);
+  p.queue_wait_seconds = absl::ToDoubleSeconds(p.now - job.queued_since);
+
+  const tally::v1::Job& started = p.rec.job();
+  std::map<std::string, int> ranks_per_worker;
+  for (size_t rank = 0; rank < rank_workers.size(); ++rank) {
+    ++ranks_per_worker[rank_workers[rank]];
+    tally::v1::ControllerMessage msg;
+    auto* a = msg.mutable_assignment();
+    a->set_job(started.name());
+    a->set_attempt(started.attempt());
+    *a->mutable_spec() = started.spec();
+    if (!checkpoints.empty()) *a->mutable_resume_from() = checkpoints.back();
+    a->set_rank(static_cast<int32_t>(rank));
+    a->set_world_size(static_cast<int32_t>(rank_workers.size()));
+    if (rank_workers.size() > 1) {
+      a->set_rendezvous(attempt.rendezvous());
+      a->set_rendezvous_prefix(absl::StrCat(started.name(), "/attempt-", started.attempt()));
+    }
+    p.sends.emplace_back(rank_workers[rank], std::move(msg));
+  }
+  for (const auto& [w, n] : ranks_per_worker) p.hold.emplace_back(w, AttemptKey{id, started.attempt()}, n);
+  return p;
+}
+
+Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalResult& ev) const {
+  Plan p = NewPlan(job, clock_->Now());
+  tally::v1::Job& j = *p.rec.mutable_job();
+  j.set_step(ev.step());
+  j.set_tokens(ev.tokens());
+  j.set_val_loss(ev.val_loss());
+  p.last_eval = {ev.step(), ev.val_loss()};
+  const std::string bits = absl::StrCat(ev.bits_per_byte(), " bits/byte");
+  if (j.has_pending_stop()) {
+    // Stopping already (the final evaluation of the stopped state): recorded,
+    // no longer judged.
+    AddEvent(p, "eval", "", bits);
+    p.events.back().set_val_loss(ev.val_loss());
+    return p;
+  }
+  const EvalDecision d = DecideEval(j, ev, job.max_expert_share);
+  *j.mutable_early_stopping() = d.early_stopping;
+  *j.mutable_routing() = d.routing;
+  AddEvent(p, "eval", "", bits);
+  p.events.back().set_val_loss(ev.val_loss());
+  if (d.warn_collapse) {
+    AddEvent(p, "warning",
+             absl::StrFormat("routing collapse: %s took %.0f%% of its layer's tokens for "
+                             "%d evaluations in a row",
+                             job.max_expert_where, 100 * job.max_expert_share,
+                             d.routing.collapsed_evals()),
+             "raise model.moe.aux_loss_coef or set model.moe.bias_balancing");
+  }
+  if (d.rule == policy::StopRule::kNone) return p;
+  // Decided: the job keeps running until its workers have checkpointed the
+  // state this evaluation measured and exited.
+  tally::v1::PendingStop& ps = *j.mutable_pending_stop();
+  ps.set_state(tally::v1::JOB_STATE_EARLY_STOPPED);
+  ps.set_type("early_stopped");
+  ps.set_reason(d.reason);
+  ps.set_rule(policy::StopRuleName(d.rule));
+  ps.set_step(ev.step());
+  ps.set_val_loss(ev.val_loss());
+  *ps.mutable_deadline() = ToProto(p.now + options_.stop_grace);
+  AddEvent(p, "stopping", d.reason,
+           absl::StrCat("rule ", ps.rule(), " at step ", ev.step(),
+                        "; waiting for the workers' final checkpoint (at most ",
+                        ShortSeconds(options_.stop_grace), ")"));
+  StopOrders(p, d.reason, /*checkpoint=*/true);
+  return p;
+}
+
+absl::StatusOr<Scheduler::Plan> Scheduler::PlanCheckpoint(
+    const ActiveJob& job, const tally::v1::CheckpointRecord& c) const {
+  std::optional<tally::v1::Checkpoint> previous = job.last_checkpoint;
+  if (!previous) {
+    // Once per job life in this process (e.g. after a restart): the store
+    // has it; afterwards the job keeps its latest checkpoint. An error here
+    // fails the report: a checkpoint priced against the wrong previous one
+    // would be stored wrong for good.
+    ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks,
+                     store_->ListCheckpoints(job.rec.id()));
+    if (!cks.empty()) previous = cks.back();
+  }
+  Plan p = NewPlan(job, clock_->Now());
+  tally::v1::Job& j = *p.rec.mutable_job();
+  j.set_step(c.step());
+  j.set_tokens(c.tokens());
+  tally::v1::Checkpoint ck;
+  ck.set_job(c.job());
+  ck.set_attempt(c.attempt());
+  ck.set_step(c.step());
+  ck.set_tokens(c.tokens());
+  ck.set_path(c.path());
+  ck.set_sha256(c.sha256());
+  if (job.last_eval && job.last_eval->first == c.step()) ck.set_val_loss(job.last_eval->second);
+  *ck.mutable_time() = ToProto(p.now);
+  ck = ledger_.PriceCheckpoint(j, std::move(ck), previous);
+  j.mutable_cost()->set_attempt_usd_since_checkpoint(0);
+  p.checkpoints.push_back(ck);
+  p.last_checkpoint = ck;
+  AddEvent(p, "checkpoint", "", c.path());
+  return p;
+}
+
+// ---------------------------------------------------------------- commit, act
+
+absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) return absl::InternalError(absl::StrCat("jobs/", job_id, " is not active"));
   store::Mutation m;
-  m.job = job.rec;
-  tally::v1::Job& j = *m.job->mutable_job();
-  const bool transition = j.state() != state;
-  j.set_state(state);
-  if (transition) j.set_state_reason(reason);
-  if (store::IsTerminal(state)) *j.mutable_end_time() = ToProto(clock_->Now());
-  j.set_last_event_sequence(j.last_event_sequence() + 1);
-  tally::v1::JobEvent e = NewEvent(job, type, reason, detail);
-  e.set_sequence(j.last_event_sequence());
-  e.set_state(state);
-  m.events.push_back(e);
-  if (write_attempt && job.attempt) m.attempts.push_back(*job.attempt);
+  m.job = plan.rec;
+  m.events = plan.events;
+  if (plan.write_attempt && plan.attempt) m.attempts.push_back(*plan.attempt);
+  m.checkpoints = plan.checkpoints;
   RETURN_IF_ERROR(store_->Commit(m));
-  job.rec = *m.job;
-  job.progress_dirty = false;
-  if (transition) transitions_->Add({{"state", StateName(state)}}).Increment();
+
+  // Committed: now memory, workers, metrics and observers follow.
+  ActiveJob& job = it->second;
+  job.rec = plan.rec;
+  job.attempt = plan.keep_attempt ? plan.attempt : std::nullopt;
+  if (plan.requeued) job.queued_since = plan.now;
+  if (plan.progress_event) job.last_progress_event = plan.now;
+  if (plan.last_checkpoint) job.last_checkpoint = plan.last_checkpoint;
+  if (plan.last_eval) job.last_eval = plan.last_eval;
+  for (const auto& [w, key] : plan.release) {
+    auto wit = workers_.find(w);
+    if (wit != workers_.end()) wit->second.held.erase(key);
+  }
+  for (const auto& [w, key, n] : plan.hold) workers_[w].held[key] = n;
+  for (const auto& [w, msg] : plan.sends) {
+    auto wit = workers_.find(w);
+    if (wit != workers_.end() && wit->second.connected) channel_->Send(w, msg);
+  }
+  const std::string& gpu_type = job.rec.job().spec().resources().gpu_type();
+  for (JobState s : plan.transitions) transitions_->Add({{"state", StateName(s)}}).Increment();
+  for (const auto& o : plan.attempts_ended) attempts_ended_->Add({{"outcome", o}}).Increment();
+  if (plan.cost_added_usd > 0) cost_total_->Add({{"gpu_type", gpu_type}}).Increment(plan.cost_added_usd);
+  if (plan.lost_added_usd > 0) lost_total_->Add({{"gpu_type", gpu_type}}).Increment(plan.lost_added_usd);
+  if (!plan.early_stop_rule.empty()) early_stops_->Add({{"rule", plan.early_stop_rule}}).Increment();
+  if (plan.queue_wait_seconds) queue_wait_->Observe(*plan.queue_wait_seconds);
+  for (CommitObserver* o : observers_) o->OnJobCommitted(job.rec, m);
+  if (plan.finished) {
+    const JobState s = job.rec.job().state();
+    if (s == tally::v1::JOB_STATE_SUCCEEDED || s == tally::v1::JOB_STATE_EARLY_STOPPED ||
+        s == tally::v1::JOB_STATE_BUDGET_EXHAUSTED) {
+      ledger_.RecordFinished(job.rec.job());
+    }
+    active_.erase(it);
+  }
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::AppendEvent(ActiveJob& job, tally::v1::JobEvent e,
-                                    store::Mutation m) {
-  m.job = job.rec;
-  tally::v1::Job& j = *m.job->mutable_job();
-  j.set_last_event_sequence(j.last_event_sequence() + 1);
-  e.set_sequence(j.last_event_sequence());
-  e.set_state(j.state());
-  m.events.push_back(std::move(e));
-  RETURN_IF_ERROR(store_->Commit(m));
-  job.rec = *m.job;
-  return absl::OkStatus();
-}
+// ---------------------------------------------------------------- entry points
 
 absl::Status Scheduler::Recover() {
   ASSIGN_OR_RETURN(std::vector<store::JobRecord> jobs, store_->ListActiveJobs());
@@ -209,16 +540,9 @@ absl::Status Scheduler::Recover() {
     ActiveJob job;
     job.rec = rec;
     job.queued_since = now;
-    // A running attempt kept its GPUs while tallyd was down: cost resumes
-    // from what was last stored.
-    job.accrued_until = rec.job().cost().has_accrued_until()
-                            ? FromProto(rec.job().cost().accrued_until())
-                            : now;
     if (rec.job().state() == tally::v1::JOB_STATE_RUNNING) {
-      ASSIGN_OR_RETURN(std::vector<store::AttemptRecord> attempts,
-                       store_->ListAttempts(rec.id()));
-      if (!attempts.empty() &&
-          attempts.back().state() == store::ATTEMPT_STATE_RUNNING) {
+      ASSIGN_OR_RETURN(std::vector<store::AttemptRecord> attempts, store_->ListAttempts(rec.id()));
+      if (!attempts.empty() && attempts.back().state() == store::ATTEMPT_STATE_RUNNING) {
         job.attempt = attempts.back();
         for (const std::string& w : job.attempt->worker_ids()) {
           WorkerState& ws = workers_[w];
@@ -229,14 +553,16 @@ absl::Status Scheduler::Recover() {
       }
     }
     const int64_t id = rec.id();
+    const bool orphan = rec.job().state() == tally::v1::JOB_STATE_RUNNING && !job.attempt;
     active_[id] = std::move(job);
-    if (rec.job().state() == tally::v1::JOB_STATE_RUNNING &&
-        !active_[id].attempt) {
+    if (orphan) {
       // RUNNING without a running attempt: the attempt's end was recorded
       // but not the job's; requeue it.
-      RETURN_IF_ERROR(Record(active_[id], tally::v1::JOB_STATE_QUEUED,
-                             "requeued", "recovered without a running attempt",
-                             "", false));
+      Plan p = NewPlan(active_[id], now);
+      AddEvent(p, "requeued", "recovered without a running attempt", "",
+               tally::v1::JOB_STATE_QUEUED);
+      p.requeued = true;
+      RETURN_IF_ERROR(Execute(id, std::move(p)));
     }
   }
   // Throughput measured by finished jobs, for estimates.
@@ -246,7 +572,7 @@ absl::Status Scheduler::Recover() {
   q.limit = 1000;
   while (true) {
     ASSIGN_OR_RETURN(std::vector<store::JobRecord> page, store_->ListJobs(q));
-    for (const auto& r : page) RecordThroughput(r.job());
+    for (const auto& r : page) ledger_.RecordFinished(r.job());
     if (static_cast<int>(page.size()) < q.limit) break;
     q.before_id = page.back().id();
   }
@@ -263,8 +589,7 @@ absl::Status Scheduler::Recover() {
 absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
                                                  const std::string& request_id) {
   if (request_id.size() > 128) {
-    return absl::InvalidArgumentError(
-        "request_id: must be at most 128 characters");
+    return absl::InvalidArgumentError("request_id: must be at most 128 characters");
   }
   ApplySpecDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
@@ -276,17 +601,16 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
   job.set_state_reason("waiting for a worker");
   *job.mutable_create_time() = ToProto(now);
   job.set_request_id(request_id);
-  if (auto estimate = EstimateCost(spec); estimate.ok()) {
-    *job.mutable_cost()->mutable_estimate() = *estimate;
-  }
-  job.mutable_cost()->set_usd_per_gpu_hour(options_.prices.Price(spec.resources().gpu_type()));
+  *job.mutable_cost()->mutable_estimate() = ledger_.Estimate(spec);
+  job.mutable_cost()->set_usd_per_gpu_hour(ledger_.prices().Price(spec.resources().gpu_type()));
   tally::v1::JobEvent first;
   first.set_type("submitted");
   first.set_state(tally::v1::JOB_STATE_QUEUED);
   *first.mutable_time() = ToProto(now);
   first.set_detail(absl::StrCat("needs ", spec.resources().gpu_count(), " x ",
-                                spec.resources().gpu_type(), ", priority ",
-                                spec.priority()));
+                                spec.resources().gpu_type(), ", priority ", spec.priority()));
+  store::Mutation committed;
+  committed.events.push_back(first);
   ASSIGN_OR_RETURN(store::CreateResult created,
                    store_->CreateJob(std::move(rec), std::move(first)));
   if (created.created) {
@@ -294,30 +618,34 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
     a.rec = created.job;
     a.queued_since = now;
     transitions_->Add({{"state", "QUEUED"}}).Increment();
+    committed.job = created.job;
+    committed.events[0].set_job(created.job.job().name());
+    committed.events[0].set_sequence(1);
+    for (CommitObserver* o : observers_) o->OnJobCommitted(created.job, committed);
+    UpdateGauges();
   }
   return created.job.job();
 }
 
-absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id,
-                                                 const std::string& reason) {
+absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id, const std::string& reason) {
   auto it = active_.find(job_id);
   if (it == active_.end()) {
     ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
     return absl::FailedPreconditionError(
-        absl::StrCat(rec.job().name(), " has already ended (",
-                     StateName(rec.job().state()),
+        absl::StrCat(rec.job().name(), " has already ended (", StateName(rec.job().state()),
                      "); only QUEUED or RUNNING jobs can be cancelled"));
   }
   const std::string why =
       reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
-  RETURN_IF_ERROR(
-      StopJob(it->second, tally::v1::JOB_STATE_CANCELLED, "cancelled", why, ""));
-  ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
-  return rec.job();
+  Plan p = PlanStopNow(it->second, tally::v1::JOB_STATE_CANCELLED, "cancelled", why, "");
+  tally::v1::Job ended = p.rec.job();
+  RETURN_IF_ERROR(Execute(job_id, std::move(p)));
+  UpdateGauges();
+  return ended;
 }
 
-void Scheduler::Stop(const std::string& worker_id, const std::string& job,
-                     int32_t attempt, const std::string& reason) {
+void Scheduler::SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
+                         const std::string& reason) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || !it->second.connected) return;
   tally::v1::ControllerMessage msg;
@@ -325,25 +653,6 @@ void Scheduler::Stop(const std::string& worker_id, const std::string& job,
   msg.mutable_stop()->set_attempt(attempt);
   msg.mutable_stop()->set_reason(reason);
   channel_->Send(worker_id, msg);
-}
-
-void Scheduler::StopOtherRanks(ActiveJob& job, const std::string& reason) {
-  const int64_t id = job.rec.id();
-  const int32_t n = job.attempt->attempt();
-  std::set<std::string> workers(job.attempt->worker_ids().begin(),
-                                job.attempt->worker_ids().end());
-  for (const auto& w : workers) {
-    auto it = workers_.find(w);
-    if (it == workers_.end() || !it->second.held.count({id, n})) continue;
-    if (it->second.connected) {
-      // Its slots stay held until it reports the exit, so nothing new is
-      // placed on a worker still busy ending this attempt (a gang rank
-      // leaving a collective, a rendezvous port still bound).
-      Stop(w, job.rec.job().name(), n, reason);
-    } else {
-      it->second.held.erase({id, n});  // nobody to confirm: free it now
-    }
-  }
 }
 
 bool Scheduler::CanLead(const std::string& worker_id) const {
@@ -357,8 +666,7 @@ std::string Scheduler::PickRendezvous(const std::string& leader) const {
   const auto& rec = workers_.at(leader).rec;
   std::set<std::string> taken;
   for (const auto& [id, job] : active_) {
-    if (job.attempt && job.attempt->worker_ids_size() > 1 &&
-        job.attempt->worker_ids(0) == leader) {
+    if (job.attempt && job.attempt->worker_ids_size() > 1 && job.attempt->worker_ids(0) == leader) {
       taken.insert(job.attempt->rendezvous());
     }
   }
@@ -369,122 +677,9 @@ std::string Scheduler::PickRendezvous(const std::string& leader) const {
   return absl::StrCat(rec.rendezvous_host(), ":", rec.rendezvous_port());
 }
 
-void Scheduler::Finish(int64_t job_id) {
-  auto it = active_.find(job_id);
-  if (it == active_.end()) return;
-  const tally::v1::Job& j = it->second.rec.job();
-  RemoveJobMetrics(j);
-  if (j.state() == tally::v1::JOB_STATE_SUCCEEDED ||
-      j.state() == tally::v1::JOB_STATE_EARLY_STOPPED ||
-      j.state() == tally::v1::JOB_STATE_BUDGET_EXHAUSTED) {
-    RecordThroughput(j);
-  }
-  active_.erase(it);
-}
-
-absl::Status Scheduler::StartAttempt(ActiveJob& job,
-                                     std::vector<std::string> rank_workers) {
-  // Rank 0 hosts the rendezvous: a worker that advertises one leads.
-  if (rank_workers.size() > 1 && !CanLead(rank_workers[0])) {
-    auto leader = std::find_if(rank_workers.begin(), rank_workers.end(),
-                               [&](const std::string& w) { return CanLead(w); });
-    if (leader != rank_workers.end()) std::iter_swap(rank_workers.begin(), leader);
-  }
-  const int64_t id = job.rec.id();
-  const absl::Time now = clock_->Now();
-  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> checkpoints,
-                   store_->ListCheckpoints(id));
-  tally::v1::Job& j = *job.rec.mutable_job();
-  j.set_attempt(j.attempt() + 1);
-  j.clear_worker_ids();
-  for (const auto& w : rank_workers) j.add_worker_ids(w);
-  if (!j.has_start_time()) *j.mutable_start_time() = ToProto(now);
-
-  store::AttemptRecord attempt;
-  attempt.set_job_id(id);
-  attempt.set_attempt(j.attempt());
-  for (const auto& w : rank_workers) attempt.add_worker_ids(w);
-  attempt.set_state(store::ATTEMPT_STATE_RUNNING);
-  *attempt.mutable_start_time() = ToProto(now);
-  if (!checkpoints.empty()) attempt.set_resume_step(checkpoints.back().step());
-  if (rank_workers.size() > 1) attempt.set_rendezvous(PickRendezvous(rank_workers[0]));
-  job.attempt = attempt;
-  job.accrued_until = now;  // queued time costs nothing
-  j.mutable_cost()->set_attempt_usd_since_checkpoint(0);
-
-  std::string detail = absl::StrCat("attempt ", j.attempt(), " of ",
-                                    j.spec().max_attempts(), " on ",
-                                    absl::StrJoin(rank_workers, ","));
-  if (!checkpoints.empty()) {
-    absl::StrAppend(&detail, ", resuming from step ", checkpoints.back().step());
-  }
-  RETURN_IF_ERROR(Record(job, tally::v1::JOB_STATE_RUNNING, "started",
-                         "placed on a worker", detail, true));
-  queue_wait_->Observe(absl::ToDoubleSeconds(now - job.queued_since));
-
-  // Record replaced job.rec: `j` must not outlive it.
-  const tally::v1::Job& started = job.rec.job();
-  for (size_t rank = 0; rank < rank_workers.size(); ++rank) {
-    ++workers_[rank_workers[rank]].held[{id, started.attempt()}];
-    tally::v1::ControllerMessage msg;
-    auto* a = msg.mutable_assignment();
-    a->set_job(started.name());
-    a->set_attempt(started.attempt());
-    *a->mutable_spec() = started.spec();
-    if (!checkpoints.empty()) *a->mutable_resume_from() = checkpoints.back();
-    a->set_rank(rank);
-    a->set_world_size(rank_workers.size());
-    if (rank_workers.size() > 1) {
-      a->set_rendezvous(job.attempt->rendezvous());
-      a->set_rendezvous_prefix(absl::StrCat(started.name(), "/attempt-", started.attempt()));
-    }
-    channel_->Send(rank_workers[rank], msg);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Scheduler::EndAttempt(ActiveJob& job,
-                                   store::AttemptState attempt_state,
-                                   const std::string& reason, bool may_retry) {
-  const int64_t id = job.rec.id();
-  const int32_t n = job.rec.job().attempt();
-  const int32_t max = job.rec.job().spec().max_attempts();
-  Accrue(job, clock_->Now());
-  ChargeLostWork(job);
-  if (job.attempt) {
-    job.attempt->set_state(attempt_state);
-    *job.attempt->mutable_end_time() = ToProto(clock_->Now());
-    job.attempt->set_reason(reason);
-    // The other ranks of a gang cannot go on without this one.
-    StopOtherRanks(job, reason);
-  }
-  const char* outcome = attempt_state == store::ATTEMPT_STATE_LOST     ? "lost"
-                        : attempt_state == store::ATTEMPT_STATE_FAILED ? "failed"
-                                                                       : "stopped";
-  attempts_ended_->Add({{"outcome", outcome}}).Increment();
-  if (may_retry && n < max) {
-    job.queued_since = clock_->Now();
-    const std::string why = absl::StrCat("attempt ", n, " ", outcome, ": ", reason,
-                                         "; requeued for attempt ", n + 1, " of ",
-                                         max);
-    RETURN_IF_ERROR(
-        Record(job, tally::v1::JOB_STATE_QUEUED, "requeued", why, "", true));
-    job.attempt.reset();
-    return absl::OkStatus();
-  }
-  const std::string why =
-      may_retry ? absl::StrCat("attempt ", n, " of ", max, " ", outcome, ": ",
-                               reason, "; no attempts left (max_attempts ", max, ")")
-                : absl::StrCat("attempt ", n, " ", outcome, ": ", reason);
-  RETURN_IF_ERROR(Record(job, tally::v1::JOB_STATE_FAILED, "failed", why, "", true));
-  Finish(id);
-  return absl::OkStatus();
-}
-
 absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   if (hello.worker_id().empty() || hello.worker_id().size() > 128) {
-    return absl::InvalidArgumentError(
-        "hello.worker_id: must be 1-128 characters");
+    return absl::InvalidArgumentError("hello.worker_id: must be 1-128 characters");
   }
   if (hello.slots() < 1 || hello.slots() > 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -499,78 +694,98 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
     return absl::InvalidArgumentError("hello.gpu_type: is required (e.g. \"cpu\")");
   }
   const absl::Time now = clock_->Now();
+  store::WorkerRecord rec;
+  if (auto it = workers_.find(hello.worker_id()); it != workers_.end()) rec = it->second.rec;
+  const auto first_seen = rec.has_first_seen() ? rec.first_seen() : ToProto(now);
+  rec.set_worker_id(hello.worker_id());
+  rec.set_device(hello.device());
+  rec.set_gpu_type(hello.gpu_type());
+  rec.set_slots(hello.slots());
+  rec.clear_capabilities();
+  for (const auto& c : hello.capabilities()) rec.add_capabilities(c);
+  rec.set_version(hello.version());
+  rec.set_rendezvous_host(hello.rendezvous_host());
+  rec.set_rendezvous_port(hello.rendezvous_port());
+  *rec.mutable_first_seen() = first_seen;
+  *rec.mutable_last_seen() = ToProto(now);
+  RETURN_IF_ERROR(store_->PutWorker(rec));
+
   WorkerState& ws = workers_[hello.worker_id()];
-  const auto first_seen = ws.rec.has_first_seen() ? ws.rec.first_seen() : ToProto(now);
-  ws.rec.set_worker_id(hello.worker_id());
-  ws.rec.set_device(hello.device());
-  ws.rec.set_gpu_type(hello.gpu_type());
-  ws.rec.set_slots(hello.slots());
-  ws.rec.clear_capabilities();
-  for (const auto& c : hello.capabilities()) ws.rec.add_capabilities(c);
-  ws.rec.set_version(hello.version());
-  ws.rec.set_rendezvous_host(hello.rendezvous_host());
-  ws.rec.set_rendezvous_port(hello.rendezvous_port());
-  *ws.rec.mutable_first_seen() = first_seen;
-  *ws.rec.mutable_last_seen() = ToProto(now);
+  ws.rec = rec;
   ws.connected = true;
+  ws.generation = next_generation_++;
+  ws.last_seen = now;
   // Dollar totals exist (at 0) for every GPU type that has a worker, so
   // dashboards and alerts see a series before the first dollar.
   cost_total_->Add({{"gpu_type", hello.gpu_type()}});
   lost_total_->Add({{"gpu_type", hello.gpu_type()}});
-  ws.generation = next_generation_++;
-  ws.last_seen = now;
-  RETURN_IF_ERROR(store_->PutWorker(ws.rec));
 
   tally::v1::ControllerMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_seconds(
       absl::ToDoubleSeconds(options_.heartbeat_interval));
   channel_->Send(hello.worker_id(), welcome);
 
-  std::set<std::pair<int64_t, int32_t>> reported;
+  std::set<AttemptKey> reported;
   for (const auto& r : hello.running()) {
     absl::StatusOr<int64_t> id = ParseJobName(r.job(), "hello.running.job");
     if (!id.ok()) continue;
     reported.insert({*id, r.attempt()});
   }
+  absl::Status first_error;
   // Attempts tallyd placed here that the worker no longer runs.
-  std::vector<std::pair<int64_t, int32_t>> forgotten;
+  std::vector<AttemptKey> forgotten;
   for (const auto& [key, ranks] : ws.held) {
     if (!reported.count(key)) forgotten.push_back(key);
   }
   for (const auto& key : forgotten) {
-    ws.held.erase(key);
     auto it = active_.find(key.first);
-    if (it != active_.end() && it->second.attempt &&
-        it->second.attempt->attempt() == key.second) {
-      RETURN_IF_ERROR(EndAttempt(
-          it->second, store::ATTEMPT_STATE_LOST,
-          absl::StrCat("worker ", hello.worker_id(),
-                       " reconnected without it (the worker restarted)"),
-          true));
+    if (it == active_.end() || !it->second.attempt || it->second.attempt->attempt() != key.second) {
+      workers_[hello.worker_id()].held.erase(key);
+      continue;
     }
+    absl::StatusOr<Plan> p = PlanEndAttempt(
+        it->second, store::ATTEMPT_STATE_LOST,
+        absl::StrCat("worker ", hello.worker_id(), " reconnected without it (the worker restarted)"),
+        true);
+    absl::Status s = p.status();
+    if (p.ok()) {
+      p->release.emplace_back(hello.worker_id(), key);
+      s = Execute(key.first, *std::move(p));
+    }
+    if (!s.ok() && first_error.ok()) first_error = s;
   }
   for (const auto& r : hello.running()) {
     ActiveJob* job = CurrentAttempt(r.job(), r.attempt());
-    const bool ours =
-        job != nullptr &&
-        std::count(job->attempt->worker_ids().begin(),
-                   job->attempt->worker_ids().end(), hello.worker_id()) > 0;
-    if (!ours) {
-      Stop(hello.worker_id(), r.job(), r.attempt(),
-           "stale attempt: tallyd no longer runs it here");
+    const int ranks =
+        job == nullptr ? 0
+                       : static_cast<int>(std::count(job->attempt->worker_ids().begin(),
+                                                     job->attempt->worker_ids().end(),
+                                                     hello.worker_id()));
+    if (ranks == 0) {
+      SendStop(hello.worker_id(), r.job(), r.attempt(),
+               "stale attempt: tallyd no longer runs it here");
       continue;
     }
-    const int ranks = std::count(job->attempt->worker_ids().begin(),
-                                 job->attempt->worker_ids().end(),
-                                 hello.worker_id());
-    ws.held[{job->rec.id(), r.attempt()}] = ranks;
-    RETURN_IF_ERROR(Record(*job, tally::v1::JOB_STATE_RUNNING, "adopted",
-                           "worker reconnected",
-                           absl::StrCat("attempt ", r.attempt(), " on ",
-                                        hello.worker_id()),
-                           false));
+    Plan p = NewPlan(*job, now);
+    AddEvent(p, "adopted", "worker reconnected",
+             absl::StrCat("attempt ", r.attempt(), " on ", hello.worker_id()),
+             tally::v1::JOB_STATE_RUNNING);
+    p.hold.emplace_back(hello.worker_id(), AttemptKey{job->rec.id(), r.attempt()}, ranks);
+    if (job->rec.job().has_pending_stop()) {
+      // A stop decided before the worker went away: ask again.
+      tally::v1::ControllerMessage msg;
+      msg.mutable_stop()->set_job(r.job());
+      msg.mutable_stop()->set_attempt(r.attempt());
+      msg.mutable_stop()->set_reason(job->rec.job().pending_stop().reason());
+      msg.mutable_stop()->set_checkpoint(true);
+      p.sends.emplace_back(hello.worker_id(), std::move(msg));
+    }
+    if (absl::Status s = Execute(job->rec.id(), std::move(p)); !s.ok() && first_error.ok()) {
+      first_error = s;
+    }
   }
   UpdateGauges();
+  RETURN_IF_ERROR(first_error);
   return ws.generation;
 }
 
@@ -581,16 +796,66 @@ void Scheduler::OnDisconnect(const std::string& worker_id, int64_t generation) {
   UpdateGauges();
 }
 
-Scheduler::ActiveJob* Scheduler::CurrentAttempt(const std::string& job,
-                                                int32_t attempt) {
+Scheduler::ActiveJob* Scheduler::CurrentAttempt(const std::string& job, int32_t attempt) {
   absl::StatusOr<int64_t> id = ParseJobName(job, "job");
   if (!id.ok()) return nullptr;
   auto it = active_.find(*id);
-  if (it == active_.end() || !it->second.attempt ||
-      it->second.attempt->attempt() != attempt) {
+  if (it == active_.end() || !it->second.attempt || it->second.attempt->attempt() != attempt) {
     return nullptr;
   }
   return &it->second;
+}
+
+absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress& p) {
+  const absl::Time now = clock_->Now();
+  // The report's numbers are measurements: they go into the in-memory record
+  // at once and reach the store with the job's next commit.
+  tally::v1::Job& j = *job.rec.mutable_job();
+  j.set_step(p.step());
+  j.set_tokens(p.tokens());
+  if (p.trained()) {
+    j.set_train_loss(p.train_loss());
+    j.set_padding_tokens(p.padding_tokens());
+    if (p.moe_size() > 0) {
+      job.max_expert_share = 0;
+      for (const auto& l : p.moe()) {
+        int64_t total = 0;
+        for (int64_t n : l.tokens_per_expert()) total += n;
+        for (int e = 0; e < l.tokens_per_expert_size(); ++e) {
+          const double share = total > 0 ? static_cast<double>(l.tokens_per_expert(e)) /
+                                                static_cast<double>(total)
+                                          : 0;
+          if (share > job.max_expert_share) {
+            job.max_expert_share = share;
+            job.max_expert_where = absl::StrCat("layer ", l.layer(), " expert ", e);
+          }
+        }
+      }
+    }
+  }
+  job_metrics_.OnProgress(j, p);
+  const int64_t id = job.rec.id();
+  const ledger::Accrual view = ledger_.Accrue(j, true, now);
+  tally::v1::Job accrued = j;
+  *accrued.mutable_cost() = view.cost;
+  if (std::optional<ledger::BudgetStop> stop = ledger_.CheckBudget(accrued)) {
+    return Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED,
+                                   "budget_exhausted", stop->reason, stop->detail));
+  }
+  if (now - job.last_progress_event < options_.progress_event_interval) {
+    job_metrics_.Update(accrued);
+    return absl::OkStatus();
+  }
+  Plan plan = NewPlan(job, now);
+  const std::string detail =
+      p.trained() ? absl::StrCat("lr ", p.lr(), ", grad_norm ", p.grad_norm(), ", ",
+                                 p.useful_tokens_per_second(), " useful tokens/s, padding ",
+                                 p.padding_fraction())
+                  : "no training was done (placeholder worker)";
+  AddEvent(plan, "progress", "", detail);
+  if (p.trained()) plan.events.back().set_train_loss(p.train_loss());
+  plan.progress_event = true;
+  return Execute(id, std::move(plan));
 }
 
 absl::Status Scheduler::OnMessage(const std::string& worker_id,
@@ -599,187 +864,173 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
   if (wit == workers_.end() || !wit->second.connected) {
     return absl::FailedPreconditionError("send a Hello before other messages");
   }
-  const absl::Time now = clock_->Now();
-  wit->second.last_seen = now;
+  wit->second.last_seen = clock_->Now();
 
+  // A report about an attempt tallyd no longer runs gets a stop order. Its
+  // slots stay held until the worker reports the exit: the worker is still
+  // busy with it (a cancelled attempt reporting its last step).
   auto current = [&](const std::string& job, int32_t attempt) -> ActiveJob* {
     ActiveJob* a = CurrentAttempt(job, attempt);
-    if (a == nullptr) {
-      wit->second.held.erase({ParseJobName(job).value_or(0), attempt});
-      Stop(worker_id, job, attempt, "stale attempt: tallyd no longer runs it");
-    }
+    if (a == nullptr) SendStop(worker_id, job, attempt, "stale attempt: tallyd no longer runs it");
     return a;
   };
 
+  absl::Status s;
   switch (msg.msg_case()) {
     case tally::v1::WorkerMessage::kHeartbeat:
       return absl::OkStatus();
     case tally::v1::WorkerMessage::kProgress: {
-      const auto& p = msg.progress();
-      ActiveJob* job = current(p.job(), p.attempt());
-      if (job == nullptr) return absl::OkStatus();
-      tally::v1::Job& j = *job->rec.mutable_job();
-      j.set_step(p.step());
-      j.set_tokens(p.tokens());
-      if (p.trained()) {
-        j.set_train_loss(p.train_loss());
-        j.set_padding_tokens(p.padding_tokens());
-        const metrics::Labels l = {{"tally_job", j.name()}};
-        job_gauges_.useful_tokens_per_second->Add(l).Set(p.useful_tokens_per_second());
-        job_gauges_.padding_fraction->Add(l).Set(p.padding_fraction());
-        if (p.fp8_product_fraction() > 0) {
-          job_gauges_.fp8_overflows->Add(l).Set(static_cast<double>(p.fp8_overflows()));
-          job_gauges_.fp8_product_fraction->Add(l).Set(p.fp8_product_fraction());
-          for (const auto& [group, amax] : p.fp8_amax()) {
-            SetJobSeries(j.name(), job_gauges_.fp8_amax, {{"tally_job", j.name()}, {"group", group}},
-                         amax);
-          }
-        }
-        if (p.moe_size() > 0) OnMoeProgress(*job, p);
-      }
-      Accrue(*job, now);
-      UpdateJobMetrics(*job);
-      ASSIGN_OR_RETURN(const bool over_budget, EnforceBudget(*job));
-      if (over_budget) return absl::OkStatus();
-      job->progress_dirty = true;
-      if (now - job->last_progress_event < options_.progress_event_interval) {
-        return absl::OkStatus();
-      }
-      job->last_progress_event = now;
-      std::string detail =
-          p.trained() ? absl::StrCat("lr ", p.lr(), ", grad_norm ", p.grad_norm(),
-                                     ", ", p.useful_tokens_per_second(),
-                                     " useful tokens/s, padding ",
-                                     p.padding_fraction())
-                      : "no training was done (placeholder worker)";
-      tally::v1::JobEvent e = NewEvent(*job, "progress", "", detail);
-      if (p.trained()) e.set_train_loss(p.train_loss());
-      RETURN_IF_ERROR(AppendEvent(*job, std::move(e), {}));
-      job->progress_dirty = false;
-      return absl::OkStatus();
+      ActiveJob* job = current(msg.progress().job(), msg.progress().attempt());
+      if (job != nullptr) s = HandleProgress(*job, msg.progress());
+      break;
     }
     case tally::v1::WorkerMessage::kEval: {
-      const auto& ev = msg.eval();
-      ActiveJob* job = current(ev.job(), ev.attempt());
-      if (job == nullptr) return absl::OkStatus();
-      return OnEval(*job, ev);
+      ActiveJob* job = current(msg.eval().job(), msg.eval().attempt());
+      if (job != nullptr) s = Execute(job->rec.id(), PlanEval(*job, msg.eval()));
+      break;
     }
     case tally::v1::WorkerMessage::kCheckpoint: {
-      const auto& c = msg.checkpoint();
-      ActiveJob* job = current(c.job(), c.attempt());
-      if (job == nullptr) return absl::OkStatus();
-      job->rec.mutable_job()->set_step(c.step());
-      job->rec.mutable_job()->set_tokens(c.tokens());
-      store::Mutation m;
-      tally::v1::Checkpoint ck;
-      ck.set_job(c.job());
-      ck.set_attempt(c.attempt());
-      ck.set_step(c.step());
-      ck.set_tokens(c.tokens());
-      ck.set_path(c.path());
-      ck.set_sha256(c.sha256());
-      if (job->last_eval && job->last_eval->first == c.step()) {
-        ck.set_val_loss(job->last_eval->second);
-      }
-      *ck.mutable_time() = ToProto(now);
-      PriceCheckpoint(*job, &ck);
-      m.checkpoints.push_back(ck);
-      RETURN_IF_ERROR(AppendEvent(*job, NewEvent(*job, "checkpoint", "", c.path()),
-                                  std::move(m)));
-      job->last_checkpoint = std::move(ck);
-      return absl::OkStatus();
+      ActiveJob* job = current(msg.checkpoint().job(), msg.checkpoint().attempt());
+      if (job == nullptr) break;
+      absl::StatusOr<Plan> p = PlanCheckpoint(*job, msg.checkpoint());
+      s = p.ok() ? Execute(job->rec.id(), *std::move(p)) : p.status();
+      break;
     }
     case tally::v1::WorkerMessage::kExit:
-      return HandleExit(worker_id, msg.exit());
+      s = HandleExit(worker_id, msg.exit());
+      break;
     case tally::v1::WorkerMessage::kHello:
       return absl::FailedPreconditionError("Hello was already sent on this stream");
     case tally::v1::WorkerMessage::MSG_NOT_SET:
       return absl::InvalidArgumentError("worker message: no field set");
   }
-  return absl::OkStatus();
-}
-
-absl::Status Scheduler::HandleExit(const std::string& worker_id,
-                                   const tally::v1::AttemptExit& exit) {
-  const int64_t id = ParseJobName(exit.job()).value_or(0);
-  workers_[worker_id].held.erase({id, exit.attempt()});
-  ActiveJob* job = CurrentAttempt(exit.job(), exit.attempt());
-  if (job == nullptr) {  // e.g. the exit of a cancelled attempt
-    UpdateGauges();
-    return absl::OkStatus();
-  }
-  if (exit.step() > 0) job->rec.mutable_job()->set_step(exit.step());
-  absl::Status s;
-  switch (exit.outcome()) {
-    case tally::v1::ATTEMPT_OUTCOME_SUCCEEDED: {
-      if (job->attempt->worker_ids_size() > 1 && exit.rank() != 0) {
-        // Another rank is done; rank 0 ends the job once its own reports
-        // (the last evaluation and checkpoint) are in.
-        UpdateGauges();
-        return absl::OkStatus();
-      }
-      Accrue(*job, clock_->Now());
-      job->attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
-      *job->attempt->mutable_end_time() = ToProto(clock_->Now());
-      job->attempt->set_reason(exit.reason());
-      // The other ranks end the same step; any still running is told to stop.
-      StopOtherRanks(*job, "the attempt succeeded");
-      attempts_ended_->Add({{"outcome", "succeeded"}}).Increment();
-      s = Record(*job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded",
-                 exit.reason().empty() ? "completed" : exit.reason(), "", true);
-      if (s.ok()) Finish(id);
-      break;
-    }
-    case tally::v1::ATTEMPT_OUTCOME_FAILED:
-      s = EndAttempt(*job, store::ATTEMPT_STATE_FAILED, exit.reason(),
-                     exit.retryable());
-      break;
-    default:
-      s = EndAttempt(*job, store::ATTEMPT_STATE_STOPPED,
-                     absl::StrCat("worker ", worker_id, " stopped it: ",
-                                  exit.reason()),
-                     true);
-  }
   UpdateGauges();
   return s;
 }
 
+absl::Status Scheduler::HandleExit(const std::string& worker_id,
+                                   const tally::v1::AttemptExit& exit) {
+  const AttemptKey key{ParseJobName(exit.job()).value_or(0), exit.attempt()};
+  ActiveJob* job = CurrentAttempt(exit.job(), exit.attempt());
+  auto release_now = [&] {
+    if (auto it = workers_.find(worker_id); it != workers_.end()) it->second.held.erase(key);
+    return absl::OkStatus();
+  };
+  if (job == nullptr) return release_now();  // e.g. the exit of a cancelled attempt
+  const bool gang = job->attempt->worker_ids_size() > 1;
+  const bool pending = job->rec.job().has_pending_stop();
+  absl::StatusOr<Plan> plan = absl::UnknownError("no plan");
+  switch (exit.outcome()) {
+    case tally::v1::ATTEMPT_OUTCOME_SUCCEEDED: {
+      if (gang && exit.rank() != 0) {
+        // Another rank is done; rank 0 ends the job once its own reports
+        // (the last evaluation and checkpoint) are in.
+        return release_now();
+      }
+      Plan p = NewPlan(*job, clock_->Now());
+      p.attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
+      *p.attempt->mutable_end_time() = ToProto(p.now);
+      p.attempt->set_reason(exit.reason());
+      p.write_attempt = true;
+      // The other ranks end the same step; any still running is told to stop.
+      StopOrders(p, "the attempt succeeded", /*checkpoint=*/false, worker_id);
+      p.attempts_ended.push_back("succeeded");
+      p.rec.mutable_job()->clear_pending_stop();
+      AddEvent(p, "succeeded", exit.reason().empty() ? "completed" : exit.reason(), "",
+               tally::v1::JOB_STATE_SUCCEEDED);
+      p.keep_attempt = false;
+      p.finished = true;
+      plan = std::move(p);
+      break;
+    }
+    case tally::v1::ATTEMPT_OUTCOME_FAILED:
+      if (pending && gang && exit.rank() != 0) return release_now();  // rank 0 ends it
+      plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_FAILED, exit.reason(), exit.retryable());
+      break;
+    default:
+      if (pending) {
+        // The stop it was asked for: rank 0 reports the final checkpoint
+        // before its exit, so its exit ends the job.
+        if (gang && exit.rank() != 0) return release_now();
+        plan = PlanFinishStop(*job, "");
+        break;
+      }
+      plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_STOPPED,
+                            absl::StrCat("worker ", worker_id, " stopped it: ", exit.reason()),
+                            true);
+  }
+  RETURN_IF_ERROR(plan.status());
+  if (exit.step() > 0) plan->rec.mutable_job()->set_step(exit.step());
+  plan->release.emplace_back(worker_id, key);
+  // The exiting worker needs no stop order of its own.
+  plan->sends.erase(std::remove_if(plan->sends.begin(), plan->sends.end(),
+                                   [&](const auto& s) { return s.first == worker_id; }),
+                    plan->sends.end());
+  return Execute(key.first, *std::move(plan));
+}
+
 absl::Status Scheduler::Tick() {
   const absl::Time now = clock_->Now();
-  // 1. Workers silent past the timeout lose what they hold.
+  absl::Status first_error;
+  auto note = [&](const absl::Status& s) {
+    if (!s.ok() && first_error.ok()) first_error = s;
+  };
+  // 1. Workers silent past the timeout lose what they hold. Each attempt's
+  // loss commits on its own; one that fails stays held and is retried.
   for (auto it = workers_.begin(); it != workers_.end();) {
-    WorkerState& ws = it->second;
-    const absl::Duration silent = now - ws.last_seen;
+    const std::string worker_id = it->first;
+    const absl::Duration silent = now - it->second.last_seen;
     if (silent <= options_.heartbeat_timeout) {
       ++it;
       continue;
     }
     const std::string reason = absl::StrCat(
-        "worker ", it->first, " silent for ", ShortSeconds(silent),
-        " (heartbeat timeout ", ShortSeconds(options_.heartbeat_timeout), ")");
-    auto held = ws.held;
-    ws.held.clear();
+        "worker ", worker_id, " silent for ", ShortSeconds(silent), " (heartbeat timeout ",
+        ShortSeconds(options_.heartbeat_timeout), ")");
+    const auto held = it->second.held;
+    bool all_released = true;
     for (const auto& [key, ranks] : held) {
       auto jit = active_.find(key.first);
-      if (jit != active_.end() && jit->second.attempt &&
-          jit->second.attempt->attempt() == key.second) {
-        RETURN_IF_ERROR(
-            EndAttempt(jit->second, store::ATTEMPT_STATE_LOST, reason, true));
+      if (jit == active_.end() || !jit->second.attempt ||
+          jit->second.attempt->attempt() != key.second) {
+        it->second.held.erase(key);
+        continue;
       }
+      absl::StatusOr<Plan> p =
+          PlanEndAttempt(jit->second, store::ATTEMPT_STATE_LOST, reason, true);
+      absl::Status s = p.status();
+      if (p.ok()) {
+        p->release.emplace_back(worker_id, key);
+        s = Execute(key.first, *std::move(p));
+      }
+      if (!s.ok()) all_released = false;
+      note(s);
     }
-    it = ws.connected ? std::next(it) : workers_.erase(it);
+    it = (it->second.connected || !all_released) ? std::next(it) : workers_.erase(it);
   }
 
-  // 2. Accrue cost; stop jobs over budget.
+  // 2. Budgets and stop deadlines, on a view of each running job.
   std::vector<int64_t> running;
   for (const auto& [id, job] : active_) {
     if (job.rec.job().state() == tally::v1::JOB_STATE_RUNNING) running.push_back(id);
   }
   for (int64_t id : running) {
-    ActiveJob& job = active_.at(id);
-    Accrue(job, now);
-    ASSIGN_OR_RETURN(const bool stopped, EnforceBudget(job));
-    if (!stopped) UpdateJobMetrics(job);
+    auto jit = active_.find(id);
+    if (jit == active_.end()) continue;
+    const ActiveJob& job = jit->second;
+    tally::v1::Job view = job.rec.job();
+    *view.mutable_cost() = ledger_.Accrue(view, job.attempt.has_value(), now).cost;
+    if (std::optional<ledger::BudgetStop> stop = ledger_.CheckBudget(view)) {
+      note(Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
+                                   stop->reason, stop->detail)));
+    } else if (view.has_pending_stop() && now >= FromProto(view.pending_stop().deadline())) {
+      absl::StatusOr<Plan> p = PlanFinishStop(
+          job, absl::StrCat("the workers did not confirm the stop within ",
+                            ShortSeconds(options_.stop_grace)));
+      note(p.ok() ? Execute(id, *std::move(p)) : p.status());
+    } else {
+      job_metrics_.Update(view);
+    }
   }
 
   // 3. Start what fits.
@@ -796,12 +1047,41 @@ absl::Status Scheduler::Tick() {
       if (!ws.connected || now - ws.last_seen > options_.heartbeat_timeout) continue;
       free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used()});
     }
-    for (const auto& p : policy::PlaceJobs(std::move(queued), std::move(free))) {
-      RETURN_IF_ERROR(StartAttempt(active_.at(p.job_id), p.rank_workers));
+    for (const auto& placed : policy::PlaceJobs(std::move(queued), std::move(free))) {
+      absl::StatusOr<Plan> p = PlanStart(active_.at(placed.job_id), placed.rank_workers);
+      note(p.ok() ? Execute(placed.job_id, *std::move(p)) : p.status());
     }
   }
   UpdateGauges();
-  return absl::OkStatus();
+  return first_error;
+}
+
+std::optional<tally::v1::Job> Scheduler::ActiveJobView(int64_t job_id) const {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) return std::nullopt;
+  const ActiveJob& job = it->second;
+  tally::v1::Job view = job.rec.job();
+  const bool running =
+      view.state() == tally::v1::JOB_STATE_RUNNING && job.attempt.has_value();
+  *view.mutable_cost() = ledger_.Accrue(view, running, clock_->Now()).cost;
+  return view;
+}
+
+void Scheduler::SetPrices(ledger::PriceTable prices) {
+  const absl::Time now = clock_->Now();
+  // What ran so far is committed at the old prices.
+  std::vector<int64_t> ids;
+  for (const auto& [id, job] : active_) ids.push_back(id);
+  for (int64_t id : ids) {
+    (void)Execute(id, NewPlan(active_.at(id), now));
+  }
+  ledger_.SetPrices(std::move(prices));
+}
+
+absl::StatusOr<tally::v1::CostEstimate> Scheduler::EstimateCost(tally::v1::JobSpec spec) const {
+  ApplySpecDefaults(&spec);
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  return ledger_.Estimate(spec);
 }
 
 void Scheduler::UpdateGauges() {
@@ -812,8 +1092,7 @@ void Scheduler::UpdateGauges() {
     ++workers[{{"gpu_type", type}, {"state", ws.connected ? "connected" : "disconnected"}}];
     if (!ws.connected) continue;
     slots[{{"gpu_type", type}, {"state", "used"}}] += ws.Used();
-    slots[{{"gpu_type", type}, {"state", "free"}}] +=
-        std::max(0, ws.rec.slots() - ws.Used());
+    slots[{{"gpu_type", type}, {"state", "free"}}] += std::max(0, ws.rec.slots() - ws.Used());
   }
   // A series seen once stays, at 0 when it empties, so alerts see the drop
   // rather than a vanished series.
@@ -835,9 +1114,7 @@ void Scheduler::UpdateGauges() {
 
 int64_t Scheduler::QueueDepth() const {
   int64_t n = 0;
-  for (const auto& [id, job] : active_) {
-    n += job.rec.job().state() == tally::v1::JOB_STATE_QUEUED;
-  }
+  for (const auto& [id, job] : active_) n += job.rec.job().state() == tally::v1::JOB_STATE_QUEUED;
   return n;
 }
 

@@ -463,6 +463,24 @@ TEST_F(SchedulerTest, StaleReportsGetAStopOrder) {
   EXPECT_EQ(channel_.Take("w2", ControllerMessage::kStop).size(), 1u);
 }
 
+TEST_F(SchedulerTest, ACancelledAttemptHoldsItsSlotUntilItsExit) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(sched_->Cancel(id, "wrong lr").ok());
+  // The worker's last progress crosses the stop order: it is still busy.
+  tally::v1::WorkerMessage p;
+  p.mutable_progress()->set_job("jobs/" + std::to_string(id));
+  p.mutable_progress()->set_attempt(1);
+  ASSERT_TRUE(sched_->OnMessage("w1", p).ok());
+  const int64_t next = Submit(Spec());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(next), tally::v1::JOB_STATE_QUEUED) << "placed on a worker still busy";
+  ASSERT_TRUE(Exit("w1", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(next), tally::v1::JOB_STATE_RUNNING);
+}
+
 TEST_F(SchedulerTest, MessagesBeforeHelloAreRefused) {
   tally::v1::WorkerMessage m;
   m.mutable_heartbeat();

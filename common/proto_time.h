@@ -1,12 +1,12 @@
-// absl::Time <-> google.protobuf.Timestamp, for the scheduler's records.
-#ifndef TALLY_SERVER_SCHED_PROTO_TIME_H_
-#define TALLY_SERVER_SCHED_PROTO_TIME_H_
+// absl::Time <-> google.protobuf.Timestamp, for tallyd's records.
+#ifndef TALLY_COMMON_PROTO_TIME_H_
+#define TALLY_COMMON_PROTO_TIME_H_
 
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "google/protobuf/util/time_util.h"
 
-namespace tally::sched {
+namespace tally {
 
 inline google::protobuf::Timestamp ToProto(absl::Time t) {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
@@ -16,6 +16,6 @@ inline absl::Time FromProto(const google::protobuf::Timestamp& ts) {
   return absl::FromUnixNanos(google::protobuf::util::TimeUtil::TimestampToNanoseconds(ts));
 }
 
-}  // namespace tally::sched
+}  // namespace tally
 
-#endif  // TALLY_SERVER_SCHED_PROTO_TIME_H_
+#endif  // TALLY_COMMON_PROTO_TIME_H_

@@ -1,0 +1,41 @@
+// TallydConfig: what tallyd reads from its --config file (YAML), re-read on
+// SIGHUP. Today it holds the price table:
+//
+//   usd_per_gpu_hour: {cpu: 0.05, h200: 3.50}
+//   flops_per_second_per_gpu: {cpu: 2.0e10, h200: 4.0e14}   # for estimates
+//
+// Parse errors and Validate() name the key and its line and say what is
+// expected. A bad file on SIGHUP leaves the running config in force.
+#ifndef TALLY_SERVER_CONFIG_TALLYD_CONFIG_H_
+#define TALLY_SERVER_CONFIG_TALLYD_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/ledger/cost_ledger.h"
+
+namespace tally::config {
+
+struct TallydConfig {
+  ledger::PriceTable prices;
+
+  // InvalidArgument for a negative or non-finite price, or a throughput that
+  // is not a positive finite number, naming the key.
+  absl::Status Validate() const;
+};
+
+// Files larger than this are refused before they are parsed.
+inline constexpr size_t kMaxConfigBytes = 1 << 20;
+
+// Parses and validates; an empty document is the default config.
+absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view yaml);
+
+// Reads `path` (empty: the default config). NotFound when it cannot be read;
+// InvalidArgument, prefixed with the path, when it does not parse.
+absl::StatusOr<TallydConfig> LoadTallydConfig(const std::string& path);
+
+}  // namespace tally::config
+
+#endif  // TALLY_SERVER_CONFIG_TALLYD_CONFIG_H_

@@ -1,0 +1,71 @@
+#include "server/config/tallyd_config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tally::config {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TallydConfigTest, ParsesThePriceTable) {
+  auto c = ParseTallydConfig(R"(
+usd_per_gpu_hour: {cpu: 0.05, h200: 3.5}
+flops_per_second_per_gpu:
+  h200: 4.0e14
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->prices.Price("h200"), 3.5);
+  EXPECT_DOUBLE_EQ(c->prices.Price("a100"), 0);
+  EXPECT_DOUBLE_EQ(c->prices.flops_per_second_per_gpu.at("h200"), 4e14);
+  EXPECT_TRUE(ParseTallydConfig("").ok());
+  EXPECT_TRUE(LoadTallydConfig("").ok());
+}
+
+TEST(TallydConfigTest, BadConfigNamesTheKeyAndLine) {
+  struct Case {
+    std::string yaml;
+    std::string error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"usd_per_gpu_hour: {cpu: cheap}\n", "usd_per_gpu_hour.cpu (line 1): not a number"},
+           {"prices: {cpu: 1}\n", "prices (line 1): unknown key"},
+           {"usd_per_gpu_hour:\n  cpu: -1\n", "usd_per_gpu_hour.cpu (line 2): must be a finite"},
+           {"usd_per_gpu_hour:\n  cpu: .nan\n", "usd_per_gpu_hour.cpu (line 2): must be a finite"},
+           {"flops_per_second_per_gpu: {cpu: 0}\n", "> 0"},
+           {"usd_per_gpu_hour: [1, 2]", "expected a mapping of GPU type"},
+           {"usd_per_gpu_hour:\n  cpu: 1\n  cpu: 2\n", "usd_per_gpu_hour.cpu (line 3): given twice"},
+           {"{unclosed", "not valid YAML"},
+           {"- 1\n- 2\n", "expected a mapping at the top level"},
+       }) {
+    auto parsed = ParseTallydConfig(c.yaml);
+    ASSERT_FALSE(parsed.ok()) << c.yaml;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.error)) << c.yaml;
+  }
+}
+
+TEST(TallydConfigTest, ValidateRefusesWhatParsingWould) {
+  TallydConfig c;
+  c.prices.usd_per_gpu_hour["cpu"] = -0.5;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("usd_per_gpu_hour.cpu"));
+  c.prices.usd_per_gpu_hour["cpu"] = 0.5;
+  EXPECT_TRUE(c.Validate().ok());
+}
+
+TEST(TallydConfigTest, AHugeFileIsRefusedBeforeParsing) {
+  std::string big(kMaxConfigBytes + 1, '#');
+  auto c = ParseTallydConfig(big);
+  EXPECT_THAT(c.status().message(), HasSubstr("at most"));
+}
+
+TEST(TallydConfigTest, AMissingFileIsNotFound) {
+  auto c = LoadTallydConfig("/nonexistent/tally.yaml");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(c.status().message(), HasSubstr("--config: cannot read /nonexistent/tally.yaml"));
+}
+
+}  // namespace
+}  // namespace tally::config

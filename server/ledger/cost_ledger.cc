@@ -1,0 +1,138 @@
+#include "server/ledger/cost_ledger.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/model_flops.h"
+#include "common/proto_time.h"
+#include "server/policy/cost.h"
+
+namespace tally::ledger {
+
+double PriceTable::Price(const std::string& gpu_type) const {
+  auto it = usd_per_gpu_hour.find(gpu_type);
+  return it == usd_per_gpu_hour.end() ? 0.0 : it->second;
+}
+
+std::string PriceTable::Describe() const {
+  if (usd_per_gpu_hour.empty()) return "no prices configured: every GPU type costs $0";
+  std::string out = "prices $/GPU-hour:";
+  for (const auto& [gpu, usd] : usd_per_gpu_hour) absl::StrAppend(&out, " ", gpu, "=", usd);
+  return out;
+}
+
+CostLedger::CostLedger(PriceTable prices) : prices_(std::move(prices)) {}
+
+void CostLedger::SetPrices(PriceTable prices) { prices_ = std::move(prices); }
+
+Accrual CostLedger::Accrue(const tally::v1::Job& job, bool running, absl::Time now) const {
+  Accrual out;
+  out.cost = job.cost();
+  tally::v1::CostStatus& cost = out.cost;
+  const std::string& gpu_type = job.spec().resources().gpu_type();
+  const double price = prices_.Price(gpu_type);
+  cost.set_usd_per_gpu_hour(price);
+  const absl::Time from = cost.has_accrued_until() ? FromProto(cost.accrued_until()) : now;
+  if (running && now > from) {
+    const int gpus = std::max(1, job.spec().resources().gpu_count());
+    const absl::Duration held = now - from;
+    out.added_usd = policy::CostUsd(held, gpus, price);
+    cost.set_cost_usd(cost.cost_usd() + out.added_usd);
+    cost.set_gpu_seconds(cost.gpu_seconds() + absl::ToDoubleSeconds(held) * gpus);
+    cost.set_attempt_usd_since_checkpoint(cost.attempt_usd_since_checkpoint() + out.added_usd);
+  }
+  *cost.mutable_accrued_until() = ToProto(std::max(from, now));
+  return out;
+}
+
+Accrual CostLedger::ChargeLost(const tally::v1::CostStatus& cost) const {
+  Accrual out;
+  out.cost = cost;
+  out.added_usd = cost.attempt_usd_since_checkpoint();
+  out.cost.set_lost_usd(cost.lost_usd() + out.added_usd);
+  out.cost.set_attempt_usd_since_checkpoint(0);
+  return out;
+}
+
+tally::v1::Checkpoint CostLedger::PriceCheckpoint(
+    const tally::v1::Job& job, tally::v1::Checkpoint ck,
+    const std::optional<tally::v1::Checkpoint>& previous) const {
+  policy::PreviousCheckpoint prev;
+  if (previous) {
+    prev = {previous->cost_usd(), previous->tokens(), previous->val_loss()};
+  } else if (job.early_stopping().has_baseline()) {
+    prev.val_loss = job.early_stopping().baseline_val_loss();
+  }
+  const policy::CheckpointPrice p =
+      policy::PriceCheckpoint(job.cost().cost_usd(), ck.tokens(), ck.val_loss(), prev);
+  ck.set_cost_usd(job.cost().cost_usd());
+  ck.set_cost_since_previous_usd(p.cost_since_previous_usd);
+  ck.set_tokens_since_previous(p.tokens_since_previous);
+  ck.set_usd_per_val_loss_improvement(p.usd_per_val_loss_improvement);
+  return ck;
+}
+
+std::optional<BudgetStop> CostLedger::CheckBudget(const tally::v1::Job& job) const {
+  const double max = job.spec().budget().max_dollars();
+  if (max <= 0 || job.cost().cost_usd() < max ||
+      job.state() != tally::v1::JOB_STATE_RUNNING) {
+    return std::nullopt;
+  }
+  return BudgetStop{
+      absl::StrFormat("budget: spent $%.4f of max_dollars $%.4f", job.cost().cost_usd(), max),
+      absl::StrFormat("%.1f GPU-seconds at $%.4f/GPU-hour", job.cost().gpu_seconds(),
+                      job.cost().usd_per_gpu_hour())};
+}
+
+double CostLedger::FlopsPerToken(const tally::v1::JobSpec& spec) {
+  const auto& m = spec.model();
+  ModelShape shape{m.num_layers(), m.d_model(), m.d_ff(), m.vocab_size()};
+  shape.num_experts = m.moe().num_experts();
+  shape.top_k = std::max(1, m.moe().top_k());
+  shape.every_n_layers = std::max(1, m.moe().every_n_layers());
+  shape.shared_expert = m.moe().shared_expert();
+  return TrainingFlopsPerToken(shape, spec.data().seq_len());
+}
+
+void CostLedger::RecordFinished(const tally::v1::Job& job) {
+  if (job.tokens() <= 0 || job.cost().gpu_seconds() <= 0) return;
+  Throughput& t = throughput_[job.spec().resources().gpu_type()];
+  t.flops += FlopsPerToken(job.spec()) * static_cast<double>(job.tokens());
+  t.gpu_seconds += job.cost().gpu_seconds();
+  ++t.jobs;
+}
+
+tally::v1::CostEstimate CostLedger::Estimate(const tally::v1::JobSpec& spec) const {
+  const std::string& gpu_type = spec.resources().gpu_type();
+  tally::v1::CostEstimate out;
+  double fps = 0;
+  auto measured = throughput_.find(gpu_type);
+  if (measured != throughput_.end() && measured->second.gpu_seconds > 0) {
+    fps = measured->second.flops / measured->second.gpu_seconds;
+    out.set_throughput_source(
+        absl::StrCat("measured from ", measured->second.jobs, " finished ", gpu_type, " jobs"));
+  } else if (auto it = prices_.flops_per_second_per_gpu.find(gpu_type);
+             it != prices_.flops_per_second_per_gpu.end()) {
+    fps = it->second;
+    out.set_throughput_source("configured");
+  } else {
+    out.set_throughput_source(absl::StrCat(
+        "unknown: no finished ", gpu_type,
+        " jobs and no flops_per_second_per_gpu for it in tallyd's config"));
+  }
+  const int gpus = spec.resources().gpu_count();
+  const int64_t tokens = spec.training().max_steps() * spec.training().global_batch_tokens();
+  const policy::Estimate e = policy::EstimateRun(FlopsPerToken(spec), tokens, gpus, fps,
+                                                 prices_.Price(gpu_type));
+  out.set_flops_per_token(e.flops_per_token);
+  out.set_tokens(e.tokens);
+  out.set_flops_per_second_per_gpu(e.flops_per_second_per_gpu);
+  out.set_seconds(e.seconds);
+  out.set_gpu_hours(e.gpu_hours);
+  out.set_usd_per_gpu_hour(prices_.Price(gpu_type));
+  out.set_cost_usd(e.cost_usd);
+  return out;
+}
+
+}  // namespace tally::ledger

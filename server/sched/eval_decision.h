@@ -1,0 +1,37 @@
+// What one evaluation decides for a job (pure): the job's early-stopping and
+// routing-watch status after it, and whether it stops the job. The scheduler
+// puts the result in the evaluation's plan, so the eval event, a routing
+// warning and a decided stop commit in one transaction.
+#ifndef TALLY_SERVER_SCHED_EVAL_DECISION_H_
+#define TALLY_SERVER_SCHED_EVAL_DECISION_H_
+
+#include <string>
+
+#include "server/policy/early_stopping.h"
+#include "tally/v1/jobs.pb.h"
+#include "tally/v1/workers.pb.h"
+
+namespace tally::sched {
+
+// Evaluations in a row at which one expert took over half of its layer's
+// tokens before the routing-collapse warning.
+inline constexpr int kCollapseEvals = 3;
+
+struct EvalDecision {
+  tally::v1::EarlyStoppingStatus early_stopping;  // the job's, after this eval
+  tally::v1::RoutingStatus routing;               // the job's, after this eval
+  bool warn_collapse = false;  // record the routing-collapse warning now
+  // kNone: go on. A rule that fires at or after max_steps is dropped: at the
+  // last step there is nothing left to save by stopping.
+  policy::StopRule rule = policy::StopRule::kNone;
+  std::string reason;  // the rule and the numbers behind it
+};
+
+// `max_expert_share` is the busiest expert's share of its layer's tokens at
+// the latest progress (0 for dense models).
+EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
+                        double max_expert_share);
+
+}  // namespace tally::sched
+
+#endif  // TALLY_SERVER_SCHED_EVAL_DECISION_H_

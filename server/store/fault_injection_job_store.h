@@ -1,0 +1,102 @@
+// FaultInjectionJobStore: a JobStore that forwards to another and fails on
+// demand, the way LevelDB's FaultInjectionTestEnv fails file writes. Tests
+// use it to prove that a state change whose commit fails changes nothing.
+//
+// Thread-safe (the switches are atomics; the base store is thread-safe).
+#ifndef TALLY_SERVER_STORE_FAULT_INJECTION_JOB_STORE_H_
+#define TALLY_SERVER_STORE_FAULT_INJECTION_JOB_STORE_H_
+
+#include <atomic>
+
+#include "server/store/job_store.h"
+
+namespace tally::store {
+
+#define RETURN_IF_FAILING_WRITE()                                         \
+  do {                                                                    \
+    if (fail_writes_) {                                                   \
+      ++failed_writes_;                                                   \
+      return absl::UnavailableError("injected fault: the store refused the write"); \
+    }                                                                     \
+    ++writes_;                                                            \
+  } while (0)
+#define RETURN_IF_FAILING_READ()                                          \
+  do {                                                                    \
+    if (fail_reads_) return absl::UnavailableError("injected fault: the store refused the read"); \
+  } while (0)
+
+class FaultInjectionJobStore final : public JobStore {
+ public:
+  // `base` must outlive this store.
+  explicit FaultInjectionJobStore(JobStore* base) : base_(base) {}
+
+  // While set, every write (CreateJob, Commit, PutWorker) fails with
+  // UNAVAILABLE and writes nothing.
+  void FailWrites(bool fail) { fail_writes_ = fail; }
+  // While set, every read fails with UNAVAILABLE.
+  void FailReads(bool fail) { fail_reads_ = fail; }
+  // Writes that reached the base store, and writes refused.
+  int writes() const { return writes_; }
+  int failed_writes() const { return failed_writes_; }
+
+  absl::StatusOr<CreateResult> CreateJob(JobRecord job, tally::v1::JobEvent first) override {
+    RETURN_IF_FAILING_WRITE();
+    return base_->CreateJob(std::move(job), std::move(first));
+  }
+  absl::Status Commit(const Mutation& m) override {
+    RETURN_IF_FAILING_WRITE();
+    return base_->Commit(m);
+  }
+  absl::Status PutWorker(const WorkerRecord& w) override {
+    RETURN_IF_FAILING_WRITE();
+    return base_->PutWorker(w);
+  }
+  absl::StatusOr<JobRecord> GetJob(int64_t id) override {
+    RETURN_IF_FAILING_READ();
+    return base_->GetJob(id);
+  }
+  absl::StatusOr<std::vector<JobRecord>> ListJobs(const JobQuery& q) override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListJobs(q);
+  }
+  absl::StatusOr<std::vector<JobRecord>> ListActiveJobs() override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListActiveJobs();
+  }
+  absl::StatusOr<std::vector<tally::v1::JobEvent>> ListEvents(int64_t id, int64_t after,
+                                                              int limit) override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListEvents(id, after, limit);
+  }
+  absl::StatusOr<std::vector<AttemptRecord>> ListAttempts(int64_t id) override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListAttempts(id);
+  }
+  absl::StatusOr<std::vector<tally::v1::Checkpoint>> ListCheckpoints(int64_t id) override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListCheckpoints(id);
+  }
+  absl::StatusOr<std::vector<std::pair<tally::v1::JobState, int64_t>>> CountJobsByState()
+      override {
+    RETURN_IF_FAILING_READ();
+    return base_->CountJobsByState();
+  }
+  absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListWorkers();
+  }
+
+ private:
+  JobStore* const base_;
+  std::atomic<bool> fail_writes_{false};
+  std::atomic<bool> fail_reads_{false};
+  std::atomic<int> writes_{0};
+  std::atomic<int> failed_writes_{0};
+};
+
+#undef RETURN_IF_FAILING_WRITE
+#undef RETURN_IF_FAILING_READ
+
+}  // namespace tally::store
+
+#endif  // TALLY_SERVER_STORE_FAULT_INJECTION_JOB_STORE_H_
