@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/text.h"
 
 namespace tally {
 
@@ -17,7 +18,7 @@ absl::StatusOr<int64_t> ParseJobName(absl::string_view name,
       id <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": expected a job name like \"jobs/42\", got \"",
-                     name, "\""));
+                     EscapeUnprintable(name), "\""));
   }
   return id;
 }

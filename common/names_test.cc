@@ -17,5 +17,11 @@ TEST(NamesTest, RejectsMalformed) {
   }
 }
 
+TEST(NamesTest, MessageEscapesTheName) {
+  auto id = ParseJobName("jobs/\x1b[2J", "name");
+  EXPECT_EQ(id.status().message(),
+            "name: expected a job name like \"jobs/42\", got \"jobs/\\x1b[2J\"");
+}
+
 }  // namespace
 }  // namespace tally

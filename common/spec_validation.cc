@@ -1,17 +1,32 @@
 #include "common/spec_validation.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/text.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace tally {
 namespace {
 
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
 using tally::v1::JobSpec;
+
+constexpr size_t kMaxDisplayNameChars = 200;
+constexpr size_t kMaxPathBytes = 4096;
 
 class Problems {
  public:
@@ -32,9 +47,17 @@ class Problems {
       Range(field, value, lo, hi);
     }
   }
+  // The first kMaxListed problems, so a message stays short enough for a
+  // gRPC status (its trailer is a few KiB) whatever the spec.
   absl::Status ToStatus() const {
     if (list_.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrJoin(list_, "; "));
+    constexpr size_t kMaxListed = 20;
+    if (list_.size() <= kMaxListed) {
+      return absl::InvalidArgumentError(absl::StrJoin(list_, "; "));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        absl::StrJoin(list_.begin(), list_.begin() + kMaxListed, "; "),
+        "; and ", list_.size() - kMaxListed, " more problems"));
   }
 
  private:
@@ -44,6 +67,96 @@ class Problems {
 bool IsNameChar(char c) {
   return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-' ||
          c == '_' || c == '.' || c == '/';
+}
+
+std::string Quoted(absl::string_view s) { return QuoteForMessage(s); }
+
+void CheckPrintable(absl::string_view field, absl::string_view value,
+                    Problems* p) {
+  if (std::optional<std::string> why = UnprintableReason(value)) {
+    p->Add(field, absl::StrCat("must be printable text, but it ", *why));
+  }
+}
+
+// A map entry's key as text, for sorting and for field paths: string keys as
+// they are, numbers in decimal.
+std::string MapKeyText(const Message& entry, const FieldDescriptor* key_f) {
+  const Reflection* r = entry.GetReflection();
+  switch (key_f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_STRING:
+      return r->GetString(entry, key_f);
+    case FieldDescriptor::CPPTYPE_INT32:
+      return absl::StrCat(r->GetInt32(entry, key_f));
+    case FieldDescriptor::CPPTYPE_INT64:
+      return absl::StrCat(r->GetInt64(entry, key_f));
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return absl::StrCat(r->GetUInt32(entry, key_f));
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return absl::StrCat(r->GetUInt64(entry, key_f));
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return r->GetBool(entry, key_f) ? "true" : "false";
+    default:
+      return "?";
+  }
+}
+
+// Every string in `m`, at any depth, must be printable: protobuf refuses to
+// send a string that is not UTF-8, and these strings reach logs, terminals
+// and file systems. Walks by reflection so a new string field is covered
+// without a change here; map entries go in key order so the message is the
+// same for equal specs.
+void CheckAllStrings(const Message& m, const std::string& prefix, Problems* p) {
+  const Reflection* r = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const std::string path = prefix + f->name();
+    if (f->is_map()) {
+      const FieldDescriptor* key_f = f->message_type()->map_key();
+      const FieldDescriptor* val_f = f->message_type()->map_value();
+      std::vector<std::pair<std::string, const Message*>> entries;
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        const Message& entry = r->GetRepeatedMessage(m, f, i);
+        entries.emplace_back(MapKeyText(entry, key_f), &entry);
+      }
+      std::sort(entries.begin(), entries.end());
+      for (const auto& [key, entry] : entries) {
+        const std::string entry_path =
+            absl::StrCat(path, "[", Quoted(key), "]");
+        if (key_f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+          if (std::optional<std::string> why = UnprintableReason(key)) {
+            p->Add(entry_path,
+                   absl::StrCat("keys must be printable text, but this one ",
+                                *why));
+          }
+        }
+        const Reflection* er = entry->GetReflection();
+        if (val_f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+          CheckPrintable(entry_path, er->GetString(*entry, val_f), p);
+        } else if (val_f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          CheckAllStrings(er->GetMessage(*entry, val_f), entry_path + ".", p);
+        }
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        for (int i = 0; i < r->FieldSize(m, f); ++i) {
+          CheckAllStrings(r->GetRepeatedMessage(m, f, i),
+                          absl::StrCat(path, "[", i, "]."), p);
+        }
+      } else {
+        CheckAllStrings(r->GetMessage(m, f), path + ".", p);
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+      if (f->is_repeated()) {
+        for (int i = 0; i < r->FieldSize(m, f); ++i) {
+          CheckPrintable(absl::StrCat(path, "[", i, "]"),
+                         r->GetRepeatedString(m, f, i), p);
+        }
+      } else {
+        CheckPrintable(path, r->GetString(m, f), p);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -77,8 +190,13 @@ void ApplySpecDefaults(JobSpec* spec) {
   // One micro-batch per rank and step.
   const int ranks = std::max(1, spec->resources().gpu_count());
   if (training->global_batch_tokens() == 0) {
-    training->set_global_batch_tokens(int64_t{data->seq_len()} *
-                                      training->micro_batch_rows() * ranks);
+    // In 128 bits: out-of-range factors must not overflow; validation
+    // refuses them.
+    const absl::int128 tokens = absl::int128(data->seq_len()) *
+                                training->micro_batch_rows() * ranks;
+    if (tokens > 0 && tokens <= std::numeric_limits<int64_t>::max()) {
+      training->set_global_batch_tokens(static_cast<int64_t>(tokens));
+    }
   }
   auto* es = spec->mutable_early_stopping();
   if (es->patience() > 0 && es->min_rel_delta() == 0 && es->min_delta() == 0) {
@@ -92,8 +210,10 @@ void ApplySpecDefaults(JobSpec* spec) {
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   Problems p;
-  if (spec.display_name().size() > 200) {
-    p.Add("display_name", "must be at most 200 characters");
+  if (Utf8Length(spec.display_name()) > kMaxDisplayNameChars) {
+    p.Add("display_name", absl::StrCat("must be at most ", kMaxDisplayNameChars,
+                                       " characters, got ",
+                                       Utf8Length(spec.display_name())));
   }
 
   const auto& model = spec.model();
@@ -127,15 +247,26 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     }
     if (moe.router() != "softmax" && moe.router() != "sigmoid") {
       p.Add("model.moe.router",
-            absl::StrCat("must be \"softmax\" or \"sigmoid\", got \"",
-                         moe.router(), "\""));
+            absl::StrCat("must be \"softmax\" or \"sigmoid\", got ",
+                         Quoted(moe.router())));
     }
-  } else if (moe.top_k() != 0 || moe.shared_expert() ||
-             moe.bias_balancing() || moe.aux_loss_coef() != 0 ||
-             moe.capacity_factor() != 0 || moe.expert_parallel()) {
-    p.Add("model.moe.num_experts",
-          "MoE options are set but num_experts is 0; set num_experts >= 1 or "
-          "remove model.moe");
+  } else {
+    // A dense model: any other MoE field set is a mistake. Listed by
+    // reflection so a new MoE field is covered.
+    std::vector<const FieldDescriptor*> set;
+    moe.GetReflection()->ListFields(moe, &set);
+    std::vector<std::string> options;
+    for (const FieldDescriptor* f : set) {
+      if (f->number() != tally::v1::MoeSpec::kNumExpertsFieldNumber) {
+        options.push_back(absl::StrCat("model.moe.", f->name()));
+      }
+    }
+    if (!options.empty()) {
+      p.Add("model.moe.num_experts",
+            absl::StrCat("MoE options are set (", absl::StrJoin(options, ", "),
+                         ") but num_experts is ", moe.num_experts(),
+                         "; set num_experts >= 1 or remove them"));
+    }
   }
   p.Finite("model.moe.aux_loss_coef", moe.aux_loss_coef(), 0, 10);
   p.Finite("model.moe.z_loss_coef", moe.z_loss_coef(), 0, 10);
@@ -160,6 +291,14 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (data.train_path().empty()) {
     p.Add("data.train_path",
           "is required: the dataset prefix written by tally-prep");
+  }
+  if (data.train_path().size() > kMaxPathBytes) {
+    p.Add("data.train_path",
+          absl::StrCat("must be at most ", kMaxPathBytes, " bytes"));
+  }
+  if (data.val_path().size() > kMaxPathBytes) {
+    p.Add("data.val_path",
+          absl::StrCat("must be at most ", kMaxPathBytes, " bytes"));
   }
   p.Range("data.seq_len", data.seq_len(), 8, 1 << 17);
   p.Range("data.shuffle_window", data.shuffle_window(), 1, 1 << 20);
@@ -194,6 +333,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                        micro_tokens, "), got ",
                        training.global_batch_tokens()));
   } else if (micro_tokens > 0 && spec.resources().gpu_count() > 1 &&
+             // Factors in range (else refused on their own), so the
+             // product in the message cannot overflow.
+             micro_tokens <= (int64_t{1} << 40) &&
+             spec.resources().gpu_count() <= 1024 &&
              (training.global_batch_tokens() / micro_tokens) %
                  spec.resources().gpu_count()) {
     p.Add("training.global_batch_tokens",
@@ -232,8 +375,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!gpu_type_ok) {
     p.Add("resources.gpu_type",
           absl::StrCat("must be 1-32 characters of [a-z0-9._-] (e.g. \"cpu\", "
-                       "\"h200\"), got \"",
-                       gpu_type, "\""));
+                       "\"h200\"), got ",
+                       Quoted(gpu_type)));
   }
   p.Range("resources.gpu_count", res.gpu_count(), 1, 1024);
 
@@ -241,21 +384,32 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   p.Range("max_attempts", spec.max_attempts(), 1, 100);
 
   if (spec.labels_size() > 64) p.Add("labels", "at most 64 labels");
-  for (const auto& [key, value] : spec.labels()) {
+  // In key order, so equal specs get the same message.
+  std::vector<std::pair<std::string, std::string>> labels(
+      spec.labels().begin(), spec.labels().end());
+  std::sort(labels.begin(), labels.end());
+  for (const auto& [key, value] : labels) {
     bool key_ok = !key.empty() && key.size() <= 63 &&
                   (absl::ascii_islower(key[0]) || absl::ascii_isdigit(key[0]));
     for (char c : key) key_ok = key_ok && IsNameChar(c);
     if (!key_ok) {
-      p.Add(absl::StrCat("labels[\"", key, "\"]"),
+      p.Add(absl::StrCat("labels[", Quoted(key), "]"),
             "keys are 1-63 characters of [a-z0-9._/-], starting with a "
             "letter or digit");
     }
     if (value.size() > 256) {
-      p.Add(absl::StrCat("labels[\"", key, "\"]"),
+      p.Add(absl::StrCat("labels[", Quoted(key), "]"),
             "values are at most 256 characters");
     }
   }
+
+  CheckAllStrings(spec, "", &p);
   return p.ToStatus();
+}
+
+absl::Status PrepareJobSpec(JobSpec* spec) {
+  ApplySpecDefaults(spec);
+  return ValidateJobSpec(*spec);
 }
 
 }  // namespace tally

@@ -9,12 +9,23 @@
 
 namespace tally {
 
+// ApplySpecDefaults then ValidateJobSpec: the one check a spec passes to be
+// accepted. tallyd's SubmitJob and EstimateCost and `tallyctl validate`,
+// `submit` and `estimate` all call it, so what `tallyctl validate` accepts is
+// exactly what tallyd accepts.
+absl::Status PrepareJobSpec(tally::v1::JobSpec* spec);
+
 // Fills fields whose zero value means "default" (documented in spec.proto).
-// Idempotent; does not validate.
+// Idempotent; does not validate. Safe on any spec (no overflow on values out
+// of range: those are left for ValidateJobSpec to refuse).
 void ApplySpecDefaults(tally::v1::JobSpec* spec);
 
 // OK, or INVALID_ARGUMENT whose message lists "spec.<path>: <problem>" for
 // every bad field, separated by "; ". Call after ApplySpecDefaults.
+// Every string field, label keys and values included, must be printable text
+// (common/text.h): valid UTF-8, as protobuf needs to send it, with no NUL or
+// other control characters. Values quoted in the message are escaped, so it
+// is safe to print.
 absl::Status ValidateJobSpec(const tally::v1::JobSpec& spec);
 
 }  // namespace tally

@@ -1,8 +1,12 @@
 #include "common/spec_validation.h"
 
 #include <functional>
+#include <limits>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "common/spec_yaml.h"
+#include "common/text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -160,8 +164,169 @@ INSTANTIATE_TEST_SUITE_P(
                 "early_stopping.divergence_factor"},
         BadCase{"label_key",
                 [](JobSpec* s) { (*s->mutable_labels())["Team"] = "x"; },
-                "labels[\"Team\"]"}),
+                "labels[\"Team\"]"},
+        BadCase{"display_name_not_utf8",
+                [](JobSpec* s) { s->set_display_name("caf\xe9"); }, "display_name"},
+        BadCase{"display_name_escape_sequence",
+                [](JobSpec* s) { s->set_display_name("\x1b[2Jgotcha"); }, "display_name"},
+        BadCase{"display_name_newline",
+                [](JobSpec* s) { s->set_display_name("two\nlines"); }, "display_name"},
+        BadCase{"display_name_bidi_override",
+                [](JobSpec* s) { s->set_display_name("abc\xe2\x80\xae"); }, "display_name"},
+        BadCase{"display_name_too_long",
+                [](JobSpec* s) { s->set_display_name(std::string(201, 'x')); },
+                "display_name"},
+        BadCase{"train_path_nul",
+                [](JobSpec* s) {
+                  s->mutable_data()->set_train_path(std::string("/data/x\0/etc", 13));
+                },
+                "data.train_path"},
+        BadCase{"train_path_too_long",
+                [](JobSpec* s) { s->mutable_data()->set_train_path(std::string(5000, 'a')); },
+                "data.train_path"},
+        BadCase{"val_path_not_utf8",
+                [](JobSpec* s) { s->mutable_data()->set_val_path("/data/\xff"); },
+                "data.val_path"},
+        BadCase{"label_value_control",
+                [](JobSpec* s) { (*s->mutable_labels())["team"] = "a\rb"; },
+                "labels[\"team\"]"},
+        BadCase{"label_key_not_utf8",
+                [](JobSpec* s) { (*s->mutable_labels())["t\xc3"] = "x"; },
+                "labels[\"t\\xc3\"]"},
+        BadCase{"router_nul_with_experts",
+                [](JobSpec* s) {
+                  s->mutable_model()->mutable_moe()->set_num_experts(4);
+                  s->mutable_model()->mutable_moe()->set_router(std::string("softmax\0", 8));
+                },
+                "model.moe.router"},
+        BadCase{"gpu_type_control",
+                [](JobSpec* s) { s->mutable_resources()->set_gpu_type("h200\x07"); },
+                "resources.gpu_type"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+TEST(SpecValidationTest, DisplayNameCountsCharactersNotBytes) {
+  JobSpec spec = GoodSpec();
+  std::string name;
+  for (int i = 0; i < 200; ++i) name += "\xe6\x97\xa5";  // 200 characters, 600 bytes
+  spec.set_display_name(name);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  spec.set_display_name(name + "x");
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("spec.display_name: must be at most 200 characters, got 201"));
+}
+
+TEST(SpecValidationTest, UnprintableStringsAreNamedAndEscaped) {
+  JobSpec spec = GoodSpec();
+  spec.set_display_name("\x1b]0;owned\x07");
+  spec.mutable_data()->set_train_path(std::string("/data/x\0y", 9));
+  (*spec.mutable_labels())["\xff"] = "v";
+  const absl::Status status = ValidateJobSpec(spec);
+  const std::string message(status.message());
+  EXPECT_THAT(message, HasSubstr("spec.display_name: must be printable text, but it "
+                                 "contains control character U+001B at offset 0"));
+  EXPECT_THAT(message, HasSubstr("spec.data.train_path: must be printable text, but it "
+                                 "contains a NUL byte at offset 7"));
+  EXPECT_THAT(message, HasSubstr("spec.labels[\"\\xff\"]: keys must be printable text, but "
+                                 "this one is not valid UTF-8"));
+  // The message itself is safe to print and to send.
+  EXPECT_EQ(UnprintableReason(message), std::nullopt) << EscapeUnprintable(message);
+}
+
+// What validation accepts, protobuf can send: tallyd would otherwise fail to
+// parse the request with no word on which field is wrong.
+TEST(SpecValidationTest, EveryAcceptedStringSurvivesTheWire) {
+  JobSpec spec = GoodSpec();
+  spec.set_display_name("caf\xc3\xa9 \xf0\x9f\x9a\x80 run");
+  (*spec.mutable_labels())["team"] = "\xe6\x97\xa5\xe6\x9c\xac";
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  JobSpec received;
+  ASSERT_TRUE(received.ParseFromString(spec.SerializeAsString()));
+  EXPECT_EQ(received.display_name(), spec.display_name());
+
+  spec.set_display_name("caf\xe9");
+  EXPECT_FALSE(received.ParseFromString(spec.SerializeAsString()));
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("spec.display_name: must be printable text, but it is not valid "
+                        "UTF-8 (byte 0xe9 at offset 3)"));
+}
+
+TEST(SpecValidationTest, MoeFieldsWithoutExpertsAreNamed) {
+  JobSpec spec = GoodSpec();
+  spec.mutable_model()->mutable_moe()->set_every_n_layers(-1);
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("spec.model.moe.num_experts: MoE options are set "
+                        "(model.moe.every_n_layers) but num_experts is 0"));
+  spec = GoodSpec();
+  spec.mutable_model()->mutable_moe()->set_router("sigmoid");
+  spec.mutable_model()->mutable_moe()->set_z_loss_coef(0.1);
+  EXPECT_THAT(std::string(ValidateJobSpec(spec).message()),
+              HasSubstr("(model.moe.z_loss_coef, model.moe.router)"));
+  spec = GoodSpec();
+  spec.mutable_model()->mutable_moe();  // present but empty: a dense model
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+}
+
+TEST(SpecValidationTest, DefaultsDoNotOverflowOnHugeValues) {
+  JobSpec spec = GoodSpec();
+  spec.mutable_training()->clear_global_batch_tokens();
+  spec.mutable_data()->set_seq_len(std::numeric_limits<int32_t>::max());
+  spec.mutable_training()->set_micro_batch_rows(std::numeric_limits<int32_t>::max());
+  spec.mutable_resources()->set_gpu_count(std::numeric_limits<int32_t>::max());
+  ApplySpecDefaults(&spec);
+  EXPECT_EQ(spec.training().global_batch_tokens(), 0);
+  const std::string message(ValidateJobSpec(spec).message());
+  EXPECT_THAT(message, HasSubstr("spec.data.seq_len:"));
+  EXPECT_THAT(message, HasSubstr("spec.resources.gpu_count:"));
+}
+
+TEST(SpecValidationTest, LabelProblemsComeInKeyOrder) {
+  JobSpec spec = GoodSpec();
+  for (const char* key : {"Zeta", "Alpha", "Mid"}) (*spec.mutable_labels())[key] = "x";
+  const std::string message(ValidateJobSpec(spec).message());
+  const size_t alpha = message.find("labels[\"Alpha\"]");
+  const size_t mid = message.find("labels[\"Mid\"]");
+  const size_t zeta = message.find("labels[\"Zeta\"]");
+  ASSERT_NE(zeta, std::string::npos) << message;
+  EXPECT_LT(alpha, mid);
+  EXPECT_LT(mid, zeta);
+}
+
+// PrepareJobSpec is the check tallyd's Submit makes; `tallyctl validate`
+// reads a file with ReadJobSpecFile and makes the same call.
+TEST(SpecValidationTest, PrepareAppliesDefaultsThenValidates) {
+  auto spec = ParseJobSpecYaml(R"(
+model: {num_layers: 2, d_model: 64, num_heads: 4}
+data: {train_path: /data/corpus, seq_len: 128}
+training: {max_steps: 100}
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(PrepareJobSpec(&*spec).ok());
+  EXPECT_EQ(spec->resources().gpu_type(), "cpu");
+  EXPECT_EQ(spec->training().global_batch_tokens(), 128 * 8);
+
+  spec = ParseJobSpecYaml(R"(
+display_name: "bad \xff \x1b name"
+model: {num_layers: 2, d_model: 64, num_heads: 4, moe: {every_n_layers: -1}}
+data: {train_path: "/data/\0corpus", seq_len: 128}
+training: {max_steps: 100}
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::string message(PrepareJobSpec(&*spec).message());
+  EXPECT_THAT(message, HasSubstr("spec.display_name:"));
+  EXPECT_THAT(message, HasSubstr("model.moe.every_n_layers"));
+  EXPECT_THAT(message, HasSubstr("spec.data.train_path:"));
+}
+
+TEST(SpecValidationTest, MessagesStayShortWhateverTheSpec) {
+  JobSpec spec = GoodSpec();
+  spec.mutable_resources()->set_gpu_type(std::string(100000, 'X'));
+  for (int i = 0; i < 60; ++i) (*spec.mutable_labels())[absl::StrCat("Bad", i)] = "x";
+  const std::string message(ValidateJobSpec(spec).message());
+  EXPECT_THAT(message, HasSubstr("spec.resources.gpu_type:"));
+  EXPECT_THAT(message, HasSubstr("(100000 bytes)"));
+  EXPECT_THAT(message, HasSubstr("; and 41 more problems"));
+  EXPECT_LT(message.size(), 4096u);
+}
 
 TEST(SpecValidationTest, ReportsEveryProblemAtOnce) {
   JobSpec spec = GoodSpec();

@@ -1,19 +1,27 @@
 #include "common/spec_yaml.h"
 
+#include <cfloat>
 #include <cmath>
+#include <exception>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/text.h"
 #include "google/protobuf/descriptor.h"
-#include "yaml-cpp/yaml.h"
+#include "yaml-cpp/eventhandler.h"
+#include "yaml-cpp/exceptions.h"
+#include "yaml-cpp/mark.h"
+#include "yaml-cpp/parser.h"
 
 namespace tally {
 namespace {
@@ -25,11 +33,141 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
 
-absl::Status Bad(absl::string_view path, const YAML::Node& node,
+// One YAML value, built from the parser's events rather than as a YAML::Node:
+// the builder sees every anchor, alias, key and nesting level before anything
+// is allocated for it, so the limits in spec_yaml.h hold by construction.
+struct Value {
+  enum class Kind { kNull, kScalar, kSequence, kMap };
+  Kind kind = Kind::kNull;
+  int line = 0;  // 1-based; 0 when the parser gave no position
+  std::string scalar;
+  // A sequence's items; a map's keys and values, alternating.
+  std::vector<Value> children;
+};
+
+int LineOf(const YAML::Mark& mark) { return mark.line >= 0 ? mark.line + 1 : 0; }
+
+std::string At(int line) {
+  return line > 0 ? absl::StrCat(" (line ", line, ")") : std::string();
+}
+
+// Thrown by the builder to stop the parser at the first refusal.
+struct Refusal {
+  int line;
+  std::string what;
+};
+
+class TreeBuilder : public YAML::EventHandler {
+ public:
+  // The document's root; null when the input holds no document.
+  Value& root() { return root_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (++num_documents_ > 1) {
+      throw Refusal{LineOf(mark),
+                    "a second YAML document starts here; a spec file holds "
+                    "one job, so remove the \"---\" and what follows or "
+                    "split it into one file per job"};
+    }
+  }
+  void OnDocumentEnd() override {}
+
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    Add(mark, anchor, Value::Kind::kNull);
+  }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    throw Refusal{LineOf(mark),
+                  "aliases (*name) are not allowed in a job spec; write the "
+                  "value out"};
+  }
+  void OnScalar(const YAML::Mark& mark, const std::string&,
+                YAML::anchor_t anchor, const std::string& value) override {
+    Add(mark, anchor, Value::Kind::kScalar)->scalar = value;
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&,
+                       YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value) override {
+    Open(Add(mark, anchor, Value::Kind::kSequence), mark);
+  }
+  void OnSequenceEnd() override { stack_.pop_back(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&,
+                  YAML::anchor_t anchor, YAML::EmitterStyle::value) override {
+    Open(Add(mark, anchor, Value::Kind::kMap), mark);
+  }
+  void OnMapEnd() override { stack_.pop_back(); }
+  void OnAnchor(const YAML::Mark& mark, const std::string&) override {
+    RefuseAnchor(mark);
+  }
+
+ private:
+  [[noreturn]] static void RefuseAnchor(const YAML::Mark& mark) {
+    throw Refusal{LineOf(mark),
+                  "anchors (&name) and aliases (*name) are not allowed in a "
+                  "job spec; write each value out"};
+  }
+
+  Value* Add(const YAML::Mark& mark, YAML::anchor_t anchor, Value::Kind kind) {
+    if (anchor != YAML::NullAnchor) RefuseAnchor(mark);
+    if (++num_values_ > kMaxSpecValues) {
+      throw Refusal{LineOf(mark),
+                    absl::StrCat("more than ", kMaxSpecValues,
+                                 " values; a job spec has a few dozen")};
+    }
+    Value* v;
+    if (stack_.empty()) {
+      v = &root_;
+    } else {
+      Value* parent = stack_.back();
+      const bool is_key = parent->kind == Value::Kind::kMap &&
+                          parent->children.size() % 2 == 0;
+      if (is_key && (kind == Value::Kind::kSequence ||
+                     kind == Value::Kind::kMap)) {
+        throw Refusal{LineOf(mark),
+                      "a list or mapping is used as a key; keys are field "
+                      "names"};
+      }
+      // Pointers on the stack are to ancestors, never to elements of this
+      // vector, so growing it invalidates none of them.
+      v = &parent->children.emplace_back();
+    }
+    v->kind = kind;
+    v->line = LineOf(mark);
+    return v;
+  }
+
+  void Open(Value* v, const YAML::Mark& mark) {
+    if (static_cast<int>(stack_.size()) >= kMaxSpecDepth) {
+      throw Refusal{LineOf(mark),
+                    absl::StrCat("nested more than ", kMaxSpecDepth,
+                                 " levels deep; a job spec has four")};
+    }
+    stack_.push_back(v);
+  }
+
+  Value root_;
+  std::vector<Value*> stack_;
+  int num_documents_ = 0;
+  int num_values_ = 0;
+};
+
+absl::Status Bad(absl::string_view path, const Value& node,
                  absl::string_view what) {
-  std::string where;
-  if (node.Mark().line >= 0) where = absl::StrCat(" (line ", node.Mark().line + 1, ")");
-  return absl::InvalidArgumentError(absl::StrCat(path, where, ": ", what));
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, At(node.line), ": ", what));
+}
+
+absl::string_view KindName(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::kNull:
+      return "nothing";
+    case Value::Kind::kScalar:
+      return "a single value";
+    case Value::Kind::kSequence:
+      return "a list";
+    case Value::Kind::kMap:
+      return "a mapping";
+  }
+  return "?";
 }
 
 std::string FieldNames(const Descriptor* d) {
@@ -38,10 +176,17 @@ std::string FieldNames(const Descriptor* d) {
   return absl::StrJoin(names, ", ");
 }
 
+std::string Quoted(absl::string_view s) { return QuoteForMessage(s); }
+
+// A key as a field path component: as written when short, else quoted and cut.
+std::string PathPart(absl::string_view key) {
+  return key.size() <= 64 ? EscapeUnprintable(key) : QuoteForMessage(key);
+}
+
 absl::StatusOr<const EnumValueDescriptor*> ParseEnum(const EnumDescriptor* e,
                                                      const std::string& path,
-                                                     const YAML::Node& node) {
-  const std::string text = absl::AsciiStrToUpper(node.Scalar());
+                                                     const Value& node) {
+  const std::string text = absl::AsciiStrToUpper(node.scalar);
   std::vector<std::string> allowed;
   // Short names drop the common prefix: PRECISION_FP8 -> FP8.
   const std::string prefix = e->value_count() > 0
@@ -59,21 +204,21 @@ absl::StatusOr<const EnumValueDescriptor*> ParseEnum(const EnumDescriptor* e,
     allowed.push_back(absl::AsciiStrToLower(short_name));
   }
   return Bad(path, node,
-             absl::StrCat("unknown value \"", node.Scalar(), "\"; allowed: ",
+             absl::StrCat("unknown value ", Quoted(node.scalar), "; allowed: ",
                           absl::StrJoin(allowed, ", ")));
 }
 
 absl::Status SetScalar(Message* msg, const FieldDescriptor* f,
-                       const std::string& path, const YAML::Node& node) {
-  if (!node.IsScalar()) {
-    return Bad(path, node, "expected a single value, got a list or mapping");
+                       const std::string& path, const Value& node) {
+  if (node.kind != Value::Kind::kScalar) {
+    return Bad(path, node,
+               absl::StrCat("expected a single value, got ", KindName(node)));
   }
   const Reflection* r = msg->GetReflection();
-  const std::string& s = node.Scalar();
+  const std::string& s = node.scalar;
   const bool repeated = f->is_repeated();
   auto number_error = [&](absl::string_view kind) {
-    return Bad(path, node,
-               absl::StrCat("expected ", kind, ", got \"", s, "\""));
+    return Bad(path, node, absl::StrCat("expected ", kind, ", got ", Quoted(s)));
   };
   switch (f->cpp_type()) {
     case FieldDescriptor::CPPTYPE_INT32: {
@@ -109,6 +254,7 @@ absl::Status SetScalar(Message* msg, const FieldDescriptor* f,
       if (f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
         repeated ? r->AddDouble(msg, f, v) : r->SetDouble(msg, f, v);
       } else {
+        if (std::fabs(v) > FLT_MAX) return number_error("a number in float range");
         repeated ? r->AddFloat(msg, f, static_cast<float>(v))
                  : r->SetFloat(msg, f, static_cast<float>(v));
       }
@@ -135,39 +281,61 @@ absl::Status SetScalar(Message* msg, const FieldDescriptor* f,
   return absl::OkStatus();
 }
 
-absl::Status ReadMessage(const YAML::Node& node, Message* msg,
+// A mapping key as text; null keys and keys that are not text are refused.
+absl::StatusOr<std::string> KeyText(const std::string& path, const Value& key) {
+  if (key.kind != Value::Kind::kScalar) {
+    return Bad(path, key, "a key is missing or empty; expected a name");
+  }
+  return key.scalar;
+}
+
+absl::Status ReadMessage(const Value& node, Message* msg,
                          const std::string& path);
 
-absl::Status ReadField(const YAML::Node& value, Message* msg,
+absl::Status ReadField(const Value& value, Message* msg,
                        const FieldDescriptor* f, const std::string& path) {
   const Reflection* r = msg->GetReflection();
   if (f->is_map()) {
-    if (!value.IsMap()) return Bad(path, value, "expected a mapping of key: value");
+    if (value.kind != Value::Kind::kMap) {
+      return Bad(path, value, "expected a mapping of key: value");
+    }
     const FieldDescriptor* key_f = f->message_type()->map_key();
     const FieldDescriptor* val_f = f->message_type()->map_value();
-    for (const auto& kv : value) {
-      const std::string key = kv.first.as<std::string>();
-      const std::string entry_path = absl::StrCat(path, "[\"", key, "\"]");
+    absl::flat_hash_map<std::string, int> seen;  // key -> line
+    for (size_t i = 0; i + 1 < value.children.size(); i += 2) {
+      const Value& key_node = value.children[i];
+      const Value& val_node = value.children[i + 1];
+      ASSIGN_OR_RETURN(const std::string key, KeyText(path, key_node));
+      const std::string entry_path =
+          absl::StrCat(path, "[", Quoted(key), "]");
+      if (auto [it, inserted] = seen.emplace(key, key_node.line); !inserted) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(entry_path, " (lines ", it->second, " and ",
+                         key_node.line, "): the key is given twice; keep one"));
+      }
       Message* entry = r->AddMessage(msg, f);
-      RETURN_IF_ERROR(SetScalar(entry, key_f, entry_path, kv.first));
+      RETURN_IF_ERROR(SetScalar(entry, key_f, entry_path, key_node));
       if (val_f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
         RETURN_IF_ERROR(ReadMessage(
-            kv.second, entry->GetReflection()->MutableMessage(entry, val_f),
+            val_node, entry->GetReflection()->MutableMessage(entry, val_f),
             entry_path));
       } else {
-        RETURN_IF_ERROR(SetScalar(entry, val_f, entry_path, kv.second));
+        RETURN_IF_ERROR(SetScalar(entry, val_f, entry_path, val_node));
       }
     }
     return absl::OkStatus();
   }
   if (f->is_repeated()) {
-    if (!value.IsSequence()) return Bad(path, value, "expected a list");
-    for (size_t i = 0; i < value.size(); ++i) {
+    if (value.kind != Value::Kind::kSequence) {
+      return Bad(path, value, "expected a list");
+    }
+    for (size_t i = 0; i < value.children.size(); ++i) {
       const std::string item_path = absl::StrCat(path, "[", i, "]");
       if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-        RETURN_IF_ERROR(ReadMessage(value[i], r->AddMessage(msg, f), item_path));
+        RETURN_IF_ERROR(
+            ReadMessage(value.children[i], r->AddMessage(msg, f), item_path));
       } else {
-        RETURN_IF_ERROR(SetScalar(msg, f, item_path, value[i]));
+        RETURN_IF_ERROR(SetScalar(msg, f, item_path, value.children[i]));
       }
     }
     return absl::OkStatus();
@@ -178,66 +346,121 @@ absl::Status ReadField(const YAML::Node& value, Message* msg,
   return SetScalar(msg, f, path, value);
 }
 
-absl::Status ReadMessage(const YAML::Node& node, Message* msg,
+absl::Status ReadMessage(const Value& node, Message* msg,
                          const std::string& path) {
-  if (node.IsNull()) return absl::OkStatus();
+  if (node.kind == Value::Kind::kNull) return absl::OkStatus();
   const Descriptor* d = msg->GetDescriptor();
-  if (!node.IsMap()) {
+  if (node.kind != Value::Kind::kMap) {
     return Bad(path, node,
                absl::StrCat("expected a mapping with fields: ", FieldNames(d)));
   }
-  for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
-    const std::string field_path = absl::StrCat(path, ".", key);
+  struct Seen {
+    std::string key;
+    int line;
+  };
+  absl::flat_hash_map<const FieldDescriptor*, Seen> seen;
+  for (size_t i = 0; i + 1 < node.children.size(); i += 2) {
+    const Value& key_node = node.children[i];
+    const Value& val_node = node.children[i + 1];
+    ASSIGN_OR_RETURN(const std::string key, KeyText(path, key_node));
+    const std::string field_path =
+        absl::StrCat(path, ".", PathPart(key));
     const FieldDescriptor* f = d->FindFieldByName(key);
     if (f == nullptr) f = d->FindFieldByCamelcaseName(key);
     if (f == nullptr) {
-      return Bad(field_path, kv.first,
+      return Bad(field_path, key_node,
                  absl::StrCat("unknown field; ", d->name(),
                               " has: ", FieldNames(d)));
     }
-    if (kv.second.IsNull()) continue;
-    RETURN_IF_ERROR(ReadField(kv.second, msg, f, field_path));
+    if (auto [it, inserted] = seen.emplace(f, Seen{key, key_node.line});
+        !inserted) {
+      const Seen& first = it->second;
+      const std::string lines =
+          absl::StrCat(" (lines ", first.line, " and ", key_node.line, "): ");
+      if (first.key == key) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field_path, lines, "given twice; keep one"));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ".", f->name(), lines, Quoted(first.key), " and ", Quoted(key),
+          " name the same field; keep one"));
+    }
+    if (val_node.kind == Value::Kind::kNull) continue;
+    RETURN_IF_ERROR(ReadField(val_node, msg, f, field_path));
   }
   return absl::OkStatus();
+}
+
+absl::Status Prefixed(absl::string_view source, absl::Status status) {
+  if (status.ok() || source.empty()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(source, ": ", status.message()));
 }
 
 }  // namespace
 
 absl::Status ParseYamlInto(absl::string_view text, Message* message,
                            absl::string_view root) {
-  YAML::Node node;
-  try {
-    node = YAML::Load(std::string(text));
-  } catch (const YAML::Exception& e) {
+  if (text.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        root, ": not valid YAML (line ", e.mark.line + 1, "): ", e.msg));
+        root, ": the input is larger than ", kMaxSpecBytes / 1024,
+        " KiB; a job spec is a few hundred bytes"));
   }
+  TreeBuilder builder;
   try {
-    return ReadMessage(node, message, std::string(root));
+    std::istringstream in{std::string(text)};
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(builder)) {
+    }
+  } catch (const Refusal& r) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(root, At(r.line), ": ", r.what));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(root, ": line ", e.mark.line + 1, ": ", e.msg));
+        absl::StrCat(root, ": not valid YAML", At(LineOf(e.mark)), ": ",
+                     EscapeUnprintable(e.msg)));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        root, ": could not be read as YAML: ", EscapeUnprintable(e.what())));
   }
+  return ReadMessage(builder.root(), message, std::string(root));
 }
 
-absl::StatusOr<tally::v1::JobSpec> ParseJobSpecYaml(absl::string_view text) {
+absl::StatusOr<tally::v1::JobSpec> ParseJobSpecYaml(absl::string_view text,
+                                                    absl::string_view source) {
   tally::v1::JobSpec spec;
-  RETURN_IF_ERROR(ParseYamlInto(text, &spec));
+  RETURN_IF_ERROR(Prefixed(source, ParseYamlInto(text, &spec)));
   return spec;
+}
+
+absl::StatusOr<tally::v1::JobSpec> ReadJobSpecStream(std::istream& in,
+                                                     absl::string_view source) {
+  std::string text;
+  char buf[16384];
+  // One byte past the limit tells a too-long input from one at the limit,
+  // without reading an endless one (/dev/zero) to its end.
+  while (text.size() <= kMaxSpecBytes && in) {
+    in.read(buf, std::min(sizeof(buf), kMaxSpecBytes + 1 - text.size()));
+    text.append(buf, static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) {
+    return Prefixed(source, absl::InvalidArgumentError("cannot be read"));
+  }
+  if (text.size() > kMaxSpecBytes) {
+    return Prefixed(source, absl::InvalidArgumentError(absl::StrCat(
+                                "is larger than ", kMaxSpecBytes / 1024,
+                                " KiB; a job spec is a few hundred bytes")));
+  }
+  return ParseJobSpecYaml(text, source);
 }
 
 absl::StatusOr<tally::v1::JobSpec> ReadJobSpecFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream buf;
-  buf << in.rdbuf();
-  absl::StatusOr<tally::v1::JobSpec> spec = ParseJobSpecYaml(buf.str());
-  if (!spec.ok()) {
-    return absl::Status(spec.status().code(),
-                        absl::StrCat(path, ": ", spec.status().message()));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read ", EscapeUnprintable(path)));
   }
-  return spec;
+  return ReadJobSpecStream(in, EscapeUnprintable(path));
 }
 
 }  // namespace tally

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "common/spec_validation.h"
 #include "common/spec_yaml.h"
+#include "common/text.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
 #include "tally/v1/jobs.grpc.pb.h"
@@ -105,13 +106,32 @@ int ExitFor(const grpc::Status& s) {
   }
 }
 
+// Text from tallyd (names, reasons, paths) as it may be shown on a terminal:
+// records written before specs were validated may hold control characters.
+std::string Safe(absl::string_view text) { return EscapeUnprintable(text); }
+
+std::string CodeName(grpc::StatusCode code) {
+  static constexpr const char* kNames[] = {
+      "OK",        "CANCELLED",          "UNKNOWN",        "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS", "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",    "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i <= 16 ? kNames[i] : absl::StrCat("status ", i);
+}
+
 int Fail(const grpc::Status& s, const std::string& controller) {
+  const std::string message =
+      s.error_message().empty()
+          ? absl::StrCat("tallyd answered ", CodeName(s.error_code()), " with no message")
+          : Safe(s.error_message());
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     std::cerr << "tallyctl: tallyd at " << controller
-              << " is not reachable: " << s.error_message() << "\n";
+              << " is not reachable: " << message << "\n";
   } else {
-    std::cerr << "tallyctl: " << s.error_message() << "\n";
+    std::cerr << "tallyctl: " << message << "\n";
   }
   return ExitFor(s);
 }
@@ -127,7 +147,9 @@ std::string Json(const google::protobuf::Message& m) {
   google::protobuf::util::JsonPrintOptions opts;
   opts.add_whitespace = true;
   opts.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  if (auto s = google::protobuf::util::MessageToJsonString(m, &out, opts); !s.ok()) {
+    std::cerr << "tallyctl: cannot print as JSON: " << Safe(s.ToString()) << "\n";
+  }
   return out;
 }
 
@@ -166,10 +188,12 @@ void PrintJob(const tally::v1::Job& j) {
     return;
   }
   const auto& spec = j.spec();
-  std::cout << j.name() << "  " << StateName(j.state());
-  if (!j.state_reason().empty()) std::cout << "  (" << j.state_reason() << ")";
+  std::cout << Safe(j.name()) << "  " << StateName(j.state());
+  if (!j.state_reason().empty()) std::cout << "  (" << Safe(j.state_reason()) << ")";
   std::cout << "\n";
-  if (!spec.display_name().empty()) std::cout << "  name:      " << spec.display_name() << "\n";
+  if (!spec.display_name().empty()) {
+    std::cout << "  name:      " << Safe(spec.display_name()) << "\n";
+  }
   std::cout << "  model:     " << spec.model().num_layers() << " layers, d_model "
             << spec.model().d_model() << ", " << spec.model().num_heads() << " heads"
             << (spec.model().moe().num_experts() > 0
@@ -178,11 +202,11 @@ void PrintJob(const tally::v1::Job& j) {
                     : "")
             << "\n";
   std::cout << "  resources: " << spec.resources().gpu_count() << " x "
-            << spec.resources().gpu_type() << ", priority " << spec.priority() << "\n";
+            << Safe(spec.resources().gpu_type()) << ", priority " << spec.priority() << "\n";
   std::cout << "  progress:  step " << j.step() << " / " << spec.training().max_steps()
             << ", attempt " << j.attempt() << " of " << spec.max_attempts() << "\n";
   if (j.worker_ids_size() > 0) {
-    std::cout << "  workers:   " << absl::StrJoin(j.worker_ids(), ", ") << "\n";
+    std::cout << "  workers:   " << Safe(absl::StrJoin(j.worker_ids(), ", ")) << "\n";
   }
   std::cout << "  created:   " << Time(j.create_time()) << "   started: "
             << Time(j.start_time()) << "   ended: " << Time(j.end_time()) << "\n";
@@ -207,29 +231,35 @@ void PrintJob(const tally::v1::Job& j) {
     std::cout << "\n";
   }
   if (!es.best_checkpoint().empty()) {
-    std::cout << "  best checkpoint: " << es.best_checkpoint() << "\n";
+    std::cout << "  best checkpoint: " << Safe(es.best_checkpoint()) << "\n";
   }
 }
 
-// Reads -f (a file, or - for stdin) into `spec`; kOk or the exit code.
-int ReadSpecFlag(const char* cmd, tally::v1::JobSpec* spec) {
+// Reads -f (a file, or - for stdin) into `spec` and checks it with
+// PrepareJobSpec, the check tallyd makes; kOk or the exit code. `spec` is the
+// spec as written, without defaults: tallyd applies its own. `prepared`, when
+// given, receives it with defaults applied.
+int ReadSpecFlag(const char* cmd, tally::v1::JobSpec* spec,
+                 tally::v1::JobSpec* prepared = nullptr) {
   const std::string file = absl::GetFlag(FLAGS_file);
   if (file.empty()) {
     std::cerr << "tallyctl " << cmd << ": -f job.yaml is required\n";
     return kUsage;
   }
-  absl::StatusOr<tally::v1::JobSpec> parsed;
-  if (file == "-") {
-    std::string text((std::istreambuf_iterator<char>(std::cin)), {});
-    parsed = ParseJobSpecYaml(text);
-  } else {
-    parsed = ReadJobSpecFile(file);
-  }
+  absl::StatusOr<tally::v1::JobSpec> parsed =
+      file == "-" ? ReadJobSpecStream(std::cin, "<stdin>") : ReadJobSpecFile(file);
   if (!parsed.ok()) {
     std::cerr << "tallyctl: " << parsed.status().message() << "\n";
     return parsed.status().code() == absl::StatusCode::kNotFound ? kNotFound : kUsage;
   }
+  tally::v1::JobSpec checked = *parsed;
+  if (absl::Status s = PrepareJobSpec(&checked); !s.ok()) {
+    std::cerr << "tallyctl: " << (file == "-" ? "<stdin>" : Safe(file)) << ": "
+              << s.message() << "\n";
+    return kUsage;
+  }
   *spec = *std::move(parsed);
+  if (prepared != nullptr) *prepared = std::move(checked);
   return kOk;
 }
 
@@ -259,7 +289,7 @@ int Submit(Client& c) {
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(job) << "\n";
   } else {
-    std::cout << job.name() << "\n";
+    std::cout << Safe(job.name()) << "\n";
   }
   return kOk;
 }
@@ -269,7 +299,7 @@ void PrintEstimate(const tally::v1::CostEstimate& e) {
       "$%.4f: %.3g training FLOPs/token x %d tokens at %.3g FLOP/s per GPU (%s) = %.1f s, "
       "%.4f GPU-hours at $%.4f/GPU-hour\n",
       e.cost_usd(), e.flops_per_token(), e.tokens(), e.flops_per_second_per_gpu(),
-      e.throughput_source(), e.seconds(), e.gpu_hours(), e.usd_per_gpu_hour());
+      Safe(e.throughput_source()), e.seconds(), e.gpu_hours(), e.usd_per_gpu_hour());
 }
 
 int Estimate(Client& c) {
@@ -303,8 +333,8 @@ int Cost(Client& c, const std::string& name) {
     return kOk;
   }
   const auto& cost = j.cost();
-  std::cout << j.name() << "  " << StateName(j.state()) << "  "
-            << j.spec().resources().gpu_count() << " x " << j.spec().resources().gpu_type()
+  std::cout << Safe(j.name()) << "  " << StateName(j.state()) << "  "
+            << j.spec().resources().gpu_count() << " x " << Safe(j.spec().resources().gpu_type())
             << absl::StrFormat(" at $%.4f/GPU-hour\n", cost.usd_per_gpu_hour());
   std::cout << "  estimate:  ";
   PrintEstimate(cost.estimate());
@@ -366,13 +396,13 @@ int List(Client& c) {
                                "STEP", "NAME");
   for (const auto& j : resp.jobs()) {
     std::cout << absl::StrFormat(
-        "%-12s %-17s %-8s %-12s %s\n", j.name(), StateName(j.state()),
+        "%-12s %-17s %-8s %-12s %s\n", Safe(j.name()), StateName(j.state()),
         absl::StrCat(j.attempt(), "/", j.spec().max_attempts()),
         absl::StrCat(j.step(), "/", j.spec().training().max_steps()),
-        j.spec().display_name());
+        Safe(j.spec().display_name()));
   }
   if (!resp.next_page_token().empty()) {
-    std::cout << "more: --page_token=" << resp.next_page_token() << "\n";
+    std::cout << "more: --page_token=" << Safe(resp.next_page_token()) << "\n";
   }
   return kOk;
 }
@@ -414,7 +444,7 @@ int Checkpoints(Client& c, const std::string& name) {
                                      : std::string("-");
     std::cout << absl::StrFormat("%-7d %-8d %-10d %-9s %-10.6f %-10.6f %-12s %s\n",
                                  ck.attempt(), ck.step(), ck.tokens(), val, ck.cost_usd(),
-                                 ck.cost_since_previous_usd(), per_gain, ck.path());
+                                 ck.cost_since_previous_usd(), per_gain, Safe(ck.path()));
   }
   return kOk;
 }
@@ -467,7 +497,7 @@ int Watch(Client& c, const std::string& arg) {
     if (!retry.Again(s)) return Fail(s, c.controller());
     if (retry.failures == 1) {
       std::cerr << "tallyctl: waiting for tallyd at " << c.controller() << " ("
-                << s.error_message() << ")\n";
+                << Safe(s.error_message()) << ")\n";
     }
     retry.Wait();
   }
@@ -507,7 +537,7 @@ int Watch(Client& c, const std::string& arg) {
       if (bar_shown) std::cout << "\n";
       bar_shown = false;
       std::string line = absl::StrFormat("#%-4d %s %-10s %-9s step %-7d", e.sequence(),
-                                         Time(e.time()), e.type(), StateName(e.state()),
+                                         Time(e.time()), Safe(e.type()), StateName(e.state()),
                                          e.step());
       if (e.val_loss() != 0) absl::StrAppendFormat(&line, " val_loss %.4f", e.val_loss());
       if (e.train_loss() != 0) absl::StrAppendFormat(&line, " loss %.4f", e.train_loss());
@@ -515,8 +545,8 @@ int Watch(Client& c, const std::string& arg) {
       if (e.patience_left() >= 0 && (e.type() == "eval" || e.type() == "progress")) {
         absl::StrAppendFormat(&line, " patience %d", e.patience_left());
       }
-      if (!e.reason().empty()) absl::StrAppend(&line, " ", e.reason());
-      if (!e.detail().empty()) absl::StrAppend(&line, " (", e.detail(), ")");
+      if (!e.reason().empty()) absl::StrAppend(&line, " ", Safe(e.reason()));
+      if (!e.detail().empty()) absl::StrAppend(&line, " (", Safe(e.detail()), ")");
       std::cout << line << std::endl;
     }
     grpc::Status s = reader->Finish();
@@ -525,7 +555,7 @@ int Watch(Client& c, const std::string& arg) {
     bar_shown = false;
     if (!retry.Again(s)) return Fail(s, c.controller());
     // tallyd restarting or unreachable: resume after the last event seen.
-    std::cerr << "tallyctl: watch interrupted (" << s.error_message()
+    std::cerr << "tallyctl: watch interrupted (" << Safe(s.error_message())
               << "); resuming after event " << after << "\n";
     retry.Wait();
   }
@@ -539,24 +569,13 @@ int Watch(Client& c, const std::string& arg) {
   }
 }
 
+// The same reading and checks as submit (ReadSpecFlag), without the call.
 int Validate() {
+  tally::v1::JobSpec spec, prepared;
+  if (int rc = ReadSpecFlag("validate", &spec, &prepared); rc != kOk) return rc;
   const std::string file = absl::GetFlag(FLAGS_file);
-  if (file.empty()) {
-    std::cerr << "tallyctl validate: -f job.yaml is required\n";
-    return kUsage;
-  }
-  absl::StatusOr<tally::v1::JobSpec> spec = ReadJobSpecFile(file);
-  if (!spec.ok()) {
-    std::cerr << "tallyctl: " << spec.status().message() << "\n";
-    return kUsage;
-  }
-  ApplySpecDefaults(&*spec);
-  if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) {
-    std::cerr << "tallyctl: " << file << ": " << s.message() << "\n";
-    return kUsage;
-  }
-  std::cout << file << ": ok\n";
-  if (absl::GetFlag(FLAGS_output) == "json") std::cout << Json(*spec) << "\n";
+  std::cout << (file == "-" ? "<stdin>" : Safe(file)) << ": ok\n";
+  if (absl::GetFlag(FLAGS_output) == "json") std::cout << Json(prepared) << "\n";
   return kOk;
 }
 

@@ -591,8 +591,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
   if (request_id.size() > 128) {
     return absl::InvalidArgumentError("request_id: must be at most 128 characters");
   }
-  ApplySpecDefaults(&spec);
-  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  RETURN_IF_ERROR(PrepareJobSpec(&spec));
   const absl::Time now = clock_->Now();
   store::JobRecord rec;
   tally::v1::Job& job = *rec.mutable_job();
@@ -1079,8 +1078,7 @@ void Scheduler::SetPrices(ledger::PriceTable prices) {
 }
 
 absl::StatusOr<tally::v1::CostEstimate> Scheduler::EstimateCost(tally::v1::JobSpec spec) const {
-  ApplySpecDefaults(&spec);
-  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  RETURN_IF_ERROR(PrepareJobSpec(&spec));
   return ledger_.Estimate(spec);
 }
 

@@ -76,11 +76,13 @@ TEST(TrainSpecTest, Fp8MapsItsRecipe) {
 }
 
 TEST(TrainSpecTest, MoeMapsEveryField) {
-  auto c = TrainConfigFromSpec(
-      Spec("model: {num_layers: 2, d_model: 64, num_heads: 4, moe: {num_experts: 8, top_k: 2, "
-           "every_n_layers: 2, shared_expert: true, router: sigmoid, capacity_factor: 1.25, "
-           "aux_loss_coef: 0.01, z_loss_coef: 0.001, bias_balancing: true}}\n"),
-      DeviceOptions{});
+  tally::v1::JobSpec spec = Spec();
+  ASSERT_TRUE(ParseYamlInto("{num_experts: 8, top_k: 2, every_n_layers: 2, shared_expert: true, "
+                            "router: sigmoid, capacity_factor: 1.25, aux_loss_coef: 0.01, "
+                            "z_loss_coef: 0.001, bias_balancing: true}",
+                            spec.mutable_model()->mutable_moe(), "spec.model.moe")
+                  .ok());
+  auto c = TrainConfigFromSpec(spec, DeviceOptions{});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->moe_num_experts, 8);
   EXPECT_EQ(c->moe_top_k, 2);
