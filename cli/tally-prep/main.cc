@@ -1,7 +1,15 @@
 // tally-prep: turns text or JSONL corpora into the tokenized, memory-mapped
 // dataset the trainer reads: OUT/train.{bin,idx,json} and OUT/val.{...}, split
 // by document, deterministically (a hash of the document's text and --seed).
+// `tally-prep verify DIR|PREFIX` re-checks a prepared dataset: the structure,
+// the token ids and the SHA-256 of its files recorded at prep time.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -9,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
@@ -26,6 +35,10 @@ ABSL_FLAG(std::string, separator, "%", "document separator line for --split=sepa
 ABSL_FLAG(std::string, field, "text", "JSONL field holding the document text");
 ABSL_FLAG(double, val_fraction, 0.05, "fraction of documents held out for validation");
 ABSL_FLAG(uint64_t, seed, 0, "changes which documents are held out");
+ABSL_FLAG(int64_t, max_line_bytes, int64_t{64} << 20,
+          "longest input line accepted, in bytes (a JSONL line holds a whole document)");
+ABSL_FLAG(int64_t, max_doc_bytes, int64_t{64} << 20,
+          "longest document accepted, in bytes of text");
 
 namespace {
 
@@ -45,16 +58,98 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
+// Sources are recorded in each split's metadata up to this many.
+constexpr size_t kMaxRecordedSources = 1000;
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool HasDatasetFiles(const std::string& prefix) {
+  return Exists(prefix + ".json") || Exists(prefix + ".idx") || Exists(prefix + ".bin");
+}
+
+// `tally-prep verify PATH`: PATH is the --out directory (its train and val
+// splits are checked), a prefix such as DIR/train, or one of its files.
+// Exit 0: every check passed; 1: a check failed or the content cannot be
+// verified; 2: usage.
+int Verify(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return Fail("usage: tally-prep verify DIR (the --out directory) or tally-prep verify "
+                "DIR/train (one split)", 2);
+  }
+  std::string path = args[0];
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  std::vector<std::string> prefixes;
+  if (IsDirectory(path)) {
+    // tally-prep writes both splits, so a directory with either must have both.
+    if (HasDatasetFiles(path + "/train") || HasDatasetFiles(path + "/val")) {
+      prefixes = {path + "/train", path + "/val"};
+    } else {
+      return Fail(absl::StrCat(path, ": no dataset here (no train.* or val.*): give the "
+                               "directory tally-prep --out wrote, or a prefix such as DIR/train"),
+                  2);
+    }
+  } else {
+    for (const char* ext : {".json", ".idx", ".bin"}) {
+      if (absl::EndsWith(path, ext) && Exists(path)) {
+        path.resize(path.size() - std::strlen(ext));
+        break;
+      }
+    }
+    if (!HasDatasetFiles(path)) {
+      return Fail(absl::StrCat(path, ": no dataset here (no ", path, ".json, .idx or .bin): "
+                               "give the directory tally-prep --out wrote, or a prefix such "
+                               "as DIR/train"),
+                  2);
+    }
+    prefixes.push_back(path);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  int64_t bytes = 0;
+  std::vector<std::string> parts;
+  for (const std::string& prefix : prefixes) {
+    auto ds = tally::data::Dataset::Open(prefix);
+    if (!ds.ok()) return Fail("verify: " + std::string(ds.status().message()));
+    if (absl::Status s = (*ds)->VerifyContentHash(); !s.ok()) {
+      return Fail("verify: " + std::string(s.message()));
+    }
+    bytes += (*ds)->bin_bytes() + (*ds)->idx_bytes();
+    parts.push_back(absl::StrCat(prefix, " (", (*ds)->num_docs(), " documents, ",
+                                 (*ds)->num_tokens(), " tokens)"));
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%.2f",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::cout << "tally-prep verify: OK " << absl::StrJoin(parts, ", ")
+            << ": structure, token ids and SHA-256 of " << 2 * prefixes.size()
+            << " files match (" << bytes << " bytes in "
+            << seconds << " s)\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tally-prep: tokenize corpora into a tally dataset.\n\nUsage: tally-prep "
       "--out=DIR [--format=text|jsonl] [--split=separator|blank|file] FILE...\n"
+      "       tally-prep verify DIR|DIR/train\n"
       "Writes DIR/train.{bin,idx,json} and DIR/val.{bin,idx,json}; a job spec "
-      "names DIR/train as data.train_path.");
+      "names DIR/train as data.train_path. verify re-checks a written dataset "
+      "against the SHA-256 recorded in its .json (exit 0 OK, 1 damaged or "
+      "unverifiable, 2 usage).");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> inputs(args.begin() + 1, args.end());
+  if (!inputs.empty() && inputs[0] == "verify") {
+    return Verify(std::vector<std::string>(inputs.begin() + 1, inputs.end()));
+  }
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) return Fail("--out is required: the dataset directory to write", 2);
   if (inputs.empty()) return Fail("no input files: give one or more corpus files", 2);
@@ -76,6 +171,11 @@ int main(int argc, char** argv) {
     options.format = tally::data::CorpusFormat::kTextFile;
   } else {
     return Fail("--split: must be separator, blank or file, got \"" + split + "\"", 2);
+  }
+  options.max_line_bytes = absl::GetFlag(FLAGS_max_line_bytes);
+  options.max_doc_bytes = absl::GetFlag(FLAGS_max_doc_bytes);
+  if (options.max_line_bytes < 1 || options.max_doc_bytes < 1) {
+    return Fail("--max_line_bytes and --max_doc_bytes: must be positive", 2);
   }
   const double val_fraction = absl::GetFlag(FLAGS_val_fraction);
   if (!(val_fraction > 0 && val_fraction < 1)) {
@@ -116,8 +216,10 @@ int main(int argc, char** argv) {
                              " documents: too few for a train/validation split "
                              "(raise --val_fraction or add documents)"), 2);
   }
-  nlohmann::json extra = {{"sources", inputs}, {"format", format},
-                          {"val_fraction", val_fraction}, {"seed", seed}};
+  const std::vector<std::string> recorded(
+      inputs.begin(), inputs.begin() + std::min(inputs.size(), kMaxRecordedSources));
+  nlohmann::json extra = {{"sources", recorded}, {"num_sources", inputs.size()},
+                          {"format", format}, {"val_fraction", val_fraction}, {"seed", seed}};
   for (auto& [writer, split_name] : {std::pair{train->get(), "train"},
                                       std::pair{val->get(), "val"}}) {
     extra["split"] = split_name;

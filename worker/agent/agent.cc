@@ -65,18 +65,7 @@ Agent::~Agent() {
 
 void Agent::Enqueue(WorkerMessage m) {
   absl::MutexLock lock(&mu_);
-  if (m.has_progress()) {
-    // Keep only the newest progress of an attempt; index 0 may be in flight.
-    for (size_t i = 1; i < outbox_.size(); ++i) {
-      if (outbox_[i].has_progress() &&
-          outbox_[i].progress().job() == m.progress().job() &&
-          outbox_[i].progress().attempt() == m.progress().attempt()) {
-        outbox_[i] = std::move(m);
-        return;
-      }
-    }
-  }
-  outbox_.push_back(std::move(m));
+  outbox_.Push(std::move(m));
   outbox_cv_.Signal();
 }
 
@@ -98,7 +87,7 @@ tally::v1::Hello Agent::MakeHello() {
   }
   // An attempt whose exit is not delivered yet still counts as running, so
   // tallyd waits for the exit instead of declaring the attempt lost.
-  for (const auto& m : outbox_) {
+  for (const auto& m : outbox_.messages()) {
     if (!m.has_exit()) continue;
     auto* r = h.add_running();
     r->set_job(m.exit().job());
@@ -120,7 +109,7 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
     exit->set_retryable(true);
     exit->set_reason(shutdown_.load() ? "worker is shutting down"
                                       : "worker has no free slot");
-    outbox_.push_back(std::move(m));
+    outbox_.Push(std::move(m));
     outbox_cv_.Signal();
     return;
   }
@@ -139,7 +128,7 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
     WorkerMessage m;
     *m.mutable_exit() = exit;
     absl::MutexLock lock(&mu_);
-    outbox_.push_back(std::move(m));
+    outbox_.Push(std::move(m));
     outbox_cv_.Signal();
     auto it = running_.find(key);
     if (it != running_.end()) {
@@ -167,19 +156,21 @@ void Agent::StopAttempt(const tally::v1::StopOrder& stop) {
     exit->set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
     exit->set_reason("not running here");
     bool pending = false;
-    for (const auto& o : outbox_) {
+    for (const auto& o : outbox_.messages()) {
       pending |= o.has_exit() && o.exit().job() == stop.job() &&
                  o.exit().attempt() == stop.attempt();
     }
     if (!pending) {
-      outbox_.push_back(std::move(m));
+      outbox_.Push(std::move(m));
       outbox_cv_.Signal();
     }
     return;
   }
-  spdlog::info("attempt {} of {}: stop ordered ({})", stop.attempt(), stop.job(),
-               stop.reason());
-  for (Attempt* a : ranks) a->stop.store(true);
+  spdlog::info("attempt {} of {}: stop ordered{} ({})", stop.attempt(), stop.job(),
+               stop.checkpoint() ? ", keeping the state" : "", stop.reason());
+  for (Attempt* a : ranks) {
+    a->stop.Request(stop.checkpoint() ? train::StopKind::kKeepState : train::StopKind::kNow);
+  }
 }
 
 void Agent::ReapFinished() {
@@ -231,7 +222,7 @@ void Agent::Serve(tally::v1::Workers::Stub* stub) {
       const bool ok = stream->Write(m);
       mu_.Lock();
       if (!ok) return;
-      if (from_outbox) outbox_.pop_front();
+      if (from_outbox) outbox_.PopFront();
     }
   });
 
@@ -315,7 +306,7 @@ int Agent::Run() {
 void Agent::Shutdown() {
   absl::MutexLock lock(&mu_);
   if (shutdown_.exchange(true)) return;
-  for (auto& [key, a] : running_) a->stop.store(true);
+  for (auto& [key, a] : running_) a->stop.Request(train::StopKind::kNow);
   outbox_cv_.SignalAll();
 }
 

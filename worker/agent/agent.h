@@ -1,9 +1,11 @@
 // Agent: a tally-worker's connection to tallyd. It keeps one Workers.Connect
 // stream open (reconnecting with exponential backoff), says Hello with what
 // it is running, heartbeats, starts a Runner per assignment (up to `slots` at
-// once), relays its reports, and obeys stop orders. Reports made while
-// disconnected are kept and sent after the next Hello; only the latest
-// progress per attempt is kept.
+// once), relays its reports, and obeys stop orders (one that asks to keep the
+// state becomes StopKind::kKeepState: the runner's evaluation and checkpoint
+// reach the stream before its exit). Reports made while disconnected are
+// kept, in order, and sent after the next Hello; queued progress is merged
+// as Outbox describes.
 //
 // Thread-safety: Run() blocks on the calling thread; Shutdown() may be called
 // from any thread.
@@ -11,7 +13,6 @@
 #define TALLY_WORKER_AGENT_AGENT_H_
 
 #include <atomic>
-#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,7 +22,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "tally/v1/workers.grpc.pb.h"
+#include "worker/agent/outbox.h"
 #include "worker/agent/runner.h"
+#include "worker/train/stop.h"
 
 namespace tally::worker {
 
@@ -53,7 +56,7 @@ class Agent {
  private:
   struct Attempt {
     tally::v1::Assignment assignment;
-    std::atomic<bool> stop{false};
+    train::StopFlag stop;
     std::thread thread;
   };
   class AttemptReporter;
@@ -71,7 +74,7 @@ class Agent {
 
   absl::Mutex mu_;
   absl::CondVar outbox_cv_;
-  std::deque<tally::v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(mu_);
+  Outbox outbox_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Attempt>> running_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Attempt>> finished_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);

@@ -95,7 +95,7 @@ class ReportingEvents final : public train::TrainEvents {
 
 tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignment,
                                           Reporter* reporter,
-                                          const std::atomic<bool>* stop) {
+                                          const train::StopFlag* stop) {
   tally::v1::AttemptExit exit;
   exit.set_job(assignment.job());
   exit.set_attempt(assignment.attempt());

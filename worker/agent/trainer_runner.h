@@ -24,7 +24,7 @@ class TrainerRunner final : public Runner {
  public:
   explicit TrainerRunner(TrainerRunnerOptions options) : options_(std::move(options)) {}
   tally::v1::AttemptExit Run(const tally::v1::Assignment& assignment, Reporter* reporter,
-                             const std::atomic<bool>* stop) override;
+                             const train::StopFlag* stop) override;
 
  private:
   const TrainerRunnerOptions options_;

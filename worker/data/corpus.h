@@ -1,6 +1,8 @@
 // Corpus readers for tally-prep: they stream documents out of text and JSONL
-// files without holding a corpus in memory (a single document must fit).
-// Every error names the file and, where it has one, the line.
+// files without holding a corpus in memory. Memory is bounded by the options'
+// line and document limits, whatever the input: a longer line or document is
+// an error, not an allocation. Every error names the file and, where it has
+// one, the line.
 #ifndef TALLY_WORKER_DATA_CORPUS_H_
 #define TALLY_WORKER_DATA_CORPUS_H_
 
@@ -24,6 +26,10 @@ struct CorpusOptions {
   CorpusFormat format = CorpusFormat::kTextSeparator;
   std::string separator = "%";
   std::string field = "text";
+  // Longest line, in bytes (a JSONL line holds a whole document).
+  int64_t max_line_bytes = int64_t{64} << 20;
+  // Longest document, in bytes of text.
+  int64_t max_doc_bytes = int64_t{64} << 20;
 };
 
 struct DocumentSource {
@@ -37,9 +43,15 @@ using DocumentSink =
 // Reads one file and calls `sink` for each non-empty document (surrounding
 // blank lines trimmed). Stops at the first error, from the file or the sink.
 // InvalidArgument for bad input (undecodable UTF-8, bad JSON, a missing or
-// non-string field), NotFound for a missing file.
+// non-string field, a line longer than max_line_bytes or a document longer
+// than max_doc_bytes, a file that is not a regular file), NotFound for a
+// missing file. Never throws.
 absl::Status ReadCorpusFile(const std::string& path, const CorpusOptions& options,
                             const DocumentSink& sink);
+
+// ReadCorpusFile over bytes in memory; `name` stands for the file in errors.
+absl::Status ReadCorpusBytes(absl::string_view bytes, const std::string& name,
+                             const CorpusOptions& options, const DocumentSink& sink);
 
 // The offset of the first byte that is not part of valid UTF-8, or npos.
 size_t FindInvalidUtf8(absl::string_view s);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,93 @@ TEST(CorpusTest, BadInputNamesFileAndLine) {
   s = ReadCorpusFile("/nonexistent/corpus.txt", {},
                      [](absl::string_view, const DocumentSource&) { return absl::OkStatus(); });
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CorpusTest, BytesAndFileReadAlike) {
+  const std::string content = "a\n%\nb\nc\n%\n\nd";  // no final newline
+  std::vector<std::string> from_file, from_bytes;
+  ASSERT_TRUE(Read(content, {}, &from_file).ok());
+  ASSERT_TRUE(ReadCorpusBytes(content, "mem", {},
+                              [&](absl::string_view text, const DocumentSource&) {
+                                from_bytes.emplace_back(text);
+                                return absl::OkStatus();
+                              })
+                  .ok());
+  EXPECT_EQ(from_file, (std::vector<std::string>{"a", "b\nc", "d"}));
+  EXPECT_EQ(from_bytes, from_file);
+}
+
+absl::Status ReadBytes(const std::string& content, const CorpusOptions& o) {
+  return ReadCorpusBytes(content, "corpus.txt", o,
+                         [](absl::string_view, const DocumentSource&) { return absl::OkStatus(); });
+}
+
+TEST(CorpusTest, LongLinesAreRefusedNamingTheLine) {
+  CorpusOptions o;
+  o.max_line_bytes = 100;
+  EXPECT_TRUE(ReadBytes("short\n" + std::string(100, 'x') + "\n", o).ok());
+  // Longer than the reader's buffer too, so the limit holds across refills.
+  for (const size_t n : {size_t{101}, size_t{200000}}) {
+    absl::Status s = ReadBytes("short\n%\n" + std::string(n, 'x') + "\nmore\n", o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("corpus.txt:3: line is longer than 100 bytes"),
+              std::string::npos) << s;
+  }
+  o.format = CorpusFormat::kJsonl;
+  absl::Status s = ReadBytes("{\"text\": \"" + std::string(200, 'y') + "\"}\n", o);
+  EXPECT_NE(s.message().find("corpus.txt:1: line is longer than 100 bytes"), std::string::npos)
+      << s;
+}
+
+TEST(CorpusTest, LongDocumentsAreRefusedNamingWhereTheyStart) {
+  CorpusOptions o;
+  o.max_doc_bytes = 10;
+  EXPECT_TRUE(ReadBytes("12345\n1234\n%\n", o).ok());  // 10 bytes with the newline
+  absl::Status s = ReadBytes("ok\n%\n\n12345\n12345\n%\n", o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("corpus.txt:4: the document starting here is longer than 10 "
+                             "bytes (at line 5"),
+            std::string::npos) << s;
+  o.format = CorpusFormat::kTextFile;
+  s = ReadBytes(std::string(1000, 'z') + "\n", o);
+  EXPECT_NE(s.message().find("corpus.txt:1: the document starting here"), std::string::npos)
+      << s;
+  o.format = CorpusFormat::kJsonl;
+  s = ReadBytes("{\"text\": \"short\"}\n{\"text\": \"much too long\"}\n", o);
+  EXPECT_NE(s.message().find("corpus.txt:2: the document is 13 bytes, longer than 10"),
+            std::string::npos) << s;
+}
+
+TEST(CorpusTest, JsonlNestingIsBoundedAndOtherMembersAreSkipped) {
+  CorpusOptions o;
+  o.format = CorpusFormat::kJsonl;
+  absl::Status s = ReadBytes("{\"text\": \"a\", \"x\": " + std::string(100000, '[') + "}\n", o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("corpus.txt:1: JSON nested deeper than"), std::string::npos) << s;
+  std::vector<std::string> docs;
+  ASSERT_TRUE(Read("{\"meta\": {\"a\": [[1], {\"b\": 2}]}, \"text\": \"kept\"}\n", o, &docs).ok());
+  EXPECT_EQ(docs, (std::vector<std::string>{"kept"}));
+  s = ReadBytes("{\"text\": {\"nested\": \"no\"}}\n", o);
+  EXPECT_NE(s.message().find(":1: no string field \"text\""), std::string::npos) << s;
+  s = ReadBytes("[\"text\", 1]\n", o);
+  EXPECT_NE(s.message().find(":1: expected a JSON object, got array"), std::string::npos) << s;
+}
+
+TEST(CorpusTest, ArbitraryBytesNeverCrash) {
+  std::mt19937 rng(3);
+  const std::string alphabet = "{}[]\":,\\ \n\r%abtex\xc3\xa9\xff0";
+  for (CorpusFormat f : {CorpusFormat::kTextFile, CorpusFormat::kTextSeparator,
+                         CorpusFormat::kTextBlankLine, CorpusFormat::kJsonl}) {
+    CorpusOptions o;
+    o.format = f;
+    o.max_line_bytes = 64;
+    o.max_doc_bytes = 128;
+    for (int i = 0; i < 500; ++i) {
+      std::string s(rng() % 300, ' ');
+      for (char& c : s) c = alphabet[rng() % alphabet.size()];
+      (void)ReadBytes(s, o);
+    }
+  }
 }
 
 TEST(CorpusTest, Utf8Validation) {

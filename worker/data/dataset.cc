@@ -1,14 +1,22 @@
 #include "worker/data/dataset.h"
 
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "worker/data/json_limits.h"
+#include "worker/data/tokenizer.h"
 
 namespace tally::data {
 namespace {
@@ -16,6 +24,9 @@ namespace {
 constexpr char kMagic[8] = {'T', 'A', 'L', 'L', 'Y', 'I', 'D', 'X'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderSize = 8 + 4 + 4 + 8;
+constexpr char kFormat[] = "tally-indexed-dataset";
+constexpr int kMaxMetadataDepth = 8;
+constexpr char kRerun[] = "re-run tally-prep to rebuild the dataset";
 
 absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -26,8 +37,10 @@ absl::Status WriteAll(FILE* f, const void* data, size_t n, const std::string& pa
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<void*, size_t>> MapFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// Opens a regular file for reading. O_NONBLOCK so that a FIFO named like a
+// dataset file cannot block the open; it is then refused as not regular.
+absl::StatusOr<int> OpenRegular(const std::string& path, struct stat* st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) {
       return absl::NotFoundError(
@@ -35,25 +48,122 @@ absl::StatusOr<std::pair<void*, size_t>> MapFile(const std::string& path) {
     }
     return Errno("opening " + path);
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
+  if (::fstat(fd, st) != 0) {
+    absl::Status s = Errno("stat " + path);
     ::close(fd);
-    return Errno("stat " + path);
+    return s;
   }
+  if (!S_ISREG(st->st_mode)) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
+  }
+  return fd;
+}
+
+absl::StatusOr<std::pair<void*, size_t>> MapFile(const std::string& path) {
+  struct stat st;
+  absl::StatusOr<int> fd = OpenRegular(path, &st);
+  if (!fd.ok()) return fd.status();
   const size_t size = static_cast<size_t>(st.st_size);
   void* map = nullptr;
   if (size > 0) {
-    map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, *fd, 0);
     if (map == MAP_FAILED) {
-      ::close(fd);
-      return Errno("mmap " + path);
+      absl::Status s = Errno("mmap " + path);
+      ::close(*fd);
+      return s;
     }
   }
-  ::close(fd);
+  ::close(*fd);
   return std::make_pair(map, size);
 }
 
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, int64_t max_bytes) {
+  struct stat st;
+  absl::StatusOr<int> fd = OpenRegular(path, &st);
+  if (!fd.ok()) return fd.status();
+  if (st.st_size > max_bytes) {
+    ::close(*fd);
+    return absl::DataLossError(absl::StrCat(path, ": ", st.st_size,
+                                            " bytes, more than the ", max_bytes,
+                                            " a dataset's metadata may have; ", kRerun));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(*fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      absl::Status s = Errno("reading " + path);
+      ::close(*fd);
+      return s;
+    }
+    if (n == 0) break;  // shrank while being read
+    got += static_cast<size_t>(n);
+  }
+  ::close(*fd);
+  text.resize(got);
+  return text;
+}
+
+std::string Hex(const unsigned char* digest, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kDigits[digest[i] >> 4];
+    out[2 * i + 1] = kDigits[digest[i] & 15];
+  }
+  return out;
+}
+
+bool IsSha256Hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
 }  // namespace
+
+// Incremental SHA-256 (OpenSSL's, which uses the CPU's SHA instructions).
+class Sha256Hasher {
+ public:
+  Sha256Hasher() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256Hasher() { EVP_MD_CTX_free(ctx_); }
+  Sha256Hasher(const Sha256Hasher&) = delete;
+  Sha256Hasher& operator=(const Sha256Hasher&) = delete;
+  void Update(const void* data, size_t n) { EVP_DigestUpdate(ctx_, data, n); }
+  std::string HexDigest() {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_DigestFinal_ex(ctx_, digest, &n);
+    return Hex(digest, n);
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+std::string Sha256Hex(const void* data, size_t n) {
+  Sha256Hasher sha;
+  sha.Update(data, n);
+  return sha.HexDigest();
+}
+
+uint16_t MaxTokenId(const uint16_t* tokens, size_t n) {
+  // The inner loop has a constant trip count and no branch, so GCC and Clang
+  // vectorise it at -O2 (pmaxuw / umax) without a scalar epilogue.
+  constexpr size_t kBlock = 4096;
+  uint16_t max_id = 0;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const uint16_t* block = tokens + i;
+    uint16_t m = 0;
+    for (size_t j = 0; j < kBlock; ++j) m = block[j] > m ? block[j] : m;
+    max_id = std::max(max_id, m);
+  }
+  for (; i < n; ++i) max_id = std::max(max_id, tokens[i]);
+  return max_id;
+}
 
 std::string ValidationPrefixFor(const std::string& train_prefix) {
   const size_t slash = train_prefix.rfind('/');
@@ -61,6 +171,118 @@ std::string ValidationPrefixFor(const std::string& train_prefix) {
       slash == std::string::npos ? "" : train_prefix.substr(0, slash + 1);
   return dir + "val";
 }
+
+absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
+                                                     const std::string& path) {
+  auto damaged = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(path, ": ", what, "; ", kRerun));
+  };
+  if (json.size() > static_cast<size_t>(kMaxMetadataBytes)) {
+    return damaged(absl::StrCat(json.size(), " bytes, more than the ", kMaxMetadataBytes,
+                                " a dataset's metadata may have"));
+  }
+  if (JsonNestsDeeperThan(json, kMaxMetadataDepth)) {
+    return damaged(absl::StrCat("JSON nested deeper than ", kMaxMetadataDepth,
+                                " levels is not a dataset's metadata"));
+  }
+  const nlohmann::json j =
+      nlohmann::json::parse(json.begin(), json.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return damaged("not valid JSON");
+  if (!j.is_object()) return damaged(absl::StrCat("expected a JSON object, got ", j.type_name()));
+
+  auto string_field = [&](const char* key, std::string* out) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_string()) {
+      return damaged(absl::StrCat("\"", key, "\" is missing or not a string"));
+    }
+    *out = it->get<std::string>();
+    return absl::OkStatus();
+  };
+  // `fallback` < 0: required.
+  auto int_field = [&](const char* key, int64_t* out, int64_t fallback = -1) -> absl::Status {
+    auto it = j.find(key);
+    if (it == j.end() && fallback >= 0) {
+      *out = fallback;
+      return absl::OkStatus();
+    }
+    if (it == j.end() || !it->is_number_integer()) {
+      return damaged(absl::StrCat("\"", key, "\" is missing or not an integer"));
+    }
+    if (it->is_number_unsigned()) {
+      const uint64_t v = it->get<uint64_t>();
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return damaged(absl::StrCat("\"", key, "\" is ", v, ", out of range"));
+      }
+      *out = static_cast<int64_t>(v);
+    } else {
+      *out = it->get<int64_t>();
+    }
+    if (*out < 0) return damaged(absl::StrCat("\"", key, "\" is negative (", *out, ")"));
+    return absl::OkStatus();
+  };
+
+  std::string format;
+  if (auto s = string_field("format", &format); !s.ok()) return s;
+  if (format != kFormat) {
+    return damaged(absl::StrCat("\"format\" is \"", format, "\", not \"", kFormat, "\""));
+  }
+  int64_t version = 0;
+  if (auto s = int_field("version", &version); !s.ok()) return s;
+  if (version != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": \"version\" ", version, " is not supported (this build reads version 1)"));
+  }
+  DatasetMetadata m;
+  if (auto s = string_field("tokenizer", &m.tokenizer); !s.ok()) return s;
+  for (auto [key, out] : {std::pair{"vocab_size", &m.vocab_size}, std::pair{"bos", &m.bos},
+                          std::pair{"eos", &m.eos}, std::pair{"num_docs", &m.num_docs},
+                          std::pair{"num_tokens", &m.num_tokens},
+                          std::pair{"max_doc_tokens", &m.max_doc_tokens}}) {
+    if (auto s = int_field(key, out); !s.ok()) return s;
+  }
+  if (auto s = int_field("token_bytes", &m.token_bytes, /*fallback=*/2); !s.ok()) return s;
+
+  if (m.tokenizer != ByteTokenizer::kName) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": tokenizer \"", m.tokenizer, "\" is not supported (this build knows \"",
+        ByteTokenizer::kName, "\"); prepare the data with tally-prep"));
+  }
+  if (m.vocab_size != ByteTokenizer::kVocabSize || m.bos != ByteTokenizer::kBos ||
+      m.eos != ByteTokenizer::kEos) {
+    return damaged(absl::StrCat("\"vocab_size\" ", m.vocab_size, ", \"bos\" ", m.bos,
+                                ", \"eos\" ", m.eos, " do not match the ", ByteTokenizer::kName,
+                                " tokenizer's ", ByteTokenizer::kVocabSize, ", ",
+                                ByteTokenizer::kBos, ", ", ByteTokenizer::kEos));
+  }
+  if (m.token_bytes != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": \"token_bytes\" ", m.token_bytes, " is not supported (this build reads 2)"));
+  }
+  if (m.num_docs < 1) return damaged("\"num_docs\" is 0: the dataset has no documents");
+  if (m.num_tokens < m.num_docs) {
+    return damaged(absl::StrCat("\"num_tokens\" ", m.num_tokens, " is less than \"num_docs\" ",
+                                m.num_docs, " (every document has a token)"));
+  }
+  if (m.max_doc_tokens < 1 || m.max_doc_tokens > m.num_tokens) {
+    return damaged(absl::StrCat("\"max_doc_tokens\" ", m.max_doc_tokens,
+                                " is not between 1 and \"num_tokens\" ", m.num_tokens));
+  }
+  if (auto it = j.find("content_sha256"); it != j.end()) {
+    if (!it->is_object()) return damaged("\"content_sha256\" is not an object");
+    for (auto [key, out] : {std::pair{"bin", &m.bin_sha256}, std::pair{"idx", &m.idx_sha256}}) {
+      auto h = it->find(key);
+      if (h == it->end() || !h->is_string() || !IsSha256Hex(h->get<std::string>())) {
+        return damaged(absl::StrCat("\"content_sha256\".\"", key,
+                                    "\" is missing or not 64 lower-case hex digits"));
+      }
+      *out = h->get<std::string>();
+    }
+  }
+  return m;
+}
+
+DatasetWriter::DatasetWriter(std::string prefix)
+    : prefix_(std::move(prefix)), bin_sha_(std::make_unique<Sha256Hasher>()) {}
 
 absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(
     std::string prefix) {
@@ -84,10 +306,12 @@ DatasetWriter::~DatasetWriter() {
 
 absl::Status DatasetWriter::Add(absl::Span<const uint16_t> tokens) {
   if (tokens.empty()) return absl::InvalidArgumentError("empty document");
+  if (!bin_) return absl::FailedPreconditionError(prefix_ + ": Add after Finish");
   if (auto s = WriteAll(bin_, tokens.data(), tokens.size() * 2, prefix_ + ".bin");
       !s.ok()) {
     return s;
   }
+  bin_sha_->Update(tokens.data(), tokens.size() * 2);
   num_tokens_ += static_cast<int64_t>(tokens.size());
   const uint64_t offset = static_cast<uint64_t>(num_tokens_);
   if (auto s = WriteAll(idx_, &offset, sizeof(offset), prefix_ + ".idx"); !s.ok()) {
@@ -103,6 +327,14 @@ absl::Status DatasetWriter::Add(absl::Span<const uint16_t> tokens) {
 }
 
 absl::Status DatasetWriter::Finish(const std::string& extra_json) {
+  if (!bin_) return absl::FailedPreconditionError(prefix_ + ": Finish called twice");
+  nlohmann::ordered_json extra;
+  if (!extra_json.empty()) {
+    extra = nlohmann::ordered_json::parse(extra_json, nullptr, /*allow_exceptions=*/false);
+    if (!extra.is_object()) {
+      return absl::InvalidArgumentError("DatasetWriter::Finish: extra_json is not a JSON object");
+    }
+  }
   char header[kHeaderSize];
   std::memcpy(header, kMagic, 8);
   const uint32_t token_bytes = 2;
@@ -119,24 +351,42 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
     }
     *f = nullptr;
   }
-  std::string hist = "{";
-  for (const auto& [bucket, n] : length_log2_histogram_) {
-    absl::StrAppend(&hist, hist.size() > 1 ? ", " : "", "\"", int64_t{1} << bucket,
-                    "\": ", n);
+  // The header went in last, so .idx is hashed from the file once complete.
+  Sha256Hasher idx_sha;
+  {
+    FILE* idx = std::fopen((prefix_ + ".idx.tmp").c_str(), "rb");
+    if (!idx) return Errno("reading back " + prefix_ + ".idx.tmp");
+    std::vector<char> buf(1 << 20);
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), idx)) > 0) idx_sha.Update(buf.data(), n);
+    const bool failed = std::ferror(idx) != 0;
+    std::fclose(idx);
+    if (failed) return Errno("reading back " + prefix_ + ".idx.tmp");
   }
-  hist += "}";
-  std::string json = absl::StrCat(
-      "{\n  \"format\": \"tally-indexed-dataset\",\n  \"version\": 1,\n",
-      "  \"tokenizer\": \"byte\",\n  \"vocab_size\": 258,\n  \"bos\": 256,\n",
-      "  \"eos\": 257,\n  \"num_docs\": ", num_docs_, ",\n  \"num_tokens\": ",
-      num_tokens_, ",\n  \"max_doc_tokens\": ", max_len_,
-      ",\n  \"doc_tokens_histogram_log2\": ", hist);
-  if (!extra_json.empty()) absl::StrAppend(&json, ",\n  \"extra\": ", extra_json);
-  json += "\n}\n";
-  FILE* meta = std::fopen((prefix_ + ".json.tmp").c_str(), "wb");
-  if (!meta) return Errno("creating " + prefix_ + ".json.tmp");
-  const bool ok = std::fwrite(json.data(), 1, json.size(), meta) == json.size();
-  if (std::fclose(meta) != 0 || !ok) return Errno("writing " + prefix_ + ".json");
+  nlohmann::ordered_json hist = nlohmann::ordered_json::object();
+  for (const auto& [bucket, n] : length_log2_histogram_) {
+    hist[std::to_string(int64_t{1} << bucket)] = n;
+  }
+  nlohmann::ordered_json meta = {
+      {"format", kFormat},
+      {"version", 1},
+      {"tokenizer", ByteTokenizer::kName},
+      {"vocab_size", ByteTokenizer::kVocabSize},
+      {"bos", ByteTokenizer::kBos},
+      {"eos", ByteTokenizer::kEos},
+      {"token_bytes", token_bytes},
+      {"num_docs", num_docs_},
+      {"num_tokens", num_tokens_},
+      {"max_doc_tokens", max_len_},
+      {"doc_tokens_histogram_log2", hist},
+      {"content_sha256", {{"bin", bin_sha_->HexDigest()}, {"idx", idx_sha.HexDigest()}}},
+  };
+  if (!extra.is_null()) meta["extra"] = extra;
+  const std::string json = meta.dump(2) + "\n";
+  FILE* out = std::fopen((prefix_ + ".json.tmp").c_str(), "wb");
+  if (!out) return Errno("creating " + prefix_ + ".json.tmp");
+  const bool ok = std::fwrite(json.data(), 1, json.size(), out) == json.size();
+  if (std::fclose(out) != 0 || !ok) return Errno("writing " + prefix_ + ".json");
   for (const char* ext : {".bin", ".idx", ".json"}) {
     const std::string to = prefix_ + ext;
     if (std::rename((to + ".tmp").c_str(), to.c_str()) != 0) {
@@ -146,9 +396,23 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& prefix) {
+absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& prefix,
+                                                       int64_t model_vocab_size) {
   std::unique_ptr<Dataset> d(new Dataset());
   d->prefix_ = prefix;
+  const std::string json_path = prefix + ".json";
+  absl::StatusOr<std::string> json = ReadSmallFile(json_path, kMaxMetadataBytes);
+  if (!json.ok()) return json.status();
+  absl::StatusOr<DatasetMetadata> meta = ParseDatasetMetadata(*json, json_path);
+  if (!meta.ok()) return meta.status();
+  d->meta_ = *std::move(meta);
+  if (model_vocab_size > 0 && d->meta_.vocab_size > model_vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, ": the dataset's vocabulary has ", d->meta_.vocab_size, " tokens (tokenizer ",
+        d->meta_.tokenizer, "), more than the model's vocab_size of ", model_vocab_size,
+        ": set model.vocab_size to at least ", d->meta_.vocab_size, " (or 0 to take it from "
+        "the dataset)"));
+  }
   auto idx = MapFile(prefix + ".idx");
   if (!idx.ok()) return idx.status();
   d->idx_map_ = idx->first;
@@ -157,42 +421,119 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& prefix
   if (!bin.ok()) return bin.status();
   d->bin_map_ = bin->first;
   d->bin_size_ = bin->second;
+  if (auto s = d->CheckIndex(); !s.ok()) return s;
+  if (auto s = d->CheckTokenRange(); !s.ok()) return s;
+  return d;
+}
 
-  const auto* h = static_cast<const char*>(d->idx_map_);
-  if (d->idx_size_ < kHeaderSize || std::memcmp(h, kMagic, 8) != 0) {
-    return absl::DataLossError(
-        absl::StrCat(prefix, ".idx: not a tally dataset index (bad magic)"));
+absl::Status Dataset::CheckIndex() {
+  const std::string idx_path = prefix_ + ".idx";
+  auto damaged = [&](const std::string& path, const std::string& what) {
+    return absl::DataLossError(absl::StrCat(path, ": ", what, "; ", kRerun));
+  };
+  const auto* h = static_cast<const char*>(idx_map_);
+  if (idx_size_ < kHeaderSize || std::memcmp(h, kMagic, 8) != 0) {
+    return damaged(idx_path, "not a tally dataset index (bad magic)");
   }
   uint32_t version, token_bytes;
   uint64_t num_docs;
   std::memcpy(&version, h + 8, 4);
   std::memcpy(&token_bytes, h + 12, 4);
   std::memcpy(&num_docs, h + 16, 8);
-  if (version != kVersion || token_bytes != 2) {
-    return absl::DataLossError(absl::StrCat(prefix, ".idx: version ", version,
-                                            " with ", token_bytes,
-                                            "-byte tokens is not supported"));
+  if (version != kVersion) {
+    return damaged(idx_path, absl::StrCat("index version ", version,
+                                          " is not supported (this build reads ", kVersion, ")"));
   }
-  if (d->idx_size_ != kHeaderSize + 8 * (num_docs + 1)) {
-    return absl::DataLossError(absl::StrCat(prefix, ".idx: size ", d->idx_size_,
-                                            " does not match ", num_docs,
-                                            " documents (truncated?)"));
+  if (token_bytes != static_cast<uint64_t>(meta_.token_bytes)) {
+    return damaged(idx_path, absl::StrCat("header says ", token_bytes, "-byte tokens, ",
+                                          prefix_, ".json says ", meta_.token_bytes));
   }
-  d->offsets_ = reinterpret_cast<const uint64_t*>(h + kHeaderSize);
-  d->num_docs_ = static_cast<int64_t>(num_docs);
-  d->tokens_ = static_cast<const uint16_t*>(d->bin_map_);
-  if (d->offsets_[0] != 0 || d->offsets_[num_docs] * 2 != d->bin_size_) {
-    return absl::DataLossError(absl::StrCat(
-        prefix, ".bin: ", d->bin_size_, " bytes, but the index describes ",
-        d->offsets_[num_docs], " tokens"));
+  if (num_docs != static_cast<uint64_t>(meta_.num_docs)) {
+    return damaged(idx_path, absl::StrCat("header says ", num_docs, " documents, ", prefix_,
+                                          ".json says ", meta_.num_docs));
   }
+  // num_docs + 1 cannot overflow: the .json bounded it by int64's range.
+  const size_t body = idx_size_ - kHeaderSize;
+  if (body % 8 != 0 || body / 8 != num_docs + 1) {
+    return damaged(idx_path, absl::StrCat(idx_size_, " bytes, but ", num_docs,
+                                          " documents need ", kHeaderSize, " + 8 * ",
+                                          num_docs + 1, " (truncated or padded?)"));
+  }
+  // Before the offsets are scanned: the .json bounds num_docs by num_tokens,
+  // so the scan costs at most what the .bin holds.
+  const uint64_t num_tokens = static_cast<uint64_t>(meta_.num_tokens);
+  if (bin_size_ % 2 != 0 || bin_size_ / 2 != num_tokens) {
+    return damaged(prefix_ + ".bin", absl::StrCat(bin_size_, " bytes, but ", prefix_,
+                                                  ".json describes ", num_tokens,
+                                                  " 2-byte tokens"));
+  }
+  offsets_ = reinterpret_cast<const uint64_t*>(h + kHeaderSize);
+  num_docs_ = static_cast<int64_t>(num_docs);
+  tokens_ = static_cast<const uint16_t*>(bin_map_);
+  if (offsets_[0] != 0) {
+    return damaged(idx_path, absl::StrCat("the first offset is ", offsets_[0], ", not 0"));
+  }
+  // One branch-free pass; the first bad document is looked for only on failure.
+  bool out_of_order = false;
+  uint64_t longest = 0;
   for (uint64_t i = 0; i < num_docs; ++i) {
-    if (d->offsets_[i + 1] <= d->offsets_[i]) {
-      return absl::DataLossError(
-          absl::StrCat(prefix, ".idx: document ", i, " is empty or out of order"));
+    const uint64_t a = offsets_[i], b = offsets_[i + 1];
+    out_of_order |= b <= a;
+    longest = std::max(longest, b - a);
+  }
+  if (out_of_order) {
+    uint64_t i = 0;
+    while (offsets_[i + 1] > offsets_[i]) ++i;
+    return damaged(idx_path, absl::StrCat("document ", i, " is empty or out of order (offsets ",
+                                          offsets_[i], " then ", offsets_[i + 1], ")"));
+  }
+  if (offsets_[num_docs] != num_tokens) {
+    return damaged(idx_path, absl::StrCat("the offsets end at ", offsets_[num_docs],
+                                          " tokens, ", prefix_, ".json says ", num_tokens));
+  }
+  if (longest != static_cast<uint64_t>(meta_.max_doc_tokens)) {
+    return damaged(idx_path, absl::StrCat("the longest document has ", longest, " tokens, ",
+                                          prefix_, ".json says ", meta_.max_doc_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Dataset::CheckTokenRange() const {
+  const size_t n = bin_size_ / 2;
+  if (n == 0) return absl::OkStatus();
+  ::madvise(bin_map_, bin_size_, MADV_SEQUENTIAL);
+  const uint16_t max_id = MaxTokenId(tokens_, n);
+  ::madvise(bin_map_, bin_size_, MADV_NORMAL);
+  if (max_id < meta_.vocab_size) return absl::OkStatus();
+  const uint16_t* bad = std::find_if(tokens_, tokens_ + n, [&](uint16_t t) {
+    return t >= meta_.vocab_size;
+  });
+  const uint64_t pos = static_cast<uint64_t>(bad - tokens_);
+  const int64_t doc = std::upper_bound(offsets_, offsets_ + num_docs_ + 1, pos) - offsets_ - 1;
+  return absl::DataLossError(absl::StrCat(
+      prefix_, ".bin: token id ", *bad, " at token ", pos, " (document ", doc,
+      ") is outside the vocabulary of ", meta_.vocab_size, " (tokenizer ", meta_.tokenizer,
+      "); the file is damaged: ", kRerun));
+}
+
+absl::Status Dataset::VerifyContentHash() const {
+  if (meta_.bin_sha256.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        prefix_, ".json records no content hash (the dataset was prepared by an older "
+        "tally-prep), so its content cannot be verified; re-run tally-prep to record one"));
+  }
+  for (const auto& [ext, map, size, want] :
+       {std::tuple{".bin", bin_map_, bin_size_, &meta_.bin_sha256},
+        std::tuple{".idx", idx_map_, idx_size_, &meta_.idx_sha256}}) {
+    ::madvise(map, size, MADV_SEQUENTIAL);
+    const std::string got = Sha256Hex(map, size);
+    if (got != *want) {
+      return absl::DataLossError(absl::StrCat(
+          prefix_, ext, ": SHA-256 ", got, " does not match ", *want, " recorded in ", prefix_,
+          ".json: the file changed after tally-prep wrote it; ", kRerun));
     }
   }
-  return d;
+  return absl::OkStatus();
 }
 
 Dataset::~Dataset() {

@@ -1,11 +1,20 @@
 // An indexed token dataset: PREFIX.bin holds every document's tokens back to
 // back (uint16, little-endian); PREFIX.idx holds a header and the token offset
 // of each document (num_docs + 1 uint64 values); PREFIX.json holds metadata
-// (tokenizer, counts, a length histogram, sources). tally-prep writes it with
-// DatasetWriter; the trainer reads it memory-mapped with Dataset.
+// (tokenizer, vocabulary, counts, a length histogram, the SHA-256 of .bin and
+// .idx, sources). tally-prep writes it with DatasetWriter; the trainer reads
+// it memory-mapped with Dataset.
 //
 // .idx layout: "TALLYIDX" (8 bytes), uint32 version (1), uint32 bytes per
 // token (2), uint64 num_docs, uint64 offsets[num_docs + 1].
+//
+// .json members read back by Dataset::Open (others are informational):
+//   "format": "tally-indexed-dataset", "version": 1,
+//   "tokenizer": "byte", "vocab_size": 258, "bos": 256, "eos": 257,
+//   "token_bytes": 2 (absent in older datasets: 2),
+//   "num_docs", "num_tokens", "max_doc_tokens",
+//   "content_sha256": {"bin": HEX, "idx": HEX} (absent in older datasets;
+//   the same digests `sha256sum PREFIX.bin PREFIX.idx` prints).
 #ifndef TALLY_WORKER_DATA_DATASET_H_
 #define TALLY_WORKER_DATA_DATASET_H_
 
@@ -18,45 +27,103 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace tally::data {
 
+// Largest PREFIX.json that Dataset::Open reads (tally-prep writes a few KiB).
+inline constexpr int64_t kMaxMetadataBytes = 8 << 20;
+
+// What PREFIX.json says about its dataset, validated on its own (not yet
+// against the files).
+struct DatasetMetadata {
+  std::string tokenizer;  // "byte": the only kind this build reads
+  int64_t vocab_size = 0;
+  int64_t bos = 0;
+  int64_t eos = 0;
+  int64_t token_bytes = 0;
+  int64_t num_docs = 0;
+  int64_t num_tokens = 0;
+  int64_t max_doc_tokens = 0;
+  // Lower-case hex SHA-256 of PREFIX.bin and PREFIX.idx; empty for datasets
+  // prepared before tally-prep recorded them.
+  std::string bin_sha256;
+  std::string idx_sha256;
+};
+
+// Parses and validates the text of a PREFIX.json; `path` only names it in
+// errors. Never throws, and memory stays proportional to the input (nesting
+// deeper than a few levels is refused, not built). DataLoss for text that is
+// not a tally dataset's metadata (bad JSON, wrong format or version, a missing
+// or mistyped field, inconsistent counts), InvalidArgument for a well-formed
+// file this build cannot read (an unknown tokenizer, wider tokens).
+absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
+                                                     const std::string& path);
+
+class Sha256Hasher;  // defined in dataset.cc
+
 // Streams documents to disk: memory use does not grow with the corpus (only
 // the length histogram is kept). Files are written as PREFIX.*.tmp and
-// renamed by Finish(), so a reader never sees a half-written dataset. Not
-// thread-safe.
+// renamed by Finish(), so a reader never sees a half-written dataset. The
+// SHA-256 of .bin is computed as it is written, that of .idx in Finish().
+// Not thread-safe.
 class DatasetWriter {
  public:
   static absl::StatusOr<std::unique_ptr<DatasetWriter>> Create(std::string prefix);
   ~DatasetWriter();
 
   absl::Status Add(absl::Span<const uint16_t> tokens);
-  // `extra_json` is a JSON object whose members are added to the metadata.
+  // `extra_json` is a JSON object whose members are recorded under "extra".
   absl::Status Finish(const std::string& extra_json);
 
   int64_t num_docs() const { return num_docs_; }
   int64_t num_tokens() const { return num_tokens_; }
 
  private:
-  explicit DatasetWriter(std::string prefix) : prefix_(std::move(prefix)) {}
+  explicit DatasetWriter(std::string prefix);
   std::string prefix_;
   FILE* bin_ = nullptr;
   FILE* idx_ = nullptr;
+  std::unique_ptr<Sha256Hasher> bin_sha_;
   int64_t num_docs_ = 0;
   int64_t num_tokens_ = 0;
   int64_t max_len_ = 0;
   std::map<int, int64_t> length_log2_histogram_;  // floor(log2(len)) -> docs
 };
 
-// A read-only, memory-mapped dataset. Thread-safe after Open().
+// A read-only, memory-mapped dataset. Thread-safe after Open(). The files
+// must not be truncated while it is open (reading a mapping past the end of
+// its file faults); tally-prep replaces datasets by rename, which is safe.
 class Dataset {
  public:
-  // NotFound when the files are missing; DataLoss when they are inconsistent.
-  static absl::StatusOr<std::unique_ptr<Dataset>> Open(const std::string& prefix);
+  // Opens PREFIX.{json,idx,bin} and checks, without hashing the content:
+  //  - PREFIX.json parses and validates (ParseDatasetMetadata);
+  //  - the vocabulary fits the model: vocab_size <= `model_vocab_size`
+  //    (0: no model to fit, e.g. tally-prep verify);
+  //  - .idx: magic, version, token width and document count agree with the
+  //    .json; its size is exactly header + 8 * (num_docs + 1); the first
+  //    offset is 0, offsets strictly increase (no empty document), the last
+  //    is num_tokens; the longest document is max_doc_tokens;
+  //  - .bin is exactly num_tokens * token_bytes long;
+  //  - every token id is below vocab_size (a vectorised max over the mapped
+  //    tokens; see MaxTokenId).
+  // Regular files only: a FIFO or device is refused, never read. Errors name
+  // the file: NotFound when a file is missing; DataLoss when the files are
+  // damaged or disagree; InvalidArgument when the dataset does not fit the
+  // model or this build; Internal for I/O failures.
+  static absl::StatusOr<std::unique_ptr<Dataset>> Open(const std::string& prefix,
+                                                       int64_t model_vocab_size = 0);
   ~Dataset();
   Dataset(const Dataset&) = delete;
   Dataset& operator=(const Dataset&) = delete;
+
+  // Recomputes the SHA-256 of PREFIX.bin and PREFIX.idx and compares them
+  // with those recorded in PREFIX.json. DataLoss naming the file on a
+  // mismatch; FailedPrecondition when the .json records none (a dataset
+  // prepared before tally-prep recorded them). Reads every byte: seconds per
+  // gigabyte, so training does not call it; tally-prep verify does.
+  absl::Status VerifyContentHash() const;
 
   int64_t num_docs() const { return num_docs_; }
   int64_t num_tokens() const { return offsets_[num_docs_]; }
@@ -64,10 +131,16 @@ class Dataset {
   const uint16_t* doc(int64_t i) const { return tokens_ + offsets_[i]; }
   std::vector<int64_t> DocLengths() const;
   const std::string& prefix() const { return prefix_; }
+  const DatasetMetadata& metadata() const { return meta_; }
+  int64_t bin_bytes() const { return static_cast<int64_t>(bin_size_); }
+  int64_t idx_bytes() const { return static_cast<int64_t>(idx_size_); }
 
  private:
   Dataset() = default;
+  absl::Status CheckIndex();
+  absl::Status CheckTokenRange() const;
   std::string prefix_;
+  DatasetMetadata meta_;
   void* bin_map_ = nullptr;
   size_t bin_size_ = 0;
   void* idx_map_ = nullptr;
@@ -76,6 +149,14 @@ class Dataset {
   const uint64_t* offsets_ = nullptr;
   int64_t num_docs_ = 0;
 };
+
+// The largest of `n` token ids (0 when n is 0). A branch-free max-reduction
+// over fixed-size blocks, which the compiler turns into SIMD max instructions;
+// this is the range check Dataset::Open runs over the whole .bin.
+uint16_t MaxTokenId(const uint16_t* tokens, size_t n);
+
+// Lower-case hex SHA-256 of `n` bytes.
+std::string Sha256Hex(const void* data, size_t n);
 
 // The held-out split that tally-prep writes beside a train prefix:
 // "dir/train" -> "dir/val".

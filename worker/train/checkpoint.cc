@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -35,11 +36,18 @@ class Sha256 {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx_;
 };
 
+// Writes through to `fd`, hashing what it writes twice over: `payload` stops
+// before the trailer (its digest is the trailer), `file` takes everything.
 class HashingWriter {
  public:
   explicit HashingWriter(int fd) : fd_(fd) {}
   bool Write(const void* data, size_t n) {
-    sha_.Update(data, n);
+    payload_.Update(data, n);
+    return WriteTrailer(data, n);
+  }
+  // Bytes that the file's hash covers but the payload's does not.
+  bool WriteTrailer(const void* data, size_t n) {
+    file_.Update(data, n);
     const char* p = static_cast<const char*>(data);
     while (n > 0) {
       const ssize_t w = ::write(fd_, p, n);
@@ -54,12 +62,33 @@ class HashingWriter {
   }
   template <typename T>
   bool Put(T v) { return Write(&v, sizeof(v)); }
-  Sha256& sha() { return sha_; }
+  Sha256& payload() { return payload_; }
+  Sha256& file() { return file_; }
 
  private:
   int fd_;
-  Sha256 sha_;
+  Sha256 payload_, file_;
 };
+
+// The dtypes a checkpoint may hold: anything else is not a tensor this
+// trainer wrote (and an out-of-range ScalarType must never reach ATen).
+bool KnownDtype(int8_t dtype) {
+  switch (static_cast<at::ScalarType>(dtype)) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kLong:
+    case at::kInt:
+    case at::kShort:
+    case at::kChar:
+    case at::kByte:
+    case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
 
 absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -87,8 +116,9 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
     for (int64_t d = 0; ok && d < t.dim(); ++d) ok = w.Put(static_cast<int64_t>(t.size(d)));
     ok = ok && w.Put(nbytes) && w.Write(t.data_ptr(), nbytes);
   }
-  const std::string digest = w.sha().Final();
-  ok = ok && ::write(fd, digest.data(), digest.size()) == static_cast<ssize_t>(digest.size());
+  const std::string digest = w.payload().Final();
+  ok = ok && w.WriteTrailer(digest.data(), digest.size());
+  const std::string file_digest = w.file().Final();
   if (!ok || ::fsync(fd) != 0) {
     absl::Status s = Errno("writing " + tmp);
     ::close(fd);
@@ -104,7 +134,7 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
     ::fsync(dfd);
     ::close(dfd);
   }
-  return absl::BytesToHexString(digest);
+  return absl::BytesToHexString(file_digest);
 }
 
 absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
@@ -129,14 +159,20 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
   if (digest != bytes.substr(payload)) {
     return corrupt("checksum mismatch: the file is corrupt or was cut short");
   }
-  const std::string hex = absl::BytesToHexString(digest);
-  if (!expected_sha256.empty() && hex != expected_sha256) {
-    return corrupt(absl::StrCat("SHA-256 is ", hex, " but tallyd recorded ",
-                                expected_sha256, " (overwritten by another run?)"));
+  if (!expected_sha256.empty()) {
+    Sha256 whole;
+    whole.Update(bytes.data(), bytes.size());
+    const std::string hex = absl::BytesToHexString(whole.Final());
+    // Workers before the whole-file hash reported the trailer's digest, and
+    // tallyd may still hold such records.
+    if (hex != expected_sha256 && absl::BytesToHexString(digest) != expected_sha256) {
+      return corrupt(absl::StrCat("SHA-256 is ", hex, " but tallyd recorded ",
+                                  expected_sha256, " (overwritten by another run?)"));
+    }
   }
   size_t at = 8;
   auto get = [&](void* out, size_t n) {
-    if (at + n > payload) return false;
+    if (n > payload - at) return false;
     std::memcpy(out, bytes.data() + at, n);
     at += n;
     return true;
@@ -144,31 +180,47 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
   uint32_t version = 0;
   uint64_t meta_len = 0, count = 0;
   if (!get(&version, 4) || version != kVersion) return corrupt("unsupported version");
-  if (!get(&meta_len, 8) || at + meta_len > payload) return corrupt("bad metadata length");
+  if (!get(&meta_len, 8) || meta_len > payload - at) return corrupt("bad metadata length");
   CheckpointData data;
   data.metadata_json = bytes.substr(at, meta_len);
   at += meta_len;
   if (!get(&count, 8)) return corrupt("truncated");
+  std::set<std::string> names;
   for (uint64_t i = 0; i < count; ++i) {
     uint32_t name_len = 0, ndim = 0;
     int8_t dtype = 0;
     uint64_t nbytes = 0;
-    if (!get(&name_len, 4) || at + name_len > payload) return corrupt("truncated tensor name");
+    if (!get(&name_len, 4) || name_len > payload - at) return corrupt("truncated tensor name");
     std::string name = bytes.substr(at, name_len);
     at += name_len;
-    if (!get(&dtype, 1) || !get(&ndim, 4) || ndim > 16) return corrupt("bad tensor header");
-    std::vector<int64_t> sizes(ndim);
-    for (auto& s : sizes) {
-      if (!get(&s, 8) || s < 0) return corrupt("bad tensor shape");
+    if (!names.insert(name).second) return corrupt("tensor " + name + " appears twice");
+    if (!get(&dtype, 1) || !KnownDtype(dtype)) {
+      return corrupt(absl::StrCat("tensor ", name, " has unknown dtype ", int{dtype}));
     }
-    if (!get(&nbytes, 8) || at + nbytes > payload) return corrupt("truncated tensor data");
-    at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype)));
-    if (static_cast<uint64_t>(t.numel() * t.element_size()) != nbytes) {
+    if (!get(&ndim, 4) || ndim > 16) return corrupt("bad tensor header of " + name);
+    std::vector<int64_t> sizes(ndim);
+    uint64_t numel = 1;
+    for (auto& s : sizes) {
+      // Bounded by the file's size before anything is allocated.
+      if (!get(&s, 8) || s < 0 || static_cast<uint64_t>(s) > payload ||
+          __builtin_mul_overflow(numel, static_cast<uint64_t>(s), &numel)) {
+        return corrupt("bad tensor shape of " + name);
+      }
+    }
+    const uint64_t element_size = c10::elementSize(static_cast<at::ScalarType>(dtype));
+    uint64_t want = 0;
+    if (!get(&nbytes, 8) || __builtin_mul_overflow(numel, element_size, &want) ||
+        want != nbytes) {
       return corrupt("tensor " + name + " size does not match its shape");
     }
+    if (nbytes > payload - at) return corrupt("truncated tensor data of " + name);
+    at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype)));
     std::memcpy(t.data_ptr(), bytes.data() + at, nbytes);
     at += nbytes;
     data.tensors.emplace_back(std::move(name), std::move(t));
+  }
+  if (at != payload) {
+    return corrupt(absl::StrCat(payload - at, " bytes after the last tensor"));
   }
   return data;
 }

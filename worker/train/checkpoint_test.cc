@@ -1,7 +1,14 @@
 #include "worker/train/checkpoint.h"
 
-#include <fstream>
+#include <openssl/evp.h>
 
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iterator>
+
+#include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 
 namespace tally::train {
@@ -29,6 +36,107 @@ TEST(CheckpointTest, RoundTripsTensorsAndMetadata) {
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(back->tensors[i].first, data.tensors[i].first);
     EXPECT_TRUE(at::equal(back->tensors[i].second, data.tensors[i].second));
+  }
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// SHA-256 by OpenSSL's one-shot digest, independent of the checkpoint code.
+std::string Sha256Hex(const std::string& bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EXPECT_EQ(EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr), 1);
+  return absl::BytesToHexString(std::string(reinterpret_cast<char*>(md), len));
+}
+
+// A file whose trailer is recomputed after `edit`, so it passes the
+// integrity check and only the layout checks can catch it.
+void EditAndReseal(const std::string& path, const std::function<void(std::string*)>& edit) {
+  std::string bytes = ReadBytes(path);
+  bytes.resize(bytes.size() - 32);
+  edit(&bytes);
+  WriteBytes(path, bytes + absl::HexStringToBytes(Sha256Hex(bytes)));
+}
+
+TEST(CheckpointTest, TheReportedHashIsTheWholeFilesSha256) {
+  const std::string path = TempDir() + "/a.ckpt";
+  CheckpointData data;
+  data.metadata_json = R"({"step": 3})";
+  data.tensors = {{"w", at::randn({5, 2})}};
+  auto sha = WriteCheckpoint(path, data);
+  ASSERT_TRUE(sha.ok()) << sha.status();
+  const std::string bytes = ReadBytes(path);
+  EXPECT_EQ(*sha, Sha256Hex(bytes));
+  // And what an operator runs agrees.
+  FILE* p = ::popen(("sha256sum " + path).c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char line[256] = {};
+  ASSERT_NE(std::fgets(line, sizeof(line), p), nullptr);
+  ::pclose(p);
+  EXPECT_EQ(std::string(line).substr(0, 64), *sha);
+  EXPECT_TRUE(ReadCheckpoint(path, *sha).ok());
+  // A record made before the whole-file hash holds the trailer's digest.
+  const std::string legacy = absl::BytesToHexString(bytes.substr(bytes.size() - 32));
+  EXPECT_NE(legacy, *sha);
+  EXPECT_TRUE(ReadCheckpoint(path, legacy).ok());
+}
+
+TEST(CheckpointTest, LayoutErrorsAreDataLossNotCrashes) {
+  CheckpointData data;
+  data.metadata_json = "{}";
+  data.tensors = {{"w", at::ones({4, 2})}};
+  // Offsets in the file: 8 magic + 4 version + 8 length + 2 metadata + 8
+  // count, then the tensor: 4 name length, 1 name, 1 dtype, 4 ndim, 2 x 8
+  // sizes, 8 byte count, data.
+  const size_t tensor_at = 8 + 4 + 8 + 2 + 8;
+  const size_t dtype_at = tensor_at + 4 + 1;
+  const size_t sizes_at = dtype_at + 1 + 4;
+  const struct {
+    std::string name;
+    std::function<void(std::string*)> edit;
+    std::string want;
+  } cases[] = {
+      {"unknown dtype", [&](std::string* b) { (*b)[dtype_at] = 99; }, "unknown dtype 99"},
+      {"shape too large",
+       [&](std::string* b) {
+         const int64_t huge = int64_t{1} << 40;
+         std::memcpy(&(*b)[sizes_at], &huge, 8);
+       },
+       "bad tensor shape of w"},
+      {"shape larger than its bytes",
+       [&](std::string* b) {
+         const int64_t big = int64_t{1} << 20;
+         std::memcpy(&(*b)[sizes_at], &big, 8);
+         std::memcpy(&(*b)[sizes_at + 8], &big, 8);
+         b->append(std::string(size_t{1} << 21, '\0'));  // a file long enough for each size
+       },
+       "size does not match its shape"},
+      {"bytes left over", [&](std::string* b) { b->append("xx"); }, "2 bytes after the last tensor"},
+      {"repeated name",
+       [&](std::string* b) {
+         const uint64_t two = 2;
+         std::memcpy(&(*b)[tensor_at - 8], &two, 8);
+         b->append(b->substr(tensor_at));
+       },
+       "appears twice"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = TempDir() + "/a.ckpt";
+    ASSERT_TRUE(WriteCheckpoint(path, data).ok());
+    ASSERT_TRUE(ReadCheckpoint(path, "").ok());
+    EditAndReseal(path, c.edit);
+    auto back = ReadCheckpoint(path, "");
+    EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss) << c.name << ": " << back.status();
+    EXPECT_NE(back.status().message().find(c.want), std::string::npos)
+        << c.name << ": " << back.status();
   }
 }
 

@@ -12,12 +12,17 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
@@ -168,7 +173,7 @@ Losses LossSum(const model::Transformer& m, const DeviceBatch& d, model::Attenti
 
 class Run {
  public:
-  Run(const TrainConfig& c, TrainEvents* events, const std::atomic<bool>* stop)
+  Run(const TrainConfig& c, TrainEvents* events, const StopFlag* stop)
       : c_(c), events_(events), stop_(stop), device_(c.device) {}
 
   TrainResult Go();
@@ -178,6 +183,17 @@ class Run {
   TrainResult Fail(std::string reason, bool retryable) {
     return {TrainResult::Outcome::kFailed, std::move(reason), step_, retryable};
   }
+  TrainResult Stopped(const std::string& detail = "") const {
+    return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_, detail), step_,
+            false};
+  }
+  // A stop that keeps the state (stop.h): every rank calls it at the same
+  // step boundary.
+  TrainResult StopKeepingState(TrainEvents* report);
+  // Checks that the ranks' parameters agree, gathers sharded experts and
+  // writes a checkpoint of this step on rank 0. Every rank calls it; a
+  // failure to report otherwise.
+  std::optional<TrainResult> CheckpointOnAllRanks();
   EvalMetrics Evaluate();
   bool lead() const { return c_.rank == 0; }
   // Sums `v` over the ranks (a no-op with one rank).
@@ -191,11 +207,19 @@ class Run {
   std::map<size_t, std::array<at::Tensor, 3>> GatherShards();
   absl::Status SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3>>& whole);
   absl::Status LoadCheckpoint();
+  // Everything in a checkpoint's metadata and tensors that LoadCheckpoint
+  // uses, checked against this run before anything is loaded. Moves the data
+  // cursor to the checkpoint's epoch (to count its rows).
+  absl::Status CheckCheckpoint(const nlohmann::json& meta,
+                               const std::map<std::string, at::Tensor>& tensors);
+  // FailedPrecondition naming the first model field in which the
+  // checkpoint's fingerprint differs from this run's.
+  absl::Status CheckFingerprint(const std::string& theirs) const;
   std::string Fingerprint() const;
 
   const TrainConfig& c_;
   TrainEvents* events_;
-  const std::atomic<bool>* stop_;
+  const StopFlag* stop_;
   at::Device device_;
   model::AttentionKernel kernel_ = model::AttentionKernel::kMaskedSdpa;
   std::unique_ptr<data::Dataset> train_, val_;
@@ -368,7 +392,10 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
                          {"padding_tokens", padding_tokens_},
                          {"optimizer_step", opt_->step()},
                          {"cursor_epoch", cursor.epoch}, {"cursor_row", cursor.row},
-                         {"fingerprint", Fingerprint()}};
+                         {"fingerprint", Fingerprint()},
+                         // A resume that stops keeping its state need not
+                         // evaluate this step again.
+                         {"evaluated", last_eval_step_ == step_}};
   data.metadata_json = meta.dump();
   auto& params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -387,57 +414,257 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
   }
   auto sha = WriteCheckpoint(path, data);
   if (!sha.ok()) return sha.status();
-  last_checkpoint_step_ = step_;
   events_->OnCheckpoint({step_, tokens_, path, *sha});  // rank 0 only
+  return absl::OkStatus();
+}
+
+// A checkpoint's integer metadata field, or InvalidArgument naming it.
+absl::StatusOr<int64_t> IntField(const nlohmann::json& meta, const std::string& key) {
+  const auto it = meta.find(key);
+  if (it == meta.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata field ", key, " is missing"));
+  }
+  if (!it->is_number_integer() ||
+      (it->is_number_unsigned() &&
+       it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata field ", key, " is ",
+                                                   it->dump().substr(0, 40),
+                                                   " (expected a 64-bit integer)"));
+  }
+  return it->get<int64_t>();
+}
+
+// "k1=v1 k2=v2 ..." (Fingerprint()) as ordered pairs.
+std::vector<std::pair<std::string, std::string>> FingerprintFields(const std::string& f) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (absl::string_view part : absl::StrSplit(f, ' ', absl::SkipEmpty())) {
+    const size_t eq = part.find('=');
+    out.emplace_back(std::string(part.substr(0, eq)),
+                     eq == absl::string_view::npos ? "" : std::string(part.substr(eq + 1)));
+  }
+  return out;
+}
+
+bool AllFinite(const at::Tensor& t) { return at::isfinite(t).all().item<bool>(); }
+
+absl::Status Run::CheckFingerprint(const std::string& theirs) const {
+  const std::string ours = Fingerprint();
+  if (theirs == ours) return absl::OkStatus();
+  const auto a = FingerprintFields(theirs), b = FingerprintFields(ours);
+  std::map<std::string, std::string> in_theirs(a.begin(), a.end());
+  std::map<std::string, std::string> in_ours(b.begin(), b.end());
+  std::string what;
+  for (const auto& [key, value] : b) {
+    auto it = in_theirs.find(key);
+    if (it == in_theirs.end() || it->second != value) {
+      what = absl::StrCat(key, " is ", it == in_theirs.end() ? "unset" : it->second,
+                          " there and ", value, " in this job's spec");
+      break;
+    }
+  }
+  if (what.empty()) {
+    for (const auto& [key, value] : a) {
+      if (!in_ours.count(key)) {
+        what = absl::StrCat(key, " is ", value, " there and unset in this job's spec");
+        break;
+      }
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "was written for a different job", what.empty() ? "" : ": ", what, " (checkpoint: ", theirs,
+      "; this job: ", ours, ")"));
+}
+
+absl::Status Run::CheckCheckpoint(const nlohmann::json& meta,
+                                  const std::map<std::string, at::Tensor>& tensors) {
+  auto invalid = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(parts...));
+  };
+  auto mismatch = [](auto&&... parts) {
+    return absl::FailedPreconditionError(absl::StrCat(parts...));
+  };
+  if (!meta.is_object()) return invalid("metadata is not a JSON object");
+  const auto fp = meta.find("fingerprint");
+  if (fp == meta.end() || !fp->is_string()) {
+    return invalid("metadata field fingerprint is missing or not a string");
+  }
+  RETURN_IF_ERROR(CheckFingerprint(fp->get<std::string>()));
+
+  ASSIGN_OR_RETURN(const int64_t step, IntField(meta, "step"));
+  ASSIGN_OR_RETURN(const int64_t tokens, IntField(meta, "tokens"));
+  ASSIGN_OR_RETURN(const int64_t padding, IntField(meta, "padding_tokens"));
+  ASSIGN_OR_RETURN(const int64_t opt_step, IntField(meta, "optimizer_step"));
+  ASSIGN_OR_RETURN(const int64_t epoch, IntField(meta, "cursor_epoch"));
+  ASSIGN_OR_RETURN(const int64_t row, IntField(meta, "cursor_row"));
+  if (step < 0) return invalid("step is ", step, " (expected >= 0)");
+  if (step > c_.max_steps) {
+    return mismatch("step is ", step, ", past this job's training.max_steps (", c_.max_steps,
+                    ")");
+  }
+  if (opt_step < 0 || opt_step > step) {
+    return invalid("optimizer_step is ", opt_step, " (expected between 0 and step, ", step, ")");
+  }
+  if (tokens < 0) return invalid("tokens is ", tokens, " (expected >= 0)");
+  if (padding < 0) return invalid("padding_tokens is ", padding, " (expected >= 0)");
+  // Every step trains at least one real token (a row holds a document), and
+  // no step computes more slots than this job's batch has.
+  if (tokens < step) {
+    return invalid("tokens is ", tokens, " after ", step, " steps (expected at least one a step)");
+  }
+  const int64_t micro_tokens = int64_t{c_.seq_len} * c_.micro_batch_rows;
+  const int64_t slots_per_step =
+      c_.global_batch_tokens > 0 ? c_.global_batch_tokens : micro_tokens;
+  if (tokens > step * slots_per_step || padding > step * slots_per_step - tokens) {
+    return invalid("tokens (", tokens, ") and padding_tokens (", padding,
+                   ") are more than ", step, " steps of this job's batch (", slots_per_step,
+                   " token slots a step) hold");
+  }
+  // Every finished epoch trained every token of the training set once.
+  const int64_t train_tokens = std::max<int64_t>(1, train_->num_tokens());
+  if (epoch < 0 || epoch > tokens / train_tokens) {
+    return mismatch("cursor_epoch is ", epoch, " (expected between 0 and ",
+                    tokens / train_tokens, ": ", tokens, " tokens trained over a training set of ",
+                    train_tokens, " tokens in ", train_->prefix(), ")");
+  }
+  rows_->Seek({epoch, 0});
+  const int64_t epoch_rows = rows_->epoch_stats().rows;
+  if (row < 0 || row > epoch_rows) {
+    return mismatch("cursor_row is ", row, " (expected between 0 and ", epoch_rows,
+                    ", the rows of epoch ", epoch, " of ", train_->prefix(), ")");
+  }
+  if (const auto ev = meta.find("evaluated"); ev != meta.end() && !ev->is_boolean()) {
+    return invalid("metadata field evaluated is ", ev->dump().substr(0, 40),
+                   " (expected true or false)");
+  }
+
+  // Tensors: what this model holds, whole (sharded experts included).
+  struct Want {
+    std::vector<int64_t> shape;
+    at::ScalarType dtype;
+    bool non_negative;  // AdamW's second moment
+  };
+  std::map<std::string, Want> want;
+  const auto& params = model_->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<int64_t> shape = params[i].value.sizes().vec();
+    if (params[i].sharded && !shape.empty()) shape[0] *= c_.world_size;
+    const at::ScalarType dtype = params[i].value.scalar_type();
+    want["model." + params[i].name] = {shape, dtype, false};
+    want["adamw.m." + params[i].name] = {shape, opt_->m()[i].scalar_type(), false};
+    want["adamw.v." + params[i].name] = {shape, opt_->v()[i].scalar_type(), true};
+  }
+  for (const auto& [layer, bias] : model_->expert_biases()) {
+    want[absl::StrCat("moe.layers.", layer, ".bias")] = {bias.sizes().vec(), bias.scalar_type(),
+                                                          false};
+  }
+  auto shape_str = [](absl::Span<const int64_t> s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); };
+  for (const auto& [name, w] : want) {
+    const auto it = tensors.find(name);
+    if (it == tensors.end()) return invalid("tensor ", name, " is missing");
+    const at::Tensor& t = it->second;
+    if (t.scalar_type() != w.dtype) {
+      return invalid("tensor ", name, " is ", c10::toString(t.scalar_type()), " (expected ",
+                     c10::toString(w.dtype), ")");
+    }
+    if (!t.sizes().equals(w.shape)) {
+      return invalid("tensor ", name, " has shape ", shape_str(t.sizes()), " (expected ",
+                     shape_str(w.shape), ", this model's)");
+    }
+    if (!AllFinite(t)) return invalid("tensor ", name, " holds NaN or Inf");
+    if (w.non_negative && t.numel() > 0 && t.min().item<double>() < 0) {
+      return invalid("tensor ", name, " holds negative values (a second moment is >= 0)");
+    }
+  }
+  // FP8 scaling state (precision/fp8.h, TensorScaling::State): per layer
+  // site and tensor, the amax history (oldest first), then the scale, the
+  // history's length and the steps taken.
+  std::set<std::string> sites;
+  if (fp8_) {
+    for (const std::string& site : model_->LinearSites()) sites.insert(site);
+  }
+  const int64_t history = c_.amax_history_len;
+  for (const auto& [name, t] : tensors) {
+    if (want.count(name)) continue;
+    if (!fp8_ || name.rfind("fp8.", 0) != 0) {
+      return invalid("tensor ", name, " is not part of this model");
+    }
+    const size_t dot = name.rfind('.');
+    const std::string site = name.substr(4, dot - 4), which = name.substr(dot + 1);
+    if (dot < 4 || !sites.count(site) ||
+        (which != "input" && which != "weight" && which != "grad")) {
+      return invalid("tensor ", name, " is not FP8 scaling state of this model (expected fp8.",
+                     "<layer site>.{input,weight,grad})");
+    }
+    if (t.scalar_type() != at::kDouble || t.dim() != 1 || t.size(0) != history + 3) {
+      return invalid("FP8 scaling state ", name, " is ", c10::toString(t.scalar_type()), " ",
+                     shape_str(t.sizes()), " (expected Double [", history + 3,
+                     "] for precision.amax_history_len ", history, ")");
+    }
+    const double* v = t.data_ptr<double>();
+    const double count = v[history + 1], steps = v[history + 2], scale = v[history];
+    if (!(count >= 0 && count <= history && count == std::floor(count))) {
+      return invalid("FP8 scaling state ", name, ": history length is ", count,
+                     " (expected an integer between 0 and ", history, ")");
+    }
+    for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
+      if (!(std::isfinite(v[i]) && v[i] >= 0)) {
+        return invalid("FP8 scaling state ", name, ": amax history entry ", i, " is ", v[i],
+                       " (expected a finite amax >= 0)");
+      }
+    }
+    if (!(std::isfinite(scale) && scale > 0)) {
+      return invalid("FP8 scaling state ", name, ": scale is ", scale,
+                     " (expected a finite number > 0)");
+    }
+    if (!(steps >= 0 && steps <= static_cast<double>(step) && steps == std::floor(steps))) {
+      return invalid("FP8 scaling state ", name, ": steps is ", steps,
+                     " (expected an integer between 0 and step, ", step, ")");
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status Run::LoadCheckpoint() {
   auto data = ReadCheckpoint(c_.resume_path, c_.resume_sha256);
   if (!data.ok()) return data.status();
-  nlohmann::json meta = nlohmann::json::parse(data->metadata_json, nullptr, false);
-  if (meta.is_discarded() || !meta.contains("fingerprint")) {
-    return absl::DataLossError("checkpoint " + c_.resume_path + ": unreadable metadata");
+  auto in_file = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint ", c_.resume_path, ": ", s.message()));
+  };
+  // Ours are a few hundred bytes; this bounds what a hostile one can make
+  // the parser allocate.
+  constexpr size_t kMaxMetadataBytes = 1 << 16;
+  if (data->metadata_json.size() > kMaxMetadataBytes) {
+    return in_file(absl::InvalidArgumentError(absl::StrCat(
+        "metadata is ", data->metadata_json.size(), " bytes (at most ", kMaxMetadataBytes,
+        " expected)")));
   }
-  if (meta["fingerprint"] != Fingerprint()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", c_.resume_path, " was written for a different job (",
-        meta["fingerprint"].get<std::string>(), "; this job: ", Fingerprint(), ")"));
+  const nlohmann::json meta = nlohmann::json::parse(data->metadata_json, nullptr, false);
+  if (meta.is_discarded()) {
+    return in_file(absl::InvalidArgumentError("metadata is not valid JSON"));
   }
   std::map<std::string, at::Tensor> by_name(data->tensors.begin(), data->tensors.end());
+  if (absl::Status s = CheckCheckpoint(meta, by_name); !s.ok()) return in_file(s);
+
   auto& params = model_->parameters();
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     for (auto [prefix, dst] : {std::pair{"model.", params[i].value},
                                std::pair{"adamw.m.", opt_->m()[i]},
                                std::pair{"adamw.v.", opt_->v()[i]}}) {
-      auto it = by_name.find(prefix + params[i].name);
-      at::Tensor src = it == by_name.end() ? at::Tensor() : it->second;
-      if (src.defined() && params[i].sharded && src.dim() > 0 &&
-          src.size(0) == dst.size(0) * c_.world_size) {
+      at::Tensor src = by_name.at(prefix + params[i].name);
+      if (params[i].sharded) {
         src = src.narrow(0, c_.rank * dst.size(0), dst.size(0));  // this rank's experts
-      }
-      if (!src.defined() || !src.sizes().equals(dst.sizes())) {
-        return absl::DataLossError(absl::StrCat("checkpoint ", c_.resume_path, ": tensor ",
-                                                prefix, params[i].name,
-                                                " is missing or has the wrong shape"));
       }
       dst.copy_(src);
     }
   }
   for (auto& [layer, bias] : model_->expert_biases()) {
-    auto it = by_name.find(absl::StrCat("moe.layers.", layer, ".bias"));
-    if (it == by_name.end() || !it->second.sizes().equals(bias.sizes())) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", c_.resume_path,
-                                              ": expert bias of layer ", layer, " is missing"));
-    }
-    bias.copy_(it->second);
+    bias.copy_(by_name.at(absl::StrCat("moe.layers.", layer, ".bias")));
   }
   if (fp8_) {
     std::string bad;
     if (!fp8_->LoadState(by_name, &bad)) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", c_.resume_path,
-                                              ": FP8 scaling state ", bad, " is unreadable"));
+      return in_file(absl::InvalidArgumentError("FP8 scaling state " + bad + " is unreadable"));
     }
   }
   step_ = meta["step"].get<int64_t>();
@@ -446,6 +673,7 @@ absl::Status Run::LoadCheckpoint() {
   opt_->set_step(meta["optimizer_step"].get<int64_t>());
   rows_->Seek({meta["cursor_epoch"].get<int64_t>(), meta["cursor_row"].get<int64_t>()});
   last_checkpoint_step_ = step_;
+  if (meta.value("evaluated", false)) last_eval_step_ = step_;
   return absl::OkStatus();
 }
 
@@ -456,13 +684,13 @@ TrainResult Run::Go() {
     at::autocast::set_autocast_enabled(at::kCUDA, true);
     at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
   }
-  auto train = data::Dataset::Open(c_.train_path);
+  auto train = data::Dataset::Open(c_.train_path, c_.vocab_size);
   if (!train.ok()) return Fail("data.train_path: " + std::string(train.status().message()), false);
   train_ = std::move(*train);
   const std::string val_path =
       c_.val_path.empty() ? data::ValidationPrefixFor(c_.train_path) : c_.val_path;
   if (c_.eval_interval_steps > 0) {
-    auto val = data::Dataset::Open(val_path);
+    auto val = data::Dataset::Open(val_path, c_.vocab_size);
     if (!val.ok()) return Fail("data.val_path: " + std::string(val.status().message()), false);
     val_ = std::move(*val);
     data::PackOptions eval_opts;
@@ -588,9 +816,10 @@ TrainResult Run::Go() {
   while (step_ < c_.max_steps) {
     // In a group the ranks vote at the end of a step instead (below): a rank
     // that left here would fail its peers' next collective.
-    if (!group_ && stop_->load()) {
-      return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_), step_,
-              false};
+    if (!group_) {
+      const StopKind stop = stop_->requested();
+      if (stop == StopKind::kNow) return Stopped();
+      if (stop == StopKind::kKeepState) return StopKeepingState(report);
     }
     const auto t0 = Clock::now();
     // Every rank walks the whole step's rows (the cursor stays global) and
@@ -612,18 +841,13 @@ TrainResult Run::Go() {
     at::Tensor aux_acc = at::zeros_like(loss_acc);
     std::map<int64_t, StepMetrics::MoeLayer> moe_layers;
     std::map<int64_t, int64_t> moe_assignments, moe_dropped;
-    bool stop_asked = false;
     for (size_t mi = 0; mi < micro.size(); ++mi) {
       const data::MicroBatch& mb = micro[mi];
       // The last backward of the step all-reduces buckets as they finish.
       if (sync_ && mi + 1 == micro.size()) sync_->Arm();
-      if (group_) {
-        // The ranks stop together, at the end of the step (below).
-        stop_asked = stop_asked || stop_->load();
-      } else if (stop_->load()) {
-        return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_),
-                step_, false};
-      }
+      // The ranks stop together, at the end of the step (below); a stop
+      // that keeps the state lets the step finish.
+      if (!group_ && stop_->requested() == StopKind::kNow) return Stopped();
       Losses l = LossSum(*model_, ToDevice(mb, device_), kernel_);
       loss_acc = loss_acc + l.ce_sum.detach().to(at::kDouble);
       at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, targets));
@@ -653,22 +877,25 @@ TrainResult Run::Go() {
     double loss_sum = sums[0].item<double>(), aux_sum = sums[1].item<double>();
     precision::Fp8Stats fp8_stats = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};
     double sharded_grad_sq = 0;  // summed over ranks
+    bool keep_state_after_step = false;
     if (group_) {
       bool amax_finite = true;
       for (const auto& [group, amax] : fp8_stats.amax) amax_finite &= std::isfinite(amax);
       // Every count of the step in one collective: losses, tokens, the stop
-      // vote, FP8 counts, which gradients exist, MoE loads.
+      // votes, FP8 counts, which gradients exist, MoE loads.
+      const StopKind stop = stop_->requested();
       std::vector<double> v = {loss_sum,
                                aux_sum,
                                static_cast<double>(real),
                                static_cast<double>(padding),
-                               stop_asked || stop_->load() ? 1.0 : 0.0,
+                               stop == StopKind::kNow ? 1.0 : 0.0,
                                static_cast<double>(fp8_stats.overflows),
                                static_cast<double>(fp8_stats.underflows),
                                static_cast<double>(fp8_stats.elements),
                                static_cast<double>(fp8_stats.fp8_products),
                                static_cast<double>(fp8_stats.total_products),
-                               amax_finite ? 0.0 : 1.0};
+                               amax_finite ? 0.0 : 1.0,
+                               stop == StopKind::kKeepState ? 1.0 : 0.0};
       auto& params = model_->parameters();
       const size_t grads_at = v.size();
       for (const auto& p : params) v.push_back(p.value.grad().defined() ? 1.0 : 0.0);
@@ -697,10 +924,9 @@ TrainResult Run::Go() {
         v.push_back(static_cast<double>(moe_dropped[layer]));
       }
       SumOverRanks(&v);
-      if (v[4] > 0) {
-        return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_), step_,
-                false};
-      }
+      // A rank asked to keep the state: all finish this step and keep it.
+      keep_state_after_step = v[11] > 0;
+      if (v[4] > 0 && !keep_state_after_step) return Stopped();
       loss_sum = v[0];
       aux_sum = v[1];
       real = static_cast<int64_t>(v[2]);
@@ -845,25 +1071,44 @@ TrainResult Run::Go() {
     const bool checkpoint =
         !c_.checkpoint_dir.empty() &&
         ((c_.checkpoint_interval_steps > 0 && step_ % c_.checkpoint_interval_steps == 0) || last);
-    if (group_ && (checkpoint || (c_.param_check_interval_steps > 0 &&
-                                  step_ % c_.param_check_interval_steps == 0))) {
-      // A checkpoint holds rank 0's parameters: check they are everyone's.
+    if (checkpoint) {
+      if (auto failed = CheckpointOnAllRanks()) return *failed;
+    } else if (group_ && c_.param_check_interval_steps > 0 &&
+               step_ % c_.param_check_interval_steps == 0) {
       if (absl::Status s = CheckParametersAgree(); !s.ok()) {
         return Fail(absl::StrCat(s.message(), "; resuming from the last checkpoint re-syncs them"),
                     true);
       }
     }
-    if (checkpoint) {
-      const auto whole = GatherShards();  // every rank
-      if (lead()) {
-        if (absl::Status s = SaveCheckpoint(whole); !s.ok()) {
-          return Fail("checkpoint: " + std::string(s.message()), true);
-        }
-      }
-    }
+    if (keep_state_after_step && step_ < c_.max_steps) return StopKeepingState(report);
   }
   return {TrainResult::Outcome::kSucceeded,
           absl::StrCat("trained ", step_, " steps, ", tokens_, " tokens"), step_, false};
+}
+
+std::optional<TrainResult> Run::CheckpointOnAllRanks() {
+  // A checkpoint holds rank 0's parameters: check they are everyone's.
+  if (absl::Status s = CheckParametersAgree(); !s.ok()) {
+    return Fail(absl::StrCat(s.message(), "; resuming from the last checkpoint re-syncs them"),
+                true);
+  }
+  const auto whole = GatherShards();  // every rank
+  if (lead()) {
+    if (absl::Status s = SaveCheckpoint(whole); !s.ok()) {
+      return Fail("checkpoint: " + std::string(s.message()), true);
+    }
+  }
+  last_checkpoint_step_ = step_;  // on every rank, which decide alike
+  return std::nullopt;
+}
+
+TrainResult Run::StopKeepingState(TrainEvents* report) {
+  if (c_.checkpoint_dir.empty()) return Stopped(" (no checkpoint directory to keep it in)");
+  if (val_ && last_eval_step_ != step_) report->OnEval(Evaluate());  // every rank
+  if (last_checkpoint_step_ != step_) {
+    if (auto failed = CheckpointOnAllRanks()) return *failed;
+  }
+  return Stopped(", state kept in its checkpoint");
 }
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -890,10 +1135,9 @@ absl::Status CheckDevice(const std::string& device) {
   return absl::OkStatus();
 }
 
-TrainResult Train(const TrainConfig& config, TrainEvents* events,
-                  const std::atomic<bool>* stop) {
+TrainResult Train(const TrainConfig& config, TrainEvents* events, const StopFlag* stop) {
   TrainEvents none;
-  std::atomic<bool> never{false};
+  const StopFlag never;
   Run run(config, events ? events : &none, stop ? stop : &never);
   auto failed = [&](std::string reason) {
     return TrainResult{TrainResult::Outcome::kFailed,

@@ -24,13 +24,24 @@
 // micro-batches. A lost rank fails the others' next collective: they return
 // a retryable failure.
 //
-// Thread-safety: Train() runs on the calling thread; `stop` may be set from
-// any thread and is honoured between micro-batches (with several ranks: at
-// the end of the step, by all ranks together).
+// Stopping (stop.h): `stop` may be set from any thread. kNow is honoured
+// between micro-batches (with several ranks: at the end of the step, which
+// none applies). kKeepState lets the step under way finish, then, when
+// checkpoint_dir is set, evaluates the state unless the latest evaluation is
+// of this step, writes a checkpoint unless the latest one is of this step,
+// reports both (OnEval before OnCheckpoint) and returns kStopped. With
+// several ranks they vote at the end of every step and stop together, after
+// the same step; a vote to keep the state outweighs one to stop at once, and
+// the evaluation and checkpoint collectives run on every rank (rank 0
+// writes). Reaching max_steps first ends the run as kSucceeded.
+//
+// Resuming validates the checkpoint against this config before loading
+// anything (see Train()).
+//
+// Thread-safety: Train() runs on the calling thread.
 #ifndef TALLY_WORKER_TRAIN_TRAINER_H_
 #define TALLY_WORKER_TRAIN_TRAINER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -38,6 +49,7 @@
 
 #include "absl/status/status.h"
 #include "worker/data/packer.h"
+#include "worker/train/stop.h"
 
 namespace tally::train {
 
@@ -207,9 +219,19 @@ void SetCpuThreads(int num_threads);
 absl::Status CheckDevice(const std::string& device);
 
 // Never throws: LibTorch errors, out-of-memory and persistent non-finite
-// losses come back as kFailed with the reason.
-TrainResult Train(const TrainConfig& config, TrainEvents* events,
-                  const std::atomic<bool>* stop);
+// losses come back as kFailed with the reason. So does a checkpoint that
+// cannot resume this config: resume_path is read (DataLoss: corrupt, or not
+// the SHA-256 tallyd recorded) and every field is checked before any is
+// used, the failure naming the field and what was expected: the model
+// config it was written for, step within [0, max_steps], optimizer step
+// within [0, step], token and padding counts non-negative and within what
+// `step` steps of this batch can hold, the data cursor within the training
+// set's epochs and the epoch's rows, every model, AdamW and expert-bias
+// tensor present with this model's name, shape and dtype and finite values,
+// FP8 scaling state for this model's layers with finite amax and positive
+// scales, and no tensor this model does not have. (No random number is drawn
+// after initialisation, so a checkpoint holds no RNG state.)
+TrainResult Train(const TrainConfig& config, TrainEvents* events, const StopFlag* stop);
 
 }  // namespace tally::train
 

@@ -13,12 +13,16 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "worker/data/corpus.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
 #include "worker/dist/free_port.h"
 #include "worker/dist/group.h"
+#include "worker/train/checkpoint.h"
 
 namespace tally::train {
 namespace {
@@ -30,16 +34,25 @@ class Recorder : public TrainEvents {
   void OnStart(const RunInfo& i) override { info = i; }
   void OnStep(const StepMetrics& m) override {
     steps.push_back(m);
-    if (stop_after > 0 && m.step >= stop_after && stop) stop->store(true);
+    log.push_back(absl::StrCat("step ", m.step));
+    if (stop_after > 0 && m.step >= stop_after && stop) stop->Request(stop_kind);
   }
-  void OnEval(const EvalMetrics& e) override { evals.push_back(e); }
-  void OnCheckpoint(const CheckpointInfo& c) override { checkpoints.push_back(c); }
+  void OnEval(const EvalMetrics& e) override {
+    evals.push_back(e);
+    log.push_back(absl::StrCat("eval ", e.step));
+  }
+  void OnCheckpoint(const CheckpointInfo& c) override {
+    checkpoints.push_back(c);
+    log.push_back(absl::StrCat("checkpoint ", c.step));
+  }
   RunInfo info;
   std::vector<StepMetrics> steps;
   std::vector<EvalMetrics> evals;
   std::vector<CheckpointInfo> checkpoints;
+  std::vector<std::string> log;  // "step N", "eval N", "checkpoint N", in order
   int64_t stop_after = 0;
-  std::atomic<bool>* stop = nullptr;
+  StopFlag* stop = nullptr;
+  StopKind stop_kind = StopKind::kNow;
 };
 
 class TrainerTest : public ::testing::Test {
@@ -300,7 +313,7 @@ TEST_F(TrainerTest, PaddedBaselinesComputeTheSameRowsWithPadding) {
 }
 
 TEST_F(TrainerTest, StopsWithinAStep) {
-  std::atomic<bool> stop{false};
+  StopFlag stop;
   Recorder r;
   r.stop_after = 3;
   r.stop = &stop;
@@ -308,6 +321,240 @@ TEST_F(TrainerTest, StopsWithinAStep) {
   EXPECT_EQ(result.outcome, TrainResult::Outcome::kStopped);
   EXPECT_EQ(result.step, 3);
   EXPECT_EQ(r.steps.size(), 3u);
+}
+
+// The golden file's losses by step.
+std::map<int64_t, double> GoldenLosses(const std::string& name) {
+  std::ifstream in(std::string(TALLY_SOURCE_DIR) + "/worker/train/testdata/" + name);
+  std::map<int64_t, double> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    int64_t step;
+    double loss;
+    fields >> step >> loss;
+    out[step] = loss;
+  }
+  return out;
+}
+
+TEST_F(TrainerTest, StopKeepingStateEvaluatesThenCheckpointsTheStopStep) {
+  TrainConfig c = Tiny();  // evaluations every 4 steps, a checkpoint only at the end
+  c.checkpoint_dir = NewDir("keep");
+  StopFlag stop;
+  Recorder r;
+  r.stop_after = 6;  // asked while step 6 is reported: it stops after step 6
+  r.stop = &stop;
+  r.stop_kind = StopKind::kKeepState;
+  TrainResult result = Train(c, &r, &stop);
+  ASSERT_EQ(result.outcome, TrainResult::Outcome::kStopped) << result.reason;
+  EXPECT_EQ(result.step, 6);
+  EXPECT_THAT(r.log, ::testing::ElementsAre("eval 0", "step 1", "step 2", "step 3", "step 4",
+                                            "eval 4", "step 5", "step 6", "eval 6",
+                                            "checkpoint 6"));
+  ASSERT_EQ(r.checkpoints.size(), 1u);
+  EXPECT_EQ(r.checkpoints[0].tokens, r.steps.back().tokens);
+
+  // It resumes on the same curve.
+  TrainConfig resumed = Tiny();
+  resumed.resume_path = r.checkpoints[0].path;
+  resumed.resume_sha256 = r.checkpoints[0].sha256;
+  Recorder rest;
+  TrainResult rr = Train(resumed, &rest, nullptr);
+  ASSERT_EQ(rr.outcome, TrainResult::Outcome::kSucceeded) << rr.reason;
+  EXPECT_EQ(rest.info.start_step, 6);
+  ASSERT_EQ(rest.steps.size(), 24u);
+  const auto golden = GoldenLosses("golden_losses_tiny.txt");
+  for (const auto& m : rest.steps) {
+    ASSERT_TRUE(golden.count(m.step));
+    EXPECT_NEAR(m.train_loss, golden.at(m.step), 1e-4 * golden.at(m.step)) << "step " << m.step;
+  }
+
+  // Stopped again where it resumed: the latest evaluation and checkpoint are
+  // of this step, so there is nothing to add.
+  StopFlag at_once;
+  at_once.Request(StopKind::kKeepState);
+  resumed.checkpoint_dir = NewDir("keep-again");
+  Recorder again;
+  TrainResult ra = Train(resumed, &again, &at_once);
+  EXPECT_EQ(ra.outcome, TrainResult::Outcome::kStopped) << ra.reason;
+  EXPECT_EQ(ra.step, 6);
+  EXPECT_TRUE(again.log.empty()) << again.log.front();
+}
+
+TEST_F(TrainerTest, StopKeepingStateAtACheckpointStepAddsNothing) {
+  TrainConfig c = Tiny();
+  c.checkpoint_dir = NewDir("keep-at-4");
+  c.checkpoint_interval_steps = 4;
+  StopFlag stop;
+  Recorder r;
+  r.stop_after = 4;
+  r.stop = &stop;
+  r.stop_kind = StopKind::kKeepState;
+  TrainResult result = Train(c, &r, &stop);
+  ASSERT_EQ(result.outcome, TrainResult::Outcome::kStopped) << result.reason;
+  EXPECT_EQ(result.step, 4);
+  EXPECT_THAT(r.log, ::testing::ElementsAre("eval 0", "step 1", "step 2", "step 3", "step 4",
+                                            "eval 4", "checkpoint 4"));
+  // Without a checkpoint directory it stops at the step boundary.
+  TrainConfig none = Tiny();
+  Recorder n;
+  StopFlag fresh;
+  n.stop_after = 2;
+  n.stop = &fresh;
+  n.stop_kind = StopKind::kKeepState;
+  result = Train(none, &n, &fresh);
+  EXPECT_EQ(result.outcome, TrainResult::Outcome::kStopped);
+  EXPECT_EQ(result.step, 2);
+  EXPECT_TRUE(n.checkpoints.empty());
+}
+
+// A checkpoint rewritten with one field changed, resealed (a valid
+// checksum), so only the trainer's checks stand between it and a resume.
+struct Edit {
+  std::string name;
+  std::function<void(nlohmann::json* meta, std::vector<std::pair<std::string, at::Tensor>>*)> edit;
+  std::string want;  // in the failure's reason
+};
+
+void ExpectResumeRefused(const TrainConfig& base, const std::string& checkpoint,
+                         const std::vector<Edit>& edits, const std::string& dir) {
+  auto data = ReadCheckpoint(checkpoint, "");
+  ASSERT_TRUE(data.ok()) << data.status();
+  int i = 0;
+  for (const Edit& e : edits) {
+    nlohmann::json meta = nlohmann::json::parse(data->metadata_json);
+    CheckpointData bad = *data;
+    for (auto& [name, t] : bad.tensors) t = t.clone();
+    e.edit(&meta, &bad.tensors);
+    bad.metadata_json = meta.is_string() ? meta.get<std::string>() : meta.dump();
+    const std::string path = absl::StrCat(dir, "/bad-", i++, ".ckpt");
+    auto sha = WriteCheckpoint(path, bad);
+    ASSERT_TRUE(sha.ok()) << sha.status();
+    TrainConfig c = base;
+    c.checkpoint_dir.clear();
+    c.resume_path = path;
+    c.resume_sha256 = *sha;
+    const TrainResult r = Train(c, nullptr, nullptr);
+    EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed) << e.name << ": " << r.reason;
+    EXPECT_NE(r.reason.find("resume: checkpoint " + path), std::string::npos)
+        << e.name << ": " << r.reason;
+    EXPECT_NE(r.reason.find(e.want), std::string::npos) << e.name << ": " << r.reason;
+  }
+}
+
+using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+at::Tensor& Named(Tensors* t, const std::string& name) {
+  for (auto& [n, v] : *t) {
+    if (n == name) return v;
+  }
+  ADD_FAILURE() << "no tensor " << name;
+  static at::Tensor none;
+  return none;
+}
+
+TEST_F(TrainerTest, ResumeChecksEveryFieldOfTheCheckpoint) {
+  TrainConfig c = Tiny();
+  c.max_steps = 3;
+  c.checkpoint_dir = NewDir("valid");
+  Recorder a;
+  ASSERT_EQ(Train(c, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  ASSERT_EQ(a.checkpoints.size(), 1u);
+  auto set = [](const char* key, nlohmann::json v) {
+    return [key, v](nlohmann::json* m, Tensors*) { (*m)[key] = v; };
+  };
+  const int64_t kHuge = 1000000000000;  // 1e12
+  const std::string w = "model.layers.0.wqkv";
+  std::vector<Edit> edits = {
+      {"cursor row -1", set("cursor_row", -1), "cursor_row is -1 (expected between 0 and "},
+      {"cursor row 1e12", set("cursor_row", kHuge), "cursor_row is 1000000000000"},
+      {"cursor epoch -1", set("cursor_epoch", -1), "cursor_epoch is -1"},
+      {"cursor epoch 1e12", set("cursor_epoch", kHuge), "cursor_epoch is 1000000000000"},
+      {"step -1", set("step", -1), "step is -1 (expected >= 0)"},
+      {"step past max_steps", set("step", kHuge), "past this job's training.max_steps (3)"},
+      {"tokens -1", set("tokens", -1), "tokens is -1"},
+      {"padding -1", set("padding_tokens", -1), "padding_tokens is -1"},
+      {"tokens 1e12", set("tokens", kHuge), "more than 3 steps of this job's batch"},
+      {"padding 1e12", set("padding_tokens", kHuge), "more than 3 steps of this job's batch"},
+      {"no tokens", set("tokens", 0), "tokens is 0 after 3 steps"},
+      {"optimizer step", set("optimizer_step", 4), "optimizer_step is 4"},
+      {"step a string", set("step", "3"), "step is \"3\" (expected a 64-bit integer)"},
+      {"step a float", set("step", 2.5), "step is 2.5"},
+      {"step beyond int64", set("step", uint64_t{1} << 63), "expected a 64-bit integer"},
+      {"step missing", [](nlohmann::json* m, Tensors*) { m->erase("step"); },
+       "metadata field step is missing"},
+      {"evaluated", set("evaluated", "yes"), "metadata field evaluated"},
+      {"not an object", [](nlohmann::json* m, Tensors*) { *m = nlohmann::json::array(); },
+       "metadata is not a JSON object"},
+      {"not JSON", [](nlohmann::json* m, Tensors*) { *m = "{\"step\": "; },
+       "metadata is not valid JSON"},
+      {"fingerprint", [](nlohmann::json* m, Tensors*) {
+         (*m)["fingerprint"] = absl::StrReplaceAll((*m)["fingerprint"].get<std::string>(),
+                                                   {{"d_model=32", "d_model=64"}});
+       }, "different job: d_model is 64 there and 32 in this job's spec"},
+      {"tensor missing", [&](nlohmann::json*, Tensors* t) {
+         t->erase(std::remove_if(t->begin(), t->end(),
+                                 [&](const auto& p) { return p.first == "adamw.m." + w.substr(6); }),
+                  t->end());
+       }, "tensor adamw.m.layers.0.wqkv is missing"},
+      {"tensor shape", [&](nlohmann::json*, Tensors* t) { Named(t, w) = at::zeros({3}); },
+       "has shape [3] (expected [96, 32]"},
+      {"tensor dtype", [&](nlohmann::json*, Tensors* t) { Named(t, w) = Named(t, w).to(at::kDouble); },
+       "is Double (expected Float)"},
+      {"tensor NaN", [&](nlohmann::json*, Tensors* t) { Named(t, w)[0][0] = NAN; },
+       "tensor " + w + " holds NaN or Inf"},
+      {"negative second moment",
+       [&](nlohmann::json*, Tensors* t) { Named(t, "adamw.v." + w.substr(6))[1][2] = -1; },
+       "holds negative values"},
+      {"unknown tensor", [](nlohmann::json*, Tensors* t) { t->emplace_back("extra", at::ones({2})); },
+       "tensor extra is not part of this model"},
+      {"FP8 state in a non-FP8 job",
+       [](nlohmann::json*, Tensors* t) { t->emplace_back("fp8.x.input", at::ones({19}, at::kDouble)); },
+       "tensor fp8.x.input is not part of this model"},
+  };
+  ExpectResumeRefused(c, a.checkpoints[0].path, edits, NewDir("invalid"));
+  // The same rewrite, unchanged, resumes.
+  ExpectResumeRefused(c, a.checkpoints[0].path, {}, NewDir("invalid"));
+  TrainConfig ok = c;
+  ok.max_steps = 4;
+  ok.checkpoint_dir.clear();
+  ok.resume_path = a.checkpoints[0].path;
+  Recorder b;
+  TrainResult rb = Train(ok, &b, nullptr);
+  ASSERT_EQ(rb.outcome, TrainResult::Outcome::kSucceeded) << rb.reason;
+  EXPECT_EQ(b.info.start_step, 3);
+}
+
+TEST_F(TrainerTest, ResumeChecksTheFp8ScalingState) {
+  TrainConfig c = Tiny();
+  c.fp8 = true;
+  c.max_steps = 2;
+  c.checkpoint_dir = NewDir("fp8-valid");
+  Recorder a;
+  ASSERT_EQ(Train(c, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  ASSERT_EQ(a.checkpoints.size(), 1u);
+  const std::string s = "fp8.layers.0.wqkv.input";
+  auto state = [s](std::function<void(at::Tensor*)> f) {
+    return [s, f](nlohmann::json*, Tensors* t) { f(&Named(t, s)); };
+  };
+  // Double[16 + 3]: history, scale, history length, steps.
+  std::vector<Edit> edits = {
+      {"scale", state([](at::Tensor* t) { (*t)[16] = -1.0; }), "scale is -1"},
+      {"scale NaN", state([](at::Tensor* t) { (*t)[16] = NAN; }), "scale is nan"},
+      {"amax Inf", state([](at::Tensor* t) { (*t)[0] = INFINITY; }),
+       "amax history entry 0 is inf"},
+      {"history length", state([](at::Tensor* t) { (*t)[17] = 40.0; }),
+       "history length is 40 (expected an integer between 0 and 16)"},
+      {"steps", state([](at::Tensor* t) { (*t)[18] = 1e12; }), "steps is 1e+12"},
+      {"shape", state([](at::Tensor* t) { *t = at::zeros({7}, at::kDouble); }),
+       "is Double [7] (expected Double [19]"},
+      {"unknown site",
+       [](nlohmann::json*, Tensors* t) { t->emplace_back("fp8.nowhere.input", at::zeros({19}, at::kDouble)); },
+       "fp8.nowhere.input is not FP8 scaling state of this model"},
+  };
+  ExpectResumeRefused(c, a.checkpoints[0].path, edits, NewDir("fp8-invalid"));
 }
 
 TEST_F(TrainerTest, FailuresSayWhy) {
@@ -347,7 +594,7 @@ TEST_F(TrainerTest, FailuresSayWhy) {
 struct RankRun {
   TrainConfig config;
   Recorder events;
-  std::atomic<bool> stop{false};
+  StopFlag stop;
   TrainResult result;
 };
 
@@ -539,7 +786,7 @@ TEST_F(TrainerTest, RanksStopTogether) {
   std::thread t1([&] {
     // Rank 1 reports nothing, so stop it from rank 0's reports.
     while (r0.events.steps.size() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    r1.stop.store(true);
+    r1.stop.Request(StopKind::kNow);
   });
   std::thread t2([&] { r1.result = Train(r1.config, &r1.events, &r1.stop); });
   t0.join();
@@ -549,6 +796,56 @@ TEST_F(TrainerTest, RanksStopTogether) {
   EXPECT_EQ(r1.result.outcome, TrainResult::Outcome::kStopped) << r1.result.reason;
   EXPECT_EQ(r0.result.step, r1.result.step);
   EXPECT_LT(r0.result.step, c.max_steps);
+}
+
+TEST_F(TrainerTest, RanksStopTogetherKeepingTheState) {
+  TrainConfig c = Tiny();
+  c.checkpoint_dir = NewDir("dp-keep");
+  // Rank 1 alone is asked to keep the state, rank 0 to stop at once, after
+  // rank 0 reported step 5: keeping the state wins, both finish the same
+  // step, evaluate it and checkpoint it together, and rank 0 writes.
+  const std::string address = absl::StrCat("127.0.0.1:", dist::FreeLoopbackPort());
+  RankRun r0, r1;
+  for (auto* r : {&r0, &r1}) {
+    r->config = c;
+    r->config.world_size = 2;
+    r->config.rendezvous = address;
+  }
+  r1.config.rank = 1;
+  std::thread t0([&] { r0.result = Train(r0.config, &r0.events, &r0.stop); });
+  std::thread t1([&] {
+    while (r0.events.steps.size() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    r1.stop.Request(StopKind::kKeepState);
+    r0.stop.Request(StopKind::kNow);
+  });
+  std::thread t2([&] { r1.result = Train(r1.config, &r1.events, &r1.stop); });
+  t0.join();
+  t1.join();
+  t2.join();
+  ASSERT_EQ(r0.result.outcome, TrainResult::Outcome::kStopped) << r0.result.reason;
+  ASSERT_EQ(r1.result.outcome, TrainResult::Outcome::kStopped) << r1.result.reason;
+  const int64_t step = r0.result.step;
+  EXPECT_EQ(r1.result.step, step);
+  EXPECT_GE(step, 5);
+  EXPECT_LT(step, c.max_steps);
+  ASSERT_GE(r0.events.log.size(), 3u);
+  const std::vector<std::string> tail(r0.events.log.end() - 3, r0.events.log.end());
+  EXPECT_EQ(tail[0], absl::StrCat("step ", step));
+  if (step % c.eval_interval_steps != 0) {
+    EXPECT_EQ(tail[1], absl::StrCat("eval ", step));
+  }
+  EXPECT_EQ(tail[2], absl::StrCat("checkpoint ", step));
+  EXPECT_TRUE(r1.events.log.empty());
+  ASSERT_EQ(r0.events.checkpoints.size(), 1u);
+  // One process resumes it where the ranks stopped.
+  TrainConfig resumed = Tiny();
+  resumed.max_steps = step + 1;
+  resumed.resume_path = r0.events.checkpoints[0].path;
+  resumed.resume_sha256 = r0.events.checkpoints[0].sha256;
+  Recorder rest;
+  TrainResult rr = Train(resumed, &rest, nullptr);
+  ASSERT_EQ(rr.outcome, TrainResult::Outcome::kSucceeded) << rr.reason;
+  EXPECT_EQ(rest.info.start_step, step);
 }
 
 TEST_F(TrainerTest, ALostRankFailsTheOthersRetryably) {

@@ -1,0 +1,55 @@
+#include "worker/agent/outbox.h"
+
+#include <string>
+
+namespace tally::worker {
+namespace {
+
+using tally::v1::WorkerMessage;
+
+// The job, attempt and step a report is about; false for anything else.
+bool About(const WorkerMessage& m, std::string* job, int32_t* attempt, int64_t* step) {
+  switch (m.msg_case()) {
+    case WorkerMessage::kProgress:
+      *job = m.progress().job(), *attempt = m.progress().attempt(), *step = m.progress().step();
+      return true;
+    case WorkerMessage::kEval:
+      *job = m.eval().job(), *attempt = m.eval().attempt(), *step = m.eval().step();
+      return true;
+    case WorkerMessage::kCheckpoint:
+      *job = m.checkpoint().job(), *attempt = m.checkpoint().attempt();
+      *step = m.checkpoint().step();
+      return true;
+    case WorkerMessage::kExit:
+      *job = m.exit().job(), *attempt = m.exit().attempt(), *step = m.exit().step();
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+void Outbox::Push(WorkerMessage m) {
+  if (m.has_progress()) {
+    const tally::v1::Progress& p = m.progress();
+    bool merge_closed = false;  // something else of this job is queued after
+    // From the back; index 0 may be on the wire.
+    for (size_t i = queue_.size(); i-- > 0;) {
+      std::string job;
+      int32_t attempt = 0;
+      int64_t step = 0;
+      if (!About(queue_[i], &job, &attempt, &step) || job != p.job()) continue;
+      if (attempt == p.attempt() && step > p.step()) return;  // would go backwards
+      if (merge_closed || i == 0) continue;
+      if (queue_[i].has_progress() && attempt == p.attempt()) {
+        queue_[i] = std::move(m);
+        return;
+      }
+      merge_closed = true;
+    }
+  }
+  queue_.push_back(std::move(m));
+}
+
+}  // namespace tally::worker

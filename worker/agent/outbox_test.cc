@@ -1,0 +1,125 @@
+#include "worker/agent/outbox.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tally::worker {
+namespace {
+
+using tally::v1::WorkerMessage;
+using ::testing::ElementsAre;
+
+WorkerMessage Progress(int64_t step, const std::string& job = "jobs/1", int32_t attempt = 1) {
+  WorkerMessage m;
+  m.mutable_progress()->set_job(job);
+  m.mutable_progress()->set_attempt(attempt);
+  m.mutable_progress()->set_step(step);
+  return m;
+}
+
+WorkerMessage Eval(int64_t step, const std::string& job = "jobs/1") {
+  WorkerMessage m;
+  m.mutable_eval()->set_job(job);
+  m.mutable_eval()->set_attempt(1);
+  m.mutable_eval()->set_step(step);
+  return m;
+}
+
+WorkerMessage Checkpoint(int64_t step) {
+  WorkerMessage m;
+  m.mutable_checkpoint()->set_job("jobs/1");
+  m.mutable_checkpoint()->set_attempt(1);
+  m.mutable_checkpoint()->set_step(step);
+  return m;
+}
+
+WorkerMessage Exit(int64_t step) {
+  WorkerMessage m;
+  m.mutable_exit()->set_job("jobs/1");
+  m.mutable_exit()->set_attempt(1);
+  m.mutable_exit()->set_step(step);
+  m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+  return m;
+}
+
+// "progress jobs/1 7", "eval jobs/1 6", ...: the stream, in order.
+std::vector<std::string> Stream(const Outbox& o) {
+  std::vector<std::string> out;
+  for (const WorkerMessage& m : o.messages()) {
+    if (m.has_progress()) out.push_back(absl::StrCat("progress ", m.progress().job(), " ",
+                                                     m.progress().step()));
+    if (m.has_eval()) out.push_back(absl::StrCat("eval ", m.eval().job(), " ", m.eval().step()));
+    if (m.has_checkpoint()) out.push_back(absl::StrCat("checkpoint ", m.checkpoint().step()));
+    if (m.has_exit()) out.push_back(absl::StrCat("exit ", m.exit().step()));
+  }
+  return out;
+}
+
+TEST(OutboxTest, NewerProgressReplacesTheQueuedOneWhenNothingFollowsIt) {
+  Outbox o;
+  o.Push(Progress(1));  // the front: may be on the wire
+  o.Push(Progress(2));
+  o.Push(Progress(3));
+  o.Push(Progress(4));
+  EXPECT_THAT(Stream(o), ElementsAre("progress jobs/1 1", "progress jobs/1 4"));
+}
+
+TEST(OutboxTest, ProgressNeverOvertakesEvalsCheckpointsOrExits) {
+  // While disconnected: step 6 is reported, evaluated and checkpointed,
+  // then step 7 trains and the attempt stops keeping its state.
+  Outbox o;
+  o.Push(Progress(5));
+  o.Push(Progress(6));
+  o.Push(Eval(6));
+  o.Push(Checkpoint(6));
+  o.Push(Progress(7));
+  o.Push(Progress(8));
+  o.Push(Eval(8));
+  o.Push(Checkpoint(8));
+  o.Push(Exit(8));
+  // (The merge before this fix put steps 7 and 8 in place of step 6, ahead
+  // of the evaluation and checkpoint of step 6: tallyd's step went 8, 6.)
+  EXPECT_THAT(Stream(o),
+              ElementsAre("progress jobs/1 5", "progress jobs/1 6", "eval jobs/1 6",
+                          "checkpoint 6", "progress jobs/1 8", "eval jobs/1 8", "checkpoint 8",
+                          "exit 8"));
+  int64_t last = 0;
+  for (const WorkerMessage& m : o.messages()) {
+    const int64_t step = m.has_progress() ? m.progress().step()
+                         : m.has_eval()   ? m.eval().step()
+                         : m.has_checkpoint() ? m.checkpoint().step()
+                                              : m.exit().step();
+    EXPECT_GE(step, last);
+    last = step;
+  }
+}
+
+TEST(OutboxTest, OtherJobsDoNotBlockTheMergeAndAreNotMerged) {
+  Outbox o;
+  o.Push(Eval(0, "jobs/9"));
+  o.Push(Progress(1));
+  o.Push(Progress(1, "jobs/2"));
+  o.Push(Eval(1, "jobs/2"));
+  o.Push(Progress(2));       // replaces jobs/1's step 1: jobs/2's eval is no barrier
+  o.Push(Progress(2, "jobs/2"));  // after jobs/2's eval: appended
+  EXPECT_THAT(Stream(o), ElementsAre("eval jobs/9 0", "progress jobs/1 2", "progress jobs/2 1",
+                                     "eval jobs/2 1", "progress jobs/2 2"));
+}
+
+TEST(OutboxTest, AnOlderProgressIsDroppedAndAnotherAttemptIsNotMerged) {
+  Outbox o;
+  o.Push(Eval(0));
+  o.Push(Progress(5));
+  o.Push(Progress(4));  // older than what is queued: dropped
+  EXPECT_THAT(Stream(o), ElementsAre("eval jobs/1 0", "progress jobs/1 5"));
+  o.Push(Progress(1, "jobs/1", 2));  // a new attempt resumed earlier: its own
+  EXPECT_EQ(o.size(), 3u);
+  EXPECT_EQ(o.messages().back().progress().attempt(), 2);
+}
+
+}  // namespace
+}  // namespace tally::worker

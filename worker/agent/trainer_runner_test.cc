@@ -1,0 +1,163 @@
+// TrainerRunner end to end on a tiny model: how a stop order reaches the
+// trainer and what the runner reports before the attempt's exit.
+#include "worker/agent/trainer_runner.h"
+
+#include <openssl/evp.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/spec_yaml.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "worker/data/corpus.h"
+#include "worker/data/dataset.h"
+#include "worker/data/tokenizer.h"
+#include "worker/train/trainer.h"
+
+namespace tally::worker {
+namespace {
+
+// Records reports in order and asks for a stop once step `stop_at` is
+// reported.
+class RecordingReporter final : public Reporter {
+ public:
+  RecordingReporter(train::StopFlag* stop, int64_t stop_at, train::StopKind kind)
+      : stop_(stop), stop_at_(stop_at), kind_(kind) {}
+  void Progress(const tally::v1::Progress& p) override {
+    Add(absl::StrCat("progress ", p.step()));
+    if (p.step() == stop_at_) stop_->Request(kind_);
+  }
+  void Eval(const tally::v1::EvalResult& e) override { Add(absl::StrCat("eval ", e.step())); }
+  void Checkpoint(const tally::v1::CheckpointRecord& c) override {
+    Add(absl::StrCat("checkpoint ", c.step()));
+    absl::MutexLock lock(&mu_);
+    checkpoints_.push_back(c);
+  }
+  std::vector<std::string> log() {
+    absl::MutexLock lock(&mu_);
+    return log_;
+  }
+  std::vector<tally::v1::CheckpointRecord> checkpoints() {
+    absl::MutexLock lock(&mu_);
+    return checkpoints_;
+  }
+
+ private:
+  void Add(std::string s) {
+    absl::MutexLock lock(&mu_);
+    log_.push_back(std::move(s));
+  }
+  train::StopFlag* stop_;
+  const int64_t stop_at_;
+  const train::StopKind kind_;
+  absl::Mutex mu_;
+  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+  std::vector<tally::v1::CheckpointRecord> checkpoints_ ABSL_GUARDED_BY(mu_);
+};
+
+class TrainerRunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char dir[] = "/tmp/tally_runner_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = new std::string(dir);
+    auto write = [](const std::string& prefix, const std::string& file) {
+      auto w = data::DatasetWriter::Create(prefix);
+      ASSERT_TRUE(w.ok()) << w.status();
+      absl::Status s = data::ReadCorpusFile(
+          "/usr/share/games/fortunes/" + file, {},
+          [&](absl::string_view text, const data::DocumentSource&) {
+            std::vector<uint16_t> t;
+            data::ByteTokenizer::Encode(text, &t);
+            return (*w)->Add(t);
+          });
+      ASSERT_TRUE(s.ok()) << s << " (scripts/setup.sh installs the fortunes package)";
+      ASSERT_TRUE((*w)->Finish("").ok());
+    };
+    write(*dir_ + "/train", "science.u8");
+    write(*dir_ + "/val", "people.u8");
+  }
+
+  tally::v1::Assignment Assignment() {
+    auto spec = ParseJobSpecYaml(absl::StrCat(R"(
+model: {num_layers: 1, d_model: 32, num_heads: 2}
+data: {train_path: )", *dir_, R"(/train, seq_len: 64}
+training: {max_steps: 50, micro_batch_rows: 2, eval_interval_steps: 4, eval_tokens: 1024, seed: 1}
+optimizer: {lr: 1e-3}
+)"));
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    tally::v1::Assignment a;
+    a.set_job("jobs/1");
+    a.set_attempt(1);
+    *a.mutable_spec() = *spec;
+    return a;
+  }
+
+  static std::string* dir_;
+};
+
+std::string* TrainerRunnerTest::dir_ = nullptr;
+
+std::string FileSha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
+  return absl::BytesToHexString(std::string(reinterpret_cast<char*>(md), len));
+}
+
+TEST_F(TrainerRunnerTest, AStopThatKeepsTheStateReportsEvalThenCheckpointBeforeTheExit) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-keep";
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 5, train::StopKind::kKeepState);
+  const tally::v1::AttemptExit exit = runner.Run(Assignment(), &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit.reason();
+  EXPECT_EQ(exit.step(), 5);
+  const std::vector<std::string> log = reporter.log();
+  ASSERT_GE(log.size(), 3u);
+  EXPECT_THAT(std::vector<std::string>(log.end() - 3, log.end()),
+              ::testing::ElementsAre("progress 5", "eval 5", "checkpoint 5"));
+  const auto checkpoints = reporter.checkpoints();
+  ASSERT_EQ(checkpoints.size(), 1u);
+  EXPECT_EQ(checkpoints[0].path(), *dir_ + "/ckpt-keep/job-1/step-00000005.ckpt");
+  // The recorded hash is what sha256sum prints for the file.
+  EXPECT_EQ(checkpoints[0].sha256(), FileSha256(checkpoints[0].path()));
+
+  // The next attempt resumes from it, checked against that hash.
+  tally::v1::Assignment next = Assignment();
+  next.set_attempt(2);
+  next.mutable_resume_from()->set_path(checkpoints[0].path());
+  next.mutable_resume_from()->set_sha256(checkpoints[0].sha256());
+  train::StopFlag stop2;
+  RecordingReporter reporter2(&stop2, 6, train::StopKind::kNow);
+  const tally::v1::AttemptExit exit2 = runner.Run(next, &reporter2, &stop2);
+  EXPECT_EQ(exit2.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit2.reason();
+  EXPECT_EQ(exit2.step(), 6);
+  EXPECT_THAT(reporter2.log(), ::testing::ElementsAre("progress 6"));
+}
+
+TEST_F(TrainerRunnerTest, APlainStopStopsAtOnce) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-now";
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 5, train::StopKind::kNow);
+  const tally::v1::AttemptExit exit = runner.Run(Assignment(), &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit.reason();
+  EXPECT_EQ(exit.step(), 5);
+  EXPECT_EQ(reporter.log().back(), "progress 5");
+  EXPECT_TRUE(reporter.checkpoints().empty());
+}
+
+}  // namespace
+}  // namespace tally::worker
