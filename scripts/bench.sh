@@ -3,7 +3,8 @@
 # padded baselines (same model, corpus and steps), then the controller: submit
 # throughput and latency on loopback (SQLite and in-memory stores, 1/8/64
 # clients), the scheduler's Tick() and /metrics rendering at fleet scale.
-# ONLY=packing, ONLY=fp8, ONLY=moe, ONLY=dp or ONLY=controller runs one part.
+# ONLY=packing, ONLY=fp8, ONLY=moe, ONLY=dp, ONLY=watch (bench/watch_load.py:
+# idle and live WatchJob streams) or ONLY=controller runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -42,6 +43,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = dp ]; then
   echo
 fi
 [ "$ONLY" = dp ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = watch ]; then
+  echo "== WatchJob load: 10,000 idle + 1,000 live watch streams, GetJob latency =="
+  /usr/bin/python3 bench/watch_load.py --build_dir="$B" ${WATCH_ARGS:-}
+  echo
+fi
+[ "$ONLY" = watch ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"

@@ -50,6 +50,12 @@ ABSL_FLAG(std::string, config, "",
           "Without it every GPU type costs $0");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write \"grpc=HOST:PORT metrics=HOST:PORT\" here once serving");
+ABSL_FLAG(int64_t, max_watch_streams_per_principal, 1000,
+          "open WatchJob streams one caller (today: one IP address) may hold; "
+          "more are refused with RESOURCE_EXHAUSTED. 0: no limit");
+ABSL_FLAG(int64_t, max_watch_streams, 20000,
+          "open WatchJob streams all callers together may hold; more are "
+          "refused with RESOURCE_EXHAUSTED. 0: no limit");
 
 namespace tally {
 namespace {
@@ -110,6 +116,20 @@ int Run() {
                   absl::FormatDuration(options.heartbeat_timeout),
                   absl::FormatDuration(options.heartbeat_interval));
     return 2;
+  }
+
+  api::JobsService::Options jobs_options;
+  jobs_options.max_watch_streams_per_principal =
+      absl::GetFlag(FLAGS_max_watch_streams_per_principal);
+  jobs_options.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
+  for (const auto& [flag, value] :
+       {std::pair{"max_watch_streams_per_principal",
+                  jobs_options.max_watch_streams_per_principal},
+        std::pair{"max_watch_streams", jobs_options.max_watch_streams}}) {
+    if (value < 0) {
+      spdlog::error("--{}: must be 0 (no limit) or a positive count, got {}", flag, value);
+      return 2;
+    }
   }
 
   // A bad --address_file is refused before anything is served.
@@ -175,7 +195,7 @@ int Run() {
     return 1;
   }
 
-  api::JobsService jobs(&core);
+  api::JobsService jobs(&core, jobs_options);
   api::WorkersService workers(&core);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

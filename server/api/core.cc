@@ -1,91 +1,70 @@
 #include "server/api/core.h"
 
-#include <grpcpp/server_context.h>
+#include <utility>
 
 namespace tally::api {
 
-void WorkerSession::Push(const tally::v1::ControllerMessage& m) {
-  absl::MutexLock lock(&mu_);
-  if (!closed_) queue_.push_back(m);
-}
-
-bool WorkerSession::Pop(tally::v1::ControllerMessage* m) {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](WorkerSession* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-        return s->closed_ || !s->queue_.empty();
-      },
-      this));
-  if (queue_.empty()) return false;
-  *m = std::move(queue_.front());
-  queue_.pop_front();
-  return true;
-}
-
-void WorkerSession::Close() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    closed_ = true;
-    queue_.clear();
-  }
-  context_->TryCancel();
-}
-
 Core::Core(store::JobStore* store, const Clock* clock,
            metrics::Registry* registry, sched::SchedulerOptions options)
-    : store_(store), scheduler_(store, this, clock, registry, options) {}
+    : store_(store),
+      watch_hub_(store),
+      scheduler_(store, this, clock, registry, options) {
+  scheduler_.AddObserver(&watch_hub_);
+}
 
 absl::Status Core::Init() {
   absl::MutexLock lock(&mu_);
   return scheduler_.Recover();
 }
 
-void Core::AwaitChange(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  if (shutting_down_) return;
-  changed_.WaitWithTimeout(&mu_, timeout);
-}
-
-bool Core::shutting_down() const {
-  absl::MutexLock lock(&mu_);
-  return shutting_down_;
-}
-
 void Core::Shutdown() {
+  std::map<std::string, std::shared_ptr<WorkerSession>> sessions;
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
-    changed_.SignalAll();
-  }
-  std::map<std::string, std::shared_ptr<WorkerSession>> sessions;
-  {
-    absl::MutexLock lock(&sessions_mu_);
     sessions.swap(sessions_);
   }
+  watch_hub_.Shutdown();
   for (auto& [id, s] : sessions) s->Close();
 }
 
-void Core::Attach(const std::string& worker_id,
-                  std::shared_ptr<WorkerSession> session) {
-  std::shared_ptr<WorkerSession> old;
+absl::StatusOr<int64_t> Core::Hello(const tally::v1::Hello& hello,
+                                    std::shared_ptr<WorkerSession> session) {
+  std::shared_ptr<WorkerSession> replaced;
+  absl::StatusOr<int64_t> generation;
   {
-    absl::MutexLock lock(&sessions_mu_);
-    old = std::exchange(sessions_[worker_id], std::move(session));
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("tallyd is shutting down");
+    // Until OnHello succeeds, what it sends this worker is held back here:
+    // the worker's current stream (if any) is not this one's yet.
+    hello_worker_ = hello.worker_id();
+    generation = scheduler_.OnHello(hello);
+    hello_worker_.reset();
+    std::vector<tally::v1::ControllerMessage> sent = std::exchange(hello_sent_, {});
+    if (!generation.ok()) return generation.status();
+    // A worker that reconnects replaces its old stream, which may be half dead.
+    replaced = std::exchange(sessions_[hello.worker_id()], session);
+    for (const auto& m : sent) session->Push(m);
   }
-  // A worker that reconnects replaces its old stream, which may be half dead.
-  if (old) old->Close();
+  if (replaced) replaced->Close();
+  return generation;
 }
 
-void Core::Detach(const std::string& worker_id, const WorkerSession* session) {
-  absl::MutexLock lock(&sessions_mu_);
+void Core::Goodbye(const std::string& worker_id, const WorkerSession* session,
+                   int64_t generation) {
+  absl::MutexLock lock(&mu_);
   auto it = sessions_.find(worker_id);
   if (it != sessions_.end() && it->second.get() == session) sessions_.erase(it);
+  scheduler_.OnDisconnect(worker_id, generation);
 }
 
 void Core::Send(const std::string& worker_id,
                 const tally::v1::ControllerMessage& message) {
-  absl::MutexLock lock(&sessions_mu_);
+  mu_.AssertHeld();
+  if (hello_worker_ && *hello_worker_ == worker_id) {
+    hello_sent_.push_back(message);
+    return;
+  }
   auto it = sessions_.find(worker_id);
   if (it != sessions_.end()) it->second->Push(message);
 }

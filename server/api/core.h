@@ -1,41 +1,35 @@
 // Core: the thread-safe shell around the single-threaded Scheduler. Every
 // gRPC handler and the tick loop go through it; it serialises calls with one
-// mutex, wakes watchers after each change, and routes the scheduler's
-// messages to the workers' open streams.
+// mutex, routes the scheduler's messages to the workers' open streams, and
+// feeds committed job changes to the WatchHub (which wakes only the watchers
+// of the job that changed).
 #ifndef TALLY_SERVER_API_CORE_H_
 #define TALLY_SERVER_API_CORE_H_
 
-#include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
+#include "server/api/watch_hub.h"
 #include "server/sched/scheduler.h"
 #include "server/store/job_store.h"
 
-namespace grpc {
-class ServerContext;
-}
-
 namespace tally::api {
 
-// One open Workers.Connect stream: an outbound queue its writer drains.
+// One open Workers.Connect stream, as the core sees it.
+//
+// Thread-safety: implementations are thread-safe. Push is called with the
+// core's lock held, so it must not block and must not call into the core.
 class WorkerSession {
  public:
-  explicit WorkerSession(grpc::ServerContext* context) : context_(context) {}
-  void Push(const tally::v1::ControllerMessage& m);
-  // Blocks until a message is ready or the session is closed (false).
-  bool Pop(tally::v1::ControllerMessage* m);
-  // Ends the session; its stream is cancelled so its reader returns.
-  void Close();
-
- private:
-  grpc::ServerContext* const context_;
-  absl::Mutex mu_;
-  std::deque<tally::v1::ControllerMessage> queue_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  virtual ~WorkerSession() = default;
+  // Queues `m` after the messages pushed before it. Ignored once closed.
+  virtual void Push(const tally::v1::ControllerMessage& m) = 0;
+  // Ends the stream (its reader sees the stream end and says goodbye).
+  virtual void Close() = 0;
 };
 
 class Core final : public sched::WorkerChannel {
@@ -46,25 +40,29 @@ class Core final : public sched::WorkerChannel {
 
   absl::Status Init();  // recovers state from the store
 
-  // Runs `f(scheduler)` under the lock, then wakes watchers.
+  // Runs `f(scheduler)` under the lock.
   template <typename F>
   auto Run(F&& f) {
     absl::MutexLock lock(&mu_);
-    changed_.SignalAll();
     return f(scheduler_);
   }
 
   store::JobStore* store() const { return store_; }
+  WatchHub* watch_hub() { return &watch_hub_; }
 
-  // Waits up to `timeout` for any change (or shutdown).
-  void AwaitChange(absl::Duration timeout);
-  bool shutting_down() const;
-  // Wakes every watcher and closes every worker stream.
+  // Ends every watch (UNAVAILABLE) and closes every worker stream.
   void Shutdown();
 
-  // Worker streams.
-  void Attach(const std::string& worker_id, std::shared_ptr<WorkerSession> s);
-  void Detach(const std::string& worker_id, const WorkerSession* s);
+  // A worker stream's Hello. Scheduler::OnHello validates it; only when it
+  // succeeds does `session` become the worker's stream (closing the one it
+  // replaces) and receive what the scheduler sent during OnHello, Welcome
+  // first. A rejected Hello touches no other stream. Returns the session's
+  // generation for Goodbye.
+  absl::StatusOr<int64_t> Hello(const tally::v1::Hello& hello,
+                                std::shared_ptr<WorkerSession> session);
+  // The stream of a successful Hello ended.
+  void Goodbye(const std::string& worker_id, const WorkerSession* session,
+               int64_t generation);
 
   // sched::WorkerChannel; called with the lock held.
   void Send(const std::string& worker_id,
@@ -72,13 +70,14 @@ class Core final : public sched::WorkerChannel {
 
  private:
   store::JobStore* const store_;
+  WatchHub watch_hub_;
   mutable absl::Mutex mu_;
-  absl::CondVar changed_;
   sched::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  mutable absl::Mutex sessions_mu_;
-  std::map<std::string, std::shared_ptr<WorkerSession>> sessions_
-      ABSL_GUARDED_BY(sessions_mu_);
+  std::map<std::string, std::shared_ptr<WorkerSession>> sessions_ ABSL_GUARDED_BY(mu_);
+  // While OnHello runs: its worker, and what the scheduler sent it.
+  std::optional<std::string> hello_worker_ ABSL_GUARDED_BY(mu_);
+  std::vector<tally::v1::ControllerMessage> hello_sent_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tally::api

@@ -2,7 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <thread>
+#include <deque>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -27,7 +29,208 @@ const char* CodeName(grpc::StatusCode code) {
   return i >= 0 && i <= 16 ? kNames[i] : "UNKNOWN";
 }
 
+// A stream refused before it started.
+class FinishedWriteReactor final
+    : public grpc::ServerWriteReactor<tally::v1::JobEvent> {
+ public:
+  explicit FinishedWriteReactor(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+// One WatchJob stream: a JobWatch whose sends are the stream's writes. It
+// owns itself from Begin until gRPC calls OnDone; the hub may hold it a
+// little longer.
+class WatchReactor final : public grpc::ServerWriteReactor<tally::v1::JobEvent>,
+                           public JobWatch {
+ public:
+  static WatchReactor* Begin(WatchHub* hub, int64_t job_id, int64_t after_sequence,
+                             StreamLimiter::Lease lease) {
+    auto w = std::make_shared<WatchReactor>(hub, job_id, after_sequence, std::move(lease));
+    w->self_ = w;
+    w->Start();
+    return w.get();
+  }
+
+  WatchReactor(WatchHub* hub, int64_t job_id, int64_t after_sequence,
+               StreamLimiter::Lease lease)
+      : JobWatch(hub, job_id, after_sequence), lease_(std::move(lease)) {}
+
+  void OnWriteDone(bool ok) override { OnSent(ok); }
+  void OnCancel() override { Cancel(); }
+  void OnDone() override {
+    lease_.Release();
+    std::shared_ptr<WatchReactor> self = std::move(self_);
+  }
+
+ private:
+  void StartSend(const tally::v1::JobEvent* event) override { StartWrite(event); }
+  void End(absl::Status status) override { Finish(ToGrpcStatus(status)); }
+
+  StreamLimiter::Lease lease_;
+  std::shared_ptr<WatchReactor> self_;
+};
+
+// One Workers.Connect stream. Reads run one at a time on gRPC's threads and
+// call into the core; writes drain a queue the core fills (Push, under the
+// core's lock). It owns itself from Begin until OnDone; the core's map of
+// sessions may hold it a little longer, so every entry point checks closed_.
+class WorkerStream final
+    : public grpc::ServerBidiReactor<tally::v1::WorkerMessage,
+                                     tally::v1::ControllerMessage>,
+      public WorkerSession {
+ public:
+  static WorkerStream* Begin(Core* core, grpc::CallbackServerContext* context) {
+    auto s = std::make_shared<WorkerStream>(core, context);
+    s->self_ = s;
+    s->StartRead(&s->in_);
+    return s.get();
+  }
+
+  WorkerStream(Core* core, grpc::CallbackServerContext* context)
+      : core_(core), context_(context) {}
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The worker ended its side or the stream broke.
+      EndStream(hello_done_ ? grpc::Status::OK : grpc::Status::CANCELLED);
+      return;
+    }
+    if (!hello_done_) {
+      if (!in_.has_hello()) {
+        EndStream(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               "the first message on a Workers.Connect stream must "
+                               "be a Hello"));
+        return;
+      }
+      absl::StatusOr<int64_t> generation = core_->Hello(in_.hello(), self_);
+      if (!generation.ok()) {
+        EndStream(ToGrpcStatus(generation.status()));
+        return;
+      }
+      worker_id_ = in_.hello().worker_id();
+      generation_ = *generation;
+      hello_done_ = true;
+    } else {
+      absl::Status s = core_->Run(
+          [&](sched::Scheduler& sch) { return sch.OnMessage(worker_id_, in_); });
+      if (!s.ok()) {
+        EndStream(ToGrpcStatus(s));
+        return;
+      }
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool write = false;
+    bool finish = false;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok && !closed_) {
+        // The stream broke: end the read side too, which says goodbye.
+        closed_ = true;
+        out_.clear();
+        context_->TryCancel();
+      }
+      if (closed_) {
+        if (read_done_ && !finished_) {
+          finished_ = finish = true;
+          status = finish_status_;
+        }
+      } else if (!out_.empty()) {
+        current_ = std::move(out_.front());
+        out_.pop_front();
+        writing_ = write = true;
+      }
+    }
+    if (write) StartWrite(&current_);
+    if (finish) Finish(std::move(status));
+  }
+
+  void OnDone() override { std::shared_ptr<WorkerStream> self = std::move(self_); }
+
+  void Push(const tally::v1::ControllerMessage& m) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      if (writing_) {
+        out_.push_back(m);
+        return;
+      }
+      current_ = m;
+      writing_ = true;
+    }
+    StartWrite(&current_);
+  }
+
+  void Close() override {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    out_.clear();
+    // Under the lock: closed_ was false, so Finish has not been called and
+    // the context is still alive.
+    context_->TryCancel();
+  }
+
+ private:
+  // The read side is over: leave the core, then finish once no write is
+  // outstanding.
+  void EndStream(grpc::Status status) {
+    if (hello_done_) core_->Goodbye(worker_id_, this, generation_);
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      read_done_ = true;
+      out_.clear();
+      finish_status_ = status;
+      if (!writing_ && !finished_) finished_ = finish = true;
+    }
+    if (finish) Finish(std::move(status));
+  }
+
+  Core* const core_;
+  grpc::CallbackServerContext* const context_;
+  std::shared_ptr<WorkerStream> self_;
+  // Touched only by the read side (one read at a time).
+  tally::v1::WorkerMessage in_;
+  bool hello_done_ = false;
+  std::string worker_id_;
+  int64_t generation_ = 0;
+
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+  std::deque<tally::v1::ControllerMessage> out_ ABSL_GUARDED_BY(mu_);
+  tally::v1::ControllerMessage current_;  // owned by the write in flight
+};
+
 }  // namespace
+
+namespace {
+
+StreamLimiter::Options WatchLimits(const JobsService::Options& options) {
+  StreamLimiter::Options limits;
+  limits.what = "WatchJob streams";
+  limits.max_per_principal = options.max_watch_streams_per_principal;
+  limits.per_principal_flag = "max_watch_streams_per_principal";
+  limits.max_total = options.max_watch_streams;
+  limits.total_flag = "max_watch_streams";
+  return limits;
+}
+
+}  // namespace
+
+JobsService::JobsService(Core* core, Options options)
+    : core_(core),
+      principal_(std::move(options.principal)),
+      watch_limiter_(WatchLimits(options)) {}
 
 grpc::Status JobsService::SubmitJob(grpc::ServerContext*,
                                     const tally::v1::SubmitJobRequest* req,
@@ -123,42 +326,19 @@ grpc::Status JobsService::CancelJob(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status JobsService::WatchJob(grpc::ServerContext* context,
-                                   const tally::v1::WatchJobRequest* req,
-                                   grpc::ServerWriter<tally::v1::JobEvent>* writer) {
+grpc::ServerWriteReactor<tally::v1::JobEvent>* JobsService::WatchJob(
+    grpc::CallbackServerContext* context, const tally::v1::WatchJobRequest* req) {
   absl::StatusOr<int64_t> id = ParseJobName(req->name());
-  if (!id.ok()) return ToGrpcStatus(id.status());
+  if (!id.ok()) return new FinishedWriteReactor(ToGrpcStatus(id.status()));
   if (req->after_sequence() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "after_sequence: must not be negative");
+    return new FinishedWriteReactor(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT, "after_sequence: must not be negative"));
   }
-  int64_t after = req->after_sequence();
-  while (!context->IsCancelled()) {
-    // Read the job before its events: if it was terminal then, every event
-    // it will ever have is already stored.
-    absl::StatusOr<store::JobRecord> job = core_->store()->GetJob(*id);
-    if (!job.ok()) return ToGrpcStatus(job.status());
-    absl::StatusOr<std::vector<tally::v1::JobEvent>> events =
-        core_->store()->ListEvents(*id, after, 256);
-    if (!events.ok()) return ToGrpcStatus(events.status());
-    for (const auto& e : *events) {
-      if (!writer->Write(e)) return grpc::Status::CANCELLED;
-      after = e.sequence();
-    }
-    if (!events->empty()) continue;
-    if (store::IsTerminal(job->job().state()) &&
-        after >= job->job().last_event_sequence()) {
-      return grpc::Status::OK;
-    }
-    if (core_->shutting_down()) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("tallyd is shutting down; watch again "
-                                       "with after_sequence=",
-                                       after));
-    }
-    core_->AwaitChange(absl::Milliseconds(500));
-  }
-  return grpc::Status::CANCELLED;
+  absl::StatusOr<StreamLimiter::Lease> lease =
+      watch_limiter_.Acquire(principal_(*context));
+  if (!lease.ok()) return new FinishedWriteReactor(ToGrpcStatus(lease.status()));
+  return WatchReactor::Begin(core_->watch_hub(), *id, req->after_sequence(),
+                             std::move(*lease));
 }
 
 grpc::Status JobsService::ListCheckpoints(
@@ -174,55 +354,9 @@ grpc::Status JobsService::ListCheckpoints(
   return grpc::Status::OK;
 }
 
-grpc::Status WorkersService::Connect(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<tally::v1::ControllerMessage,
-                             tally::v1::WorkerMessage>* stream) {
-  tally::v1::WorkerMessage first;
-  if (!stream->Read(&first)) return grpc::Status::CANCELLED;
-  if (!first.has_hello()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "the first message on a Workers.Connect stream must "
-                        "be a Hello");
-  }
-  const std::string worker_id = first.hello().worker_id();
-  auto session = std::make_shared<WorkerSession>(context);
-  core_->Attach(worker_id, session);
-  absl::StatusOr<int64_t> generation =
-      core_->Run([&](sched::Scheduler& s) { return s.OnHello(first.hello()); });
-  if (!generation.ok()) {
-    core_->Detach(worker_id, session.get());
-    return ToGrpcStatus(generation.status());
-  }
-
-  std::thread writer([&] {
-    tally::v1::ControllerMessage m;
-    while (session->Pop(&m)) {
-      if (!stream->Write(m)) {
-        session->Close();
-        return;
-      }
-    }
-  });
-
-  grpc::Status result = grpc::Status::OK;
-  tally::v1::WorkerMessage msg;
-  while (stream->Read(&msg)) {
-    absl::Status s =
-        core_->Run([&](sched::Scheduler& sch) { return sch.OnMessage(worker_id, msg); });
-    if (!s.ok()) {
-      result = ToGrpcStatus(s);
-      break;
-    }
-  }
-  session->Close();
-  writer.join();
-  core_->Detach(worker_id, session.get());
-  core_->Run([&](sched::Scheduler& s) {
-    s.OnDisconnect(worker_id, *generation);
-    return 0;
-  });
-  return result;
+grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
+WorkersService::Connect(grpc::CallbackServerContext* context) {
+  return WorkerStream::Begin(core_, context);
 }
 
 namespace {

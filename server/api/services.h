@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "server/api/core.h"
+#include "server/api/stream_limiter.h"
 #include "server/metrics/registry.h"
 #include "tally/v1/jobs.grpc.pb.h"
 #include "tally/v1/workers.grpc.pb.h"
@@ -16,9 +17,21 @@
 
 namespace tally::api {
 
-class JobsService final : public tally::v1::Jobs::Service {
+// Jobs. WatchJob runs on gRPC's callback API (no thread per stream): each
+// stream is a JobWatch fed by the core's WatchHub. The other methods are
+// synchronous.
+class JobsService final
+    : public tally::v1::Jobs::WithCallbackMethod_WatchJob<tally::v1::Jobs::Service> {
  public:
-  explicit JobsService(Core* core) : core_(core) {}
+  struct Options {
+    // Open WatchJob streams per caller and in all; 0: no limit.
+    int64_t max_watch_streams_per_principal = 1000;
+    int64_t max_watch_streams = 20000;
+    // Who a call is from (the key of the per-caller limit).
+    PrincipalFn principal = PeerPrincipal;
+  };
+  JobsService(Core* core, Options options);
+  explicit JobsService(Core* core) : JobsService(core, Options()) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const tally::v1::SubmitJobRequest*,
                          tally::v1::Job*) override;
@@ -28,25 +41,32 @@ class JobsService final : public tally::v1::Jobs::Service {
                         tally::v1::ListJobsResponse*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const tally::v1::CancelJobRequest*,
                          tally::v1::Job*) override;
-  grpc::Status WatchJob(grpc::ServerContext*, const tally::v1::WatchJobRequest*,
-                        grpc::ServerWriter<tally::v1::JobEvent>*) override;
+  grpc::ServerWriteReactor<tally::v1::JobEvent>* WatchJob(
+      grpc::CallbackServerContext* context,
+      const tally::v1::WatchJobRequest* request) override;
   grpc::Status ListCheckpoints(grpc::ServerContext*,
                                const tally::v1::ListCheckpointsRequest*,
                                tally::v1::ListCheckpointsResponse*) override;
   grpc::Status EstimateCost(grpc::ServerContext*, const tally::v1::EstimateCostRequest*,
                             tally::v1::CostEstimate*) override;
 
+  const StreamLimiter& watch_limiter() const { return watch_limiter_; }
+
  private:
   Core* const core_;
+  const PrincipalFn principal_;
+  StreamLimiter watch_limiter_;
 };
 
-class WorkersService final : public tally::v1::Workers::Service {
+// Workers.Connect on gRPC's callback API: a stream is a reactor, not a
+// thread. The protocol: the first message is a Hello (INVALID_ARGUMENT
+// otherwise, or whatever Scheduler::OnHello rejects it with); the stream
+// becomes the worker's only once the Hello is accepted.
+class WorkersService final : public tally::v1::Workers::CallbackService {
  public:
   explicit WorkersService(Core* core) : core_(core) {}
-  grpc::Status Connect(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<tally::v1::ControllerMessage,
-                               tally::v1::WorkerMessage>* stream) override;
+  grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
+  Connect(grpc::CallbackServerContext* context) override;
 
  private:
   Core* const core_;

@@ -146,19 +146,23 @@ def free_port():
 class Worker:
     """A tally-worker on one CPU thread; workers of a test share a checkpoint
     directory, as workers on shared storage do, and each has its own
-    rendezvous port on loopback for multi-GPU attempts it leads."""
+    rendezvous port on loopback for multi-GPU attempts it leads. start()
+    after kill() runs it again with the same flags (worker id, checkpoint
+    directory, rendezvous port)."""
 
     def __init__(self, controller, worker_id, log_dir, extra_args=()):
         self.worker_id = worker_id
         self.log_path = os.path.join(log_dir, "worker-%s.log" % worker_id)
+        self.args = ([WORKER, "--controller=" + controller, "--worker_id=" + worker_id,
+                      "--threads=1", "--checkpoint_dir=" + os.path.join(log_dir, "checkpoints"),
+                      "--rendezvous_host=127.0.0.1", "--rendezvous_port=%d" % free_port(),
+                      "--collective_timeout=30"]
+                     + list(extra_args))
+        self.start()
+
+    def start(self):
         self.log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(
-            [WORKER, "--controller=" + controller, "--worker_id=" + worker_id,
-             "--threads=1", "--checkpoint_dir=" + os.path.join(log_dir, "checkpoints"),
-             "--rendezvous_host=127.0.0.1", "--rendezvous_port=%d" % free_port(),
-             "--collective_timeout=30"]
-            + list(extra_args),
-            stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
 
     def kill(self, sig=signal.SIGKILL):
         if self.proc.poll() is None:

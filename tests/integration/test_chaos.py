@@ -1,0 +1,500 @@
+"""Chaos soak: tallyd and three CPU workers run a dozen small jobs (frequent
+checkpoints, some stopped early, one 2-rank job) while a seeded schedule
+`kill -9`s tallyd or a worker and restarts it with the same flags. Once the
+schedule is over and every job has ended, the jobs' records, events and
+checkpoints must still tell a consistent story.
+
+TALLY_CHAOS_SEED=N replays a schedule: the same jobs, kill times, targets
+and downtimes (process timing still varies from run to run)."""
+
+import collections
+import hashlib
+import os
+import random
+import re
+import shutil
+import signal
+import time
+import unittest
+
+import grpc
+from harness import TERMINAL, ClusterTest, jobs_pb2, parse_exposition, spec
+
+PRICE = 36.0  # $/GPU-hour for "cpu": $0.01 a second
+WORKER_IDS = ("w1", "w2", "w3")
+NUM_JOBS = 12  # one-rank jobs, besides the 2-rank one
+NUM_KILLS = 8
+MIN_KILLS_EACH = 2  # of tallyd and of workers
+CHAOS_SECONDS = 100.0  # kills are scheduled inside this window
+KILL_GAP_SECONDS = (7.0, 14.0)  # a long soak's 10-30 s, scaled to the window
+TALLYD_DOWN_SECONDS = (0.0, 2.0)
+WORKER_DOWN_SECONDS = (0.0, 4.5)  # past the 3 s heartbeat timeout, sometimes
+SCHEDULE_SLACK_SECONDS = 30.0  # for the last submits and restarts
+SOAK_SECONDS = 270.0  # from the first submit until every job must have ended
+COST_TOLERANCE = 0.01
+BATCH_TOKENS = 14 * 2 * 64
+
+ENDED_TYPES = {"succeeded", "failed", "early_stopped", "cancelled", "budget_exhausted"}
+REPORT_TYPES = {"progress", "eval", "checkpoint"}
+RESUME_RE = re.compile(r"resuming from step (\d+)")
+STATE = jobs_pb2.JobState.Name
+
+
+def chaos_seed():
+    text = os.environ.get("TALLY_CHAOS_SEED", "").strip()
+    if not text:
+        return random.SystemRandom().randrange(1, 2 ** 31)
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("TALLY_CHAOS_SEED must be an integer, got %r" % text) from None
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def job_specs(rng):
+    """(request_id, spec, submit offset in seconds) for every job, drawn from rng."""
+    out = []
+    # About 0.15 s a step on a shared core: 14 micro-batches of 2 x 64 tokens.
+    gang = spec(max_steps=450, name="gang", gpu_count=2, priority=10, max_attempts=6,
+                checkpoint_interval=3)
+    gang.training.global_batch_tokens = BATCH_TOKENS
+    out.append(("chaos-gang", gang, 0.0))
+    early = set(rng.sample(range(NUM_JOBS), 4))
+    short_lived = set(rng.sample(sorted(set(range(NUM_JOBS)) - early), 2))
+    for i in range(NUM_JOBS):
+        s = spec(max_steps=rng.randint(240, 360), name="chaos-%02d" % i,
+                 priority=rng.randint(0, 3),
+                 max_attempts=2 if i in short_lived else 6,
+                 checkpoint_interval=rng.randint(2, 5))
+        s.training.global_batch_tokens = BATCH_TOKENS
+        s.training.eval_interval_steps = 10
+        s.training.eval_tokens = 2048
+        if i in early:
+            # Nothing counts as an improvement: stops after `patience`
+            # evaluations past the first.
+            s.early_stopping.patience = rng.randint(1, 3)
+            s.early_stopping.min_rel_delta = 0.9
+            s.training.eval_interval_steps = 20
+            s.training.max_steps = 1000
+        offset = 0.0 if i < 7 else rng.uniform(5.0, CHAOS_SECONDS * 0.6)
+        out.append(("chaos-%02d" % i, s, offset))
+    return out
+
+
+def kill_plan(rng):
+    """[(seconds from start, target, downtime)]: NUM_KILLS kills inside
+    CHAOS_SECONDS, at least MIN_KILLS_EACH of tallyd and of workers."""
+    times, t = [], 0.0
+    for _ in range(NUM_KILLS):
+        t += rng.uniform(*KILL_GAP_SECONDS)
+        times.append(t)
+    times = [x * min(1.0, (CHAOS_SECONDS - 5) / times[-1]) for x in times]
+    kinds = ["tallyd"] * MIN_KILLS_EACH + ["worker"] * MIN_KILLS_EACH
+    kinds += [rng.choice(("tallyd", "worker")) for _ in range(NUM_KILLS - len(kinds))]
+    rng.shuffle(kinds)
+    plan = []
+    for when, kind in zip(times, kinds):
+        if kind == "tallyd":
+            plan.append((when, "tallyd", rng.uniform(*TALLYD_DOWN_SECONDS)))
+        else:
+            plan.append((when, rng.choice(WORKER_IDS), rng.uniform(*WORKER_DOWN_SECONDS)))
+    return plan
+
+
+class ChaosSoakTest(ClusterTest):
+
+    def setUp(self):
+        super().setUp()
+        config = os.path.join(self.dir, "tallyd.yaml")
+        with open(config, "w") as f:
+            f.write("usd_per_gpu_hour: {cpu: %g}\nflops_per_second_per_gpu: {cpu: 1.0e10}\n"
+                    % PRICE)
+        self.tallyd.extra_args = ["--config=" + config]
+        self.tallyd.restart()
+        for w in WORKER_IDS:
+            self.add_worker(w)
+
+    def test_kill_9_schedule_keeps_every_invariant(self):
+        self.seed = chaos_seed()
+        print("\nchaos seed %d (replay: TALLY_CHAOS_SEED=%d)" % (self.seed, self.seed), flush=True)
+        rng = random.Random(self.seed)
+        self.plan = kill_plan(rng)
+        self.jobs = job_specs(rng)
+        print("kill plan: " + ", ".join("%.1fs %s (down %.1fs)" % p for p in self.plan),
+              flush=True)
+        self.findings = []
+        self.skipped_kills = 0
+        self.kills = collections.Counter()
+        self.acked = {}          # request_id -> job name
+        self.submit_tries = collections.Counter()
+        self.lost_submits = []   # request_ids of submits cut off by a tallyd kill
+        started = time.monotonic()
+        try:
+            self.run_schedule()
+            self.drain()
+            self.check_invariants()
+        except Exception as e:  # whatever broke, the message names the seed
+            so_far = "".join("\n  " + f for f in self.findings)
+            raise AssertionError("chaos seed %d (replay with TALLY_CHAOS_SEED=%d): %s: %s%s" % (
+                self.seed, self.seed, type(e).__name__, e,
+                "\ninvariants broken so far:" + so_far if so_far else "")) from e
+        wall = time.monotonic() - started
+        self.summarize(wall)
+        if not self.findings:
+            # Hundreds of checkpoints: kept only as evidence of a failure.
+            shutil.rmtree(os.path.join(self.dir, "checkpoints"), ignore_errors=True)
+        if self.findings:
+            self.fail("chaos seed %d (replay with TALLY_CHAOS_SEED=%d): %d invariant(s) broken:\n  %s"
+                      % (self.seed, self.seed, len(self.findings), "\n  ".join(self.findings)))
+
+    # --- the schedule -----------------------------------------------------
+
+    def worker(self, worker_id):
+        return next(w for w in self.workers if w.worker_id == worker_id)
+
+    def try_submit(self, request_id, job_spec):
+        self.submit_tries[request_id] += 1
+        try:
+            job = self.submit(job_spec, request_id=request_id)
+        except grpc.RpcError as e:
+            if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise AssertionError("submit %s: %s %s" % (request_id, e.code(), e.details()))
+            return False
+        if request_id in self.acked and self.acked[request_id] != job.name:
+            self.findings.append("request_id %s acknowledged as %s, then as %s"
+                                 % (request_id, self.acked[request_id], job.name))
+        self.acked[request_id] = job.name
+        return True
+
+    def submit_in_flight(self, request_id, job_spec):
+        """Starts a submit just before tallyd is killed: acknowledged or not,
+        its retry with the same request_id must make no second job."""
+        self.submit_tries[request_id] += 1
+        return self.tallyd.jobs.SubmitJob.future(
+            jobs_pb2.SubmitJobRequest(spec=job_spec, request_id=request_id), timeout=5)
+
+    def check_alive(self, what, proc):
+        code = proc.poll()
+        if code is not None:
+            self.findings.append("%s exited by itself with code %d before it was killed"
+                                 % (what, code))
+
+    def run_schedule(self):
+        start = self.schedule_start = time.monotonic()
+        pending = list(self.jobs)            # not yet acknowledged
+        kills = list(self.plan)
+        restarts = []                        # [(monotonic time, target)]
+        tallyd_up = True
+        next_census = start
+        while pending or kills or restarts:
+            now = time.monotonic()
+            if kills and not pending and not restarts and now >= next_census:
+                # Nothing left to disturb: the rest of the plan is skipped.
+                next_census = now + 2.0
+                if self.all_ended():
+                    print("%6.1fs every job has ended; %d kill(s) of the plan skipped"
+                          % (now - start, len(kills)), flush=True)
+                    self.skipped_kills = len(kills)
+                    kills = []
+                    continue
+            if now - start > CHAOS_SECONDS + SCHEDULE_SLACK_SECONDS:
+                raise AssertionError("schedule overran: %d submits unacknowledged (%s)"
+                                     % (len(pending), [r for r, _, _ in pending]))
+            for item in [r for r in restarts if r[0] <= now]:
+                restarts.remove(item)
+                if item[1] == "tallyd":
+                    self.tallyd.start()
+                    tallyd_up = True
+                else:
+                    self.worker(item[1]).start()
+            if tallyd_up:
+                for item in [p for p in pending if p[2] <= now - start]:
+                    if self.try_submit(item[0], item[1]):
+                        pending.remove(item)
+            if kills and kills[0][0] <= now - start:
+                _, target, down = kills.pop(0)
+                census = self.census() if tallyd_up else "tallyd down"
+                if target == "tallyd":
+                    self.check_alive("tallyd", self.tallyd.proc)
+                    future = None
+                    due = sorted(pending, key=lambda p: p[2])
+                    if due:
+                        future = self.submit_in_flight(due[0][0], due[0][1])
+                        time.sleep(0.005)  # on the wire, maybe committed, maybe answered
+                    self.tallyd.kill(signal.SIGKILL)
+                    tallyd_up = False
+                    if future is not None:
+                        try:
+                            self.acked[due[0][0]] = future.result().name
+                            pending.remove(due[0])
+                        except (grpc.RpcError, grpc.FutureCancelledError):
+                            self.lost_submits.append(due[0][0])
+                else:
+                    w = self.worker(target)
+                    self.check_alive("worker " + target, w.proc)
+                    w.kill(signal.SIGKILL)
+                self.kills[target if target == "tallyd" else "worker"] += 1
+                print("%6.1fs kill -9 %s, down %.1fs (jobs: %s)" % (now - start, target, down,
+                                                                 census), flush=True)
+                restarts.append((time.monotonic() + down, target))
+            time.sleep(0.1)
+
+    def all_ended(self):
+        try:
+            return all(self.get(name).state in TERMINAL for name in self.acked.values())
+        except grpc.RpcError:
+            return False
+
+    def census(self):
+        """The acknowledged jobs by state, for the log."""
+        try:
+            states = collections.Counter(
+                STATE(self.get(name).state)[len("JOB_STATE_"):].lower()
+                for name in self.acked.values())
+        except grpc.RpcError as e:
+            return "unknown (%s)" % e.code()
+        return ", ".join("%d %s" % (n, s) for s, n in sorted(states.items()))
+
+    def drain(self):
+        deadline = self.schedule_start + SOAK_SECONDS
+        drain_start = time.monotonic()
+        states = {}
+        while time.monotonic() < deadline:
+            states = {}
+            for rid, name in self.acked.items():
+                try:
+                    states[rid] = self.get(name).state
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.NOT_FOUND:
+                        states[rid] = None
+                    else:
+                        raise
+            if all(s in TERMINAL or s is None for s in states.values()):
+                print("%6.1fs every job has ended, %.1fs after the schedule"
+                      % (time.monotonic() - self.schedule_start,
+                         time.monotonic() - drain_start), flush=True)
+                return
+            time.sleep(0.5)
+        stuck = ["%s (%s): %s" % (self.acked[r], r, STATE(s) if s is not None else "missing")
+                 for r, s in sorted(states.items()) if s not in TERMINAL]
+        self.findings.append("not terminal %.0fs after the first submit (%.0fs after the "
+                             "schedule): %s" % (SOAK_SECONDS, time.monotonic() - drain_start,
+                                                "; ".join(stuck)))
+
+    # --- the invariants ---------------------------------------------------
+
+    def check_invariants(self):
+        self.check_alive("tallyd", self.tallyd.proc)
+        for w in self.workers:
+            self.check_alive("worker " + w.worker_id, w.proc)
+        self.check_slots_released()
+        by_request = collections.defaultdict(list)
+        token = ""
+        while True:
+            page = self.tallyd.jobs.ListJobs(
+                jobs_pb2.ListJobsRequest(page_size=100, page_token=token), timeout=10)
+            for j in page.jobs:
+                by_request[j.request_id].append(j.name)
+            token = page.next_page_token
+            if not token:
+                break
+        for rid, _, _ in self.jobs:
+            if rid not in self.acked:
+                self.findings.append("request_id %s was never acknowledged" % rid)
+            elif by_request.get(rid) != [self.acked[rid]]:
+                self.findings.append("request_id %s: acknowledged as %s, the store has %s"
+                                     % (rid, self.acked[rid], by_request.get(rid)))
+        extra = set(by_request) - {rid for rid, _, _ in self.jobs}
+        if extra:
+            self.findings.append("jobs nobody submitted: %s" % {r: by_request[r] for r in extra})
+        self.final = {}
+        self.stats = collections.Counter()
+        for rid, job_spec, _ in self.jobs:
+            if rid in self.acked:
+                self.check_job(rid, self.acked[rid], job_spec)
+
+    def check_slots_released(self):
+        """Once every job has ended, every worker is connected and idle: no
+        slot is still held for an attempt that tallyd no longer runs."""
+        deadline = time.monotonic() + 15
+        while True:
+            series = parse_exposition(self.tallyd.scrape())
+            used = series.get('tally_worker_slots{gpu_type="cpu",state="used"}')
+            connected = series.get('tally_workers{gpu_type="cpu",state="connected"}')
+            if used == 0 and connected == len(WORKER_IDS):
+                return
+            if time.monotonic() > deadline:
+                self.findings.append(
+                    "15 s after every job ended: %s cpu slots used, %s of %d workers connected"
+                    % (used, connected, len(WORKER_IDS)))
+                return
+            time.sleep(0.5)
+
+    def check_job(self, rid, name, job_spec):
+        def broken(text):
+            self.findings.append("%s (%s): %s" % (name, rid, text))
+
+        try:
+            job = self.get(name)
+        except grpc.RpcError as e:
+            broken("acknowledged but GetJob says %s %s" % (e.code(), e.details()))
+            return
+        self.final[name] = job
+        counts = collections.Counter()
+        if job.state not in TERMINAL:
+            broken("ended the soak %s, not terminal" % STATE(job.state))
+            return
+        events = self.events(name)
+        ckpts = list(self.tallyd.jobs.ListCheckpoints(
+            jobs_pb2.ListCheckpointsRequest(name=name), timeout=10).checkpoints)
+
+        # Event log: 1..N, no gap, from "submitted" to one ending event.
+        seqs = [e.sequence for e in events]
+        if seqs != list(range(1, len(seqs) + 1)) or len(seqs) != job.last_event_sequence:
+            gaps = [(a, b) for a, b in zip([0] + seqs, seqs) if b != a + 1]
+            broken("event sequences are not 1..%d: %d events, breaks at %s"
+                   % (job.last_event_sequence, len(seqs), gaps[:5]))
+        if not events or events[0].type != "submitted":
+            broken("first event is %r, not 'submitted'" % (events[0].type if events else None))
+        if events and (events[-1].state != job.state or events[-1].type not in ENDED_TYPES):
+            broken("last event is %s/%s, the job is %s" % (events[-1].type,
+                   STATE(events[-1].state), STATE(job.state)))
+
+        # Attempts: at most max_attempts, numbered 1..k, never two live at once.
+        max_attempts = job.spec.max_attempts
+        started = [e for e in events if e.type == "started"]
+        if job.attempt > max_attempts:
+            broken("attempt %d > max_attempts %d (state %s)" % (job.attempt, max_attempts,
+                                                               STATE(job.state)))
+        if [e.attempt for e in started] != list(range(1, len(started) + 1)) or \
+                len(started) != job.attempt:
+            broken("started events for attempts %s, the job says attempt %d"
+                   % ([e.attempt for e in started], job.attempt))
+        live, ended = None, False
+        for e in events:
+            where = "event %d (%s, attempt %d)" % (e.sequence, e.type, e.attempt)
+            if ended:
+                broken("%s after the job ended" % where)
+                break
+            if e.type == "started":
+                if live is not None:
+                    broken("%s while attempt %d was still live" % (where, live))
+                live = e.attempt
+            elif e.type == "adopted":
+                if live != e.attempt:
+                    broken("%s: the live attempt is %s" % (where, live))
+                self.stats["adoptions"] += 1
+                counts["adopted"] += 1
+            elif e.type == "requeued":
+                if live != e.attempt:
+                    broken("%s: the live attempt is %s" % (where, live))
+                live = None
+                self.stats["requeues"] += 1
+                counts["requeued"] += 1
+            elif e.type in ENDED_TYPES:
+                live, ended = None, True
+            elif e.type in REPORT_TYPES and live != e.attempt:
+                broken("%s accepted from an attempt that is not live (live: %s)" % (where, live))
+        if job.state == jobs_pb2.JOB_STATE_FAILED and "no attempts left" in job.state_reason \
+                and job.attempt != max_attempts:
+            broken("failed for attempts after %d of %d" % (job.attempt, max_attempts))
+
+        # Dollars: never negative, never decreasing, GPU-seconds x price.
+        cost = job.cost
+        if cost.cost_usd < 0 or cost.lost_usd < 0 or cost.gpu_seconds < 0:
+            broken("negative dollars: cost %r, lost %r, gpu_seconds %r"
+                   % (cost.cost_usd, cost.lost_usd, cost.gpu_seconds))
+        if cost.lost_usd > cost.cost_usd * (1 + 1e-9):
+            broken("lost $%.6f > cost $%.6f" % (cost.lost_usd, cost.cost_usd))
+        expected = cost.gpu_seconds * cost.usd_per_gpu_hour / 3600
+        if abs(cost.cost_usd - expected) > COST_TOLERANCE * max(expected, 1e-6):
+            broken("cost $%.6f but gpu_seconds %.3f x $%g/h = $%.6f"
+                   % (cost.cost_usd, cost.gpu_seconds, cost.usd_per_gpu_hour, expected))
+        if job.attempt > 0 and cost.usd_per_gpu_hour != PRICE:
+            broken("priced at $%g/GPU-hour, configured $%g" % (cost.usd_per_gpu_hour, PRICE))
+        dollars = [e.cost_usd for e in events]
+        drops = [(events[i].sequence, dollars[i - 1], dollars[i]) for i in range(1, len(events))
+                 if dollars[i] < dollars[i - 1] - 1e-9]
+        if drops:
+            broken("dollars went down at events (sequence, before, after) %s" % drops[:3])
+        if dollars and dollars[-1] > cost.cost_usd + 1e-9:
+            broken("an event says $%.6f, the job's final cost is $%.6f"
+                   % (dollars[-1], cost.cost_usd))
+
+        # Checkpoints: on disk, with the recorded whole-file SHA-256.
+        for c in ckpts:
+            if c.attempt < 1 or c.attempt > job.attempt:
+                broken("checkpoint at step %d from attempt %d of %d" % (c.step, c.attempt,
+                                                                        job.attempt))
+            if not os.path.isfile(c.path):
+                broken("checkpoint %s (attempt %d, step %d) is not on disk"
+                       % (c.path, c.attempt, c.step))
+                continue
+            actual = sha256_file(c.path)
+            if actual != c.sha256:
+                broken("checkpoint %s (attempt %d, step %d): recorded SHA-256 %s, sha256sum %s"
+                       % (c.path, c.attempt, c.step, c.sha256[:16], actual[:16]))
+                self.stats["checkpoint_sha_mismatches"] += 1
+        self.stats["checkpoints"] += len(ckpts)
+
+        # A resumed attempt starts from the latest checkpoint before it and
+        # goes on after it.
+        for s in started:
+            earlier = [c.step for c in ckpts if c.attempt < s.attempt]
+            m = RESUME_RE.search(s.detail)
+            if m is None:
+                if earlier:
+                    broken("attempt %d started from scratch though checkpoints up to step %d "
+                           "were recorded" % (s.attempt, max(earlier)))
+                continue
+            resume = int(m.group(1))
+            self.stats["resumes"] += 1
+            if resume not in earlier:
+                broken("attempt %d resumes from step %d, which no earlier attempt recorded "
+                       "(recorded: %s)" % (s.attempt, resume, sorted(earlier)))
+            elif resume != max(earlier):
+                broken("attempt %d resumes from step %d, not from the latest checkpoint, "
+                       "step %d" % (s.attempt, resume, max(earlier)))
+            first = next((e for e in events if e.attempt == s.attempt and e.type == "progress"),
+                         None)
+            if first is not None and first.step <= resume:
+                broken("attempt %d resumed from step %d but first reported step %d"
+                       % (s.attempt, resume, first.step))
+            own = [c.step for c in ckpts if c.attempt == s.attempt]
+            if own and min(own) <= resume:
+                broken("attempt %d resumed from step %d but checkpointed step %d"
+                       % (s.attempt, resume, min(own)))
+
+        if job.state == jobs_pb2.JOB_STATE_SUCCEEDED and job.step != job_spec.training.max_steps:
+            broken("SUCCEEDED at step %d of %d" % (job.step, job_spec.training.max_steps))
+        print("  %-8s %-10s %-15s step %4d/%-4d attempt %d/%d, %d requeued, %d adopted, "
+              "%3d checkpoints, $%.4f ($%.4f lost)"
+              % (name, rid, STATE(job.state)[len("JOB_STATE_"):], job.step,
+                 job_spec.training.max_steps, job.attempt, max_attempts, counts["requeued"],
+                 counts["adopted"], len(ckpts), cost.cost_usd, cost.lost_usd), flush=True)
+
+    def summarize(self, wall):
+        by_state = collections.Counter(STATE(j.state) for j in self.final.values())
+        print("chaos seed %d: %.0fs wall; kills: %d tallyd, %d worker (%d skipped); jobs: %s"
+              % (self.seed, wall, self.kills["tallyd"], self.kills["worker"], self.skipped_kills,
+                 ", ".join("%s %d" % kv for kv in sorted(by_state.items()))))
+        print("attempts: %d requeued, %d adopted, %d resumed from a checkpoint; "
+              "%d checkpoints (%d with a SHA-256 that is not the file's); "
+              "submits: %d tries for %d jobs, %d killed in flight (%s); $%.4f spent, $%.4f lost"
+              % (self.stats["requeues"], self.stats["adoptions"], self.stats["resumes"],
+                 self.stats["checkpoints"], self.stats["checkpoint_sha_mismatches"],
+                 sum(self.submit_tries.values()), len(self.jobs), len(self.lost_submits),
+                 ",".join(self.lost_submits) or "none",
+                 sum(j.cost.cost_usd for j in self.final.values()),
+                 sum(j.cost.lost_usd for j in self.final.values())), flush=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
