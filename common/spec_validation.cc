@@ -202,6 +202,7 @@ void ApplySpecDefaults(JobSpec* spec) {
   if (es->patience() > 0 && es->min_rel_delta() == 0 && es->min_delta() == 0) {
     es->set_min_rel_delta(0.03);  // an improvement is 3% better than the best
   }
+  if (es->forecast() && es->forecast_min_evals() == 0) es->set_forecast_min_evals(4);
   auto* resources = spec->mutable_resources();
   if (resources->gpu_type().empty()) resources->set_gpu_type("cpu");
   if (resources->gpu_count() == 0) resources->set_gpu_count(1);
@@ -365,6 +366,20 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   p.Range("early_stopping.baseline_evals", es.baseline_evals(), 0, 10000);
   p.Finite("early_stopping.baseline_min_rel_gain", es.baseline_min_rel_gain(),
            0, 0.999);
+  p.Finite("early_stopping.target_val_loss", es.target_val_loss(), 0, 1e6);
+  if (es.target_rel_to_baseline() != 0) {
+    p.Finite("early_stopping.target_rel_to_baseline", es.target_rel_to_baseline(), 1e-6,
+             0.999999);
+  }
+  if (es.target_val_loss() != 0 && es.target_rel_to_baseline() != 0) {
+    p.Add("early_stopping.target_rel_to_baseline",
+          "set either target_val_loss or target_rel_to_baseline, not both");
+  }
+  p.Range("early_stopping.forecast_min_evals", es.forecast_min_evals(), 0, 10000);
+  if (es.forecast() && es.forecast_min_evals() != 0 && es.forecast_min_evals() < 2) {
+    p.Add("early_stopping.forecast_min_evals",
+          "a curve needs at least 2 evaluations to be fitted (default 4)");
+  }
 
   p.Finite("budget.max_dollars", spec.budget().max_dollars(), 0, 1e9);
 

@@ -1,5 +1,6 @@
 #include "common/spec_validation.h"
 
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
@@ -162,6 +163,29 @@ INSTANTIATE_TEST_SUITE_P(
                   s->mutable_early_stopping()->set_divergence_factor(0.5);
                 },
                 "early_stopping.divergence_factor"},
+        BadCase{"negative_target",
+                [](JobSpec* s) { s->mutable_early_stopping()->set_target_val_loss(-1); },
+                "early_stopping.target_val_loss"},
+        BadCase{"nan_target",
+                [](JobSpec* s) {
+                  s->mutable_early_stopping()->set_target_val_loss(std::nan(""));
+                },
+                "early_stopping.target_val_loss"},
+        BadCase{"relative_target_above_the_baseline",
+                [](JobSpec* s) { s->mutable_early_stopping()->set_target_rel_to_baseline(1.5); },
+                "early_stopping.target_rel_to_baseline"},
+        BadCase{"both_targets",
+                [](JobSpec* s) {
+                  s->mutable_early_stopping()->set_target_val_loss(2.0);
+                  s->mutable_early_stopping()->set_target_rel_to_baseline(0.8);
+                },
+                "early_stopping.target_rel_to_baseline"},
+        BadCase{"forecast_from_one_eval",
+                [](JobSpec* s) {
+                  s->mutable_early_stopping()->set_forecast(true);
+                  s->mutable_early_stopping()->set_forecast_min_evals(1);
+                },
+                "early_stopping.forecast_min_evals"},
         BadCase{"label_key",
                 [](JobSpec* s) { (*s->mutable_labels())["Team"] = "x"; },
                 "labels[\"Team\"]"},

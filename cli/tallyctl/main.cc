@@ -182,6 +182,12 @@ class Client {
   std::unique_ptr<tally::v1::Jobs::Stub> stub_;
 };
 
+bool IsTerminalState(tally::v1::JobState s) {
+  return s == tally::v1::JOB_STATE_SUCCEEDED || s == tally::v1::JOB_STATE_EARLY_STOPPED ||
+         s == tally::v1::JOB_STATE_BUDGET_EXHAUSTED || s == tally::v1::JOB_STATE_CANCELLED ||
+         s == tally::v1::JOB_STATE_FAILED;
+}
+
 void PrintJob(const tally::v1::Job& j) {
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(j) << "\n";
@@ -232,6 +238,33 @@ void PrintJob(const tally::v1::Job& j) {
   }
   if (!es.best_checkpoint().empty()) {
     std::cout << "  best checkpoint: " << Safe(es.best_checkpoint()) << "\n";
+  }
+  if (j.target_val_loss() > 0) {
+    std::cout << absl::StrFormat("  target:    val loss %.4f", j.target_val_loss());
+    if (j.has_target_reached()) {
+      const auto& t = j.target_reached();
+      std::cout << absl::StrFormat(
+          ", reached at step %d (val %.4f, $%.4f); to the target itself $%.4f, %.0f tokens, "
+          "%.1f GPU-seconds",
+          t.step(), t.val_loss(), t.cost_usd(), t.cost_to_target_usd(), t.tokens_to_target(),
+          t.gpu_seconds_to_target());
+    } else {
+      std::cout << ", not reached";
+    }
+    std::cout << "\n";
+  }
+  if (j.forecast().valid()) {
+    const auto& f = j.forecast();
+    std::cout << absl::StrFormat(
+        "  forecast:  val loss %.4f (%.4f-%.4f) at step %d, from %d evals up to step %d\n",
+        f.final_val_loss(), f.low(), f.high(), spec.training().max_steps(), f.evals_used(),
+        f.step());
+  } else if (!j.forecast().reason().empty() && !IsTerminalState(j.state())) {
+    std::cout << "  forecast:  none yet (" << Safe(j.forecast().reason()) << ")\n";
+  }
+  if (j.has_pending_stop()) {
+    std::cout << "  stopping:  " << Safe(j.pending_stop().reason())
+              << " (waiting for the workers' final checkpoint)\n";
   }
 }
 

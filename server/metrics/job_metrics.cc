@@ -45,6 +45,11 @@ JobMetrics::JobMetrics(Registry* registry) {
                        "MoE jobs: token assignments over capacity, per layer.");
   moe_expert_tokens_ = gauge("tally_job_moe_expert_tokens",
                              "MoE jobs: tokens each expert took at the latest step.");
+  forecast_ = gauge("tally_job_forecast_val_loss",
+                    "Validation loss a running job's fitted loss curve predicts at max_steps, "
+                    "by bound (predicted, low, high).");
+  target_ = gauge("tally_job_target_val_loss",
+                  "The target validation loss in force for a running job.");
 }
 
 void JobMetrics::Set(const std::string& job, GaugeFamily* family, Labels labels, double value) {
@@ -85,6 +90,12 @@ void JobMetrics::Update(const tally::v1::Job& j) {
   if (j.spec().budget().max_dollars() > 0) {
     Set(n, budget_fraction_, l, j.cost().cost_usd() / j.spec().budget().max_dollars());
   }
+  if (j.forecast().valid()) {
+    Set(n, forecast_, {{"tally_job", n}, {"bound", "predicted"}}, j.forecast().final_val_loss());
+    Set(n, forecast_, {{"tally_job", n}, {"bound", "low"}}, j.forecast().low());
+    Set(n, forecast_, {{"tally_job", n}, {"bound", "high"}}, j.forecast().high());
+  }
+  if (j.target_val_loss() > 0) Set(n, target_, l, j.target_val_loss());
 }
 
 void JobMetrics::OnCheckpoint(const tally::v1::Job& j, const tally::v1::Checkpoint& ck) {

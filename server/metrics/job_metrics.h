@@ -58,6 +58,8 @@ class JobMetrics {
   GaugeFamily* moe_entropy_;
   GaugeFamily* moe_dropped_;
   GaugeFamily* moe_expert_tokens_;
+  GaugeFamily* forecast_;
+  GaugeFamily* target_;
   // Every series each job has, so that all go when it ends.
   std::map<std::string, std::set<std::pair<GaugeFamily*, Labels>>> series_;
 };

@@ -1,5 +1,6 @@
 // The scheduler's cost ledger and early stopping, on a fake clock and the
 // in-memory store: what tallyd decides, and that it survives a restart.
+#include <cmath>
 #include <memory>
 
 #include "common/clock.h"
@@ -244,6 +245,116 @@ TEST_F(JobPoliciesTest, AnEarlyStopKeepsTheStateItsEvaluationMeasured) {
   EXPECT_DOUBLE_EQ(cks[1].val_loss(), 3.5187);
   auto events = *store_.ListEvents(id, 0, 100);
   EXPECT_THAT(events.back().detail(), HasSubstr("best checkpoint: step 20, val_loss 3.5187"));
+}
+
+TEST_F(JobPoliciesTest, ATargetStopSucceedsWithTheCostToTheTarget) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_target_val_loss(3.5);
+  const int64_t id = Start(spec);
+  auto eval = [&](int64_t step, int64_t tokens, double loss) {
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job("jobs/" + std::to_string(id));
+    m.mutable_eval()->set_attempt(1);
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_tokens(tokens);
+    m.mutable_eval()->set_val_loss(loss);
+    Send(m);
+  };
+  eval(0, 0, 5.0);
+  clock_.Advance(absl::Seconds(10));
+  eval(10, 1000, 4.0);  // $0.01
+  clock_.Advance(absl::Seconds(10));
+  eval(20, 2000, 3.0);  // $0.02: halfway in loss from 4.0 to 3.0 is the target
+  auto j = Job(id);
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(j.pending_stop().state(), tally::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(channel_.checkpoint_stops, 1) << "the worker keeps the state that reached it";
+  const auto& t = j.target_reached();
+  EXPECT_DOUBLE_EQ(t.target_val_loss(), 3.5);
+  EXPECT_EQ(t.step(), 20);
+  EXPECT_EQ(t.tokens(), 2000);
+  EXPECT_NEAR(t.cost_usd(), 0.02, 1e-12);
+  EXPECT_NEAR(t.gpu_seconds(), 20, 1e-9);
+  EXPECT_NEAR(t.cost_to_target_usd(), 0.015, 1e-12);
+  EXPECT_NEAR(t.tokens_to_target(), 1500, 1e-9);
+  EXPECT_NEAR(t.gpu_seconds_to_target(), 15, 1e-9);
+  Checkpoint(id, 20, 2000);
+  ExitStopped(id);
+  j = Job(id);
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(j.state_reason(), HasSubstr("target reached: val_loss 3.0000 <= target 3.5000"));
+  EXPECT_EQ(j.early_stopping().best_checkpoint(), "/ckpt/20");
+  EXPECT_EQ(j.early_stopping().stop_rule(), "") << "reaching the target is not an early stop";
+  ASSERT_EQ(j.curve_size(), 3);
+  EXPECT_NEAR(j.curve(1).cost_usd(), 0.01, 1e-12);
+}
+
+TEST_F(JobPoliciesTest, ATargetRelativeToTheBaselineAndOneReachedAtTheLastStep) {
+  auto spec = Spec();
+  spec.mutable_training()->set_max_steps(100);
+  spec.mutable_early_stopping()->set_target_rel_to_baseline(0.8);
+  const int64_t id = Start(spec);
+  Eval(id, 0, 5.0);
+  EXPECT_DOUBLE_EQ(Job(id).target_val_loss(), 4.0);
+  Eval(id, 50, 4.5);
+  EXPECT_FALSE(Job(id).has_target_reached());
+  Eval(id, 100, 3.9);  // the last step: recorded, nothing left to stop
+  EXPECT_EQ(Job(id).target_reached().step(), 100);
+  EXPECT_FALSE(Job(id).has_pending_stop());
+  EXPECT_EQ(channel_.checkpoint_stops, 0);
+}
+
+TEST_F(JobPoliciesTest, AForecastThatCannotReachTheTargetStopsTheJob) {
+  auto spec = Spec();  // 1000 steps
+  spec.mutable_early_stopping()->set_target_val_loss(2.0);
+  spec.mutable_early_stopping()->set_forecast(true);
+  const int64_t id = Start(spec);
+  auto eval = [&](int64_t step) {
+    const int64_t tokens = step * 100;
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job("jobs/" + std::to_string(id));
+    m.mutable_eval()->set_attempt(1);
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_tokens(tokens);
+    // Flattening out near 3.0, far above the target.
+    m.mutable_eval()->set_val_loss(3.0 + 20.0 / std::sqrt(static_cast<double>(tokens)));
+    Send(m);
+  };
+  eval(100);
+  eval(200);
+  eval(300);
+  EXPECT_FALSE(Job(id).has_pending_stop()) << "3 evaluations: too few to forecast";
+  eval(400);
+  const auto j = Job(id);
+  ASSERT_TRUE(j.forecast().valid()) << j.forecast().reason();
+  EXPECT_NEAR(j.forecast().final_val_loss(), 3.063, 0.02);
+  EXPECT_EQ(j.forecast().evals_used(), 4);
+  EXPECT_EQ(j.pending_stop().rule(), "forecast");
+  EXPECT_THAT(j.pending_stop().reason(), HasSubstr("target"));
+  ExitStopped(id);
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_EQ(Job(id).early_stopping().stop_rule(), "forecast");
+}
+
+TEST_F(JobPoliciesTest, EveryJobShowsItsForecastButOnlyAskersAreStopped) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_target_val_loss(2.0);  // out of reach, no forecast stop
+  const int64_t id = Start(spec);
+  for (int64_t step = 100; step <= 600; step += 100) {
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job("jobs/" + std::to_string(id));
+    m.mutable_eval()->set_attempt(1);
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_tokens(step * 100);
+    m.mutable_eval()->set_val_loss(3.0 + 20.0 / std::sqrt(step * 100.0));
+    Send(m);
+  }
+  const auto j = Job(id);
+  EXPECT_TRUE(j.forecast().valid());
+  EXPECT_LE(j.forecast().low(), j.forecast().final_val_loss());
+  EXPECT_GE(j.forecast().high(), j.forecast().final_val_loss());
+  EXPECT_FALSE(j.has_pending_stop());
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(JobPoliciesTest, ADecidedStopEndsAfterTheGraceWithoutTheWorker) {

@@ -1,6 +1,7 @@
 #include "server/sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -11,7 +12,9 @@
 #include "common/proto_time.h"
 #include "common/spec_validation.h"
 #include "common/status_macros.h"
+#include "server/policy/forecast.h"
 #include "server/policy/placement.h"
+#include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
 
 namespace tally::sched {
@@ -290,7 +293,7 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
                              best->val_loss(), best->path());
   }
   if (!how.empty()) absl::StrAppend(&detail, " (", how, ")");
-  if (!ps.rule().empty()) {
+  if (!ps.rule().empty() && ps.state() == tally::v1::JOB_STATE_EARLY_STOPPED) {
     j.mutable_early_stopping()->set_stop_rule(ps.rule());
     p.early_stop_rule = ps.rule();
   }
@@ -414,6 +417,7 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
   if (j.has_pending_stop()) {
     // Stopping already (the final evaluation of the stopped state): recorded,
     // no longer judged.
+    AddCurvePoint(j, ev);
     AddEvent(p, "eval", "", bits);
     p.events.back().set_val_loss(ev.val_loss());
     return p;
@@ -421,8 +425,21 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
   const EvalDecision d = DecideEval(j, ev, job.max_expert_share);
   *j.mutable_early_stopping() = d.early_stopping;
   *j.mutable_routing() = d.routing;
+  AddCurvePoint(j, ev);
+  // The target in force: the spec's, or its fraction of the step-0 loss
+  // once that is known.
+  if (j.target_val_loss() <= 0) {
+    const auto& es = j.spec().early_stopping();
+    if (es.target_val_loss() > 0) {
+      j.set_target_val_loss(es.target_val_loss());
+    } else if (es.target_rel_to_baseline() > 0 && j.early_stopping().has_baseline() &&
+               std::isfinite(j.early_stopping().baseline_val_loss())) {
+      j.set_target_val_loss(es.target_rel_to_baseline() * j.early_stopping().baseline_val_loss());
+    }
+  }
   AddEvent(p, "eval", "", bits);
   p.events.back().set_val_loss(ev.val_loss());
+  const size_t eval_event = p.events.size() - 1;
   if (d.warn_collapse) {
     AddEvent(p, "warning",
              absl::StrFormat("routing collapse: %s took %.0f%% of its layer's tokens for "
@@ -431,23 +448,147 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
                              d.routing.collapsed_evals()),
              "raise model.moe.aux_loss_coef or set model.moe.bias_balancing");
   }
-  if (d.rule == policy::StopRule::kNone) return p;
+  if (j.target_val_loss() > 0 && !j.has_target_reached()) {
+    if (auto x = policy::FindTargetCrossing(Curve(j), j.target_val_loss())) {
+      tally::v1::TargetReached& t = *j.mutable_target_reached();
+      t.set_target_val_loss(j.target_val_loss());
+      t.set_step(x->at.step);
+      t.set_tokens(x->at.tokens);
+      t.set_cost_usd(x->at.cost_usd);
+      t.set_gpu_seconds(x->at.gpu_seconds);
+      t.set_val_loss(x->at.val_loss);
+      t.set_cost_to_target_usd(x->cost_usd);
+      t.set_tokens_to_target(x->tokens);
+      t.set_gpu_seconds_to_target(x->gpu_seconds);
+      const std::string reason = absl::StrFormat(
+          "target reached: val_loss %.4f <= target %.4f at step %d ($%.4f; $%.4f to the "
+          "target itself)",
+          x->at.val_loss, j.target_val_loss(), x->at.step, x->at.cost_usd, x->cost_usd);
+      AddEvent(p, "target_reached", reason,
+               absl::StrFormat("%.0f tokens and %.1f GPU-seconds to the target",
+                               x->tokens, x->gpu_seconds));
+      if (ev.step() < j.spec().training().max_steps()) {
+        // Good enough: the job stops, keeping the state that reached it.
+        PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", reason, "target", ev);
+        return p;
+      }
+    }
+  }
+  if (d.rule != policy::StopRule::kNone) {
+    PendingStopFor(p, tally::v1::JOB_STATE_EARLY_STOPPED, "early_stopped", d.reason,
+                   policy::StopRuleName(d.rule), ev);
+    return p;
+  }
+  // The forecast: shown for every job, a stop only when asked for.
+  const policy::LossForecast f = ForecastOf(j);
+  tally::v1::Forecast& shown = *j.mutable_forecast();
+  shown.set_valid(f.ok());
+  shown.set_final_val_loss(f.predicted);
+  shown.set_low(f.low);
+  shown.set_high(f.high);
+  shown.set_evals_used(f.evals_used);
+  shown.set_step(ev.step());
+  shown.set_a(f.a);
+  shown.set_b(f.b);
+  shown.set_c(f.c);
+  shown.set_reason(f.reason);
+  if (f.ok()) {
+    // Watchers see the forecast beside the evaluation it comes from.
+    absl::StrAppendFormat(p.events[eval_event].mutable_detail(),
+                          "; forecast %.4f (%.4f-%.4f) at step %d from %d evals", f.predicted,
+                          f.low, f.high, f.at_step, f.evals_used);
+  }
+  const auto& es = j.spec().early_stopping();
+  if (!es.forecast() || !f.ok() || ev.step() >= j.spec().training().max_steps()) return p;
+  const policy::ForecastDecision fd =
+      j.target_val_loss() > 0
+          ? policy::CannotReach(f, j.target_val_loss())
+          : (j.early_stopping().has_best()
+                 ? policy::CannotImproveBy(f, j.early_stopping().best_val_loss(),
+                                           es.min_rel_delta())
+                 : policy::ForecastDecision{});
+  if (fd.stop) {
+    PendingStopFor(p, tally::v1::JOB_STATE_EARLY_STOPPED, "early_stopped", fd.reason, "forecast",
+                   ev);
+  }
+  return p;
+}
+
+policy::LossForecast Scheduler::ForecastOf(const tally::v1::Job& j) {
+  std::vector<policy::ForecastPoint> points;
+  points.reserve(j.curve_size());
+  double tokens_per_step = 0;
+  for (const auto& e : j.curve()) {
+    points.push_back({e.step(), e.tokens(), e.val_loss()});
+    // Tokens as the evaluations count them (document tokens), per step.
+    if (e.step() > 0 && e.tokens() > 0) {
+      tokens_per_step = static_cast<double>(e.tokens()) / static_cast<double>(e.step());
+    }
+  }
+  const auto& spec = j.spec();
+  policy::ForecastRun run;
+  run.max_steps = spec.training().max_steps();
+  run.tokens_per_step = tokens_per_step > 0
+                            ? tokens_per_step
+                            : static_cast<double>(spec.training().global_batch_tokens());
+  run.warmup_steps = spec.optimizer().warmup_steps();
+  run.min_lr_ratio = spec.optimizer().lr() > 0 ? spec.optimizer().min_lr() / spec.optimizer().lr()
+                                               : 1.0;
+  policy::ForecastOptions options;
+  if (spec.early_stopping().forecast_min_evals() > 0) {
+    options.min_evals = spec.early_stopping().forecast_min_evals();
+  }
+  return policy::ForecastFinalLoss(points, run, options);
+}
+
+void Scheduler::PendingStopFor(Plan& p, JobState state, const std::string& type,
+                               const std::string& reason, const std::string& rule,
+                               const tally::v1::EvalResult& ev) const {
   // Decided: the job keeps running until its workers have checkpointed the
   // state this evaluation measured and exited.
-  tally::v1::PendingStop& ps = *j.mutable_pending_stop();
-  ps.set_state(tally::v1::JOB_STATE_EARLY_STOPPED);
-  ps.set_type("early_stopped");
-  ps.set_reason(d.reason);
-  ps.set_rule(policy::StopRuleName(d.rule));
+  tally::v1::PendingStop& ps = *p.rec.mutable_job()->mutable_pending_stop();
+  ps.set_state(state);
+  ps.set_type(type);
+  ps.set_reason(reason);
+  ps.set_rule(rule);
   ps.set_step(ev.step());
   ps.set_val_loss(ev.val_loss());
   *ps.mutable_deadline() = ToProto(p.now + options_.stop_grace);
-  AddEvent(p, "stopping", d.reason,
-           absl::StrCat("rule ", ps.rule(), " at step ", ev.step(),
+  AddEvent(p, "stopping", reason,
+           absl::StrCat("rule ", rule, " at step ", ev.step(),
                         "; waiting for the workers' final checkpoint (at most ",
                         ShortSeconds(options_.stop_grace), ")"));
-  StopOrders(p, d.reason, /*checkpoint=*/true);
-  return p;
+  StopOrders(p, reason, /*checkpoint=*/true);
+}
+
+void Scheduler::AddCurvePoint(tally::v1::Job& j, const tally::v1::EvalResult& ev) {
+  constexpr int kMaxCurvePoints = 512;
+  // A resumed attempt evaluates steps already on the curve again.
+  if (j.curve_size() > 0 && ev.step() <= j.curve(j.curve_size() - 1).step()) return;
+  if (j.curve_size() >= kMaxCurvePoints) {
+    // Thin out every other point, keeping the first (the baseline) and the
+    // latest: the curve's shape survives, its size stays bounded.
+    google::protobuf::RepeatedPtrField<tally::v1::EvalPoint> kept;
+    for (int i = 0; i < j.curve_size(); ++i) {
+      if (i % 2 == 0 || i == j.curve_size() - 1) *kept.Add() = j.curve(i);
+    }
+    j.mutable_curve()->Swap(&kept);
+  }
+  tally::v1::EvalPoint& e = *j.add_curve();
+  e.set_step(ev.step());
+  e.set_tokens(ev.tokens());
+  e.set_cost_usd(j.cost().cost_usd());
+  e.set_gpu_seconds(j.cost().gpu_seconds());
+  e.set_val_loss(ev.val_loss());
+}
+
+std::vector<policy::CurvePoint> Scheduler::Curve(const tally::v1::Job& j) {
+  std::vector<policy::CurvePoint> out;
+  out.reserve(j.curve_size());
+  for (const auto& e : j.curve()) {
+    out.push_back({e.step(), e.tokens(), e.cost_usd(), e.gpu_seconds(), e.val_loss()});
+  }
+  return out;
 }
 
 absl::StatusOr<Scheduler::Plan> Scheduler::PlanCheckpoint(
@@ -857,6 +998,36 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   return Execute(id, std::move(plan));
 }
 
+absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
+  auto counts = [](const char* what, int64_t step, int64_t tokens) -> absl::Status {
+    if (step < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".step: must not be negative, got ", step));
+    }
+    if (tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".tokens: must not be negative, got ", tokens));
+    }
+    return absl::OkStatus();
+  };
+  switch (msg.msg_case()) {
+    case tally::v1::WorkerMessage::kProgress:
+      if (msg.progress().padding_tokens() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "progress.padding_tokens: must not be negative, got ", msg.progress().padding_tokens()));
+      }
+      return counts("progress", msg.progress().step(), msg.progress().tokens());
+    case tally::v1::WorkerMessage::kEval:
+      return counts("eval", msg.eval().step(), msg.eval().tokens());
+    case tally::v1::WorkerMessage::kCheckpoint:
+      return counts("checkpoint", msg.checkpoint().step(), msg.checkpoint().tokens());
+    case tally::v1::WorkerMessage::kExit:
+      return counts("exit", msg.exit().step(), 0);
+    default:
+      return absl::OkStatus();
+  }
+}
+
 absl::Status Scheduler::OnMessage(const std::string& worker_id,
                                   const tally::v1::WorkerMessage& msg) {
   auto wit = workers_.find(worker_id);
@@ -874,6 +1045,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     return a;
   };
 
+  RETURN_IF_ERROR(CheckReport(msg));
   absl::Status s;
   switch (msg.msg_case()) {
     case tally::v1::WorkerMessage::kHeartbeat:

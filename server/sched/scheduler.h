@@ -48,6 +48,8 @@
 #include "server/ledger/cost_ledger.h"
 #include "server/metrics/job_metrics.h"
 #include "server/metrics/registry.h"
+#include "server/policy/forecast.h"
+#include "server/policy/target.h"
 #include "server/sched/observer.h"
 #include "server/store/job_store.h"
 #include "tally/v1/workers.pb.h"
@@ -185,11 +187,24 @@ class Scheduler {
   Plan PlanEval(const ActiveJob& job, const tally::v1::EvalResult& eval) const;
   absl::StatusOr<Plan> PlanCheckpoint(const ActiveJob& job,
                                       const tally::v1::CheckpointRecord& c) const;
+  // Records a decided stop that waits for the workers' final checkpoint.
+  void PendingStopFor(Plan& p, tally::v1::JobState state, const std::string& type,
+                      const std::string& reason, const std::string& rule,
+                      const tally::v1::EvalResult& ev) const;
+  // Appends an evaluation to the job's (bounded) curve, with its spend.
+  static void AddCurvePoint(tally::v1::Job& job, const tally::v1::EvalResult& ev);
+  static std::vector<policy::CurvePoint> Curve(const tally::v1::Job& job);
+  // The loss-curve forecast of the job's evaluations so far.
+  static policy::LossForecast ForecastOf(const tally::v1::Job& job);
 
   // --- Commit, then act. On a failed commit nothing changes.
   absl::Status Execute(int64_t job_id, Plan plan);
 
   absl::Status HandleExit(const std::string& worker_id, const tally::v1::AttemptExit& exit);
+  // INVALID_ARGUMENT naming the field for counts no worker can report
+  // (negative steps or tokens): they would poison the job's record and its
+  // cost arithmetic.
+  static absl::Status CheckReport(const tally::v1::WorkerMessage& msg);
   absl::Status HandleProgress(ActiveJob& job, const tally::v1::Progress& p);
   ActiveJob* CurrentAttempt(const std::string& job, int32_t attempt);
   // host:port for a new multi-rank attempt led by `leader`.

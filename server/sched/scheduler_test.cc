@@ -1,5 +1,6 @@
 #include "server/sched/scheduler.h"
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -479,6 +480,28 @@ TEST_F(SchedulerTest, ACancelledAttemptHoldsItsSlotUntilItsExit) {
   ASSERT_TRUE(Exit("w1", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
   ASSERT_TRUE(sched_->Tick().ok());
   EXPECT_EQ(State(next), tally::v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(SchedulerTest, ImpossibleCountsInAReportAreRefusedNamingTheField) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  const std::string job = "jobs/" + std::to_string(id);
+  tally::v1::WorkerMessage c;
+  c.mutable_checkpoint()->set_job(job);
+  c.mutable_checkpoint()->set_attempt(1);
+  c.mutable_checkpoint()->set_step(5);
+  c.mutable_checkpoint()->set_tokens(std::numeric_limits<int64_t>::min());
+  absl::Status s = sched_->OnMessage("w1", c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("checkpoint.tokens: must not be negative"));
+  tally::v1::WorkerMessage p;
+  p.mutable_progress()->set_job(job);
+  p.mutable_progress()->set_attempt(1);
+  p.mutable_progress()->set_step(-1);
+  EXPECT_THAT(sched_->OnMessage("w1", p).message(), HasSubstr("progress.step"));
+  EXPECT_TRUE(store_.ListCheckpoints(id)->empty());
+  EXPECT_EQ(Job(id).step(), 0);
 }
 
 TEST_F(SchedulerTest, MessagesBeforeHelloAreRefused) {

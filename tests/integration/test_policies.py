@@ -60,6 +60,43 @@ class PoliciesTest(ClusterTest):
         print("\nearly stopped at step %d: best val loss %.4f at step %d (%d evals); $%.4f"
               % (done.step, es.best_val_loss, es.best_step, len(evals), done.cost.cost_usd))
 
+    def test_a_target_stop_succeeds_and_keeps_a_checkpoint_of_that_state(self):
+        self.add_worker("w1")
+        s = self.learning_spec(20000, "target")
+        s.training.checkpoint_interval_steps = 100000  # only the stop writes one
+        s.early_stopping.target_rel_to_baseline = 0.85
+        job = self.submit(s)
+        done = self.wait_state(job.name, {jobs_pb2.JOB_STATE_EARLY_STOPPED,
+                                          jobs_pb2.JOB_STATE_SUCCEEDED,
+                                          jobs_pb2.JOB_STATE_FAILED}, timeout=300)
+        self.assertEqual(done.state, jobs_pb2.JOB_STATE_SUCCEEDED, done.state_reason)
+        self.assertIn("target reached", done.state_reason)
+        t = done.target_reached
+        self.assertGreater(t.step, 0)
+        self.assertLess(done.step, 20000)
+        self.assertAlmostEqual(done.target_val_loss, 0.85 * done.early_stopping.baseline_val_loss,
+                               places=9)
+        self.assertLessEqual(t.val_loss, done.target_val_loss)
+        self.assertLessEqual(t.cost_to_target_usd, t.cost_usd + 1e-12)
+        self.assertLessEqual(t.tokens_to_target, t.tokens)
+        self.assertGreater(t.cost_to_target_usd, 0)
+        cks = self.tallyd.jobs.ListCheckpoints(
+            jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints
+        self.assertEqual(len(cks), 1, "the stop's checkpoint, and no other")
+        ck = cks[0]
+        self.assertGreaterEqual(ck.step, t.step)
+        self.assertGreater(ck.val_loss, 0, "the stopped state was evaluated")
+        with open(ck.path, "rb") as f:
+            import hashlib
+            self.assertEqual(hashlib.sha256(f.read()).hexdigest(), ck.sha256)
+        self.assertEqual(done.early_stopping.best_checkpoint, ck.path)
+        types = [e.type for e in self.events(job.name)]
+        self.assertLess(types.index("target_reached"), types.index("stopping"))
+        self.assertLess(types.index("stopping"), types.index("checkpoint"))
+        print("\ntarget %.4f reached at step %d ($%.4f; $%.4f to the target itself); "
+              "checkpoint at step %d" % (done.target_val_loss, t.step, t.cost_usd,
+                                         t.cost_to_target_usd, ck.step))
+
     def test_budget_stops_within_one_progress_interval(self):
         self.add_worker("w1")
         s = spec(max_steps=1000000, name="budget")
