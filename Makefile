@@ -2,9 +2,13 @@
 # idempotent set-up (Debian packages, pinned LibTorch, configure) and builds.
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
-export BUILD_DIR
+# The libFuzzer targets' clang build (scripts/fuzz.sh) and how long `make
+# fuzz` runs each target.
+FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
+export BUILD_DIR FUZZ_BUILD_DIR
 
-.PHONY: setup build test unit integration demo bench clean
+.PHONY: setup build test unit integration demo bench clean fuzz fuzz-build
 
 setup:
 	@scripts/setup.sh
@@ -12,7 +16,9 @@ setup:
 build: setup
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+# `make test` also builds the fuzz targets: ctest's fuzz.ci entry runs them
+# briefly and replays fuzz/regressions.
+test: build fuzz-build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 unit: build
@@ -27,5 +33,12 @@ demo: build
 bench: build
 	@scripts/bench.sh
 
+fuzz-build: setup
+	@JOBS=$(JOBS) scripts/fuzz.sh build
+
+# Fuzzes each target FUZZ_SECONDS and prints a summary table.
+fuzz: fuzz-build
+	@scripts/fuzz.sh run $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(FUZZ_BUILD_DIR)

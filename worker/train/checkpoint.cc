@@ -215,7 +215,8 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
     }
     if (nbytes > payload - at) return corrupt("truncated tensor data of " + name);
     at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype)));
-    std::memcpy(t.data_ptr(), bytes.data() + at, nbytes);
+    // An empty tensor has no storage: its data_ptr() is null.
+    if (nbytes > 0) std::memcpy(t.data_ptr(), bytes.data() + at, nbytes);
     at += nbytes;
     data.tensors.emplace_back(std::move(name), std::move(t));
   }
