@@ -80,6 +80,7 @@ struct Scheduler::Plan {
   std::optional<tally::v1::Checkpoint> last_checkpoint;
   std::optional<std::pair<int64_t, double>> last_eval;
   std::vector<std::pair<std::string, AttemptKey>> release;    // slots freed
+  std::vector<std::pair<std::string, AttemptKey>> release_one;  // one rank's slot freed
   std::vector<std::tuple<std::string, AttemptKey, int>> hold;  // slots taken
   // Acted on, once committed.
   std::vector<std::pair<std::string, tally::v1::ControllerMessage>> sends;
@@ -266,7 +267,8 @@ Scheduler::Plan Scheduler::PlanStopNow(const ActiveJob& job, JobState state,
 }
 
 absl::StatusOr<Scheduler::Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
-                                                          const std::string& how) const {
+                                                          const std::string& how,
+                                                          store::AttemptState attempt_state) const {
   const tally::v1::PendingStop ps = job.rec.job().pending_stop();
   // The best checkpoint: the lowest recorded validation loss, else the latest.
   ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks, store_->ListCheckpoints(job.rec.id()));
@@ -278,13 +280,20 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
   }
   Plan p = NewPlan(job, clock_->Now());
   tally::v1::Job& j = *p.rec.mutable_job();
+  if (attempt_state == store::ATTEMPT_STATE_LOST || attempt_state == store::ATTEMPT_STATE_FAILED) {
+    // The attempt ended without confirming: its spend since the last
+    // checkpoint kept nothing.
+    ledger::Accrual lost = ledger_.ChargeLost(j.cost());
+    *j.mutable_cost() = std::move(lost.cost);
+    p.lost_added_usd = lost.added_usd;
+  }
   if (p.attempt) {
-    p.attempt->set_state(store::ATTEMPT_STATE_STOPPED);
+    p.attempt->set_state(attempt_state);
     *p.attempt->mutable_end_time() = ToProto(p.now);
-    p.attempt->set_reason(ps.reason());
+    p.attempt->set_reason(how.empty() ? ps.reason() : how);
     p.write_attempt = true;
     StopOrders(p, ps.reason(), /*checkpoint=*/false);
-    p.attempts_ended.push_back("stopped");
+    p.attempts_ended.push_back(Outcome(attempt_state));
   }
   std::string detail = "no checkpoint yet";
   if (best != nullptr) {
@@ -310,7 +319,7 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
                                                           bool may_retry) const {
   if (job.rec.job().has_pending_stop()) {
     // The stop was decided; the attempt ending early does not undo it.
-    return PlanFinishStop(job, absl::StrCat("the attempt ended: ", reason));
+    return PlanFinishStop(job, absl::StrCat("the attempt ended: ", reason), attempt_state);
   }
   Plan p = NewPlan(job, clock_->Now());
   tally::v1::Job& j = *p.rec.mutable_job();
@@ -614,7 +623,14 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanCheckpoint(
   ck.set_tokens(c.tokens());
   ck.set_path(c.path());
   ck.set_sha256(c.sha256());
-  if (job.last_eval && job.last_eval->first == c.step()) ck.set_val_loss(job.last_eval->second);
+  if (job.last_eval && job.last_eval->first == c.step()) {
+    ck.set_val_loss(job.last_eval->second);
+  } else {
+    // After a restart the latest evaluation is known from the job's curve.
+    for (const auto& e : job.rec.job().curve()) {
+      if (e.step() == c.step()) ck.set_val_loss(e.val_loss());
+    }
+  }
   *ck.mutable_time() = ToProto(p.now);
   ck = ledger_.PriceCheckpoint(j, std::move(ck), previous);
   j.mutable_cost()->set_attempt_usd_since_checkpoint(0);
@@ -647,6 +663,12 @@ absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
   for (const auto& [w, key] : plan.release) {
     auto wit = workers_.find(w);
     if (wit != workers_.end()) wit->second.held.erase(key);
+  }
+  for (const auto& [w, key] : plan.release_one) {
+    auto wit = workers_.find(w);
+    if (wit == workers_.end()) continue;
+    auto h = wit->second.held.find(key);
+    if (h != wit->second.held.end() && --h->second <= 0) wit->second.held.erase(h);
   }
   for (const auto& [w, key, n] : plan.hold) workers_[w].held[key] = n;
   for (const auto& [w, msg] : plan.sends) {
@@ -871,7 +893,9 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
     if (!id.ok()) continue;
     reported.insert({*id, r.attempt()});
   }
-  absl::Status first_error;
+  // An exit the worker reported on its last stream whose commit failed
+  // ends its attempt now, not as "forgotten" below.
+  absl::Status first_error = RetryExits(hello.worker_id());
   // Attempts tallyd placed here that the worker no longer runs.
   std::vector<AttemptKey> forgotten;
   for (const auto& [key, ranks] : ws.held) {
@@ -924,8 +948,14 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
       first_error = s;
     }
   }
+  if (!first_error.ok()) {
+    // Nothing is attached for a refused Hello: the worker must not look
+    // connected (work would be placed on it); its next Hello reconciles again.
+    workers_[hello.worker_id()].connected = false;
+    UpdateGauges();
+    return first_error;
+  }
   UpdateGauges();
-  RETURN_IF_ERROR(first_error);
   return ws.generation;
 }
 
@@ -959,11 +989,11 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
     if (p.moe_size() > 0) {
       job.max_expert_share = 0;
       for (const auto& l : p.moe()) {
-        int64_t total = 0;
-        for (int64_t n : l.tokens_per_expert()) total += n;
+        double total = 0;
+        for (int64_t n : l.tokens_per_expert()) total += static_cast<double>(n);
         for (int e = 0; e < l.tokens_per_expert_size(); ++e) {
           const double share = total > 0 ? static_cast<double>(l.tokens_per_expert(e)) /
-                                                static_cast<double>(total)
+                                                total
                                           : 0;
           if (share > job.max_expert_share) {
             job.max_expert_share = share;
@@ -978,7 +1008,10 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   const ledger::Accrual view = ledger_.Accrue(j, true, now);
   tally::v1::Job accrued = j;
   *accrued.mutable_cost() = view.cost;
-  if (std::optional<ledger::BudgetStop> stop = ledger_.CheckBudget(accrued)) {
+  // A decided stop is not undone by the budget: stop_grace bounds its spend.
+  std::optional<ledger::BudgetStop> stop;
+  if (!j.has_pending_stop()) stop = ledger_.CheckBudget(accrued);
+  if (stop) {
     return Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED,
                                    "budget_exhausted", stop->reason, stop->detail));
   }
@@ -1011,12 +1044,38 @@ absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
     return absl::OkStatus();
   };
   switch (msg.msg_case()) {
-    case tally::v1::WorkerMessage::kProgress:
-      if (msg.progress().padding_tokens() < 0) {
+    case tally::v1::WorkerMessage::kProgress: {
+      const tally::v1::Progress& p = msg.progress();
+      if (p.padding_tokens() < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "progress.padding_tokens: must not be negative, got ", msg.progress().padding_tokens()));
+            "progress.padding_tokens: must not be negative, got ", p.padding_tokens()));
       }
-      return counts("progress", msg.progress().step(), msg.progress().tokens());
+      // Bounds on what becomes metric series: no model has more.
+      constexpr int kMaxMoeLayers = 1024, kMaxExperts = 4096, kMaxAmaxGroups = 256;
+      if (p.moe_size() > kMaxMoeLayers) {
+        return absl::InvalidArgumentError(absl::StrCat("progress.moe: at most ", kMaxMoeLayers,
+                                                       " layers, got ", p.moe_size()));
+      }
+      for (const auto& l : p.moe()) {
+        if (l.tokens_per_expert_size() > kMaxExperts) {
+          return absl::InvalidArgumentError(absl::StrCat("progress.moe.tokens_per_expert: at most ",
+                                                         kMaxExperts, " experts, got ",
+                                                         l.tokens_per_expert_size()));
+        }
+        for (int64_t n : l.tokens_per_expert()) {
+          if (n < 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "progress.moe.tokens_per_expert: must not be negative, got ", n));
+          }
+        }
+      }
+      if (p.fp8_amax_size() > kMaxAmaxGroups) {
+        return absl::InvalidArgumentError(absl::StrCat("progress.fp8_amax: at most ",
+                                                       kMaxAmaxGroups, " groups, got ",
+                                                       p.fp8_amax_size()));
+      }
+      return counts("progress", p.step(), p.tokens());
+    }
     case tally::v1::WorkerMessage::kEval:
       return counts("eval", msg.eval().step(), msg.eval().tokens());
     case tally::v1::WorkerMessage::kCheckpoint:
@@ -1069,6 +1128,9 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     }
     case tally::v1::WorkerMessage::kExit:
       s = HandleExit(worker_id, msg.exit());
+      // The worker will not send it again: keep it and retry (each tick, and
+      // before its next Hello is reconciled) until it commits.
+      if (!s.ok()) wit->second.unconfirmed_exits.push_back(msg.exit());
       break;
     case tally::v1::WorkerMessage::kHello:
       return absl::FailedPreconditionError("Hello was already sent on this stream");
@@ -1083,8 +1145,12 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
                                    const tally::v1::AttemptExit& exit) {
   const AttemptKey key{ParseJobName(exit.job()).value_or(0), exit.attempt()};
   ActiveJob* job = CurrentAttempt(exit.job(), exit.attempt());
+  // An exit frees one rank's slot: a worker may run several ranks of a gang.
   auto release_now = [&] {
-    if (auto it = workers_.find(worker_id); it != workers_.end()) it->second.held.erase(key);
+    if (auto it = workers_.find(worker_id); it != workers_.end()) {
+      auto h = it->second.held.find(key);
+      if (h != it->second.held.end() && --h->second <= 0) it->second.held.erase(h);
+    }
     return absl::OkStatus();
   };
   if (job == nullptr) return release_now();  // e.g. the exit of a cancelled attempt
@@ -1097,6 +1163,13 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
         // Another rank is done; rank 0 ends the job once its own reports
         // (the last evaluation and checkpoint) are in.
         return release_now();
+      }
+      if (pending) {
+        // Trained to the end before the stop arrived: the decision stands,
+        // with whatever checkpoints it reported.
+        plan = PlanFinishStop(*job, "the attempt completed before the stop arrived",
+                              store::ATTEMPT_STATE_SUCCEEDED);
+        break;
       }
       Plan p = NewPlan(*job, clock_->Now());
       p.attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
@@ -1132,12 +1205,34 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   }
   RETURN_IF_ERROR(plan.status());
   if (exit.step() > 0) plan->rec.mutable_job()->set_step(exit.step());
-  plan->release.emplace_back(worker_id, key);
-  // The exiting worker needs no stop order of its own.
-  plan->sends.erase(std::remove_if(plan->sends.begin(), plan->sends.end(),
-                                   [&](const auto& s) { return s.first == worker_id; }),
-                    plan->sends.end());
+  plan->release_one.emplace_back(worker_id, key);
+  // The exiting worker needs no stop order of its own, unless it runs other
+  // ranks of the attempt too.
+  const auto w = workers_.find(worker_id);
+  const bool more_ranks_here = w != workers_.end() && w->second.held.count(key) &&
+                               w->second.held.at(key) > 1;
+  if (!more_ranks_here) {
+    plan->sends.erase(std::remove_if(plan->sends.begin(), plan->sends.end(),
+                                     [&](const auto& s) { return s.first == worker_id; }),
+                      plan->sends.end());
+  }
   return Execute(key.first, *std::move(plan));
+}
+
+absl::Status Scheduler::RetryExits(const std::string& worker_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.unconfirmed_exits.empty()) return absl::OkStatus();
+  std::vector<tally::v1::AttemptExit> exits;
+  exits.swap(it->second.unconfirmed_exits);
+  absl::Status first_error;
+  for (const auto& e : exits) {
+    absl::Status s = HandleExit(worker_id, e);
+    if (!s.ok()) {
+      workers_[worker_id].unconfirmed_exits.push_back(e);
+      if (first_error.ok()) first_error = s;
+    }
+  }
+  return first_error;
 }
 
 absl::Status Scheduler::Tick() {
@@ -1146,6 +1241,12 @@ absl::Status Scheduler::Tick() {
   auto note = [&](const absl::Status& s) {
     if (!s.ok() && first_error.ok()) first_error = s;
   };
+  // 0. Exits whose commit failed.
+  std::vector<std::string> with_exits;
+  for (const auto& [id, ws] : workers_) {
+    if (!ws.unconfirmed_exits.empty()) with_exits.push_back(id);
+  }
+  for (const auto& id : with_exits) note(RetryExits(id));
   // 1. Workers silent past the timeout lose what they hold. Each attempt's
   // loss commits on its own; one that fails stays held and is retried.
   for (auto it = workers_.begin(); it != workers_.end();) {
@@ -1177,7 +1278,9 @@ absl::Status Scheduler::Tick() {
       if (!s.ok()) all_released = false;
       note(s);
     }
-    it = (it->second.connected || !all_released) ? std::next(it) : workers_.erase(it);
+    it = (it->second.connected || !all_released || !it->second.unconfirmed_exits.empty())
+             ? std::next(it)
+             : workers_.erase(it);
   }
 
   // 2. Budgets and stop deadlines, on a view of each running job.
@@ -1191,7 +1294,9 @@ absl::Status Scheduler::Tick() {
     const ActiveJob& job = jit->second;
     tally::v1::Job view = job.rec.job();
     *view.mutable_cost() = ledger_.Accrue(view, job.attempt.has_value(), now).cost;
-    if (std::optional<ledger::BudgetStop> stop = ledger_.CheckBudget(view)) {
+    std::optional<ledger::BudgetStop> stop;
+    if (!view.has_pending_stop()) stop = ledger_.CheckBudget(view);
+    if (stop) {
       note(Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
                                    stop->reason, stop->detail)));
     } else if (view.has_pending_stop() && now >= FromProto(view.pending_stop().deadline())) {

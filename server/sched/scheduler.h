@@ -159,6 +159,8 @@ class Scheduler {
     // Ranks held per attempt. A stopped attempt holds its slots until the
     // worker reports its exit or goes silent.
     std::map<AttemptKey, int> held;
+    // Exits it reported whose commit failed, retried until they commit.
+    std::vector<tally::v1::AttemptExit> unconfirmed_exits;
     int Used() const;
   };
   struct Plan;
@@ -181,7 +183,9 @@ class Scheduler {
   absl::StatusOr<Plan> PlanEndAttempt(const ActiveJob& job, store::AttemptState attempt_state,
                                       const std::string& reason, bool may_retry) const;
   // Ends a job with a pending stop as decided, naming its best checkpoint.
-  absl::StatusOr<Plan> PlanFinishStop(const ActiveJob& job, const std::string& how) const;
+  absl::StatusOr<Plan> PlanFinishStop(
+      const ActiveJob& job, const std::string& how,
+      store::AttemptState attempt_state = store::ATTEMPT_STATE_STOPPED) const;
   absl::StatusOr<Plan> PlanStart(const ActiveJob& job,
                                  std::vector<std::string> rank_workers) const;
   Plan PlanEval(const ActiveJob& job, const tally::v1::EvalResult& eval) const;
@@ -205,6 +209,8 @@ class Scheduler {
   // (negative steps or tokens): they would poison the job's record and its
   // cost arithmetic.
   static absl::Status CheckReport(const tally::v1::WorkerMessage& msg);
+  // Retries the worker's exits whose commit failed; the first error.
+  absl::Status RetryExits(const std::string& worker_id);
   absl::Status HandleProgress(ActiveJob& job, const tally::v1::Progress& p);
   ActiveJob* CurrentAttempt(const std::string& job, int32_t attempt);
   // host:port for a new multi-rank attempt led by `leader`.

@@ -33,6 +33,9 @@ class FaultInjectionJobStore final : public JobStore {
   // While set, every write (CreateJob, Commit, PutWorker) fails with
   // UNAVAILABLE and writes nothing.
   void FailWrites(bool fail) { fail_writes_ = fail; }
+  // While set, Commit (only) fails with UNAVAILABLE: a store that still
+  // creates jobs and records workers but cannot commit a state change.
+  void FailCommits(bool fail) { fail_commits_ = fail; }
   // While set, every read fails with UNAVAILABLE.
   void FailReads(bool fail) { fail_reads_ = fail; }
   // Writes that reached the base store, and writes refused.
@@ -44,6 +47,10 @@ class FaultInjectionJobStore final : public JobStore {
     return base_->CreateJob(std::move(job), std::move(first));
   }
   absl::Status Commit(const Mutation& m) override {
+    if (fail_commits_) {
+      ++failed_writes_;
+      return absl::UnavailableError("injected fault: the store refused the commit");
+    }
     RETURN_IF_FAILING_WRITE();
     return base_->Commit(m);
   }
@@ -90,6 +97,7 @@ class FaultInjectionJobStore final : public JobStore {
   JobStore* const base_;
   std::atomic<bool> fail_writes_{false};
   std::atomic<bool> fail_reads_{false};
+  std::atomic<bool> fail_commits_{false};
   std::atomic<int> writes_{0};
   std::atomic<int> failed_writes_{0};
 };

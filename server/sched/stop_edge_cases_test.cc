@@ -1,0 +1,280 @@
+// Stops and slots at their edges: a decided stop meeting a budget, a
+// finished attempt, a restart, a gang sharing a worker; a Hello or an exit
+// whose commit fails. Each of these once went wrong.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/sched/scheduler.h"
+#include "server/store/fault_injection_job_store.h"
+#include "server/store/memory_job_store.h"
+
+namespace tally::sched {
+namespace {
+
+using tally::v1::ControllerMessage;
+using tally::v1::JobState;
+
+class Channel : public WorkerChannel {
+ public:
+  void Send(const std::string& w, const ControllerMessage& m) override {
+    sent.push_back(w + " " + m.ShortDebugString());
+  }
+  std::vector<std::string> sent;
+};
+
+class StopEdgeCasesTest : public ::testing::Test {
+ protected:
+  StopEdgeCasesTest() : store_(&base_) {
+    options_.prices.usd_per_gpu_hour["cpu"] = 3.6;  // $0.001 per GPU-second
+    Restart();
+  }
+  void Restart() {
+    registries_.push_back(std::make_unique<metrics::Registry>());
+    sched_ = std::make_unique<Scheduler>(&store_, &channel_, &clock_, registries_.back().get(),
+                                         options_);
+    ASSERT_TRUE(sched_->Recover().ok());
+  }
+  tally::v1::JobSpec Spec(int gpus = 1) {
+    tally::v1::JobSpec s;
+    s.mutable_model()->set_num_layers(1);
+    s.mutable_model()->set_d_model(16);
+    s.mutable_model()->set_num_heads(2);
+    s.mutable_data()->set_train_path("/data/x");
+    s.mutable_data()->set_seq_len(64);
+    s.mutable_training()->set_max_steps(1000);
+    s.mutable_resources()->set_gpu_type("cpu");
+    s.mutable_resources()->set_gpu_count(gpus);
+    s.set_max_attempts(3);
+    return s;
+  }
+  absl::StatusOr<int64_t> Hello(const std::string& w, int slots,
+                                const std::vector<std::pair<int64_t, int>>& running = {}) {
+    tally::v1::Hello h;
+    h.set_worker_id(w);
+    h.set_gpu_type("cpu");
+    h.set_slots(slots);
+    for (auto [id, attempt] : running) {
+      auto* r = h.add_running();
+      r->set_job("jobs/" + std::to_string(id));
+      r->set_attempt(attempt);
+    }
+    return sched_->OnHello(h);
+  }
+  int64_t Submit(tally::v1::JobSpec s) {
+    auto job = sched_->Submit(s, "");
+    EXPECT_TRUE(job.ok()) << job.status();
+    return std::stoll(job->name().substr(5));
+  }
+  tally::v1::Job Job(int64_t id) { return base_.GetJob(id)->job(); }
+  std::string N(int64_t id) { return "jobs/" + std::to_string(id); }
+  absl::Status Eval(const std::string& w, int64_t id, int64_t step, double loss) {
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job(N(id));
+    m.mutable_eval()->set_attempt(Job(id).attempt());
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_val_loss(loss);
+    return sched_->OnMessage(w, m);
+  }
+  absl::Status Checkpoint(const std::string& w, int64_t id, int64_t step) {
+    tally::v1::WorkerMessage m;
+    m.mutable_checkpoint()->set_job(N(id));
+    m.mutable_checkpoint()->set_attempt(Job(id).attempt());
+    m.mutable_checkpoint()->set_step(step);
+    m.mutable_checkpoint()->set_tokens(step * 10);
+    m.mutable_checkpoint()->set_path("/ckpt/" + std::to_string(step));
+    return sched_->OnMessage(w, m);
+  }
+  absl::Status Exit(const std::string& w, int64_t id, int attempt, tally::v1::AttemptOutcome o,
+                    int rank = 0) {
+    tally::v1::WorkerMessage m;
+    m.mutable_exit()->set_job(N(id));
+    m.mutable_exit()->set_attempt(attempt);
+    m.mutable_exit()->set_outcome(o);
+    m.mutable_exit()->set_rank(rank);
+    return sched_->OnMessage(w, m);
+  }
+  absl::Status Beat(const std::string& w) {
+    tally::v1::WorkerMessage m;
+    m.mutable_heartbeat();
+    return sched_->OnMessage(w, m);
+  }
+  int Used(const std::string& w) {
+    for (const auto& v : sched_->Workers()) {
+      if (v.record.worker_id() == w) return v.used_slots;
+    }
+    return -1;
+  }
+  bool Connected(const std::string& w) {
+    for (const auto& v : sched_->Workers()) {
+      if (v.record.worker_id() == w) return v.connected;
+    }
+    return false;
+  }
+
+  FakeClock clock_;
+  store::InMemoryJobStore base_;
+  store::FaultInjectionJobStore store_;
+  Channel channel_;
+  SchedulerOptions options_;
+  std::vector<std::unique_ptr<metrics::Registry>> registries_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+// A budget that runs out while a decided stop waits for its checkpoint does
+// not replace the decision (stop_grace bounds the spend): the job ends as
+// decided, with the final checkpoint it ordered.
+TEST_F(StopEdgeCasesTest, BudgetDuringPendingStopOverridesTheDecision) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_target_val_loss(3.5);
+  spec.mutable_budget()->set_max_dollars(0.05);
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Eval("w0", id, 0, 5.0).ok());
+  clock_.Advance(absl::Seconds(40));
+  ASSERT_TRUE(Eval("w0", id, 10, 3.0).ok());  // target reached: pending SUCCEEDED
+  ASSERT_EQ(Job(id).pending_stop().state(), tally::v1::JOB_STATE_SUCCEEDED);
+  clock_.Advance(absl::Seconds(15));  // $0.055 > $0.05, well within stop_grace
+  ASSERT_TRUE(Beat("w0").ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING) << "the decided stop stands";
+  ASSERT_TRUE(Checkpoint("w0", id, 10).ok());  // the ordered final checkpoint
+  ASSERT_TRUE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  const auto j = Job(id);
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_SUCCEEDED)
+      << "decided SUCCEEDED (target reached), ended " << tally::v1::JobState_Name(j.state());
+  EXPECT_EQ(base_.ListCheckpoints(id)->size(), 1u) << "the ordered final checkpoint was dropped";
+}
+
+// A SUCCEEDED exit during a pending stop (the worker reached max_steps
+// before the stop order landed) keeps the decision: a diverged job ends
+// EARLY_STOPPED, not SUCCEEDED.
+TEST_F(StopEdgeCasesTest, SucceededExitDuringPendingDivergenceStop) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Eval("w0", id, 990, std::nan("")).ok());
+  ASSERT_EQ(Job(id).pending_stop().rule(), "divergence");
+  ASSERT_TRUE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED)
+      << "ended " << tally::v1::JobState_Name(Job(id).state()) << ", stop_rule='"
+      << Job(id).early_stopping().stop_rule() << "'";
+}
+
+// Two ranks of a gang on one worker: rank 1's exit frees its own slot only,
+// while rank 0 is still writing the final checkpoint.
+TEST_F(StopEdgeCasesTest, OneRankExitFreesEveryRankOnThatWorker) {
+  auto spec = Spec(2);
+  spec.mutable_early_stopping()->set_patience(1);
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(Hello("w0", 2).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Used("w0"), 2);
+  ASSERT_TRUE(Eval("w0", id, 0, 5.0).ok());
+  ASSERT_TRUE(Eval("w0", id, 10, 5.0).ok());  // pending stop
+  ASSERT_TRUE(Job(id).has_pending_stop());
+  ASSERT_TRUE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED, /*rank=*/1).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Used("w0"), 1) << "rank 0 still runs on w0";
+}
+
+// A Hello whose reconcile fails to commit is refused, and the API attaches
+// no stream: the worker must not look connected, or work placed on it would
+// go nowhere.
+TEST_F(StopEdgeCasesTest, FailedHelloLeavesTheWorkerConnected) {
+  const int64_t a = Submit(Spec());
+  auto gen = Hello("w0", 2);
+  ASSERT_TRUE(gen.ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(a).state(), tally::v1::JOB_STATE_RUNNING);
+  sched_->OnDisconnect("w0", *gen);
+  store_.FailCommits(true);
+  EXPECT_FALSE(Hello("w0", 2).ok());  // w0 restarted: A is forgotten, its loss fails to commit
+  store_.FailCommits(false);
+  EXPECT_FALSE(Connected("w0")) << "the API refused this Hello: no stream is attached";
+  const int64_t b = Submit(Spec());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(b).state(), tally::v1::JOB_STATE_QUEUED)
+      << "placed on a worker with no stream: " << Job(b).ShortDebugString();
+}
+
+// After a tallyd restart the final checkpoint of a pending stop keeps the
+// val_loss its evaluation measured (from the job's curve), so the stop names
+// it as the best.
+TEST_F(StopEdgeCasesTest, RestartBetweenStopEvalAndFinalCheckpointNamesTheWrongBest) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_patience(1);
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Eval("w0", id, 0, 5.0).ok());
+  ASSERT_TRUE(Checkpoint("w0", id, 0).ok());   // val_loss 5.0
+  ASSERT_TRUE(Eval("w0", id, 10, 4.99).ok());  // < 3% better: patience 1 stops
+  ASSERT_TRUE(Job(id).has_pending_stop());
+  Restart();
+  ASSERT_TRUE(Hello("w0", 1, {{id, 1}}).ok());
+  ASSERT_TRUE(Checkpoint("w0", id, 10).ok());  // the state the stop measured (4.99)
+  ASSERT_TRUE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  EXPECT_EQ(Job(id).early_stopping().best_checkpoint(), "/ckpt/10");
+}
+
+// A SUCCEEDED exit whose commit fails is kept and retried: the API closes
+// the stream and the worker reconnects without the attempt, which must end
+// as the exit said, not as lost.
+TEST_F(StopEdgeCasesTest, AFailedExitCommitTurnsASuccessIntoALoss) {
+  const int64_t id = Submit(Spec());
+  auto gen = Hello("w0", 1);
+  ASSERT_TRUE(sched_->Tick().ok());
+  store_.FailCommits(true);
+  EXPECT_FALSE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  store_.FailCommits(false);
+  sched_->OnDisconnect("w0", *gen);  // the API ends the stream on the error
+  ASSERT_TRUE(Hello("w0", 1).ok());  // the exit was delivered: not reported as running
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_SUCCEEDED)
+      << "ended up " << tally::v1::JobState_Name(Job(id).state()) << ": " << Job(id).state_reason();
+}
+
+// Cancel during a pending stop: the job ends; the stop(checkpoint) the
+// worker is obeying is followed by a stop(now).
+TEST_F(StopEdgeCasesTest, CancelDuringPendingStop) {
+  auto spec = Spec();
+  spec.mutable_early_stopping()->set_patience(1);
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Eval("w0", id, 0, 5.0).ok());
+  ASSERT_TRUE(Eval("w0", id, 10, 5.0).ok());
+  ASSERT_TRUE(sched_->Cancel(id, "x").ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_CANCELLED);
+  EXPECT_FALSE(Job(id).has_pending_stop());
+  EXPECT_EQ(Used("w0"), 1);
+  ASSERT_TRUE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  EXPECT_EQ(Used("w0"), 0);
+}
+
+// Gang on two workers, pending stop, rank 0 exits first, then rank 1.
+TEST_F(StopEdgeCasesTest, GangPendingStopRankZeroFirst) {
+  auto spec = Spec(2);
+  spec.mutable_early_stopping()->set_patience(1);
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(Hello("w1", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Eval("w0", id, 0, 5.0).ok());
+  ASSERT_TRUE(Eval("w0", id, 10, 5.0).ok());
+  ASSERT_TRUE(Checkpoint("w0", id, 10).ok());
+  ASSERT_TRUE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED, 0).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_EQ(Used("w0"), 0);
+  EXPECT_EQ(Used("w1"), 1);
+  ASSERT_TRUE(Exit("w1", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED, 1).ok());
+  EXPECT_EQ(Used("w1"), 0);
+}
+
+}  // namespace
+}  // namespace tally::sched
