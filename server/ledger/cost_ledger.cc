@@ -73,16 +73,16 @@ tally::v1::Checkpoint CostLedger::PriceCheckpoint(
   return ck;
 }
 
-std::optional<BudgetStop> CostLedger::CheckBudget(const tally::v1::Job& job) const {
+std::optional<BudgetStop> CostLedger::CheckBudget(const tally::v1::Job& job,
+                                                  const tally::v1::CostStatus& cost) const {
   const double max = job.spec().budget().max_dollars();
-  if (max <= 0 || job.cost().cost_usd() < max ||
-      job.state() != tally::v1::JOB_STATE_RUNNING) {
+  if (max <= 0 || cost.cost_usd() < max || job.state() != tally::v1::JOB_STATE_RUNNING) {
     return std::nullopt;
   }
   return BudgetStop{
-      absl::StrFormat("budget: spent $%.4f of max_dollars $%.4f", job.cost().cost_usd(), max),
-      absl::StrFormat("%.1f GPU-seconds at $%.4f/GPU-hour", job.cost().gpu_seconds(),
-                      job.cost().usd_per_gpu_hour())};
+      absl::StrFormat("budget: spent $%.4f of max_dollars $%.4f", cost.cost_usd(), max),
+      absl::StrFormat("%.1f GPU-seconds at $%.4f/GPU-hour", cost.gpu_seconds(),
+                      cost.usd_per_gpu_hour())};
 }
 
 double CostLedger::FlopsPerToken(const tally::v1::JobSpec& spec) {

@@ -68,8 +68,13 @@ class CostLedger {
                                         tally::v1::Checkpoint checkpoint,
                                         const std::optional<tally::v1::Checkpoint>& previous) const;
 
-  // Set when a running job's (accrued) cost has reached budget.max_dollars.
-  std::optional<BudgetStop> CheckBudget(const tally::v1::Job& job) const;
+  // Set when a running job's (accrued) cost has reached budget.max_dollars;
+  // `cost` in place of the job's own (a view accrued to now).
+  std::optional<BudgetStop> CheckBudget(const tally::v1::Job& job) const {
+    return CheckBudget(job, job.cost());
+  }
+  std::optional<BudgetStop> CheckBudget(const tally::v1::Job& job,
+                                        const tally::v1::CostStatus& cost) const;
 
   // A finished job's tokens and GPU-seconds join its GPU type's measured
   // throughput (for estimates).

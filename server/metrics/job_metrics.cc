@@ -53,8 +53,10 @@ JobMetrics::JobMetrics(Registry* registry) {
 }
 
 void JobMetrics::Set(const std::string& job, GaugeFamily* family, Labels labels, double value) {
+  // Every per-job series is made here, so one that exists is already known.
+  const bool known = family->Has(labels);
   family->Add(labels).Set(value);
-  series_[job].insert({family, std::move(labels)});
+  if (!known) series_[job].insert({family, std::move(labels)});
 }
 
 void JobMetrics::Remove(const std::string& job) {
@@ -66,7 +68,7 @@ void JobMetrics::Remove(const std::string& job) {
   series_.erase(it);
 }
 
-void JobMetrics::Update(const tally::v1::Job& j) {
+void JobMetrics::Update(const tally::v1::Job& j, const tally::v1::CostStatus& cost) {
   if (Terminal(j.state())) {
     Remove(j.name());
     return;
@@ -75,7 +77,7 @@ void JobMetrics::Update(const tally::v1::Job& j) {
   const std::string& n = j.name();
   const Labels l = {{"tally_job", n}};
   Set(n, step_, l, static_cast<double>(j.step()));
-  Set(n, cost_, l, j.cost().cost_usd());
+  Set(n, cost_, l, cost.cost_usd());
   Set(n, tokens_, {{"tally_job", n}, {"kind", "useful"}}, static_cast<double>(j.tokens()));
   Set(n, tokens_, {{"tally_job", n}, {"kind", "padding"}},
       static_cast<double>(j.padding_tokens()));
@@ -88,7 +90,7 @@ void JobMetrics::Update(const tally::v1::Job& j) {
                                        : j.spec().early_stopping().patience());
   }
   if (j.spec().budget().max_dollars() > 0) {
-    Set(n, budget_fraction_, l, j.cost().cost_usd() / j.spec().budget().max_dollars());
+    Set(n, budget_fraction_, l, cost.cost_usd() / j.spec().budget().max_dollars());
   }
   if (j.forecast().valid()) {
     Set(n, forecast_, {{"tally_job", n}, {"bound", "predicted"}}, j.forecast().final_val_loss());

@@ -29,7 +29,9 @@ class JobMetrics {
 
   // The job's gauges from its record while it runs; every series of the job
   // removed once it is terminal.
-  void Update(const tally::v1::Job& job);
+  void Update(const tally::v1::Job& job) { Update(job, job.cost()); }
+  // The same with `cost` in place of the job's own (a view accrued to now).
+  void Update(const tally::v1::Job& job, const tally::v1::CostStatus& cost);
   // A checkpoint was recorded and priced.
   void OnCheckpoint(const tally::v1::Job& job, const tally::v1::Checkpoint& checkpoint);
   // A running job's progress report.

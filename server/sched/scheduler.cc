@@ -784,7 +784,6 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
     committed.events[0].set_job(created.job.job().name());
     committed.events[0].set_sequence(1);
     for (CommitObserver* o : observers_) o->OnJobCommitted(created.job, committed);
-    UpdateGauges();
   }
   return created.job.job();
 }
@@ -802,7 +801,6 @@ absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id, const std::stri
   Plan p = PlanStopNow(it->second, tally::v1::JOB_STATE_CANCELLED, "cancelled", why, "");
   tally::v1::Job ended = p.rec.job();
   RETURN_IF_ERROR(Execute(job_id, std::move(p)));
-  UpdateGauges();
   return ended;
 }
 
@@ -1005,18 +1003,16 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   }
   job_metrics_.OnProgress(j, p);
   const int64_t id = job.rec.id();
-  const ledger::Accrual view = ledger_.Accrue(j, true, now);
-  tally::v1::Job accrued = j;
-  *accrued.mutable_cost() = view.cost;
+  const tally::v1::CostStatus accrued = ledger_.Accrue(j, true, now).cost;
   // A decided stop is not undone by the budget: stop_grace bounds its spend.
   std::optional<ledger::BudgetStop> stop;
-  if (!j.has_pending_stop()) stop = ledger_.CheckBudget(accrued);
+  if (!j.has_pending_stop()) stop = ledger_.CheckBudget(j, accrued);
   if (stop) {
     return Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED,
                                    "budget_exhausted", stop->reason, stop->detail));
   }
   if (now - job.last_progress_event < options_.progress_event_interval) {
-    job_metrics_.Update(accrued);
+    job_metrics_.Update(j, accrued);
     return absl::OkStatus();
   }
   Plan plan = NewPlan(job, now);
@@ -1137,7 +1133,8 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     case tally::v1::WorkerMessage::MSG_NOT_SET:
       return absl::InvalidArgumentError("worker message: no field set");
   }
-  UpdateGauges();
+  // Slots change with exits; the tick refreshes the gauges otherwise.
+  if (msg.has_exit()) UpdateGauges();
   return s;
 }
 
@@ -1292,10 +1289,10 @@ absl::Status Scheduler::Tick() {
     auto jit = active_.find(id);
     if (jit == active_.end()) continue;
     const ActiveJob& job = jit->second;
-    tally::v1::Job view = job.rec.job();
-    *view.mutable_cost() = ledger_.Accrue(view, job.attempt.has_value(), now).cost;
+    const tally::v1::Job& view = job.rec.job();
+    const tally::v1::CostStatus cost = ledger_.Accrue(view, job.attempt.has_value(), now).cost;
     std::optional<ledger::BudgetStop> stop;
-    if (!view.has_pending_stop()) stop = ledger_.CheckBudget(view);
+    if (!view.has_pending_stop()) stop = ledger_.CheckBudget(view, cost);
     if (stop) {
       note(Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
                                    stop->reason, stop->detail)));
@@ -1305,7 +1302,7 @@ absl::Status Scheduler::Tick() {
                             ShortSeconds(options_.stop_grace)));
       note(p.ok() ? Execute(id, *std::move(p)) : p.status());
     } else {
-      job_metrics_.Update(view);
+      job_metrics_.Update(view, cost);
     }
   }
 
