@@ -926,6 +926,12 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
     if (ranks == 0) {
       SendStop(hello.worker_id(), r.job(), r.attempt(),
                "stale attempt: tallyd no longer runs it here");
+      // Until its exit arrives the worker is busy with it: nothing new is
+      // placed on that slot (e.g. an attempt tallyd gave up on while the
+      // worker could not reach it).
+      if (absl::StatusOr<int64_t> id = ParseJobName(r.job()); id.ok()) {
+        ++workers_[hello.worker_id()].held[{*id, r.attempt()}];
+      }
       continue;
     }
     Plan p = NewPlan(*job, now);

@@ -504,6 +504,33 @@ TEST_F(SchedulerTest, ImpossibleCountsInAReportAreRefusedNamingTheField) {
   EXPECT_EQ(Job(id).step(), 0);
 }
 
+// tallyd gave up on an attempt while its worker could not reach it; the
+// worker comes back still running it. Its slot is busy until the stale
+// attempt's exit arrives: placing the requeued job there would fail it for
+// want of a free slot.
+TEST_F(SchedulerTest, AStaleAttemptReportedOnReconnectHoldsItsSlotUntilItsExit) {
+  const int64_t id = Submit(Spec());
+  auto gen = sched_->OnHello(Hello("w1"));
+  ASSERT_TRUE(gen.ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  sched_->OnDisconnect("w1", *gen);
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);  // attempt 1 lost
+  auto hello = Hello("w1");
+  auto* r = hello.add_running();
+  r->set_job("jobs/" + std::to_string(id));
+  r->set_attempt(1);
+  ASSERT_TRUE(sched_->OnHello(hello).ok());
+  EXPECT_EQ(channel_.Take("w1", ControllerMessage::kStop).size(), 1u);
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED) << "w1 is still busy with attempt 1";
+  ASSERT_TRUE(Exit("w1", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+}
+
 TEST_F(SchedulerTest, MessagesBeforeHelloAreRefused) {
   tally::v1::WorkerMessage m;
   m.mutable_heartbeat();
