@@ -1,5 +1,6 @@
 #include "common/spec_yaml.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <exception>
@@ -14,10 +15,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "common/text.h"
 #include "google/protobuf/descriptor.h"
+#include "google/protobuf/struct.pb.h"
 #include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/exceptions.h"
 #include "yaml-cpp/mark.h"
@@ -41,6 +44,7 @@ struct Value {
   Kind kind = Kind::kNull;
   int line = 0;  // 1-based; 0 when the parser gave no position
   std::string scalar;
+  bool quoted = false;  // quoted or tagged ("8", !!str 8): text in a Struct
   // A sequence's items; a map's keys and values, alternating.
   std::vector<Value> children;
 };
@@ -80,9 +84,13 @@ class TreeBuilder : public YAML::EventHandler {
                   "aliases (*name) are not allowed in a job spec; write the "
                   "value out"};
   }
-  void OnScalar(const YAML::Mark& mark, const std::string&,
+  void OnScalar(const YAML::Mark& mark, const std::string& tag,
                 YAML::anchor_t anchor, const std::string& value) override {
-    Add(mark, anchor, Value::Kind::kScalar)->scalar = value;
+    Value* v = Add(mark, anchor, Value::Kind::kScalar);
+    v->scalar = value;
+    // yaml-cpp tags a plain untagged scalar "?"; quoted ones ("8") and
+    // explicitly tagged ones (!!str 8) are kept as text in a Struct.
+    v->quoted = tag != "?";
   }
   void OnSequenceStart(const YAML::Mark& mark, const std::string&,
                        YAML::anchor_t anchor,
@@ -181,6 +189,38 @@ std::string Quoted(absl::string_view s) { return QuoteForMessage(s); }
 // A key as a field path component: as written when short, else quoted and cut.
 std::string PathPart(absl::string_view key) {
   return key.size() <= 64 ? EscapeUnprintable(key) : QuoteForMessage(key);
+}
+
+// " (lines 3 and 5)"; empty for a tree read from a Struct, which has none.
+std::string Lines(int first, int second) {
+  if (first <= 0 || second <= 0) return std::string();
+  return absl::StrCat(" (lines ", first, " and ", second, ")");
+}
+
+// `path`.`key`, or `key` alone under an empty root.
+std::string FieldPath(absl::string_view path, absl::string_view key) {
+  return path.empty() ? PathPart(key) : absl::StrCat(path, ".", PathPart(key));
+}
+
+// Where a refusal of the whole input is: "spec (line 3)", or "line 3" under
+// an empty root.
+std::string Where(absl::string_view root, int line) {
+  if (!root.empty()) return absl::StrCat(root, At(line));
+  return line > 0 ? absl::StrCat("line ", line) : std::string("input");
+}
+
+// The shortest text that reads back as `v` (finite), integers without
+// exponent up to 2^53.
+std::string NumberText(double v) {
+  if (std::fabs(v) <= 9007199254740992.0 && v == std::trunc(v)) {
+    return absl::StrFormat("%.0f", v);
+  }
+  for (int precision = 1; precision < 17; ++precision) {
+    std::string text = absl::StrFormat("%.*g", precision, v);
+    double back;
+    if (absl::SimpleAtod(text, &back) && back == v) return text;
+  }
+  return absl::StrFormat("%.17g", v);
 }
 
 absl::StatusOr<const EnumValueDescriptor*> ParseEnum(const EnumDescriptor* e,
@@ -292,6 +332,68 @@ absl::StatusOr<std::string> KeyText(const std::string& path, const Value& key) {
 absl::Status ReadMessage(const Value& node, Message* msg,
                          const std::string& path);
 
+// A YAML value as a google.protobuf.Value that keeps its text: a plain
+// scalar is a bool or number only when it is written the way that value
+// prints (true, 8, 2.5), so reading the Value back as a field gives what the
+// text would have given; anything else is a string as written.
+absl::Status ReadStructValue(const Value& node, const std::string& path,
+                             google::protobuf::Value* out);
+
+absl::Status ReadStruct(const Value& node, const std::string& path,
+                        google::protobuf::Struct* out) {
+  if (node.kind != Value::Kind::kMap) {
+    return Bad(path, node,
+               absl::StrCat("expected a mapping, got ", KindName(node)));
+  }
+  absl::flat_hash_map<std::string, int> seen;  // key -> line
+  for (size_t i = 0; i + 1 < node.children.size(); i += 2) {
+    const Value& key_node = node.children[i];
+    ASSIGN_OR_RETURN(const std::string key, KeyText(path, key_node));
+    const std::string field_path = FieldPath(path, key);
+    if (auto [it, inserted] = seen.emplace(key, key_node.line); !inserted) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field_path, " (lines ", it->second, " and ",
+                       key_node.line, "): given twice; keep one"));
+    }
+    RETURN_IF_ERROR(ReadStructValue(node.children[i + 1], field_path,
+                                    &(*out->mutable_fields())[key]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadStructValue(const Value& node, const std::string& path,
+                             google::protobuf::Value* out) {
+  switch (node.kind) {
+    case Value::Kind::kNull:
+      out->set_null_value(google::protobuf::NULL_VALUE);
+      return absl::OkStatus();
+    case Value::Kind::kMap:
+      return ReadStruct(node, path, out->mutable_struct_value());
+    case Value::Kind::kSequence: {
+      google::protobuf::ListValue* list = out->mutable_list_value();
+      for (size_t i = 0; i < node.children.size(); ++i) {
+        RETURN_IF_ERROR(ReadStructValue(node.children[i],
+                                        absl::StrCat(path, "[", i, "]"),
+                                        list->add_values()));
+      }
+      return absl::OkStatus();
+    }
+    case Value::Kind::kScalar:
+      break;
+  }
+  const std::string& s = node.scalar;
+  double number;
+  if (!node.quoted && (s == "true" || s == "false")) {
+    out->set_bool_value(s == "true");
+  } else if (!node.quoted && absl::SimpleAtod(s, &number) &&
+             std::isfinite(number) && NumberText(number) == s) {
+    out->set_number_value(number);
+  } else {
+    out->set_string_value(s);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadField(const Value& value, Message* msg,
                        const FieldDescriptor* f, const std::string& path) {
   const Reflection* r = msg->GetReflection();
@@ -350,6 +452,12 @@ absl::Status ReadMessage(const Value& node, Message* msg,
                          const std::string& path) {
   if (node.kind == Value::Kind::kNull) return absl::OkStatus();
   const Descriptor* d = msg->GetDescriptor();
+  if (d->well_known_type() == Descriptor::WELLKNOWNTYPE_STRUCT) {
+    google::protobuf::Struct data;
+    RETURN_IF_ERROR(ReadStruct(node, path, &data));
+    msg->CopyFrom(data);
+    return absl::OkStatus();
+  }
   if (node.kind != Value::Kind::kMap) {
     return Bad(path, node,
                absl::StrCat("expected a mapping with fields: ", FieldNames(d)));
@@ -359,12 +467,13 @@ absl::Status ReadMessage(const Value& node, Message* msg,
     int line;
   };
   absl::flat_hash_map<const FieldDescriptor*, Seen> seen;
+  absl::flat_hash_map<const google::protobuf::OneofDescriptor*, Seen>
+      seen_oneofs;
   for (size_t i = 0; i + 1 < node.children.size(); i += 2) {
     const Value& key_node = node.children[i];
     const Value& val_node = node.children[i + 1];
     ASSIGN_OR_RETURN(const std::string key, KeyText(path, key_node));
-    const std::string field_path =
-        absl::StrCat(path, ".", PathPart(key));
+    const std::string field_path = FieldPath(path, key);
     const FieldDescriptor* f = d->FindFieldByName(key);
     if (f == nullptr) f = d->FindFieldByCamelcaseName(key);
     if (f == nullptr) {
@@ -376,17 +485,93 @@ absl::Status ReadMessage(const Value& node, Message* msg,
         !inserted) {
       const Seen& first = it->second;
       const std::string lines =
-          absl::StrCat(" (lines ", first.line, " and ", key_node.line, "): ");
+          absl::StrCat(Lines(first.line, key_node.line), ": ");
       if (first.key == key) {
         return absl::InvalidArgumentError(
             absl::StrCat(field_path, lines, "given twice; keep one"));
       }
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ".", f->name(), lines, Quoted(first.key), " and ", Quoted(key),
-          " name the same field; keep one"));
+          FieldPath(path, f->name()), lines, Quoted(first.key), " and ",
+          Quoted(key), " name the same field; keep one"));
+    }
+    if (const google::protobuf::OneofDescriptor* o = f->real_containing_oneof();
+        o != nullptr) {
+      if (auto [it, inserted] =
+              seen_oneofs.emplace(o, Seen{key, key_node.line});
+          !inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field_path, Lines(it->second.line, key_node.line), ": ",
+            Quoted(it->second.key), " and ", Quoted(key),
+            " are alternatives; keep one"));
+      }
     }
     if (val_node.kind == Value::Kind::kNull) continue;
     RETURN_IF_ERROR(ReadField(val_node, msg, f, field_path));
+  }
+  return absl::OkStatus();
+}
+
+// A Struct as the Value tree ParseYamlInto reads (no lines), under the same
+// limits, since it may come from anywhere.
+absl::Status StructToTree(const google::protobuf::Value& v, int depth,
+                          int* num_values, Value* out) {
+  if (++*num_values > kMaxSpecValues) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("more than ", kMaxSpecValues, " values"));
+  }
+  if (depth > kMaxSpecDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nested more than ", kMaxSpecDepth, " levels deep"));
+  }
+  switch (v.kind_case()) {
+    case google::protobuf::Value::kNullValue:
+    case google::protobuf::Value::KIND_NOT_SET:
+      out->kind = Value::Kind::kNull;
+      break;
+    case google::protobuf::Value::kBoolValue:
+      out->kind = Value::Kind::kScalar;
+      out->scalar = v.bool_value() ? "true" : "false";
+      break;
+    case google::protobuf::Value::kNumberValue:
+      out->kind = Value::Kind::kScalar;
+      // Not finite: left as text, which every numeric field refuses.
+      out->scalar = std::isfinite(v.number_value())
+                        ? NumberText(v.number_value())
+                        : absl::StrCat(v.number_value());
+      break;
+    case google::protobuf::Value::kStringValue:
+      out->kind = Value::Kind::kScalar;
+      out->scalar = v.string_value();
+      out->quoted = true;
+      break;
+    case google::protobuf::Value::kListValue:
+      out->kind = Value::Kind::kSequence;
+      for (const google::protobuf::Value& item : v.list_value().values()) {
+        RETURN_IF_ERROR(StructToTree(item, depth + 1, num_values,
+                                     &out->children.emplace_back()));
+      }
+      break;
+    case google::protobuf::Value::kStructValue: {
+      out->kind = Value::Kind::kMap;
+      // Sorted, so the first error reported does not depend on map order.
+      std::vector<const std::string*> keys;
+      for (const auto& [key, unused] : v.struct_value().fields()) {
+        keys.push_back(&key);
+      }
+      std::sort(keys.begin(), keys.end(),
+                [](const std::string* a, const std::string* b) {
+                  return *a < *b;
+                });
+      for (const std::string* key : keys) {
+        Value& key_value = out->children.emplace_back();
+        key_value.kind = Value::Kind::kScalar;
+        key_value.scalar = *key;
+        RETURN_IF_ERROR(StructToTree(v.struct_value().fields().at(*key),
+                                     depth + 1, num_values,
+                                     &out->children.emplace_back()));
+      }
+      break;
+    }
   }
   return absl::OkStatus();
 }
@@ -403,7 +588,7 @@ absl::Status ParseYamlInto(absl::string_view text, Message* message,
                            absl::string_view root) {
   if (text.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        root, ": the input is larger than ", kMaxSpecBytes / 1024,
+        Where(root, 0), ": the input is larger than ", kMaxSpecBytes / 1024,
         " KiB; a job spec is a few hundred bytes"));
   }
   TreeBuilder builder;
@@ -414,16 +599,30 @@ absl::Status ParseYamlInto(absl::string_view text, Message* message,
     }
   } catch (const Refusal& r) {
     return absl::InvalidArgumentError(
-        absl::StrCat(root, At(r.line), ": ", r.what));
+        absl::StrCat(Where(root, r.line), ": ", r.what));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(root, ": not valid YAML", At(LineOf(e.mark)), ": ",
-                     EscapeUnprintable(e.msg)));
+        absl::StrCat(Where(root, 0), ": not valid YAML", At(LineOf(e.mark)),
+                     ": ", EscapeUnprintable(e.msg)));
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        root, ": could not be read as YAML: ", EscapeUnprintable(e.what())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(root, 0), ": could not be read as YAML: ",
+                     EscapeUnprintable(e.what())));
   }
   return ReadMessage(builder.root(), message, std::string(root));
+}
+
+absl::Status ReadStructInto(const google::protobuf::Struct& data,
+                            Message* message, absl::string_view root) {
+  google::protobuf::Value whole;
+  *whole.mutable_struct_value() = data;
+  Value tree;
+  int num_values = 0;
+  if (absl::Status s = StructToTree(whole, 0, &num_values, &tree); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(root, 0), ": ", s.message()));
+  }
+  return ReadMessage(tree, message, std::string(root));
 }
 
 absl::StatusOr<tally::v1::JobSpec> ParseJobSpecYaml(absl::string_view text,

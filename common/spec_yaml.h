@@ -15,8 +15,8 @@
 // - nesting deeper than kMaxSpecDepth, or more than kMaxSpecValues values;
 // - a list or mapping used as a mapping key.
 // While reading fields it refuses a key given twice in one mapping, including
-// one field written under both of its names (num_layers and numLayers), naming
-// both lines.
+// one field written under both of its names (num_layers and numLayers), or
+// two fields of one oneof, naming both lines.
 //
 // The reader checks types, not values: ranges, cross-field rules and whether
 // strings are printable UTF-8 are ValidateJobSpec's (common/spec_validation.h).
@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
+#include "google/protobuf/struct.pb.h"
 #include "tally/v1/spec.pb.h"
 
 namespace tally {
@@ -63,10 +64,27 @@ absl::StatusOr<tally::v1::JobSpec> ReadJobSpecStream(std::istream& in,
 absl::StatusOr<tally::v1::JobSpec> ReadJobSpecFile(const std::string& path);
 
 // The generic reader behind ParseJobSpecYaml, for any message type, with the
-// same limits. `root` starts every field path in messages.
+// same limits. `root` starts every field path in messages; under an empty
+// root paths start at the first field ("base.model (line 2): ...") and
+// refusals of the whole input name the line ("line 4: ...").
+//
+// A google.protobuf.Struct field takes any mapping, unchecked, keeping the
+// text of every value: a plain scalar becomes a bool or a number only when it
+// is written as that value prints (true, 8, 2.5); quoted scalars and anything
+// else (1e-4, 007, yes) become strings as written; an empty value is null.
+// Reading the Struct with ReadStructInto then gives what the same YAML would
+// have given.
 absl::Status ParseYamlInto(absl::string_view text,
                            google::protobuf::Message* message,
                            absl::string_view root = "spec");
+
+// Reads `data` (e.g. a Struct filled by ParseYamlInto) into `message` by the
+// same strict rules and limits as ParseYamlInto, with field paths under
+// `root` and no line numbers. Numbers are read as their shortest text, so a
+// number_value into an integer field must be integral and in range.
+absl::Status ReadStructInto(const google::protobuf::Struct& data,
+                            google::protobuf::Message* message,
+                            absl::string_view root = "spec");
 
 }  // namespace tally
 
