@@ -15,8 +15,11 @@
 //
 // Thread-safety: every method is thread-safe. OnJobCommitted runs with the
 // scheduler's lock held: it takes the hub's lock and each watch's lock, never
-// blocks and never reads the store. StartSend and End are called with no lock
-// held, so a transport may complete them inline.
+// blocks and never reads the store. StartSend and End are called with neither
+// the hub's nor the watch's lock held, but from OnJobCommitted they run with
+// the scheduler's (core's) lock held: a transport must not complete them
+// inline into code that takes that lock (gRPC's callback reactors do not:
+// their write and finish reactions are never run inline).
 #ifndef TALLY_SERVER_API_WATCH_HUB_H_
 #define TALLY_SERVER_API_WATCH_HUB_H_
 
