@@ -14,22 +14,14 @@
 #include "gtest/gtest.h"
 #include "server/metrics/text_serializer.h"
 #include "server/sched/scheduler.h"
+#include "server/sched/scheduler_test_util.h"
 #include "server/store/fault_injection_job_store.h"
 #include "server/store/memory_job_store.h"
 
 namespace tally::sched {
 namespace {
 
-using tally::v1::ControllerMessage;
 using tally::v1::JobState;
-
-class RecordingChannel : public WorkerChannel {
- public:
-  void Send(const std::string& w, const ControllerMessage& m) override {
-    sent.push_back(w + " " + m.ShortDebugString());
-  }
-  std::vector<std::string> sent;
-};
 
 class Watcher : public CommitObserver {
  public:
@@ -48,15 +40,7 @@ class CommitFailureTest : public ::testing::Test {
   }
 
   tally::v1::JobSpec Spec(int gpus = 1) {
-    tally::v1::JobSpec s;
-    s.mutable_model()->set_num_layers(1);
-    s.mutable_model()->set_d_model(16);
-    s.mutable_model()->set_num_heads(2);
-    s.mutable_data()->set_train_path("/data/x");
-    s.mutable_data()->set_seq_len(64);
-    s.mutable_training()->set_max_steps(1000);
-    s.mutable_resources()->set_gpu_type("cpu");
-    s.mutable_resources()->set_gpu_count(gpus);
+    tally::v1::JobSpec s = TinySpec(gpus);
     s.mutable_early_stopping()->set_patience(1);
     s.mutable_budget()->set_max_dollars(1.0);
     s.set_max_attempts(3);

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/sched/scheduler.h"
+#include "server/sched/scheduler_test_util.h"
 #include "server/store/memory_job_store.h"
 
 namespace tally::sched {
@@ -51,18 +52,7 @@ class JobPoliciesTest : public ::testing::Test {
     r->set_attempt(1);
     ASSERT_TRUE(sched_->OnHello(h).ok());
   }
-  tally::v1::JobSpec Spec(int gpus = 1) {
-    tally::v1::JobSpec s;
-    s.mutable_model()->set_num_layers(1);
-    s.mutable_model()->set_d_model(16);
-    s.mutable_model()->set_num_heads(2);
-    s.mutable_data()->set_train_path("/data/x");
-    s.mutable_data()->set_seq_len(64);
-    s.mutable_training()->set_max_steps(1000);
-    s.mutable_resources()->set_gpu_type("cpu");
-    s.mutable_resources()->set_gpu_count(gpus);
-    return s;
-  }
+  tally::v1::JobSpec Spec(int gpus = 1) { return TinySpec(gpus); }
   int64_t Start(tally::v1::JobSpec spec) {
     auto job = sched_->Submit(spec, "");
     EXPECT_TRUE(job.ok()) << job.status();

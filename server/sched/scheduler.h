@@ -140,9 +140,6 @@ class Scheduler {
     absl::Time queued_since;
     std::optional<store::AttemptRecord> attempt;  // when RUNNING
     absl::Time last_progress_event;
-    // The latest evaluation (step, val_loss): a worker reports the eval of a
-    // step before that step's checkpoint, which records it.
-    std::optional<std::pair<int64_t, double>> last_eval;
     // The latest recorded checkpoint (loaded from the store on first need),
     // which the next one is priced against.
     std::optional<tally::v1::Checkpoint> last_checkpoint;

@@ -10,22 +10,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/sched/scheduler.h"
+#include "server/sched/scheduler_test_util.h"
 #include "server/store/fault_injection_job_store.h"
 #include "server/store/memory_job_store.h"
 
 namespace tally::sched {
 namespace {
 
-using tally::v1::ControllerMessage;
 using tally::v1::JobState;
-
-class Channel : public WorkerChannel {
- public:
-  void Send(const std::string& w, const ControllerMessage& m) override {
-    sent.push_back(w + " " + m.ShortDebugString());
-  }
-  std::vector<std::string> sent;
-};
 
 class StopEdgeCasesTest : public ::testing::Test {
  protected:
@@ -40,15 +32,7 @@ class StopEdgeCasesTest : public ::testing::Test {
     ASSERT_TRUE(sched_->Recover().ok());
   }
   tally::v1::JobSpec Spec(int gpus = 1) {
-    tally::v1::JobSpec s;
-    s.mutable_model()->set_num_layers(1);
-    s.mutable_model()->set_d_model(16);
-    s.mutable_model()->set_num_heads(2);
-    s.mutable_data()->set_train_path("/data/x");
-    s.mutable_data()->set_seq_len(64);
-    s.mutable_training()->set_max_steps(1000);
-    s.mutable_resources()->set_gpu_type("cpu");
-    s.mutable_resources()->set_gpu_count(gpus);
+    tally::v1::JobSpec s = TinySpec(gpus);
     s.set_max_attempts(3);
     return s;
   }
@@ -119,7 +103,7 @@ class StopEdgeCasesTest : public ::testing::Test {
   FakeClock clock_;
   store::InMemoryJobStore base_;
   store::FaultInjectionJobStore store_;
-  Channel channel_;
+  RecordingChannel channel_;
   SchedulerOptions options_;
   std::vector<std::unique_ptr<metrics::Registry>> registries_;
   std::unique_ptr<Scheduler> sched_;
