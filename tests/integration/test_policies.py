@@ -54,7 +54,12 @@ class PoliciesTest(ClusterTest):
             jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints
         lowest = min((c for c in cks if c.val_loss > 0), key=lambda c: c.val_loss)
         self.assertEqual(es.best_checkpoint, lowest.path, "the lowest validation loss")
-        evals = [e for e in self.events(job.name) if e.type == "eval"]
+        events = self.events(job.name)
+        stopping = [e.sequence for e in events if e.type == "stopping"]
+        self.assertEqual(len(stopping), 1, "one stop decision")
+        # The stop checkpoint's own evaluation comes after the decision and is not
+        # counted by the rule: judge the three evaluations that decided it.
+        evals = [e for e in events if e.type == "eval" and e.sequence < stopping[0]]
         for e in evals[-3:]:
             self.assertGreaterEqual(e.val_loss, es.best_val_loss * 0.97)
         print("\nearly stopped at step %d: best val loss %.4f at step %d (%d evals); $%.4f"
