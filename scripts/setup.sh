@@ -18,6 +18,7 @@ PACKAGES=(
   libspdlog-dev nlohmann-json3-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-yaml python3-venv
   libgloo-dev prometheus fortunes fortunes-min unzip curl
+  librsvg2-bin   # rsvg-convert: the experiment report render check (cli/CMakeLists.txt)
   clang libclang-rt-dev   # the libFuzzer targets (scripts/fuzz.sh): libFuzzer, ASan, UBSan
 )
 

@@ -3,10 +3,13 @@
 returns data, every rule evaluates, and the alert the run should trigger
 fires."""
 
+import glob
 import json
 import os
+import re
 import socket
 import subprocess
+import tempfile
 import time
 import unittest
 import urllib.parse
@@ -15,7 +18,11 @@ import urllib.request
 from harness import ROOT, ClusterTest, jobs_pb2, spec, spec_pb2, wait_for
 
 DEPLOY = os.path.join(ROOT, "deploy")
-DASHBOARDS = [os.path.join(DEPLOY, "grafana", n) for n in ("fleet.json", "job.json")]
+DASHBOARDS = sorted(glob.glob(os.path.join(DEPLOY, "grafana", "*.json")))
+# Dashboards whose every panel the Prometheus test below sees return data.
+# experiment.json needs an experiment running; its panels are checked
+# statically (ExperimentDashboardTest).
+LIVE_DASHBOARDS = [os.path.join(DEPLOY, "grafana", n) for n in ("fleet.json", "job.json")]
 RULES = os.path.join(DEPLOY, "prometheus", "alerts.yaml")
 
 
@@ -50,14 +57,66 @@ class StaticTest(unittest.TestCase):
             for p in d["panels"]:
                 self.assertEqual(p["datasource"]["uid"], "${datasource}", p["title"])
                 self.assertTrue(p["targets"], p["title"])
-        with open(DASHBOARDS[1]) as f:
+        with open(os.path.join(DEPLOY, "grafana", "job.json")) as f:
             self.assertIn("job", {v["name"] for v in json.load(f)["templating"]["list"]})
+
+    def test_every_panel_expression_parses(self):
+        # promtool parses each expression as a recording rule, with the
+        # dashboard variables replaced by a value.
+        rules = {"groups": []}
+        for path in DASHBOARDS:
+            group = {"name": os.path.basename(path), "rules": []}
+            for i, (title, expr) in enumerate(panel_exprs(path)):
+                expr = re.sub(r"\$\{?(job|experiment)\}?", "x/1", expr)
+                group["rules"].append({"record": "tally:panel_%d" % i, "expr": expr})
+            rules["groups"].append(group)
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            json.dump(rules, f)  # JSON is YAML
+            f.flush()
+            r = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True,
+                               text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_alert_rules_and_scrape_config_pass_promtool(self):
         for args in (["check", "rules", RULES],
                      ["check", "config", os.path.join(DEPLOY, "prometheus", "prometheus.yaml")]):
             r = subprocess.run(["promtool"] + args, capture_output=True, text=True, timeout=60)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+
+class ExperimentDashboardTest(unittest.TestCase):
+    """deploy/grafana/experiment.json against the metric families tallyd
+    exports for experiments (server/metrics)."""
+
+    FAMILIES = {
+        "tally_experiment_variant_cost_dollars",
+        "tally_experiment_variant_val_loss",
+        "tally_experiment_variant_cost_to_target_dollars",
+        "tally_experiment_variant_reached_target",
+        "tally_experiment_target_val_loss",
+        "tally_experiment_cost_dollars",
+    }
+
+    def setUp(self):
+        with open(os.path.join(DEPLOY, "grafana", "experiment.json")) as f:
+            self.dashboard = json.load(f)
+
+    def test_experiment_variable(self):
+        self.assertEqual(self.dashboard["uid"], "tally-experiment")
+        variables = {v["name"]: v for v in self.dashboard["templating"]["list"]}
+        self.assertEqual(variables["experiment"]["query"]["query"],
+                         "label_values(tally_experiment_variant_cost_dollars, experiment)")
+
+    def test_panels_use_the_exported_families_for_the_chosen_experiment(self):
+        used = set()
+        for p in self.dashboard["panels"]:
+            for t in p["targets"]:
+                names = set(re.findall(r"\btally_[a-z_]+", t["expr"]))
+                self.assertTrue(names, p["title"])
+                self.assertLessEqual(names, self.FAMILIES, p["title"])
+                self.assertIn('{experiment="$experiment"}', t["expr"], p["title"])
+                used |= names
+        self.assertEqual(used, self.FAMILIES)
 
 
 class PrometheusTest(ClusterTest):
@@ -130,7 +189,7 @@ class PrometheusTest(ClusterTest):
                                     'alertstate="firing",tally_job="%s"}' % job.name),
                  timeout=20, what="the budget alert to fire")
         empty, failed = [], []
-        for path in DASHBOARDS:
+        for path in LIVE_DASHBOARDS:
             for title, expr in panel_exprs(path):
                 expr = expr.replace("$job", job.name)
                 reply = self.api("query", query=expr)
