@@ -251,6 +251,13 @@ absl::Status ValidateExperimentSpec(const ExperimentSpec& spec) {
                      max_dollars));
   }
 
+  const double rung_dollars = spec.rung_dollars();
+  if (!std::isfinite(rung_dollars) || rung_dollars < 0) {
+    add("rung_dollars",
+        absl::StrCat("must be a finite number >= 0 (0: derived from the budget), got ",
+                     rung_dollars));
+  }
+
   switch (spec.strategy()) {
     case tally::v1::EXPERIMENT_STRATEGY_UNSPECIFIED:
     case tally::v1::EXPERIMENT_STRATEGY_ALL:

@@ -86,7 +86,7 @@ void ApplyExperimentDefaults(tally::v1::ExperimentSpec* spec);
 // - display_name printable text (common/text.h) of at most 200 characters;
 // - target set: from_variant naming a variant, or val_loss a positive
 //   finite number;
-// - budget.max_dollars finite and >= 0;
+// - budget.max_dollars and rung_dollars finite and >= 0;
 // - strategy ALL or SUCCESSIVE_HALVING (UNSPECIFIED is taken as ALL);
 // - every variant resolves (ResolveVariant) and its spec validates.
 absl::Status ValidateExperimentSpec(const tally::v1::ExperimentSpec& spec);

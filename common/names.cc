@@ -23,4 +23,19 @@ absl::StatusOr<int64_t> ParseJobName(absl::string_view name,
   return id;
 }
 
+std::string ExperimentName(int64_t id) { return absl::StrCat("experiments/", id); }
+
+absl::StatusOr<int64_t> ParseExperimentName(absl::string_view name,
+                                            absl::string_view field) {
+  absl::string_view rest = name;
+  int64_t id = 0;
+  if (!absl::ConsumePrefix(&rest, "experiments/") || !absl::SimpleAtoi(rest, &id) ||
+      id <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": expected an experiment name like \"experiments/7\", got \"",
+        EscapeUnprintable(name), "\""));
+  }
+  return id;
+}
+
 }  // namespace tally

@@ -1,4 +1,4 @@
-// Resource names: "jobs/{id}" with a positive decimal id.
+// Resource names: "jobs/{id}" and "experiments/{id}" with a positive decimal id.
 #ifndef TALLY_COMMON_NAMES_H_
 #define TALLY_COMMON_NAMES_H_
 
@@ -14,6 +14,11 @@ std::string JobName(int64_t id);
 // INVALID_ARGUMENT naming `field` when `name` is not "jobs/{id}".
 absl::StatusOr<int64_t> ParseJobName(absl::string_view name,
                                      absl::string_view field = "name");
+
+std::string ExperimentName(int64_t id);
+// INVALID_ARGUMENT naming `field` when `name` is not "experiments/{id}".
+absl::StatusOr<int64_t> ParseExperimentName(absl::string_view name,
+                                            absl::string_view field = "name");
 
 }  // namespace tally
 

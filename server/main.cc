@@ -56,6 +56,12 @@ ABSL_FLAG(int64_t, max_watch_streams_per_principal, 1000,
 ABSL_FLAG(int64_t, max_watch_streams, 20000,
           "open WatchJob streams all callers together may hold; more are "
           "refused with RESOURCE_EXHAUSTED. 0: no limit");
+ABSL_FLAG(int64_t, max_experiment_watch_streams_per_principal, 64,
+          "open WatchExperiment streams one caller may hold (each holds a "
+          "server thread while it waits); more are refused with "
+          "RESOURCE_EXHAUSTED. 0: no limit");
+ABSL_FLAG(int64_t, max_experiment_watch_streams, 512,
+          "open WatchExperiment streams all callers together may hold. 0: no limit");
 
 namespace tally {
 namespace {
@@ -122,10 +128,17 @@ int Run() {
   jobs_options.max_watch_streams_per_principal =
       absl::GetFlag(FLAGS_max_watch_streams_per_principal);
   jobs_options.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
+  api::ExperimentsService::Options experiments_options;
+  experiments_options.max_watch_streams_per_principal =
+      absl::GetFlag(FLAGS_max_experiment_watch_streams_per_principal);
+  experiments_options.max_watch_streams = absl::GetFlag(FLAGS_max_experiment_watch_streams);
   for (const auto& [flag, value] :
        {std::pair{"max_watch_streams_per_principal",
                   jobs_options.max_watch_streams_per_principal},
-        std::pair{"max_watch_streams", jobs_options.max_watch_streams}}) {
+        std::pair{"max_watch_streams", jobs_options.max_watch_streams},
+        std::pair{"max_experiment_watch_streams_per_principal",
+                  experiments_options.max_watch_streams_per_principal},
+        std::pair{"max_experiment_watch_streams", experiments_options.max_watch_streams}}) {
     if (value < 0) {
       spdlog::error("--{}: must be 0 (no limit) or a positive count, got {}", flag, value);
       return 2;
@@ -196,6 +209,7 @@ int Run() {
   }
 
   api::JobsService jobs(&core, jobs_options);
+  api::ExperimentsService experiments(&core, experiments_options);
   api::WorkersService workers(&core);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -203,6 +217,7 @@ int Run() {
   int grpc_port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
   builder.RegisterService(&jobs);
+  builder.RegisterService(&experiments);
   builder.RegisterService(&workers);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
@@ -239,7 +254,7 @@ int Run() {
   std::thread ticker([&] {
     const absl::Duration every = absl::GetFlag(FLAGS_tick_interval);
     while (!stop.load()) {
-      absl::Status s = core.Run([](sched::Scheduler& sch) { return sch.Tick(); });
+      absl::Status s = core.Tick();
       if (!s.ok()) spdlog::error("scheduler tick: {}", std::string(s.message()));
       absl::SleepFor(every);
     }

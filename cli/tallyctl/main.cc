@@ -1,10 +1,14 @@
-// tallyctl: the command-line client for tallyd's Jobs API.
+// tallyctl: the command-line client for tallyd's Jobs and Experiments APIs.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <sstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -20,11 +24,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "cli/tallyctl/experiment_report.h"
+#include "common/experiment_spec.h"
 #include "common/spec_validation.h"
 #include "common/spec_yaml.h"
 #include "common/text.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
+#include "tally/v1/experiments.grpc.pb.h"
 #include "tally/v1/jobs.grpc.pb.h"
 
 ABSL_FLAG(std::string, controller, "",
@@ -45,6 +52,8 @@ ABSL_FLAG(std::string, page_token, "", "list: continue from a previous page");
 ABSL_FLAG(std::string, reason, "", "cancel: why, recorded in the job's events");
 ABSL_FLAG(int64_t, after, 0, "watch: start after this event sequence number");
 ABSL_FLAG(bool, wait, true, "submit: false to return right after submitting");
+ABSL_FLAG(std::string, svg, "",
+          "experiment report: write the loss-against-dollars chart to this SVG file");
 
 namespace tally::cli {
 namespace {
@@ -79,12 +88,26 @@ Commands:
   estimate -f job.yaml   price a spec before submitting it
   validate -f job.yaml   check a spec locally without submitting
 
+  experiment create -f exp.yaml   run a recipe experiment (variants of one
+                         base spec, judged by dollars to a target loss);
+                         prints experiments/ID
+  experiment get EXP     the experiment and its variants' figures
+  experiment list        experiments, newest first (--page_size)
+  experiment watch EXP   follow it until it ends (a live table on a
+                         terminal, one line per event otherwise)
+  experiment cancel EXP  cancel it and its running variants (--reason)
+  experiment report EXP --svg=FILE
+                         the table, and validation loss against dollars for
+                         every variant with the target, as an SVG
+  experiment validate -f exp.yaml  check an experiment file locally
+
 Common flags: --controller=HOST:PORT (or $TALLY_CONTROLLER), --output=json,
 --timeout=10s.
 
 Exit codes: 0 ok; 1 error; 2 bad input; 3 not found; 4 wrong state;
 5 tallyd unavailable; 6 (watch) the job ended FAILED, CANCELLED or
-BUDGET_EXHAUSTED.
+BUDGET_EXHAUSTED (experiment watch: the experiment ended CANCELLED or
+BUDGET_EXHAUSTED).
 )";
 
 int ExitFor(const grpc::Status& s) {
@@ -167,19 +190,23 @@ class Client {
  public:
   explicit Client(const std::string& controller)
       : controller_(controller),
-        stub_(tally::v1::Jobs::NewStub(
-            grpc::CreateChannel(controller, grpc::InsecureChannelCredentials()))) {}
+        channel_(grpc::CreateChannel(controller, grpc::InsecureChannelCredentials())),
+        stub_(tally::v1::Jobs::NewStub(channel_)),
+        experiments_(tally::v1::Experiments::NewStub(channel_)) {}
 
   void Deadline(grpc::ClientContext* ctx) const {
     ctx->set_deadline(std::chrono::system_clock::now() +
                       absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_timeout)));
   }
   tally::v1::Jobs::Stub* stub() { return stub_.get(); }
+  tally::v1::Experiments::Stub* experiments() { return experiments_.get(); }
   const std::string& controller() const { return controller_; }
 
  private:
   std::string controller_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tally::v1::Jobs::Stub> stub_;
+  std::unique_ptr<tally::v1::Experiments::Stub> experiments_;
 };
 
 bool IsTerminalState(tally::v1::JobState s) {
@@ -612,6 +639,390 @@ int Validate() {
   return kOk;
 }
 
+// --- Experiments.
+
+std::string ExperimentStateName(tally::v1::ExperimentState s) {
+  absl::string_view name = tally::v1::ExperimentState_Name(s);
+  absl::ConsumePrefix(&name, "EXPERIMENT_STATE_");
+  return std::string(name);
+}
+
+std::string NormalizeExperimentName(const std::string& arg) {
+  return absl::StartsWith(arg, "experiments/") ? arg : absl::StrCat("experiments/", arg);
+}
+
+// Every field, zeros and false included: outside tools read the figures by
+// name and should find each one.
+std::string JsonAll(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  if (auto s = google::protobuf::util::MessageToJsonString(m, &out, opts); !s.ok()) {
+    std::cerr << "tallyctl: cannot print as JSON: " << Safe(s.ToString()) << "\n";
+  }
+  return out;
+}
+
+// Reads -f into an experiment spec and checks it as tallyd will.
+int ReadExperimentFlag(const char* cmd, tally::v1::ExperimentSpec* spec) {
+  const std::string file = absl::GetFlag(FLAGS_file);
+  if (file.empty()) {
+    std::cerr << "tallyctl experiment " << cmd << ": -f experiment.yaml is required\n";
+    return kUsage;
+  }
+  std::string text;
+  const std::string source = file == "-" ? "<stdin>" : Safe(file);
+  {
+    std::ifstream f;
+    std::istream* in = &std::cin;
+    if (file != "-") {
+      f.open(file, std::ios::binary);
+      if (!f) {
+        std::cerr << "tallyctl: cannot read " << source << "\n";
+        return kNotFound;
+      }
+      in = &f;
+    }
+    text.resize(kMaxSpecBytes + 1);
+    in->read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in->gcount()));
+  }
+  absl::StatusOr<tally::v1::ExperimentSpec> parsed = ParseExperimentYaml(text, source);
+  if (!parsed.ok()) {
+    std::cerr << "tallyctl: " << parsed.status().message() << "\n";
+    return kUsage;
+  }
+  tally::v1::ExperimentSpec checked = *parsed;
+  ApplyExperimentDefaults(&checked);
+  if (absl::Status s = ValidateExperimentSpec(checked); !s.ok()) {
+    std::cerr << "tallyctl: " << source << ": " << s.message() << "\n";
+    return kUsage;
+  }
+  *spec = *std::move(parsed);
+  return kOk;
+}
+
+// Four decimals, six for sub-cent amounts (tiny CPU runs).
+std::string Money(double usd) {
+  if (usd != 0 && usd < 0.01 && usd > -0.01) return absl::StrFormat("$%.6f", usd);
+  return absl::StrFormat("$%.4f", usd);
+}
+
+std::string Loss(double l) { return l > 0 ? absl::StrFormat("%.4f", l) : std::string("-"); }
+
+// The variants' table: one line each.
+void PrintVariantTable(const tally::v1::Experiment& e) {
+  std::cout << absl::StrFormat("  %-20s %-15s %-8s %-9s %-9s %-11s %-11s %-8s %s\n", "VARIANT",
+                               "STATE", "STEP", "VAL_LOSS", "BEST", "$ SO FAR",
+                               "$ TO TARGET", "x REF", "NOTE");
+  for (const auto& v : e.variants()) {
+    const std::string state =
+        v.job().empty() && v.state() == tally::v1::JOB_STATE_UNSPECIFIED
+            ? std::string("-")
+            : StateName(v.state());
+    std::string note = v.note();
+    if (v.halted()) note = "stopped by successive halving";
+    if (v.name() == e.reference_variant()) note = note.empty() ? "reference" : "reference; " + note;
+    std::cout << absl::StrFormat(
+        "  %-20s %-15s %-8d %-9s %-9s %-11s %-11s %-8s %s\n", Safe(v.name()), state, v.step(),
+        Loss(v.val_loss()), Loss(v.best_val_loss()), Money(v.cost_usd()),
+        v.reached_target() ? Money(v.cost_to_target_usd()) : std::string("-"),
+        v.ratio_to_reference() > 0 ? absl::StrFormat("%.2fx", v.ratio_to_reference())
+                                   : std::string("-"),
+        Safe(note));
+  }
+}
+
+void PrintExperiment(const tally::v1::Experiment& e) {
+  std::cout << Safe(e.name()) << "  " << ExperimentStateName(e.state());
+  if (!e.state_reason().empty()) std::cout << "  (" << Safe(e.state_reason()) << ")";
+  std::cout << "\n";
+  if (!e.spec().display_name().empty()) {
+    std::cout << "  name:      " << Safe(e.spec().display_name()) << "\n";
+  }
+  std::cout << "  target:    ";
+  if (e.target_val_loss() > 0) {
+    std::cout << absl::StrFormat("val loss %.4f", e.target_val_loss());
+    if (e.spec().target().has_from_variant()) {
+      std::cout << " (the final loss of " << Safe(e.spec().target().from_variant()) << ")";
+    }
+  } else if (e.spec().target().has_from_variant()) {
+    std::cout << "the final loss of " << Safe(e.spec().target().from_variant())
+              << ", once it has ended";
+  } else {
+    std::cout << "none";
+  }
+  std::cout << "\n";
+  std::cout << "  strategy:  "
+            << (e.spec().strategy() == tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING
+                    ? absl::StrCat("successive halving, rung ", e.rung())
+                    : std::string("all"))
+            << "\n";
+  std::cout << "  spent:     " << Money(e.cost_usd());
+  if (e.spec().budget().max_dollars() > 0) {
+    std::cout << " of a " << Money(e.spec().budget().max_dollars()) << " budget";
+  }
+  std::cout << "\n  created:   " << Time(e.create_time()) << "   ended: " << Time(e.end_time())
+            << "\n";
+  PrintVariantTable(e);
+}
+
+int GetExperiment(Client& c, const std::string& arg, tally::v1::Experiment* out) {
+  tally::v1::GetExperimentRequest req;
+  req.set_name(NormalizeExperimentName(arg));
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.experiments()->GetExperiment(&ctx, req, out);
+  return s.ok() ? kOk : Fail(s, c.controller());
+}
+
+int ExperimentCreate(Client& c) {
+  tally::v1::CreateExperimentRequest req;
+  if (int rc = ReadExperimentFlag("create", req.mutable_spec()); rc != kOk) return rc;
+  std::string request_id = absl::GetFlag(FLAGS_request_id);
+  if (request_id.empty()) {
+    std::mt19937_64 rng(std::random_device{}());
+    request_id = absl::StrFormat("tallyctl-%016x%016x", rng(), rng());
+  }
+  req.set_request_id(request_id);
+  tally::v1::Experiment e;
+  grpc::Status s;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    grpc::ClientContext ctx;
+    c.Deadline(&ctx);
+    s = c.experiments()->CreateExperiment(&ctx, req, &e);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    absl::SleepFor(absl::Milliseconds(300 << attempt));
+  }
+  if (!s.ok()) return Fail(s, c.controller());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << JsonAll(e) << "\n";
+  } else {
+    std::cout << Safe(e.name()) << "\n";
+  }
+  return kOk;
+}
+
+int ExperimentValidate() {
+  tally::v1::ExperimentSpec spec;
+  if (int rc = ReadExperimentFlag("validate", &spec); rc != kOk) return rc;
+  const std::string file = absl::GetFlag(FLAGS_file);
+  std::cout << (file == "-" ? "<stdin>" : Safe(file)) << ": ok, " << spec.variants_size()
+            << " variants\n";
+  return kOk;
+}
+
+int ExperimentGet(Client& c, const std::string& arg) {
+  tally::v1::Experiment e;
+  if (int rc = GetExperiment(c, arg, &e); rc != kOk) return rc;
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << JsonAll(e) << "\n";
+  } else {
+    PrintExperiment(e);
+  }
+  return kOk;
+}
+
+int ExperimentList(Client& c) {
+  tally::v1::ListExperimentsRequest req;
+  req.set_page_size(absl::GetFlag(FLAGS_page_size));
+  req.set_page_token(absl::GetFlag(FLAGS_page_token));
+  tally::v1::ListExperimentsResponse resp;
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.experiments()->ListExperiments(&ctx, req, &resp);
+  if (!s.ok()) return Fail(s, c.controller());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << JsonAll(resp) << "\n";
+    return kOk;
+  }
+  std::cout << absl::StrFormat("%-16s %-17s %-9s %-10s %-9s %s\n", "EXPERIMENT", "STATE",
+                               "VARIANTS", "SPENT", "TARGET", "NAME");
+  for (const auto& e : resp.experiments()) {
+    std::cout << absl::StrFormat("%-16s %-17s %-9d %-10s %-9s %s\n", Safe(e.name()),
+                                 ExperimentStateName(e.state()), e.variants_size(),
+                                 Money(e.cost_usd()), Loss(e.target_val_loss()),
+                                 Safe(e.spec().display_name()));
+  }
+  if (!resp.next_page_token().empty()) {
+    std::cout << "more: --page_token=" << Safe(resp.next_page_token()) << "\n";
+  }
+  return kOk;
+}
+
+int ExperimentCancel(Client& c, const std::string& arg) {
+  tally::v1::CancelExperimentRequest req;
+  req.set_name(NormalizeExperimentName(arg));
+  req.set_reason(absl::GetFlag(FLAGS_reason));
+  tally::v1::Experiment e;
+  grpc::ClientContext ctx;
+  c.Deadline(&ctx);
+  grpc::Status s = c.experiments()->CancelExperiment(&ctx, req, &e);
+  if (!s.ok()) return Fail(s, c.controller());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << JsonAll(e) << "\n";
+  } else {
+    PrintExperiment(e);
+  }
+  return kOk;
+}
+
+int ExperimentExit(tally::v1::ExperimentState s) {
+  return s == tally::v1::EXPERIMENT_STATE_SUCCEEDED ? kOk : kJobUnsuccessful;
+}
+
+// On a terminal: the table redrawn every second until the experiment ends.
+// Otherwise: one line per event (JSON lines with --output=json), then the
+// final table.
+int ExperimentWatch(Client& c, const std::string& arg) {
+  const std::string name = NormalizeExperimentName(arg);
+  const bool json = absl::GetFlag(FLAGS_output) == "json";
+  const bool tty = isatty(STDOUT_FILENO) && !json;
+  tally::v1::Experiment e;
+  Retry retry{.limit = 5};
+  auto get = [&]() -> grpc::Status {
+    tally::v1::GetExperimentRequest req;
+    req.set_name(name);
+    grpc::ClientContext ctx;
+    c.Deadline(&ctx);
+    return c.experiments()->GetExperiment(&ctx, req, &e);
+  };
+  while (true) {
+    grpc::Status s = get();
+    if (s.ok()) break;
+    if (!retry.Again(s)) return Fail(s, c.controller());
+    retry.Wait();
+  }
+  if (tty) {
+    retry = Retry();
+    int drawn = 0;
+    while (true) {
+      std::ostringstream frame;
+      std::streambuf* old = std::cout.rdbuf(frame.rdbuf());
+      PrintExperiment(e);
+      std::cout.rdbuf(old);
+      const std::string text = frame.str();
+      if (drawn > 0) std::cout << "\x1b[" << drawn << "F\x1b[J";
+      std::cout << text << std::flush;
+      drawn = static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+      if (e.state() != tally::v1::EXPERIMENT_STATE_RUNNING) break;
+      absl::SleepFor(absl::Seconds(1));
+      grpc::Status s = get();
+      if (!s.ok()) {
+        if (!retry.Again(s)) return Fail(s, c.controller());
+        retry.Wait();
+      } else {
+        retry.Reset();
+      }
+    }
+    return ExperimentExit(e.state());
+  }
+  retry = Retry();
+  int64_t after = absl::GetFlag(FLAGS_after);
+  while (true) {
+    tally::v1::WatchExperimentRequest req;
+    req.set_name(name);
+    req.set_after_sequence(after);
+    grpc::ClientContext ctx;
+    auto reader = c.experiments()->WatchExperiment(&ctx, req);
+    tally::v1::ExperimentEvent ev;
+    while (reader->Read(&ev)) {
+      retry.Reset();
+      after = ev.sequence();
+      if (json) {
+        std::string line;
+        google::protobuf::util::JsonPrintOptions opts;
+        opts.preserve_proto_field_names = true;
+        (void)google::protobuf::util::MessageToJsonString(ev, &line, opts);
+        std::cout << line << std::endl;
+        continue;
+      }
+      std::string line = absl::StrFormat("#%-4d %s %-17s %-10s", ev.sequence(), Time(ev.time()),
+                                         Safe(ev.type()), ExperimentStateName(ev.state()));
+      if (!ev.reason().empty()) absl::StrAppend(&line, " ", Safe(ev.reason()));
+      if (!ev.detail().empty()) absl::StrAppend(&line, " (", Safe(ev.detail()), ")");
+      std::cout << line << std::endl;
+    }
+    grpc::Status s = reader->Finish();
+    if (s.ok()) break;
+    if (!retry.Again(s)) return Fail(s, c.controller());
+    std::cerr << "tallyctl: watch interrupted (" << Safe(s.error_message())
+              << "); resuming after event " << after << "\n";
+    retry.Wait();
+  }
+  retry = Retry();
+  while (true) {
+    grpc::Status s = get();
+    if (s.ok()) break;
+    if (!retry.Again(s)) return Fail(s, c.controller());
+    retry.Wait();
+  }
+  if (!json) {
+    std::cout << "\n";
+    PrintExperiment(e);
+  }
+  return ExperimentExit(e.state());
+}
+
+int ExperimentReport(Client& c, const std::string& arg) {
+  tally::v1::Experiment e;
+  if (int rc = GetExperiment(c, arg, &e); rc != kOk) return rc;
+  const std::string svg = absl::GetFlag(FLAGS_svg);
+  std::vector<VariantCurve> curves;
+  for (const auto& v : e.variants()) {
+    if (v.job().empty()) continue;
+    tally::v1::GetJobRequest req;
+    req.set_name(v.job());
+    tally::v1::Job job;
+    grpc::ClientContext ctx;
+    c.Deadline(&ctx);
+    grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
+    if (!s.ok()) return Fail(s, c.controller());
+    curves.push_back({v.name(), {job.curve().begin(), job.curve().end()}});
+  }
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << JsonAll(e) << "\n";
+  } else {
+    PrintExperiment(e);
+  }
+  if (svg.empty()) return kOk;
+  const std::string image = RenderExperimentSvg(e, curves);
+  std::ofstream out(svg, std::ios::binary | std::ios::trunc);
+  out << image;
+  out.close();
+  if (!out) {
+    std::cerr << "tallyctl: cannot write " << Safe(svg) << "\n";
+    return kError;
+  }
+  if (absl::GetFlag(FLAGS_output) != "json") {
+    std::cout << "\nvalidation loss against dollars: " << Safe(svg) << "\n";
+  }
+  return kOk;
+}
+
+int Experiment(Client& c, const std::vector<char*>& args) {
+  const std::string sub = args.size() > 2 ? args[2] : "";
+  auto need = [&](const char* what) -> bool {
+    if (args.size() != 4) {
+      std::cerr << "tallyctl experiment " << what
+                << ": expected one EXPERIMENT argument (experiments/ID or ID)\n";
+      return false;
+    }
+    return true;
+  };
+  if (sub == "create") return ExperimentCreate(c);
+  if (sub == "list") return ExperimentList(c);
+  if (sub == "get") return need("get") ? ExperimentGet(c, args[3]) : kUsage;
+  if (sub == "watch") return need("watch") ? ExperimentWatch(c, args[3]) : kUsage;
+  if (sub == "cancel") return need("cancel") ? ExperimentCancel(c, args[3]) : kUsage;
+  if (sub == "report") return need("report") ? ExperimentReport(c, args[3]) : kUsage;
+  std::cerr << "tallyctl experiment: unknown or missing subcommand \"" << Safe(sub)
+            << "\"; use create, get, list, watch, cancel, report or validate\n";
+  return kUsage;
+}
+
 int Main(std::vector<char*> args) {
   if (args.size() < 2) {
     std::cerr << kUsageText;
@@ -636,7 +1047,11 @@ int Main(std::vector<char*> args) {
     return true;
   };
   if (cmd == "validate") return Validate();
+  if (cmd == "experiment" && args.size() > 2 && std::string(args[2]) == "validate") {
+    return ExperimentValidate();
+  }
   Client client(controller);
+  if (cmd == "experiment") return Experiment(client, args);
   if (cmd == "submit") {
     int rc = Submit(client);
     return rc;

@@ -8,13 +8,40 @@ Core::Core(store::JobStore* store, const Clock* clock,
            metrics::Registry* registry, sched::SchedulerOptions options)
     : store_(store),
       watch_hub_(store),
-      scheduler_(store, this, clock, registry, options) {
+      scheduler_(store, this, clock, registry, options),
+      manager_(store, &scheduler_, clock, registry) {
   scheduler_.AddObserver(&watch_hub_);
+  manager_.SetCommitListener([this](int64_t) {
+    absl::MutexLock lock(&experiment_mu_);
+    ++experiment_version_;
+  });
 }
 
 absl::Status Core::Init() {
   absl::MutexLock lock(&mu_);
-  return scheduler_.Recover();
+  if (absl::Status s = scheduler_.Recover(); !s.ok()) return s;
+  return manager_.Recover();
+}
+
+absl::Status Core::Tick() {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = scheduler_.Tick();
+  absl::Status e = manager_.Reconcile();
+  return s.ok() ? e : s;
+}
+
+int64_t Core::experiment_version() const {
+  absl::MutexLock lock(&experiment_mu_);
+  return experiment_version_;
+}
+
+bool Core::WaitExperiments(int64_t seen, absl::Duration timeout) const {
+  absl::MutexLock lock(&experiment_mu_);
+  auto moved = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(experiment_mu_) {
+    return experiment_version_ != seen || experiments_closed_;
+  };
+  experiment_mu_.AwaitWithTimeout(absl::Condition(&moved), timeout);
+  return !experiments_closed_;
 }
 
 void Core::Shutdown() {
@@ -25,6 +52,10 @@ void Core::Shutdown() {
     sessions.swap(sessions_);
   }
   watch_hub_.Shutdown();
+  {
+    absl::MutexLock lock(&experiment_mu_);
+    experiments_closed_ = true;
+  }
   for (auto& [id, s] : sessions) s->Close();
 }
 

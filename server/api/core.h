@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "server/api/watch_hub.h"
+#include "server/experiments/manager.h"
 #include "server/sched/scheduler.h"
 #include "server/store/job_store.h"
 
@@ -38,7 +39,7 @@ class Core final : public sched::WorkerChannel {
   Core(store::JobStore* store, const Clock* clock, metrics::Registry* registry,
        sched::SchedulerOptions options);
 
-  absl::Status Init();  // recovers state from the store
+  absl::Status Init();  // recovers jobs, then experiments, from the store
 
   // Runs `f(scheduler)` under the lock.
   template <typename F>
@@ -46,6 +47,21 @@ class Core final : public sched::WorkerChannel {
     absl::MutexLock lock(&mu_);
     return f(scheduler_);
   }
+  // Runs `f(experiment manager)` under the same lock.
+  template <typename F>
+  auto RunExperiments(F&& f) {
+    absl::MutexLock lock(&mu_);
+    return f(manager_);
+  }
+
+  // One pass of the scheduler, then of the experiments; the first error.
+  absl::Status Tick();
+
+  // Experiment watchers: a counter of experiment commits. WaitExperiments
+  // returns once it has moved past `seen`, after `timeout`, or at shutdown
+  // (false then).
+  int64_t experiment_version() const;
+  bool WaitExperiments(int64_t seen, absl::Duration timeout) const;
 
   store::JobStore* store() const { return store_; }
   WatchHub* watch_hub() { return &watch_hub_; }
@@ -73,6 +89,10 @@ class Core final : public sched::WorkerChannel {
   WatchHub watch_hub_;
   mutable absl::Mutex mu_;
   sched::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  experiments::ExperimentManager manager_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex experiment_mu_;
+  int64_t experiment_version_ ABSL_GUARDED_BY(experiment_mu_) = 0;
+  bool experiments_closed_ ABSL_GUARDED_BY(experiment_mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::shared_ptr<WorkerSession>> sessions_ ABSL_GUARDED_BY(mu_);
   // While OnHello runs: its worker, and what the scheduler sent it.

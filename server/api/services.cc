@@ -326,6 +326,127 @@ grpc::Status JobsService::CancelJob(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+ExperimentsService::ExperimentsService(Core* core, Options options)
+    : core_(core),
+      principal_(std::move(options.principal)),
+      watch_limiter_({"WatchExperiment streams", options.max_watch_streams_per_principal,
+                      "max_experiment_watch_streams_per_principal",
+                      options.max_watch_streams, "max_experiment_watch_streams"}) {}
+
+grpc::Status ExperimentsService::CreateExperiment(grpc::ServerContext*,
+                                                  const tally::v1::CreateExperimentRequest* req,
+                                                  tally::v1::Experiment* resp) {
+  if (!req->has_spec()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "spec: is required (an ExperimentSpec: base, variants, target)");
+  }
+  absl::StatusOr<tally::v1::Experiment> e = core_->RunExperiments(
+      [&](experiments::ExperimentManager& m) { return m.Create(req->spec(), req->request_id()); });
+  if (!e.ok()) return ToGrpcStatus(e.status());
+  *resp = std::move(*e);
+  return grpc::Status::OK;
+}
+
+grpc::Status ExperimentsService::GetExperiment(grpc::ServerContext*,
+                                               const tally::v1::GetExperimentRequest* req,
+                                               tally::v1::Experiment* resp) {
+  absl::StatusOr<int64_t> id = ParseExperimentName(req->name());
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  absl::StatusOr<tally::v1::Experiment> e =
+      core_->RunExperiments([&](experiments::ExperimentManager& m) { return m.Get(*id); });
+  if (!e.ok()) return ToGrpcStatus(e.status());
+  *resp = std::move(*e);
+  return grpc::Status::OK;
+}
+
+grpc::Status ExperimentsService::ListExperiments(grpc::ServerContext*,
+                                                 const tally::v1::ListExperimentsRequest* req,
+                                                 tally::v1::ListExperimentsResponse* resp) {
+  if (req->page_size() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "page_size: must not be negative");
+  }
+  const int limit =
+      req->page_size() == 0 ? kDefaultPageSize : std::min(req->page_size(), kMaxPageSize);
+  int64_t before_id = 0;
+  if (!req->page_token().empty() &&
+      (!absl::SimpleAtoi(req->page_token(), &before_id) || before_id <= 0)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "page_token: not a token this server returned; pass "
+                        "next_page_token from the previous response");
+  }
+  absl::StatusOr<std::vector<tally::v1::Experiment>> list =
+      core_->RunExperiments([&](experiments::ExperimentManager& m) {
+        return m.List(before_id, limit + 1);  // one more tells whether there is a next page
+      });
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  const bool more = static_cast<int>(list->size()) > limit;
+  if (more) list->pop_back();
+  for (auto& e : *list) *resp->add_experiments() = std::move(e);
+  if (more && resp->experiments_size() > 0) {
+    absl::StatusOr<int64_t> last = ParseExperimentName(
+        resp->experiments(resp->experiments_size() - 1).name());
+    if (last.ok()) resp->set_next_page_token(absl::StrCat(*last));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ExperimentsService::CancelExperiment(grpc::ServerContext*,
+                                                  const tally::v1::CancelExperimentRequest* req,
+                                                  tally::v1::Experiment* resp) {
+  absl::StatusOr<int64_t> id = ParseExperimentName(req->name());
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  if (req->reason().size() > 1000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "reason: must be at most 1000 characters");
+  }
+  absl::StatusOr<tally::v1::Experiment> e = core_->RunExperiments(
+      [&](experiments::ExperimentManager& m) { return m.Cancel(*id, req->reason()); });
+  if (!e.ok()) return ToGrpcStatus(e.status());
+  *resp = std::move(*e);
+  return grpc::Status::OK;
+}
+
+grpc::Status ExperimentsService::WatchExperiment(
+    grpc::ServerContext* context, const tally::v1::WatchExperimentRequest* req,
+    grpc::ServerWriter<tally::v1::ExperimentEvent>* writer) {
+  absl::StatusOr<int64_t> id = ParseExperimentName(req->name());
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  if (req->after_sequence() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "after_sequence: must not be negative");
+  }
+  absl::StatusOr<StreamLimiter::Lease> lease = watch_limiter_.Acquire(principal_(*context));
+  if (!lease.ok()) return ToGrpcStatus(lease.status());
+  int64_t after = req->after_sequence();
+  while (true) {
+    // The version first: a commit after this read wakes the wait below.
+    const int64_t version = core_->experiment_version();
+    absl::StatusOr<store::ExperimentRecord> rec = core_->store()->GetExperiment(*id);
+    if (!rec.ok()) return ToGrpcStatus(rec.status());
+    absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> events =
+        core_->store()->ListExperimentEvents(*id, after, 256);
+    if (!events.ok()) return ToGrpcStatus(events.status());
+    for (const auto& e : *events) {
+      if (context->IsCancelled() || !writer->Write(e)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
+      }
+      after = e.sequence();
+    }
+    if (events->size() == 256) continue;
+    if (rec->experiment().state() != tally::v1::EXPERIMENT_STATE_RUNNING &&
+        after >= rec->experiment().last_event_sequence()) {
+      return grpc::Status::OK;
+    }
+    if (context->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
+    }
+    if (!core_->WaitExperiments(version, absl::Seconds(1))) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "tallyd is shutting down; watch again with after_sequence");
+    }
+  }
+}
+
 grpc::ServerWriteReactor<tally::v1::JobEvent>* JobsService::WatchJob(
     grpc::CallbackServerContext* context, const tally::v1::WatchJobRequest* req) {
   absl::StatusOr<int64_t> id = ParseJobName(req->name());

@@ -10,6 +10,7 @@
 #include "server/api/core.h"
 #include "server/api/stream_limiter.h"
 #include "server/metrics/registry.h"
+#include "tally/v1/experiments.grpc.pb.h"
 #include "tally/v1/jobs.grpc.pb.h"
 #include "tally/v1/workers.grpc.pb.h"
 
@@ -51,6 +52,40 @@ class JobsService final
                             tally::v1::CostEstimate*) override;
 
   const StreamLimiter& watch_limiter() const { return watch_limiter_; }
+
+ private:
+  Core* const core_;
+  const PrincipalFn principal_;
+  StreamLimiter watch_limiter_;
+};
+
+// Experiments, synchronous. A WatchExperiment stream holds one of gRPC's
+// threads while it waits (experiments are few and their events rare), so
+// streams are limited like WatchJob's, with their own, smaller, limits.
+class ExperimentsService final : public tally::v1::Experiments::Service {
+ public:
+  struct Options {
+    int64_t max_watch_streams_per_principal = 64;
+    int64_t max_watch_streams = 512;
+    PrincipalFn principal = PeerPrincipal;
+  };
+  ExperimentsService(Core* core, Options options);
+  explicit ExperimentsService(Core* core) : ExperimentsService(core, Options()) {}
+
+  grpc::Status CreateExperiment(grpc::ServerContext*,
+                                const tally::v1::CreateExperimentRequest*,
+                                tally::v1::Experiment*) override;
+  grpc::Status GetExperiment(grpc::ServerContext*, const tally::v1::GetExperimentRequest*,
+                             tally::v1::Experiment*) override;
+  grpc::Status ListExperiments(grpc::ServerContext*,
+                               const tally::v1::ListExperimentsRequest*,
+                               tally::v1::ListExperimentsResponse*) override;
+  grpc::Status CancelExperiment(grpc::ServerContext*,
+                                const tally::v1::CancelExperimentRequest*,
+                                tally::v1::Experiment*) override;
+  grpc::Status WatchExperiment(grpc::ServerContext*,
+                               const tally::v1::WatchExperimentRequest*,
+                               grpc::ServerWriter<tally::v1::ExperimentEvent>*) override;
 
  private:
   Core* const core_;

@@ -455,30 +455,11 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
                              d.routing.collapsed_evals()),
              "raise model.moe.aux_loss_coef or set model.moe.bias_balancing");
   }
-  if (j.target_val_loss() > 0 && !j.has_target_reached()) {
-    if (auto x = policy::FindTargetCrossing(Curve(j), j.target_val_loss())) {
-      tally::v1::TargetReached& t = *j.mutable_target_reached();
-      t.set_target_val_loss(j.target_val_loss());
-      t.set_step(x->at.step);
-      t.set_tokens(x->at.tokens);
-      t.set_cost_usd(x->at.cost_usd);
-      t.set_gpu_seconds(x->at.gpu_seconds);
-      t.set_val_loss(x->at.val_loss);
-      t.set_cost_to_target_usd(x->cost_usd);
-      t.set_tokens_to_target(x->tokens);
-      t.set_gpu_seconds_to_target(x->gpu_seconds);
-      const std::string reason = absl::StrFormat(
-          "target reached: val_loss %.4f <= target %.4f at step %d ($%.4f; $%.4f to the "
-          "target itself)",
-          x->at.val_loss, j.target_val_loss(), x->at.step, x->at.cost_usd, x->cost_usd);
-      AddEvent(p, "target_reached", reason,
-               absl::StrFormat("%.0f tokens and %.1f GPU-seconds to the target",
-                               x->tokens, x->gpu_seconds));
-      if (ev.step() < j.spec().training().max_steps()) {
-        // Good enough: the job stops, keeping the state that reached it.
-        PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", reason, "target", ev);
-        return p;
-      }
+  if (std::optional<std::string> reason = MarkTargetReached(p)) {
+    if (ev.step() < j.spec().training().max_steps()) {
+      // Good enough: the job stops, keeping the state that reached it.
+      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "target", ev);
+      return p;
     }
   }
   if (d.rule != policy::StopRule::kNone) {
@@ -519,6 +500,31 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
                    ev);
   }
   return p;
+}
+
+std::optional<std::string> Scheduler::MarkTargetReached(Plan& p) const {
+  tally::v1::Job& j = *p.rec.mutable_job();
+  if (j.target_val_loss() <= 0 || j.has_target_reached()) return std::nullopt;
+  auto x = policy::FindTargetCrossing(Curve(j), j.target_val_loss());
+  if (!x) return std::nullopt;
+  tally::v1::TargetReached& t = *j.mutable_target_reached();
+  t.set_target_val_loss(j.target_val_loss());
+  t.set_step(x->at.step);
+  t.set_tokens(x->at.tokens);
+  t.set_cost_usd(x->at.cost_usd);
+  t.set_gpu_seconds(x->at.gpu_seconds);
+  t.set_val_loss(x->at.val_loss);
+  t.set_cost_to_target_usd(x->cost_usd);
+  t.set_tokens_to_target(x->tokens);
+  t.set_gpu_seconds_to_target(x->gpu_seconds);
+  std::string reason = absl::StrFormat(
+      "target reached: val_loss %.4f <= target %.4f at step %d ($%.4f; $%.4f to the "
+      "target itself)",
+      x->at.val_loss, j.target_val_loss(), x->at.step, x->at.cost_usd, x->cost_usd);
+  AddEvent(p, "target_reached", reason,
+           absl::StrFormat("%.0f tokens and %.1f GPU-seconds to the target", x->tokens,
+                           x->gpu_seconds));
+  return reason;
 }
 
 policy::LossForecast Scheduler::ForecastOf(const tally::v1::Job& j) {
@@ -808,6 +814,85 @@ absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id, const std::stri
   tally::v1::Job ended = p.rec.job();
   RETURN_IF_ERROR(Execute(job_id, std::move(p)));
   return ended;
+}
+
+absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double target,
+                                                    const std::string& why) {
+  if (!std::isfinite(target) || target <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_val_loss: must be a positive finite number, got ", target));
+  }
+  auto it = active_.find(job_id);
+  if (it == active_.end()) {
+    ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
+    return absl::FailedPreconditionError(absl::StrCat(
+        rec.job().name(), " has already ended (", StateName(rec.job().state()),
+        "); a target can only be set on a QUEUED or RUNNING job"));
+  }
+  const ActiveJob& job = it->second;
+  if (job.rec.job().target_val_loss() == target || job.rec.job().has_pending_stop()) {
+    return job.rec.job();
+  }
+  Plan p = NewPlan(job, clock_->Now());
+  tally::v1::Job& j = *p.rec.mutable_job();
+  j.set_target_val_loss(target);
+  j.clear_target_reached();
+  AddEvent(p, "target", absl::StrFormat("target val_loss %.4f: %s", target, why), "");
+  if (std::optional<std::string> reason = MarkTargetReached(p)) {
+    const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
+    if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt &&
+        last.step() < j.spec().training().max_steps()) {
+      tally::v1::EvalResult ev;
+      ev.set_step(last.step());
+      ev.set_tokens(last.tokens());
+      ev.set_val_loss(last.val_loss());
+      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "target", ev);
+    } else if (j.state() == tally::v1::JOB_STATE_QUEUED) {
+      Plan stop = PlanStopNow(job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "");
+      // Keep what this plan recorded (the target and where it was reached).
+      stop.rec.mutable_job()->set_target_val_loss(target);
+      *stop.rec.mutable_job()->mutable_target_reached() = j.target_reached();
+      p = std::move(stop);
+    }
+  }
+  tally::v1::Job out = p.rec.job();
+  RETURN_IF_ERROR(Execute(job_id, std::move(p)));
+  return out;
+}
+
+absl::StatusOr<tally::v1::Job> Scheduler::StopJob(int64_t job_id, JobState state,
+                                                  const std::string& rule,
+                                                  const std::string& reason) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) {
+    ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
+    return absl::FailedPreconditionError(
+        absl::StrCat(rec.job().name(), " has already ended (", StateName(rec.job().state()),
+                     "); only QUEUED or RUNNING jobs can be stopped"));
+  }
+  const ActiveJob& job = it->second;
+  if (job.rec.job().has_pending_stop()) return job.rec.job();  // stopping already
+  const std::string type = state == tally::v1::JOB_STATE_EARLY_STOPPED ? "early_stopped"
+                           : state == tally::v1::JOB_STATE_BUDGET_EXHAUSTED
+                               ? "budget_exhausted"
+                               : absl::AsciiStrToLower(StateName(state));
+  Plan p = NewPlan(job, clock_->Now());
+  const tally::v1::Job& j = p.rec.job();
+  if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt && j.curve_size() > 0) {
+    const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
+    tally::v1::EvalResult ev;
+    ev.set_step(last.step());
+    ev.set_tokens(last.tokens());
+    ev.set_val_loss(last.val_loss());
+    PendingStopFor(p, state, type, reason, rule, ev);
+  } else {
+    p = PlanStopNow(job, state, type, reason, absl::StrCat("rule ", rule));
+    p.rec.mutable_job()->mutable_early_stopping()->set_stop_rule(rule);
+    if (state == tally::v1::JOB_STATE_EARLY_STOPPED) p.early_stop_rule = rule;
+  }
+  tally::v1::Job out = p.rec.job();
+  RETURN_IF_ERROR(Execute(job_id, std::move(p)));
+  return out;
 }
 
 void Scheduler::SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,

@@ -99,6 +99,22 @@ class Scheduler {
                                         const std::string& request_id);
   // FAILED_PRECONDITION when the job has already ended.
   absl::StatusOr<tally::v1::Job> Cancel(int64_t job_id, const std::string& reason);
+  // Sets the target validation loss in force on a queued or running job
+  // (experiments: a variant judged against another's final loss). From then
+  // on the job stops at the target like one whose spec names it; if its
+  // curve has already reached it, it stops now, keeping its latest state.
+  // Setting the target already in force changes nothing. FAILED_PRECONDITION
+  // when the job has ended; INVALID_ARGUMENT for a target that is not a
+  // positive finite number.
+  absl::StatusOr<tally::v1::Job> SetTarget(int64_t job_id, double target_val_loss,
+                                           const std::string& why);
+  // Stops a queued or running job on a decision made outside its own
+  // policies (an experiment's halving or budget), ending it in `state` with
+  // `rule` recorded as the stop rule. A running job that has been evaluated
+  // keeps that state (a pending stop with a final checkpoint, like an early
+  // stop); any other ends at once. FAILED_PRECONDITION when it has ended.
+  absl::StatusOr<tally::v1::Job> StopJob(int64_t job_id, tally::v1::JobState state,
+                                         const std::string& rule, const std::string& reason);
 
   // Workers. OnHello starts (or restarts) a worker's session and returns its
   // generation; OnDisconnect with an older generation is ignored, so a stale
@@ -192,6 +208,9 @@ class Scheduler {
   void PendingStopFor(Plan& p, tally::v1::JobState state, const std::string& type,
                       const std::string& reason, const std::string& rule,
                       const tally::v1::EvalResult& ev) const;
+  // Records where the job's curve first reached its target in force;
+  // the reason a target stop gives, or nullopt when it has not.
+  std::optional<std::string> MarkTargetReached(Plan& p) const;
   // Appends an evaluation to the job's (bounded) curve, with its spend.
   static void AddCurvePoint(tally::v1::Job& job, const tally::v1::EvalResult& ev);
   static std::vector<policy::CurvePoint> Curve(const tally::v1::Job& job);

@@ -30,10 +30,11 @@ class FaultInjectionJobStore final : public JobStore {
   // `base` must outlive this store.
   explicit FaultInjectionJobStore(JobStore* base) : base_(base) {}
 
-  // While set, every write (CreateJob, Commit, PutWorker) fails with
+  // While set, every write (CreateJob, Commit, PutWorker and the
+  // experiment writes) fails with
   // UNAVAILABLE and writes nothing.
   void FailWrites(bool fail) { fail_writes_ = fail; }
-  // While set, Commit (only) fails with UNAVAILABLE: a store that still
+  // While set, Commit and CommitExperiment (only) fail with UNAVAILABLE: a store that still
   // creates jobs and records workers but cannot commit a state change.
   void FailCommits(bool fail) { fail_commits_ = fail; }
   // While set, every read fails with UNAVAILABLE.
@@ -91,6 +92,37 @@ class FaultInjectionJobStore final : public JobStore {
   absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() override {
     RETURN_IF_FAILING_READ();
     return base_->ListWorkers();
+  }
+  absl::StatusOr<ExperimentCreateResult> CreateExperiment(
+      ExperimentRecord e, tally::v1::ExperimentEvent first) override {
+    RETURN_IF_FAILING_WRITE();
+    return base_->CreateExperiment(std::move(e), std::move(first));
+  }
+  absl::Status CommitExperiment(const ExperimentMutation& m) override {
+    if (fail_commits_) {
+      ++failed_writes_;
+      return absl::UnavailableError("injected fault: the store refused the commit");
+    }
+    RETURN_IF_FAILING_WRITE();
+    return base_->CommitExperiment(m);
+  }
+  absl::StatusOr<ExperimentRecord> GetExperiment(int64_t id) override {
+    RETURN_IF_FAILING_READ();
+    return base_->GetExperiment(id);
+  }
+  absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(int64_t before,
+                                                                int limit) override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListExperiments(before, limit);
+  }
+  absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListActiveExperiments();
+  }
+  absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
+      int64_t id, int64_t after, int limit) override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListExperimentEvents(id, after, limit);
   }
 
  private:

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "tally/store/records.pb.h"
+#include "tally/v1/experiments.pb.h"
 #include "tally/v1/jobs.pb.h"
 
 namespace tally::store {
@@ -27,6 +28,17 @@ struct Mutation {
 struct CreateResult {
   JobRecord job;
   bool created = false;  // false: request_id matched an existing job
+};
+
+struct ExperimentCreateResult {
+  ExperimentRecord experiment;
+  bool created = false;  // false: request_id matched an existing experiment
+};
+
+// Everything one experiment change writes, applied atomically.
+struct ExperimentMutation {
+  ExperimentRecord experiment;                       // replaces the stored one
+  std::vector<tally::v1::ExperimentEvent> events;    // appended; sequences given
 };
 
 struct JobQuery {
@@ -68,6 +80,24 @@ class JobStore {
 
   virtual absl::Status PutWorker(const WorkerRecord& worker) = 0;
   virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;
+
+  // --- Experiments (experiments/{id}), in the same database and
+  // transactions as jobs. A store without them answers UNIMPLEMENTED.
+
+  // Assigns an id and name and stores the experiment with its first event
+  // (sequence 1). A non-empty request_id already used returns that
+  // experiment and created=false if the specs are equal, else ALREADY_EXISTS.
+  virtual absl::StatusOr<ExperimentCreateResult> CreateExperiment(
+      ExperimentRecord experiment, tally::v1::ExperimentEvent first_event);
+  virtual absl::Status CommitExperiment(const ExperimentMutation& mutation);
+  virtual absl::StatusOr<ExperimentRecord> GetExperiment(int64_t id);
+  // Newest first, ids below before_id (0: from the newest), at most limit.
+  virtual absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(
+      int64_t before_id, int limit);
+  // Every experiment still RUNNING, oldest first.
+  virtual absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments();
+  virtual absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
+      int64_t experiment_id, int64_t after_sequence, int limit);
 };
 
 bool IsTerminal(tally::v1::JobState state);

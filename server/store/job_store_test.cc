@@ -152,6 +152,70 @@ TEST_P(JobStoreTest, ListFiltersPagesAndCounts) {
   EXPECT_EQ(by_state[tally::v1::JOB_STATE_CANCELLED], 1);
 }
 
+ExperimentRecord NewExperiment(const std::string& request_id = "", const std::string& name = "x") {
+  ExperimentRecord r;
+  r.mutable_experiment()->set_state(tally::v1::EXPERIMENT_STATE_RUNNING);
+  r.mutable_experiment()->set_request_id(request_id);
+  r.mutable_experiment()->mutable_spec()->set_display_name(name);
+  r.add_resolved()->set_display_name(name + "/a");
+  return r;
+}
+
+tally::v1::ExperimentEvent Created() {
+  tally::v1::ExperimentEvent e;
+  e.set_type("created");
+  return e;
+}
+
+TEST_P(JobStoreTest, ExperimentsRoundTripWithEventsAndIdempotentCreate) {
+  auto a = store_->CreateExperiment(NewExperiment("req"), Created());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->created);
+  EXPECT_EQ(a->experiment.experiment().name(), "experiments/1");
+  EXPECT_EQ(a->experiment.experiment().last_event_sequence(), 1);
+  auto again = store_->CreateExperiment(NewExperiment("req"), Created());
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->experiment.id(), a->experiment.id());
+  EXPECT_EQ(store_->CreateExperiment(NewExperiment("req", "other"), Created()).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  auto b = store_->CreateExperiment(NewExperiment(), Created());
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->experiment.id(), 2);
+
+  ExperimentMutation m{a->experiment, {}};
+  m.experiment.mutable_experiment()->set_state(tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  m.experiment.mutable_experiment()->set_last_event_sequence(2);
+  tally::v1::ExperimentEvent ended;
+  ended.set_experiment("experiments/1");
+  ended.set_sequence(2);
+  ended.set_type("succeeded");
+  m.events.push_back(ended);
+  ASSERT_TRUE(store_->CommitExperiment(m).ok());
+  EXPECT_EQ(store_->GetExperiment(1)->experiment().state(),
+            tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  EXPECT_EQ(store_->GetExperiment(1)->resolved(0).display_name(), "x/a");
+  auto events = store_->ListExperimentEvents(1, 0, 10);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[1].type(), "succeeded");
+  EXPECT_EQ(store_->ListExperimentEvents(1, 1, 10)->size(), 1u);
+  // A gap in the sequence is refused, all or nothing.
+  ended.set_sequence(5);
+  EXPECT_FALSE(store_->CommitExperiment({m.experiment, {ended}}).ok());
+  EXPECT_EQ(store_->ListExperimentEvents(1, 0, 10)->size(), 2u);
+
+  auto active = store_->ListActiveExperiments();
+  ASSERT_EQ(active->size(), 1u);
+  EXPECT_EQ((*active)[0].id(), 2);
+  auto list = store_->ListExperiments(0, 10);
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].id(), 2);  // newest first
+  EXPECT_EQ(store_->ListExperiments(2, 10)->size(), 1u);
+  EXPECT_EQ(store_->GetExperiment(9).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->ListExperimentEvents(9, 0, 10).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_P(JobStoreTest, MissingJobIsNotFound) {
   EXPECT_EQ(store_->GetJob(99).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->ListEvents(99, 0, 10).status().code(),
@@ -208,9 +272,11 @@ TEST(SqliteJobStoreTest, MigratesAnOlderSchemaKeepingData) {
   }
   auto store = SqliteJobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ(*(*store)->SchemaVersion(), 2);
+  EXPECT_EQ(*(*store)->SchemaVersion(), SqliteJobStore::kSchemaVersion);
   EXPECT_TRUE((*store)->GetJob(id).ok());
   EXPECT_TRUE((*store)->ListCheckpoints(id).ok());
+  // Experiments arrive in version 3.
+  EXPECT_TRUE((*store)->ListActiveExperiments().ok());
 }
 
 TEST(SqliteJobStoreTest, RefusesANewerSchema) {

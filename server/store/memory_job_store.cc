@@ -158,4 +158,98 @@ absl::StatusOr<std::vector<WorkerRecord>> InMemoryJobStore::ListWorkers() {
   return out;
 }
 
+absl::StatusOr<ExperimentCreateResult> InMemoryJobStore::CreateExperiment(
+    ExperimentRecord rec, tally::v1::ExperimentEvent first_event) {
+  absl::MutexLock lock(&mu_);
+  const std::string& request_id = rec.experiment().request_id();
+  if (!request_id.empty()) {
+    auto it = experiment_by_request_id_.find(request_id);
+    if (it != experiment_by_request_id_.end()) {
+      const ExperimentRecord& existing = experiments_.at(it->second).record;
+      if (!MessageDifferencer::Equals(existing.experiment().spec(), rec.experiment().spec())) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id \"", request_id, "\" was already used for ",
+            existing.experiment().name(), " with a different spec"));
+      }
+      return ExperimentCreateResult{existing, false};
+    }
+  }
+  const int64_t id = next_experiment_id_++;
+  rec.set_id(id);
+  rec.mutable_experiment()->set_name(ExperimentName(id));
+  rec.mutable_experiment()->set_last_event_sequence(1);
+  first_event.set_experiment(rec.experiment().name());
+  first_event.set_sequence(1);
+  ExperimentEntry& entry = experiments_[id];
+  entry.record = rec;
+  entry.events.push_back(first_event);
+  if (!request_id.empty()) experiment_by_request_id_[request_id] = id;
+  return ExperimentCreateResult{rec, true};
+}
+
+absl::Status InMemoryJobStore::CommitExperiment(const ExperimentMutation& m) {
+  absl::MutexLock lock(&mu_);
+  auto it = experiments_.find(m.experiment.id());
+  if (it == experiments_.end()) {
+    return absl::NotFoundError(absl::StrCat(ExperimentName(m.experiment.id()), " not found"));
+  }
+  int64_t expected = static_cast<int64_t>(it->second.events.size()) + 1;
+  for (const auto& e : m.events) {  // all or nothing
+    if (e.sequence() != expected++) {
+      return absl::InternalError(absl::StrCat("experiment event sequence gap for ",
+                                              m.experiment.experiment().name(), ": got ",
+                                              e.sequence()));
+    }
+  }
+  for (const auto& e : m.events) it->second.events.push_back(e);
+  it->second.record = m.experiment;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ExperimentRecord> InMemoryJobStore::GetExperiment(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto it = experiments_.find(id);
+  if (it == experiments_.end()) {
+    return absl::NotFoundError(absl::StrCat(ExperimentName(id), " not found"));
+  }
+  return it->second.record;
+}
+
+absl::StatusOr<std::vector<ExperimentRecord>> InMemoryJobStore::ListExperiments(
+    int64_t before_id, int limit) {
+  absl::MutexLock lock(&mu_);
+  std::vector<ExperimentRecord> out;
+  for (auto it = experiments_.rbegin(); it != experiments_.rend(); ++it) {
+    if (static_cast<int>(out.size()) >= limit) break;
+    if (before_id > 0 && it->first >= before_id) continue;
+    out.push_back(it->second.record);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ExperimentRecord>> InMemoryJobStore::ListActiveExperiments() {
+  absl::MutexLock lock(&mu_);
+  std::vector<ExperimentRecord> out;
+  for (const auto& [id, e] : experiments_) {
+    if (e.record.experiment().state() == tally::v1::EXPERIMENT_STATE_RUNNING) {
+      out.push_back(e.record);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> InMemoryJobStore::ListExperimentEvents(
+    int64_t experiment_id, int64_t after_sequence, int limit) {
+  absl::MutexLock lock(&mu_);
+  auto it = experiments_.find(experiment_id);
+  if (it == experiments_.end()) {
+    return absl::NotFoundError(absl::StrCat(ExperimentName(experiment_id), " not found"));
+  }
+  std::vector<tally::v1::ExperimentEvent> out;
+  for (const auto& e : it->second.events) {
+    if (e.sequence() > after_sequence && static_cast<int>(out.size()) < limit) out.push_back(e);
+  }
+  return out;
+}
+
 }  // namespace tally::store

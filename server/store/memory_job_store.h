@@ -29,6 +29,15 @@ class InMemoryJobStore final : public JobStore {
   CountJobsByState() override;
   absl::Status PutWorker(const WorkerRecord& worker) override;
   absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() override;
+  absl::StatusOr<ExperimentCreateResult> CreateExperiment(
+      ExperimentRecord experiment, tally::v1::ExperimentEvent first_event) override;
+  absl::Status CommitExperiment(const ExperimentMutation& mutation) override;
+  absl::StatusOr<ExperimentRecord> GetExperiment(int64_t id) override;
+  absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(int64_t before_id,
+                                                                int limit) override;
+  absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() override;
+  absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
+      int64_t experiment_id, int64_t after_sequence, int limit) override;
 
  private:
   struct Entry {
@@ -42,6 +51,13 @@ class InMemoryJobStore final : public JobStore {
   std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> by_request_id_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  struct ExperimentEntry {
+    ExperimentRecord record;
+    std::vector<tally::v1::ExperimentEvent> events;
+  };
+  int64_t next_experiment_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, ExperimentEntry> experiments_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> experiment_by_request_id_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tally::store

@@ -51,6 +51,20 @@ const char* const kMigrations[] = {
     CREATE INDEX checkpoints_by_job ON checkpoints(job_id, id);
     CREATE INDEX jobs_by_state ON jobs(state, id);
     )sql",
+    // 2 -> 3: experiments and their events.
+    R"sql(
+    CREATE TABLE experiments (
+      id INTEGER PRIMARY KEY AUTOINCREMENT,
+      request_id TEXT UNIQUE,
+      state INTEGER NOT NULL,
+      record BLOB NOT NULL);
+    CREATE INDEX experiments_by_state ON experiments(state, id);
+    CREATE TABLE experiment_events (
+      experiment_id INTEGER NOT NULL REFERENCES experiments(id),
+      seq INTEGER NOT NULL,
+      event BLOB NOT NULL,
+      PRIMARY KEY (experiment_id, seq)) WITHOUT ROWID;
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) ==
               SqliteJobStore::kSchemaVersion);
@@ -419,6 +433,133 @@ absl::StatusOr<std::vector<WorkerRecord>> SqliteJobStore::ListWorkers() {
   absl::MutexLock lock(&mu_);
   Stmt s(db_, "SELECT record FROM workers ORDER BY worker_id");
   return ReadAll<WorkerRecord>(s, "workers");
+}
+
+absl::StatusOr<ExperimentCreateResult> SqliteJobStore::CreateExperiment(
+    ExperimentRecord rec, tally::v1::ExperimentEvent first_event) {
+  absl::MutexLock lock(&mu_);
+  Transaction tx(db_);
+  RETURN_IF_ERROR(tx.status());
+  const std::string& request_id = rec.experiment().request_id();
+  if (!request_id.empty()) {
+    Stmt s(db_, "SELECT record FROM experiments WHERE request_id = ?");
+    s.Bind(1, request_id);
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (row) {
+      ASSIGN_OR_RETURN(ExperimentRecord existing,
+                       ParseRow<ExperimentRecord>(s, 0, "experiments"));
+      if (!MessageDifferencer::Equals(existing.experiment().spec(),
+                                      rec.experiment().spec())) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id \"", request_id, "\" was already used for ",
+            existing.experiment().name(), " with a different spec"));
+      }
+      return ExperimentCreateResult{existing, false};
+    }
+  }
+  {
+    Stmt s(db_, "INSERT INTO experiments (request_id, state, record) VALUES (?, ?, x'')");
+    if (request_id.empty()) {
+      s.BindNull(1);
+    } else {
+      s.Bind(1, request_id);
+    }
+    s.Bind(2, rec.experiment().state());
+    RETURN_IF_ERROR(s.Run());
+  }
+  const int64_t id = sqlite3_last_insert_rowid(db_);
+  rec.set_id(id);
+  rec.mutable_experiment()->set_name(ExperimentName(id));
+  rec.mutable_experiment()->set_last_event_sequence(1);
+  first_event.set_experiment(rec.experiment().name());
+  first_event.set_sequence(1);
+  ExperimentMutation m{rec, {first_event}};
+  RETURN_IF_ERROR(WriteExperimentLocked(m));
+  RETURN_IF_ERROR(tx.Commit());
+  return ExperimentCreateResult{rec, true};
+}
+
+absl::Status SqliteJobStore::WriteExperimentLocked(const ExperimentMutation& m) {
+  {
+    Stmt s(db_, "UPDATE experiments SET state = ?, record = ? WHERE id = ?");
+    s.Bind(1, m.experiment.experiment().state())
+        .BindBlob(2, m.experiment.SerializeAsString())
+        .Bind(3, m.experiment.id());
+    RETURN_IF_ERROR(s.Run());
+    if (sqlite3_changes(db_) != 1) {
+      return absl::NotFoundError(
+          absl::StrCat(ExperimentName(m.experiment.id()), " not found"));
+    }
+  }
+  int64_t last = 0;
+  if (!m.events.empty()) {
+    Stmt s(db_, "SELECT COALESCE(MAX(seq), 0) FROM experiment_events WHERE experiment_id = ?");
+    s.Bind(1, m.experiment.id());
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (row) last = s.Int(0);
+  }
+  for (const auto& e : m.events) {
+    if (e.sequence() != ++last) {
+      return absl::InternalError(absl::StrCat("experiment event sequence gap for ",
+                                              m.experiment.experiment().name(), ": got ",
+                                              e.sequence(), ", expected ", last));
+    }
+    Stmt s(db_,
+           "INSERT INTO experiment_events (experiment_id, seq, event) VALUES (?, ?, ?)");
+    s.Bind(1, m.experiment.id()).Bind(2, e.sequence()).BindBlob(3, e.SerializeAsString());
+    RETURN_IF_ERROR(s.Run());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::CommitExperiment(const ExperimentMutation& m) {
+  absl::MutexLock lock(&mu_);
+  Transaction tx(db_);
+  RETURN_IF_ERROR(tx.status());
+  RETURN_IF_ERROR(WriteExperimentLocked(m));
+  return tx.Commit();
+}
+
+absl::StatusOr<ExperimentRecord> SqliteJobStore::GetExperiment(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT record FROM experiments WHERE id = ?");
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat(ExperimentName(id), " not found"));
+  return ParseRow<ExperimentRecord>(s, 0, "experiments");
+}
+
+absl::StatusOr<std::vector<ExperimentRecord>> SqliteJobStore::ListExperiments(
+    int64_t before_id, int limit) {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT record FROM experiments WHERE id < ? ORDER BY id DESC LIMIT ?");
+  s.Bind(1, before_id > 0 ? before_id : std::numeric_limits<int64_t>::max()).Bind(2, limit);
+  return ReadAll<ExperimentRecord>(s, "experiments");
+}
+
+absl::StatusOr<std::vector<ExperimentRecord>> SqliteJobStore::ListActiveExperiments() {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT record FROM experiments WHERE state = ? ORDER BY id");
+  s.Bind(1, tally::v1::EXPERIMENT_STATE_RUNNING);
+  return ReadAll<ExperimentRecord>(s, "experiments");
+}
+
+absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> SqliteJobStore::ListExperimentEvents(
+    int64_t experiment_id, int64_t after_sequence, int limit) {
+  absl::MutexLock lock(&mu_);
+  {
+    Stmt s(db_, "SELECT 1 FROM experiments WHERE id = ?");
+    s.Bind(1, experiment_id);
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) {
+      return absl::NotFoundError(absl::StrCat(ExperimentName(experiment_id), " not found"));
+    }
+  }
+  Stmt s(db_,
+         "SELECT event FROM experiment_events WHERE experiment_id = ? AND seq > ? "
+         "ORDER BY seq LIMIT ?");
+  s.Bind(1, experiment_id).Bind(2, after_sequence).Bind(3, limit);
+  return ReadAll<tally::v1::ExperimentEvent>(s, "experiment_events");
 }
 
 }  // namespace tally::store

@@ -20,7 +20,7 @@ namespace tally::store {
 class SqliteJobStore final : public JobStore {
  public:
   // The schema version this build writes.
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   // Opens (creating if needed) and migrates the database at `path`.
   static absl::StatusOr<std::unique_ptr<SqliteJobStore>> Open(
@@ -47,11 +47,22 @@ class SqliteJobStore final : public JobStore {
   CountJobsByState() override;
   absl::Status PutWorker(const WorkerRecord& worker) override;
   absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() override;
+  absl::StatusOr<ExperimentCreateResult> CreateExperiment(
+      ExperimentRecord experiment, tally::v1::ExperimentEvent first_event) override;
+  absl::Status CommitExperiment(const ExperimentMutation& mutation) override;
+  absl::StatusOr<ExperimentRecord> GetExperiment(int64_t id) override;
+  absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(int64_t before_id,
+                                                                int limit) override;
+  absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() override;
+  absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
+      int64_t experiment_id, int64_t after_sequence, int limit) override;
 
  private:
   explicit SqliteJobStore(sqlite3* db) : db_(db) {}
   absl::Status Migrate(int target_version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteMutationLocked(const Mutation& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WriteExperimentLocked(const ExperimentMutation& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;

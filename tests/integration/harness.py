@@ -23,7 +23,8 @@ FORTUNES = "/usr/share/games/fortunes"
 
 def _generate_stubs():
     out = tempfile.mkdtemp(prefix="tally_py_")
-    protos = ["tally/v1/spec.proto", "tally/v1/jobs.proto", "tally/v1/workers.proto"]
+    protos = ["tally/v1/spec.proto", "tally/v1/jobs.proto", "tally/v1/workers.proto",
+              "tally/v1/experiments.proto"]
     subprocess.run(
         ["protoc", "--proto_path=" + os.path.join(ROOT, "proto"),
          "--python_out=" + out, "--grpc_out=" + out,
@@ -50,6 +51,7 @@ def _prepare_corpus():
 TRAIN_PATH = _prepare_corpus()
 import grpc  # noqa: E402
 from tally.v1 import jobs_pb2, jobs_pb2_grpc, spec_pb2  # noqa: E402,F401
+from tally.v1 import experiments_pb2, experiments_pb2_grpc  # noqa: E402,F401
 
 TERMINAL = {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_EARLY_STOPPED,
             jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED, jobs_pb2.JOB_STATE_CANCELLED,
@@ -112,6 +114,7 @@ class Tallyd:
         self.grpc_addr, self.metrics_addr = fields["grpc"], fields["metrics"]
         self.channel = grpc.insecure_channel(self.grpc_addr)
         self.jobs = jobs_pb2_grpc.JobsStub(self.channel)
+        self.experiments = experiments_pb2_grpc.ExperimentsStub(self.channel)
 
     def kill(self, sig=signal.SIGKILL):
         self.proc.send_signal(sig)

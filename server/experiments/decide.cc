@@ -1,0 +1,496 @@
+#include "server/experiments/decide.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/proto_time.h"
+#include "server/policy/target.h"
+#include "server/store/job_store.h"
+
+namespace tally::experiments {
+namespace {
+
+using tally::v1::Experiment;
+using tally::v1::ExperimentState;
+using tally::v1::Job;
+using tally::v1::JobState;
+using tally::v1::VariantStatus;
+
+std::string ShortState(JobState s) {
+  std::string name = tally::v1::JobState_Name(s);
+  if (name.rfind("JOB_STATE_", 0) == 0) name = name.substr(10);
+  return name;
+}
+
+// Four decimals, six for sub-cent amounts (tiny CPU runs).
+std::string Dollars(double usd) {
+  if (usd != 0 && usd < 0.01 && usd > -0.01) return absl::StrFormat("$%.6f", usd);
+  return absl::StrFormat("$%.4f", usd);
+}
+
+void AddEvent(Plan& p, const std::string& type, const std::string& variant,
+              const std::string& reason, const std::string& detail, absl::Time now) {
+  Experiment& e = *p.rec.mutable_experiment();
+  tally::v1::ExperimentEvent ev;
+  ev.set_experiment(e.name());
+  ev.set_sequence(e.last_event_sequence() + 1);
+  *ev.mutable_time() = ToProto(now);
+  ev.set_type(type);
+  ev.set_state(e.state());
+  ev.set_variant(variant);
+  ev.set_reason(reason);
+  ev.set_detail(detail);
+  e.set_last_event_sequence(ev.sequence());
+  p.events.push_back(std::move(ev));
+  p.commit = true;
+}
+
+void End(Plan& p, ExperimentState state, const std::string& type, const std::string& reason,
+         absl::Time now) {
+  Experiment& e = *p.rec.mutable_experiment();
+  e.set_state(state);
+  e.set_state_reason(reason);
+  *e.mutable_end_time() = ToProto(now);
+  AddEvent(p, type, "", reason, "", now);
+}
+
+bool Active(const std::optional<Job>& job) {
+  return job && !store::IsTerminal(job->state());
+}
+
+// The last evaluation's loss, or 0.
+double FinalLoss(const Job& job) {
+  for (int i = job.curve_size() - 1; i >= 0; --i) {
+    const double l = job.curve(i).val_loss();
+    if (std::isfinite(l) && l > 0) return l;
+  }
+  return 0;
+}
+
+// Successive halving's yardstick for rung `k`, and where a variant stands
+// against it.
+struct Rung {
+  bool dollars = true;
+  double d0 = 0;  // dollars: the first rung
+  int rungs = 0;
+};
+
+Rung RungOf(const Experiment& e) {
+  Rung r;
+  const int n = e.spec().variants_size();
+  while ((1 << r.rungs) < n) ++r.rungs;
+  if (e.spec().rung_dollars() > 0) {
+    r.d0 = e.spec().rung_dollars();
+  } else if (e.spec().budget().max_dollars() > 0) {
+    r.d0 = e.spec().budget().max_dollars() / (n * (r.rungs + 1.0));
+  } else {
+    r.dollars = false;
+  }
+  return r;
+}
+
+bool PassedRung(const Rung& r, int k, const Job& job) {
+  if (r.dollars) return job.cost().cost_usd() >= r.d0 * std::ldexp(1.0, k);
+  const double max_steps = std::max<int64_t>(1, job.spec().training().max_steps());
+  return static_cast<double>(job.step()) >= max_steps * std::ldexp(1.0, k - r.rungs);
+}
+
+std::string RungLabel(const Rung& r, int k, int64_t max_steps) {
+  if (r.dollars) return Dollars(r.d0 * std::ldexp(1.0, k)) + " each";
+  return absl::StrCat(static_cast<int64_t>(max_steps * std::ldexp(1.0, k - r.rungs)),
+                      " steps (1/", 1 << (r.rungs - k), " of max_steps) each");
+}
+
+double Score(const VariantStatus& v) {
+  if (v.forecast().valid() && std::isfinite(v.forecast().final_val_loss())) {
+    return v.forecast().final_val_loss();
+  }
+  if (std::isfinite(v.val_loss()) && v.val_loss() > 0) return v.val_loss();
+  return std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
+std::string VariantRequestId(const std::string& experiment_name, const std::string& variant) {
+  return absl::StrCat(experiment_name, "/variants/", variant);
+}
+
+int ReferenceIndex(const tally::v1::ExperimentSpec& spec) {
+  if (spec.target().has_from_variant()) {
+    for (int i = 0; i < spec.variants_size(); ++i) {
+      if (spec.variants(i).name() == spec.target().from_variant()) return i;
+    }
+  }
+  return 0;
+}
+
+void FillVariantFigures(const Job& job, double target, VariantStatus* v) {
+  v->set_job(job.name());
+  v->set_state(job.state());
+  v->set_state_reason(job.state_reason());
+  v->set_step(job.step());
+  v->set_val_loss(job.val_loss());
+  v->set_cost_usd(job.cost().cost_usd());
+  *v->mutable_forecast() = job.forecast();
+  v->set_final_val_loss(store::IsTerminal(job.state()) ? FinalLoss(job) : 0);
+  double best = 0;
+  for (const auto& pt : job.curve()) {
+    if (std::isfinite(pt.val_loss()) && pt.val_loss() > 0 &&
+        (best == 0 || pt.val_loss() < best)) {
+      best = pt.val_loss();
+    }
+  }
+  v->set_best_val_loss(best);
+  v->set_reached_target(false);
+  v->set_cost_to_target_usd(0);
+  v->set_tokens_to_target(0);
+  v->set_gpu_seconds_to_target(0);
+  v->set_target_step(0);
+  v->clear_note();
+  if (target <= 0) return;
+  std::vector<policy::CurvePoint> curve;
+  curve.reserve(job.curve_size());
+  for (const auto& pt : job.curve()) {
+    curve.push_back({pt.step(), pt.tokens(), pt.cost_usd(), pt.gpu_seconds(), pt.val_loss()});
+  }
+  if (auto x = policy::FindTargetCrossing(curve, target)) {
+    v->set_reached_target(true);
+    v->set_cost_to_target_usd(x->cost_usd);
+    v->set_tokens_to_target(x->tokens);
+    v->set_gpu_seconds_to_target(x->gpu_seconds);
+    v->set_target_step(x->at.step);
+  } else if (store::IsTerminal(job.state())) {
+    v->set_note(curve.empty() ? "never evaluated: no figure to the target"
+                              : "never reached the target");
+  }
+}
+
+void FillFigures(const std::vector<std::optional<Job>>& jobs, Experiment* e) {
+  const double target = e->target_val_loss();
+  double total = 0;
+  for (int i = 0; i < e->variants_size(); ++i) {
+    VariantStatus* v = e->mutable_variants(i);
+    if (i < static_cast<int>(jobs.size()) && jobs[i]) {
+      FillVariantFigures(*jobs[i], target, v);
+      total += v->cost_usd();
+    }
+    v->set_ratio_to_reference(0);
+  }
+  e->set_cost_usd(total);
+  const int ref = ReferenceIndex(e->spec());
+  if (ref >= e->variants_size()) return;
+  const VariantStatus& r = e->variants(ref);
+  for (int i = 0; i < e->variants_size(); ++i) {
+    VariantStatus* v = e->mutable_variants(i);
+    if (v->reached_target() && r.reached_target() && r.cost_to_target_usd() > 0) {
+      v->set_ratio_to_reference(v->cost_to_target_usd() / r.cost_to_target_usd());
+    }
+  }
+}
+
+Plan DecideCancel(const store::ExperimentRecord& rec,
+                  const std::vector<std::optional<Job>>& jobs, const std::string& reason,
+                  absl::Time now) {
+  Plan p;
+  p.rec = rec;
+  FillFigures(jobs, p.rec.mutable_experiment());
+  const std::string why = reason.empty() ? "cancelled by request" : "cancelled: " + reason;
+  End(p, tally::v1::EXPERIMENT_STATE_CANCELLED, "cancelled", why, now);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (Active(jobs[i])) {
+      Action a;
+      a.kind = Action::kCancel;
+      a.variant = static_cast<int>(i);
+      a.reason = absl::StrCat("experiment ", rec.experiment().name(), " ", why);
+      p.actions.push_back(std::move(a));
+    }
+  }
+  return p;
+}
+
+Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<Job>>& jobs,
+            absl::Time now) {
+  Plan p;
+  p.rec = rec;
+  Experiment& e = *p.rec.mutable_experiment();
+  const tally::v1::ExperimentSpec& spec = e.spec();
+  const int n = e.variants_size();
+  auto job_of = [&](int i) -> const std::optional<Job>& {
+    static const std::optional<Job> kNone;
+    return i < static_cast<int>(jobs.size()) ? jobs[i] : kNone;
+  };
+
+  if (e.state() != tally::v1::EXPERIMENT_STATE_RUNNING) {
+    // An ended experiment's acts, again (a crash may have come between the
+    // commit and them).
+    for (int i = 0; i < n; ++i) {
+      if (!Active(job_of(i))) continue;
+      Action a;
+      a.variant = i;
+      if (e.state() == tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED) {
+        a.kind = Action::kStop;
+        a.state = tally::v1::JOB_STATE_BUDGET_EXHAUSTED;
+        a.rule = "experiment_budget";
+        a.reason = e.state_reason();
+      } else {
+        a.kind = Action::kCancel;
+        a.reason = absl::StrCat("experiment ", e.name(), " ", e.state_reason());
+      }
+      p.actions.push_back(std::move(a));
+    }
+    FillFigures(jobs, &e);
+    return p;
+  }
+
+  const int ref = ReferenceIndex(spec);
+  const bool from_variant = spec.target().has_from_variant();
+  if (!from_variant && e.target_val_loss() <= 0 && spec.target().val_loss() > 0) {
+    e.set_target_val_loss(spec.target().val_loss());
+  }
+
+  // Variants that ended since the last pass.
+  std::vector<JobState> before(n);
+  for (int i = 0; i < n; ++i) before[i] = e.variants(i).state();
+  FillFigures(jobs, &e);
+
+  // The reference's final loss becomes the target.
+  if (from_variant && e.target_val_loss() <= 0 && !p.rec.target_unavailable() &&
+      job_of(ref) && store::IsTerminal(job_of(ref)->state())) {
+    const double final_loss = FinalLoss(*job_of(ref));
+    if (final_loss > 0) {
+      e.set_target_val_loss(final_loss);
+      FillFigures(jobs, &e);
+      AddEvent(p, "target", e.variants(ref).name(),
+               absl::StrFormat("target val_loss %.4f: the final validation loss of %s (%s)",
+                               final_loss, e.variants(ref).name(), job_of(ref)->name()),
+               "", now);
+    } else {
+      p.rec.set_target_unavailable(true);
+      AddEvent(p, "target", e.variants(ref).name(),
+               absl::StrCat("no target: the reference variant ", e.variants(ref).name(),
+                            " ended ", ShortState(job_of(ref)->state()),
+                            " without a validation loss"),
+               "", now);
+    }
+  }
+  if (from_variant && e.target_val_loss() <= 0 && !p.rec.target_unavailable() &&
+      !job_of(ref) && store::IsTerminal(e.variants(ref).state())) {
+    p.rec.set_target_unavailable(true);
+    AddEvent(p, "target", e.variants(ref).name(),
+             absl::StrCat("no target: the reference variant ", e.variants(ref).name(),
+                          " never ran"),
+             "", now);
+  }
+  if (p.rec.target_unavailable()) {
+    for (int i = 0; i < n; ++i) {
+      if (job_of(i)) {
+        e.mutable_variants(i)->set_note(
+            "no target: the reference variant ended without a validation loss");
+      }
+    }
+  }
+
+  for (int i = 0; i < n; ++i) {
+    const std::optional<Job>& job = job_of(i);
+    if (!job || !store::IsTerminal(job->state()) || store::IsTerminal(before[i])) continue;
+    const VariantStatus& v = e.variants(i);
+    std::string detail = absl::StrFormat("%d steps, %s", v.step(), Dollars(v.cost_usd()));
+    if (v.final_val_loss() > 0) {
+      absl::StrAppendFormat(&detail, ", final val_loss %.4f", v.final_val_loss());
+    }
+    if (v.reached_target()) {
+      absl::StrAppendFormat(&detail, "; %s to the target (step %d)",
+                            Dollars(v.cost_to_target_usd()), v.target_step());
+    } else if (!v.note().empty()) {
+      absl::StrAppend(&detail, "; ", v.note());
+    }
+    AddEvent(p, "variant_ended", v.name(),
+             absl::StrCat(v.name(), " ended ", ShortState(job->state()), ": ",
+                          job->state_reason()),
+             detail, now);
+  }
+
+  // The budget, for all variants together.
+  const double max_dollars = spec.budget().max_dollars();
+  if (max_dollars > 0 && e.cost_usd() >= max_dollars) {
+    End(p, tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
+        absl::StrFormat("budget spent: %s of %s", Dollars(e.cost_usd()), Dollars(max_dollars)),
+        now);
+    for (int i = 0; i < n; ++i) {
+      if (!Active(job_of(i))) continue;
+      Action a;
+      a.kind = Action::kStop;
+      a.variant = i;
+      a.state = tally::v1::JOB_STATE_BUDGET_EXHAUSTED;
+      a.rule = "experiment_budget";
+      a.reason = absl::StrCat("experiment ", e.name(), " ", e.state_reason());
+      p.actions.push_back(std::move(a));
+    }
+    return p;
+  }
+
+  // Submit what has no job yet, the reference first.
+  std::vector<int> order;
+  order.push_back(ref);
+  for (int i = 0; i < n; ++i) {
+    if (i != ref) order.push_back(i);
+  }
+  for (int i : order) {
+    if (job_of(i) || store::IsTerminal(e.variants(i).state()) || i >= p.rec.resolved_size()) {
+      continue;
+    }
+    Action a;
+    a.kind = Action::kSubmit;
+    a.variant = i;
+    a.spec = p.rec.resolved(i);
+    (*a.spec.mutable_labels())["experiment"] = e.name();
+    (*a.spec.mutable_labels())["variant"] = e.variants(i).name();
+    a.request_id = VariantRequestId(e.name(), e.variants(i).name());
+    p.actions.push_back(std::move(a));
+  }
+
+  // The target in force on every variant still to finish.
+  if (e.target_val_loss() > 0) {
+    for (int i = 0; i < n; ++i) {
+      if (from_variant && i == ref) continue;
+      const std::optional<Job>& job = job_of(i);
+      if (!Active(job) || job->target_val_loss() == e.target_val_loss() ||
+          job->has_pending_stop()) {
+        continue;
+      }
+      Action a;
+      a.kind = Action::kSetTarget;
+      a.variant = i;
+      a.target_val_loss = e.target_val_loss();
+      a.reason = from_variant
+                     ? absl::StrCat("experiment ", e.name(), ": the final loss of ",
+                                    e.variants(ref).name())
+                     : absl::StrCat("experiment ", e.name(), "'s target");
+      p.actions.push_back(std::move(a));
+    }
+  }
+
+  // Successive halving.
+  if (spec.strategy() == tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING) {
+    const Rung r = RungOf(e);
+    std::vector<int> running;
+    for (int i = 0; i < n; ++i) {
+      const std::optional<Job>& job = job_of(i);
+      if (!Active(job) || e.variants(i).halted() || job->has_pending_stop()) continue;
+      if (from_variant && i == ref) continue;
+      running.push_back(i);
+    }
+    bool all_submitted = true;
+    for (int i = 0; i < n; ++i) {
+      all_submitted = all_submitted &&
+                      (job_of(i).has_value() || store::IsTerminal(e.variants(i).state()));
+    }
+    const int k = e.rung();
+    if (all_submitted && k < r.rungs && running.size() >= 2 &&
+        std::all_of(running.begin(), running.end(),
+                    [&](int i) { return PassedRung(r, k, *job_of(i)); })) {
+      std::vector<int> ranked = running;
+      std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) {
+        return Score(e.variants(a)) < Score(e.variants(b));
+      });
+      const size_t keep = ranked.size() - ranked.size() / 2;
+      std::vector<std::string> kept, halted;
+      for (size_t j = 0; j < ranked.size(); ++j) {
+        VariantStatus* v = e.mutable_variants(ranked[j]);
+        const std::string line = absl::StrFormat("%s (%.4f)", v->name(), Score(*v));
+        if (j < keep) {
+          kept.push_back(line);
+          continue;
+        }
+        halted.push_back(line);
+        v->set_halted(true);
+        Action a;
+        a.kind = Action::kStop;
+        a.variant = ranked[j];
+        a.state = tally::v1::JOB_STATE_EARLY_STOPPED;
+        a.rule = "experiment_halving";
+        a.reason = absl::StrFormat(
+            "successive halving, rung %d of %d: forecast final val_loss %.4f is in the worse "
+            "half of %d running variants (experiment %s)",
+            k + 1, r.rungs, Score(*v), ranked.size(), e.name());
+        p.actions.push_back(std::move(a));
+      }
+      e.set_rung(k + 1);
+      AddEvent(p, "halving", "",
+               absl::StrCat("rung ", k + 1, " of ", r.rungs, " done at ",
+                            RungLabel(r, k, job_of(running[0])->spec().training().max_steps()),
+                            ": stopping ", absl::StrJoin(halted, ", ")),
+               absl::StrCat("kept ", absl::StrJoin(kept, ", "),
+                            " (ranked by forecast final val_loss)"),
+               now);
+    }
+  }
+
+  // Done when every variant has a job and every job has ended.
+  bool done = n > 0;
+  for (int i = 0; i < n; ++i) {
+    const std::optional<Job>& job = job_of(i);
+    done = done && (job ? store::IsTerminal(job->state())
+                        : store::IsTerminal(e.variants(i).state()));  // refused
+  }
+  if (done) {
+    std::string best;
+    double best_cost = 0;
+    for (const auto& v : e.variants()) {
+      if (v.reached_target() && (best.empty() || v.cost_to_target_usd() < best_cost)) {
+        best = v.name();
+        best_cost = v.cost_to_target_usd();
+      }
+    }
+    std::string reason = "every variant ended";
+    if (e.target_val_loss() <= 0) {
+      absl::StrAppend(&reason, "; no target was known");
+    } else if (best.empty()) {
+      absl::StrAppendFormat(&reason, "; no variant reached the target %.4f",
+                            e.target_val_loss());
+    } else {
+      absl::StrAppendFormat(&reason, "; cheapest to the target %.4f: %s at %s",
+                            e.target_val_loss(), best, Dollars(best_cost));
+      const VariantStatus& rv = e.variants(ref);
+      for (const auto& v : e.variants()) {
+        if (v.name() == best && v.ratio_to_reference() > 0 && v.name() != rv.name()) {
+          absl::StrAppendFormat(&reason, " (%.2fx %s's %s)", v.ratio_to_reference(),
+                                rv.name(), Dollars(rv.cost_to_target_usd()));
+        }
+      }
+    }
+    End(p, tally::v1::EXPERIMENT_STATE_SUCCEEDED, "succeeded", reason, now);
+  }
+  return p;
+}
+
+Plan DecideSubmitted(const store::ExperimentRecord& rec, int variant, const Job& job,
+                     absl::Time now) {
+  Plan p;
+  p.rec = rec;
+  VariantStatus* v = p.rec.mutable_experiment()->mutable_variants(variant);
+  FillVariantFigures(job, p.rec.experiment().target_val_loss(), v);
+  AddEvent(p, "variant_submitted", v->name(), absl::StrCat(v->name(), ": ", job.name()),
+           job.spec().display_name(), now);
+  return p;
+}
+
+Plan DecideSubmitRefused(const store::ExperimentRecord& rec, int variant,
+                         const std::string& error, absl::Time now) {
+  Plan p;
+  p.rec = rec;
+  VariantStatus* v = p.rec.mutable_experiment()->mutable_variants(variant);
+  v->set_state(tally::v1::JOB_STATE_FAILED);
+  v->set_state_reason(absl::StrCat("tallyd refused its job: ", error));
+  v->set_note("never ran");
+  AddEvent(p, "variant_ended", v->name(),
+           absl::StrCat(v->name(), " ended FAILED: ", v->state_reason()), "", now);
+  return p;
+}
+
+}  // namespace tally::experiments

@@ -1,0 +1,334 @@
+#include "server/experiments/decide.h"
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tally::experiments {
+namespace {
+
+using ::testing::HasSubstr;
+using tally::v1::Job;
+using tally::v1::JobState;
+
+const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
+
+store::ExperimentRecord Record(const std::vector<std::string>& variants,
+                               const std::string& from_variant = "", double val_loss = 0) {
+  store::ExperimentRecord rec;
+  rec.set_id(7);
+  tally::v1::Experiment& e = *rec.mutable_experiment();
+  e.set_name("experiments/7");
+  e.set_state(tally::v1::EXPERIMENT_STATE_RUNNING);
+  e.set_last_event_sequence(1);
+  tally::v1::ExperimentSpec& spec = *e.mutable_spec();
+  for (const auto& v : variants) {
+    spec.add_variants()->set_name(v);
+    e.add_variants()->set_name(v);
+    tally::v1::JobSpec& js = *rec.add_resolved();
+    js.set_display_name(v);
+    js.mutable_training()->set_max_steps(1000);
+  }
+  if (!from_variant.empty()) spec.mutable_target()->set_from_variant(from_variant);
+  if (val_loss > 0) spec.mutable_target()->set_val_loss(val_loss);
+  return rec;
+}
+
+// A job with evaluations (step, loss) costing $0.001 a step.
+Job MakeJob(int id, JobState state, const std::vector<std::pair<int64_t, double>>& evals) {
+  Job j;
+  j.set_name("jobs/" + std::to_string(id));
+  j.set_state(state);
+  j.mutable_spec()->mutable_training()->set_max_steps(1000);
+  for (auto [step, loss] : evals) {
+    auto* p = j.add_curve();
+    p->set_step(step);
+    p->set_tokens(step * 100);
+    p->set_cost_usd(step * 0.001);
+    p->set_gpu_seconds(step * 1.0);
+    p->set_val_loss(loss);
+    j.set_step(step);
+    j.set_val_loss(loss);
+    j.mutable_cost()->set_cost_usd(step * 0.001);
+  }
+  return j;
+}
+
+// The record as the manager commits it after each variant got its job.
+store::ExperimentRecord WithJobs(store::ExperimentRecord rec, const std::vector<Job>& jobs) {
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    rec.mutable_experiment()->mutable_variants(i)->set_job(jobs[i].name());
+    rec.mutable_experiment()->mutable_variants(i)->set_state(tally::v1::JOB_STATE_RUNNING);
+  }
+  return rec;
+}
+
+std::vector<std::optional<Job>> Opt(const std::vector<Job>& jobs) {
+  return {jobs.begin(), jobs.end()};
+}
+
+int Count(const Plan& p, Action::Kind kind) {
+  int n = 0;
+  for (const auto& a : p.actions) n += a.kind == kind;
+  return n;
+}
+
+const tally::v1::ExperimentEvent* Event(const Plan& p, const std::string& type) {
+  for (const auto& e : p.events) {
+    if (e.type() == type) return &e;
+  }
+  return nullptr;
+}
+
+TEST(DecideTest, SubmitsEveryVariantReferenceFirstWithLabelsAndStableRequestIds) {
+  const auto rec = Record({"packed", "naive", "moe"}, "naive");
+  Plan p = Decide(rec, {std::nullopt, std::nullopt, std::nullopt}, kNow);
+  ASSERT_EQ(p.actions.size(), 3u);
+  EXPECT_EQ(p.actions[0].variant, 1);  // naive, the reference
+  for (const auto& a : p.actions) {
+    EXPECT_EQ(a.kind, Action::kSubmit);
+    EXPECT_EQ(a.spec.labels().at("experiment"), "experiments/7");
+    EXPECT_EQ(a.spec.labels().at("variant"), rec.experiment().variants(a.variant).name());
+    EXPECT_EQ(a.request_id, VariantRequestId("experiments/7",
+                                             rec.experiment().variants(a.variant).name()));
+  }
+  EXPECT_FALSE(p.commit) << "nothing to store before the jobs exist";
+  // The same record decides the same submits again (a crash before the jobs
+  // were recorded): the request ids make them find the same jobs.
+  Plan again = Decide(rec, {std::nullopt, std::nullopt, std::nullopt}, kNow);
+  ASSERT_EQ(again.actions.size(), 3u);
+  EXPECT_EQ(again.actions[2].request_id, p.actions[2].request_id);
+}
+
+TEST(DecideTest, ReferenceFinalLossBecomesTheTargetOfTheOthers) {
+  Job naive = MakeJob(1, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 3.0}, {200, 2.0}});
+  Job packed = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {50, 2.5}});
+  // Ended before the target was known: judged on its curve, 2.4 -> 1.6
+  // straddles 2.0 halfway between steps 100 and 200.
+  Job done = MakeJob(3, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 2.4}, {200, 1.6}});
+  const auto rec = WithJobs(Record({"naive", "packed", "done"}, "naive"), {naive, packed, done});
+  Plan p = Decide(rec, Opt({naive, packed, done}), kNow);
+  const auto& e = p.rec.experiment();
+  EXPECT_DOUBLE_EQ(e.target_val_loss(), 2.0);
+  ASSERT_NE(Event(p, "target"), nullptr);
+  EXPECT_THAT(Event(p, "target")->reason(), HasSubstr("final validation loss of naive"));
+  ASSERT_EQ(Count(p, Action::kSetTarget), 1);
+  EXPECT_EQ(p.actions[0].variant, 1);
+  EXPECT_DOUBLE_EQ(p.actions[0].target_val_loss, 2.0);
+  // The reference reaches its own final loss at its last evaluation.
+  EXPECT_TRUE(e.variants(0).reached_target());
+  EXPECT_NEAR(e.variants(0).cost_to_target_usd(), 0.2, 1e-12);
+  EXPECT_TRUE(e.variants(2).reached_target());
+  EXPECT_NEAR(e.variants(2).cost_to_target_usd(), 0.15, 1e-12);
+  EXPECT_NEAR(e.variants(2).tokens_to_target(), 15000, 1e-6);
+  EXPECT_NEAR(e.variants(2).ratio_to_reference(), 0.75, 1e-12);
+  EXPECT_EQ(e.variants(2).target_step(), 200);
+  EXPECT_FALSE(e.variants(1).reached_target());
+  EXPECT_DOUBLE_EQ(e.variants(1).ratio_to_reference(), 0);
+  EXPECT_EQ(e.state(), tally::v1::EXPERIMENT_STATE_RUNNING);
+  EXPECT_TRUE(p.commit);
+}
+
+TEST(DecideTest, TheReferenceRunsWithoutATargetAndATargetInForceIsNotSetAgain) {
+  Job naive = MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}});
+  Job packed = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}});
+  auto rec = WithJobs(Record({"naive", "packed"}, "naive"), {naive, packed});
+  EXPECT_TRUE(Decide(rec, Opt({naive, packed}), kNow).actions.empty());
+  rec.mutable_experiment()->set_target_val_loss(2.0);
+  packed.set_target_val_loss(2.0);
+  EXPECT_TRUE(Decide(rec, Opt({naive, packed}), kNow).actions.empty());
+}
+
+TEST(DecideTest, AnAbsoluteTargetIsEveryVariantsIncludingTheFirst) {
+  Job a = MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}});
+  Job b = MakeJob(2, tally::v1::JOB_STATE_QUEUED, {});
+  const auto rec = WithJobs(Record({"a", "b"}, "", 2.5), {a, b});
+  Plan p = Decide(rec, Opt({a, b}), kNow);
+  EXPECT_EQ(Count(p, Action::kSetTarget), 2);
+  EXPECT_DOUBLE_EQ(p.rec.experiment().target_val_loss(), 2.5);
+}
+
+TEST(DecideTest, AFailedVariantDoesNotFailTheExperimentAndHasNoMadeUpFigures) {
+  Job naive = MakeJob(1, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 2.0}});
+  Job broken = MakeJob(2, tally::v1::JOB_STATE_FAILED, {{0, 5.0}});
+  Job none = MakeJob(3, tally::v1::JOB_STATE_FAILED, {});
+  auto rec = WithJobs(Record({"naive", "broken", "none"}, "naive"), {naive, broken, none});
+  Plan p = Decide(rec, Opt({naive, broken, none}), kNow);
+  const auto& e = p.rec.experiment();
+  EXPECT_EQ(e.state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  EXPECT_THAT(e.state_reason(), HasSubstr("cheapest to the target 2.0000: naive"));
+  EXPECT_FALSE(e.variants(1).reached_target());
+  EXPECT_EQ(e.variants(1).note(), "never reached the target");
+  EXPECT_EQ(e.variants(2).note(), "never evaluated: no figure to the target");
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(e.variants(i).cost_to_target_usd(), 0);
+    EXPECT_EQ(e.variants(i).ratio_to_reference(), 0);
+    EXPECT_FALSE(std::isnan(e.variants(i).ratio_to_reference()));
+  }
+  int ended = 0;
+  for (const auto& ev : p.events) ended += ev.type() == "variant_ended";
+  EXPECT_EQ(ended, 3);
+}
+
+TEST(DecideTest, AReferenceWithoutAnEvaluationLeavesNoTarget) {
+  Job naive = MakeJob(1, tally::v1::JOB_STATE_FAILED, {});
+  Job packed = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {100, 1.0}});
+  auto rec = WithJobs(Record({"naive", "packed"}, "naive"), {naive, packed});
+  Plan p = Decide(rec, Opt({naive, packed}), kNow);
+  EXPECT_TRUE(p.rec.target_unavailable());
+  EXPECT_EQ(p.rec.experiment().target_val_loss(), 0);
+  EXPECT_THAT(p.rec.experiment().variants(1).note(), HasSubstr("no target"));
+  EXPECT_EQ(Count(p, Action::kSetTarget), 0);
+  ASSERT_NE(Event(p, "target"), nullptr);
+  // Decided once: the next pass says nothing more about it.
+  Plan next = Decide(p.rec, Opt({naive, packed}), kNow);
+  EXPECT_EQ(Event(next, "target"), nullptr);
+}
+
+TEST(DecideTest, ARefusedReferenceLeavesNoTargetAndTheExperimentCanEnd) {
+  Job packed = MakeJob(2, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 1.0}});
+  auto rec = Record({"naive", "packed"}, "naive");
+  Plan refused = DecideSubmitRefused(rec, 0, "no such gpu type", kNow);
+  EXPECT_EQ(refused.rec.experiment().variants(0).state(), tally::v1::JOB_STATE_FAILED);
+  auto rec2 = refused.rec;
+  rec2.mutable_experiment()->mutable_variants(1)->set_job("jobs/2");
+  Plan p = Decide(rec2, {std::nullopt, packed}, kNow);
+  EXPECT_EQ(Count(p, Action::kSubmit), 0) << "a refused variant is not submitted again";
+  EXPECT_TRUE(p.rec.target_unavailable());
+  EXPECT_EQ(p.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  EXPECT_THAT(p.rec.experiment().state_reason(), HasSubstr("no target was known"));
+}
+
+TEST(DecideTest, TheBudgetStopsEveryRunningVariant) {
+  Job a = MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {300, 3.0}});
+  Job b = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {250, 3.0}});
+  Job c = MakeJob(3, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 3.0}});
+  auto rec = WithJobs(Record({"a", "b", "c"}, "a"), {a, b, c});
+  rec.mutable_experiment()->mutable_spec()->mutable_budget()->set_max_dollars(0.6);
+  Plan p = Decide(rec, Opt({a, b, c}), kNow);  // 0.3 + 0.25 + 0.1 >= 0.6
+  EXPECT_EQ(p.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED);
+  EXPECT_THAT(p.rec.experiment().state_reason(), HasSubstr("budget spent: $0.6500 of $0.6000"));
+  ASSERT_EQ(Count(p, Action::kStop), 2);
+  for (const auto& act : p.actions) {
+    EXPECT_EQ(act.state, tally::v1::JOB_STATE_BUDGET_EXHAUSTED);
+    EXPECT_EQ(act.rule, "experiment_budget");
+  }
+  // Ended: a later pass repeats the stops of jobs still running (a crash
+  // may have come between the commit and them), and nothing else.
+  Plan again = Decide(p.rec, Opt({a, b, c}), kNow);
+  EXPECT_EQ(Count(again, Action::kStop), 2);
+  EXPECT_FALSE(again.commit);
+}
+
+TEST(DecideTest, UnderBudgetNothingStops) {
+  Job a = MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {300, 3.0}});
+  auto rec = WithJobs(Record({"a"}, "a"), {a});
+  rec.mutable_experiment()->mutable_spec()->mutable_budget()->set_max_dollars(0.31);
+  EXPECT_EQ(Count(Decide(rec, Opt({a}), kNow), Action::kStop), 0);
+}
+
+Job WithForecast(Job j, double final_loss) {
+  j.mutable_forecast()->set_valid(true);
+  j.mutable_forecast()->set_final_val_loss(final_loss);
+  return j;
+}
+
+TEST(DecideTest, SuccessiveHalvingStopsTheWorseHalfByForecastAfterEachRung) {
+  // 4 variants: 2 rungs; without dollars the first ends at 1/4 of max_steps.
+  std::vector<Job> jobs = {
+      WithForecast(MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}), 2.0),
+      WithForecast(MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}), 2.5),
+      WithForecast(MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}), 1.5),
+      MakeJob(4, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {200, 3.1}}),
+  };
+  auto rec = WithJobs(Record({"a", "b", "c", "d"}, "", 1.0), jobs);
+  rec.mutable_experiment()->mutable_spec()->set_strategy(
+      tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
+  rec.mutable_experiment()->set_target_val_loss(1.0);
+  for (auto& j : jobs) j.set_target_val_loss(1.0);
+  Plan early = Decide(rec, Opt(jobs), kNow);
+  EXPECT_EQ(Count(early, Action::kStop), 0) << "d has not reached the rung yet";
+
+  jobs[3] = MakeJob(4, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {260, 3.1}});
+  jobs[3].set_target_val_loss(1.0);  // no forecast yet: ranked by its latest loss
+  Plan p = Decide(rec, Opt(jobs), kNow);
+  ASSERT_EQ(Count(p, Action::kStop), 2);
+  std::vector<int> stopped;
+  for (const auto& a : p.actions) {
+    EXPECT_EQ(a.state, tally::v1::JOB_STATE_EARLY_STOPPED);
+    EXPECT_EQ(a.rule, "experiment_halving");
+    stopped.push_back(a.variant);
+  }
+  EXPECT_THAT(stopped, ::testing::UnorderedElementsAre(1, 3));  // 2.5 and 3.1
+  EXPECT_EQ(p.rec.experiment().rung(), 1);
+  EXPECT_TRUE(p.rec.experiment().variants(1).halted());
+  ASSERT_NE(Event(p, "halving"), nullptr);
+  EXPECT_THAT(Event(p, "halving")->reason(), HasSubstr("rung 1 of 2"));
+
+  // The next rung (1/2 of max_steps) between the two left.
+  jobs[1].set_state(tally::v1::JOB_STATE_EARLY_STOPPED);
+  jobs[3].set_state(tally::v1::JOB_STATE_EARLY_STOPPED);
+  jobs[0] = WithForecast(MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 2.0}}), 1.8);
+  jobs[2] = WithForecast(MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 2.0}}), 1.2);
+  for (auto& j : jobs) j.set_target_val_loss(1.0);
+  Plan p2 = Decide(p.rec, Opt(jobs), kNow);
+  ASSERT_EQ(Count(p2, Action::kStop), 1);
+  EXPECT_EQ(p2.actions[0].variant, 0);
+  EXPECT_EQ(p2.rec.experiment().rung(), 2);
+  // No third rung.
+  Plan p3 = Decide(p2.rec, Opt(jobs), kNow);
+  EXPECT_EQ(Count(p3, Action::kStop), 0);
+}
+
+TEST(DecideTest, HalvingRungsInDollarsAndTheReferenceIsNeverHalved) {
+  std::vector<Job> jobs = {
+      MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {100, 9.0}}),  // reference
+      WithForecast(MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {100, 3.0}}), 2.0),
+      WithForecast(MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {100, 3.0}}), 2.2),
+  };
+  auto rec = WithJobs(Record({"naive", "b", "c"}, "naive"), jobs);
+  auto& spec = *rec.mutable_experiment()->mutable_spec();
+  spec.set_strategy(tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
+  spec.set_rung_dollars(0.2);  // each has spent $0.1
+  EXPECT_EQ(Count(Decide(rec, Opt(jobs), kNow), Action::kStop), 0);
+  spec.set_rung_dollars(0.1);
+  Plan p = Decide(rec, Opt(jobs), kNow);
+  ASSERT_EQ(Count(p, Action::kStop), 1);
+  EXPECT_EQ(p.actions[0].variant, 2);
+}
+
+TEST(DecideTest, CancelCancelsOnlyWhatIsStillRunning) {
+  Job a = MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}});
+  Job b = MakeJob(2, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}});
+  auto rec = WithJobs(Record({"a", "b", "c"}, "a"), {a, b});
+  Plan p = DecideCancel(rec, {a, b, std::nullopt}, "enough", kNow);
+  EXPECT_EQ(p.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_CANCELLED);
+  EXPECT_EQ(p.rec.experiment().state_reason(), "cancelled: enough");
+  ASSERT_EQ(p.actions.size(), 1u);
+  EXPECT_EQ(p.actions[0].kind, Action::kCancel);
+  EXPECT_EQ(p.actions[0].variant, 0);
+  Plan again = Decide(p.rec, {a, b, std::nullopt}, kNow);
+  EXPECT_EQ(Count(again, Action::kSubmit), 0) << "a cancelled experiment submits nothing";
+  EXPECT_EQ(Count(again, Action::kCancel), 1);
+}
+
+TEST(DecideTest, EventsFollowTheLastSequence) {
+  Job naive = MakeJob(1, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 2.0}});
+  Job b = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}});
+  auto rec = WithJobs(Record({"naive", "b"}, "naive"), {naive, b});
+  rec.mutable_experiment()->set_last_event_sequence(4);
+  Plan p = Decide(rec, Opt({naive, b}), kNow);
+  ASSERT_GE(p.events.size(), 2u);
+  for (size_t i = 0; i < p.events.size(); ++i) {
+    EXPECT_EQ(p.events[i].sequence(), 5 + static_cast<int64_t>(i));
+    EXPECT_EQ(p.events[i].experiment(), "experiments/7");
+  }
+  EXPECT_EQ(p.rec.experiment().last_event_sequence(), 4 + static_cast<int64_t>(p.events.size()));
+}
+
+}  // namespace
+}  // namespace tally::experiments

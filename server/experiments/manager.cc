@@ -1,0 +1,303 @@
+#include "server/experiments/manager.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/experiment_spec.h"
+#include "common/names.h"
+#include "common/proto_time.h"
+#include "common/spec_validation.h"
+#include "common/status_macros.h"
+#include "common/text.h"
+
+namespace tally::experiments {
+namespace {
+
+using tally::v1::Experiment;
+using tally::v1::Job;
+
+// The longest experiment name a label will hold, for validating variants
+// before the experiment has its id.
+constexpr char kLongestName[] = "experiments/9223372036854775807";
+constexpr size_t kMaxDisplayNameChars = 200;
+
+bool Transient(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsResourceExhausted(s) || absl::IsInternal(s) ||
+         absl::IsAborted(s) || absl::IsDeadlineExceeded(s);
+}
+
+}  // namespace
+
+ExperimentManager::ExperimentManager(store::JobStore* store, sched::Scheduler* scheduler,
+                                     const Clock* clock, metrics::Registry* registry)
+    : store_(store), scheduler_(scheduler), clock_(clock) {
+  const metrics::Labels none;
+  variant_cost_ = &registry->Add<metrics::Gauge>(
+      "tally_experiment_variant_cost_dollars",
+      "Dollars an experiment's variant has spent so far.", none);
+  variant_val_loss_ = &registry->Add<metrics::Gauge>(
+      "tally_experiment_variant_val_loss",
+      "The latest validation loss of an experiment's variant.", none);
+  variant_cost_to_target_ = &registry->Add<metrics::Gauge>(
+      "tally_experiment_variant_cost_to_target_dollars",
+      "Dollars a variant needed to reach the experiment's target validation loss "
+      "(interpolated between the evaluations that straddle it); exported once reached.",
+      none);
+  variant_reached_ = &registry->Add<metrics::Gauge>(
+      "tally_experiment_variant_reached_target",
+      "1 when the variant has reached the experiment's target validation loss, else 0.", none);
+  target_ = &registry->Add<metrics::Gauge>(
+      "tally_experiment_target_val_loss",
+      "The experiment's target validation loss, once known.", none);
+  cost_ = &registry->Add<metrics::Gauge>(
+      "tally_experiment_cost_dollars", "Dollars all of an experiment's variants have spent.",
+      none);
+}
+
+absl::Status ExperimentManager::Recover() {
+  ASSIGN_OR_RETURN(std::vector<store::ExperimentRecord> running,
+                   store_->ListActiveExperiments());
+  for (auto& rec : running) {
+    const int64_t id = rec.id();
+    active_[id] = std::move(rec);
+  }
+  // An experiment that ended just before a crash may have variants its end
+  // had still to cancel or stop: they are found by their label.
+  ASSIGN_OR_RETURN(std::vector<store::JobRecord> jobs, store_->ListActiveJobs());
+  for (const auto& job : jobs) {
+    auto label = job.job().spec().labels().find("experiment");
+    if (label == job.job().spec().labels().end()) continue;
+    absl::StatusOr<int64_t> id = ParseExperimentName(label->second);
+    if (!id.ok() || active_.count(*id)) continue;
+    absl::StatusOr<store::ExperimentRecord> rec = store_->GetExperiment(*id);
+    if (rec.ok()) active_[*id] = std::move(*rec);  // its next pass acts
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::optional<Job>> ExperimentManager::JobsOf(const store::ExperimentRecord& rec) {
+  std::vector<std::optional<Job>> jobs(rec.experiment().variants_size());
+  for (int i = 0; i < rec.experiment().variants_size(); ++i) {
+    const std::string& name = rec.experiment().variants(i).job();
+    if (name.empty()) continue;
+    absl::StatusOr<int64_t> id = ParseJobName(name);
+    if (!id.ok()) continue;
+    if (auto view = scheduler_->ActiveJobView(*id)) {
+      jobs[i] = std::move(*view);
+      continue;
+    }
+    auto it = ended_jobs_.find(*id);
+    if (it == ended_jobs_.end()) {
+      absl::StatusOr<store::JobRecord> stored = store_->GetJob(*id);
+      if (!stored.ok()) continue;  // read again on the next pass
+      it = ended_jobs_.emplace(*id, stored->job()).first;
+    }
+    jobs[i] = it->second;
+  }
+  return jobs;
+}
+
+absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec spec,
+                                                     const std::string& request_id) {
+  if (request_id.size() > 128) {
+    return absl::InvalidArgumentError("request_id: must be at most 128 characters");
+  }
+  ApplyExperimentDefaults(&spec);
+  RETURN_IF_ERROR(ValidateExperimentSpec(spec));
+  store::ExperimentRecord rec;
+  Experiment& e = *rec.mutable_experiment();
+  for (int i = 0; i < spec.variants_size(); ++i) {
+    const std::string& variant = spec.variants(i).name();
+    ASSIGN_OR_RETURN(tally::v1::JobSpec resolved, ResolveVariant(spec, i));
+    if (resolved.display_name().empty()) {
+      std::string name = absl::StrCat(
+          spec.display_name().empty() ? "experiment" : spec.display_name(), "/", variant);
+      resolved.set_display_name(Utf8Length(name) <= kMaxDisplayNameChars ? name : variant);
+    }
+    // As it will be submitted, labels included.
+    tally::v1::JobSpec check = resolved;
+    (*check.mutable_labels())["experiment"] = kLongestName;
+    (*check.mutable_labels())["variant"] = variant;
+    if (absl::Status s = PrepareJobSpec(&check); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variants[", i, "] (", EscapeUnprintable(variant), "): spec.", s.message(),
+          " (each variant's job carries the labels experiment and variant)"));
+    }
+    *rec.add_resolved() = std::move(resolved);
+    e.add_variants()->set_name(variant);
+  }
+  *e.mutable_spec() = spec;
+  e.set_state(tally::v1::EXPERIMENT_STATE_RUNNING);
+  e.set_state_reason("running its variants");
+  const absl::Time now = clock_->Now();
+  *e.mutable_create_time() = ToProto(now);
+  e.set_request_id(request_id);
+  e.set_reference_variant(spec.variants(ReferenceIndex(spec)).name());
+  if (spec.target().val_loss() > 0) e.set_target_val_loss(spec.target().val_loss());
+  tally::v1::ExperimentEvent first;
+  first.set_type("created");
+  first.set_state(tally::v1::EXPERIMENT_STATE_RUNNING);
+  *first.mutable_time() = ToProto(now);
+  first.set_reason(absl::StrCat(spec.variants_size(), " variants, reference ",
+                                e.reference_variant()));
+  first.set_detail(spec.target().has_from_variant()
+                       ? absl::StrCat("target: the final validation loss of ",
+                                      spec.target().from_variant())
+                       : absl::StrCat("target: val_loss ", spec.target().val_loss()));
+  ASSIGN_OR_RETURN(store::ExperimentCreateResult created,
+                   store_->CreateExperiment(std::move(rec), std::move(first)));
+  const int64_t id = created.experiment.id();
+  if (created.created) {
+    if (listener_) listener_(id);
+    if (created.experiment.experiment().state() == tally::v1::EXPERIMENT_STATE_RUNNING) {
+      active_[id] = created.experiment;
+      // Its variants are submitted now; a failure here is retried by the
+      // next pass, the experiment is stored either way.
+      ReconcileOne(id).IgnoreError();
+    }
+  }
+  return Get(id);
+}
+
+absl::StatusOr<Experiment> ExperimentManager::Get(int64_t id) {
+  auto it = active_.find(id);
+  if (it != active_.end()) return View(it->second);
+  ASSIGN_OR_RETURN(store::ExperimentRecord rec, store_->GetExperiment(id));
+  return View(rec);
+}
+
+absl::StatusOr<std::vector<Experiment>> ExperimentManager::List(int64_t before_id, int limit) {
+  ASSIGN_OR_RETURN(std::vector<store::ExperimentRecord> recs,
+                   store_->ListExperiments(before_id, limit));
+  std::vector<Experiment> out;
+  out.reserve(recs.size());
+  for (const auto& rec : recs) {
+    auto it = active_.find(rec.id());
+    out.push_back(View(it != active_.end() ? it->second : rec));
+  }
+  return out;
+}
+
+Experiment ExperimentManager::View(const store::ExperimentRecord& rec) {
+  Experiment e = rec.experiment();
+  FillFigures(JobsOf(rec), &e);
+  return e;
+}
+
+absl::StatusOr<Experiment> ExperimentManager::Cancel(int64_t id, const std::string& reason) {
+  auto it = active_.find(id);
+  if (it == active_.end()) {
+    ASSIGN_OR_RETURN(store::ExperimentRecord rec, store_->GetExperiment(id));
+    std::string state(tally::v1::ExperimentState_Name(rec.experiment().state()));
+    if (state.rfind("EXPERIMENT_STATE_", 0) == 0) state = state.substr(17);
+    return absl::FailedPreconditionError(
+        absl::StrCat(rec.experiment().name(), " has already ended (", state,
+                     "); only a RUNNING experiment can be cancelled"));
+  }
+  if (it->second.experiment().state() != tally::v1::EXPERIMENT_STATE_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        it->second.experiment().name(), " has already ended; its variants are stopping"));
+  }
+  Plan plan = DecideCancel(it->second, JobsOf(it->second), reason, clock_->Now());
+  RETURN_IF_ERROR(CommitPlan(plan));
+  RETURN_IF_ERROR(Act(id, plan));
+  return View(plan.rec);
+}
+
+absl::Status ExperimentManager::CommitPlan(Plan& plan) {
+  const int64_t id = plan.rec.id();
+  if (plan.commit) {
+    RETURN_IF_ERROR(store_->CommitExperiment({plan.rec, plan.events}));
+    if (listener_) listener_(id);
+  }
+  // An ended experiment stays until its acts are done (see ReconcileOne).
+  if (plan.commit) active_[id] = plan.rec;
+  Export(plan.rec.experiment());
+  return absl::OkStatus();
+}
+
+absl::Status ExperimentManager::Act(int64_t id, const Plan& plan) {
+  absl::Status first = absl::OkStatus();
+  auto note = [&](absl::Status s) {
+    // A job that ended meanwhile needs nothing more.
+    if (!s.ok() && !absl::IsFailedPrecondition(s) && first.ok()) first = std::move(s);
+  };
+  for (const Action& a : plan.actions) {
+    const std::string& job_name = plan.rec.experiment().variants(a.variant).job();
+    switch (a.kind) {
+      case Action::kSubmit: {
+        absl::StatusOr<Job> job = scheduler_->Submit(a.spec, a.request_id);
+        auto it = active_.find(id);
+        if (it == active_.end()) break;  // ended meanwhile
+        Plan next = job.ok() ? DecideSubmitted(it->second, a.variant, *job, clock_->Now())
+                    : Transient(job.status())
+                        ? Plan{}
+                        : DecideSubmitRefused(it->second, a.variant,
+                                              std::string(job.status().message()),
+                                              clock_->Now());
+        if (!next.commit) {
+          note(job.status());
+          break;
+        }
+        note(CommitPlan(next));
+        break;
+      }
+      case Action::kSetTarget:
+      case Action::kStop:
+      case Action::kCancel: {
+        absl::StatusOr<int64_t> job_id = ParseJobName(job_name);
+        if (!job_id.ok()) break;
+        if (a.kind == Action::kSetTarget) {
+          note(scheduler_->SetTarget(*job_id, a.target_val_loss, a.reason).status());
+        } else if (a.kind == Action::kStop) {
+          note(scheduler_->StopJob(*job_id, a.state, a.rule, a.reason).status());
+        } else {
+          note(scheduler_->Cancel(*job_id, a.reason).status());
+        }
+        break;
+      }
+    }
+  }
+  return first;
+}
+
+absl::Status ExperimentManager::ReconcileOne(int64_t id) {
+  auto it = active_.find(id);
+  if (it == active_.end()) return absl::OkStatus();
+  Plan plan = Decide(it->second, JobsOf(it->second), clock_->Now());
+  RETURN_IF_ERROR(CommitPlan(plan));
+  if (plan.rec.experiment().state() != tally::v1::EXPERIMENT_STATE_RUNNING &&
+      plan.actions.empty()) {
+    active_.erase(id);  // ended, and none of its jobs is left running
+    return absl::OkStatus();
+  }
+  return Act(id, plan);
+}
+
+absl::Status ExperimentManager::Reconcile() {
+  absl::Status first = absl::OkStatus();
+  std::vector<int64_t> ids;
+  for (const auto& [id, rec] : active_) ids.push_back(id);
+  for (int64_t id : ids) {
+    absl::Status s = ReconcileOne(id);
+    if (!s.ok() && first.ok()) first = std::move(s);
+  }
+  return first;
+}
+
+void ExperimentManager::Export(const Experiment& e) {
+  const metrics::Labels exp{{"experiment", e.name()}};
+  cost_->Add(exp).Set(e.cost_usd());
+  if (e.target_val_loss() > 0) target_->Add(exp).Set(e.target_val_loss());
+  for (const auto& v : e.variants()) {
+    if (v.job().empty()) continue;
+    const metrics::Labels l{{"experiment", e.name()}, {"variant", v.name()}};
+    variant_cost_->Add(l).Set(v.cost_usd());
+    if (v.val_loss() > 0) variant_val_loss_->Add(l).Set(v.val_loss());
+    variant_reached_->Add(l).Set(v.reached_target() ? 1 : 0);
+    if (v.reached_target()) variant_cost_to_target_->Add(l).Set(v.cost_to_target_usd());
+  }
+}
+
+}  // namespace tally::experiments

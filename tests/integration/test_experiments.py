@@ -1,0 +1,258 @@
+"""Experiments end to end: real tallyd and CPU workers, created through
+tallyctl as a user would, read back through the API, tallyctl and metrics."""
+
+import json
+import os
+import xml.etree.ElementTree as ET
+
+from harness import (TRAIN_PATH, ClusterTest, experiments_pb2, jobs_pb2,
+                     parse_exposition, wait_for)
+
+PRICE = 36.0  # $ per GPU-hour: a cpu second costs a cent
+
+EXPERIMENT = """\
+display_name: it-recipe
+base:
+  model: {{num_layers: 1, d_model: 16, num_heads: 2}}
+  data: {{train_path: {train}, seq_len: 64, packing: packed}}
+  training: {{max_steps: {steps}, micro_batch_rows: 2, eval_interval_steps: {every},
+             eval_tokens: 4096, checkpoint_interval_steps: 0, seed: 1}}
+  optimizer: {{lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 5}}
+  resources: {{gpu_type: cpu, gpu_count: 1}}
+  max_attempts: 1
+variants:
+  - name: naive
+    overrides: {{data: {{packing: pad_to_seq_len}}}}
+  - name: packed
+    overrides: {{}}
+  - name: {third}
+    overrides: {third_overrides}
+target: {{from_variant: naive}}
+"""
+
+VARIANT_FIELDS = ("name", "job", "state", "final_val_loss", "best_val_loss", "cost_usd",
+                  "reached_target", "cost_to_target_usd", "tokens_to_target",
+                  "gpu_seconds_to_target", "ratio_to_reference")
+
+TERMINAL = {experiments_pb2.EXPERIMENT_STATE_SUCCEEDED,
+            experiments_pb2.EXPERIMENT_STATE_CANCELLED,
+            experiments_pb2.EXPERIMENT_STATE_BUDGET_EXHAUSTED}
+
+
+class ExperimentsTest(ClusterTest):
+
+    def setUp(self):
+        super().setUp()
+        config = os.path.join(self.dir, "tallyd.yaml")
+        with open(config, "w") as f:
+            f.write("usd_per_gpu_hour: {cpu: %g}\n" % PRICE)
+        self.tallyd.extra_args = ["--config=" + config]
+        self.tallyd.restart()
+
+    def write(self, steps=300, every=25, third="packed-moe",
+              third_overrides="{model: {moe: {num_experts: 4, top_k: 1}}}", extra=""):
+        path = os.path.join(self.dir, "exp.yaml")
+        with open(path, "w") as f:
+            f.write(EXPERIMENT.format(train=TRAIN_PATH, steps=steps, every=every, third=third,
+                                      third_overrides=third_overrides) + extra)
+        return path
+
+    def get_exp(self, name):
+        return self.tallyd.experiments.GetExperiment(
+            experiments_pb2.GetExperimentRequest(name=name), timeout=10)
+
+    def wait_exp(self, name, timeout=240):
+        return wait_for(lambda: (lambda e: e if e.state in TERMINAL else None)(
+            self.get_exp(name)), timeout=timeout, interval=0.2,
+            what="%s to end" % name)
+
+    def experiment_jobs(self, name):
+        jobs = self.tallyd.jobs.ListJobs(jobs_pb2.ListJobsRequest(page_size=1000),
+                                         timeout=10).jobs
+        return [j for j in jobs if j.spec.labels.get("experiment") == name]
+
+    def test_three_variants_reach_a_result_with_figures_a_report_and_metrics(self):
+        # One slot: the reference, submitted first, runs first, so the others
+        # all run with its final loss as their target.
+        self.add_worker("w1")
+        path = self.write()
+        out = self.tallyctl("experiment", "create", "-f", path, "--request_id=it-1")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        name = out.stdout.strip()
+        self.assertRegex(name, r"^experiments/\d+$")
+        # Idempotent: the same request id gives the same experiment, no new jobs.
+        again = self.tallyctl("experiment", "create", "-f", path, "--request_id=it-1")
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertEqual(again.stdout.strip(), name)
+
+        watch = self.tallyctl("experiment", "watch", name)
+        self.assertEqual(watch.returncode, 0, watch.stdout + watch.stderr)
+        self.assertIn("variant_ended", watch.stdout)
+        self.assertIn("SUCCEEDED", watch.stdout)
+
+        jobs = self.experiment_jobs(name)
+        self.assertEqual(sorted(j.spec.labels["variant"] for j in jobs),
+                         ["naive", "packed", "packed-moe"])
+        e = self.get_exp(name)
+        self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_SUCCEEDED, e.state_reason)
+        self.assertEqual(e.reference_variant, "naive")
+        naive = e.variants[0]
+        self.assertEqual(naive.state, jobs_pb2.JOB_STATE_SUCCEEDED)
+        self.assertAlmostEqual(e.target_val_loss, naive.final_val_loss, places=9)
+        self.assertTrue(naive.reached_target)
+        self.assertAlmostEqual(naive.ratio_to_reference, 1.0, places=9)
+        by_job = {j.name: j for j in jobs}
+        for v in e.variants[1:]:
+            job = by_job[v.job]
+            # The reference's final loss was the target in force on the others.
+            self.assertAlmostEqual(job.target_val_loss, e.target_val_loss, places=9)
+            if v.reached_target:
+                self.assertGreater(v.cost_to_target_usd, 0)
+                self.assertLessEqual(v.cost_to_target_usd, v.cost_usd + 1e-9)
+                self.assertAlmostEqual(v.ratio_to_reference,
+                                       v.cost_to_target_usd / naive.cost_to_target_usd,
+                                       places=6)
+                self.assertGreater(v.tokens_to_target, 0)
+                self.assertGreater(v.gpu_seconds_to_target, 0)
+            else:
+                self.assertEqual(v.ratio_to_reference, 0)
+                self.assertEqual(v.note, "never reached the target")
+        self.assertAlmostEqual(e.cost_usd, sum(v.cost_usd for v in e.variants), places=9)
+
+        # The contract outside tools read: every field, by these names.
+        got = self.tallyctl("experiment", "get", name, "--output=json")
+        self.assertEqual(got.returncode, 0, got.stderr)
+        doc = json.loads(got.stdout)
+        self.assertIn("target_val_loss", doc)
+        self.assertEqual(doc["reference_variant"], "naive")
+        for v in doc["variants"]:
+            for field in VARIANT_FIELDS:
+                self.assertIn(field, v)
+        text = self.tallyctl("experiment", "get", name)
+        self.assertIn("$ TO TARGET", text.stdout)
+        listed = self.tallyctl("experiment", "list")
+        self.assertIn(name, listed.stdout)
+
+        svg = os.path.join(self.dir, "report.svg")
+        rep = self.tallyctl("experiment", "report", name, "--svg=" + svg)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        root = ET.parse(svg).getroot()
+        self.assertEqual(root.tag, "{http://www.w3.org/2000/svg}svg")
+        paths = [p for p in root.iter("{http://www.w3.org/2000/svg}path")
+                 if p.get("class") == "variant"]
+        self.assertEqual(sorted(p.get("data-variant") for p in paths),
+                         ["naive", "packed", "packed-moe"])
+
+        series = parse_exposition(self.tallyd.scrape())
+        key = ('tally_experiment_variant_reached_target{experiment="%s",variant="naive"}'
+               % name)
+        self.assertEqual(series.get(key), 1.0, key)
+        key = ('tally_experiment_variant_cost_to_target_dollars{experiment="%s",'
+               'variant="naive"}' % name)
+        self.assertAlmostEqual(series[key], naive.cost_to_target_usd, places=6)
+        print("\n" + text.stdout)
+
+    def test_a_failing_variant_does_not_fail_the_experiment(self):
+        self.add_worker("w1")
+        self.add_worker("w2")
+        path = self.write(steps=120, third="broken",
+                          third_overrides="{data: {train_path: /nonexistent/corpus/train}}")
+        out = self.tallyctl("experiment", "create", "-f", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        name = out.stdout.strip()
+        e = self.wait_exp(name)
+        self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_SUCCEEDED, e.state_reason)
+        broken = e.variants[2]
+        self.assertEqual(broken.state, jobs_pb2.JOB_STATE_FAILED)
+        self.assertFalse(broken.reached_target)
+        self.assertEqual(broken.cost_to_target_usd, 0)
+        self.assertEqual(broken.ratio_to_reference, 0)
+        self.assertIn("no figure to the target", broken.note)
+        self.assertTrue(e.variants[0].reached_target)
+
+    def test_a_kill_9_of_tallyd_mid_experiment_loses_and_doubles_nothing(self):
+        self.add_worker("w1")
+        self.add_worker("w2")
+        path = self.write(steps=1500, every=100)
+        out = self.tallyctl("experiment", "create", "-f", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        name = out.stdout.strip()
+        wait_for(lambda: any(v.step > 0 for v in self.get_exp(name).variants), timeout=60,
+                 what="a variant to make progress")
+        self.tallyd.restart()  # SIGKILL, then the same data directory
+        e = self.wait_exp(name, timeout=400)
+        self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_SUCCEEDED, e.state_reason)
+        self.assertEqual(len(self.experiment_jobs(name)), 3, "no variant submitted twice")
+        self.assertGreater(e.target_val_loss, 0)
+        events = list(self.tallyd.experiments.WatchExperiment(
+            experiments_pb2.WatchExperimentRequest(name=name), timeout=30))
+        self.assertEqual([ev.sequence for ev in events], list(range(1, len(events) + 1)))
+        self.assertEqual(sum(ev.type == "variant_ended" for ev in events), 3)
+        self.assertEqual(events[-1].type, "succeeded")
+
+    def test_cancel_ends_the_experiment_and_its_variants(self):
+        self.add_worker("w1")
+        path = self.write(steps=100000)
+        name = self.tallyctl("experiment", "create", "-f", path).stdout.strip()
+        wait_for(lambda: any(v.state == jobs_pb2.JOB_STATE_RUNNING
+                             for v in self.get_exp(name).variants),
+                 timeout=30, what="a variant to run")
+        out = self.tallyctl("experiment", "cancel", name, "--reason=enough")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        e = self.get_exp(name)
+        self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_CANCELLED)
+        self.assertEqual(e.state_reason, "cancelled: enough")
+        for j in self.experiment_jobs(name):
+            self.assertEqual(j.state, jobs_pb2.JOB_STATE_CANCELLED, j.name)
+        again = self.tallyctl("experiment", "cancel", name)
+        self.assertEqual(again.returncode, 4, again.stderr)
+        watch = self.tallyctl("experiment", "watch", name)
+        self.assertEqual(watch.returncode, 6, "a cancelled experiment is not a success")
+
+    def test_bad_files_and_names_get_clear_errors(self):
+        path = self.write(third="packed-moe",
+                          third_overrides="{model: {moe: {num_experts: 4, top_k: 9}}}")
+        out = self.tallyctl("experiment", "create", "-f", path)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("variants[2] (packed-moe): spec.model.moe.top_k", out.stderr)
+        # The server makes the same check for clients that skip tallyctl's.
+        with self.assertRaises(Exception) as ctx:
+            self.tallyd.experiments.CreateExperiment(
+                experiments_pb2.CreateExperimentRequest(), timeout=10)
+        self.assertIn("spec: is required", str(ctx.exception))
+        out = self.tallyctl("experiment", "get", "experiments/99")
+        self.assertEqual(out.returncode, 3)
+        out = self.tallyctl("experiment", "get", "jobs/1")
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("experiments/7", out.stderr)
+
+    def test_successive_halving_stops_the_worse_half(self):
+        for i in range(4):
+            self.add_worker("w%d" % i)
+        path = self.write(steps=1600, every=50, third="packed-lowlr",
+                          third_overrides="{optimizer: {lr: 1.0e-4, min_lr: 1.0e-5}}")
+        with open(path) as f:
+            text = f.read()
+        # A fourth variant, an absolute target out of reach, and halving.
+        text = text.replace("target: {from_variant: naive}\n",
+                            "  - name: packed-tinylr\n"
+                            "    overrides: {optimizer: {lr: 1.0e-5, min_lr: 1.0e-6}}\n"
+                            "target: {val_loss: 0.5}\n"
+                            "strategy: successive_halving\n")
+        with open(path, "w") as f:
+            f.write(text)
+        out = self.tallyctl("experiment", "create", "-f", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        name = out.stdout.strip()
+        e = self.wait_exp(name, timeout=400)
+        self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_SUCCEEDED, e.state_reason)
+        halted = {v.name for v in e.variants if v.halted}
+        self.assertGreaterEqual(len(halted), 2, [(v.name, v.state_reason) for v in e.variants])
+        for v in e.variants:
+            if v.name in halted:
+                self.assertEqual(v.state, jobs_pb2.JOB_STATE_EARLY_STOPPED, v.state_reason)
+                self.assertIn("successive halving", v.state_reason)
+        # The low learning rates learn slowest: they go first.
+        self.assertIn("packed-tinylr", halted)
+        jobs = {j.spec.labels["variant"]: j for j in self.experiment_jobs(name)}
+        self.assertEqual(jobs["packed-tinylr"].early_stopping.stop_rule, "experiment_halving")
