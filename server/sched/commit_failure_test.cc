@@ -286,6 +286,73 @@ TEST_F(CommitFailureTest, CancelRunning) {
   EXPECT_EQ(stops, 1);
 }
 
+TEST_F(CommitFailureTest, SetTargetThatTheCurveAlreadyReached) {
+  const int64_t id = Running();
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_TRUE(Send(id, [](auto& m, const std::string& job, int attempt) {
+                m.mutable_eval()->set_job(job);
+                m.mutable_eval()->set_attempt(attempt);
+                m.mutable_eval()->set_step(100);
+                m.mutable_eval()->set_val_loss(2.0);
+              }).ok());
+  ExpectAtomic(id, [&] { return sched_->SetTarget(id, 2.5, "experiment").status(); });
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_DOUBLE_EQ(j.target_val_loss(), 2.5);
+  EXPECT_TRUE(j.has_target_reached());
+  EXPECT_EQ(j.pending_stop().state(), tally::v1::JOB_STATE_SUCCEEDED);
+  int stops = 0;
+  for (const auto& s : channel_.sent) stops += s.find("stop {") != std::string::npos;
+  EXPECT_EQ(stops, 1) << "one stop order, sent after the commit";
+  // The same target again changes nothing.
+  const std::string before = base_.GetJob(id)->job().ShortDebugString();
+  ASSERT_TRUE(sched_->SetTarget(id, 2.5, "experiment").ok());
+  EXPECT_EQ(base_.GetJob(id)->job().ShortDebugString(), before);
+  EXPECT_TRUE(absl::IsInvalidArgument(sched_->SetTarget(id, -1, "x").status()));
+}
+
+TEST_F(CommitFailureTest, StopJobKeepsTheEvaluatedState) {
+  const int64_t id = Running();
+  ASSERT_TRUE(Send(id, [](auto& m, const std::string& job, int attempt) {
+                m.mutable_eval()->set_job(job);
+                m.mutable_eval()->set_attempt(attempt);
+                m.mutable_eval()->set_step(50);
+                m.mutable_eval()->set_val_loss(3.0);
+              }).ok());
+  ExpectAtomic(id, [&] {
+    return sched_->StopJob(id, tally::v1::JOB_STATE_EARLY_STOPPED, "experiment_halving",
+                           "worse half")
+        .status();
+  });
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_EQ(j.pending_stop().rule(), "experiment_halving");
+  EXPECT_EQ(j.pending_stop().step(), 50);
+  ASSERT_TRUE(Send(id, [](auto& m, const std::string& job, int attempt) {
+                m.mutable_exit()->set_job(job);
+                m.mutable_exit()->set_attempt(attempt);
+                m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+              }).ok());
+  const tally::v1::Job ended = base_.GetJob(id)->job();
+  EXPECT_EQ(ended.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_EQ(ended.early_stopping().stop_rule(), "experiment_halving");
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      sched_->StopJob(id, tally::v1::JOB_STATE_EARLY_STOPPED, "x", "y").status()));
+}
+
+TEST_F(CommitFailureTest, StopJobQueuedEndsAtOnce) {
+  auto job = sched_->Submit(Spec(), "");
+  ASSERT_TRUE(job.ok());
+  const int64_t id = std::stoll(job->name().substr(5));
+  ExpectAtomic(id, [&] {
+    return sched_->StopJob(id, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "experiment_budget",
+                           "experiment budget spent")
+        .status();
+  });
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_BUDGET_EXHAUSTED);
+  EXPECT_EQ(j.early_stopping().stop_rule(), "experiment_budget");
+  EXPECT_EQ(sched_->QueueDepth(), 0);
+}
+
 TEST_F(CommitFailureTest, BudgetStop) {
   const int64_t id = Running();
   clock_.Advance(absl::Seconds(2000));  // $2 of a $1 budget
