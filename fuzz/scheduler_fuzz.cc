@@ -337,9 +337,26 @@ class Harness {
         if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
           Restart(/*recover=*/true);
         } else {
-          auto job = sched_->Cancel(in.ConsumeIntegralInRange<int64_t>(0, num_submitted_ + 1),
-                                    in.ConsumeRandomLengthString(16));
-          Check("Cancel", job.status());
+          // Cancels, and what an experiment asks of a job: a target in force, a stop.
+          const int64_t id = in.ConsumeIntegralInRange<int64_t>(0, num_submitted_ + 1);
+          switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+            case 0:
+              Check("Cancel", sched_->Cancel(id, in.ConsumeRandomLengthString(16)).status());
+              break;
+            case 1:
+              Check("SetTarget",
+                    sched_->SetTarget(id, PickDouble(in), in.ConsumeRandomLengthString(16))
+                        .status());
+              break;
+            case 2:
+              Check("StopJob",
+                    sched_->StopJob(id,
+                                    in.ConsumeBool() ? tally::v1::JOB_STATE_EARLY_STOPPED
+                                                     : tally::v1::JOB_STATE_BUDGET_EXHAUSTED,
+                                    "experiment_halving", in.ConsumeRandomLengthString(16))
+                        .status());
+              break;
+          }
         }
         break;
     }
