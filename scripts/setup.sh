@@ -19,6 +19,7 @@ PACKAGES=(
   python3 python3-grpcio python3-protobuf python3-yaml python3-venv
   libgloo-dev prometheus fortunes fortunes-min unzip curl
   librsvg2-bin   # rsvg-convert: the experiment report render check (cli/CMakeLists.txt)
+  libpython3.11-minimal libpython3.11-stdlib   # bench/corpus2.sh: the second corpus
   clang libclang-rt-dev   # the libFuzzer targets (scripts/fuzz.sh): libFuzzer, ASan, UBSan
 )
 

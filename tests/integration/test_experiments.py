@@ -256,3 +256,25 @@ class ExperimentsTest(ClusterTest):
         self.assertIn("packed-tinylr", halted)
         jobs = {j.spec.labels["variant"]: j for j in self.experiment_jobs(name)}
         self.assertEqual(jobs["packed-tinylr"].early_stopping.stop_rule, "experiment_halving")
+
+    def test_list_pages_newest_first(self):
+        path = self.write()  # no workers: the variants stay queued
+        names = [self.tallyctl("experiment", "create", "-f", path).stdout.strip()
+                 for _ in range(3)]
+        page = self.tallyd.experiments.ListExperiments(
+            experiments_pb2.ListExperimentsRequest(page_size=2), timeout=10)
+        self.assertEqual([e.name for e in page.experiments], names[:0:-1])
+        self.assertTrue(page.next_page_token)
+        rest = self.tallyd.experiments.ListExperiments(
+            experiments_pb2.ListExperimentsRequest(page_size=2,
+                                                   page_token=page.next_page_token),
+            timeout=10)
+        self.assertEqual([e.name for e in rest.experiments], names[:1])
+        self.assertFalse(rest.next_page_token)
+        out = self.tallyctl("experiment", "list", "--page_token=bogus")
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn("page_token", out.stderr)
+        for name in names:
+            self.assertEqual(self.tallyctl("experiment", "cancel", name).returncode, 0)
+        self.assertEqual(len(self.tallyd.jobs.ListJobs(
+            jobs_pb2.ListJobsRequest(states=[jobs_pb2.JOB_STATE_QUEUED]), timeout=10).jobs), 0)
