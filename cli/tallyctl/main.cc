@@ -714,9 +714,9 @@ std::string Loss(double l) { return l > 0 ? absl::StrFormat("%.4f", l) : std::st
 
 // The variants' table: one line each.
 void PrintVariantTable(const tally::v1::Experiment& e) {
-  std::cout << absl::StrFormat("  %-20s %-15s %-8s %-9s %-9s %-11s %-11s %-8s %s\n", "VARIANT",
-                               "STATE", "STEP", "VAL_LOSS", "BEST", "$ SO FAR",
-                               "$ TO TARGET", "x REF", "NOTE");
+  std::cout << absl::StrFormat("  %-20s %-15s %-8s %-9s %-9s %-9s %-11s %-11s %-8s %s\n",
+                               "VARIANT", "STATE", "STEP", "VAL_LOSS", "BEST", "TARGET",
+                               "$ SO FAR", "$ TO TARGET", "x VS REF", "NOTE");
   for (const auto& v : e.variants()) {
     const std::string state =
         v.job().empty() && v.state() == tally::v1::JOB_STATE_UNSPECIFIED
@@ -726,8 +726,9 @@ void PrintVariantTable(const tally::v1::Experiment& e) {
     if (v.halted()) note = "stopped by successive halving";
     if (v.name() == e.reference_variant()) note = note.empty() ? "reference" : "reference; " + note;
     std::cout << absl::StrFormat(
-        "  %-20s %-15s %-8d %-9s %-9s %-11s %-11s %-8s %s\n", Safe(v.name()), state, v.step(),
-        Loss(v.val_loss()), Loss(v.best_val_loss()), Money(v.cost_usd()),
+        "  %-20s %-15s %-8d %-9s %-9s %-9s %-11s %-11s %-8s %s\n", Safe(v.name()), state,
+        v.step(), Loss(v.val_loss()), Loss(v.best_val_loss()), Loss(e.target_val_loss()),
+        Money(v.cost_usd()),
         v.reached_target() ? Money(v.cost_to_target_usd()) : std::string("-"),
         v.ratio_to_reference() > 0 ? absl::StrFormat("%.2fx", v.ratio_to_reference())
                                    : std::string("-"),

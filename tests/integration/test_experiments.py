@@ -130,6 +130,7 @@ class ExperimentsTest(ClusterTest):
                 self.assertIn(field, v)
         text = self.tallyctl("experiment", "get", name)
         self.assertIn("$ TO TARGET", text.stdout)
+        self.assertIn("x VS REF", text.stdout)
         listed = self.tallyctl("experiment", "list")
         self.assertIn(name, listed.stdout)
 
