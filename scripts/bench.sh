@@ -4,7 +4,8 @@
 # throughput and latency on loopback (SQLite and in-memory stores, 1/8/64
 # clients), the scheduler's Tick() and /metrics rendering at fleet scale.
 # ONLY=packing, ONLY=fp8, ONLY=moe, ONLY=dp, ONLY=watch (bench/watch_load.py:
-# idle and live WatchJob streams) or ONLY=controller runs one part.
+# idle and live WatchJob streams), ONLY=cost_to_target (recipe experiments
+# on two corpora) or ONLY=controller runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -50,6 +51,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = watch ]; then
   echo
 fi
 [ "$ONLY" = watch ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = cost_to_target ]; then
+  echo "== Cost to target: recipe experiments on two corpora (bench/cost_to_target.sh) =="
+  BUILD_DIR="$B" bench/cost_to_target.sh
+  echo
+fi
+[ "$ONLY" = cost_to_target ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"

@@ -2,7 +2,9 @@
 # `make demo`: prepares a real corpus (the fortunes package: ~15k short
 # documents of very different lengths), starts tallyd and two CPU workers
 # here, trains a packed job next to its padded baseline through tallyd, shows
-# both as they go, and ends with a side-by-side summary.
+# both as they go, and a side-by-side summary; then a two-rank job, and last
+# an experiment that compares four recipes by their dollars to one target
+# loss, with its table and an SVG of loss against dollars.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -101,6 +103,34 @@ GANG=$("$TALLYCTL" submit -f examples/jobs/tiny-2gpu.yaml)
 echo "$GANG"
 "$TALLYCTL" watch "$GANG" | sed -u 's/^/[2 ranks] /' || true
 grep -ho "rank [01] of 2 over [a-z]* ([^)]*)" "$DEMO"/worker-*.log | sort -u || true
+echo
+echo "Last, the question Tally exists to answer: which recipe reaches the quality we"
+echo "need for the fewest dollars? An experiment trains four recipes of one model and"
+echo "judges each by its dollars to the final validation loss of the naive one."
+echo "\$ tallyctl experiment create -f examples/experiments/recipe-ab.yaml"
+EXP=$("$TALLYCTL" experiment create -f examples/experiments/recipe-ab.yaml)
+echo "$EXP"
+echo "\$ tallyctl experiment watch $EXP"
+"$TALLYCTL" experiment watch "$EXP" || true
+echo
+echo "\$ tallyctl experiment report $EXP --svg=$DEMO/recipe-ab.svg"
+"$TALLYCTL" experiment report "$EXP" --svg="$DEMO/recipe-ab.svg" | tail -1
+/usr/bin/python3 - "$TALLYCTL" "$EXP" <<'PY'
+import json, subprocess, sys
+ctl, name = sys.argv[1:]
+e = json.loads(subprocess.run([ctl, "experiment", "get", name, "--output=json"], check=True,
+                              capture_output=True, text=True).stdout)
+ref = next(v for v in e["variants"] if v["name"] == e["reference_variant"])
+reached = [v for v in e["variants"] if v["reached_target"] and v["name"] != ref["name"]]
+if not ref["reached_target"] or not reached:
+    print("No variant other than %s reached the target: no saving to report." % ref["name"])
+    sys.exit(0)
+best = min(reached, key=lambda v: v["cost_to_target_usd"])
+print("Combined saving: %s needed $%.6f to reach its own final loss %.4f; %s reached it for"
+      " $%.6f: %.2fx cheaper." % (ref["name"], ref["cost_to_target_usd"], e["target_val_loss"],
+                                   best["name"], best["cost_to_target_usd"],
+                                   ref["cost_to_target_usd"] / best["cost_to_target_usd"]))
+PY
 echo
 echo "From /metrics:"
 curl -s "http://$METRICS/metrics" | grep -E '^tally_(jobs|attempts_ended_total|worker_slots|cost_dollars_total)' || true
