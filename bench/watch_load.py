@@ -88,8 +88,8 @@ def getjob_buckets(metrics_addr):
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
-        if (line.startswith("tally_grpc_request_duration_seconds_bucket{")
-                and 'method="tally.v1.Jobs/GetJob"' in line):
+        if (line.startswith("grpc_server_handling_seconds_bucket{")
+                and 'grpc_method="GetJob"' in line and 'grpc_service="tally.v1.Jobs"' in line):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
     return out

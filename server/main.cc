@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -22,7 +23,9 @@
 #include "server/api/core.h"
 #include "server/api/services.h"
 #include "server/config/tallyd_config.h"
+#include "server/metrics/build_info.h"
 #include "server/metrics/http_exporter.h"
+#include "server/metrics/job_metrics.h"
 #include "server/store/memory_job_store.h"
 #include "server/store/sqlite_job_store.h"
 #include "spdlog/spdlog.h"
@@ -62,6 +65,15 @@ ABSL_FLAG(int64_t, max_experiment_watch_streams_per_principal, 64,
           "RESOURCE_EXHAUSTED. 0: no limit");
 ABSL_FLAG(int64_t, max_experiment_watch_streams, 512,
           "open WatchExperiment streams all callers together may hold. 0: no limit");
+ABSL_FLAG(absl::Duration, job_metrics_retention, absl::Minutes(15),
+          "how long an ended job's per-job series keep their final values (with its terminal "
+          "state on tally_job_info) before they are removed; 0 removes them when it ends");
+ABSL_FLAG(std::vector<std::string>, job_info_labels, {},
+          "comma-separated spec label keys exported on tally_job_info as label_<key> (at most "
+          "8), e.g. team,project; each adds a label to every job's info series");
+ABSL_FLAG(int32_t, moe_expert_series_max, 256,
+          "per-expert series (tally_job_moe_expert_tokens) one job may have, all layers "
+          "together; a larger model publishes only the per-layer load summary");
 
 namespace tally {
 namespace {
@@ -121,6 +133,14 @@ int Run() {
     spdlog::error("--heartbeat_timeout ({}) must be longer than --heartbeat_interval ({})",
                   absl::FormatDuration(options.heartbeat_timeout),
                   absl::FormatDuration(options.heartbeat_interval));
+    return 2;
+  }
+
+  options.job_metrics.retention = absl::GetFlag(FLAGS_job_metrics_retention);
+  options.job_metrics.info_labels = absl::GetFlag(FLAGS_job_info_labels);
+  options.job_metrics.max_expert_series = absl::GetFlag(FLAGS_moe_expert_series_max);
+  if (absl::Status s = metrics::ValidateJobMetricsOptions(options.job_metrics); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
     return 2;
   }
 
@@ -202,6 +222,7 @@ int Run() {
 
   RealClock clock;
   metrics::Registry registry;
+  metrics::RegisterBuildInfo(&registry);
   api::Core core(store.get(), &clock, &registry, options);
   if (absl::Status s = core.Init(); !s.ok()) {
     spdlog::error("recovering state from the store: {}", std::string(s.message()));
@@ -222,7 +243,9 @@ int Run() {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
   interceptors.push_back(
-      std::make_unique<api::MetricsInterceptorFactory>(&registry, &clock));
+      std::make_unique<api::MetricsInterceptorFactory>(
+          &registry, &clock,
+          std::vector<std::string>{"tally.v1.Jobs", "tally.v1.Experiments", "tally.v1.Workers"}));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {

@@ -11,23 +11,13 @@
 #include "common/grpc_status.h"
 #include "common/names.h"
 #include "server/store/job_store.h"
+#include "google/protobuf/descriptor.h"
 
 namespace tally::api {
 namespace {
 
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
-
-const char* CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i <= 16 ? kNames[i] : "UNKNOWN";
-}
 
 // A stream refused before it started.
 class FinishedWriteReactor final
@@ -482,60 +472,96 @@ WorkersService::Connect(grpc::CallbackServerContext* context) {
 
 namespace {
 
+const char* TypeLabel(grpc::experimental::ServerRpcInfo::Type type) {
+  switch (type) {
+    case grpc::experimental::ServerRpcInfo::Type::UNARY:
+      return "unary";
+    case grpc::experimental::ServerRpcInfo::Type::CLIENT_STREAMING:
+      return "client_stream";
+    case grpc::experimental::ServerRpcInfo::Type::SERVER_STREAMING:
+      return "server_stream";
+    case grpc::experimental::ServerRpcInfo::Type::BIDI_STREAMING:
+      return "bidi_stream";
+  }
+  return "unknown";
+}
+
+const char* TypeLabel(const google::protobuf::MethodDescriptor& m) {
+  if (m.client_streaming()) return m.server_streaming() ? "bidi_stream" : "client_stream";
+  return m.server_streaming() ? "server_stream" : "unary";
+}
+
+// One call: started when created, handled once with the code the client
+// sees. A call the client abandoned (a killed worker's stream, a deadline)
+// counts as Canceled whatever status the handler then sends, and a call that
+// ends without sending a status counts as Canceled too.
 class MetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
-  MetricsInterceptor(std::string method, const Clock* clock,
-                     metrics::Family<metrics::Counter>* requests,
-                     metrics::Family<metrics::Histogram>* duration)
-      : method_(std::move(method)),
+  MetricsInterceptor(grpc::experimental::ServerRpcInfo* info, const Clock* clock,
+                     metrics::GrpcServerMetrics* metrics)
+      : info_(info),
         clock_(clock),
         start_(clock->Now()),
-        requests_(requests),
-        duration_(duration) {}
+        metrics_(metrics),
+        call_(metrics->Started(info->method() ? info->method() : "", TypeLabel(info->type()))) {}
+
+  ~MetricsInterceptor() override {
+    if (!handled_) {
+      metrics_->Handled(call_, static_cast<int>(grpc::StatusCode::CANCELLED),
+                        absl::ToDoubleSeconds(clock_->Now() - start_));
+    }
+  }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      const grpc::Status status = methods->GetSendStatus();
-      requests_->Add({{"method", method_}, {"code", CodeName(status.error_code())}})
-          .Increment();
-      duration_
-          ->Add({{"method", method_}},
-                metrics::Histogram::ExponentialBuckets(0.0005, 4, 10))
-          .Observe(absl::ToDoubleSeconds(clock_->Now() - start_));
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE)) {
+      call_.received->Increment();
+    }
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
+      call_.sent->Increment();
+    }
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) &&
+        !handled_) {
+      handled_ = true;
+      grpc::StatusCode code = methods->GetSendStatus().error_code();
+      if (info_->server_context() != nullptr && info_->server_context()->IsCancelled()) {
+        code = grpc::StatusCode::CANCELLED;
+      }
+      metrics_->Handled(call_, static_cast<int>(code),
+                        absl::ToDoubleSeconds(clock_->Now() - start_));
     }
     methods->Proceed();
   }
 
  private:
-  const std::string method_;
-  const Clock* clock_;
+  grpc::experimental::ServerRpcInfo* const info_;
+  const Clock* const clock_;
   const absl::Time start_;
-  metrics::Family<metrics::Counter>* requests_;
-  metrics::Family<metrics::Histogram>* duration_;
+  metrics::GrpcServerMetrics* const metrics_;
+  metrics::GrpcServerMetrics::Call call_;
+  bool handled_ = false;
 };
 
 }  // namespace
 
 MetricsInterceptorFactory::MetricsInterceptorFactory(metrics::Registry* registry,
-                                                     const Clock* clock)
-    : clock_(clock) {
-  requests_ = &metrics::BuildCounter()
-                   .Name("tally_grpc_requests_total")
-                   .Help("gRPC requests handled, by method and status code.")
-                   .Register(*registry);
-  duration_ = &metrics::BuildHistogram()
-                   .Name("tally_grpc_request_duration_seconds")
-                   .Help("gRPC request duration by method (streams: their "
-                         "whole life).")
-                   .Register(*registry);
+                                                     const Clock* clock,
+                                                     const std::vector<std::string>& services)
+    : clock_(clock), metrics_(registry) {
+  for (const std::string& name : services) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    if (service == nullptr) continue;
+    for (int i = 0; i < service->method_count(); ++i) {
+      const google::protobuf::MethodDescriptor& m = *service->method(i);
+      metrics_.AddMethod(absl::StrCat("/", service->full_name(), "/", m.name()), TypeLabel(m));
+    }
+  }
 }
 
 grpc::experimental::Interceptor* MetricsInterceptorFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
-  std::string method = info->method() ? info->method() : "unknown";
-  if (!method.empty() && method[0] == '/') method.erase(0, 1);
-  return new MetricsInterceptor(std::move(method), clock_, requests_, duration_);
+  return new MetricsInterceptor(info, clock_, &metrics_);
 }
 
 }  // namespace tally::api

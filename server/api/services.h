@@ -5,10 +5,13 @@
 #define TALLY_SERVER_API_SERVICES_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "server/api/core.h"
 #include "server/api/stream_limiter.h"
+#include "server/metrics/grpc_metrics.h"
 #include "server/metrics/registry.h"
 #include "tally/v1/experiments.grpc.pb.h"
 #include "tally/v1/jobs.grpc.pb.h"
@@ -107,19 +110,20 @@ class WorkersService final : public tally::v1::Workers::CallbackService {
   Core* const core_;
 };
 
-// tally_grpc_requests_total{method,code} and
-// tally_grpc_request_duration_seconds{method}.
+// gRPC server metrics in the grpc-prometheus convention
+// (metrics::GrpcServerMetrics) for every call, with every method of
+// `services` (full names, e.g. "tally.v1.Jobs") created at 0 for each code.
 class MetricsInterceptorFactory final
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  MetricsInterceptorFactory(metrics::Registry* registry, const Clock* clock);
+  MetricsInterceptorFactory(metrics::Registry* registry, const Clock* clock,
+                            const std::vector<std::string>& services);
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
 
  private:
   const Clock* clock_;
-  metrics::Family<metrics::Counter>* requests_;
-  metrics::Family<metrics::Histogram>* duration_;
+  metrics::GrpcServerMetrics metrics_;
 };
 
 }  // namespace tally::api

@@ -7,6 +7,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/metrics/build_info.h"
+#include "server/metrics/grpc_metrics.h"
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/registry.h"
 #include "server/metrics/text_serializer.h"
@@ -133,6 +135,73 @@ TEST(HttpExporterTest, ServesMetricsOnAPickedPort) {
   EXPECT_THAT(resp, HasSubstr("text/plain; version=0.0.4"));
   EXPECT_THAT(resp, HasSubstr("\r\n\r\n# HELP tally_up Up.\n"));
   EXPECT_THAT(HttpGet((*exporter)->port(), "/healthz"), HasSubstr("ok"));
+}
+
+TEST(GrpcServerMetricsTest, EveryMethodAndCodeExistsAtZero) {
+  Registry r;
+  GrpcServerMetrics m(&r);
+  m.AddMethod("/tally.v1.Jobs/GetJob", "unary");
+  m.AddMethod("/tally.v1.Workers/Connect", "bidi_stream");
+  const std::string text = SerializeText(r.Collect());
+  EXPECT_THAT(text, HasSubstr("grpc_server_handled_total{grpc_code=\"NotFound\","
+                              "grpc_method=\"GetJob\",grpc_service=\"tally.v1.Jobs\","
+                              "grpc_type=\"unary\"} 0"));
+  EXPECT_THAT(text, HasSubstr("grpc_server_handled_total{grpc_code=\"Unauthenticated\","
+                              "grpc_method=\"Connect\",grpc_service=\"tally.v1.Workers\","
+                              "grpc_type=\"bidi_stream\"} 0"));
+  EXPECT_THAT(text, HasSubstr("grpc_server_started_total{grpc_method=\"Connect\","
+                              "grpc_service=\"tally.v1.Workers\",grpc_type=\"bidi_stream\"} 0"));
+  EXPECT_THAT(text, HasSubstr("grpc_server_handling_seconds_count{grpc_method=\"GetJob\","
+                              "grpc_service=\"tally.v1.Jobs\",grpc_type=\"unary\"} 0"));
+  // Latency is for unary calls only (a stream's life is not a latency).
+  EXPECT_THAT(text, Not(HasSubstr("grpc_server_handling_seconds_count{grpc_method=\"Connect\"")));
+  size_t handled = 0;
+  for (size_t at = 0; (at = text.find("\ngrpc_server_handled_total{", at)) != std::string::npos;
+       ++at) {
+    ++handled;
+  }
+  EXPECT_EQ(handled, 2u * 17u);
+}
+
+TEST(GrpcServerMetricsTest, CountsCallsMessagesAndCodes) {
+  Registry r;
+  GrpcServerMetrics m(&r);
+  auto unary = m.Started("/tally.v1.Jobs/GetJob", "unary");
+  unary.received->Increment();
+  unary.sent->Increment();
+  m.Handled(unary, 5, 0.003);
+  auto stream = m.Started("tally.v1.Workers/Connect", "bidi_stream");
+  for (int i = 0; i < 3; ++i) stream.received->Increment();
+  m.Handled(stream, 1, 120);
+  auto odd = m.Started("nonsense", "unary");
+  m.Handled(odd, 99, 0);
+  const std::string text = SerializeText(r.Collect());
+  EXPECT_THAT(text, HasSubstr("grpc_server_handled_total{grpc_code=\"NotFound\","
+                              "grpc_method=\"GetJob\",grpc_service=\"tally.v1.Jobs\","
+                              "grpc_type=\"unary\"} 1"));
+  EXPECT_THAT(text, HasSubstr("grpc_server_handling_seconds_bucket{grpc_method=\"GetJob\","
+                              "grpc_service=\"tally.v1.Jobs\",grpc_type=\"unary\",le=\"0.005\"} 1"));
+  EXPECT_THAT(text, HasSubstr("grpc_server_handled_total{grpc_code=\"Canceled\","
+                              "grpc_method=\"Connect\",grpc_service=\"tally.v1.Workers\","
+                              "grpc_type=\"bidi_stream\"} 1"));
+  EXPECT_THAT(text, HasSubstr("grpc_server_msg_received_total{grpc_method=\"Connect\","
+                              "grpc_service=\"tally.v1.Workers\",grpc_type=\"bidi_stream\"} 3"));
+  EXPECT_THAT(text, HasSubstr("grpc_server_handled_total{grpc_code=\"Unknown\","
+                              "grpc_method=\"nonsense\",grpc_service=\"unknown\""));
+  EXPECT_STREQ(GrpcServerMetrics::CodeName(0), "OK");
+  EXPECT_STREQ(GrpcServerMetrics::CodeName(4), "DeadlineExceeded");
+  EXPECT_STREQ(GrpcServerMetrics::CodeName(16), "Unauthenticated");
+  EXPECT_STREQ(GrpcServerMetrics::CodeName(-1), "Unknown");
+}
+
+TEST(BuildInfoTest, NamesVersionAndRevision) {
+  Registry r;
+  RegisterBuildInfo(&r);
+  const std::string text = SerializeText(r.Collect());
+  EXPECT_THAT(text, HasSubstr("# TYPE tally_build_info gauge"));
+  EXPECT_THAT(text, HasSubstr(std::string("tally_build_info{revision=\"") + BuildRevision() +
+                              "\",version=\"" + BuildVersion() + "\"} 1"));
+  EXPECT_STRNE(BuildVersion(), "unknown");
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ void ToStatus(const policy::EarlyStoppingState& st, tally::v1::EarlyStoppingStat
 }  // namespace
 
 EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
-                        double max_expert_share) {
+                        bool routing_collapsed) {
   EvalDecision out;
   out.early_stopping = job.early_stopping();
   policy::EarlyStoppingState state = FromStatus(job.early_stopping());
@@ -52,7 +52,7 @@ EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& 
   out.early_stopping.set_patience_left(d.patience_left);
 
   out.routing = job.routing();
-  out.routing.set_collapsed_evals(max_expert_share > 0.5 ? out.routing.collapsed_evals() + 1 : 0);
+  out.routing.set_collapsed_evals(routing_collapsed ? out.routing.collapsed_evals() + 1 : 0);
   out.warn_collapse =
       out.routing.collapsed_evals() >= kCollapseEvals && !out.routing.collapse_warned();
   if (out.warn_collapse) out.routing.set_collapse_warned(true);

@@ -13,8 +13,10 @@
 
 namespace tally::sched {
 
-// Evaluations in a row at which one expert took over half of its layer's
-// tokens before the routing-collapse warning.
+// Evaluations in a row at which a MoE layer's routing had collapsed (at the
+// latest progress before each; metrics::AssessMoeLayer, the rule the
+// tally_job_moe_collapsed metric and the TallyExpertCollapse alert use too)
+// before the routing-collapse warning.
 inline constexpr int kCollapseEvals = 3;
 
 struct EvalDecision {
@@ -27,10 +29,10 @@ struct EvalDecision {
   std::string reason;  // the rule and the numbers behind it
 };
 
-// `max_expert_share` is the busiest expert's share of its layer's tokens at
-// the latest progress (0 for dense models).
+// `routing_collapsed`: a MoE layer had collapsed at the latest progress
+// (false for dense models).
 EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
-                        double max_expert_share);
+                        bool routing_collapsed);
 
 }  // namespace tally::sched
 

@@ -28,6 +28,25 @@ std::string StateName(JobState s) {
   return std::string(name);
 }
 
+// Label values are lower case: "early_stopped".
+std::string StateLabel(JobState s) { return absl::AsciiStrToLower(StateName(s)); }
+
+// The rule a job ended by when its plan names none.
+std::string DefaultEndRule(JobState s) {
+  switch (s) {
+    case tally::v1::JOB_STATE_SUCCEEDED:
+      return "max_steps";
+    case tally::v1::JOB_STATE_BUDGET_EXHAUSTED:
+      return "budget";
+    case tally::v1::JOB_STATE_CANCELLED:
+      return "cancel";
+    case tally::v1::JOB_STATE_FAILED:
+      return "failure";
+    default:
+      return "other";
+  }
+}
+
 std::string ShortSeconds(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
 }
@@ -50,6 +69,9 @@ class JobMetricsObserver final : public CommitObserver {
  public:
   explicit JobMetricsObserver(metrics::JobMetrics* metrics) : metrics_(metrics) {}
   void OnJobCommitted(const store::JobRecord& job, const store::Mutation& m) override {
+    for (const auto& e : m.events) {
+      if (e.type() == "started") metrics_->OnAttemptStarted(job.job());
+    }
     metrics_->Update(job.job());
     for (const auto& ck : m.checkpoints) metrics_->OnCheckpoint(job.job(), ck);
   }
@@ -88,6 +110,7 @@ struct Scheduler::Plan {
   double cost_added_usd = 0;
   double lost_added_usd = 0;
   std::string early_stop_rule;
+  std::string end_rule;  // for a finished job; empty: DefaultEndRule
   std::optional<double> queue_wait_seconds;
 };
 
@@ -104,14 +127,14 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
       clock_(clock),
       options_(options),
       ledger_(options.prices),
-      job_metrics_(registry) {
+      job_metrics_(registry, options.job_metrics) {
   job_metrics_observer_ = std::make_unique<JobMetricsObserver>(&job_metrics_);
   observers_.push_back(job_metrics_observer_.get());
   queue_wait_ = &metrics::BuildHistogram()
                      .Name("tally_queue_wait_seconds")
                      .Help("Time jobs waited in QUEUED before an attempt started.")
                      .Register(*registry)
-                     .Add({}, metrics::Histogram::ExponentialBuckets(0.01, 4, 10));
+                     .Add({}, metrics::Histogram::ExponentialBuckets(0.1, 2, 18));  // to 3.6 h
   queue_depth_ = &metrics::BuildGauge()
                       .Name("tally_queue_depth")
                       .Help("Jobs waiting in QUEUED.")
@@ -141,7 +164,11 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                     .Help("Jobs by state, as stored.")
                     .Register(*registry);
   for (int s = tally::v1::JOB_STATE_QUEUED; s <= tally::v1::JOB_STATE_FAILED; ++s) {
-    jobs->Add({{"state", StateName(static_cast<JobState>(s))}});
+    jobs->Add({{"state", StateLabel(static_cast<JobState>(s))}});
+    transitions_->Add({{"state", StateLabel(static_cast<JobState>(s))}});
+  }
+  for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
+    attempts_ended_->Add({{"outcome", outcome}});
   }
   cost_total_ = &metrics::BuildCounter()
                      .Name("tally_cost_dollars_total")
@@ -156,9 +183,33 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                       .Name("tally_early_stops_total")
                       .Help("Jobs stopped early, by rule.")
                       .Register(*registry);
-  for (const char* rule : {"patience", "divergence", "no_gain_over_baseline"}) {
+  for (const char* rule : {"patience", "divergence", "no_gain_over_baseline", "forecast",
+                           "experiment_halving"}) {
     early_stops_->Add({{"rule", rule}});
   }
+  job_ends_ = &metrics::BuildCounter()
+                   .Name("tally_job_ends_total")
+                   .Help("Jobs that ended, by terminal state and the rule that ended them "
+                         "(max_steps, target, patience, divergence, no_gain_over_baseline, "
+                         "forecast, budget, cancel, failure, experiment_budget, "
+                         "experiment_halving).")
+                   .Register(*registry);
+  const std::vector<std::pair<const char*, std::vector<const char*>>> ends = {
+      {"succeeded", {"max_steps", "target"}},
+      {"early_stopped",
+       {"patience", "divergence", "no_gain_over_baseline", "forecast", "experiment_halving"}},
+      {"budget_exhausted", {"budget", "experiment_budget"}},
+      {"cancelled", {"cancel"}},
+      {"failed", {"failure"}}};
+  for (const auto& [state, rules] : ends) {
+    for (const char* rule : rules) job_ends_->Add({{"state", state}, {"reason_rule", rule}});
+  }
+  workers_lost_ = &metrics::BuildCounter()
+                       .Name("tally_workers_lost_total")
+                       .Help("Workers found silent past the heartbeat timeout (their attempts "
+                             "are lost), by GPU type.")
+                       .Register(*registry);
+  for (const auto& [gpu_type, price] : options_.prices.usd_per_gpu_hour) AddGpuType(gpu_type);
   // Jobs by state come from the store, the source of truth, at scrape time.
   registry->AddCollectCallback([store, jobs] {
     auto counts = store->CountJobsByState();
@@ -166,7 +217,7 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
     std::map<JobState, int64_t> by_state(counts->begin(), counts->end());
     for (int s = tally::v1::JOB_STATE_QUEUED; s <= tally::v1::JOB_STATE_FAILED; ++s) {
       const auto state = static_cast<JobState>(s);
-      jobs->Add({{"state", StateName(state)}}).Set(by_state[state]);
+      jobs->Add({{"state", StateLabel(state)}}).Set(by_state[state]);
     }
   });
 }
@@ -301,6 +352,7 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
                              best->val_loss(), best->path());
   }
   if (!how.empty()) absl::StrAppend(&detail, " (", how, ")");
+  p.end_rule = ps.rule();
   if (!ps.rule().empty() && ps.state() == tally::v1::JOB_STATE_EARLY_STOPPED) {
     j.mutable_early_stopping()->set_stop_rule(ps.rule());
     p.early_stop_rule = ps.rule();
@@ -429,7 +481,7 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
     p.events.back().set_val_loss(ev.val_loss());
     return p;
   }
-  const EvalDecision d = DecideEval(j, ev, job.max_expert_share);
+  const EvalDecision d = DecideEval(j, ev, job.routing_collapsed);
   *j.mutable_early_stopping() = d.early_stopping;
   *j.mutable_routing() = d.routing;
   AddCurvePoint(j, ev);
@@ -449,10 +501,8 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
   const size_t eval_event = p.events.size() - 1;
   if (d.warn_collapse) {
     AddEvent(p, "warning",
-             absl::StrFormat("routing collapse: %s took %.0f%% of its layer's tokens for "
-                             "%d evaluations in a row",
-                             job.max_expert_where, 100 * job.max_expert_share,
-                             d.routing.collapsed_evals()),
+             absl::StrFormat("routing collapse: %s for %d evaluations in a row",
+                             job.collapse_where, d.routing.collapsed_evals()),
              "raise model.moe.aux_loss_coef or set model.moe.bias_balancing");
   }
   if (std::optional<std::string> reason = MarkTargetReached(p)) {
@@ -688,8 +738,18 @@ absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
     if (wit != workers_.end() && wit->second.connected) channel_->Send(w, msg);
   }
   const std::string& gpu_type = job.rec.job().spec().resources().gpu_type();
-  for (JobState s : plan.transitions) transitions_->Add({{"state", StateName(s)}}).Increment();
-  for (const auto& o : plan.attempts_ended) attempts_ended_->Add({{"outcome", o}}).Increment();
+  for (JobState s : plan.transitions) transitions_->Add({{"state", StateLabel(s)}}).Increment();
+  for (const auto& o : plan.attempts_ended) {
+    attempts_ended_->Add({{"outcome", o}}).Increment();
+    job_metrics_.OnAttemptEnded(job.rec.job(), o);
+  }
+  if (plan.finished) {
+    const JobState s = job.rec.job().state();
+    job_ends_
+        ->Add({{"state", StateLabel(s)},
+               {"reason_rule", plan.end_rule.empty() ? DefaultEndRule(s) : plan.end_rule}})
+        .Increment();
+  }
   if (plan.cost_added_usd > 0) cost_total_->Add({{"gpu_type", gpu_type}}).Increment(plan.cost_added_usd);
   if (plan.lost_added_usd > 0) lost_total_->Add({{"gpu_type", gpu_type}}).Increment(plan.lost_added_usd);
   if (!plan.early_stop_rule.empty()) early_stops_->Add({{"rule", plan.early_stop_rule}}).Increment();
@@ -791,7 +851,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
     ActiveJob& a = active_[created.job.id()];
     a.rec = created.job;
     a.queued_since = now;
-    transitions_->Add({{"state", "QUEUED"}}).Increment();
+    transitions_->Add({{"state", "queued"}}).Increment();
     committed.job = created.job;
     committed.events[0].set_job(created.job.job().name());
     committed.events[0].set_sequence(1);
@@ -849,6 +909,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
       PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "target", ev);
     } else if (j.state() == tally::v1::JOB_STATE_QUEUED) {
       Plan stop = PlanStopNow(job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "");
+      stop.end_rule = "target";
       // Keep what this plan recorded (the target and where it was reached).
       stop.rec.mutable_job()->set_target_val_loss(target);
       *stop.rec.mutable_job()->mutable_target_reached() = j.target_reached();
@@ -888,6 +949,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::StopJob(int64_t job_id, JobState state
   } else {
     p = PlanStopNow(job, state, type, reason, absl::StrCat("rule ", rule));
     p.rec.mutable_job()->mutable_early_stopping()->set_stop_rule(rule);
+    p.end_rule = rule;
     if (state == tally::v1::JOB_STATE_EARLY_STOPPED) p.early_stop_rule = rule;
   }
   tally::v1::Job out = p.rec.job();
@@ -968,8 +1030,8 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   ws.last_seen = now;
   // Dollar totals exist (at 0) for every GPU type that has a worker, so
   // dashboards and alerts see a series before the first dollar.
-  cost_total_->Add({{"gpu_type", hello.gpu_type()}});
-  lost_total_->Add({{"gpu_type", hello.gpu_type()}});
+  ws.counted_lost = false;
+  AddGpuType(hello.gpu_type());
 
   tally::v1::ControllerMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_seconds(
@@ -1078,27 +1140,33 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   tally::v1::Job& j = *job.rec.mutable_job();
   j.set_step(p.step());
   j.set_tokens(p.tokens());
+  std::vector<metrics::MoeLayerHealth> moe;
   if (p.trained()) {
     j.set_train_loss(p.train_loss());
     j.set_padding_tokens(p.padding_tokens());
     if (p.moe_size() > 0) {
-      job.max_expert_share = 0;
+      job.routing_collapsed = false;
+      job.collapse_where.clear();
+      moe.reserve(p.moe_size());
       for (const auto& l : p.moe()) {
-        double total = 0;
-        for (int64_t n : l.tokens_per_expert()) total += static_cast<double>(n);
-        for (int e = 0; e < l.tokens_per_expert_size(); ++e) {
-          const double share = total > 0 ? static_cast<double>(l.tokens_per_expert(e)) /
-                                                total
-                                          : 0;
-          if (share > job.max_expert_share) {
-            job.max_expert_share = share;
-            job.max_expert_where = absl::StrCat("layer ", l.layer(), " expert ", e);
-          }
-        }
+        moe.push_back(metrics::AssessMoeLayer(l, j.spec().model().moe().top_k()));
+        const metrics::MoeLayerHealth& h = moe.back();
+        if (!h.collapsed || job.routing_collapsed) continue;
+        job.routing_collapsed = true;
+        job.collapse_where =
+            h.idle_experts > 0
+                ? absl::StrFormat("layer %d has %d of %d experts idle (below %.0f%% of their "
+                                  "fair share %.1f%% of its tokens)",
+                                  h.layer, h.idle_experts, h.num_experts,
+                                  100 * metrics::kIdleFractionOfFair, 100 * h.fair_share)
+                : absl::StrFormat("layer %d expert %d took %.0f%% of its layer's tokens (fair "
+                                  "share %.1f%%)",
+                                  h.layer, h.busiest_expert, 100 * h.busiest_share,
+                                  100 * h.fair_share);
       }
     }
   }
-  job_metrics_.OnProgress(j, p);
+  job_metrics_.OnProgress(j, p, moe);
   const int64_t id = job.rec.id();
   const tally::v1::CostStatus accrued = ledger_.Accrue(j, true, now).cost;
   // A decided stop is not undone by the budget: stop_grace bounds its spend.
@@ -1187,6 +1255,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     return absl::FailedPreconditionError("send a Hello before other messages");
   }
   wit->second.last_seen = clock_->Now();
+  wit->second.counted_lost = false;
 
   // A report about an attempt tallyd no longer runs gets a stop order. Its
   // slots stay held until the worker reports the exit: the worker is still
@@ -1372,11 +1441,19 @@ absl::Status Scheduler::Tick() {
       if (!s.ok()) all_released = false;
       note(s);
     }
+    // Counted once its attempts' losses have committed (a failed commit is
+    // retried on the next pass, and counted then).
+    if (all_released && !it->second.counted_lost) {
+      it->second.counted_lost = true;
+      const std::string& type = it->second.rec.gpu_type();
+      workers_lost_->Add({{"gpu_type", type.empty() ? "unknown" : type}}).Increment();
+    }
     it = (it->second.connected || !all_released || !it->second.unconfirmed_exits.empty())
              ? std::next(it)
              : workers_.erase(it);
   }
 
+  job_metrics_.Expire(now);
   // 2. Budgets and stop deadlines, on a view of each running job.
   std::vector<int64_t> running;
   for (const auto& [id, job] : active_) {
@@ -1445,6 +1522,7 @@ void Scheduler::SetPrices(ledger::PriceTable prices) {
   for (int64_t id : ids) {
     (void)Execute(id, NewPlan(active_.at(id), now));
   }
+  for (const auto& [gpu_type, price] : prices.usd_per_gpu_hour) AddGpuType(gpu_type);
   ledger_.SetPrices(std::move(prices));
 }
 
@@ -1479,6 +1557,13 @@ void Scheduler::UpdateGauges() {
     slots_gauge_->Add(labels).Set(v);
     seen_slot_labels_.insert(labels);
   }
+}
+
+void Scheduler::AddGpuType(const std::string& gpu_type) {
+  cost_total_->Add({{"gpu_type", gpu_type}});
+  lost_total_->Add({{"gpu_type", gpu_type}});
+  workers_lost_->Add({{"gpu_type", gpu_type}});
+  job_metrics_.AddGpuType(gpu_type);
 }
 
 int64_t Scheduler::QueueDepth() const {

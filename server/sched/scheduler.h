@@ -19,6 +19,10 @@
 // the plan acted on: the in-memory state replaced, messages sent, counters
 // moved, observers (watchers, per-job metrics) told. A failed commit leaves
 // memory, workers and metrics as they were, and the call returns the error.
+// Measurements are not state: the counters of computed tokens and clamped
+// FP8 values move when a progress report arrives, and a worker silent past
+// the heartbeat timeout counts as lost (tally_workers_lost_total) when it is
+// found so.
 //
 // Stops. A cancel or a spent budget ends the job at once. A stop decided by
 // an evaluation (early stopping) keeps the state that evaluation measured:
@@ -73,6 +77,8 @@ struct SchedulerOptions {
   // checkpoint and exit before the job ends without them.
   absl::Duration stop_grace = absl::Minutes(2);
   ledger::PriceTable prices;
+  // Per-job series: retention after the end, info labels, MoE series cap.
+  metrics::JobMetricsOptions job_metrics;
 };
 
 struct WorkerView {
@@ -159,10 +165,10 @@ class Scheduler {
     // The latest recorded checkpoint (loaded from the store on first need),
     // which the next one is priced against.
     std::optional<tally::v1::Checkpoint> last_checkpoint;
-    // MoE routing collapse: the largest share of tokens one expert took in
-    // any layer at the latest progress (the streak is in rec's routing).
-    double max_expert_share = 0;
-    std::string max_expert_where;
+    // MoE routing collapse (metrics::AssessMoeLayer) at the latest progress,
+    // and where (the streak is in rec's routing).
+    bool routing_collapsed = false;
+    std::string collapse_where;
   };
   struct WorkerState {
     store::WorkerRecord rec;
@@ -174,6 +180,8 @@ class Scheduler {
     std::map<AttemptKey, int> held;
     // Exits it reported whose commit failed, retried until they commit.
     std::vector<tally::v1::AttemptExit> unconfirmed_exits;
+    // Counted in tally_workers_lost_total for its current silence.
+    bool counted_lost = false;
     int Used() const;
   };
   struct Plan;
@@ -235,6 +243,8 @@ class Scheduler {
   void SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
                 const std::string& reason);
   void UpdateGauges();
+  // Fleet counters of a GPU type, created at 0.
+  void AddGpuType(const std::string& gpu_type);
 
   std::vector<CommitObserver*> observers_;
   store::JobStore* const store_;
@@ -257,6 +267,8 @@ class Scheduler {
   metrics::Family<metrics::Counter>* cost_total_;
   metrics::Family<metrics::Counter>* lost_total_;
   metrics::Family<metrics::Counter>* early_stops_;
+  metrics::Family<metrics::Counter>* job_ends_;
+  metrics::Family<metrics::Counter>* workers_lost_;
   std::set<metrics::Labels> seen_worker_labels_;
   std::set<metrics::Labels> seen_slot_labels_;
 };

@@ -1,5 +1,6 @@
 #include "server/sched/scheduler.h"
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <memory>
@@ -603,11 +604,174 @@ TEST_F(SchedulerTest, GaugesReportQueueAndSlots) {
     }
   }
   EXPECT_EQ(values["tally_queue_depth"], 1);
-  EXPECT_EQ(values["tally_jobs,state=QUEUED"], 1);
-  EXPECT_EQ(values["tally_jobs,state=RUNNING"], 1);
+  EXPECT_EQ(values["tally_jobs,state=queued"], 1);
+  EXPECT_EQ(values["tally_jobs,state=running"], 1);
   EXPECT_EQ(values["tally_worker_slots,gpu_type=cpu,state=used"], 1);
   EXPECT_EQ(values["tally_worker_slots,gpu_type=cpu,state=free"], 0);
   EXPECT_EQ(values["tally_workers,gpu_type=cpu,state=connected"], 1);
+}
+
+// Every series as "name,label=value,..." -> value (histograms: the count).
+std::map<std::string, double> MetricValues(const metrics::Registry& registry) {
+  std::map<std::string, double> values;
+  for (const auto& f : registry.Collect()) {
+    for (const auto& m : f.metric) {
+      std::string key = f.name;
+      for (const auto& [k, v] : m.labels) key += "," + k + "=" + v;
+      values[key] = f.type == metrics::MetricType::kHistogram ? m.sample_count : m.value;
+    }
+  }
+  return values;
+}
+
+TEST_F(SchedulerTest, FleetCountersExistAtZeroForKnownLabels) {
+  options_.prices.usd_per_gpu_hour["h200"] = 3.5;
+  sched_ = NewScheduler();
+  auto v = MetricValues(*registries_.back());
+  for (const char* key : {"tally_job_ends_total,reason_rule=patience,state=early_stopped",
+                          "tally_job_ends_total,reason_rule=budget,state=budget_exhausted",
+                          "tally_job_ends_total,reason_rule=failure,state=failed",
+                          "tally_job_transitions_total,state=early_stopped",
+                          "tally_attempts_ended_total,outcome=lost",
+                          "tally_workers_lost_total,gpu_type=h200",
+                          "tally_tokens_total,gpu_type=h200,kind=useful",
+                          "tally_fp8_overflows_total,gpu_type=h200",
+                          "tally_cost_lost_dollars_total,gpu_type=h200"}) {
+    ASSERT_EQ(v.count(key), 1u) << key;
+    EXPECT_EQ(v[key], 0) << key;
+  }
+  // A GPU type first seen in a worker's Hello.
+  ASSERT_TRUE(sched_->OnHello(Hello("w1", 1, "a100")).ok());
+  v = MetricValues(*registries_.back());
+  EXPECT_EQ(v.count("tally_workers_lost_total,gpu_type=a100"), 1u);
+  EXPECT_EQ(v.count("tally_tokens_total,gpu_type=a100,kind=padding"), 1u);
+}
+
+TEST_F(SchedulerTest, ASilentWorkerIsCountedLostOncePerSilence) {
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->OnHello(Hello("w2")).ok());
+  auto lost = [&] { return MetricValues(*registries_.back())["tally_workers_lost_total,gpu_type=cpu"]; };
+  clock_.Advance(absl::Seconds(6));
+  Beat("w2");
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(lost(), 0);
+  clock_.Advance(absl::Seconds(5));  // w1 silent 11 s: past the 10 s timeout
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(lost(), 1);
+  Beat("w2");
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(lost(), 1) << "still the same silence";
+  // It speaks again, then falls silent again: a second loss.
+  Beat("w1");
+  Beat("w2");
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(lost(), 3) << "w1 again, and w2";
+}
+
+TEST_F(SchedulerTest, JobEndsAreCountedByStateAndRule) {
+  const int64_t a = Submit(Spec());
+  const int64_t b = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(a), tally::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(sched_->Cancel(b, "").ok());
+  ASSERT_TRUE(Exit("w1", a, 1, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  auto v = MetricValues(*registries_.back());
+  EXPECT_EQ(v["tally_job_ends_total,reason_rule=cancel,state=cancelled"], 1);
+  EXPECT_EQ(v["tally_job_ends_total,reason_rule=max_steps,state=succeeded"], 1);
+  EXPECT_EQ(v["tally_job_transitions_total,state=succeeded"], 1);
+  EXPECT_EQ(v["tally_queue_wait_seconds"], 1);
+}
+
+TEST_F(SchedulerTest, QueueWaitBucketsDoubleFromATenthOfASecondToHours) {
+  for (const auto& f : registries_.back()->Collect()) {
+    if (f.name != "tally_queue_wait_seconds") continue;
+    ASSERT_EQ(f.metric.size(), 1u);
+    const auto& b = f.metric[0].buckets;
+    ASSERT_EQ(b.size(), 19u);  // 18 bounds and +Inf
+    EXPECT_DOUBLE_EQ(b[0].first, 0.1);
+    for (size_t i = 1; i + 1 < b.size(); ++i) EXPECT_DOUBLE_EQ(b[i].first, 2 * b[i - 1].first);
+    EXPECT_GT(b[b.size() - 2].first, 3 * 3600);
+    return;
+  }
+  FAIL() << "no tally_queue_wait_seconds";
+}
+
+TEST_F(SchedulerTest, AnEndedJobsSeriesStayForTheRetention) {
+  options_.job_metrics.retention = absl::Minutes(15);
+  sched_ = NewScheduler();
+  auto spec = Spec();
+  spec.mutable_budget()->set_max_dollars(100);
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  tally::v1::WorkerMessage p;
+  p.mutable_progress()->set_job("jobs/" + std::to_string(id));
+  p.mutable_progress()->set_attempt(1);
+  p.mutable_progress()->set_step(7);
+  p.mutable_progress()->set_tokens(700);
+  p.mutable_progress()->set_trained(true);
+  ASSERT_TRUE(sched_->OnMessage("w1", p).ok());
+  ASSERT_TRUE(Exit("w1", id, 1, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  const std::string job = "jobs/" + std::to_string(id);
+  clock_.Advance(absl::Minutes(14));
+  ASSERT_TRUE(sched_->Tick().ok());
+  auto v = MetricValues(*registries_.back());
+  EXPECT_EQ(v["tally_job_step,tally_job=" + job], 7);
+  EXPECT_EQ(v["tally_job_tokens_total,kind=useful,tally_job=" + job], 700);
+  EXPECT_EQ(v["tally_tokens_total,gpu_type=cpu,kind=useful"], 700);
+  EXPECT_EQ(v["tally_job_attempts_ended_total,outcome=succeeded,tally_job=" + job], 1);
+  EXPECT_EQ(v.count("tally_job_info,display_name=,gpu_type=cpu,state=succeeded,tally_job=" + job),
+            1u);
+  clock_.Advance(absl::Minutes(1));
+  ASSERT_TRUE(sched_->Tick().ok());
+  v = MetricValues(*registries_.back());
+  for (const auto& [key, value] : v) EXPECT_EQ(key.find(job), std::string::npos) << key;
+  EXPECT_EQ(v["tally_tokens_total,gpu_type=cpu,kind=useful"], 700) << "fleet counters stay";
+}
+
+TEST_F(SchedulerTest, RoutingCollapseWithTopTwoOfFourExpertsWarns) {
+  // E=4, k=2: one expert can take at most a quarter of the assignments, so
+  // a rule on the raw share (> 0.5) never fires. Normalised by k/E, an
+  // expert starved to 2% of the tokens is collapse.
+  auto spec = Spec();
+  spec.mutable_model()->mutable_moe()->set_num_experts(4);
+  spec.mutable_model()->mutable_moe()->set_top_k(2);
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  const std::string job = "jobs/" + std::to_string(id);
+  for (int i = 0; i < 3; ++i) {
+    tally::v1::WorkerMessage p;
+    p.mutable_progress()->set_job(job);
+    p.mutable_progress()->set_attempt(1);
+    p.mutable_progress()->set_step(1 + i);
+    p.mutable_progress()->set_trained(true);
+    auto* l = p.mutable_progress()->add_moe();
+    l->set_layer(0);
+    for (int64_t n : {330, 330, 330, 10}) l->add_tokens_per_expert(n);
+    ASSERT_TRUE(sched_->OnMessage("w1", p).ok());
+    tally::v1::WorkerMessage e;
+    e.mutable_eval()->set_job(job);
+    e.mutable_eval()->set_attempt(1);
+    e.mutable_eval()->set_step(1 + i);
+    e.mutable_eval()->set_val_loss(3.0);
+    ASSERT_TRUE(sched_->OnMessage("w1", e).ok());
+  }
+  const auto types = EventTypes(id);
+  EXPECT_EQ(std::count(types.begin(), types.end(), "warning"), 1);
+  auto events = *store_.ListEvents(id, 0, 1000);
+  for (const auto& e : events) {
+    if (e.type() == "warning") {
+      EXPECT_THAT(e.reason(), ::testing::HasSubstr("layer 0 has 1 of 4 experts idle"));
+    }
+  }
+  auto v = MetricValues(*registries_.back());
+  EXPECT_EQ(v["tally_job_moe_collapsed_evals,tally_job=" + job], 3);
+  EXPECT_EQ(v["tally_job_moe_collapsed,layer=0,tally_job=" + job], 1);
+  EXPECT_EQ(v["tally_job_moe_idle_experts,layer=0,tally_job=" + job], 1);
 }
 
 }  // namespace

@@ -126,21 +126,24 @@ class MetricsTest(ClusterTest):
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
         self.assertEqual(check.stdout + check.stderr, "", "promtool has no complaints")
         s = parse_exposition(text)
-        self.assertEqual(s['tally_jobs{state="SUCCEEDED"}'], 1)
-        self.assertEqual(s['tally_jobs{state="QUEUED"}'], 0)
+        self.assertEqual(s['tally_jobs{state="succeeded"}'], 1)
+        self.assertEqual(s['tally_jobs{state="queued"}'], 0)
         self.assertEqual(s["tally_queue_depth"], 0)
         self.assertEqual(s['tally_workers{gpu_type="cpu",state="connected"}'], 1)
         self.assertEqual(s['tally_worker_slots{gpu_type="cpu",state="free"}'], 1)
         self.assertEqual(s['tally_queue_wait_seconds_count'], 1)
         self.assertEqual(s['tally_attempts_ended_total{outcome="succeeded"}'], 1)
+        jobs_method = 'grpc_method="%s",grpc_service="tally.v1.Jobs",grpc_type="unary"'
         self.assertGreaterEqual(
-            s['tally_grpc_requests_total{code="OK",method="tally.v1.Jobs/SubmitJob"}'], 1)
+            s['grpc_server_handled_total{grpc_code="OK",%s}' % (jobs_method % "SubmitJob")], 1)
         self.assertGreaterEqual(
-            s['tally_grpc_requests_total{code="NOT_FOUND",method="tally.v1.Jobs/GetJob"}'], 1)
-        self.assertEqual(s['tally_grpc_request_duration_seconds_bucket{'
-                         'method="tally.v1.Jobs/SubmitJob",le="+Inf"}'], 1)
-        # Per-job series exist only while a job runs.
-        self.assertNotIn('tally_job_step{tally_job="%s"}' % job.name, s)
+            s['grpc_server_handled_total{grpc_code="NotFound",%s}' % (jobs_method % "GetJob")], 1)
+        self.assertEqual(s['grpc_server_handling_seconds_bucket{%s,le="+Inf"}'
+                         % (jobs_method % "SubmitJob")], 1)
+        # An ended job's series keep their final values (--job_metrics_retention).
+        self.assertEqual(s['tally_job_step{tally_job="%s"}' % job.name], 5)
+        self.assertEqual(s['tally_job_info{display_name="test",gpu_type="cpu",state="succeeded",'
+                           'tally_job="%s"}' % job.name], 1)
         # No series appears twice.
         keys = [l.rsplit(" ", 1)[0] for l in text.splitlines() if l and l[0] != "#"]
         self.assertEqual(len(keys), len(set(keys)))
@@ -148,7 +151,7 @@ class MetricsTest(ClusterTest):
 
 class JobMetricsTest(ClusterTest):
 
-    def test_running_jobs_export_their_series_and_drop_them_when_they_end(self):
+    def test_running_jobs_export_their_series_and_keep_them_when_they_end(self):
         self.add_worker("w1")
         s = spec(max_steps=100000, name="metrics")
         s.training.eval_interval_steps = 50
@@ -169,13 +172,18 @@ class JobMetricsTest(ClusterTest):
                      "tally_job_patience_left", "tally_job_useful_tokens_per_second",
                      "tally_job_padding_fraction", "tally_job_budget_used_ratio"):
             self.assertIn(name + label, series, name)
-        self.assertIn('tally_job_tokens{kind="useful",tally_job="%s"}' % job.name, series)
+        self.assertIn('tally_job_tokens_total{kind="useful",tally_job="%s"}' % job.name, series)
         self.assertGreater(series["tally_job_step" + label], 0)
         self.assertEqual(series["tally_job_patience_left" + label],
                          self.get(job.name).early_stopping.patience_left)
         self.tallyd.jobs.CancelJob(jobs_pb2.CancelJobRequest(name=job.name), timeout=10)
         after = self.tallyd.scrape()
-        self.assertNotIn(job.name, after, "a job's series go away when it ends")
+        ended = parse_exposition(after)
+        self.assertEqual(ended['tally_job_info{display_name="metrics",gpu_type="cpu",'
+                               'state="cancelled",tally_job="%s"}' % job.name], 1,
+                         "an ended job's series stay, with its terminal state")
+        self.assertNotIn('tally_job_info{display_name="metrics",gpu_type="cpu",'
+                         'state="running",tally_job="%s"}' % job.name, ended)
         self.assertIn('tally_early_stops_total{rule="patience"} 0', after)
 
 

@@ -1,7 +1,11 @@
 """The dashboards and alert rules in deploy/ against a real Prometheus
 (Debian's) scraping a real tallyd while real jobs run: every panel's PromQL
-returns data, every rule evaluates, and the alert the run should trigger
-fires."""
+returns data, every rule evaluates, an ended job's final values stay
+queryable, the alerts the run produces on purpose fire (budget, a worker
+killed with SIGKILL) and the others do not. Alerts whose condition takes
+minutes to produce live (failed jobs, divergence, FP8 overflows, routing
+collapse, a stuck queue) are tested with `promtool test rules` on
+deploy/prometheus/alerts_test.yaml, each firing and each near miss not."""
 
 import glob
 import json
@@ -24,6 +28,20 @@ DASHBOARDS = sorted(glob.glob(os.path.join(DEPLOY, "grafana", "*.json")))
 # statically (ExperimentDashboardTest).
 LIVE_DASHBOARDS = [os.path.join(DEPLOY, "grafana", n) for n in ("fleet.json", "job.json")]
 RULES = os.path.join(DEPLOY, "prometheus", "alerts.yaml")
+RULE_TESTS = os.path.join(DEPLOY, "prometheus", "alerts_test.yaml")
+README = os.path.join(ROOT, "README.md")
+
+
+def readme_metrics():
+    """The metric names in README.md's metric tables (the first column)."""
+    with open(README) as f:
+        text = f.read()
+    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    names = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            names |= set(re.findall(r"`([a-z0-9_]+)(?:\{[^`]*\})?`", line.split("|")[1]))
+    return names
 
 
 def free_port():
@@ -68,6 +86,7 @@ class StaticTest(unittest.TestCase):
             group = {"name": os.path.basename(path), "rules": []}
             for i, (title, expr) in enumerate(panel_exprs(path)):
                 expr = re.sub(r"\$\{?(job|experiment)\}?", "x/1", expr)
+                expr = expr.replace("$__range", "1h")
                 group["rules"].append({"record": "tally:panel_%d" % i, "expr": expr})
             rules["groups"].append(group)
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
@@ -76,6 +95,35 @@ class StaticTest(unittest.TestCase):
             r = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True,
                                text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_panels_have_units_and_take_counters_through_rate_or_increase(self):
+        for path in LIVE_DASHBOARDS:
+            with open(path) as f:
+                d = json.load(f)
+            for p in d["panels"]:
+                self.assertTrue(p["fieldConfig"]["defaults"].get("unit"), p["title"])
+                for t in p["targets"]:
+                    # Every counter inside rate() or increase(): a raw counter
+                    # resets with tallyd and means nothing on a graph.
+                    for m in re.finditer(r"\b(\w+_total)\b", t["expr"]):
+                        before = t["expr"][:m.start()]
+                        self.assertRegex(before, r"(rate|increase)\($", (p["title"], t["expr"]))
+                    if os.path.basename(path) == "job.json":
+                        self.assertIn("{{tally_job}}", t["legendFormat"], p["title"])
+                        self.assertIn('tally_job="$job"', t["expr"], p["title"])
+                    # Aggregated so that two scraped tallyd replicas give one line.
+                    self.assertRegex(t["expr"], r"^(histogram_quantile\(\S+ )?(max|sum)( by |\()",
+                                     (p["title"], t["expr"]))
+
+    def test_alert_rules_pass_their_unit_tests(self):
+        r = subprocess.run(["promtool", "test", "rules", RULE_TESTS], capture_output=True,
+                           text=True, timeout=120, cwd=os.path.dirname(RULE_TESTS))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(RULE_TESTS) as f:
+            tested = set(re.findall(r"alertname: (\w+)", f.read()))
+        with open(RULES) as f:
+            defined = set(re.findall(r"- alert: (\w+)", f.read()))
+        self.assertEqual(tested, defined, "every alert has a unit test")
 
     def test_alert_rules_and_scrape_config_pass_promtool(self):
         for args in (["check", "rules", RULES],
@@ -165,9 +213,19 @@ class PrometheusTest(ClusterTest):
     def query(self, expr):
         return self.api("query", query=expr)["data"]["result"]
 
-    def test_every_panel_returns_data_and_the_budget_alert_fires(self):
+    def alerts(self, name, **labels):
+        sel = ",".join('%s="%s"' % kv for kv in sorted(labels.items()))
+        return self.query('ALERTS{alertname="%s",alertstate="firing"%s}'
+                          % (name, "," + sel if sel else ""))
+
+    def value(self, expr):
+        r = self.query(expr)
+        return float(r[0]["value"][1]) if r else None
+
+    def test_final_values_panels_and_alerts_against_a_live_run(self):
+        started = time.monotonic()
         self.add_worker("w1")
-        # A finished job first, so the fleet's attempt counters have a series.
+        # A finished job first: its final values must stay queryable.
         first = self.submit(spec(max_steps=5, name="first"))
         self.wait_state(first.name, jobs_pb2.JOB_STATE_SUCCEEDED, timeout=60)
         s = spec(max_steps=1000000, name="observed", checkpoint_interval=25)
@@ -180,18 +238,46 @@ class PrometheusTest(ClusterTest):
         s.training.eval_interval_steps = 25
         s.training.eval_tokens = 2048
         s.early_stopping.patience = 1000
-        s.budget.max_dollars = 0.3  # 80% after 24 s at $0.01/s, exhausted at 30 s
+        s.budget.max_dollars = 0.15  # 80% after 12 s at $0.01/s, exhausted at 15 s
         job = self.submit(s)
-        wait_for(lambda: self.get(job.name).cost.cost_usd >= 0.25, timeout=120,
+        wait_for(lambda: self.get(job.name).cost.cost_usd >= 0.125, timeout=90,
                  what="83% of the budget")
-        self.assertEqual(self.get(job.name).state, jobs_pb2.JOB_STATE_RUNNING)
-        wait_for(lambda: self.query('ALERTS{alertname="TallyJobBudgetAt80Percent",'
-                                    'alertstate="firing",tally_job="%s"}' % job.name),
-                 timeout=20, what="the budget alert to fire")
+        wait_for(lambda: self.alerts("TallyJobBudgetAt80Percent", tally_job=job.name),
+                 timeout=20, what="the budget alert to fire while the job runs")
+        done = self.wait_state(job.name, jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED, timeout=60)
+
+        # After both ended: final values, with the terminal state.
+        wait_for(lambda: self.value('tally_job_info{tally_job="%s",state="budget_exhausted"}'
+                                    % job.name) == 1, timeout=15, what="the job's final state")
+        self.assertEqual(self.value('tally_job_step{tally_job="%s"}' % first.name), 5)
+        self.assertEqual(self.value('tally_job_info{tally_job="%s",state="succeeded",'
+                                    'display_name="first"}' % first.name), 1)
+        self.assertGreaterEqual(
+            self.value('tally_job_budget_used_ratio{tally_job="%s"}' % job.name), 1.0)
+        self.assertAlmostEqual(self.value('tally_job_cost_dollars{tally_job="%s"}' % job.name),
+                               done.cost.cost_usd, places=6)
+        self.assertGreaterEqual(self.value('tally_job_step{tally_job="%s"}' % job.name),
+                                done.step)
+        self.assertEqual(self.value('tally_job_best_val_loss{tally_job="%s"}' % job.name),
+                         done.early_stopping.best_val_loss)
+        self.assertEqual(self.value('tally_job_ends_total{state="budget_exhausted",'
+                                    'reason_rule="budget"}'), 1)
+        self.assertEqual(self.value('tally_job_ends_total{state="succeeded",'
+                                    'reason_rule="max_steps"}'), 1)
+        # Tokens computed: the fleet counter is the jobs' counters summed.
+        fleet = self.value('sum(tally_tokens_total{kind="useful",gpu_type="cpu"})')
+        per_job = self.value('sum(tally_job_tokens_total{kind="useful"})')
+        self.assertGreater(fleet, 0)
+        self.assertEqual(fleet, per_job)
+        # The budget alert still fires for the job that went on to exhaust
+        # its budget (a 15 s scrape would see it), not for the other.
+        self.assertTrue(self.alerts("TallyJobBudgetAt80Percent", tally_job=job.name))
+        self.assertFalse(self.alerts("TallyJobBudgetAt80Percent", tally_job=first.name))
+
         empty, failed = [], []
         for path in LIVE_DASHBOARDS:
             for title, expr in panel_exprs(path):
-                expr = expr.replace("$job", job.name)
+                expr = expr.replace("$job", job.name).replace("$__range", "5m")
                 reply = self.api("query", query=expr)
                 if reply["status"] != "success":
                     failed.append((title, expr, reply))
@@ -199,12 +285,41 @@ class PrometheusTest(ClusterTest):
                     empty.append((os.path.basename(path), title, expr))
         self.assertEqual(failed, [])
         self.assertEqual(empty, [], "every panel returns data")
+
+        for name in ("TallyWorkerLost", "TallydDown", "TallyJobFailed", "TallyJobAttemptsLost",
+                     "TallyLostDollarsHigh", "TallyQueueStuck"):
+            self.assertEqual(self.alerts(name), [], name + " must not fire")
+
+        # A worker killed with SIGKILL: its stream is counted with its real
+        # code, and the worker-lost alert fires on the counter although the
+        # worker has left tally_workers.
+        w2 = self.add_worker("w2")
+        wait_for(lambda: 'tally_workers{gpu_type="cpu",state="connected"} 2'
+                 in self.tallyd.scrape(), timeout=30, what="w2 to connect")
+        self.assertEqual(self.alerts("TallyWorkerLost"), [])
+        w2.kill()
+        wait_for(lambda: self.alerts("TallyWorkerLost", gpu_type="cpu"), timeout=30,
+                 what="the worker-lost alert")
+        self.assertEqual(self.value('tally_workers_lost_total{gpu_type="cpu"}'), 1)
+        connect = ('grpc_server_handled_total{grpc_service="tally.v1.Workers",'
+                   'grpc_method="Connect",grpc_type="bidi_stream",grpc_code="%s"}')
+        self.assertGreaterEqual(self.value(connect % "Canceled"), 1)
+        self.assertEqual(self.value(connect % "OK"), 0, "a broken stream is not OK")
+        self.assertEqual(self.value('grpc_server_handled_total{grpc_service="tally.v1.Jobs",'
+                                    'grpc_method="CancelJob",grpc_code="NotFound"}'), 0,
+                         "created at 0 before the first error")
+        self.assertIsNotNone(self.value("tally_build_info"))
+
         groups = self.api("rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        self.assertEqual(len(rules), 5)
+        self.assertEqual(len(rules), 10)
         for r in rules:
             self.assertEqual(r["health"], "ok", r)
-        self.tallyd.jobs.CancelJob(jobs_pb2.CancelJobRequest(name=job.name), timeout=10)
+
+        # README's metric tables name exactly the families tallyd exports.
+        exported = set(re.findall(r"^# TYPE (\w+) ", self.tallyd.scrape(), re.M))
+        self.assertEqual(readme_metrics(), exported)
+        self.assertLess(time.monotonic() - started, 150, "the test's wall time stays bounded")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ class TrainingTest(ClusterTest):
         series = parse_exposition(self.tallyd.scrape())
         label = 'tally_job="%s"' % job.name
         self.assertEqual(series["tally_job_fp8_product_fraction{%s}" % label], 1.0)
-        self.assertIn("tally_job_fp8_overflows{%s}" % label, series)
+        self.assertIn("tally_job_fp8_overflows_total{%s}" % label, series)
         for group in ("attention.input", "attention.weight", "attention.grad", "ffn.input",
                       "ffn.weight", "ffn.grad"):
             self.assertGreater(series['tally_job_fp8_amax{group="%s",%s}' % (group, label)], 0)
@@ -129,7 +129,8 @@ class TrainingTest(ClusterTest):
         self.assertEqual(done.state, jobs_pb2.JOB_STATE_SUCCEEDED, done.state_reason)
         evals = [e for e in self.events(job.name) if e.type == "eval"]
         self.assertLess(evals[-1].val_loss, evals[0].val_loss - 1.0)
-        self.assertNotIn(job.name, self.tallyd.scrape(), "series gone once it ended")
+        self.assertIn('state="succeeded",tally_job="%s"} 1' % job.name, self.tallyd.scrape(),
+                      "an ended job's series stay with its terminal state")
 
     def test_a_spec_the_worker_cannot_train_fails_with_the_field(self):
         self.add_worker("w1")
