@@ -53,15 +53,34 @@ std::vector<Row> PlanEpoch(absl::Span<const int64_t> doc_lengths,
   if (o.shuffle) SeededShuffle(Mix(o.seed, epoch, 1), &order);
 
   std::vector<Row> rows;
+  const size_t window = static_cast<size_t>(std::max(1, o.shuffle_window));
+  // The window's rows in a seeded order: a long document's chunks do not
+  // take consecutive rows (and so whole steps) in any mode.
+  auto shuffle_rows = [&](size_t first_row, size_t start) {
+    if (!o.shuffle) return;
+    std::vector<int64_t> perm(rows.size() - first_row);
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+    SeededShuffle(Mix(o.seed, epoch, 2 + start), &perm);
+    std::vector<Row> shuffled;
+    shuffled.reserve(perm.size());
+    for (int64_t p : perm) shuffled.push_back(std::move(rows[first_row + p]));
+    std::move(shuffled.begin(), shuffled.end(), rows.begin() + first_row);
+  };
   if (o.mode != PackingMode::kPacked) {
     std::vector<Segment> chunks;
-    for (int64_t doc : order) AppendChunks(doc, doc_lengths[doc], o.seq_len, &chunks);
-    rows.reserve(chunks.size());
-    for (const Segment& c : chunks) rows.push_back(Row{{c}, c.length});
+    for (size_t start = 0; start < order.size(); start += window) {
+      chunks.clear();
+      const size_t end = std::min(order.size(), start + window);
+      for (size_t i = start; i < end; ++i) {
+        AppendChunks(order[i], doc_lengths[order[i]], o.seq_len, &chunks);
+      }
+      const size_t first_row = rows.size();
+      for (const Segment& c : chunks) rows.push_back(Row{{c}, c.length});
+      shuffle_rows(first_row, start);
+    }
     return rows;
   }
 
-  const size_t window = static_cast<size_t>(std::max(1, o.shuffle_window));
   std::vector<Segment> chunks;
   for (size_t start = 0; start < order.size(); start += window) {
     chunks.clear();
@@ -89,15 +108,7 @@ std::vector<Row> PlanEpoch(absl::Span<const int64_t> doc_lengths,
       const int32_t room = o.seq_len - rows[r].num_tokens;
       if (room > 0) open.emplace(room, r);
     }
-    if (o.shuffle) {
-      std::vector<int64_t> perm(rows.size() - first_row);
-      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
-      SeededShuffle(Mix(o.seed, epoch, 2 + start), &perm);
-      std::vector<Row> shuffled;
-      shuffled.reserve(perm.size());
-      for (int64_t p : perm) shuffled.push_back(std::move(rows[first_row + p]));
-      std::move(shuffled.begin(), shuffled.end(), rows.begin() + first_row);
-    }
+    shuffle_rows(first_row, start);
   }
   return rows;
 }

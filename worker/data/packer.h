@@ -8,7 +8,10 @@
 // shuffled. A document longer than seq_len is cut into seq_len-token chunks
 // (the last one shorter). Every token of every document appears exactly once
 // per epoch. The padded modes put one chunk per row: they exist only as the
-// baselines packing is measured against.
+// baselines packing is measured against, so they take documents in the same
+// windows and shuffle each window's rows the same way (a long document's
+// chunks are spread over the window, not trained on in consecutive steps,
+// which would make the baseline worse for a reason other than padding).
 //
 // The plan is a pure function of (lengths, options, epoch), so a data cursor
 // (epoch, row) is enough to resume exactly.

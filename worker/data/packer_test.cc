@@ -106,6 +106,28 @@ TEST(PackerTest, DeterministicPerEpochAndShuffledAcrossEpochs) {
   EXPECT_TRUE(differs);
 }
 
+// A fair baseline: in every mode a long document's chunks are spread over
+// its window's rows, not laid in consecutive rows (consecutive steps).
+TEST(PackerTest, ALongDocumentsChunksAreNotConsecutiveInAnyMode) {
+  std::vector<int64_t> lengths(50, 40);
+  lengths[7] = 64 * 40;  // 40 chunks at seq_len 64
+  for (PackingMode mode :
+       {PackingMode::kPacked, PackingMode::kPadToSeqLen, PackingMode::kPadToLongest}) {
+    PackOptions o;
+    o.seq_len = 64;
+    o.seed = 5;
+    o.mode = mode;
+    const auto rows = PlanEpoch(lengths, o, 0);
+    int longest_run = 0, run = 0;
+    for (const Row& r : rows) {
+      const bool long_doc = r.segments.size() == 1 && r.segments[0].doc == 7;
+      run = long_doc ? run + 1 : 0;
+      longest_run = std::max(longest_run, run);
+    }
+    EXPECT_LT(longest_run, 10) << PackingModeName(mode);
+  }
+}
+
 // The bar: >= 99% packing efficiency on the fortunes corpus at 512.
 TEST(PackerTest, FortunesPackAtLeast99PercentAt512) {
   const std::string dir = "/usr/share/games/fortunes";
