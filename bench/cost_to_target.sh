@@ -55,6 +55,14 @@ ref = next(v for v in e["variants"] if v["name"] == e["reference_variant"])
 others = [v for v in e["variants"] if v["reached_target"] and v["name"] != ref["name"]]
 print("%s: %s wall seconds for the experiment, target val loss %.4f" % (
     corpus, seconds, e["target_val_loss"]))
+print("%-22s %-16s %6s %8s %9s %12s %12s %8s" % (
+    "variant", "state", "steps", "final", "to_step", "tokens_to", "usd_to", "x_ref"))
+for v in e["variants"]:
+    print("%-22s %-16s %6s %8.4f %9s %12.0f %12.6f %8s" % (
+        v["name"], v["state"].replace("JOB_STATE_", "").lower(), v["step"],
+        v["final_val_loss"], v["target_step"] if v["reached_target"] else "-",
+        v["tokens_to_target"], v["cost_to_target_usd"],
+        "%.2f" % v["ratio_to_reference"] if v["ratio_to_reference"] else "-"))
 if ref["reached_target"] and others:
     best = min(others, key=lambda v: v["cost_to_target_usd"])
     print("combined saving: %s $%.6f to its own final loss, %s $%.6f to the same loss: "
