@@ -1,21 +1,33 @@
 # tallyd (and tallyctl): a small Debian image without LibTorch. The build
-# stage runs the same steps as `make` (scripts/setup.sh, then CMake); build
-# from the repository root:
+# stage runs the same steps as `make` (scripts/setup.sh, then CMake), then
+# deploy/docker/stage-runtime.sh stages the two binaries and lists the
+# packages they need; the final stage copies only that (no sources, build
+# tree, LibTorch or kubectl venv). Build from the repository root:
 #   docker build -f deploy/docker/tallyd.Dockerfile -t tally/tallyd:0.1.0 .
+#
+# This image has not been built: the machine these files were written on
+# has the Docker client but no Docker daemon (nor podman or buildah).
+#
+# In Kubernetes the root filesystem is read-only: SQLite keeps its temporary
+# tables in memory (temp_store=MEMORY), the database lives on the volume at
+# /var/lib/tally and /tmp is an emptyDir (deploy/k8s/base/tallyd.yaml).
 FROM debian:12 AS build
 WORKDIR /src
 COPY . .
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends make sudo ca-certificates \
- && scripts/setup.sh && cmake --build build --target tallyd tallyctl
+ && scripts/setup.sh && cmake --build build --target tallyd tallyctl \
+ && deploy/docker/stage-runtime.sh /stage build/server/tallyd build/cli/tallyctl \
+ && cat /stage/files.txt
 
 FROM debian:12-slim
-RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends \
-      libgrpc++1.51 libprotobuf32 libabsl20220623 libsqlite3-0 libcivetweb1 \
-      libyaml-cpp0.7 libspdlog1.10 libfmt9 \
- && rm -rf /var/lib/apt/lists/* \
+COPY --from=build /stage/packages.txt /tmp/packages.txt
+RUN apt-get update -qq \
+ && xargs -a /tmp/packages.txt env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends \
+ && rm -rf /var/lib/apt/lists/* /tmp/packages.txt \
  && useradd --uid 10001 --user-group --no-create-home tally \
  && mkdir -p /var/lib/tally && chown tally:tally /var/lib/tally
-COPY --from=build /src/build/server/tallyd /src/build/cli/tallyctl /usr/local/bin/
+COPY --from=build /stage/root/ /
 COPY examples/tallyd.yaml /etc/tally/tallyd.yaml
 USER 10001:10001
 EXPOSE 50051 9464

@@ -292,6 +292,35 @@ TEST(SqliteJobStoreTest, RefusesANewerSchema) {
   EXPECT_THAT(std::string(store.status().message()), ::testing::HasSubstr("newer"));
 }
 
+// Every connection the process opens, recorded by an SQLite auto-extension,
+// so a test can read a connection-level setting of the store's own handle.
+sqlite3* last_opened_db = nullptr;
+int RecordOpenedDb(sqlite3* db, const char**, const sqlite3_api_routines*) {
+  last_opened_db = db;
+  return SQLITE_OK;
+}
+
+TEST(SqliteJobStoreTest, KeepsTemporaryTablesInMemory) {
+  // In Kubernetes tallyd runs with a read-only root filesystem: SQLite's
+  // sorts and temporary indices must not need a writable temp directory.
+  last_opened_db = nullptr;
+  ASSERT_EQ(sqlite3_auto_extension(
+                reinterpret_cast<void (*)(void)>(&RecordOpenedDb)),
+            SQLITE_OK);
+  auto store = SqliteJobStore::Open(TempDbPath());
+  sqlite3_reset_auto_extension();
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_NE(last_opened_db, nullptr);
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(last_opened_db, "PRAGMA temp_store", -1, &stmt,
+                               nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
+  constexpr int kTempStoreMemory = 2;  // 0 default, 1 file, 2 memory
+  EXPECT_EQ(sqlite3_column_int(stmt, 0), kTempStoreMemory);
+  sqlite3_finalize(stmt);
+}
+
 TEST(SqliteJobStoreTest, UnwritablePathIsAClearError) {
   auto store = SqliteJobStore::Open("/nonexistent-dir/x/tally.db");
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -224,6 +224,7 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::OpenAtVersion(
   RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode=WAL"));
   RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous=FULL"));
   RETURN_IF_ERROR(Exec(db, "PRAGMA foreign_keys=ON"));
+  RETURN_IF_ERROR(Exec(db, "PRAGMA temp_store=MEMORY"));
   RETURN_IF_ERROR(store->Migrate(version));
   return store;
 }
