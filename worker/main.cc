@@ -47,6 +47,17 @@ ABSL_FLAG(int, rendezvous_port, 29500,
 ABSL_FLAG(double, collective_timeout, 120,
           "multi-GPU jobs: seconds a collective (or the rendezvous) waits for the other "
           "ranks before the attempt fails and is requeued");
+// Test-only knobs: they damage every assignment's training on purpose, so
+// that the FP8-overflow and expert-collapse alerts can be seen to fire.
+ABSL_FLAG(double, testonly_fp8_overflow_fraction, 0,
+          "TESTS ONLY, never in production: in FP8 jobs (delayed or current recipe), this "
+          "fraction (0 to 1) of each FP8 linear's input values is pushed beyond FP8's range "
+          "after scaling, so it is clamped and counted as an overflow; a run whose "
+          "overflows pass 1% of its values for a few steps fails. 0: off");
+ABSL_FLAG(int, testonly_moe_collapse_expert, -1,
+          "TESTS ONLY, never in production: in MoE jobs, every token of every MoE layer is "
+          "routed to this expert (as one of its top-k), a forced routing collapse; an "
+          "expert the model does not have fails the job. -1: off");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -96,6 +107,24 @@ int main(int argc, char** argv) {
   runner.device = options.device;
   runner.rendezvous_local_host = options.rendezvous_host;
   runner.collective_timeout_seconds = absl::GetFlag(FLAGS_collective_timeout);
+  runner.test_fp8_overflow_fraction = absl::GetFlag(FLAGS_testonly_fp8_overflow_fraction);
+  if (!(runner.test_fp8_overflow_fraction >= 0 && runner.test_fp8_overflow_fraction <= 1)) {
+    spdlog::error("--testonly_fp8_overflow_fraction: must be between 0 and 1, got {}",
+                  runner.test_fp8_overflow_fraction);
+    return 2;
+  }
+  runner.test_moe_forced_expert = absl::GetFlag(FLAGS_testonly_moe_collapse_expert);
+  if (runner.test_moe_forced_expert < -1) {
+    spdlog::error("--testonly_moe_collapse_expert: must be -1 (off) or an expert index, got {}",
+                  runner.test_moe_forced_expert);
+    return 2;
+  }
+  if (runner.test_fp8_overflow_fraction > 0 || runner.test_moe_forced_expert >= 0) {
+    spdlog::warn("tally-worker: test-only knobs are set (--testonly_fp8_overflow_fraction={}, "
+                 "--testonly_moe_collapse_expert={}): every job this worker runs is damaged "
+                 "on purpose",
+                 runner.test_fp8_overflow_fraction, runner.test_moe_forced_expert);
+  }
   runner.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (runner.checkpoint_dir.empty()) {
     const char* env = std::getenv("TALLY_CHECKPOINT_DIR");

@@ -151,6 +151,8 @@ JobMetrics::JobMetrics(Registry* registry, JobMetricsOptions options)
                             "stopped).");
   fp8_overflows_ = counter("tally_job_fp8_overflows_total",
                            "Values an FP8 job clamped to the format's range, all attempts.");
+  fp8_values_ = counter("tally_job_fp8_values_total",
+                        "Values an FP8 job cast to FP8, all attempts (the overflows among them).");
   fp8_product_fraction_ = gauge("tally_job_fp8_product_fraction",
                                 "Fraction of an FP8 job's matrix products computed in FP8.");
   fp8_amax_ = gauge("tally_job_fp8_amax", "Latest amax of an FP8 job's tensors, by group.");
@@ -184,6 +186,9 @@ JobMetrics::JobMetrics(Registry* registry, JobMetricsOptions options)
                           "type.");
   fleet_fp8_overflows_ = counter("tally_fp8_overflows_total",
                                  "Values FP8 attempts clamped to the format's range, by GPU type.");
+  fleet_fp8_values_ = counter("tally_fp8_values_total",
+                              "Values FP8 attempts cast to FP8 (the overflows among them), by GPU "
+                              "type.");
 }
 
 void JobMetrics::AddGpuType(const std::string& gpu_type) {
@@ -191,6 +196,7 @@ void JobMetrics::AddGpuType(const std::string& gpu_type) {
     fleet_tokens_->Add({{"kind", kind}, {"gpu_type", gpu_type}});
   }
   fleet_fp8_overflows_->Add({{"gpu_type", gpu_type}});
+  fleet_fp8_values_->Add({{"gpu_type", gpu_type}});
 }
 
 void JobMetrics::Set(const std::string& job, GaugeFamily* family, Labels labels, double value) {
@@ -269,7 +275,10 @@ void JobMetrics::SetRecordGauges(const tally::v1::Job& j, const tally::v1::CostS
   if (j.spec().model().moe().num_experts() > 0) {
     Set(n, moe_collapsed_evals_, l, j.routing().collapsed_evals());
   }
-  if (j.spec().precision().compute() == tally::v1::PRECISION_FP8) Count(n, fp8_overflows_, l);
+  if (j.spec().precision().compute() == tally::v1::PRECISION_FP8) {
+    Count(n, fp8_overflows_, l);
+    Count(n, fp8_values_, l);
+  }
 }
 
 void JobMetrics::Update(const tally::v1::Job& j, const tally::v1::CostStatus& cost) {
@@ -329,8 +338,8 @@ void JobMetrics::OnProgress(const tally::v1::Job& j, const tally::v1::Progress& 
   const std::string& gpu_type = j.spec().resources().gpu_type();
   // Work computed since the attempt's previous report. An attempt whose
   // start was seen here counts from 0 (the first attempt's tokens) or, for
-  // its FP8 overflows (reported per attempt), always; any other counts from
-  // its first report.
+  // its FP8 counts (reported per attempt), always; any other counts from its
+  // first report.
   Attempt& a = jobs_[n].attempt;
   if (a.attempt != p.attempt()) {
     a = Attempt{};
@@ -341,15 +350,18 @@ void JobMetrics::OnProgress(const tally::v1::Job& j, const tally::v1::Progress& 
   const int64_t base_padding =
       a.seen ? a.padding_tokens : (tokens_from_zero ? 0 : p.padding_tokens());
   const int64_t base_overflows = a.seen ? a.fp8_overflows : (a.from_zero ? 0 : p.fp8_overflows());
+  const int64_t base_values = a.seen ? a.fp8_values : (a.from_zero ? 0 : p.fp8_values());
   a.seen = true;
   // A report that goes backwards (a new process of the same attempt) is a
   // new starting point, not negative work.
   const int64_t d_tokens = std::max<int64_t>(0, p.tokens() - base_tokens);
   const int64_t d_padding = std::max<int64_t>(0, p.padding_tokens() - base_padding);
   const int64_t d_overflows = std::max<int64_t>(0, p.fp8_overflows() - base_overflows);
+  const int64_t d_values = std::max<int64_t>(0, p.fp8_values() - base_values);
   a.tokens = p.tokens();
   a.padding_tokens = p.padding_tokens();
   a.fp8_overflows = p.fp8_overflows();
+  a.fp8_values = p.fp8_values();
   // Document tokens: the worker's `tokens` counts them (padding apart).
   Count(n, tokens_, {{"tally_job", n}, {"kind", "useful"}}).Increment(static_cast<double>(d_tokens));
   Count(n, tokens_, {{"tally_job", n}, {"kind", "padding"}})
@@ -362,9 +374,11 @@ void JobMetrics::OnProgress(const tally::v1::Job& j, const tally::v1::Progress& 
   const Labels l = {{"tally_job", n}};
   Set(n, useful_tokens_per_second_, l, p.useful_tokens_per_second());
   Set(n, padding_fraction_, l, p.padding_fraction());
-  if (p.fp8_product_fraction() > 0 || p.fp8_overflows() > 0) {
+  if (p.fp8_product_fraction() > 0 || p.fp8_overflows() > 0 || p.fp8_values() > 0) {
     Count(n, fp8_overflows_, l).Increment(static_cast<double>(d_overflows));
+    Count(n, fp8_values_, l).Increment(static_cast<double>(d_values));
     fleet_fp8_overflows_->Add({{"gpu_type", gpu_type}}).Increment(static_cast<double>(d_overflows));
+    fleet_fp8_values_->Add({{"gpu_type", gpu_type}}).Increment(static_cast<double>(d_values));
     Set(n, fp8_product_fraction_, l, p.fp8_product_fraction());
     for (const auto& [group, amax] : p.fp8_amax()) {
       Set(n, fp8_amax_, {{"tally_job", n}, {"group", group}}, amax);

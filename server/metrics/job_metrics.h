@@ -4,7 +4,8 @@
 // GPU type, the stop rule once one stopped it, and chosen spec labels, to
 // join any per-job series on). It also
 // keeps the fleet counters that come from progress reports
-// (tally_tokens_total, tally_fp8_overflows_total).
+// (tally_tokens_total, tally_fp8_values_total, tally_fp8_overflows_total:
+// the overflow fraction is the ratio of the last two's rates).
 //
 // A job's series keep their final values for `retention` after it ends (its
 // terminal state is on tally_job_info), so a scrape after the end still sees
@@ -14,7 +15,8 @@
 // It is fed only with what has committed (the scheduler's commit observer
 // passes it the stored record, or a view of it with cost accrued to now) and
 // with progress reports, which are measurements, not state: the counters of
-// computed tokens and clamped FP8 values move when a report arrives.
+// computed tokens and of FP8 values cast and clamped move when a report
+// arrives.
 //
 // Counting tokens: a worker reports the job's cumulative tokens. The first
 // attempt counts from 0; a later attempt (which resumes from a checkpoint)
@@ -132,6 +134,7 @@ class JobMetrics {
     int64_t tokens = 0;
     int64_t padding_tokens = 0;
     int64_t fp8_overflows = 0;
+    int64_t fp8_values = 0;
   };
   struct JobSeries {
     std::set<std::pair<GaugeFamily*, Labels>> gauges;
@@ -162,6 +165,7 @@ class JobMetrics {
   GaugeFamily* budget_fraction_;
   CounterFamily* attempts_ended_;
   CounterFamily* fp8_overflows_;
+  CounterFamily* fp8_values_;
   GaugeFamily* fp8_product_fraction_;
   GaugeFamily* fp8_amax_;
   GaugeFamily* moe_load_;
@@ -176,6 +180,7 @@ class JobMetrics {
   GaugeFamily* target_;
   CounterFamily* fleet_tokens_;
   CounterFamily* fleet_fp8_overflows_;
+  CounterFamily* fleet_fp8_values_;
   std::map<std::string, JobSeries> jobs_;
 };
 

@@ -252,28 +252,56 @@ TEST(JobMetricsTest, AnAdoptedAttemptCountsFromItsFirstReport) {
   EXPECT_EQ(Series(registry)["tally_job_tokens_total{kind=\"useful\",tally_job=\"jobs/7\"}"], 100);
 }
 
-TEST(JobMetricsTest, Fp8OverflowsAreCountersOverAttempts) {
+TEST(JobMetricsTest, Fp8OverflowsAndValuesCastAreCountersOverAttempts) {
   Registry registry;
   JobMetrics m(&registry);
+  m.AddGpuType("h200");
   tally::v1::Job j = Running();
   j.mutable_spec()->mutable_precision()->set_compute(tally::v1::PRECISION_FP8);
   m.OnAttemptStarted(j);
   m.Update(j);
-  EXPECT_EQ(Series(registry).count("tally_job_fp8_overflows_total{tally_job=\"jobs/7\"}"), 1u)
+  auto s = Series(registry);
+  EXPECT_EQ(s.count("tally_job_fp8_overflows_total{tally_job=\"jobs/7\"}"), 1u)
       << "created at 0 for an FP8 job";
+  EXPECT_EQ(s.count("tally_job_fp8_values_total{tally_job=\"jobs/7\"}"), 1u);
+  EXPECT_EQ(s.count("tally_fp8_values_total{gpu_type=\"h200\"}"), 1u);
   auto p = Report(1, 100, 0, 7);
   p.set_fp8_product_fraction(1);
+  p.set_fp8_values(1000);
   m.OnProgress(j, p);
   p.set_fp8_overflows(12);
+  p.set_fp8_values(2000);
   m.OnProgress(j, p);
   j.set_attempt(2);
   m.OnAttemptStarted(j);
   p.set_attempt(2);
   p.set_fp8_overflows(3);  // per attempt: counts from 0 again
+  p.set_fp8_values(500);
   m.OnProgress(j, p);
-  auto s = Series(registry);
+  s = Series(registry);
   EXPECT_EQ(s["tally_job_fp8_overflows_total{tally_job=\"jobs/7\"}"], 15);
   EXPECT_EQ(s["tally_fp8_overflows_total{gpu_type=\"h200\"}"], 15);
+  EXPECT_EQ(s["tally_job_fp8_values_total{tally_job=\"jobs/7\"}"], 2500);
+  EXPECT_EQ(s["tally_fp8_values_total{gpu_type=\"h200\"}"], 2500);
+  // An attempt adopted after a restart (its start not seen here) counts from
+  // its first report; one that goes backwards starts afresh, never negative.
+  Registry restarted;
+  JobMetrics adopted(&restarted);
+  p.set_fp8_overflows(40);
+  p.set_fp8_values(9000);
+  adopted.OnProgress(j, p);
+  p.set_fp8_overflows(41);
+  p.set_fp8_values(9600);
+  adopted.OnProgress(j, p);
+  p.set_fp8_overflows(2);
+  p.set_fp8_values(100);
+  adopted.OnProgress(j, p);
+  p.set_fp8_overflows(5);
+  p.set_fp8_values(300);
+  adopted.OnProgress(j, p);
+  s = Series(restarted);
+  EXPECT_EQ(s["tally_job_fp8_overflows_total{tally_job=\"jobs/7\"}"], 4);
+  EXPECT_EQ(s["tally_job_fp8_values_total{tally_job=\"jobs/7\"}"], 800);
 }
 
 TEST(JobMetricsTest, AttemptsEndedPerJob) {

@@ -1211,6 +1211,14 @@ absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
         return absl::InvalidArgumentError(absl::StrCat(
             "progress.padding_tokens: must not be negative, got ", p.padding_tokens()));
       }
+      if (p.fp8_values() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("progress.fp8_values: must not be negative, got ", p.fp8_values()));
+      }
+      if (p.fp8_overflows() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "progress.fp8_overflows: must not be negative, got ", p.fp8_overflows()));
+      }
       // Bounds on what becomes metric series: no model has more.
       constexpr int kMaxMoeLayers = 1024, kMaxExperts = 4096, kMaxAmaxGroups = 256;
       if (p.moe_size() > kMaxMoeLayers) {

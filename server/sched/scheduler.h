@@ -19,10 +19,10 @@
 // the plan acted on: the in-memory state replaced, messages sent, counters
 // moved, observers (watchers, per-job metrics) told. A failed commit leaves
 // memory, workers and metrics as they were, and the call returns the error.
-// Measurements are not state: the counters of computed tokens and clamped
-// FP8 values move when a progress report arrives, and a worker silent past
-// the heartbeat timeout counts as lost (tally_workers_lost_total) when it is
-// found so.
+// Measurements are not state: the counters of computed tokens and of FP8
+// values cast and clamped move when a progress report arrives, and a worker
+// silent past the heartbeat timeout counts as lost
+// (tally_workers_lost_total) when it is found so.
 //
 // Stops. A cancel or a spent budget ends the job at once. A stop decided by
 // an evaluation (early stopping) keeps the state that evaluation measured:

@@ -501,6 +501,14 @@ TEST_F(SchedulerTest, ImpossibleCountsInAReportAreRefusedNamingTheField) {
   p.mutable_progress()->set_attempt(1);
   p.mutable_progress()->set_step(-1);
   EXPECT_THAT(sched_->OnMessage("w1", p).message(), HasSubstr("progress.step"));
+  p.mutable_progress()->set_step(1);
+  p.mutable_progress()->set_fp8_values(-3);
+  EXPECT_THAT(sched_->OnMessage("w1", p).message(),
+              HasSubstr("progress.fp8_values: must not be negative"));
+  p.mutable_progress()->set_fp8_values(3);
+  p.mutable_progress()->set_fp8_overflows(-1);
+  EXPECT_THAT(sched_->OnMessage("w1", p).message(),
+              HasSubstr("progress.fp8_overflows: must not be negative"));
   EXPECT_TRUE(store_.ListCheckpoints(id)->empty());
   EXPECT_EQ(Job(id).step(), 0);
 }
@@ -636,6 +644,7 @@ TEST_F(SchedulerTest, FleetCountersExistAtZeroForKnownLabels) {
                           "tally_workers_lost_total,gpu_type=h200",
                           "tally_tokens_total,gpu_type=h200,kind=useful",
                           "tally_fp8_overflows_total,gpu_type=h200",
+                          "tally_fp8_values_total,gpu_type=h200",
                           "tally_cost_lost_dollars_total,gpu_type=h200"}) {
     ASSERT_EQ(v.count(key), 1u) << key;
     EXPECT_EQ(v[key], 0) << key;

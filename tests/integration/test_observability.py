@@ -2,10 +2,14 @@
 (Debian's) scraping a real tallyd while real jobs run: every panel's PromQL
 returns data, every rule evaluates, an ended job's final values stay
 queryable, the alerts the run produces on purpose fire (budget, a worker
-killed with SIGKILL) and the others do not. Alerts whose condition takes
-minutes to produce live (failed jobs, divergence, FP8 overflows, routing
-collapse, a stuck queue) are tested with `promtool test rules` on
-deploy/prometheus/alerts_test.yaml, each firing and each near miss not."""
+killed with SIGKILL, FP8 overflows and a routing collapse forced by the
+worker's test-only flags) for the job that produced them and for no other,
+and the other alerts do not fire. The live rules are deploy's, with one
+change: TallyFp8Overflows' `for:` is cut from minutes to seconds (its
+expression is unchanged). Alerts whose condition takes minutes to produce
+live (failed jobs, divergence, a stuck queue) are tested with `promtool test
+rules` on deploy/prometheus/alerts_test.yaml, each firing and each near miss
+not; so is every alert's `for:`."""
 
 import glob
 import json
@@ -19,6 +23,8 @@ import unittest
 import urllib.parse
 import urllib.request
 
+import yaml
+
 from harness import ROOT, ClusterTest, jobs_pb2, spec, spec_pb2, wait_for
 
 DEPLOY = os.path.join(ROOT, "deploy")
@@ -30,6 +36,12 @@ LIVE_DASHBOARDS = [os.path.join(DEPLOY, "grafana", n) for n in ("fleet.json", "j
 RULES = os.path.join(DEPLOY, "prometheus", "alerts.yaml")
 RULE_TESTS = os.path.join(DEPLOY, "prometheus", "alerts_test.yaml")
 README = os.path.join(ROOT, "README.md")
+# A worker whose test-only flags damage every job it runs: a fraction of each
+# FP8 linear's inputs overflows, and every token is routed to expert 0. Its
+# own GPU type keeps every other job off it.
+FORCED_GPU_TYPE = "cpu-forced"
+FORCED_WORKER_ARGS = ["--gpu_type=" + FORCED_GPU_TYPE, "--testonly_fp8_overflow_fraction=0.01",
+                      "--testonly_moe_collapse_expert=0"]
 
 
 def readme_metrics():
@@ -42,6 +54,19 @@ def readme_metrics():
         if line.startswith("| `"):
             names |= set(re.findall(r"`([a-z0-9_]+)(?:\{[^`]*\})?`", line.split("|")[1]))
     return names
+
+
+def live_rules(path):
+    """deploy's alert rules, written to `path` with TallyFp8Overflows'
+    `for:` cut to seconds, so that the live test can see it fire."""
+    with open(RULES) as f:
+        rules = yaml.safe_load(f)
+    found = [r for g in rules["groups"] for r in g["rules"]
+             if r.get("alert") == "TallyFp8Overflows"]
+    assert len(found) == 1 and "for" in found[0], "TallyFp8Overflows has a for:"
+    found[0]["for"] = "2s"
+    with open(path, "w") as f:
+        yaml.safe_dump(rules, f)
 
 
 def free_port():
@@ -178,12 +203,14 @@ class PrometheusTest(ClusterTest):
         self.tallyd.restart()
         self.prom_addr = "127.0.0.1:%d" % free_port()
         prom_config = os.path.join(self.dir, "prometheus.yaml")
+        rules = os.path.join(self.dir, "alerts.yaml")
+        live_rules(rules)
         with open(prom_config, "w") as f:
             f.write("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
                     "rule_files: [%s]\n"
                     "scrape_configs:\n"
                     "  - job_name: tallyd\n"
-                    "    static_configs: [{targets: ['%s']}]\n" % (RULES, self.tallyd.metrics_addr))
+                    "    static_configs: [{targets: ['%s']}]\n" % (rules, self.tallyd.metrics_addr))
         self.prom_log = open(os.path.join(self.dir, "prometheus.log"), "w")
         self.prom = subprocess.Popen(
             ["prometheus", "--config.file=" + prom_config,
@@ -191,6 +218,10 @@ class PrometheusTest(ClusterTest):
              "--web.listen-address=" + self.prom_addr],
             stdout=self.prom_log, stderr=subprocess.STDOUT)
         wait_for(self.prom_ready, timeout=60, what="prometheus to start")
+        # Its first scrape comes seconds after it is ready: a job that ran
+        # before would be seen only with its final values.
+        wait_for(lambda: self.value('up{job="tallyd"}') == 1, timeout=30,
+                 what="prometheus's first scrape of tallyd")
 
     def tearDown(self):
         self.prom.terminate()
@@ -222,11 +253,26 @@ class PrometheusTest(ClusterTest):
         r = self.query(expr)
         return float(r[0]["value"][1]) if r else None
 
+    def firing_jobs(self, name):
+        return sorted(a["metric"].get("tally_job", "") for a in self.alerts(name))
+
     def test_final_values_panels_and_alerts_against_a_live_run(self):
         started = time.monotonic()
         self.add_worker("w1")
+        self.add_worker("wf", FORCED_WORKER_ARGS)
         # A finished job first: its final values must stay queryable.
         first = self.submit(spec(max_steps=5, name="first"))
+        # Alongside, on the damaging worker, an FP8 MoE job whose overflows
+        # and routing collapse are forced.
+        f = spec(max_steps=40, name="forced", gpu_type=FORCED_GPU_TYPE)
+        f.model.num_layers = 2
+        f.model.d_model = 32
+        f.model.moe.num_experts = 4
+        f.model.moe.top_k = 2
+        f.precision.compute = spec_pb2.PRECISION_FP8
+        f.training.eval_interval_steps = 5
+        f.training.eval_tokens = 2048
+        forced = self.submit(f)
         self.wait_state(first.name, jobs_pb2.JOB_STATE_SUCCEEDED, timeout=60)
         s = spec(max_steps=1000000, name="observed", checkpoint_interval=25)
         s.model.num_layers = 2
@@ -245,8 +291,13 @@ class PrometheusTest(ClusterTest):
         wait_for(lambda: self.alerts("TallyJobBudgetAt80Percent", tally_job=job.name),
                  timeout=20, what="the budget alert to fire while the job runs")
         done = self.wait_state(job.name, jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED, timeout=60)
+        forced_done = self.wait_state(
+            forced.name, {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED,
+                          jobs_pb2.JOB_STATE_EARLY_STOPPED}, timeout=60)
+        self.assertEqual(forced_done.state, jobs_pb2.JOB_STATE_SUCCEEDED,
+                         forced_done.state_reason)
 
-        # After both ended: final values, with the terminal state.
+        # After they ended: final values, with the terminal state.
         wait_for(lambda: self.value('tally_job_info{tally_job="%s",state="budget_exhausted"}'
                                     % job.name) == 1, timeout=15, what="the job's final state")
         self.assertEqual(self.value('tally_job_step{tally_job="%s"}' % first.name), 5)
@@ -263,12 +314,34 @@ class PrometheusTest(ClusterTest):
         self.assertEqual(self.value('tally_job_ends_total{state="budget_exhausted",'
                                     'reason_rule="budget"}'), 1)
         self.assertEqual(self.value('tally_job_ends_total{state="succeeded",'
-                                    'reason_rule="max_steps"}'), 1)
-        # Tokens computed: the fleet counter is the jobs' counters summed.
-        fleet = self.value('sum(tally_tokens_total{kind="useful",gpu_type="cpu"})')
-        per_job = self.value('sum(tally_job_tokens_total{kind="useful"})')
-        self.assertGreater(fleet, 0)
-        self.assertEqual(fleet, per_job)
+                                    'reason_rule="max_steps"}'), 2)
+        # Tokens and FP8 values computed: each fleet counter is the jobs'
+        # counters summed.
+        for fleet_counter, job_counter in (
+                ('tally_tokens_total{kind="useful"}', 'tally_job_tokens_total{kind="useful"}'),
+                ("tally_fp8_values_total", "tally_job_fp8_values_total"),
+                ("tally_fp8_overflows_total", "tally_job_fp8_overflows_total")):
+            fleet = self.value("sum(%s)" % fleet_counter)
+            self.assertGreater(fleet, 0, fleet_counter)
+            self.assertEqual(fleet, self.value("sum(%s)" % job_counter), fleet_counter)
+        self.assertGreater(self.value('tally_tokens_total{kind="useful",gpu_type="cpu"}'), 0)
+
+        # The forced job: the fraction of its values cast that overflowed is
+        # above the alert's threshold (and below the 1% at which the trainer
+        # fails a run); the normal FP8 job's is below it. Both alerts fire
+        # for the forced job and for no other.
+        def fraction(name):
+            return (self.value('tally_job_fp8_overflows_total{tally_job="%s"}' % name)
+                    / self.value('tally_job_fp8_values_total{tally_job="%s"}' % name))
+        self.assertGreater(fraction(forced.name), 0.001)
+        self.assertLess(fraction(forced.name), 0.01)
+        self.assertLess(fraction(job.name), 0.001)
+        for name in ("TallyFp8Overflows", "TallyExpertCollapse"):
+            wait_for(lambda: self.firing_jobs(name), timeout=20, what=name + " to fire")
+            self.assertEqual(self.firing_jobs(name), [forced.name], name)
+        self.assertEqual(self.value('tally_job_moe_expert_share{tally_job="%s",layer="0",'
+                                    'stat="max"}' % forced.name), 1.0,
+                         "every token went to expert 0")
         # The budget alert still fires for the job that went on to exhaust
         # its budget (a 15 s scrape would see it), not for the other.
         self.assertTrue(self.alerts("TallyJobBudgetAt80Percent", tally_job=job.name))

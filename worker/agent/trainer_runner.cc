@@ -46,6 +46,7 @@ class ReportingEvents final : public train::TrainEvents {
     p.set_trained(true);
     fp8_overflows_ += m.fp8_overflows;
     fp8_underflows_ += m.fp8_underflows;
+    fp8_values_ += m.fp8_values;
     for (const auto& l : m.moe) {
       auto* out = p.add_moe();
       out->set_layer(static_cast<int32_t>(l.layer));
@@ -57,6 +58,7 @@ class ReportingEvents final : public train::TrainEvents {
     if (m.fp8_product_fraction > 0) {
       p.set_fp8_overflows(fp8_overflows_);
       p.set_fp8_underflows(fp8_underflows_);
+      p.set_fp8_values(fp8_values_);
       p.set_fp8_product_fraction(m.fp8_product_fraction);
       for (const auto& [group, amax] : m.fp8_amax) (*p.mutable_fp8_amax())[group] = amax;
     }
@@ -88,7 +90,7 @@ class ReportingEvents final : public train::TrainEvents {
  private:
   const tally::v1::Assignment& a_;
   Reporter* reporter_;
-  int64_t fp8_overflows_ = 0, fp8_underflows_ = 0;
+  int64_t fp8_overflows_ = 0, fp8_underflows_ = 0, fp8_values_ = 0;
 };
 
 }  // namespace
@@ -121,6 +123,8 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
     config->resume_sha256 = assignment.resume_from().sha256();
   }
   config->collective_timeout_seconds = options_.collective_timeout_seconds;
+  config->test_fp8_overflow_fraction = options_.test_fp8_overflow_fraction;
+  config->test_moe_forced_expert = options_.test_moe_forced_expert;
   ReportingEvents events(assignment, reporter);
   const train::TrainResult result = train::Train(*config, &events, stop);
   exit.set_step(result.step);

@@ -18,6 +18,10 @@ struct TrainerRunnerOptions {
   double peak_flops = 0;
   std::string rendezvous_local_host = "127.0.0.1";  // this worker's address for Gloo
   double collective_timeout_seconds = 120;
+  // Tests only: forced FP8 overflows and MoE routing collapse in every
+  // assignment (train::TrainConfig's test_* fields); off by default.
+  double test_fp8_overflow_fraction = 0;
+  int64_t test_moe_forced_expert = -1;
 };
 
 class TrainerRunner final : public Runner {

@@ -32,6 +32,10 @@ class RecordingReporter final : public Reporter {
       : stop_(stop), stop_at_(stop_at), kind_(kind) {}
   void Progress(const tally::v1::Progress& p) override {
     Add(absl::StrCat("progress ", p.step()));
+    {
+      absl::MutexLock lock(&mu_);
+      progress_.push_back(p);
+    }
     if (p.step() == stop_at_) stop_->Request(kind_);
   }
   void Eval(const tally::v1::EvalResult& e) override { Add(absl::StrCat("eval ", e.step())); }
@@ -48,6 +52,10 @@ class RecordingReporter final : public Reporter {
     absl::MutexLock lock(&mu_);
     return checkpoints_;
   }
+  std::vector<tally::v1::Progress> progress() {
+    absl::MutexLock lock(&mu_);
+    return progress_;
+  }
 
  private:
   void Add(std::string s) {
@@ -60,6 +68,7 @@ class RecordingReporter final : public Reporter {
   absl::Mutex mu_;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
   std::vector<tally::v1::CheckpointRecord> checkpoints_ ABSL_GUARDED_BY(mu_);
+  std::vector<tally::v1::Progress> progress_ ABSL_GUARDED_BY(mu_);
 };
 
 class TrainerRunnerTest : public ::testing::Test {
@@ -157,6 +166,33 @@ TEST_F(TrainerRunnerTest, APlainStopStopsAtOnce) {
   EXPECT_EQ(exit.step(), 5);
   EXPECT_EQ(reporter.log().back(), "progress 5");
   EXPECT_TRUE(reporter.checkpoints().empty());
+}
+
+TEST_F(TrainerRunnerTest, Fp8ReportsCarryValuesCastAndOverflowsSinceTheAttemptStarted) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-fp8";
+  o.test_fp8_overflow_fraction = 0.01;  // the test-only knob reaches the trainer
+  TrainerRunner runner(o);
+  tally::v1::Assignment a = Assignment();
+  a.mutable_spec()->mutable_precision()->set_compute(tally::v1::PRECISION_FP8);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 4, train::StopKind::kNow);
+  const tally::v1::AttemptExit exit = runner.Run(a, &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit.reason();
+  const std::vector<tally::v1::Progress> p = reporter.progress();
+  ASSERT_EQ(p.size(), 4u);
+  for (size_t i = 0; i < p.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("step ", p[i].step()));
+    EXPECT_GT(p[i].fp8_overflows(), 0);
+    EXPECT_LT(p[i].fp8_overflows(), p[i].fp8_values() / 100);
+    if (i == 0) continue;
+    // Cumulative: each report adds the step's counts to the previous one's.
+    EXPECT_GT(p[i].fp8_values(), p[i - 1].fp8_values());
+    EXPECT_GT(p[i].fp8_overflows(), p[i - 1].fp8_overflows());
+  }
+  // A step's values are the same each step (same shapes): cumulative, not
+  // the latest step's.
+  EXPECT_EQ(p[3].fp8_values(), 4 * p[0].fp8_values());
 }
 
 }  // namespace

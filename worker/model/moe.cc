@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <limits>
 
 #include "worker/model/transformer.h"
 
@@ -21,6 +22,12 @@ Routing Route(const at::Tensor& x_ND, const at::Tensor& router_ED, const at::Ten
   r.scores_NE = c.sigmoid_router ? at::sigmoid(r.logits_NE) : at::softmax(r.logits_NE, -1);
   at::Tensor choose_NE = r.scores_NE.detach();
   if (bias_E.defined()) choose_NE = choose_NE + bias_E.to(choose_NE.device());
+  if (c.test_forced_expert >= 0 && c.test_forced_expert < choose_NE.size(1)) {
+    // Infinite: chosen whatever the scores and the balancing biases.
+    choose_NE = choose_NE.index_fill(
+        1, at::tensor({c.test_forced_expert}, choose_NE.options().dtype(at::kLong)),
+        std::numeric_limits<double>::infinity());
+  }
   r.expert_NK = std::get<1>(at::topk(choose_NE, c.top_k, -1));
   at::Tensor picked_NK = r.scores_NE.gather(1, r.expert_NK);
   // Top-1 keeps the raw score as its gate (Switch Transformer): normalised,

@@ -75,6 +75,9 @@ struct MoeConfig {
   // Rows of each expert's group padded to a multiple of this (zero rows) for
   // the grouped product; 0: what the device needs (16 on CUDA, 1 on CPU).
   int64_t group_align = 0;
+  // Tests only: every token is routed to this expert (as one of its top-k)
+  // whatever the scores, a forced routing collapse. -1: off.
+  int64_t test_forced_expert = -1;
 };
 
 struct MoeStats {

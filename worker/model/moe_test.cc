@@ -158,6 +158,28 @@ TEST(MoeTest, BiasSteersSelectionButNotGates) {
   EXPECT_TRUE(at::allclose(bias, at::tensor({-0.01f, 0.01f, 0.0f, 0.0f})));
 }
 
+TEST(MoeTest, TheTestKnobRoutesEveryTokenToOneExpertWhateverScoresAndBiases) {
+  MoeConfig c;
+  c.num_experts = 4;
+  c.top_k = 2;
+  c.test_forced_expert = 3;
+  at::manual_seed(4);
+  at::NoGradGuard no_grad;
+  at::Tensor x = at::randn({64, 8});
+  at::Tensor router = at::randn({4, 8});
+  router[3].fill_(0);
+  Routing r = Route(x, router, at::tensor({0.0f, 0.0f, 0.0f, -5.0f}), c);
+  EXPECT_TRUE(r.expert_NK.eq(3).any(1).all().item<bool>()) << "expert 3 in every token's top-k";
+  // The other choice is still the router's: not always the same expert.
+  at::Tensor other = at::where(r.expert_NK.select(1, 0).eq(3), r.expert_NK.select(1, 1),
+                               r.expert_NK.select(1, 0));
+  EXPECT_GT(std::get<0>(at::_unique(other)).numel(), 1);
+  // The gates are the router's own probabilities, finite and summing to 1.
+  EXPECT_TRUE(at::allclose(r.gate_NK.sum(1), at::ones({64})));
+  c.test_forced_expert = -1;
+  EXPECT_FALSE(Route(x, router, {}, c).expert_NK.eq(3).any(1).all().item<bool>());
+}
+
 TEST(MoeTest, CapacityDropsAndCounts) {
   MoeConfig c;
   c.num_experts = 2;

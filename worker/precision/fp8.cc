@@ -246,6 +246,18 @@ void ReportAmax(Fp8Stats* s, const std::string& group, const at::Tensor& amax) {
   s->amax.erase(group);
 }
 
+// Tests only (RecipeConfig::test_overflow_fraction): a copy of x2 with every
+// round(1/fraction)-th value set to 16 times the E4M3 range under `scale`,
+// its sign kept, so each of them overflows and is clamped.
+at::Tensor ForceOverflows(const at::Tensor& x2, double scale, double fraction) {
+  const int64_t stride = std::max<int64_t>(1, std::llround(1.0 / fraction));
+  const double beyond = 16 * Fp8Max(Fp8Format::kE4M3) / scale;
+  at::Tensor flat = x2.reshape({-1}).clone();
+  at::Tensor picked = flat.slice(0, 0, flat.numel(), stride);
+  picked.copy_(picked.ge(0).to(picked.scalar_type()) * (2 * beyond) - beyond);
+  return flat.view(x2.sizes());
+}
+
 bool ScaledMmShapeOk(int64_t m, int64_t k, int64_t n) {
   return m % 16 == 0 && k % 16 == 0 && n % 16 == 0;
 }
@@ -419,6 +431,9 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       return RowwiseForward(c, stats, record, x2, w).reshape(shape);
     }
     const double sx = c->layer->x.ScaleFor(x2, record);
+    if (record && c->config->test_overflow_fraction > 0) {  // training passes only
+      x2 = ForceOverflows(x2, sx, c->config->test_overflow_fraction);
+    }
     const bool cuda_fp8 = x.is_cuda() && ScaledMmShapeOk(x2.size(0), x2.size(1), w.size(0));
     QuantStats qx, qw;
     // On CUDA the weight's cast and amax may come from one fused pass.
@@ -562,6 +577,9 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
         at::Tensor x_e = x_RI.narrow(0, start, n);
         QuantStats qx, qw;
         sx[e] = c->layer->x.ScaleFor(x_e, record);
+        if (record && c->config->test_overflow_fraction > 0) {
+          x_e = ForceOverflows(x_e, sx[e], c->config->test_overflow_fraction);
+        }
         w8[e].copy_(WeightE4M3(w_EOI[e], &c->layer->w, record, &sw[e], &qw).view(at::kByte));
         if (record) {
           ReportAmax(stats, c->layer->group + ".input", c->layer->x);

@@ -87,6 +87,12 @@ struct RecipeConfig {
   // Tests: the grouped path on CPU too, the grouped product emulated in
   // FP32 from the same FP8 operands and scales.
   bool grouped_on_cpu = false;
+  // Tests only (forced overflows, per-tensor recipes): in training passes,
+  // this fraction of each linear's input values (every round(1/f)-th) is
+  // set beyond the format's range once the input's scale is chosen (amax
+  // histories never see it), so it is clamped and counted as an overflow.
+  // 0: off.
+  double test_overflow_fraction = 0;
 };
 
 // One tensor's scaling state.

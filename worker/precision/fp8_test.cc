@@ -281,6 +281,46 @@ TEST(Fp8LinearsTest, DelayedScalingReadsTheDeviceTwiceAStep) {
   }
 }
 
+TEST(Fp8LinearsTest, TheTestKnobForcesAFractionOfTheInputsToOverflowInTrainingOnly) {
+  // The same input and gradient every step, so delayed scaling's history
+  // fits them: without the knob nothing overflows.
+  for (Recipe recipe : {Recipe::kDelayed, Recipe::kCurrent}) {
+    std::vector<at::Tensor> evaluated;
+    for (double fraction : {0.0, 0.1}) {
+      SCOPED_TRACE(absl::StrCat(static_cast<int>(recipe), " ", fraction));
+      at::manual_seed(5);
+      RecipeConfig c;
+      c.recipe = recipe;
+      c.test_overflow_fraction = fraction;
+      Fp8Linears fp8(c);
+      const at::Tensor w = (at::randn({48, 32}) * 0.1).set_requires_grad(true);
+      const at::Tensor x0 = at::randn({2, 5, 32}), g = at::randn({2, 5, 48});
+      for (int step = 0; step < 3; ++step) {
+        const at::Tensor x = x0.clone().set_requires_grad(true);
+        const at::Tensor y = fp8.Linear(x, w, "layers.0.w1");
+        y.backward(g);
+        EXPECT_TRUE(at::isfinite(y).all().item<bool>());
+        EXPECT_TRUE(at::isfinite(x.grad()).all().item<bool>());
+        const Fp8Stats stats = fp8.TakeStats();
+        fp8.OnOptimizerStep();
+        // Every 10th of the 320 input values (32 of them), nothing else;
+        // the count of values cast is unchanged.
+        EXPECT_EQ(stats.overflows, fraction > 0 ? 32 : 0) << "step " << step;
+        EXPECT_EQ(stats.elements, 10 * 32 + 48 * 32 + 10 * 48);
+        // The amax (and so the scales) never see the forced values.
+        EXPECT_LT(stats.amax.at("ffn.input"), 10);
+      }
+      // Evaluation passes are left alone: the same output as without it.
+      at::NoGradGuard no_grad;
+      fp8.SetTraining(false);
+      evaluated.push_back(fp8.Linear(at::randn({2, 5, 32}), w, "layers.0.w1"));
+      fp8.SetTraining(true);
+      EXPECT_EQ(fp8.TakeStats().overflows, 0);
+    }
+    EXPECT_TRUE(at::equal(evaluated[0], evaluated[1]));
+  }
+}
+
 TEST(Fp8LinearsTest, GroupedExpertsMatchTheLoopOnTheSameFp8Operands) {
   // CPU emulates the grouped product from the FP8 operands and the scales
   // spread over rows and channels that CUDA hands at::_scaled_grouped_mm.

@@ -80,6 +80,16 @@ absl::Status TrainConfig::Validate() const {
            (moe_num_experts > 0 && moe_num_experts % world_size == 0),
        absl::StrCat("moe_expert_parallel: num_experts (", moe_num_experts,
                     ") must be a multiple of the number of ranks (", world_size, ")"));
+  need(test_fp8_overflow_fraction >= 0 && test_fp8_overflow_fraction <= 1,
+       absl::StrCat("test_fp8_overflow_fraction: must be between 0 and 1, got ",
+                    test_fp8_overflow_fraction));
+  need(!fp8 || test_fp8_overflow_fraction == 0 || fp8_recipe != Fp8Recipe::kRowwise,
+       "test_fp8_overflow_fraction: cannot force overflows with the rowwise recipe (each row "
+       "is scaled from its own values); use the delayed or current recipe");
+  need(test_moe_forced_expert >= -1 &&
+           (moe_num_experts == 0 || test_moe_forced_expert < moe_num_experts),
+       absl::StrCat("test_moe_forced_expert: must be -1 (off) or an expert below "
+                    "moe_num_experts (", moe_num_experts, "), got ", test_moe_forced_expert));
   if (problems.empty()) return absl::OkStatus();
   std::string msg;
   for (const auto& p : problems) absl::StrAppend(&msg, msg.empty() ? "" : "; ", p);
@@ -722,6 +732,7 @@ TrainResult Run::Go() {
   mc.moe.shared_expert = c_.moe_shared_expert;
   mc.moe.sigmoid_router = c_.moe_sigmoid_router;
   mc.moe.capacity_factor = c_.moe_capacity_factor;
+  mc.moe.test_forced_expert = c_.test_moe_forced_expert;
   model_ = std::make_unique<model::Transformer>(mc, c_.seed, device_);
   const bool expert_parallel =
       c_.moe_expert_parallel && c_.moe_num_experts > 0 && c_.world_size > 1;
@@ -735,6 +746,7 @@ TrainResult Run::Go() {
                                                        : precision::Recipe::kRowwise;
     rc.history_len = c_.amax_history_len;
     rc.margin = c_.fp8_margin;
+    rc.test_overflow_fraction = c_.test_fp8_overflow_fraction;
     fp8_ = std::make_unique<precision::Fp8Linears>(rc);
     model_->SetLinearOverride(fp8_.get());
   }
@@ -1028,6 +1040,7 @@ TrainResult Run::Go() {
         const precision::Fp8Stats& st = fp8_stats;
         m.fp8_overflows = st.overflows;
         m.fp8_underflows = st.underflows;
+        m.fp8_values = st.elements;
         m.fp8_product_fraction =
             st.total_products ? static_cast<double>(st.fp8_products) / st.total_products : 0;
         bool amax_finite = true;

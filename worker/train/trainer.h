@@ -121,6 +121,16 @@ struct TrainConfig {
   double collective_timeout_seconds = 120;
   int64_t param_check_interval_steps = 50;  // parameters compared across ranks
   int64_t bucket_bytes = 25 << 20;          // gradient all-reduce buckets
+  // Tests only (tally-worker's --testonly_* flags), off by default. They
+  // damage training on purpose, so that alerts can be seen to fire:
+  // - FP8 runs (per-tensor recipes): this fraction of every FP8 linear's
+  //   input values is pushed beyond the format's range once its scale is
+  //   chosen, so it is clamped and counted as an overflow. 0: off.
+  // - MoE runs: every MoE layer routes every token to this expert (as one
+  //   of its top-k), whatever the router scores. -1: off.
+  // Dense or non-FP8 runs ignore the knob that does not apply to them.
+  double test_fp8_overflow_fraction = 0;
+  int64_t test_moe_forced_expert = -1;
 
   // InvalidArgument naming the field, for anything Train() cannot run.
   absl::Status Validate() const;
@@ -174,6 +184,7 @@ struct StepMetrics {
   // FP8 runs only (zero otherwise), for this step.
   int64_t fp8_overflows = 0;       // values clamped to the format's range
   int64_t fp8_underflows = 0;      // nonzero values that became 0
+  int64_t fp8_values = 0;          // values cast to FP8 (the two above among them)
   double fp8_product_fraction = 0; // matrix products computed in FP8
   std::vector<std::pair<std::string, double>> fp8_amax;  // per tensor group
 };

@@ -557,6 +557,60 @@ TEST_F(TrainerTest, ResumeChecksTheFp8ScalingState) {
   ExpectResumeRefused(c, a.checkpoints[0].path, edits, NewDir("fp8-invalid"));
 }
 
+TEST_F(TrainerTest, TestKnobsForceOverflowsAndACollapseAndValuesCastAreCounted) {
+  TrainConfig c = Tiny();
+  c.moe_num_experts = 4;
+  c.moe_top_k = 2;
+  c.fp8 = true;
+  c.max_steps = 4;
+  c.eval_interval_steps = 0;
+  Recorder plain;
+  TrainResult r = Train(c, &plain, nullptr);
+  ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
+  TrainConfig forced = c;
+  forced.test_fp8_overflow_fraction = 0.01;
+  forced.test_moe_forced_expert = 0;
+  Recorder f;
+  r = Train(forced, &f, nullptr);
+  ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
+  ASSERT_EQ(f.steps.size(), plain.steps.size());
+  for (size_t i = 0; i < f.steps.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("step ", f.steps[i].step));
+    const StepMetrics& p = plain.steps[i];
+    const StepMetrics& m = f.steps[i];
+    // Every linear casts its input, weight and output gradient: far more
+    // values than tokens.
+    EXPECT_GT(p.fp8_values, 10 * p.step_tokens);
+    EXPECT_LE(p.fp8_overflows, p.fp8_values / 1000);
+    // 1% of the inputs, about a third of the values cast: above the
+    // alert's 0.1% and below the 1% at which the trainer fails a run.
+    const double fraction = static_cast<double>(m.fp8_overflows) / m.fp8_values;
+    EXPECT_GT(fraction, 0.002);
+    EXPECT_LT(fraction, 0.006);
+    for (const auto& layer : m.moe) EXPECT_EQ(layer.tokens_per_expert[0], m.step_tokens);
+    EXPECT_DOUBLE_EQ(m.moe_max_over_mean_load, 2.0);  // E/k: the most there is
+  }
+  EXPECT_LT(plain.steps.back().moe_max_over_mean_load, 2.0);
+
+  TrainConfig bad = forced;
+  bad.test_moe_forced_expert = 4;
+  r = Train(bad, nullptr, nullptr);
+  EXPECT_NE(r.reason.find("test_moe_forced_expert"), std::string::npos) << r.reason;
+  bad = forced;
+  bad.fp8_recipe = Fp8Recipe::kRowwise;
+  r = Train(bad, nullptr, nullptr);
+  EXPECT_NE(r.reason.find("test_fp8_overflow_fraction"), std::string::npos) << r.reason;
+  bad.test_fp8_overflow_fraction = 1.5;
+  r = Train(bad, nullptr, nullptr);
+  EXPECT_NE(r.reason.find("between 0 and 1"), std::string::npos) << r.reason;
+  // Knobs that do not apply to a job are ignored: a dense FP32 run.
+  TrainConfig dense = Tiny();
+  dense.max_steps = 2;
+  dense.test_fp8_overflow_fraction = 0.01;
+  dense.test_moe_forced_expert = 3;
+  EXPECT_EQ(Train(dense, nullptr, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+}
+
 TEST_F(TrainerTest, FailuresSayWhy) {
   TrainConfig missing = Tiny();
   missing.train_path = g_dir + "/nope/train";
