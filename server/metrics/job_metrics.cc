@@ -290,8 +290,9 @@ void JobMetrics::Update(const tally::v1::Job& j, const tally::v1::CostStatus& co
     }
     JobSeries& s = jobs_[n];
     if (s.ended) return;  // final values are already set
-    // A job that never ran has nothing but its info; one that did keeps
-    // its final values, and computes nothing any more.
+    // A job that never ran has nothing but its info (and its attempt
+    // counters at 0); one that did keeps its final values, and computes
+    // nothing any more.
     if (j.attempt() > 0) {
       SetRecordGauges(j, cost);
       if (useful_tokens_per_second_->Has({{"tally_job", n}})) {
@@ -303,6 +304,12 @@ void JobMetrics::Update(const tally::v1::Job& j, const tally::v1::CostStatus& co
     return;
   }
   SetInfo(j);
+  // From submission on, at 0: an attempt that fails as it starts is still an
+  // increase() that Prometheus can see (it scraped the 0 while the job
+  // waited).
+  for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
+    Count(n, attempts_ended_, {{"tally_job", n}, {"outcome", outcome}});
+  }
   if (j.state() != tally::v1::JOB_STATE_RUNNING) return;
   SetRecordGauges(j, cost);
 }

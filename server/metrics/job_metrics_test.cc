@@ -156,6 +156,10 @@ TEST(JobMetricsTest, AJobThatNeverRanHasOnlyItsInfo) {
   EXPECT_EQ(s.count("tally_job_info{display_name=\"tiny run\",gpu_type=\"h200\","
                     "state=\"queued\",tally_job=\"jobs/7\"}"),
             1u);
+  // Its attempt counters exist at 0 while it waits: a first attempt that
+  // fails as it starts is an increase Prometheus can see.
+  EXPECT_EQ(s.count("tally_job_attempts_ended_total{outcome=\"failed\",tally_job=\"jobs/7\"}"),
+            1u);
   m.Update(Ended(j, tally::v1::JOB_STATE_CANCELLED, 5));
   const std::string text = SerializeText(registry.Collect());
   EXPECT_THAT(text, HasSubstr("state=\"cancelled\",tally_job=\"jobs/7\"} 1"));

@@ -25,7 +25,7 @@ import urllib.request
 
 import yaml
 
-from harness import ROOT, ClusterTest, jobs_pb2, spec, spec_pb2, wait_for
+from harness import ROOT, TERMINAL, ClusterTest, jobs_pb2, spec, spec_pb2, wait_for
 
 DEPLOY = os.path.join(ROOT, "deploy")
 DASHBOARDS = sorted(glob.glob(os.path.join(DEPLOY, "grafana", "*.json")))
@@ -286,11 +286,28 @@ class PrometheusTest(ClusterTest):
         s.early_stopping.patience = 1000
         s.budget.max_dollars = 0.15  # 80% after 12 s at $0.01/s, exhausted at 15 s
         job = self.submit(s)
+        # Two that end badly, each on purpose: one fails (its data is not
+        # there), one diverges (a learning rate no model survives). They wait
+        # behind the budget job, so Prometheus sees their counters at 0 first.
+        bad = spec(max_steps=50, name="no-data", max_attempts=1)
+        bad.data.train_path = "/nonexistent/corpus/train"
+        failing = self.submit(bad)
+        d = spec(max_steps=200, name="diverging")
+        d.optimizer.lr = 10.0
+        d.optimizer.min_lr = 10.0
+        d.training.eval_interval_steps = 2
+        d.training.eval_tokens = 1024
+        d.early_stopping.divergence_factor = 1.2
+        diverging = self.submit(d)
         wait_for(lambda: self.get(job.name).cost.cost_usd >= 0.125, timeout=90,
                  what="83% of the budget")
         wait_for(lambda: self.alerts("TallyJobBudgetAt80Percent", tally_job=job.name),
                  timeout=20, what="the budget alert to fire while the job runs")
         done = self.wait_state(job.name, jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED, timeout=60)
+        self.wait_state(failing.name, jobs_pb2.JOB_STATE_FAILED, timeout=60)
+        diverged = self.wait_state(diverging.name, TERMINAL, timeout=60)
+        self.assertEqual(diverged.state, jobs_pb2.JOB_STATE_EARLY_STOPPED, diverged.state_reason)
+        self.assertEqual(diverged.early_stopping.stop_rule, "divergence")
         forced_done = self.wait_state(
             forced.name, {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED,
                           jobs_pb2.JOB_STATE_EARLY_STOPPED}, timeout=60)
@@ -342,6 +359,11 @@ class PrometheusTest(ClusterTest):
         self.assertEqual(self.value('tally_job_moe_expert_share{tally_job="%s",layer="0",'
                                     'stat="max"}' % forced.name), 1.0,
                          "every token went to expert 0")
+        for name, expected in (("TallyJobFailed", failing.name),
+                               ("TallyJobAttemptsLost", failing.name),
+                               ("TallyJobDiverged", diverging.name)):
+            wait_for(lambda: self.firing_jobs(name), timeout=20, what=name + " to fire")
+            self.assertEqual(self.firing_jobs(name), [expected], name)
         # The budget alert still fires for the job that went on to exhaust
         # its budget (a 15 s scrape would see it), not for the other.
         self.assertTrue(self.alerts("TallyJobBudgetAt80Percent", tally_job=job.name))
@@ -359,8 +381,7 @@ class PrometheusTest(ClusterTest):
         self.assertEqual(failed, [])
         self.assertEqual(empty, [], "every panel returns data")
 
-        for name in ("TallyWorkerLost", "TallydDown", "TallyJobFailed", "TallyJobAttemptsLost",
-                     "TallyLostDollarsHigh", "TallyQueueStuck"):
+        for name in ("TallyWorkerLost", "TallydDown", "TallyLostDollarsHigh", "TallyQueueStuck"):
             self.assertEqual(self.alerts(name), [], name + " must not fire")
 
         # A worker killed with SIGKILL: its stream is counted with its real
