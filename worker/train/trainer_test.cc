@@ -855,9 +855,12 @@ TEST_F(TrainerTest, RanksStopTogether) {
 TEST_F(TrainerTest, RanksStopTogetherKeepingTheState) {
   TrainConfig c = Tiny();
   c.checkpoint_dir = NewDir("dp-keep");
-  // Rank 1 alone is asked to keep the state, rank 0 to stop at once, after
-  // rank 0 reported step 5: keeping the state wins, both finish the same
-  // step, evaluate it and checkpoint it together, and rank 0 writes.
+  // Rank 1 alone is asked to keep the state, rank 0 to stop at once, in the
+  // same step: keeping the state wins, both finish that step, evaluate it and
+  // checkpoint it together, and rank 0 writes. Both requests are made before
+  // the ranks start: each rank reads its own request once per step, so
+  // requests made while they run can land in different steps (rank 0's
+  // "now" a step before rank 1's "keep"), and then "now" rightly wins.
   const std::string address = absl::StrCat("127.0.0.1:", dist::FreeLoopbackPort());
   RankRun r0, r1;
   for (auto* r : {&r0, &r1}) {
@@ -866,21 +869,17 @@ TEST_F(TrainerTest, RanksStopTogetherKeepingTheState) {
     r->config.rendezvous = address;
   }
   r1.config.rank = 1;
+  r1.stop.Request(StopKind::kKeepState);
+  r0.stop.Request(StopKind::kNow);
   std::thread t0([&] { r0.result = Train(r0.config, &r0.events, &r0.stop); });
-  std::thread t1([&] {
-    while (r0.events.steps.size() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    r1.stop.Request(StopKind::kKeepState);
-    r0.stop.Request(StopKind::kNow);
-  });
-  std::thread t2([&] { r1.result = Train(r1.config, &r1.events, &r1.stop); });
+  std::thread t1([&] { r1.result = Train(r1.config, &r1.events, &r1.stop); });
   t0.join();
   t1.join();
-  t2.join();
   ASSERT_EQ(r0.result.outcome, TrainResult::Outcome::kStopped) << r0.result.reason;
   ASSERT_EQ(r1.result.outcome, TrainResult::Outcome::kStopped) << r1.result.reason;
   const int64_t step = r0.result.step;
   EXPECT_EQ(r1.result.step, step);
-  EXPECT_GE(step, 5);
+  EXPECT_GE(step, 1);
   EXPECT_LT(step, c.max_steps);
   ASSERT_GE(r0.events.log.size(), 3u);
   const std::vector<std::string> tail(r0.events.log.end() - 3, r0.events.log.end());
