@@ -204,6 +204,14 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
   for (const auto& [state, rules] : ends) {
     for (const char* rule : rules) job_ends_->Add({{"state", state}, {"reason_rule", rule}});
   }
+  refused_reports_ = &metrics::BuildCounter()
+                        .Name("tally_worker_reports_refused_total")
+                        .Help("Reports about a current attempt from a worker that does not "
+                              "run it, dropped without effect, by message kind.")
+                        .Register(*registry);
+  for (const char* kind : {"progress", "eval", "checkpoint", "exit"}) {
+    refused_reports_->Add({{"kind", kind}});
+  }
   workers_lost_ = &metrics::BuildCounter()
                        .Name("tally_workers_lost_total")
                        .Help("Workers found silent past the heartbeat timeout (their attempts "
@@ -1123,6 +1131,14 @@ void Scheduler::OnDisconnect(const std::string& worker_id, int64_t generation) {
   UpdateGauges();
 }
 
+bool Scheduler::Holds(const ActiveJob& job, const std::string& worker_id) {
+  if (!job.attempt) return false;
+  for (const auto& w : job.attempt->worker_ids()) {
+    if (w == worker_id) return true;
+  }
+  return false;
+}
+
 Scheduler::ActiveJob* Scheduler::CurrentAttempt(const std::string& job, int32_t attempt) {
   absl::StatusOr<int64_t> id = ParseJobName(job, "job");
   if (!id.ok()) return nullptr;
@@ -1268,9 +1284,18 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
   // A report about an attempt tallyd no longer runs gets a stop order. Its
   // slots stay held until the worker reports the exit: the worker is still
   // busy with it (a cancelled attempt reporting its last step).
-  auto current = [&](const std::string& job, int32_t attempt) -> ActiveJob* {
+  // A report about a current attempt from a worker that does not run it
+  // (another worker's attempt) moves nothing: it is dropped and counted.
+  auto current = [&](const std::string& job, int32_t attempt, const char* kind) -> ActiveJob* {
     ActiveJob* a = CurrentAttempt(job, attempt);
-    if (a == nullptr) SendStop(worker_id, job, attempt, "stale attempt: tallyd no longer runs it");
+    if (a == nullptr) {
+      SendStop(worker_id, job, attempt, "stale attempt: tallyd no longer runs it");
+      return nullptr;
+    }
+    if (!Holds(*a, worker_id)) {
+      refused_reports_->Add({{"kind", kind}}).Increment();
+      return nullptr;
+    }
     return a;
   };
 
@@ -1280,17 +1305,17 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     case tally::v1::WorkerMessage::kHeartbeat:
       return absl::OkStatus();
     case tally::v1::WorkerMessage::kProgress: {
-      ActiveJob* job = current(msg.progress().job(), msg.progress().attempt());
+      ActiveJob* job = current(msg.progress().job(), msg.progress().attempt(), "progress");
       if (job != nullptr) s = HandleProgress(*job, msg.progress());
       break;
     }
     case tally::v1::WorkerMessage::kEval: {
-      ActiveJob* job = current(msg.eval().job(), msg.eval().attempt());
+      ActiveJob* job = current(msg.eval().job(), msg.eval().attempt(), "eval");
       if (job != nullptr) s = Execute(job->rec.id(), PlanEval(*job, msg.eval()));
       break;
     }
     case tally::v1::WorkerMessage::kCheckpoint: {
-      ActiveJob* job = current(msg.checkpoint().job(), msg.checkpoint().attempt());
+      ActiveJob* job = current(msg.checkpoint().job(), msg.checkpoint().attempt(), "checkpoint");
       if (job == nullptr) break;
       absl::StatusOr<Plan> p = PlanCheckpoint(*job, msg.checkpoint());
       s = p.ok() ? Execute(job->rec.id(), *std::move(p)) : p.status();
@@ -1325,6 +1350,11 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
     return absl::OkStatus();
   };
   if (job == nullptr) return release_now();  // e.g. the exit of a cancelled attempt
+  if (!Holds(*job, worker_id)) {
+    // Another worker's attempt: its exit is not this worker's to report.
+    refused_reports_->Add({{"kind", "exit"}}).Increment();
+    return absl::OkStatus();
+  }
   const bool gang = job->attempt->worker_ids_size() > 1;
   const bool pending = job->rec.job().has_pending_stop();
   absl::StatusOr<Plan> plan = absl::UnknownError("no plan");

@@ -237,6 +237,9 @@ class Scheduler {
   absl::Status RetryExits(const std::string& worker_id);
   absl::Status HandleProgress(ActiveJob& job, const tally::v1::Progress& p);
   ActiveJob* CurrentAttempt(const std::string& job, int32_t attempt);
+  // Whether `worker_id` runs one of the ranks of the job's current attempt:
+  // only those workers may report on it.
+  static bool Holds(const ActiveJob& job, const std::string& worker_id);
   // host:port for a new multi-rank attempt led by `leader`.
   std::string PickRendezvous(const std::string& leader) const;
   bool CanLead(const std::string& worker_id) const;
@@ -269,6 +272,7 @@ class Scheduler {
   metrics::Family<metrics::Counter>* early_stops_;
   metrics::Family<metrics::Counter>* job_ends_;
   metrics::Family<metrics::Counter>* workers_lost_;
+  metrics::Family<metrics::Counter>* refused_reports_;
   std::set<metrics::Labels> seen_worker_labels_;
   std::set<metrics::Labels> seen_slot_labels_;
 };

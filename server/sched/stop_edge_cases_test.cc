@@ -260,5 +260,35 @@ TEST_F(StopEdgeCasesTest, GangPendingStopRankZeroFirst) {
   EXPECT_EQ(Used("w1"), 0);
 }
 
+
+// A worker reporting on another worker's attempt (made-up losses, a
+// checkpoint path of its choosing, an exit) moves nothing; the holder's own
+// reports still do.
+TEST_F(StopEdgeCasesTest, ReportsOnAnotherWorkersAttemptMoveNothing) {
+  ASSERT_TRUE(Hello("w1", 1).ok());
+  ASSERT_TRUE(Hello("w2", 1).ok());
+  tally::v1::JobSpec s = Spec();
+  s.mutable_early_stopping()->set_target_val_loss(0.5);
+  const int64_t id = Submit(s);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  const std::string holder = Job(id).worker_ids(0);
+  const std::string other = holder == "w1" ? "w2" : "w1";
+  const std::string before = Job(id).ShortDebugString();
+  EXPECT_TRUE(Eval(other, id, 999, 1e-9).ok());
+  EXPECT_TRUE(Checkpoint(other, id, 999).ok());
+  EXPECT_TRUE(Exit(other, id, Job(id).attempt(), tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  EXPECT_TRUE(Exit(other, id, Job(id).attempt(), tally::v1::ATTEMPT_OUTCOME_FAILED).ok());
+  EXPECT_EQ(Job(id).ShortDebugString(), before) << "a forged report moved the job";
+  EXPECT_TRUE(base_.ListCheckpoints(id)->empty());
+  EXPECT_EQ(sched_->ActiveJobView(id)->state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Used(holder), 1);
+  // The holder's reports still count.
+  ASSERT_TRUE(Eval(holder, id, 10, 3.0).ok());
+  EXPECT_EQ(Job(id).step(), 10);
+  ASSERT_TRUE(Exit(holder, id, Job(id).attempt(), tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_SUCCEEDED);
+}
+
 }  // namespace
 }  // namespace tally::sched
