@@ -8,34 +8,33 @@
 
 namespace tally {
 
-std::string JobName(int64_t id) { return absl::StrCat("jobs/", id); }
+namespace {
 
-absl::StatusOr<int64_t> ParseJobName(absl::string_view name,
-                                     absl::string_view field) {
+// "{prefix}{id}" with a positive decimal id; INVALID_ARGUMENT naming
+// `field` and showing `example` otherwise.
+absl::StatusOr<int64_t> ParseName(absl::string_view name, absl::string_view prefix,
+                                  absl::string_view field, absl::string_view example) {
   absl::string_view rest = name;
   int64_t id = 0;
-  if (!absl::ConsumePrefix(&rest, "jobs/") || !absl::SimpleAtoi(rest, &id) ||
-      id <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": expected a job name like \"jobs/42\", got \"",
-                     EscapeUnprintable(name), "\""));
+  if (!absl::ConsumePrefix(&rest, prefix) || !absl::SimpleAtoi(rest, &id) || id <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", example, ", got \"",
+                                                   EscapeUnprintable(name), "\""));
   }
   return id;
 }
 
+}  // namespace
+
+std::string JobName(int64_t id) { return absl::StrCat("jobs/", id); }
+
+absl::StatusOr<int64_t> ParseJobName(absl::string_view name, absl::string_view field) {
+  return ParseName(name, "jobs/", field, "a job name like \"jobs/42\"");
+}
+
 std::string ExperimentName(int64_t id) { return absl::StrCat("experiments/", id); }
 
-absl::StatusOr<int64_t> ParseExperimentName(absl::string_view name,
-                                            absl::string_view field) {
-  absl::string_view rest = name;
-  int64_t id = 0;
-  if (!absl::ConsumePrefix(&rest, "experiments/") || !absl::SimpleAtoi(rest, &id) ||
-      id <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": expected an experiment name like \"experiments/7\", got \"",
-        EscapeUnprintable(name), "\""));
-  }
-  return id;
+absl::StatusOr<int64_t> ParseExperimentName(absl::string_view name, absl::string_view field) {
+  return ParseName(name, "experiments/", field, "an experiment name like \"experiments/7\"");
 }
 
 }  // namespace tally

@@ -121,4 +121,9 @@ std::string QuoteForMessage(absl::string_view text, size_t max_bytes) {
                       text.size(), " bytes)");
 }
 
+std::string FormatDollars(double usd) {
+  if (usd != 0 && usd < 0.01 && usd > -0.01) return absl::StrFormat("$%.6f", usd);
+  return absl::StrFormat("$%.4f", usd);
+}
+
 }  // namespace tally

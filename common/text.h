@@ -43,6 +43,10 @@ std::string EscapeUnprintable(absl::string_view text);
 // "..." and the full length, so a message stays short whatever the input.
 std::string QuoteForMessage(absl::string_view text, size_t max_bytes = 64);
 
+// Dollars as tables and messages show them: "$1.2346", with six decimals for
+// a non-zero amount under a cent ("$0.000837", tiny CPU runs).
+std::string FormatDollars(double usd);
+
 }  // namespace tally
 
 #endif  // TALLY_COMMON_TEXT_H_

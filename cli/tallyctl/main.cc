@@ -323,28 +323,52 @@ int ReadSpecFlag(const char* cmd, tally::v1::JobSpec* spec,
   return kOk;
 }
 
-int Watch(Client& c, const std::string& name);
-
-int Submit(Client& c) {
-  tally::v1::SubmitJobRequest req;
-  if (int rc = ReadSpecFlag("submit", req.mutable_spec()); rc != kOk) return rc;
+// --request_id, or a fresh random key (reused for this command's own
+// retries, so a call whose answer was lost makes nothing twice).
+std::string RequestId() {
   std::string request_id = absl::GetFlag(FLAGS_request_id);
   if (request_id.empty()) {
     std::mt19937_64 rng(std::random_device{}());
     request_id = absl::StrFormat("tallyctl-%016x%016x", rng(), rng());
   }
-  req.set_request_id(request_id);
-  tally::v1::Job job;
+  return request_id;
+}
+
+// Runs `call` (a unary call with a fresh context) up to three times while
+// tallyd is UNAVAILABLE, backing off.
+template <typename F>
+grpc::Status WithRetries(Client& c, F call) {
   grpc::Status s;
-  // Retries reuse the request id, so a submit whose answer was lost makes
-  // no second job.
   for (int attempt = 0; attempt < 3; ++attempt) {
     grpc::ClientContext ctx;
     c.Deadline(&ctx);
-    s = c.stub()->SubmitJob(&ctx, req, &job);
+    s = call(&ctx);
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
     absl::SleepFor(absl::Milliseconds(300 << attempt));
   }
+  return s;
+}
+
+// One message as one line of JSON (watch --output=json).
+std::string JsonLine(const google::protobuf::Message& m) {
+  std::string line;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &line, opts);
+  return line;
+}
+
+int Watch(Client& c, const std::string& name);
+
+int Submit(Client& c) {
+  tally::v1::SubmitJobRequest req;
+  if (int rc = ReadSpecFlag("submit", req.mutable_spec()); rc != kOk) return rc;
+  req.set_request_id(RequestId());
+  tally::v1::Job job;
+  // Retries reuse the request id, so a submit whose answer was lost makes
+  // no second job.
+  grpc::Status s = WithRetries(
+      c, [&](grpc::ClientContext* ctx) { return c.stub()->SubmitJob(ctx, req, &job); });
   if (!s.ok()) return Fail(s, c.controller());
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(job) << "\n";
@@ -577,11 +601,7 @@ int Watch(Client& c, const std::string& arg) {
       after = e.sequence();
       last_state = e.state();
       if (absl::GetFlag(FLAGS_output) == "json") {
-        std::string line;
-        google::protobuf::util::JsonPrintOptions opts;
-        opts.preserve_proto_field_names = true;
-        (void)google::protobuf::util::MessageToJsonString(e, &line, opts);
-        std::cout << line << std::endl;
+        std::cout << JsonLine(e) << std::endl;
         continue;
       }
       if (tty && e.type() == "progress") {
@@ -704,11 +724,6 @@ int ReadExperimentFlag(const char* cmd, tally::v1::ExperimentSpec* spec) {
   return kOk;
 }
 
-// Four decimals, six for sub-cent amounts (tiny CPU runs).
-std::string Money(double usd) {
-  if (usd != 0 && usd < 0.01 && usd > -0.01) return absl::StrFormat("$%.6f", usd);
-  return absl::StrFormat("$%.4f", usd);
-}
 
 std::string Loss(double l) { return l > 0 ? absl::StrFormat("%.4f", l) : std::string("-"); }
 
@@ -728,8 +743,8 @@ void PrintVariantTable(const tally::v1::Experiment& e) {
     std::cout << absl::StrFormat(
         "  %-20s %-15s %-8d %-9s %-9s %-9s %-11s %-11s %-8s %s\n", Safe(v.name()), state,
         v.step(), Loss(v.val_loss()), Loss(v.best_val_loss()), Loss(e.target_val_loss()),
-        Money(v.cost_usd()),
-        v.reached_target() ? Money(v.cost_to_target_usd()) : std::string("-"),
+        FormatDollars(v.cost_usd()),
+        v.reached_target() ? FormatDollars(v.cost_to_target_usd()) : std::string("-"),
         v.ratio_to_reference() > 0 ? absl::StrFormat("%.2fx", v.ratio_to_reference())
                                    : std::string("-"),
         Safe(note));
@@ -761,9 +776,9 @@ void PrintExperiment(const tally::v1::Experiment& e) {
                     ? absl::StrCat("successive halving, rung ", e.rung())
                     : std::string("all"))
             << "\n";
-  std::cout << "  spent:     " << Money(e.cost_usd());
+  std::cout << "  spent:     " << FormatDollars(e.cost_usd());
   if (e.spec().budget().max_dollars() > 0) {
-    std::cout << " of a " << Money(e.spec().budget().max_dollars()) << " budget";
+    std::cout << " of a " << FormatDollars(e.spec().budget().max_dollars()) << " budget";
   }
   std::cout << "\n  created:   " << Time(e.create_time()) << "   ended: " << Time(e.end_time())
             << "\n";
@@ -782,21 +797,11 @@ int GetExperiment(Client& c, const std::string& arg, tally::v1::Experiment* out)
 int ExperimentCreate(Client& c) {
   tally::v1::CreateExperimentRequest req;
   if (int rc = ReadExperimentFlag("create", req.mutable_spec()); rc != kOk) return rc;
-  std::string request_id = absl::GetFlag(FLAGS_request_id);
-  if (request_id.empty()) {
-    std::mt19937_64 rng(std::random_device{}());
-    request_id = absl::StrFormat("tallyctl-%016x%016x", rng(), rng());
-  }
-  req.set_request_id(request_id);
+  req.set_request_id(RequestId());
   tally::v1::Experiment e;
-  grpc::Status s;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    grpc::ClientContext ctx;
-    c.Deadline(&ctx);
-    s = c.experiments()->CreateExperiment(&ctx, req, &e);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    absl::SleepFor(absl::Milliseconds(300 << attempt));
-  }
+  grpc::Status s = WithRetries(c, [&](grpc::ClientContext* ctx) {
+    return c.experiments()->CreateExperiment(ctx, req, &e);
+  });
   if (!s.ok()) return Fail(s, c.controller());
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << JsonAll(e) << "\n";
@@ -844,7 +849,7 @@ int ExperimentList(Client& c) {
   for (const auto& e : resp.experiments()) {
     std::cout << absl::StrFormat("%-16s %-17s %-9d %-10s %-9s %s\n", Safe(e.name()),
                                  ExperimentStateName(e.state()), e.variants_size(),
-                                 Money(e.cost_usd()), Loss(e.target_val_loss()),
+                                 FormatDollars(e.cost_usd()), Loss(e.target_val_loss()),
                                  Safe(e.spec().display_name()));
   }
   if (!resp.next_page_token().empty()) {
@@ -890,12 +895,16 @@ int ExperimentWatch(Client& c, const std::string& arg) {
     c.Deadline(&ctx);
     return c.experiments()->GetExperiment(&ctx, req, &e);
   };
-  while (true) {
-    grpc::Status s = get();
-    if (s.ok()) break;
-    if (!retry.Again(s)) return Fail(s, c.controller());
-    retry.Wait();
-  }
+  // Gets `e` until it answers or `retry` gives up; kOk or the exit code.
+  auto get_retrying = [&]() -> int {
+    while (true) {
+      grpc::Status s = get();
+      if (s.ok()) return kOk;
+      if (!retry.Again(s)) return Fail(s, c.controller());
+      retry.Wait();
+    }
+  };
+  if (int rc = get_retrying(); rc != kOk) return rc;
   if (tty) {
     retry = Retry();
     int drawn = 0;
@@ -933,11 +942,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
       retry.Reset();
       after = ev.sequence();
       if (json) {
-        std::string line;
-        google::protobuf::util::JsonPrintOptions opts;
-        opts.preserve_proto_field_names = true;
-        (void)google::protobuf::util::MessageToJsonString(ev, &line, opts);
-        std::cout << line << std::endl;
+        std::cout << JsonLine(ev) << std::endl;
         continue;
       }
       std::string line = absl::StrFormat("#%-4d %s %-17s %-10s", ev.sequence(), Time(ev.time()),
@@ -954,12 +959,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
     retry.Wait();
   }
   retry = Retry();
-  while (true) {
-    grpc::Status s = get();
-    if (s.ok()) break;
-    if (!retry.Again(s)) return Fail(s, c.controller());
-    retry.Wait();
-  }
+  if (int rc = get_retrying(); rc != kOk) return rc;
   if (!json) {
     std::cout << "\n";
     PrintExperiment(e);

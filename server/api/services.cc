@@ -19,6 +19,25 @@ namespace {
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
 
+// A List call's page: its size (0: the default, capped) and the id to list
+// below (0: from the newest), or INVALID_ARGUMENT naming the field.
+struct Page {
+  int size = kDefaultPageSize;
+  int64_t before_id = 0;
+};
+absl::StatusOr<Page> ParsePage(int32_t page_size, const std::string& page_token) {
+  if (page_size < 0) return absl::InvalidArgumentError("page_size: must not be negative");
+  Page p;
+  if (page_size > 0) p.size = std::min(page_size, kMaxPageSize);
+  if (!page_token.empty() &&
+      (!absl::SimpleAtoi(page_token, &p.before_id) || p.before_id <= 0)) {
+    return absl::InvalidArgumentError(
+        "page_token: not a token this server returned; pass next_page_token from the "
+        "previous response");
+  }
+  return p;
+}
+
 // A stream refused before it started.
 class FinishedWriteReactor final
     : public grpc::ServerWriteReactor<tally::v1::JobEvent> {
@@ -270,19 +289,11 @@ grpc::Status JobsService::EstimateCost(grpc::ServerContext*,
 grpc::Status JobsService::ListJobs(grpc::ServerContext*,
                                    const tally::v1::ListJobsRequest* req,
                                    tally::v1::ListJobsResponse* resp) {
-  if (req->page_size() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "page_size: must not be negative");
-  }
+  absl::StatusOr<Page> page = ParsePage(req->page_size(), req->page_token());
+  if (!page.ok()) return ToGrpcStatus(page.status());
   store::JobQuery q;
-  q.limit = req->page_size() == 0 ? kDefaultPageSize
-                                  : std::min(req->page_size(), kMaxPageSize);
-  if (!req->page_token().empty() &&
-      (!absl::SimpleAtoi(req->page_token(), &q.before_id) || q.before_id <= 0)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "page_token: not a token this server returned; pass "
-                        "next_page_token from the previous response");
-  }
+  q.limit = page->size;
+  q.before_id = page->before_id;
   for (int s : req->states()) {
     const auto state = static_cast<tally::v1::JobState>(s);
     if (state == tally::v1::JOB_STATE_UNSPECIFIED ||
@@ -352,24 +363,15 @@ grpc::Status ExperimentsService::GetExperiment(grpc::ServerContext*,
 grpc::Status ExperimentsService::ListExperiments(grpc::ServerContext*,
                                                  const tally::v1::ListExperimentsRequest* req,
                                                  tally::v1::ListExperimentsResponse* resp) {
-  if (req->page_size() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "page_size: must not be negative");
-  }
-  const int limit =
-      req->page_size() == 0 ? kDefaultPageSize : std::min(req->page_size(), kMaxPageSize);
-  int64_t before_id = 0;
-  if (!req->page_token().empty() &&
-      (!absl::SimpleAtoi(req->page_token(), &before_id) || before_id <= 0)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "page_token: not a token this server returned; pass "
-                        "next_page_token from the previous response");
-  }
+  absl::StatusOr<Page> page = ParsePage(req->page_size(), req->page_token());
+  if (!page.ok()) return ToGrpcStatus(page.status());
   absl::StatusOr<std::vector<tally::v1::Experiment>> list =
       core_->RunExperiments([&](experiments::ExperimentManager& m) {
-        return m.List(before_id, limit + 1);  // one more tells whether there is a next page
+        // One more tells whether there is a next page.
+        return m.List(page->before_id, page->size + 1);
       });
   if (!list.ok()) return ToGrpcStatus(list.status());
-  const bool more = static_cast<int>(list->size()) > limit;
+  const bool more = static_cast<int>(list->size()) > page->size;
   if (more) list->pop_back();
   for (auto& e : *list) *resp->add_experiments() = std::move(e);
   if (more && resp->experiments_size() > 0) {
@@ -427,12 +429,16 @@ grpc::Status ExperimentsService::WatchExperiment(
         after >= rec->experiment().last_event_sequence()) {
       return grpc::Status::OK;
     }
-    if (context->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
-    }
-    if (!core_->WaitExperiments(version, absl::Seconds(1))) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "tallyd is shutting down; watch again with after_sequence");
+    // Wait for a commit; each second, see whether the watcher went away.
+    // The store is read again only once some experiment has committed.
+    while (core_->experiment_version() == version) {
+      if (context->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
+      }
+      if (!core_->WaitExperiments(version, absl::Seconds(1))) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "tallyd is shutting down; watch again with after_sequence");
+      }
     }
   }
 }

@@ -9,7 +9,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/proto_time.h"
+#include "common/text.h"
 #include "server/policy/target.h"
+#include "server/sched/eval_decision.h"
 #include "server/store/job_store.h"
 
 namespace tally::experiments {
@@ -27,11 +29,6 @@ std::string ShortState(JobState s) {
   return name;
 }
 
-// Four decimals, six for sub-cent amounts (tiny CPU runs).
-std::string Dollars(double usd) {
-  if (usd != 0 && usd < 0.01 && usd > -0.01) return absl::StrFormat("$%.6f", usd);
-  return absl::StrFormat("$%.4f", usd);
-}
 
 void AddEvent(Plan& p, const std::string& type, const std::string& variant,
               const std::string& reason, const std::string& detail, absl::Time now) {
@@ -101,7 +98,7 @@ bool PassedRung(const Rung& r, int k, const Job& job) {
 }
 
 std::string RungLabel(const Rung& r, int k, int64_t max_steps) {
-  if (r.dollars) return Dollars(r.d0 * std::ldexp(1.0, k)) + " each";
+  if (r.dollars) return FormatDollars(r.d0 * std::ldexp(1.0, k)) + " each";
   return absl::StrCat(static_cast<int64_t>(max_steps * std::ldexp(1.0, k - r.rungs)),
                       " steps (1/", 1 << (r.rungs - k), " of max_steps) each");
 }
@@ -153,11 +150,7 @@ void FillVariantFigures(const Job& job, double target, VariantStatus* v) {
   v->set_target_step(0);
   v->clear_note();
   if (target <= 0) return;
-  std::vector<policy::CurvePoint> curve;
-  curve.reserve(job.curve_size());
-  for (const auto& pt : job.curve()) {
-    curve.push_back({pt.step(), pt.tokens(), pt.cost_usd(), pt.gpu_seconds(), pt.val_loss()});
-  }
+  const std::vector<policy::CurvePoint> curve = sched::CurveOf(job);
   if (auto x = policy::FindTargetCrossing(curve, target)) {
     v->set_reached_target(true);
     v->set_cost_to_target_usd(x->cost_usd);
@@ -299,13 +292,13 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
     const std::optional<Job>& job = job_of(i);
     if (!job || !store::IsTerminal(job->state()) || store::IsTerminal(before[i])) continue;
     const VariantStatus& v = e.variants(i);
-    std::string detail = absl::StrFormat("%d steps, %s", v.step(), Dollars(v.cost_usd()));
+    std::string detail = absl::StrFormat("%d steps, %s", v.step(), FormatDollars(v.cost_usd()));
     if (v.final_val_loss() > 0) {
       absl::StrAppendFormat(&detail, ", final val_loss %.4f", v.final_val_loss());
     }
     if (v.reached_target()) {
       absl::StrAppendFormat(&detail, "; %s to the target (step %d)",
-                            Dollars(v.cost_to_target_usd()), v.target_step());
+                            FormatDollars(v.cost_to_target_usd()), v.target_step());
     } else if (!v.note().empty()) {
       absl::StrAppend(&detail, "; ", v.note());
     }
@@ -319,7 +312,7 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
   const double max_dollars = spec.budget().max_dollars();
   if (max_dollars > 0 && e.cost_usd() >= max_dollars) {
     End(p, tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
-        absl::StrFormat("budget spent: %s of %s", Dollars(e.cost_usd()), Dollars(max_dollars)),
+        absl::StrFormat("budget spent: %s of %s", FormatDollars(e.cost_usd()), FormatDollars(max_dollars)),
         now);
     for (int i = 0; i < n; ++i) {
       if (!Active(job_of(i))) continue;
@@ -455,12 +448,12 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
                             e.target_val_loss());
     } else {
       absl::StrAppendFormat(&reason, "; cheapest to the target %.4f: %s at %s",
-                            e.target_val_loss(), best, Dollars(best_cost));
+                            e.target_val_loss(), best, FormatDollars(best_cost));
       const VariantStatus& rv = e.variants(ref);
       for (const auto& v : e.variants()) {
         if (v.name() == best && v.ratio_to_reference() > 0 && v.name() != rv.name()) {
           absl::StrAppendFormat(&reason, " (%.2fx %s's %s)", v.ratio_to_reference(),
-                                rv.name(), Dollars(rv.cost_to_target_usd()));
+                                rv.name(), FormatDollars(rv.cost_to_target_usd()));
         }
       }
     }

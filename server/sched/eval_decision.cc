@@ -64,4 +64,13 @@ EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& 
   return out;
 }
 
+std::vector<policy::CurvePoint> CurveOf(const tally::v1::Job& job) {
+  std::vector<policy::CurvePoint> out;
+  out.reserve(job.curve_size());
+  for (const auto& e : job.curve()) {
+    out.push_back({e.step(), e.tokens(), e.cost_usd(), e.gpu_seconds(), e.val_loss()});
+  }
+  return out;
+}
+
 }  // namespace tally::sched

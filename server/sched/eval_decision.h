@@ -6,8 +6,10 @@
 #define TALLY_SERVER_SCHED_EVAL_DECISION_H_
 
 #include <string>
+#include <vector>
 
 #include "server/policy/early_stopping.h"
+#include "server/policy/target.h"
 #include "tally/v1/jobs.pb.h"
 #include "tally/v1/workers.pb.h"
 
@@ -33,6 +35,10 @@ struct EvalDecision {
 // (false for dense models).
 EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
                         bool routing_collapsed);
+
+// The job's evaluation curve with its spend at each point, as the target
+// policy (policy/target.h) reads it.
+std::vector<policy::CurvePoint> CurveOf(const tally::v1::Job& job);
 
 }  // namespace tally::sched
 

@@ -28,6 +28,16 @@ std::string StateName(JobState s) {
   return std::string(name);
 }
 
+// The job's latest evaluation, from its curve (which must not be empty).
+tally::v1::EvalResult LatestEval(const tally::v1::Job& j) {
+  const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
+  tally::v1::EvalResult ev;
+  ev.set_step(last.step());
+  ev.set_tokens(last.tokens());
+  ev.set_val_loss(last.val_loss());
+  return ev;
+}
+
 // Label values are lower case: "early_stopped".
 std::string StateLabel(JobState s) { return absl::AsciiStrToLower(StateName(s)); }
 
@@ -563,7 +573,7 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
 std::optional<std::string> Scheduler::MarkTargetReached(Plan& p) const {
   tally::v1::Job& j = *p.rec.mutable_job();
   if (j.target_val_loss() <= 0 || j.has_target_reached()) return std::nullopt;
-  auto x = policy::FindTargetCrossing(Curve(j), j.target_val_loss());
+  auto x = policy::FindTargetCrossing(CurveOf(j), j.target_val_loss());
   if (!x) return std::nullopt;
   tally::v1::TargetReached& t = *j.mutable_target_reached();
   t.set_target_val_loss(j.target_val_loss());
@@ -658,15 +668,6 @@ void Scheduler::AddCurvePoint(tally::v1::Job& j, const tally::v1::EvalResult& ev
   e.set_cost_usd(j.cost().cost_usd());
   e.set_gpu_seconds(j.cost().gpu_seconds());
   e.set_val_loss(ev.val_loss());
-}
-
-std::vector<policy::CurvePoint> Scheduler::Curve(const tally::v1::Job& j) {
-  std::vector<policy::CurvePoint> out;
-  out.reserve(j.curve_size());
-  for (const auto& e : j.curve()) {
-    out.push_back({e.step(), e.tokens(), e.cost_usd(), e.gpu_seconds(), e.val_loss()});
-  }
-  return out;
 }
 
 absl::StatusOr<Scheduler::Plan> Scheduler::PlanCheckpoint(
@@ -868,14 +869,16 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
   return created.job.job();
 }
 
+absl::Status Scheduler::EndedError(int64_t job_id, absl::string_view what) const {
+  ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
+  return absl::FailedPreconditionError(
+      absl::StrCat(rec.job().name(), " has already ended (", StateName(rec.job().state()),
+                   "); only QUEUED or RUNNING jobs can ", what));
+}
+
 absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id, const std::string& reason) {
   auto it = active_.find(job_id);
-  if (it == active_.end()) {
-    ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
-    return absl::FailedPreconditionError(
-        absl::StrCat(rec.job().name(), " has already ended (", StateName(rec.job().state()),
-                     "); only QUEUED or RUNNING jobs can be cancelled"));
-  }
+  if (it == active_.end()) return EndedError(job_id, "be cancelled");
   const std::string why =
       reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
   Plan p = PlanStopNow(it->second, tally::v1::JOB_STATE_CANCELLED, "cancelled", why, "");
@@ -891,12 +894,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
         "target_val_loss: must be a positive finite number, got ", target));
   }
   auto it = active_.find(job_id);
-  if (it == active_.end()) {
-    ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
-    return absl::FailedPreconditionError(absl::StrCat(
-        rec.job().name(), " has already ended (", StateName(rec.job().state()),
-        "); a target can only be set on a QUEUED or RUNNING job"));
-  }
+  if (it == active_.end()) return EndedError(job_id, "have a target set");
   const ActiveJob& job = it->second;
   if (job.rec.job().target_val_loss() == target || job.rec.job().has_pending_stop()) {
     return job.rec.job();
@@ -907,13 +905,9 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
   j.clear_target_reached();
   AddEvent(p, "target", absl::StrFormat("target val_loss %.4f: %s", target, why), "");
   if (std::optional<std::string> reason = MarkTargetReached(p)) {
-    const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
+    const tally::v1::EvalResult ev = LatestEval(j);
     if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt &&
-        last.step() < j.spec().training().max_steps()) {
-      tally::v1::EvalResult ev;
-      ev.set_step(last.step());
-      ev.set_tokens(last.tokens());
-      ev.set_val_loss(last.val_loss());
+        ev.step() < j.spec().training().max_steps()) {
       PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "target", ev);
     } else if (j.state() == tally::v1::JOB_STATE_QUEUED) {
       Plan stop = PlanStopNow(job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "");
@@ -933,12 +927,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::StopJob(int64_t job_id, JobState state
                                                   const std::string& rule,
                                                   const std::string& reason) {
   auto it = active_.find(job_id);
-  if (it == active_.end()) {
-    ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
-    return absl::FailedPreconditionError(
-        absl::StrCat(rec.job().name(), " has already ended (", StateName(rec.job().state()),
-                     "); only QUEUED or RUNNING jobs can be stopped"));
-  }
+  if (it == active_.end()) return EndedError(job_id, "be stopped");
   const ActiveJob& job = it->second;
   if (job.rec.job().has_pending_stop()) return job.rec.job();  // stopping already
   const std::string type = state == tally::v1::JOB_STATE_EARLY_STOPPED ? "early_stopped"
@@ -948,12 +937,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::StopJob(int64_t job_id, JobState state
   Plan p = NewPlan(job, clock_->Now());
   const tally::v1::Job& j = p.rec.job();
   if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt && j.curve_size() > 0) {
-    const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
-    tally::v1::EvalResult ev;
-    ev.set_step(last.step());
-    ev.set_tokens(last.tokens());
-    ev.set_val_loss(last.val_loss());
-    PendingStopFor(p, state, type, reason, rule, ev);
+    PendingStopFor(p, state, type, reason, rule, LatestEval(j));
   } else {
     p = PlanStopNow(job, state, type, reason, absl::StrCat("rule ", rule));
     p.rec.mutable_job()->mutable_early_stopping()->set_stop_rule(rule);

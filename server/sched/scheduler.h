@@ -221,7 +221,6 @@ class Scheduler {
   std::optional<std::string> MarkTargetReached(Plan& p) const;
   // Appends an evaluation to the job's (bounded) curve, with its spend.
   static void AddCurvePoint(tally::v1::Job& job, const tally::v1::EvalResult& ev);
-  static std::vector<policy::CurvePoint> Curve(const tally::v1::Job& job);
   // The loss-curve forecast of the job's evaluations so far.
   static policy::LossForecast ForecastOf(const tally::v1::Job& job);
 
@@ -237,6 +236,9 @@ class Scheduler {
   absl::Status RetryExits(const std::string& worker_id);
   absl::Status HandleProgress(ActiveJob& job, const tally::v1::Progress& p);
   ActiveJob* CurrentAttempt(const std::string& job, int32_t attempt);
+  // FAILED_PRECONDITION for a job that has ended ("...; only QUEUED or
+  // RUNNING jobs can <what>"), or the store's error reading it.
+  absl::Status EndedError(int64_t job_id, absl::string_view what) const;
   // Whether `worker_id` runs one of the ranks of the job's current attempt:
   // only those workers may report on it.
   static bool Holds(const ActiveJob& job, const std::string& worker_id);
