@@ -37,4 +37,15 @@ absl::StatusOr<int64_t> ParseExperimentName(absl::string_view name, absl::string
   return ParseName(name, "experiments/", field, "an experiment name like \"experiments/7\"");
 }
 
+absl::Status ValidateRequestId(absl::string_view request_id) {
+  if (request_id.size() > 128) {
+    return absl::InvalidArgumentError("request_id: must be at most 128 characters");
+  }
+  if (std::optional<std::string> why = UnprintableReason(request_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: must be printable text; it ", *why));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tally

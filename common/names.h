@@ -20,6 +20,11 @@ std::string ExperimentName(int64_t id);
 absl::StatusOr<int64_t> ParseExperimentName(absl::string_view name,
                                             absl::string_view field = "name");
 
+// A request_id (the idempotency key of SubmitJob and CreateExperiment):
+// empty, or at most 128 printable characters. INVALID_ARGUMENT naming
+// request_id otherwise.
+absl::Status ValidateRequestId(absl::string_view request_id);
+
 }  // namespace tally
 
 #endif  // TALLY_COMMON_NAMES_H_

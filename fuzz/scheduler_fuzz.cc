@@ -173,7 +173,7 @@ WorkerMessage PickMessage(FuzzedDataProvider& in, const std::vector<tally::v1::A
       if (in.ConsumeBool()) {
         p->set_fp8_overflows(PickInt(in));
         p->set_fp8_product_fraction(PickDouble(in));
-        (*p->mutable_fp8_amax())["blocks.0.w1"] = PickDouble(in);
+        (*p->mutable_fp8_amax())["ffn.input"] = PickDouble(in);
       }
       if (in.ConsumeBool()) {
         auto* moe = p->add_moe();

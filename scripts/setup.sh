@@ -17,6 +17,7 @@ PACKAGES=(
   libabsl-dev libsqlite3-dev sqlite3 libcivetweb-dev libyaml-cpp-dev
   libspdlog-dev nlohmann-json3-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-yaml python3-venv
+  openssl python3-cryptography   # test certificates and signed JWTs (tests/integration/test_security.py)
   libgloo-dev prometheus fortunes fortunes-min unzip curl
   librsvg2-bin   # rsvg-convert: the experiment report render check (cli/CMakeLists.txt)
   libpython3.11-minimal libpython3.11-stdlib   # bench/corpus2.sh: the second corpus

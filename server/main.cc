@@ -3,10 +3,16 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <signal.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,11 +23,16 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
+#include "common/status_macros.h"
 #include "server/api/core.h"
+#include "server/api/gate.h"
 #include "server/api/services.h"
+#include "server/auth/jwt.h"
+#include "server/auth/token_file.h"
 #include "server/config/tallyd_config.h"
 #include "server/metrics/build_info.h"
 #include "server/metrics/http_exporter.h"
@@ -75,8 +86,124 @@ ABSL_FLAG(int32_t, moe_expert_series_max, 256,
           "per-expert series (tally_job_moe_expert_tokens) one job may have, all layers "
           "together; a larger model publishes only the per-layer load summary");
 
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve gRPC over TLS (with --tls_key). Re-read when the file "
+          "changes (checked every 5 s) and checked on SIGHUP");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, client_ca, "",
+          "PEM CA bundle: workers may authenticate with a client certificate signed by it, "
+          "whose CN or a DNS SAN must equal their --worker_id (needs --tls_cert)");
+ABSL_FLAG(bool, insecure, false,
+          "allow plaintext and unauthenticated callers on a non-loopback --listen address "
+          "(without it tallyd refuses to start there)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "YAML file of users: principals: [{name, tenant, role: admin|user|viewer, "
+          "token_sha256}]; callers send 'authorization: Bearer TOKEN'. Re-read on SIGHUP");
+ABSL_FLAG(std::string, worker_tokens, "",
+          "YAML file of worker tokens (same format, role worker, name = the worker id); for "
+          "workers that cannot present a client certificate. Re-read on SIGHUP");
+ABSL_FLAG(std::string, jwt_jwks, "",
+          "JWK Set (JSON) whose RS256/ES256 keys sign accepted JWT bearer tokens (needs "
+          "--jwt_issuer and --jwt_audience). Re-read on SIGHUP");
+ABSL_FLAG(std::string, jwt_issuer, "", "the iss every accepted JWT must carry");
+ABSL_FLAG(std::string, jwt_audience, "", "the aud every accepted JWT must carry");
+ABSL_FLAG(std::string, jwt_principal_claim, "sub", "JWT claim naming the principal");
+ABSL_FLAG(std::string, jwt_tenant_claim, "tenant", "JWT claim naming the tenant");
+ABSL_FLAG(std::string, jwt_role_claim, "role",
+          "JWT claim naming the role (admin, user, viewer or worker)");
+ABSL_FLAG(bool, reflection, true, "serve gRPC server reflection (it stays unauthenticated)");
+
 namespace tally {
 namespace {
+
+bool IsLoopbackHost(std::string host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+// Reads the credentials files; errors name the flag and the path.
+absl::StatusOr<api::Credentials> LoadCredentials() {
+  api::Credentials c;
+  c.client_certificates = !absl::GetFlag(FLAGS_client_ca).empty();
+  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
+    auto t = auth::TokenTable::Load(path, auth::TokenTable::Kind::kUsers);
+    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("--auth_tokens: ", t.status().message()));
+    c.users = std::make_shared<const auth::TokenTable>(std::move(*t));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_worker_tokens); !path.empty()) {
+    auto t = auth::TokenTable::Load(path, auth::TokenTable::Kind::kWorkers);
+    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("--worker_tokens: ", t.status().message()));
+    c.workers = std::make_shared<const auth::TokenTable>(std::move(*t));
+  }
+  const std::string jwks = absl::GetFlag(FLAGS_jwt_jwks);
+  auth::JwtOptions jo;
+  jo.issuer = absl::GetFlag(FLAGS_jwt_issuer);
+  jo.audience = absl::GetFlag(FLAGS_jwt_audience);
+  jo.principal_claim = absl::GetFlag(FLAGS_jwt_principal_claim);
+  jo.tenant_claim = absl::GetFlag(FLAGS_jwt_tenant_claim);
+  jo.role_claim = absl::GetFlag(FLAGS_jwt_role_claim);
+  if (jwks.empty() != (jo.issuer.empty() && jo.audience.empty()) ||
+      (!jwks.empty() && (jo.issuer.empty() || jo.audience.empty()))) {
+    return absl::InvalidArgumentError(
+        "--jwt_jwks, --jwt_issuer and --jwt_audience go together: give all three or none");
+  }
+  if (!jwks.empty()) {
+    auto v = auth::JwtVerifier::Load(jwks, jo);
+    if (!v.ok()) return absl::Status(v.status().code(), absl::StrCat("--jwt_jwks: ", v.status().message()));
+    c.jwt = std::make_shared<const auth::JwtVerifier>(std::move(*v));
+  }
+  return c;
+}
+
+// The PEM files of TLS: readable, parseable, the key matching the
+// certificate. Errors name the flag and the path.
+absl::Status CheckTlsFiles(const std::string& cert, const std::string& key,
+                           const std::string& ca) {
+  auto open = [](const std::string& flag, const std::string& path) -> absl::StatusOr<FILE*> {
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": cannot read ", path, ": ", std::strerror(errno)));
+    }
+    return f;
+  };
+  auto x509_error = [](const std::string& flag, const std::string& path, absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", path, " holds no PEM ", what));
+  };
+  ASSIGN_OR_RETURN(FILE * cf, open("tls_cert", cert));
+  X509* x = PEM_read_X509(cf, nullptr, nullptr, nullptr);
+  std::fclose(cf);
+  if (x == nullptr) return x509_error("tls_cert", cert, "certificate");
+  absl::StatusOr<FILE*> kf = open("tls_key", key);
+  if (!kf.ok()) {
+    X509_free(x);
+    return kf.status();
+  }
+  EVP_PKEY* k = PEM_read_PrivateKey(*kf, nullptr, nullptr, nullptr);
+  std::fclose(*kf);
+  if (k == nullptr) {
+    X509_free(x);
+    return x509_error("tls_key", key, "private key (an encrypted key is not supported)");
+  }
+  const bool match = X509_check_private_key(x, k) == 1;
+  X509_free(x);
+  EVP_PKEY_free(k);
+  if (!match) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_key: ", key, " is not the private key of the certificate in --tls_cert ", cert));
+  }
+  if (!ca.empty()) {
+    ASSIGN_OR_RETURN(FILE * af, open("client_ca", ca));
+    X509* root = PEM_read_X509(af, nullptr, nullptr, nullptr);
+    std::fclose(af);
+    if (root == nullptr) return x509_error("client_ca", ca, "certificate");
+    X509_free(root);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
   std::vector<std::string> parts = absl::StrSplit(value, absl::MaxSplits(':', 1));
@@ -180,6 +307,54 @@ int Run() {
     std::filesystem::remove(tmp, ec);
   }
 
+  // Transport and credentials: refused before anything is served.
+  const std::string tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string tls_key = absl::GetFlag(FLAGS_tls_key);
+  const std::string client_ca = absl::GetFlag(FLAGS_client_ca);
+  if (tls_cert.empty() != tls_key.empty()) {
+    spdlog::error("--tls_cert and --tls_key go together: give both (PEM files) or neither");
+    return 2;
+  }
+  if (!client_ca.empty() && tls_cert.empty()) {
+    spdlog::error("--client_ca needs --tls_cert and --tls_key: client certificates are "
+                  "checked in the TLS handshake");
+    return 2;
+  }
+  if (!tls_cert.empty()) {
+    if (absl::Status s = CheckTlsFiles(tls_cert, tls_key, client_ca); !s.ok()) {
+      spdlog::error("{}", std::string(s.message()));
+      return 2;
+    }
+  }
+  absl::StatusOr<api::Credentials> credentials = LoadCredentials();
+  if (!credentials.ok()) {
+    spdlog::error("{}", std::string(credentials.status().message()));
+    return 2;
+  }
+  const bool loopback = IsLoopbackHost(HostOf(listen));
+  if (!loopback && !absl::GetFlag(FLAGS_insecure)) {
+    std::string why;
+    if (tls_cert.empty()) {
+      why = "it would be served in plaintext: pass --tls_cert and --tls_key";
+    } else if (!credentials->users_authenticated()) {
+      why = "anyone reaching it could submit and cancel jobs: pass --auth_tokens or --jwt_jwks";
+    } else if (!credentials->workers_authenticated()) {
+      why = "any process could connect as a worker: pass --client_ca or --worker_tokens";
+    }
+    if (!why.empty()) {
+      spdlog::error("--listen={} is not a loopback address and {}, or --insecure to serve it "
+                    "anyway", listen, why);
+      return 2;
+    }
+  }
+  spdlog::info("tallyd: gRPC {} on {}; users: {}; workers: {}",
+               tls_cert.empty() ? "in plaintext" : "over TLS", listen,
+               credentials->users_authenticated() ? "authenticated"
+                                                  : "not authenticated (every caller is admin)",
+               credentials->workers_authenticated()
+                   ? (client_ca.empty() ? "worker tokens" : "client certificates or tokens")
+                   : "not authenticated");
+
   const std::string config_path = absl::GetFlag(FLAGS_config);
   auto config = config::LoadTallydConfig(config_path);
   if (!config.ok()) {
@@ -229,14 +404,38 @@ int Run() {
     return 1;
   }
 
+  api::Gate gate(&clock, *credentials);
+  jobs_options.gate = &gate;
+  experiments_options.gate = &gate;
   api::JobsService jobs(&core, jobs_options);
   api::ExperimentsService experiments(&core, experiments_options);
-  api::WorkersService workers(&core);
+  api::WorkersService workers(&core, &gate);
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::shared_ptr<grpc::ServerCredentials> server_credentials = grpc::InsecureServerCredentials();
+  if (!tls_cert.empty()) {
+    // The files are watched: a renewed certificate is served within 5 s.
+    constexpr unsigned kRefreshSeconds = 5;
+    auto provider =
+        client_ca.empty()
+            ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                  tls_key, tls_cert, kRefreshSeconds)
+            : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                  tls_key, tls_cert, client_ca, kRefreshSeconds);
+    grpc::experimental::TlsServerCredentialsOptions tls(provider);
+    tls.watch_identity_key_cert_pairs();
+    if (client_ca.empty()) {
+      tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    } else {
+      // Requested, not required: users call the same port with tokens.
+      tls.watch_root_certs();
+      tls.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+    }
+    server_credentials = grpc::experimental::TlsServerCredentials(tls);
+  }
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(listen, server_credentials, &grpc_port);
   builder.RegisterService(&jobs);
   builder.RegisterService(&experiments);
   builder.RegisterService(&workers);
@@ -285,6 +484,24 @@ int Run() {
 
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    // Credentials: all or nothing; bad files keep the previous ones.
+    absl::StatusOr<api::Credentials> reloaded_credentials = LoadCredentials();
+    if (!reloaded_credentials.ok()) {
+      spdlog::error("SIGHUP: {}; keeping the previous credentials",
+                    std::string(reloaded_credentials.status().message()));
+    } else {
+      gate.Reload(*std::move(reloaded_credentials));
+      spdlog::info("SIGHUP: reloaded the token and JWT key files");
+    }
+    if (!tls_cert.empty()) {
+      absl::Status s = CheckTlsFiles(tls_cert, tls_key, client_ca);
+      if (s.ok()) {
+        spdlog::info("SIGHUP: the TLS files are valid; they are served within 5 s of a change");
+      } else {
+        spdlog::error("SIGHUP: {}; the last valid certificate stays in use",
+                      std::string(s.message()));
+      }
+    }
     // Reload prices; a bad file keeps the old ones.
     if (config_path.empty()) {
       spdlog::warn("SIGHUP: no --config to reload");

@@ -2,6 +2,10 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/text.h"
+
 namespace tally::api {
 
 Core::Core(store::JobStore* store, const Clock* clock,
@@ -60,12 +64,21 @@ void Core::Shutdown() {
 }
 
 absl::StatusOr<int64_t> Core::Hello(const tally::v1::Hello& hello,
-                                    std::shared_ptr<WorkerSession> session) {
+                                    std::shared_ptr<WorkerSession> session,
+                                    const WorkerIdentity& identity) {
   std::shared_ptr<WorkerSession> replaced;
   absl::StatusOr<int64_t> generation;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("tallyd is shutting down");
+    RETURN_IF_ERROR(sched::Scheduler::ValidateHello(hello));
+    if (sessions_.count(hello.worker_id()) > 0 && scheduler_.WorkerLive(hello.worker_id())) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker ", EscapeUnprintable(hello.worker_id()),
+          " is connected on another stream and heard from recently; a worker id holds one "
+          "stream (this one, ", identity.Describe(), ", may reconnect once that stream ends "
+          "or falls silent)"));
+    }
     // Until OnHello succeeds, what it sends this worker is held back here:
     // the worker's current stream (if any) is not this one's yet.
     hello_worker_ = hello.worker_id();
@@ -73,7 +86,7 @@ absl::StatusOr<int64_t> Core::Hello(const tally::v1::Hello& hello,
     hello_worker_.reset();
     std::vector<tally::v1::ControllerMessage> sent = std::exchange(hello_sent_, {});
     if (!generation.ok()) return generation.status();
-    // A worker that reconnects replaces its old stream, which may be half dead.
+    // A worker that reconnects replaces its old, silent stream.
     replaced = std::exchange(sessions_[hello.worker_id()], session);
     for (const auto& m : sent) session->Push(m);
   }

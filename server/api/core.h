@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "server/api/gate.h"
 #include "server/api/watch_hub.h"
 #include "server/experiments/manager.h"
 #include "server/sched/scheduler.h"
@@ -69,13 +70,18 @@ class Core final : public sched::WorkerChannel {
   // Ends every watch (UNAVAILABLE) and closes every worker stream.
   void Shutdown();
 
-  // A worker stream's Hello. Scheduler::OnHello validates it; only when it
-  // succeeds does `session` become the worker's stream (closing the one it
-  // replaces) and receive what the scheduler sent during OnHello, Welcome
-  // first. A rejected Hello touches no other stream. Returns the session's
-  // generation for Goodbye.
+  // A worker stream's Hello, from a stream whose credential is `identity`
+  // (already checked to name the Hello's worker_id). Scheduler::OnHello
+  // validates it; only when it succeeds does `session` become the worker's
+  // stream and receive what the scheduler sent during OnHello, Welcome
+  // first. A rejected Hello touches no other stream. A worker id has one
+  // stream: while its stream is live (heard from within the heartbeat
+  // timeout) a second is refused with ALREADY_EXISTS and the live one keeps
+  // running; a silent one is replaced (a reconnect after a half-dead
+  // connection). Returns the session's generation for Goodbye.
   absl::StatusOr<int64_t> Hello(const tally::v1::Hello& hello,
-                                std::shared_ptr<WorkerSession> session);
+                                std::shared_ptr<WorkerSession> session,
+                                const WorkerIdentity& identity = {});
   // The stream of a successful Hello ended.
   void Goodbye(const std::string& worker_id, const WorkerSession* session,
                int64_t generation);

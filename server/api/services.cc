@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/names.h"
+#include "common/text.h"
 #include "server/store/job_store.h"
 #include "google/protobuf/descriptor.h"
 
@@ -36,6 +37,40 @@ absl::StatusOr<Page> ParsePage(int32_t page_size, const std::string& page_token)
         "previous response");
   }
   return p;
+}
+
+// Without a gate every caller is the anonymous admin.
+const Gate* GateOr(const Gate* gate) {
+  static const RealClock clock;
+  static const Gate* const open = new Gate(&clock, Credentials());
+  return gate != nullptr ? gate : open;
+}
+
+// Who a change is recorded as made by: nobody when callers are not
+// authenticated.
+sched::Actor ActorOf(const auth::Principal& p) {
+  if (p.method == "anonymous") return {};
+  return sched::Actor{p.name, p.tenant};
+}
+
+absl::Status NotFound(absl::string_view name) {
+  return absl::NotFoundError(absl::StrCat(name, " not found"));
+}
+
+// The tenant a List call shows: admins any (or the one they ask for),
+// others only their own.
+absl::StatusOr<std::optional<std::string>> ListTenant(const auth::Principal& p,
+                                                      const std::string& asked) {
+  if (p.role == auth::Role::kAdmin) {
+    if (asked.empty()) return std::optional<std::string>();
+    return std::optional<std::string>(asked);
+  }
+  if (!asked.empty() && asked != p.tenant) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "tenant: ", p.name, " may list only its own tenant (", p.tenant,
+        "); leave tenant empty"));
+  }
+  return std::optional<std::string>(p.tenant);
 }
 
 // A stream refused before it started.
@@ -88,15 +123,16 @@ class WorkerStream final
                                      tally::v1::ControllerMessage>,
       public WorkerSession {
  public:
-  static WorkerStream* Begin(Core* core, grpc::CallbackServerContext* context) {
-    auto s = std::make_shared<WorkerStream>(core, context);
+  static WorkerStream* Begin(Core* core, grpc::CallbackServerContext* context,
+                             WorkerIdentity identity) {
+    auto s = std::make_shared<WorkerStream>(core, context, std::move(identity));
     s->self_ = s;
     s->StartRead(&s->in_);
     return s.get();
   }
 
-  WorkerStream(Core* core, grpc::CallbackServerContext* context)
-      : core_(core), context_(context) {}
+  WorkerStream(Core* core, grpc::CallbackServerContext* context, WorkerIdentity identity)
+      : core_(core), context_(context), identity_(std::move(identity)) {}
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -111,7 +147,16 @@ class WorkerStream final
                                "be a Hello"));
         return;
       }
-      absl::StatusOr<int64_t> generation = core_->Hello(in_.hello(), self_);
+      if (!identity_.Allows(in_.hello().worker_id())) {
+        EndStream(grpc::Status(
+            grpc::StatusCode::PERMISSION_DENIED,
+            absl::StrCat("hello.worker_id: this stream's credential (", identity_.Describe(),
+                         ") cannot speak for worker \"", EscapeUnprintable(in_.hello().worker_id()),
+                         "\"; start tally-worker with --worker_id set to the name its "
+                         "certificate or token carries")));
+        return;
+      }
+      absl::StatusOr<int64_t> generation = core_->Hello(in_.hello(), self_, identity_);
       if (!generation.ok()) {
         EndStream(ToGrpcStatus(generation.status()));
         return;
@@ -203,6 +248,7 @@ class WorkerStream final
 
   Core* const core_;
   grpc::CallbackServerContext* const context_;
+  const WorkerIdentity identity_;
   std::shared_ptr<WorkerStream> self_;
   // Touched only by the read side (one read at a time).
   tally::v1::WorkerMessage in_;
@@ -239,43 +285,61 @@ StreamLimiter::Options WatchLimits(const JobsService::Options& options) {
 JobsService::JobsService(Core* core, Options options)
     : core_(core),
       principal_(std::move(options.principal)),
+      gate_(GateOr(options.gate)),
       watch_limiter_(WatchLimits(options)) {}
 
-grpc::Status JobsService::SubmitJob(grpc::ServerContext*,
+absl::StatusOr<store::JobRecord> JobsService::VisibleJob(const auth::Principal& p,
+                                                         int64_t id) const {
+  absl::StatusOr<store::JobRecord> rec = core_->store()->GetJob(id);
+  if (!rec.ok()) return rec.status();
+  if (!CanSee(p, rec->job().tenant())) return NotFound(JobName(id));
+  return rec;
+}
+
+#define ADMIT_USER(context, access, what)                                       \
+  absl::StatusOr<auth::Principal> caller = gate_->AdmitUser(*context, access, what); \
+  if (!caller.ok()) return ToGrpcStatus(caller.status())
+
+grpc::Status JobsService::SubmitJob(grpc::ServerContext* context,
                                     const tally::v1::SubmitJobRequest* req,
                                     tally::v1::Job* resp) {
+  ADMIT_USER(context, Access::kWrite, "SubmitJob");
   if (!req->has_spec()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "spec: is required");
   }
-  absl::StatusOr<tally::v1::Job> job = core_->Run(
-      [&](sched::Scheduler& s) { return s.Submit(req->spec(), req->request_id()); });
+  absl::StatusOr<tally::v1::Job> job = core_->Run([&](sched::Scheduler& s) {
+    return s.Submit(req->spec(), req->request_id(), ActorOf(*caller));
+  });
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp = *job;
   return grpc::Status::OK;
 }
 
-grpc::Status JobsService::GetJob(grpc::ServerContext*,
+grpc::Status JobsService::GetJob(grpc::ServerContext* context,
                                  const tally::v1::GetJobRequest* req,
                                  tally::v1::Job* resp) {
+  ADMIT_USER(context, Access::kRead, "GetJob");
   absl::StatusOr<int64_t> id = ParseJobName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
   // A live job comes from the scheduler, its cost accrued to this moment.
   std::optional<tally::v1::Job> live =
       core_->Run([&](sched::Scheduler& s) { return s.ActiveJobView(*id); });
   if (live) {
+    if (!CanSee(*caller, live->tenant())) return ToGrpcStatus(NotFound(JobName(*id)));
     *resp = std::move(*live);
     return grpc::Status::OK;
   }
-  absl::StatusOr<store::JobRecord> rec = core_->store()->GetJob(*id);
+  absl::StatusOr<store::JobRecord> rec = VisibleJob(*caller, *id);
   if (!rec.ok()) return ToGrpcStatus(rec.status());
   *resp = rec->job();
   return grpc::Status::OK;
 }
 
-grpc::Status JobsService::EstimateCost(grpc::ServerContext*,
+grpc::Status JobsService::EstimateCost(grpc::ServerContext* context,
                                        const tally::v1::EstimateCostRequest* req,
                                        tally::v1::CostEstimate* resp) {
+  ADMIT_USER(context, Access::kRead, "EstimateCost");
   if (!req->has_spec()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: is required");
   }
@@ -286,12 +350,16 @@ grpc::Status JobsService::EstimateCost(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status JobsService::ListJobs(grpc::ServerContext*,
+grpc::Status JobsService::ListJobs(grpc::ServerContext* context,
                                    const tally::v1::ListJobsRequest* req,
                                    tally::v1::ListJobsResponse* resp) {
+  ADMIT_USER(context, Access::kRead, "ListJobs");
   absl::StatusOr<Page> page = ParsePage(req->page_size(), req->page_token());
   if (!page.ok()) return ToGrpcStatus(page.status());
+  absl::StatusOr<std::optional<std::string>> tenant = ListTenant(*caller, req->tenant());
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
   store::JobQuery q;
+  q.tenant = *tenant;
   q.limit = page->size;
   q.before_id = page->before_id;
   for (int s : req->states()) {
@@ -315,13 +383,17 @@ grpc::Status JobsService::ListJobs(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status JobsService::CancelJob(grpc::ServerContext*,
+grpc::Status JobsService::CancelJob(grpc::ServerContext* context,
                                     const tally::v1::CancelJobRequest* req,
                                     tally::v1::Job* resp) {
+  ADMIT_USER(context, Access::kWrite, "CancelJob");
   absl::StatusOr<int64_t> id = ParseJobName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
-  absl::StatusOr<tally::v1::Job> job =
-      core_->Run([&](sched::Scheduler& s) { return s.Cancel(*id, req->reason()); });
+  if (absl::StatusOr<store::JobRecord> rec = VisibleJob(*caller, *id); !rec.ok()) {
+    return ToGrpcStatus(rec.status());
+  }
+  absl::StatusOr<tally::v1::Job> job = core_->Run(
+      [&](sched::Scheduler& s) { return s.Cancel(*id, req->reason(), ActorOf(*caller).name); });
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp = *job;
   return grpc::Status::OK;
@@ -330,29 +402,44 @@ grpc::Status JobsService::CancelJob(grpc::ServerContext*,
 ExperimentsService::ExperimentsService(Core* core, Options options)
     : core_(core),
       principal_(std::move(options.principal)),
+      gate_(GateOr(options.gate)),
       watch_limiter_({"WatchExperiment streams", options.max_watch_streams_per_principal,
                       "max_experiment_watch_streams_per_principal",
                       options.max_watch_streams, "max_experiment_watch_streams"}) {}
 
-grpc::Status ExperimentsService::CreateExperiment(grpc::ServerContext*,
+absl::Status ExperimentsService::CheckVisible(const auth::Principal& p, int64_t id) const {
+  if (p.role == auth::Role::kAdmin) return absl::OkStatus();
+  absl::StatusOr<store::ExperimentRecord> rec = core_->store()->GetExperiment(id);
+  if (!rec.ok()) return rec.status();
+  if (!CanSee(p, rec->experiment().tenant())) return NotFound(ExperimentName(id));
+  return absl::OkStatus();
+}
+
+grpc::Status ExperimentsService::CreateExperiment(grpc::ServerContext* context,
                                                   const tally::v1::CreateExperimentRequest* req,
                                                   tally::v1::Experiment* resp) {
+  ADMIT_USER(context, Access::kWrite, "CreateExperiment");
   if (!req->has_spec()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "spec: is required (an ExperimentSpec: base, variants, target)");
   }
   absl::StatusOr<tally::v1::Experiment> e = core_->RunExperiments(
-      [&](experiments::ExperimentManager& m) { return m.Create(req->spec(), req->request_id()); });
+      [&](experiments::ExperimentManager& m) {
+        return m.Create(req->spec(), req->request_id(),
+                        ActorOf(*caller));
+      });
   if (!e.ok()) return ToGrpcStatus(e.status());
   *resp = std::move(*e);
   return grpc::Status::OK;
 }
 
-grpc::Status ExperimentsService::GetExperiment(grpc::ServerContext*,
+grpc::Status ExperimentsService::GetExperiment(grpc::ServerContext* context,
                                                const tally::v1::GetExperimentRequest* req,
                                                tally::v1::Experiment* resp) {
+  ADMIT_USER(context, Access::kRead, "GetExperiment");
   absl::StatusOr<int64_t> id = ParseExperimentName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
+  if (absl::Status s = CheckVisible(*caller, *id); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<tally::v1::Experiment> e =
       core_->RunExperiments([&](experiments::ExperimentManager& m) { return m.Get(*id); });
   if (!e.ok()) return ToGrpcStatus(e.status());
@@ -360,15 +447,18 @@ grpc::Status ExperimentsService::GetExperiment(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ExperimentsService::ListExperiments(grpc::ServerContext*,
+grpc::Status ExperimentsService::ListExperiments(grpc::ServerContext* context,
                                                  const tally::v1::ListExperimentsRequest* req,
                                                  tally::v1::ListExperimentsResponse* resp) {
+  ADMIT_USER(context, Access::kRead, "ListExperiments");
   absl::StatusOr<Page> page = ParsePage(req->page_size(), req->page_token());
   if (!page.ok()) return ToGrpcStatus(page.status());
+  absl::StatusOr<std::optional<std::string>> tenant = ListTenant(*caller, req->tenant());
+  if (!tenant.ok()) return ToGrpcStatus(tenant.status());
   absl::StatusOr<std::vector<tally::v1::Experiment>> list =
       core_->RunExperiments([&](experiments::ExperimentManager& m) {
         // One more tells whether there is a next page.
-        return m.List(page->before_id, page->size + 1);
+        return m.List(page->before_id, page->size + 1, *tenant);
       });
   if (!list.ok()) return ToGrpcStatus(list.status());
   const bool more = static_cast<int>(list->size()) > page->size;
@@ -382,17 +472,21 @@ grpc::Status ExperimentsService::ListExperiments(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ExperimentsService::CancelExperiment(grpc::ServerContext*,
+grpc::Status ExperimentsService::CancelExperiment(grpc::ServerContext* context,
                                                   const tally::v1::CancelExperimentRequest* req,
                                                   tally::v1::Experiment* resp) {
+  ADMIT_USER(context, Access::kWrite, "CancelExperiment");
   absl::StatusOr<int64_t> id = ParseExperimentName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
+  if (absl::Status s = CheckVisible(*caller, *id); !s.ok()) return ToGrpcStatus(s);
   if (req->reason().size() > 1000) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "reason: must be at most 1000 characters");
   }
   absl::StatusOr<tally::v1::Experiment> e = core_->RunExperiments(
-      [&](experiments::ExperimentManager& m) { return m.Cancel(*id, req->reason()); });
+      [&](experiments::ExperimentManager& m) {
+        return m.Cancel(*id, req->reason(), ActorOf(*caller).name);
+      });
   if (!e.ok()) return ToGrpcStatus(e.status());
   *resp = std::move(*e);
   return grpc::Status::OK;
@@ -401,13 +495,16 @@ grpc::Status ExperimentsService::CancelExperiment(grpc::ServerContext*,
 grpc::Status ExperimentsService::WatchExperiment(
     grpc::ServerContext* context, const tally::v1::WatchExperimentRequest* req,
     grpc::ServerWriter<tally::v1::ExperimentEvent>* writer) {
+  ADMIT_USER(context, Access::kRead, "WatchExperiment");
   absl::StatusOr<int64_t> id = ParseExperimentName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
+  if (absl::Status s = CheckVisible(*caller, *id); !s.ok()) return ToGrpcStatus(s);
   if (req->after_sequence() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "after_sequence: must not be negative");
   }
-  absl::StatusOr<StreamLimiter::Lease> lease = watch_limiter_.Acquire(principal_(*context));
+  absl::StatusOr<StreamLimiter::Lease> lease = watch_limiter_.Acquire(
+      caller->method == "anonymous" ? principal_(*context) : gate_->StreamKey(*context, *caller));
   if (!lease.ok()) return ToGrpcStatus(lease.status());
   int64_t after = req->after_sequence();
   while (true) {
@@ -445,25 +542,33 @@ grpc::Status ExperimentsService::WatchExperiment(
 
 grpc::ServerWriteReactor<tally::v1::JobEvent>* JobsService::WatchJob(
     grpc::CallbackServerContext* context, const tally::v1::WatchJobRequest* req) {
+  absl::StatusOr<auth::Principal> caller = gate_->AdmitUser(*context, Access::kRead, "WatchJob");
+  if (!caller.ok()) return new FinishedWriteReactor(ToGrpcStatus(caller.status()));
   absl::StatusOr<int64_t> id = ParseJobName(req->name());
   if (!id.ok()) return new FinishedWriteReactor(ToGrpcStatus(id.status()));
+  if (caller->role != auth::Role::kAdmin) {
+    if (absl::StatusOr<store::JobRecord> rec = VisibleJob(*caller, *id); !rec.ok()) {
+      return new FinishedWriteReactor(ToGrpcStatus(rec.status()));
+    }
+  }
   if (req->after_sequence() < 0) {
     return new FinishedWriteReactor(grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT, "after_sequence: must not be negative"));
   }
-  absl::StatusOr<StreamLimiter::Lease> lease =
-      watch_limiter_.Acquire(principal_(*context));
+  absl::StatusOr<StreamLimiter::Lease> lease = watch_limiter_.Acquire(
+      caller->method == "anonymous" ? principal_(*context) : gate_->StreamKey(*context, *caller));
   if (!lease.ok()) return new FinishedWriteReactor(ToGrpcStatus(lease.status()));
   return WatchReactor::Begin(core_->watch_hub(), *id, req->after_sequence(),
                              std::move(*lease));
 }
 
 grpc::Status JobsService::ListCheckpoints(
-    grpc::ServerContext*, const tally::v1::ListCheckpointsRequest* req,
+    grpc::ServerContext* context, const tally::v1::ListCheckpointsRequest* req,
     tally::v1::ListCheckpointsResponse* resp) {
+  ADMIT_USER(context, Access::kRead, "ListCheckpoints");
   absl::StatusOr<int64_t> id = ParseJobName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
-  absl::StatusOr<store::JobRecord> rec = core_->store()->GetJob(*id);
+  absl::StatusOr<store::JobRecord> rec = VisibleJob(*caller, *id);
   if (!rec.ok()) return ToGrpcStatus(rec.status());
   auto checkpoints = core_->store()->ListCheckpoints(*id);
   if (!checkpoints.ok()) return ToGrpcStatus(checkpoints.status());
@@ -473,7 +578,18 @@ grpc::Status JobsService::ListCheckpoints(
 
 grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
 WorkersService::Connect(grpc::CallbackServerContext* context) {
-  return WorkerStream::Begin(core_, context);
+  absl::StatusOr<WorkerIdentity> identity = GateOr(gate_)->AdmitWorker(*context);
+  if (!identity.ok()) {
+    // Refused before anything is read: the stream ends with the reason.
+    class Refused final : public grpc::ServerBidiReactor<tally::v1::WorkerMessage,
+                                                          tally::v1::ControllerMessage> {
+     public:
+      explicit Refused(grpc::Status status) { Finish(std::move(status)); }
+      void OnDone() override { delete this; }
+    };
+    return new Refused(ToGrpcStatus(identity.status()));
+  }
+  return WorkerStream::Begin(core_, context, std::move(*identity));
 }
 
 namespace {

@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "server/api/core.h"
+#include "server/api/gate.h"
 #include "server/api/stream_limiter.h"
 #include "server/metrics/grpc_metrics.h"
 #include "server/metrics/registry.h"
@@ -31,8 +32,10 @@ class JobsService final
     // Open WatchJob streams per caller and in all; 0: no limit.
     int64_t max_watch_streams_per_principal = 1000;
     int64_t max_watch_streams = 20000;
-    // Who a call is from (the key of the per-caller limit).
+    // Who an unauthenticated call is from (the key of the per-caller limit).
     PrincipalFn principal = PeerPrincipal;
+    // Who may call (must outlive the service); null: everyone, as admin.
+    const Gate* gate = nullptr;
   };
   JobsService(Core* core, Options options);
   explicit JobsService(Core* core) : JobsService(core, Options()) {}
@@ -57,8 +60,13 @@ class JobsService final
   const StreamLimiter& watch_limiter() const { return watch_limiter_; }
 
  private:
+  // The job `id` as `p` may see it: NOT_FOUND (as for a job that does not
+  // exist) when it belongs to another tenant.
+  absl::StatusOr<store::JobRecord> VisibleJob(const auth::Principal& p, int64_t id) const;
+
   Core* const core_;
   const PrincipalFn principal_;
+  const Gate* const gate_;
   StreamLimiter watch_limiter_;
 };
 
@@ -71,6 +79,7 @@ class ExperimentsService final : public tally::v1::Experiments::Service {
     int64_t max_watch_streams_per_principal = 64;
     int64_t max_watch_streams = 512;
     PrincipalFn principal = PeerPrincipal;
+    const Gate* gate = nullptr;
   };
   ExperimentsService(Core* core, Options options);
   explicit ExperimentsService(Core* core) : ExperimentsService(core, Options()) {}
@@ -91,23 +100,30 @@ class ExperimentsService final : public tally::v1::Experiments::Service {
                                grpc::ServerWriter<tally::v1::ExperimentEvent>*) override;
 
  private:
+  // NOT_FOUND for another tenant's experiment, as for a missing one.
+  absl::Status CheckVisible(const auth::Principal& p, int64_t id) const;
+
   Core* const core_;
   const PrincipalFn principal_;
+  const Gate* const gate_;
   StreamLimiter watch_limiter_;
 };
 
 // Workers.Connect on gRPC's callback API: a stream is a reactor, not a
 // thread. The protocol: the first message is a Hello (INVALID_ARGUMENT
 // otherwise, or whatever Scheduler::OnHello rejects it with); the stream
-// becomes the worker's only once the Hello is accepted.
+// becomes the worker's only once the Hello is accepted. The stream's
+// credential (Gate::AdmitWorker) must name the Hello's worker_id.
 class WorkersService final : public tally::v1::Workers::CallbackService {
  public:
-  explicit WorkersService(Core* core) : core_(core) {}
+  // `gate` (may be null: anyone may connect) must outlive the service.
+  explicit WorkersService(Core* core, const Gate* gate = nullptr) : core_(core), gate_(gate) {}
   grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
   Connect(grpc::CallbackServerContext* context) override;
 
  private:
   Core* const core_;
+  const Gate* const gate_;
 };
 
 // gRPC server metrics in the grpc-prometheus convention

@@ -99,10 +99,9 @@ std::vector<std::optional<Job>> ExperimentManager::JobsOf(const store::Experimen
 }
 
 absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec spec,
-                                                     const std::string& request_id) {
-  if (request_id.size() > 128) {
-    return absl::InvalidArgumentError("request_id: must be at most 128 characters");
-  }
+                                                     const std::string& request_id,
+                                                     const sched::Actor& by) {
+  RETURN_IF_ERROR(ValidateRequestId(request_id));
   ApplyExperimentDefaults(&spec);
   RETURN_IF_ERROR(ValidateExperimentSpec(spec));
   store::ExperimentRecord rec;
@@ -133,6 +132,8 @@ absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec s
   const absl::Time now = clock_->Now();
   *e.mutable_create_time() = ToProto(now);
   e.set_request_id(request_id);
+  e.set_tenant(by.tenant);
+  e.set_created_by(by.name);
   e.set_reference_variant(spec.variants(ReferenceIndex(spec)).name());
   if (spec.target().val_loss() > 0) e.set_target_val_loss(spec.target().val_loss());
   tally::v1::ExperimentEvent first;
@@ -145,6 +146,7 @@ absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec s
                        ? absl::StrCat("target: the final validation loss of ",
                                       spec.target().from_variant())
                        : absl::StrCat("target: val_loss ", spec.target().val_loss()));
+  first.set_principal(by.name);
   ASSIGN_OR_RETURN(store::ExperimentCreateResult created,
                    store_->CreateExperiment(std::move(rec), std::move(first)));
   const int64_t id = created.experiment.id();
@@ -167,9 +169,10 @@ absl::StatusOr<Experiment> ExperimentManager::Get(int64_t id) {
   return View(rec);
 }
 
-absl::StatusOr<std::vector<Experiment>> ExperimentManager::List(int64_t before_id, int limit) {
+absl::StatusOr<std::vector<Experiment>> ExperimentManager::List(
+    int64_t before_id, int limit, const std::optional<std::string>& tenant) {
   ASSIGN_OR_RETURN(std::vector<store::ExperimentRecord> recs,
-                   store_->ListExperiments(before_id, limit));
+                   store_->ListExperiments(before_id, limit, tenant));
   std::vector<Experiment> out;
   out.reserve(recs.size());
   for (const auto& rec : recs) {
@@ -185,7 +188,8 @@ Experiment ExperimentManager::View(const store::ExperimentRecord& rec) {
   return e;
 }
 
-absl::StatusOr<Experiment> ExperimentManager::Cancel(int64_t id, const std::string& reason) {
+absl::StatusOr<Experiment> ExperimentManager::Cancel(int64_t id, const std::string& reason,
+                                                     const std::string& by) {
   auto it = active_.find(id);
   if (it == active_.end()) {
     ASSIGN_OR_RETURN(store::ExperimentRecord rec, store_->GetExperiment(id));
@@ -200,6 +204,10 @@ absl::StatusOr<Experiment> ExperimentManager::Cancel(int64_t id, const std::stri
         it->second.experiment().name(), " has already ended; its variants are stopping"));
   }
   Plan plan = DecideCancel(it->second, JobsOf(it->second), reason, clock_->Now());
+  if (!by.empty()) {
+    plan.rec.mutable_experiment()->set_cancelled_by(by);
+    for (tally::v1::ExperimentEvent& e : plan.events) e.set_principal(by);
+  }
   RETURN_IF_ERROR(CommitPlan(plan));
   RETURN_IF_ERROR(Act(id, plan));
   return View(plan.rec);
@@ -227,7 +235,10 @@ absl::Status ExperimentManager::Act(int64_t id, const Plan& plan) {
     const std::string& job_name = plan.rec.experiment().variants(a.variant).job();
     switch (a.kind) {
       case Action::kSubmit: {
-        absl::StatusOr<Job> job = scheduler_->Submit(a.spec, a.request_id);
+        // The variant's job belongs to the experiment's tenant and creator.
+        const Experiment& owner = plan.rec.experiment();
+        absl::StatusOr<Job> job = scheduler_->Submit(
+            a.spec, a.request_id, sched::Actor{owner.created_by(), owner.tenant()});
         auto it = active_.find(id);
         if (it == active_.end()) break;  // ended meanwhile
         Plan next = job.ok() ? DecideSubmitted(it->second, a.variant, *job, clock_->Now())
@@ -253,7 +264,8 @@ absl::Status ExperimentManager::Act(int64_t id, const Plan& plan) {
         } else if (a.kind == Action::kStop) {
           note(scheduler_->StopJob(*job_id, a.state, a.rule, a.reason).status());
         } else {
-          note(scheduler_->Cancel(*job_id, a.reason).status());
+          note(scheduler_->Cancel(*job_id, a.reason, plan.rec.experiment().cancelled_by())
+                   .status());
         }
         break;
       }

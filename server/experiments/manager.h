@@ -39,14 +39,19 @@ class ExperimentManager {
   // Validates (INVALID_ARGUMENT naming the variant and field), stores the
   // experiment and submits its variants. A repeated request_id returns the
   // experiment the first call made (ALREADY_EXISTS with a different spec).
+  // The experiment and its variants' jobs belong to `by`'s tenant.
   absl::StatusOr<tally::v1::Experiment> Create(tally::v1::ExperimentSpec spec,
-                                               const std::string& request_id);
+                                               const std::string& request_id,
+                                               const sched::Actor& by = {});
   // As of now: a running experiment's variants with their jobs' live figures.
   absl::StatusOr<tally::v1::Experiment> Get(int64_t id);
-  // Newest first, ids below before_id (0: from the newest).
-  absl::StatusOr<std::vector<tally::v1::Experiment>> List(int64_t before_id, int limit);
-  // FAILED_PRECONDITION when it has ended.
-  absl::StatusOr<tally::v1::Experiment> Cancel(int64_t id, const std::string& reason);
+  // Newest first, ids below before_id (0: from the newest); with `tenant`,
+  // only that tenant's.
+  absl::StatusOr<std::vector<tally::v1::Experiment>> List(
+      int64_t before_id, int limit, const std::optional<std::string>& tenant = std::nullopt);
+  // FAILED_PRECONDITION when it has ended. `by` is recorded as cancelled_by.
+  absl::StatusOr<tally::v1::Experiment> Cancel(int64_t id, const std::string& reason,
+                                               const std::string& by = "");
 
   // One pass over every running experiment (each commits on its own; the
   // first error is returned). Also refreshes the experiment metrics.

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_replace.h"
 #include "server/metrics/text_serializer.h"
 #include "server/sched/scheduler.h"
 #include "server/sched/scheduler_test_util.h"
@@ -219,7 +220,7 @@ TEST_F(CommitFailureTest, CheckpointRecord) {
       m.mutable_checkpoint()->set_job(job);
       m.mutable_checkpoint()->set_attempt(attempt);
       m.mutable_checkpoint()->set_step(10);
-      m.mutable_checkpoint()->set_path("/ckpt/10");
+      m.mutable_checkpoint()->set_path("/ckpt/" + absl::StrReplaceAll(job, {{"s/", "-"}}) + "/10");
     });
   });
 }
@@ -231,7 +232,7 @@ TEST_F(CommitFailureTest, CheckpointPricingDoesNotSwallowAStoreError) {
     m.mutable_checkpoint()->set_job(job);
     m.mutable_checkpoint()->set_attempt(attempt);
     m.mutable_checkpoint()->set_step(10);
-    m.mutable_checkpoint()->set_path("/ckpt/10");
+    m.mutable_checkpoint()->set_path("/ckpt/" + absl::StrReplaceAll(job, {{"s/", "-"}}) + "/10");
   });
   store_.FailReads(false);
   EXPECT_FALSE(s.ok()) << "priced as if it were the first checkpoint";

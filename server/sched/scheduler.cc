@@ -8,10 +8,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "common/names.h"
 #include "common/proto_time.h"
 #include "common/spec_validation.h"
 #include "common/status_macros.h"
+#include "common/text.h"
 #include "server/policy/forecast.h"
 #include "server/policy/placement.h"
 #include "server/policy/target.h"
@@ -831,10 +835,9 @@ absl::Status Scheduler::Recover() {
 }
 
 absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
-                                                 const std::string& request_id) {
-  if (request_id.size() > 128) {
-    return absl::InvalidArgumentError("request_id: must be at most 128 characters");
-  }
+                                                 const std::string& request_id,
+                                                 const Actor& by) {
+  RETURN_IF_ERROR(ValidateRequestId(request_id));
   RETURN_IF_ERROR(PrepareJobSpec(&spec));
   const absl::Time now = clock_->Now();
   store::JobRecord rec;
@@ -844,6 +847,8 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
   job.set_state_reason("waiting for a worker");
   *job.mutable_create_time() = ToProto(now);
   job.set_request_id(request_id);
+  job.set_tenant(by.tenant);
+  job.set_submitted_by(by.name);
   *job.mutable_cost()->mutable_estimate() = ledger_.Estimate(spec);
   job.mutable_cost()->set_usd_per_gpu_hour(ledger_.prices().Price(spec.resources().gpu_type()));
   tally::v1::JobEvent first;
@@ -852,6 +857,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
   *first.mutable_time() = ToProto(now);
   first.set_detail(absl::StrCat("needs ", spec.resources().gpu_count(), " x ",
                                 spec.resources().gpu_type(), ", priority ", spec.priority()));
+  first.set_principal(by.name);
   store::Mutation committed;
   committed.events.push_back(first);
   ASSIGN_OR_RETURN(store::CreateResult created,
@@ -876,12 +882,15 @@ absl::Status Scheduler::EndedError(int64_t job_id, absl::string_view what) const
                    "); only QUEUED or RUNNING jobs can ", what));
 }
 
-absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id, const std::string& reason) {
+absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id, const std::string& reason,
+                                                 const std::string& by) {
   auto it = active_.find(job_id);
   if (it == active_.end()) return EndedError(job_id, "be cancelled");
-  const std::string why =
-      reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
+  std::string why = reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
+  if (!by.empty()) absl::StrAppend(&why, " (by ", by, ")");
   Plan p = PlanStopNow(it->second, tally::v1::JOB_STATE_CANCELLED, "cancelled", why, "");
+  p.rec.mutable_job()->set_cancelled_by(by);
+  for (tally::v1::JobEvent& e : p.events) e.set_principal(by);
   tally::v1::Job ended = p.rec.job();
   RETURN_IF_ERROR(Execute(job_id, std::move(p)));
   return ended;
@@ -982,7 +991,7 @@ std::string Scheduler::PickRendezvous(const std::string& leader) const {
   return absl::StrCat(rec.rendezvous_host(), ":", rec.rendezvous_port());
 }
 
-absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
+absl::Status Scheduler::ValidateHello(const tally::v1::Hello& hello) {
   if (hello.worker_id().empty() || hello.worker_id().size() > 128) {
     return absl::InvalidArgumentError("hello.worker_id: must be 1-128 characters");
   }
@@ -998,6 +1007,17 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   if (hello.gpu_type().empty()) {
     return absl::InvalidArgumentError("hello.gpu_type: is required (e.g. \"cpu\")");
   }
+  return absl::OkStatus();
+}
+
+bool Scheduler::WorkerLive(const std::string& worker_id) const {
+  auto it = workers_.find(worker_id);
+  return it != workers_.end() && it->second.connected &&
+         clock_->Now() - it->second.last_seen < options_.heartbeat_timeout;
+}
+
+absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
+  RETURN_IF_ERROR(ValidateHello(hello));
   const absl::Time now = clock_->Now();
   store::WorkerRecord rec;
   if (auto it = workers_.find(hello.worker_id()); it != workers_.end()) rec = it->second.rec;
@@ -1192,6 +1212,29 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   return Execute(id, std::move(plan));
 }
 
+absl::Status CheckCheckpointPath(const std::string& job, const std::string& path) {
+  // The folder workers write a job's checkpoints in, under their checkpoint
+  // root: "jobs/7" -> "job-7" (worker/agent/path_confinement.h).
+  const std::string folder = absl::StrReplaceAll(job, {{"s/", "-"}});
+  const auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint.path ", QuoteForMessage(path, 200), " ", why,
+        "; a worker writes a job's checkpoints as CHECKPOINT_ROOT/", folder, "/FILE"));
+  };
+  if (path.empty() || path.size() > 4096) return refuse("must be 1-4096 bytes");
+  if (UnprintableReason(path)) return refuse("is not printable text");
+  std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if ((parts[i].empty() && i > 0) || parts[i] == "." || parts[i] == "..") {
+      return refuse("must not contain empty, \".\" or \"..\" components");
+    }
+  }
+  if (parts.size() < 2 || parts[parts.size() - 2] != folder) {
+    return refuse(absl::StrCat("is not in the job's checkpoint folder \"", folder, "\""));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
   auto counts = [](const char* what, int64_t step, int64_t tokens) -> absl::Status {
     if (step < 0) {
@@ -1242,6 +1285,17 @@ absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
         return absl::InvalidArgumentError(absl::StrCat("progress.fp8_amax: at most ",
                                                        kMaxAmaxGroups, " groups, got ",
                                                        p.fp8_amax_size()));
+      }
+      // Each group becomes a series: only the trainer's own tensor groups.
+      for (const auto& [group, amax] : p.fp8_amax()) {
+        static const auto* const kGroups = new absl::flat_hash_set<std::string>{
+            "attention.input", "attention.weight", "attention.grad",
+            "ffn.input",       "ffn.weight",       "ffn.grad"};
+        if (!kGroups->contains(group)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "progress.fp8_amax: unknown tensor group ", QuoteForMessage(group),
+              " (known: {attention,ffn}.{input,weight,grad})"));
+        }
       }
       return counts("progress", p.step(), p.tokens());
     }
@@ -1301,6 +1355,17 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     case tally::v1::WorkerMessage::kCheckpoint: {
       ActiveJob* job = current(msg.checkpoint().job(), msg.checkpoint().attempt(), "checkpoint");
       if (job == nullptr) break;
+      if (absl::Status where = CheckCheckpointPath(job->rec.job().name(),
+                                                   msg.checkpoint().path());
+          !where.ok()) {
+        // Never recorded, so never resumed from: the attempt fails saying why.
+        refused_reports_->Add({{"kind", "checkpoint_path"}}).Increment();
+        absl::StatusOr<Plan> p = PlanEndAttempt(
+            *job, store::ATTEMPT_STATE_FAILED,
+            absl::StrCat("checkpoint record refused: ", where.message()), /*may_retry=*/true);
+        s = p.ok() ? Execute(job->rec.id(), *std::move(p)) : p.status();
+        break;
+      }
       absl::StatusOr<Plan> p = PlanCheckpoint(*job, msg.checkpoint());
       s = p.ok() ? Execute(job->rec.id(), *std::move(p)) : p.status();
       break;

@@ -81,6 +81,19 @@ struct SchedulerOptions {
   metrics::JobMetricsOptions job_metrics;
 };
 
+// OK when a reported checkpoint path lies in `job`'s own checkpoint folder
+// ("jobs/7": .../job-7/FILE) with no ".", ".." or empty components, else
+// INVALID_ARGUMENT saying why. Workers resolve symlinks when they resume
+// (worker/agent/path_confinement.h); this is tallyd's check of the text.
+absl::Status CheckCheckpointPath(const std::string& job, const std::string& path);
+
+// Who asks for a change: a principal's name and tenant (empty when tallyd
+// runs without authentication, or for tallyd's own decisions).
+struct Actor {
+  std::string name;
+  std::string tenant;
+};
+
 struct WorkerView {
   store::WorkerRecord record;
   bool connected = false;
@@ -100,11 +113,15 @@ class Scheduler {
   absl::Status Recover();
 
   // Jobs API. Submit applies defaults and validates (INVALID_ARGUMENT naming
-  // the field); a repeated request_id returns the first job.
+  // the field); a repeated request_id (of the same tenant) returns the first
+  // job. The job belongs to `by`'s tenant and names `by` as its submitter.
   absl::StatusOr<tally::v1::Job> Submit(tally::v1::JobSpec spec,
-                                        const std::string& request_id);
-  // FAILED_PRECONDITION when the job has already ended.
-  absl::StatusOr<tally::v1::Job> Cancel(int64_t job_id, const std::string& reason);
+                                        const std::string& request_id,
+                                        const Actor& by = {});
+  // FAILED_PRECONDITION when the job has already ended. `by` is recorded as
+  // the job's cancelled_by and on the events.
+  absl::StatusOr<tally::v1::Job> Cancel(int64_t job_id, const std::string& reason,
+                                        const std::string& by = "");
   // Sets the target validation loss in force on a queued or running job
   // (experiments: a variant judged against another's final loss). From then
   // on the job stops at the target like one whose spec names it; if its
@@ -126,6 +143,10 @@ class Scheduler {
   // generation; OnDisconnect with an older generation is ignored, so a stale
   // stream cannot take down a newer one.
   absl::StatusOr<int64_t> OnHello(const tally::v1::Hello& hello);
+  // INVALID_ARGUMENT naming the field of a Hello OnHello would refuse.
+  static absl::Status ValidateHello(const tally::v1::Hello& hello);
+  // The worker is connected and was heard from within heartbeat_timeout.
+  bool WorkerLive(const std::string& worker_id) const;
   absl::Status OnMessage(const std::string& worker_id,
                          const tally::v1::WorkerMessage& message);
   void OnDisconnect(const std::string& worker_id, int64_t generation);

@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_replace.h"
 #include "server/store/memory_job_store.h"
 
 namespace tally::sched {
@@ -214,7 +215,7 @@ TEST_F(SchedulerTest, CheckpointRecordsTheValLossOfItsStep) {
     m.mutable_checkpoint()->set_job(name);
     m.mutable_checkpoint()->set_attempt(1);
     m.mutable_checkpoint()->set_step(step);
-    m.mutable_checkpoint()->set_path("/ckpt/" + std::to_string(step));
+    m.mutable_checkpoint()->set_path("/ckpt/" + absl::StrReplaceAll(name, {{"s/", "-"}}) + "/" + std::to_string(step));
     ASSERT_TRUE(sched_->OnMessage("w1", m).ok());
   };
   eval(10, 3.5);
@@ -237,7 +238,7 @@ TEST_F(SchedulerTest, HeartbeatLossRequeuesThenFailsAfterMaxAttempts) {
   ck.mutable_checkpoint()->set_job("jobs/" + std::to_string(id));
   ck.mutable_checkpoint()->set_attempt(1);
   ck.mutable_checkpoint()->set_step(5);
-  ck.mutable_checkpoint()->set_path("/ckpt/5");
+  ck.mutable_checkpoint()->set_path("/ckpt/job-" + std::to_string(id) + "/5");
   ASSERT_TRUE(sched_->OnMessage("w1", ck).ok());
 
   // Heartbeats within the timeout keep it.
@@ -263,7 +264,7 @@ TEST_F(SchedulerTest, HeartbeatLossRequeuesThenFailsAfterMaxAttempts) {
   ASSERT_EQ(assigned.size(), 1u);
   EXPECT_EQ(assigned[0].assignment().attempt(), 2);
   EXPECT_EQ(assigned[0].assignment().resume_from().step(), 5);
-  EXPECT_EQ(assigned[0].assignment().resume_from().path(), "/ckpt/5");
+  EXPECT_EQ(assigned[0].assignment().resume_from().path(), "/ckpt/job-" + std::to_string(id) + "/5");
 
   clock_.Advance(absl::Seconds(11));
   ASSERT_TRUE(sched_->Tick().ok());
@@ -781,6 +782,26 @@ TEST_F(SchedulerTest, RoutingCollapseWithTopTwoOfFourExpertsWarns) {
   EXPECT_EQ(v["tally_job_moe_collapsed_evals,tally_job=" + job], 3);
   EXPECT_EQ(v["tally_job_moe_collapsed,layer=0,tally_job=" + job], 1);
   EXPECT_EQ(v["tally_job_moe_idle_experts,layer=0,tally_job=" + job], 1);
+}
+
+}  // namespace
+}  // namespace tally::sched
+
+namespace tally::sched {
+namespace {
+
+TEST(CheckCheckpointPathTest, OnlyTheJobsOwnFolderWithoutDotComponents) {
+  EXPECT_TRUE(CheckCheckpointPath("jobs/7", "/ckpt/job-7/step-00000010.ckpt").ok());
+  EXPECT_TRUE(CheckCheckpointPath("jobs/7", "tally-checkpoints/job-7/step-1.ckpt").ok());
+  for (const char* bad : {"/etc/passwd", "/ckpt/job-8/step-1.ckpt", "/ckpt/job-7/../job-8/x",
+                          "/ckpt/job-7/./x", "/ckpt/job-7//x", "/ckpt/job-7/", "job-7",
+                          "/ckpt/job-7/x\n", ""}) {
+    absl::Status s = CheckCheckpointPath("jobs/7", bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad;
+    EXPECT_THAT(s.message(), testing::HasSubstr("checkpoint.path")) << bad;
+  }
+  EXPECT_THAT(CheckCheckpointPath("jobs/7", "/etc/passwd").message(),
+              testing::HasSubstr("job-7"));
 }
 
 }  // namespace

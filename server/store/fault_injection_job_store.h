@@ -110,10 +110,10 @@ class FaultInjectionJobStore final : public JobStore {
     RETURN_IF_FAILING_READ();
     return base_->GetExperiment(id);
   }
-  absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(int64_t before,
-                                                                int limit) override {
+  absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(
+      int64_t before, int limit, const std::optional<std::string>& tenant) override {
     RETURN_IF_FAILING_READ();
-    return base_->ListExperiments(before, limit);
+    return base_->ListExperiments(before, limit, tenant);
   }
   absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() override {
     RETURN_IF_FAILING_READ();

@@ -1,6 +1,15 @@
 #include "server/store/job_store.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace tally::store {
+
+std::string RequestKey(const std::string& tenant, const std::string& request_id) {
+  // Request ids carry no control characters (Submit refuses them), so the
+  // separator cannot be forged.
+  if (request_id.empty() || tenant.empty()) return request_id;
+  return absl::StrCat(tenant, "\x1f", request_id);
+}
 
 bool IsTerminal(tally::v1::JobState state) {
   switch (state) {
@@ -31,7 +40,8 @@ absl::Status JobStore::CommitExperiment(const ExperimentMutation&) {
 absl::StatusOr<ExperimentRecord> JobStore::GetExperiment(int64_t) {
   return NoExperiments();
 }
-absl::StatusOr<std::vector<ExperimentRecord>> JobStore::ListExperiments(int64_t, int) {
+absl::StatusOr<std::vector<ExperimentRecord>> JobStore::ListExperiments(int64_t, int,
+                                                                       const std::optional<std::string>&) {
   return NoExperiments();
 }
 absl::StatusOr<std::vector<ExperimentRecord>> JobStore::ListActiveExperiments() {

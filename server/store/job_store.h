@@ -43,6 +43,7 @@ struct ExperimentMutation {
 
 struct JobQuery {
   std::vector<tally::v1::JobState> states;  // empty: all states
+  std::optional<std::string> tenant;        // only this tenant's; unset: every tenant's
   int64_t before_id = 0;                    // 0: from the newest
   int limit = 50;
 };
@@ -52,8 +53,9 @@ class JobStore {
   virtual ~JobStore() = default;
 
   // Assigns the job an id and name, stores it with its first event (whose
-  // sequence is set to 1). With a non-empty request_id already used, returns
-  // that job and created=false if the specs are equal, else ALREADY_EXISTS.
+  // sequence is set to 1). With a non-empty request_id already used by the
+  // same tenant (request ids are per tenant), returns that job and
+  // created=false if the specs are equal, else ALREADY_EXISTS.
   virtual absl::StatusOr<CreateResult> CreateJob(
       JobRecord job, tally::v1::JobEvent first_event) = 0;
 
@@ -91,9 +93,10 @@ class JobStore {
       ExperimentRecord experiment, tally::v1::ExperimentEvent first_event);
   virtual absl::Status CommitExperiment(const ExperimentMutation& mutation);
   virtual absl::StatusOr<ExperimentRecord> GetExperiment(int64_t id);
-  // Newest first, ids below before_id (0: from the newest), at most limit.
+  // Newest first, ids below before_id (0: from the newest), at most limit;
+  // with `tenant`, only that tenant's.
   virtual absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(
-      int64_t before_id, int limit);
+      int64_t before_id, int limit, const std::optional<std::string>& tenant);
   // Every experiment still RUNNING, oldest first.
   virtual absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments();
   virtual absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
@@ -101,6 +104,10 @@ class JobStore {
 };
 
 bool IsTerminal(tally::v1::JobState state);
+
+// The key a request_id is unique under: request ids are per tenant, so one
+// tenant's id neither finds nor blocks another's. Empty for no request_id.
+std::string RequestKey(const std::string& tenant, const std::string& request_id);
 
 }  // namespace tally::store
 

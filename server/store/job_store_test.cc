@@ -1,4 +1,5 @@
 #include <sqlite3.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -15,12 +16,17 @@ namespace {
 
 using tally::v1::JobState;
 
+// A fresh directory per process (mkdtemp): a directory named by the pid alone
+// could hold databases left by an earlier process with the same pid.
 std::string TempDbPath() {
   static int n = 0;
-  auto dir = std::filesystem::temp_directory_path() /
-             ("tally_store_test_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / ("db" + std::to_string(n++) + ".sqlite")).string();
+  static const std::string dir = [] {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "tally_store_test_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) std::abort();
+    return pattern;
+  }();
+  return (std::filesystem::path(dir) / ("db" + std::to_string(n++) + ".sqlite")).string();
 }
 
 JobRecord NewJob(const std::string& request_id = "", int layers = 2) {
@@ -208,10 +214,10 @@ TEST_P(JobStoreTest, ExperimentsRoundTripWithEventsAndIdempotentCreate) {
   auto active = store_->ListActiveExperiments();
   ASSERT_EQ(active->size(), 1u);
   EXPECT_EQ((*active)[0].id(), 2);
-  auto list = store_->ListExperiments(0, 10);
+  auto list = store_->ListExperiments(0, 10, std::nullopt);
   ASSERT_EQ(list->size(), 2u);
   EXPECT_EQ((*list)[0].id(), 2);  // newest first
-  EXPECT_EQ(store_->ListExperiments(2, 10)->size(), 1u);
+  EXPECT_EQ(store_->ListExperiments(2, 10, std::nullopt)->size(), 1u);
   EXPECT_EQ(store_->GetExperiment(9).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store_->ListExperimentEvents(9, 0, 10).status().code(), absl::StatusCode::kNotFound);
 }
@@ -259,24 +265,74 @@ TEST(SqliteJobStoreTest, SurvivesReopen) {
 
 TEST(SqliteJobStoreTest, MigratesAnOlderSchemaKeepingData) {
   const std::string path = TempDbPath();
-  int64_t id;
   {
     auto v1 = SqliteJobStore::OpenAtVersion(path, 1);
     ASSERT_TRUE(v1.ok()) << v1.status();
     EXPECT_EQ(*(*v1)->SchemaVersion(), 1);
-    auto a = (*v1)->CreateJob(NewJob(), Submitted());
-    ASSERT_TRUE(a.ok());
-    id = a->job.id();
-    // Checkpoints arrive in version 2.
-    EXPECT_FALSE((*v1)->ListCheckpoints(id).ok());
+  }
+  // A job as a version-1 tallyd wrote it (no tenant column yet).
+  JobRecord old = NewJob("req-1");
+  old.set_id(1);
+  old.mutable_job()->set_name("jobs/1");
+  old.mutable_job()->set_last_event_sequence(0);
+  {
+    sqlite3* db;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    sqlite3_stmt* stmt;
+    ASSERT_EQ(sqlite3_prepare_v2(db,
+                                 "INSERT INTO jobs (id, request_id, state, create_time_us, "
+                                 "record) VALUES (1, 'req-1', 1, 0, ?)",
+                                 -1, &stmt, nullptr),
+              SQLITE_OK);
+    const std::string blob = old.SerializeAsString();
+    sqlite3_bind_blob(stmt, 1, blob.data(), blob.size(), SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(stmt), SQLITE_DONE);
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
   }
   auto store = SqliteJobStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(*(*store)->SchemaVersion(), SqliteJobStore::kSchemaVersion);
-  EXPECT_TRUE((*store)->GetJob(id).ok());
-  EXPECT_TRUE((*store)->ListCheckpoints(id).ok());
-  // Experiments arrive in version 3.
+  EXPECT_TRUE((*store)->GetJob(1).ok());
+  // Checkpoints arrive in version 2, experiments in 3.
+  EXPECT_TRUE((*store)->ListCheckpoints(1).ok());
   EXPECT_TRUE((*store)->ListActiveExperiments().ok());
+  // Tenants arrive in 4: the old job is the empty tenant's, its request id
+  // still finds it.
+  JobQuery q;
+  q.tenant = "";
+  EXPECT_EQ((*store)->ListJobs(q)->size(), 1u);
+  q.tenant = "research";
+  EXPECT_TRUE((*store)->ListJobs(q)->empty());
+  auto again = (*store)->CreateJob(NewJob("req-1"), Submitted());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->job.id(), 1);
+}
+
+TEST_P(JobStoreTest, RequestIdsAndListsArePerTenant) {
+  JobRecord a = NewJob("same");
+  a.mutable_job()->set_tenant("research");
+  JobRecord b = NewJob("same");
+  b.mutable_job()->set_tenant("dev");
+  auto ca = store_->CreateJob(a, Submitted());
+  auto cb = store_->CreateJob(b, Submitted());
+  ASSERT_TRUE(ca.ok() && cb.ok());
+  EXPECT_TRUE(ca->created);
+  EXPECT_TRUE(cb->created);
+  EXPECT_NE(ca->job.id(), cb->job.id());
+  // The same tenant's repeat finds its own job.
+  auto again = store_->CreateJob(a, Submitted());
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->job.id(), ca->job.id());
+  JobQuery q;
+  q.tenant = "dev";
+  auto listed = store_->ListJobs(q);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].id(), cb->job.id());
+  EXPECT_EQ(store_->ListJobs(JobQuery())->size(), 2u);
 }
 
 TEST(SqliteJobStoreTest, RefusesANewerSchema) {

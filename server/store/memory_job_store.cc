@@ -14,8 +14,9 @@ absl::StatusOr<CreateResult> InMemoryJobStore::CreateJob(
     JobRecord job, tally::v1::JobEvent first_event) {
   absl::MutexLock lock(&mu_);
   const std::string& request_id = job.job().request_id();
+  const std::string key = RequestKey(job.job().tenant(), request_id);
   if (!request_id.empty()) {
-    auto it = by_request_id_.find(request_id);
+    auto it = by_request_id_.find(key);
     if (it != by_request_id_.end()) {
       const JobRecord& existing = jobs_.at(it->second).job;
       if (!MessageDifferencer::Equals(existing.job().spec(), job.job().spec())) {
@@ -35,7 +36,7 @@ absl::StatusOr<CreateResult> InMemoryJobStore::CreateJob(
   Entry& entry = jobs_[id];
   entry.job = job;
   entry.events.push_back(first_event);
-  if (!request_id.empty()) by_request_id_[request_id] = id;
+  if (!request_id.empty()) by_request_id_[key] = id;
   return CreateResult{job, true};
 }
 
@@ -84,6 +85,7 @@ absl::StatusOr<std::vector<JobRecord>> InMemoryJobStore::ListJobs(
     if (static_cast<int>(out.size()) >= q.limit) break;
     if (q.before_id > 0 && it->first >= q.before_id) continue;
     const auto state = it->second.job.job().state();
+    if (q.tenant && it->second.job.job().tenant() != *q.tenant) continue;
     if (!q.states.empty() &&
         std::find(q.states.begin(), q.states.end(), state) == q.states.end()) {
       continue;
@@ -162,8 +164,9 @@ absl::StatusOr<ExperimentCreateResult> InMemoryJobStore::CreateExperiment(
     ExperimentRecord rec, tally::v1::ExperimentEvent first_event) {
   absl::MutexLock lock(&mu_);
   const std::string& request_id = rec.experiment().request_id();
+  const std::string key = RequestKey(rec.experiment().tenant(), request_id);
   if (!request_id.empty()) {
-    auto it = experiment_by_request_id_.find(request_id);
+    auto it = experiment_by_request_id_.find(key);
     if (it != experiment_by_request_id_.end()) {
       const ExperimentRecord& existing = experiments_.at(it->second).record;
       if (!MessageDifferencer::Equals(existing.experiment().spec(), rec.experiment().spec())) {
@@ -183,7 +186,7 @@ absl::StatusOr<ExperimentCreateResult> InMemoryJobStore::CreateExperiment(
   ExperimentEntry& entry = experiments_[id];
   entry.record = rec;
   entry.events.push_back(first_event);
-  if (!request_id.empty()) experiment_by_request_id_[request_id] = id;
+  if (!request_id.empty()) experiment_by_request_id_[key] = id;
   return ExperimentCreateResult{rec, true};
 }
 
@@ -216,12 +219,13 @@ absl::StatusOr<ExperimentRecord> InMemoryJobStore::GetExperiment(int64_t id) {
 }
 
 absl::StatusOr<std::vector<ExperimentRecord>> InMemoryJobStore::ListExperiments(
-    int64_t before_id, int limit) {
+    int64_t before_id, int limit, const std::optional<std::string>& tenant) {
   absl::MutexLock lock(&mu_);
   std::vector<ExperimentRecord> out;
   for (auto it = experiments_.rbegin(); it != experiments_.rend(); ++it) {
     if (static_cast<int>(out.size()) >= limit) break;
     if (before_id > 0 && it->first >= before_id) continue;
+    if (tenant && it->second.record.experiment().tenant() != *tenant) continue;
     out.push_back(it->second.record);
   }
   return out;

@@ -65,6 +65,14 @@ const char* const kMigrations[] = {
       event BLOB NOT NULL,
       PRIMARY KEY (experiment_id, seq)) WITHOUT ROWID;
     )sql",
+    // 3 -> 4: tenants. request_id becomes the per-tenant key (RequestKey),
+    // which is the request id itself for rows made before tenants.
+    R"sql(
+    ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    CREATE INDEX jobs_by_tenant ON jobs(tenant, id);
+    ALTER TABLE experiments ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
+    CREATE INDEX experiments_by_tenant ON experiments(tenant, id);
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) ==
               SqliteJobStore::kSchemaVersion);
@@ -263,9 +271,10 @@ absl::StatusOr<CreateResult> SqliteJobStore::CreateJob(
   Transaction tx(db_);
   RETURN_IF_ERROR(tx.status());
   const std::string& request_id = job.job().request_id();
+  const std::string key = RequestKey(job.job().tenant(), request_id);
   if (!request_id.empty()) {
     Stmt s(db_, "SELECT record FROM jobs WHERE request_id = ?");
-    s.Bind(1, request_id);
+    s.Bind(1, key);
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (row) {
       ASSIGN_OR_RETURN(JobRecord existing, ParseRow<JobRecord>(s, 0, "jobs"));
@@ -279,14 +288,14 @@ absl::StatusOr<CreateResult> SqliteJobStore::CreateJob(
   }
   {
     Stmt s(db_,
-           "INSERT INTO jobs (request_id, state, create_time_us, record) "
-           "VALUES (?, ?, ?, x'')");
+           "INSERT INTO jobs (request_id, state, create_time_us, record, tenant) "
+           "VALUES (?, ?, ?, x'', ?)");
     if (request_id.empty()) {
       s.BindNull(1);
     } else {
-      s.Bind(1, request_id);
+      s.Bind(1, key);
     }
-    s.Bind(2, job.job().state()).Bind(3, CreateMicros(job));
+    s.Bind(2, job.job().state()).Bind(3, CreateMicros(job)).Bind(4, job.job().tenant());
     RETURN_IF_ERROR(s.Run());
   }
   const int64_t id = sqlite3_last_insert_rowid(db_);
@@ -356,7 +365,8 @@ absl::StatusOr<JobRecord> SqliteJobStore::GetJob(int64_t id) {
 absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::ListJobs(
     const JobQuery& q) {
   absl::MutexLock lock(&mu_);
-  std::string sql = "SELECT record FROM jobs WHERE id < ?";
+  std::string sql = "SELECT record FROM jobs WHERE id < ?1";
+  if (q.tenant) sql += " AND tenant = ?3";
   if (!q.states.empty()) {
     sql += " AND state IN (";
     for (size_t i = 0; i < q.states.size(); ++i) {
@@ -364,10 +374,11 @@ absl::StatusOr<std::vector<JobRecord>> SqliteJobStore::ListJobs(
     }
     sql += ")";
   }
-  sql += " ORDER BY id DESC LIMIT ?";
+  sql += " ORDER BY id DESC LIMIT ?2";
   Stmt s(db_, sql.c_str());
   s.Bind(1, q.before_id > 0 ? q.before_id : std::numeric_limits<int64_t>::max())
       .Bind(2, q.limit);
+  if (q.tenant) s.Bind(3, *q.tenant);
   return ReadAll<JobRecord>(s, "jobs");
 }
 
@@ -442,9 +453,10 @@ absl::StatusOr<ExperimentCreateResult> SqliteJobStore::CreateExperiment(
   Transaction tx(db_);
   RETURN_IF_ERROR(tx.status());
   const std::string& request_id = rec.experiment().request_id();
+  const std::string key = RequestKey(rec.experiment().tenant(), request_id);
   if (!request_id.empty()) {
     Stmt s(db_, "SELECT record FROM experiments WHERE request_id = ?");
-    s.Bind(1, request_id);
+    s.Bind(1, key);
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (row) {
       ASSIGN_OR_RETURN(ExperimentRecord existing,
@@ -459,13 +471,14 @@ absl::StatusOr<ExperimentCreateResult> SqliteJobStore::CreateExperiment(
     }
   }
   {
-    Stmt s(db_, "INSERT INTO experiments (request_id, state, record) VALUES (?, ?, x'')");
+    Stmt s(db_,
+           "INSERT INTO experiments (request_id, state, record, tenant) VALUES (?, ?, x'', ?)");
     if (request_id.empty()) {
       s.BindNull(1);
     } else {
-      s.Bind(1, request_id);
+      s.Bind(1, key);
     }
-    s.Bind(2, rec.experiment().state());
+    s.Bind(2, rec.experiment().state()).Bind(3, rec.experiment().tenant());
     RETURN_IF_ERROR(s.Run());
   }
   const int64_t id = sqlite3_last_insert_rowid(db_);
@@ -531,10 +544,13 @@ absl::StatusOr<ExperimentRecord> SqliteJobStore::GetExperiment(int64_t id) {
 }
 
 absl::StatusOr<std::vector<ExperimentRecord>> SqliteJobStore::ListExperiments(
-    int64_t before_id, int limit) {
+    int64_t before_id, int limit, const std::optional<std::string>& tenant) {
   absl::MutexLock lock(&mu_);
-  Stmt s(db_, "SELECT record FROM experiments WHERE id < ? ORDER BY id DESC LIMIT ?");
+  Stmt s(db_, tenant ? "SELECT record FROM experiments WHERE id < ?1 AND tenant = ?3 "
+                       "ORDER BY id DESC LIMIT ?2"
+                     : "SELECT record FROM experiments WHERE id < ?1 ORDER BY id DESC LIMIT ?2");
   s.Bind(1, before_id > 0 ? before_id : std::numeric_limits<int64_t>::max()).Bind(2, limit);
+  if (tenant) s.Bind(3, *tenant);
   return ReadAll<ExperimentRecord>(s, "experiments");
 }
 

@@ -20,7 +20,7 @@ namespace tally::store {
 class SqliteJobStore final : public JobStore {
  public:
   // The schema version this build writes.
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens (creating if needed) and migrates the database at `path`.
   static absl::StatusOr<std::unique_ptr<SqliteJobStore>> Open(
@@ -51,8 +51,8 @@ class SqliteJobStore final : public JobStore {
       ExperimentRecord experiment, tally::v1::ExperimentEvent first_event) override;
   absl::Status CommitExperiment(const ExperimentMutation& mutation) override;
   absl::StatusOr<ExperimentRecord> GetExperiment(int64_t id) override;
-  absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(int64_t before_id,
-                                                                int limit) override;
+  absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(
+      int64_t before_id, int limit, const std::optional<std::string>& tenant) override;
   absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() override;
   absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
       int64_t experiment_id, int64_t after_sequence, int limit) override;

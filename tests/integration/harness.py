@@ -85,11 +85,15 @@ def _read(path):
 
 
 class Tallyd:
-    """One tallyd process; restart() keeps its data directory."""
+    """One tallyd process; restart() keeps its data directory. With ca_cert
+    the client speaks TLS and trusts that CA; with token it sends it as a
+    bearer token on every call."""
 
-    def __init__(self, data_dir, extra_args=()):
+    def __init__(self, data_dir, extra_args=(), ca_cert=None, token=None):
         self.data_dir = data_dir
         self.extra_args = list(extra_args)
+        self.ca_cert = ca_cert
+        self.token = token
         self.proc = None
         self.log_path = os.path.join(data_dir, "tallyd.log")
         self.start()
@@ -112,9 +116,25 @@ class Tallyd:
                         what="tallyd to write its address")
         fields = dict(kv.split("=", 1) for kv in text.split())
         self.grpc_addr, self.metrics_addr = fields["grpc"], fields["metrics"]
-        self.channel = grpc.insecure_channel(self.grpc_addr)
+        self.channel = self.open_channel(self.token)
         self.jobs = jobs_pb2_grpc.JobsStub(self.channel)
         self.experiments = experiments_pb2_grpc.ExperimentsStub(self.channel)
+
+    def open_channel(self, token=None, ca_cert=None):
+        """A channel to this tallyd: TLS when it has a CA (or ca_cert is
+        given), sending `token` as a bearer token when given."""
+        ca_cert = ca_cert or self.ca_cert
+        if ca_cert is None:
+            channel = grpc.insecure_channel(self.grpc_addr)
+            if token:
+                channel = grpc.intercept_channel(channel, BearerInterceptor(token))
+            return channel
+        with open(ca_cert, "rb") as f:
+            creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+        if token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(token))
+        return grpc.secure_channel(self.grpc_addr, creds)
 
     def kill(self, sig=signal.SIGKILL):
         self.proc.send_signal(sig)
@@ -138,6 +158,28 @@ class Tallyd:
     def logs(self):
         with open(self.log_path) as f:
             return f.read()
+
+
+class BearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                        grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer TOKEN` to every call of a plaintext
+    channel (gRPC's call credentials need TLS)."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def _details(self, details):
+        metadata = list(details.metadata or []) + [("authorization", "Bearer " + self.token)]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
 
 
 def free_port():

@@ -6,6 +6,7 @@ import queue
 import subprocess
 import tempfile
 import threading
+import time
 import unittest
 
 import grpc
@@ -97,9 +98,21 @@ class StreamsTest(ClusterTest):
         self.assertEqual(err.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("Hello", err.exception.details())
 
-    def test_reconnect_replaces_the_old_stream(self):
+    def test_a_second_stream_for_a_live_worker_is_refused(self):
+        live = self.fake_worker(hello("w1"))
+        wait_for(lambda: "welcome" in live.kinds(), what="the first Welcome")
+        live.send(heartbeat=workers_pb2.Heartbeat())
+        second = self.fake_worker(hello("w1"))
+        self.assertTrue(second.done.wait(10), "the second stream was not refused")
+        self.assertEqual(second.error.code(), grpc.StatusCode.ALREADY_EXISTS)
+        self.assertIn("one stream", second.error.details())
+        self.assertFalse(live.done.is_set(), "the live stream was closed")
+
+    def test_reconnect_replaces_a_silent_stream(self):
+        # tallyd here declares a worker silent after 3 s without a message.
         old = self.fake_worker(hello("w1"))
         wait_for(lambda: "welcome" in old.kinds(), what="the first Welcome")
+        time.sleep(3.5)
         new = self.fake_worker(hello("w1"))
         wait_for(lambda: "welcome" in new.kinds(), what="the second Welcome")
         self.assertTrue(old.done.wait(10), "the replaced stream was not closed")

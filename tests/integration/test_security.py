@@ -1,0 +1,439 @@
+"""Security end to end: a real tallyd over TLS with user tokens, JWTs and
+worker client certificates made by OpenSSL; every Jobs and Experiments
+method against every kind of caller; fake workers without or with the wrong
+credentials; a client that trusts another CA; the start-up refusals."""
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+from harness import (Tallyd, TALLYD, jobs_pb2, experiments_pb2, spec, wait_for, grpc,
+                     ROOT, free_port)
+from tally.v1 import workers_pb2, workers_pb2_grpc, jobs_pb2_grpc, experiments_pb2_grpc
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+CODE = grpc.StatusCode
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", name + ".key", "-out", name + ".pem", "-days", "2",
+            "-subj", "/CN=" + name, cwd=d)
+    return os.path.join(d, name + ".pem")
+
+
+def make_cert(d, ca, name, cn, san):
+    openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + cn,
+            "-addext", "subjectAltName=" + san, cwd=d)
+    openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+            "-CAcreateserial", "-out", name + ".pem", "-days", "2", "-copy_extensions", "copy",
+            cwd=d)
+    return os.path.join(d, name + ".pem"), os.path.join(d, name + ".key")
+
+
+def b64url(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def sha256(token):
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Pki:
+    """Certificates, tokens and a JWT signing key, made once per module."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tally_pki_")
+        d = self.dir
+        self.ca = make_ca(d, "ca")
+        self.server_cert, self.server_key = make_cert(
+            d, "ca", "server", "tallyd", "IP:127.0.0.1,DNS:localhost")
+        self.w1_cert, self.w1_key = make_cert(d, "ca", "w1", "w1", "DNS:w1")
+        self.w2_cert, self.w2_key = make_cert(d, "ca", "w2", "w2", "DNS:w2")
+        self.other_ca = make_ca(d, "other")
+        self.tokens = {name: "tok-" + name + "-" + os.urandom(8).hex()
+                       for name in ("alice", "bob", "vera", "ops", "wt1")}
+        users = [("alice", "research", "user"), ("bob", "dev", "user"),
+                 ("vera", "research", "viewer"), ("ops", "", "admin")]
+        self.auth_tokens = os.path.join(d, "users.yaml")
+        with open(self.auth_tokens, "w") as f:
+            f.write("principals:\n")
+            for name, tenant, role in users:
+                f.write('  - {name: %s, tenant: "%s", role: %s, token_sha256: "%s"}\n'
+                        % (name, tenant, role, sha256(self.tokens[name])))
+        self.worker_tokens = os.path.join(d, "workers.yaml")
+        with open(self.worker_tokens, "w") as f:
+            f.write('principals:\n  - {name: wt1, role: worker, token_sha256: "%s"}\n'
+                    % sha256(self.tokens["wt1"]))
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        numbers = self.key.public_key().public_numbers()
+        self.jwks = os.path.join(d, "jwks.json")
+        with open(self.jwks, "w") as f:
+            json.dump({"keys": [{"kty": "RSA", "kid": "k1", "alg": "RS256", "use": "sig",
+                                 "n": b64url(numbers.n.to_bytes(256, "big")),
+                                 "e": b64url(numbers.e.to_bytes(3, "big"))}]}, f)
+
+    def jwt(self, sub, tenant, role, exp_in=300, iss="https://issuer.test", aud="tally"):
+        header = b64url(json.dumps({"alg": "RS256", "kid": "k1", "typ": "JWT"}).encode())
+        now = int(time.time())
+        claims = {"sub": sub, "tenant": tenant, "role": role, "iss": iss, "aud": aud,
+                  "iat": now, "exp": now + exp_in}
+        payload = b64url(json.dumps(claims).encode())
+        signing_input = (header + "." + payload).encode()
+        sig = self.key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
+        return header + "." + payload + "." + b64url(sig)
+
+
+PKI = None
+
+
+def setUpModule():
+    global PKI
+    PKI = Pki()
+
+
+def tearDownModule():
+    shutil.rmtree(PKI.dir, ignore_errors=True)
+
+
+def secure_args(pki, auth_tokens=None):
+    return ["--tls_cert=" + pki.server_cert, "--tls_key=" + pki.server_key,
+            "--client_ca=" + pki.ca, "--auth_tokens=" + (auth_tokens or pki.auth_tokens),
+            "--worker_tokens=" + pki.worker_tokens, "--jwt_jwks=" + pki.jwks,
+            "--jwt_issuer=https://issuer.test", "--jwt_audience=tally"]
+
+
+def experiment_spec():
+    e = experiments_pb2.ExperimentSpec(display_name="sec")
+    e.base.CopyFrom(spec())
+    e.variants.add(name="a")
+    e.variants.add(name="b")
+    e.target.val_loss = 1.0
+    return e
+
+
+class SecureCluster(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tally_sec_")
+        # Each tallyd reads its own copy of the users file (SIGHUP test).
+        self.auth_tokens = os.path.join(self.dir, "users.yaml")
+        shutil.copy(PKI.auth_tokens, self.auth_tokens)
+        self.tallyd = Tallyd(self.dir, secure_args(PKI, self.auth_tokens), ca_cert=PKI.ca,
+                             token=PKI.tokens["ops"])
+
+    def tearDown(self):
+        self.tallyd.stop()
+        if hasattr(self, "_outcome") and not getattr(self._outcome, "success", True):
+            print(self.tallyd.logs())
+
+    def stubs(self, token=None, ca_cert=None):
+        ch = self.tallyd.open_channel(token=token, ca_cert=ca_cert)
+        self.addCleanup(ch.close)
+        return jobs_pb2_grpc.JobsStub(ch), experiments_pb2_grpc.ExperimentsStub(ch)
+
+
+class AccessMatrixTest(SecureCluster):
+    """Every Jobs and Experiments method x every kind of caller: the exact
+    status code."""
+
+    def call(self, stubs, method, target):
+        jobs, exps = stubs
+        calls = {
+            "SubmitJob": lambda: jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec()), timeout=10),
+            "GetJob": lambda: jobs.GetJob(jobs_pb2.GetJobRequest(name=target["job"]), timeout=10),
+            "ListJobs": lambda: jobs.ListJobs(jobs_pb2.ListJobsRequest(), timeout=10),
+            "CancelJob": lambda: jobs.CancelJob(
+                jobs_pb2.CancelJobRequest(name=target["cancel_job"]), timeout=10),
+            "WatchJob": lambda: next(iter(jobs.WatchJob(
+                jobs_pb2.WatchJobRequest(name=target["job"]), timeout=10))),
+            "ListCheckpoints": lambda: jobs.ListCheckpoints(
+                jobs_pb2.ListCheckpointsRequest(name=target["job"]), timeout=10),
+            "EstimateCost": lambda: jobs.EstimateCost(
+                jobs_pb2.EstimateCostRequest(spec=spec()), timeout=10),
+            "CreateExperiment": lambda: exps.CreateExperiment(
+                experiments_pb2.CreateExperimentRequest(spec=experiment_spec()), timeout=10),
+            "GetExperiment": lambda: exps.GetExperiment(
+                experiments_pb2.GetExperimentRequest(name=target["exp"]), timeout=10),
+            "ListExperiments": lambda: exps.ListExperiments(
+                experiments_pb2.ListExperimentsRequest(), timeout=10),
+            "CancelExperiment": lambda: exps.CancelExperiment(
+                experiments_pb2.CancelExperimentRequest(name=target["cancel_exp"]), timeout=10),
+            "WatchExperiment": lambda: next(iter(exps.WatchExperiment(
+                experiments_pb2.WatchExperimentRequest(name=target["exp"]), timeout=10))),
+        }
+        try:
+            calls[method]()
+            return CODE.OK
+        except grpc.RpcError as e:
+            return e.code()
+
+    def test_every_method_for_every_caller(self):
+        alice = self.stubs(PKI.tokens["alice"])
+        # alice's (tenant research) job and experiment; fresh ones to cancel
+        # for each caller that may.
+        job = alice[0].SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec()), timeout=10)
+        exp = alice[1].CreateExperiment(
+            experiments_pb2.CreateExperimentRequest(spec=experiment_spec()), timeout=10)
+        self.assertEqual(job.tenant, "research")
+        self.assertEqual(job.submitted_by, "alice")
+        self.assertEqual(exp.tenant, "research")
+        self.assertEqual(exp.created_by, "alice")
+
+        callers = {
+            "none": None,
+            "bad token": "not-a-token",
+            "expired JWT": PKI.jwt("carol", "research", "user", exp_in=-600),
+            "other tenant": PKI.tokens["bob"],
+            "viewer": PKI.tokens["vera"],
+            "user": PKI.tokens["alice"],
+            "JWT user": PKI.jwt("carol", "research", "user"),
+            "admin": PKI.tokens["ops"],
+        }
+        reads = ["GetJob", "ListJobs", "WatchJob", "ListCheckpoints", "EstimateCost",
+                 "GetExperiment", "ListExperiments", "WatchExperiment"]
+        writes = ["SubmitJob", "CancelJob", "CreateExperiment", "CancelExperiment"]
+        own = {"GetJob", "WatchJob", "ListCheckpoints", "CancelJob", "GetExperiment",
+               "WatchExperiment", "CancelExperiment"}
+        expected = {}
+        for caller in callers:
+            for m in reads + writes:
+                if caller in ("none", "bad token", "expired JWT"):
+                    code = CODE.UNAUTHENTICATED
+                elif caller == "other tenant":
+                    code = CODE.NOT_FOUND if m in own else CODE.OK
+                elif caller == "viewer":
+                    code = CODE.PERMISSION_DENIED if m in writes else CODE.OK
+                else:
+                    code = CODE.OK
+                expected[(caller, m)] = code
+        got = {}
+        for caller, token in callers.items():
+            stubs = self.stubs(token)
+            target = {"job": job.name, "exp": exp.name}
+            if expected[(caller, "CancelJob")] == CODE.OK:
+                target["cancel_job"] = alice[0].SubmitJob(
+                    jobs_pb2.SubmitJobRequest(spec=spec()), timeout=10).name
+                target["cancel_exp"] = alice[1].CreateExperiment(
+                    experiments_pb2.CreateExperimentRequest(spec=experiment_spec()),
+                    timeout=10).name
+            else:
+                target["cancel_job"], target["cancel_exp"] = job.name, exp.name
+            for m in reads + writes:
+                got[(caller, m)] = self.call(stubs, m, target)
+        wrong = {k: (got[k].name, v.name) for k, v in expected.items() if got[k] != v}
+        self.assertEqual(wrong, {}, "(caller, method): (got, expected)")
+        # Nothing the refused callers tried moved alice's job or experiment.
+        self.assertEqual(alice[0].GetJob(jobs_pb2.GetJobRequest(name=job.name), timeout=10).state,
+                         jobs_pb2.JOB_STATE_QUEUED)
+        self.assertEqual(alice[1].GetExperiment(
+            experiments_pb2.GetExperimentRequest(name=exp.name), timeout=10).state,
+            experiments_pb2.EXPERIMENT_STATE_RUNNING)
+
+    def test_tenants_list_only_their_own_and_admins_filter(self):
+        alice, bob, ops = (self.stubs(PKI.tokens[n]) for n in ("alice", "bob", "ops"))
+        a = alice[0].SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec(), request_id="same"),
+                               timeout=10)
+        b = bob[0].SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec(), request_id="same"),
+                             timeout=10)
+        # Request ids are per tenant: bob's "same" is his own job.
+        self.assertNotEqual(a.name, b.name)
+        names = lambda stubs, **kw: [j.name for j in stubs[0].ListJobs(
+            jobs_pb2.ListJobsRequest(**kw), timeout=10).jobs]
+        self.assertEqual(names(alice), [a.name])
+        self.assertEqual(names(bob), [b.name])
+        self.assertEqual(sorted(names(ops)), sorted([a.name, b.name]))
+        self.assertEqual(names(ops, tenant="dev"), [b.name])
+        with self.assertRaises(grpc.RpcError) as err:
+            names(alice, tenant="dev")
+        self.assertEqual(err.exception.code(), CODE.PERMISSION_DENIED)
+        # Cancelling records who did it, on the job and its event.
+        ops[0].CancelJob(jobs_pb2.CancelJobRequest(name=b.name, reason="cleanup"), timeout=10)
+        ended = bob[0].GetJob(jobs_pb2.GetJobRequest(name=b.name), timeout=10)
+        self.assertEqual(ended.cancelled_by, "ops")
+        events = list(bob[0].WatchJob(jobs_pb2.WatchJobRequest(name=b.name), timeout=10))
+        self.assertEqual(events[0].principal, "bob")
+        self.assertEqual(events[-1].principal, "ops")
+
+    def test_a_client_that_trusts_another_ca_fails_the_handshake(self):
+        jobs, _ = self.stubs(PKI.tokens["alice"], ca_cert=PKI.other_ca)
+        with self.assertRaises(grpc.RpcError) as err:
+            jobs.ListJobs(jobs_pb2.ListJobsRequest(), timeout=5)
+        self.assertEqual(err.exception.code(), CODE.UNAVAILABLE)
+
+    def test_health_stays_open(self):
+        # grpc.health.v1 without credentials: SERVING (no stubs needed:
+        # the raw method with a serialized empty request).
+        ch = self.tallyd.open_channel()
+        self.addCleanup(ch.close)
+        check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                               request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+        self.assertEqual(check(b"", timeout=10), b"\x08\x01")  # status: SERVING
+
+    def test_sighup_reloads_the_token_file(self):
+        new_token = "tok-new-" + os.urandom(8).hex()
+        jobs, _ = self.stubs(new_token)
+        with self.assertRaises(grpc.RpcError) as err:
+            jobs.ListJobs(jobs_pb2.ListJobsRequest(), timeout=10)
+        self.assertEqual(err.exception.code(), CODE.UNAUTHENTICATED)
+        with open(self.auth_tokens, "a") as f:
+            f.write('  - {name: nina, tenant: research, role: user, token_sha256: "%s"}\n'
+                    % sha256(new_token))
+        self.tallyd.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "SIGHUP: reloaded the token" in self.tallyd.logs(), what="the reload")
+        jobs.ListJobs(jobs_pb2.ListJobsRequest(), timeout=10)
+        # A broken file keeps the previous principals.
+        with open(self.auth_tokens, "w") as f:
+            f.write("principals: [{name: x}]\n")
+        self.tallyd.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "keeping the previous credentials" in self.tallyd.logs(),
+                 what="the refused reload")
+        jobs.ListJobs(jobs_pb2.ListJobsRequest(), timeout=10)
+
+
+class FakeWorker:
+    """A Workers.Connect stream sending a Hello, then heartbeats."""
+
+    def __init__(self, channel, worker_id, metadata=()):
+        self.received, self.error = [], None
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        stub = workers_pb2_grpc.WorkersStub(channel)
+
+        def messages():
+            yield workers_pb2.WorkerMessage(hello=workers_pb2.Hello(
+                worker_id=worker_id, device="cpu", gpu_type="cpu", slots=1, version="test"))
+            while not self._stop.wait(0.2):
+                yield workers_pb2.WorkerMessage(heartbeat=workers_pb2.Heartbeat())
+
+        def run():
+            try:
+                for m in stub.Connect(messages(), metadata=list(metadata), timeout=60):
+                    self.received.append(m)
+            except grpc.RpcError as e:
+                self.error = e
+            self.done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def close(self):
+        self._stop.set()
+
+
+class WorkerIdentityTest(SecureCluster):
+
+    def worker_channel(self, cert=None, key=None):
+        with open(PKI.ca, "rb") as f:
+            root = f.read()
+        def read(path):
+            if not path:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+        chain, private = read(cert), read(key)
+        ch = grpc.secure_channel(self.tallyd.grpc_addr, grpc.ssl_channel_credentials(
+            root_certificates=root, private_key=private, certificate_chain=chain))
+        self.addCleanup(ch.close)
+        return ch
+
+    def fake(self, channel, worker_id, metadata=()):
+        w = FakeWorker(channel, worker_id, metadata)
+        self.addCleanup(w.close)
+        return w
+
+    def test_workers_must_prove_their_id_and_nothing_moves_otherwise(self):
+        job = self.tallyd.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec()), timeout=10)
+        cases = {
+            "no credentials": (self.worker_channel(), "w1", (), CODE.UNAUTHENTICATED),
+            "another worker's certificate": (
+                self.worker_channel(PKI.w2_cert, PKI.w2_key), "w1", (), CODE.PERMISSION_DENIED),
+            "a user token": (self.worker_channel(), "w1",
+                             (("authorization", "Bearer " + PKI.tokens["alice"]),),
+                             CODE.PERMISSION_DENIED),
+            "a worker token for another id": (
+                self.worker_channel(), "w1",
+                (("authorization", "Bearer " + PKI.tokens["wt1"]),), CODE.PERMISSION_DENIED),
+        }
+        for what, (ch, worker_id, md, code) in cases.items():
+            w = self.fake(ch, worker_id, md)
+            self.assertTrue(w.done.wait(10), what)
+            self.assertIsNotNone(w.error, what)
+            self.assertEqual(w.error.code(), code, (what, w.error.details()))
+            self.assertEqual(w.received, [], what)
+        time.sleep(0.5)
+        self.assertEqual(self.tallyd.jobs.GetJob(jobs_pb2.GetJobRequest(name=job.name),
+                                                 timeout=10).state, jobs_pb2.JOB_STATE_QUEUED)
+        # A user's credentials cannot be used the other way round either: a
+        # worker token on the Jobs API.
+        jobs, _ = self.stubs(PKI.tokens["wt1"])
+        with self.assertRaises(grpc.RpcError) as err:
+            jobs.ListJobs(jobs_pb2.ListJobsRequest(), timeout=10)
+        self.assertEqual(err.exception.code(), CODE.PERMISSION_DENIED)
+
+    def test_the_right_certificate_or_token_gets_work_and_a_second_stream_is_refused(self):
+        w1 = self.fake(self.worker_channel(PKI.w1_cert, PKI.w1_key), "w1")
+        wait_for(lambda: w1.received, what="w1's Welcome")
+        job = self.tallyd.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec()), timeout=10)
+        wait_for(lambda: any(m.HasField("assignment") for m in w1.received),
+                 what="the assignment")
+        # A second stream for the live id, with the same certificate: refused,
+        # and the live one keeps its attempt.
+        again = self.fake(self.worker_channel(PKI.w1_cert, PKI.w1_key), "w1")
+        self.assertTrue(again.done.wait(10))
+        self.assertEqual(again.error.code(), CODE.ALREADY_EXISTS)
+        self.assertFalse(w1.done.is_set())
+        self.assertEqual(self.tallyd.jobs.GetJob(jobs_pb2.GetJobRequest(name=job.name),
+                                                 timeout=10).worker_ids, ["w1"])
+        # A worker token names its id.
+        wt = self.fake(self.worker_channel(), "wt1",
+                       (("authorization", "Bearer " + PKI.tokens["wt1"]),))
+        wait_for(lambda: wt.received, what="wt1's Welcome")
+        self.assertIsNone(wt.error)
+
+
+class StartupTest(unittest.TestCase):
+
+    def start(self, *args):
+        d = tempfile.mkdtemp(prefix="tally_sec_start_")
+        self.addCleanup(shutil.rmtree, d, True)
+        return subprocess.run([TALLYD, "--data_dir=" + d, "--metrics_listen=127.0.0.1:0"]
+                              + list(args), capture_output=True, text=True, timeout=30)
+
+    def test_refusals_name_the_flags(self):
+        port = free_port()
+        cases = [
+            (["--listen=0.0.0.0:%d" % port], "--tls_cert"),
+            (["--listen=0.0.0.0:%d" % port, "--tls_cert=" + PKI.server_cert,
+              "--tls_key=" + PKI.server_key], "--auth_tokens"),
+            (["--listen=0.0.0.0:%d" % port, "--tls_cert=" + PKI.server_cert,
+              "--tls_key=" + PKI.server_key, "--auth_tokens=" + PKI.auth_tokens],
+             "--client_ca"),
+            (["--tls_cert=" + PKI.server_cert], "--tls_key"),
+            (["--tls_cert=" + PKI.server_cert, "--tls_key=" + PKI.w1_key], "not the private key"),
+            (["--client_ca=" + PKI.ca], "--tls_cert"),
+            (["--auth_tokens=/nonexistent/users.yaml"], "--auth_tokens"),
+            (["--jwt_jwks=" + PKI.jwks], "--jwt_issuer"),
+        ]
+        for args, needle in cases:
+            r = self.start(*args)
+            self.assertEqual(r.returncode, 2, (args, r.stderr[-500:]))
+            self.assertIn(needle, r.stdout + r.stderr, args)
+
+
+if __name__ == "__main__":
+    unittest.main()
