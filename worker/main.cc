@@ -3,17 +3,23 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent/agent.h"
+#include "worker/agent/credentials.h"
+#include "worker/agent/path_confinement.h"
 #include "worker/agent/train_spec.h"
 #include "worker/agent/trainer_runner.h"
 #include "worker/train/trainer.h"
@@ -47,6 +53,22 @@ ABSL_FLAG(int, rendezvous_port, 29500,
 ABSL_FLAG(double, collective_timeout, 120,
           "multi-GPU jobs: seconds a collective (or the rendezvous) waits for the other "
           "ranks before the attempt fails and is requeued");
+ABSL_FLAG(std::string, ca_cert, "",
+          "PEM file of the certificates tallyd's certificate is verified against; set, the "
+          "worker connects with TLS (default: $TALLY_CA_CERT, else plaintext)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "mutual TLS: this worker's certificate (PEM file); tallyd accepts it when its CN or "
+          "a DNS SAN equals --worker_id. Needs --tls_key and --ca_cert");
+ABSL_FLAG(std::string, tls_key, "",
+          "mutual TLS: the private key of --tls_cert (PEM file, not encrypted)");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding this worker's token (surrounding whitespace trimmed), sent to tallyd "
+          "as \"authorization: Bearer TOKEN\" (default: $TALLY_WORKER_TOKEN_FILE, else none). "
+          "Certificate, key and token files are read again before every reconnect");
+ABSL_FLAG(std::vector<std::string>, data_root, {},
+          "comma-separated folders that datasets may be read from: every file a job spec's "
+          "data paths open must resolve (symlinks followed) inside one, or the job fails "
+          "(default: $TALLY_DATA_ROOTS, else no confinement: any path a spec names is read)");
 // Test-only knobs: they damage every assignment's training on purpose, so
 // that the FP8-overflow and expert-collapse alerts can be seen to fire.
 ABSL_FLAG(double, testonly_fp8_overflow_fraction, 0,
@@ -62,7 +84,9 @@ ABSL_FLAG(int, testonly_moe_collapse_expert, -1,
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tally-worker: runs training assignments from tallyd.\n\nUsage: "
-      "tally-worker --controller=HOST:PORT [--worker_id=ID] [--device=cpu]");
+      "tally-worker --controller=HOST:PORT [--worker_id=ID] [--device=cpu] "
+      "[--ca_cert=PEM [--tls_cert=PEM --tls_key=PEM]] [--token_file=FILE] "
+      "[--data_root=DIR[,DIR...]]");
   absl::ParseCommandLine(argc, argv);
 
   tally::worker::AgentOptions options;
@@ -87,6 +111,38 @@ int main(int argc, char** argv) {
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   if (options.worker_id.empty()) options.worker_id = absl::StrCat(host, "-", options.device);
   options.capabilities = {"train", "packing", "fp8", "moe", "data-parallel"};
+
+  auto flag_or_env = [](const std::string& flag, const char* env) {
+    if (!flag.empty()) return flag;
+    const char* value = std::getenv(env);
+    return std::string(value ? value : "");
+  };
+  tally::worker::CredentialFiles& files = options.credential_files;
+  files.ca_cert = flag_or_env(absl::GetFlag(FLAGS_ca_cert), "TALLY_CA_CERT");
+  files.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  files.tls_key = absl::GetFlag(FLAGS_tls_key);
+  files.token = flag_or_env(absl::GetFlag(FLAGS_token_file), "TALLY_WORKER_TOKEN_FILE");
+  absl::StatusOr<tally::worker::Credentials> credentials =
+      tally::worker::LoadCredentials(files);
+  if (!credentials.ok()) {
+    spdlog::error("{}", std::string(credentials.status().message()));
+    return 2;
+  }
+  options.credentials = *std::move(credentials);
+  if (!options.credentials.cert_pem.empty()) {
+    auto names = tally::worker::CertificateNames(options.credentials.cert_pem);
+    if (names.ok() &&
+        std::find(names->begin(), names->end(), options.worker_id) == names->end()) {
+      spdlog::warn("--tls_cert {} names {} (CN, then DNS SANs) but not this worker's id \"{}\": "
+                   "tallyd accepts a certificate only for the --worker_id it names",
+                   files.tls_cert, names->empty() ? "nothing" : absl::StrJoin(*names, ", "),
+                   options.worker_id);
+    }
+  }
+  if (files.ca_cert.empty() && !files.token.empty()) {
+    spdlog::warn("no --ca_cert: the worker token goes to tallyd in plaintext, readable on the "
+                 "network path; set --ca_cert unless TLS ends in front of tallyd");
+  }
   options.rendezvous_host = absl::GetFlag(FLAGS_rendezvous_host);
   if (options.rendezvous_host.empty()) {
     const char* env = std::getenv("TALLY_RENDEZVOUS_HOST");
@@ -124,6 +180,30 @@ int main(int argc, char** argv) {
                  "--testonly_moe_collapse_expert={}): every job this worker runs is damaged "
                  "on purpose",
                  runner.test_fp8_overflow_fraction, runner.test_moe_forced_expert);
+  }
+  std::vector<std::string> data_roots = absl::GetFlag(FLAGS_data_root);
+  const bool roots_from_env = data_roots.empty() && std::getenv("TALLY_DATA_ROOTS") &&
+                              *std::getenv("TALLY_DATA_ROOTS");
+  if (roots_from_env) data_roots = absl::StrSplit(std::getenv("TALLY_DATA_ROOTS"), ',');
+  std::error_code cwd_error;
+  const std::filesystem::path cwd = std::filesystem::current_path(cwd_error);
+  if (cwd_error) {
+    spdlog::error("cannot read the working directory: {}", cwd_error.message());
+    return 2;
+  }
+  absl::StatusOr<tally::worker::DataRoots> roots = tally::worker::DataRoots::Make(data_roots, cwd);
+  if (!roots.ok()) {
+    spdlog::error("{}{}", std::string(roots.status().message()),
+                  roots_from_env ? " (from $TALLY_DATA_ROOTS)" : "");
+    return 2;
+  }
+  runner.data_roots = *std::move(roots);
+  if (runner.data_roots.confining()) {
+    spdlog::info("datasets are read only under {}", runner.data_roots.Describe());
+  } else {
+    spdlog::warn("no --data_root: any dataset path a job spec names will be read, with this "
+                 "worker's permissions; confine them with --data_root=DIR[,DIR...] (or "
+                 "$TALLY_DATA_ROOTS)");
   }
   runner.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (runner.checkpoint_dir.empty()) {

@@ -43,6 +43,20 @@ std::string Key(const std::string& job, int32_t attempt, int32_t rank) {
   return absl::StrCat(job, "#", attempt, "#", rank);
 }
 
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const Credentials& c) {
+  if (c.ca_pem.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = c.ca_pem;
+  ssl.pem_private_key = c.key_pem;
+  ssl.pem_cert_chain = c.cert_pem;
+  return grpc::SslCredentials(ssl);
+}
+
+bool Refused(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+         s.error_code() == grpc::StatusCode::PERMISSION_DENIED;
+}
+
 }  // namespace
 
 Agent::Agent(AgentOptions options, std::unique_ptr<Runner> runner)
@@ -184,32 +198,35 @@ void Agent::ReapFinished() {
   }
 }
 
-void Agent::Serve(tally::v1::Workers::Stub* stub) {
+grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& token) {
   grpc::ClientContext context;
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   auto stream = stub->Connect(&context);
   WorkerMessage hello;
   *hello.mutable_hello() = MakeHello();
   if (!stream->Write(hello)) {
     grpc::Status s = stream->Finish();
-    spdlog::warn("cannot reach tallyd at {}: {}", options_.controller,
-                 s.error_message());
-    return;
+    if (!Refused(s)) {
+      spdlog::warn("cannot reach tallyd at {}: {}", options_.controller, s.error_message());
+    }
+    return s;
   }
   {
     absl::MutexLock lock(&mu_);
     current_context_ = &context;
   }
-  bool done = false;  // guarded by mu_
+  bool done = false;           // guarded by mu_
+  bool writer_exited = false;  // guarded by mu_
   std::thread writer([&] {
     absl::MutexLock lock(&mu_);
     while (!done) {
       if (outbox_.empty()) {
         if (shutdown_.load() && running_.empty()) {
           context.TryCancel();  // all reported: end the stream
-          return;
+          break;
         }
         outbox_cv_.WaitWithTimeout(&mu_, heartbeat_interval_);
-        if (done) return;
+        if (done) break;
       }
       WorkerMessage m;
       const bool from_outbox = !outbox_.empty();
@@ -221,13 +238,14 @@ void Agent::Serve(tally::v1::Workers::Stub* stub) {
       mu_.Unlock();
       const bool ok = stream->Write(m);
       mu_.Lock();
-      if (!ok) return;
+      if (!ok) break;
       if (from_outbox) outbox_.PopFront();
     }
+    writer_exited = true;
   });
 
-  spdlog::info("connected to tallyd at {} as {}", options_.controller,
-               options_.worker_id);
+  spdlog::info("connected to tallyd at {} as {} ({})", options_.controller,
+               options_.worker_id, options_.credential_files.Describe());
   tally::v1::ControllerMessage msg;
   while (stream->Read(&msg)) {
     switch (msg.msg_case()) {
@@ -254,13 +272,20 @@ void Agent::Serve(tally::v1::Workers::Stub* stub) {
     current_context_ = nullptr;
     outbox_cv_.SignalAll();
   }
-  context.TryCancel();
+  // The writer sees `done` at once unless a Write is blocked; only then is
+  // the call cancelled, since a cancelled call reports CANCELLED instead of
+  // tallyd's status (which says, for one, why it refused this worker).
+  const bool writer_stopped =
+      mu_.LockWhenWithTimeout(absl::Condition(&writer_exited), absl::Seconds(2));
+  mu_.Unlock();
+  if (!writer_stopped) context.TryCancel();
   writer.join();
   grpc::Status s = stream->Finish();
-  if (!shutdown_.load()) {
+  if (!shutdown_.load() && !Refused(s)) {
     spdlog::warn("stream to tallyd ended: {} {}", static_cast<int>(s.error_code()),
                  s.error_message());
   }
+  return s;
 }
 
 int Agent::Run() {
@@ -271,32 +296,74 @@ int Agent::Run() {
   std::mt19937 rng(std::random_device{}());
   absl::Duration backoff = options_.initial_backoff;
   int tries_after_shutdown = 0;
+  Credentials credentials = options_.credentials;
+  bool first = true;
   while (true) {
     const absl::Time start = absl::Now();
+    // Read again, so certificates and tokens rotated on disk are used.
+    if (!first) {
+      absl::StatusOr<Credentials> reread = LoadCredentials(options_.credential_files);
+      if (reread.ok()) {
+        credentials = *std::move(reread);
+      } else {
+        spdlog::error("{}; connecting with the credentials read before",
+                      std::string(reread.status().message()));
+      }
+    }
+    first = false;
     // A fresh channel for every connection: one that failed carries gRPC's
     // own reconnect backoff (1 s growing to 2 min), which kept workers away
     // from a restarted tallyd for seconds, past its heartbeat timeout, so
     // attempts that could have been re-adopted were lost. Our backoff below
     // (with jitter) paces the retries instead.
     auto channel = grpc::CreateCustomChannel(options_.controller,
-                                             grpc::InsecureChannelCredentials(), args);
+                                             ChannelCredentialsFor(credentials), args);
     auto stub = tally::v1::Workers::NewStub(channel);
-    Serve(stub.get());
+    const grpc::Status status = Serve(stub.get(), credentials.token);
+    const bool refused = Refused(status);
+    if (refused) {
+      // tallyd's message says what to fix; the files are read again first.
+      spdlog::error(
+          "tallyd at {} refused worker {} ({}; connecting with {}): {} -- trying again in {}",
+          options_.controller, options_.worker_id,
+          status.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "UNAUTHENTICATED"
+                                                                   : "PERMISSION_DENIED",
+          options_.credential_files.Describe(), status.error_message(),
+          absl::FormatDuration(options_.refused_retry_interval));
+    }
     ReapFinished();
     {
       absl::MutexLock lock(&mu_);
       if (shutdown_.load() && running_.empty() &&
-          (outbox_.empty() || ++tries_after_shutdown > 3)) {
+          (outbox_.empty() || refused || ++tries_after_shutdown > 3)) {
         break;
       }
     }
     if (absl::Now() - start > absl::Seconds(10)) backoff = options_.initial_backoff;
     // Full jitter, so a fleet that lost tallyd does not return in lockstep.
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
-    const absl::Time until = absl::Now() + backoff * jitter(rng);
+    absl::Duration wait = backoff * jitter(rng);
+    if (refused) wait = std::max(wait, options_.refused_retry_interval);
+    const absl::Time until = absl::Now() + wait;
+    bool give_up = false;
     while (absl::Now() < until && !(shutdown_.load() && tries_after_shutdown > 3)) {
+      if (refused && shutdown_.load()) {
+        // Shutting down while refused: once the attempts have stopped there
+        // is nothing a retry within the interval could deliver.
+        ReapFinished();
+        absl::MutexLock lock(&mu_);
+        if (running_.empty()) {
+          if (!outbox_.empty()) {
+            spdlog::warn("shutting down with {} reports tallyd did not receive (it refused "
+                         "this worker)", outbox_.messages().size());
+          }
+          give_up = true;
+          break;
+        }
+      }
       absl::SleepFor(absl::Milliseconds(50));
     }
+    if (give_up) break;
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
   ReapFinished();

@@ -7,6 +7,12 @@
 // kept, in order, and sent after the next Hello; queued progress is merged
 // as Outbox describes.
 //
+// Credentials (credentials.h) are read again before every connection, so
+// rotated files are picked up; a read that fails keeps the last good ones.
+// A stream tallyd refuses as UNAUTHENTICATED or PERMISSION_DENIED is logged
+// with tallyd's reason and retried like any other, but at most once per
+// `refused_retry_interval`.
+//
 // Thread-safety: Run() blocks on the calling thread; Shutdown() may be called
 // from any thread.
 #ifndef TALLY_WORKER_AGENT_AGENT_H_
@@ -22,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "tally/v1/workers.grpc.pb.h"
+#include "worker/agent/credentials.h"
 #include "worker/agent/outbox.h"
 #include "worker/agent/runner.h"
 #include "worker/train/stop.h"
@@ -41,6 +48,13 @@ struct AgentOptions {
   int rendezvous_port = 0;
   absl::Duration initial_backoff = absl::Milliseconds(200);
   absl::Duration max_backoff = absl::Seconds(5);
+  // TLS and token files (re-read before every connection) and what they
+  // held when the worker started (used if a re-read fails).
+  CredentialFiles credential_files;
+  Credentials credentials;
+  // The shortest wait before trying again after tallyd refused the
+  // worker's credentials.
+  absl::Duration refused_retry_interval = absl::Seconds(30);
 };
 
 class Agent {
@@ -61,7 +75,8 @@ class Agent {
   };
   class AttemptReporter;
 
-  void Serve(tally::v1::Workers::Stub* stub);
+  // One connection, until the stream ends; returns how it ended.
+  grpc::Status Serve(tally::v1::Workers::Stub* stub, const std::string& token);
   void Enqueue(tally::v1::WorkerMessage m);
   void StartAttempt(const tally::v1::Assignment& a);
   void StopAttempt(const tally::v1::StopOrder& s);

@@ -1,9 +1,13 @@
 #include "worker/agent/trainer_runner.h"
 
+#include <filesystem>
+#include <system_error>
+
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "spdlog/spdlog.h"
+#include "worker/agent/path_confinement.h"
 #include "worker/agent/train_spec.h"
+#include "worker/data/dataset.h"
 #include "worker/train/trainer.h"
 
 namespace tally::worker {
@@ -101,10 +105,28 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   tally::v1::AttemptExit exit;
   exit.set_job(assignment.job());
   exit.set_attempt(assignment.attempt());
+  // A spec or a record that names a path this worker must not touch fails
+  // the attempt for good: another attempt would be refused the same way.
+  auto refuse = [&](const absl::Status& s) {
+    exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+    exit.set_reason(std::string(s.message()));
+    exit.set_retryable(false);
+    return exit;
+  };
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  if (ec) {  // this worker's trouble, not the job's: another worker may run it
+    exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+    exit.set_reason("tally-worker cannot read its working directory: " + ec.message());
+    exit.set_retryable(true);
+    return exit;
+  }
+  absl::StatusOr<std::string> job_dir =
+      JobCheckpointDir(options_.checkpoint_dir, assignment.job(), cwd);
+  if (!job_dir.ok()) return refuse(job_dir.status());
   DeviceOptions device;
   device.device = options_.device;
-  device.checkpoint_dir = absl::StrCat(options_.checkpoint_dir, "/",
-                                       absl::StrReplaceAll(assignment.job(), {{"s/", "-"}}));
+  device.checkpoint_dir = *job_dir;
   device.peak_flops = options_.peak_flops;
   device.rank = assignment.rank();
   device.world_size = std::max(1, assignment.world_size());
@@ -112,13 +134,27 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   device.rendezvous_prefix = assignment.rendezvous_prefix();
   device.rendezvous_local_host = options_.rendezvous_local_host;
   auto config = TrainConfigFromSpec(assignment.spec(), device);
-  if (!config.ok()) {
-    exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
-    exit.set_reason(std::string(config.status().message()));
-    exit.set_retryable(false);
-    return exit;
+  if (!config.ok()) return refuse(config.status());
+  if (absl::Status s = options_.data_roots.CheckDataset("spec.data.train_path", config->train_path);
+      !s.ok()) {
+    return refuse(s);
+  }
+  if (config->eval_interval_steps > 0) {  // the trainer opens the validation split
+    const bool beside = config->val_path.empty();
+    if (absl::Status s = options_.data_roots.CheckDataset(
+            beside ? "spec.data.val_path (empty: the split beside train_path)"
+                   : "spec.data.val_path",
+            beside ? data::ValidationPrefixFor(config->train_path) : config->val_path);
+        !s.ok()) {
+      return refuse(s);
+    }
   }
   if (!assignment.resume_from().path().empty()) {
+    if (absl::Status s = CheckResumePath(assignment.resume_from().path(), *job_dir,
+                                         options_.checkpoint_dir, cwd);
+        !s.ok()) {
+      return refuse(s);
+    }
     config->resume_path = assignment.resume_from().path();
     config->resume_sha256 = assignment.resume_from().sha256();
   }

@@ -3,11 +3,18 @@
 // turns the trainer's events into Progress, EvalResult and CheckpointRecord
 // reports. Checkpoints go to <checkpoint_dir>/<job>/ (jobs/7 -> job-7), which
 // workers that may resume each other's jobs must share.
+//
+// Before anything is opened, an assignment fails without retry when its job
+// name cannot name a single folder under the checkpoint root, when a dataset
+// file it would read resolves outside the data roots (if any are set), or
+// when its resume checkpoint resolves outside the job's checkpoint folder
+// (path_confinement.h).
 #ifndef TALLY_WORKER_AGENT_TRAINER_RUNNER_H_
 #define TALLY_WORKER_AGENT_TRAINER_RUNNER_H_
 
 #include <string>
 
+#include "worker/agent/path_confinement.h"
 #include "worker/agent/runner.h"
 
 namespace tally::worker {
@@ -15,6 +22,8 @@ namespace tally::worker {
 struct TrainerRunnerOptions {
   std::string device = "cpu";
   std::string checkpoint_dir = "tally-checkpoints";
+  // Where datasets may be read from; none: anywhere.
+  DataRoots data_roots;
   double peak_flops = 0;
   std::string rendezvous_local_host = "127.0.0.1";  // this worker's address for Gloo
   double collective_timeout_seconds = 120;

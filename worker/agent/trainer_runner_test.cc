@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -23,6 +24,9 @@
 
 namespace tally::worker {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 // Records reports in order and asks for a stop once step `stop_at` is
 // reported.
@@ -193,6 +197,125 @@ TEST_F(TrainerRunnerTest, Fp8ReportsCarryValuesCastAndOverflowsSinceTheAttemptSt
   // A step's values are the same each step (same shapes): cumulative, not
   // the latest step's.
   EXPECT_EQ(p[3].fp8_values(), 4 * p[0].fp8_values());
+}
+
+DataRoots RootsOf(const std::vector<std::string>& roots) {
+  std::filesystem::create_directories(roots.front());
+  absl::StatusOr<DataRoots> r = DataRoots::Make(roots, std::filesystem::current_path());
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : DataRoots();
+}
+
+TEST_F(TrainerRunnerTest, ADatasetOutsideTheDataRootsFailsTheAttemptForGoodBeforeTraining) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-confined";
+  o.data_roots = RootsOf({*dir_ + "/roots/a"});
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 1, train::StopKind::kNow);
+  tally::v1::Assignment a = Assignment();
+  a.mutable_spec()->mutable_data()->set_train_path(*dir_ + "/roots/a/../../train");
+  const tally::v1::AttemptExit exit = runner.Run(a, &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_FALSE(exit.retryable());
+  EXPECT_THAT(exit.reason(),
+              AllOf(HasSubstr("spec.data.train_path \"" + *dir_ + "/roots/a/../../train\""),
+                    HasSubstr("resolves to " + std::filesystem::canonical(*dir_).string() +
+                              "/train"),
+                    HasSubstr("outside the worker's data roots (" +
+                              std::filesystem::canonical(*dir_ + "/roots/a").string() + ")")));
+  EXPECT_TRUE(reporter.log().empty());
+}
+
+TEST_F(TrainerRunnerTest, AValidationSplitOutsideTheDataRootsIsRefusedToo) {
+  std::filesystem::create_directories(*dir_ + "/roots/b");
+  for (const char* ext : {".json", ".idx", ".bin"}) {
+    std::filesystem::copy_file(*dir_ + "/train" + ext, *dir_ + "/roots/b/train" + ext,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-confined-val";
+  o.data_roots = RootsOf({*dir_ + "/roots/b"});
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 1, train::StopKind::kNow);
+  tally::v1::Assignment a = Assignment();
+  a.mutable_spec()->mutable_data()->set_train_path(*dir_ + "/roots/b/train");
+  // Beside train_path there is no val split inside the root, so name one
+  // outside it.
+  a.mutable_spec()->mutable_data()->set_val_path(*dir_ + "/val");
+  tally::v1::AttemptExit exit = runner.Run(a, &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_FALSE(exit.retryable());
+  EXPECT_THAT(exit.reason(), HasSubstr("spec.data.val_path \"" + *dir_ + "/val\""));
+  // With the validation split inside the root too, it trains.
+  for (const char* ext : {".json", ".idx", ".bin"}) {
+    std::filesystem::copy_file(*dir_ + "/val" + ext, *dir_ + "/roots/b/val" + ext,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  a.mutable_spec()->mutable_data()->clear_val_path();
+  exit = runner.Run(a, &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit.reason();
+  EXPECT_EQ(exit.step(), 1);
+}
+
+TEST_F(TrainerRunnerTest, AJobNameThatLeavesTheCheckpointRootFailsTheAttemptForGood) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-names";
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 1, train::StopKind::kNow);
+  tally::v1::Assignment a = Assignment();
+  a.set_job("jobs/../../escaped");
+  const tally::v1::AttemptExit exit = runner.Run(a, &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_FALSE(exit.retryable());
+  EXPECT_THAT(exit.reason(), HasSubstr("cannot name a checkpoint folder"));
+  EXPECT_FALSE(std::filesystem::exists(*dir_ + "/escaped"));
+}
+
+TEST_F(TrainerRunnerTest, AResumePathOutsideTheJobsCheckpointFolderFailsTheAttemptForGood) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-resume";
+  TrainerRunner runner(o);
+  // A real checkpoint of another job, under the same root.
+  tally::v1::Assignment other = Assignment();
+  other.set_job("jobs/2");
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 3, train::StopKind::kKeepState);
+  tally::v1::AttemptExit exit = runner.Run(other, &reporter, &stop);
+  ASSERT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit.reason();
+  ASSERT_EQ(reporter.checkpoints().size(), 1u);
+  const tally::v1::CheckpointRecord ckpt = reporter.checkpoints()[0];
+
+  for (const std::string& forged :
+       {ckpt.path(), o.checkpoint_dir + "/job-1/../job-2/step-00000003.ckpt"}) {
+    SCOPED_TRACE(forged);
+    tally::v1::Assignment a = Assignment();  // jobs/1
+    a.mutable_resume_from()->set_path(forged);
+    a.mutable_resume_from()->set_sha256(ckpt.sha256());
+    train::StopFlag stop1;
+    RecordingReporter reporter1(&stop1, 1, train::StopKind::kNow);
+    exit = runner.Run(a, &reporter1, &stop1);
+    EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+    EXPECT_FALSE(exit.retryable());
+    EXPECT_THAT(exit.reason(),
+                AllOf(HasSubstr("resume_from.path \"" + forged + "\""),
+                      HasSubstr("outside this job's checkpoint folder"),
+                      HasSubstr(o.checkpoint_dir + " (--checkpoint_dir)")));
+    EXPECT_TRUE(reporter1.log().empty());
+  }
+  // Its own job resumes from it.
+  other.set_attempt(2);
+  other.mutable_resume_from()->set_path(ckpt.path());
+  other.mutable_resume_from()->set_sha256(ckpt.sha256());
+  train::StopFlag stop2;
+  RecordingReporter reporter2(&stop2, 4, train::StopKind::kNow);
+  exit = runner.Run(other, &reporter2, &stop2);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit.reason();
+  EXPECT_EQ(exit.step(), 4);
+  ASSERT_FALSE(reporter2.log().empty());
+  EXPECT_EQ(reporter2.log().front(), "progress 4");  // resumed after step 3
 }
 
 }  // namespace
