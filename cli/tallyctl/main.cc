@@ -1,4 +1,5 @@
 // tallyctl: the command-line client for tallyd's Jobs and Experiments APIs.
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -18,13 +19,17 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "cli/tallyctl/client_config.h"
 #include "cli/tallyctl/experiment_report.h"
+#include "cli/tallyctl/tokens.h"
 #include "common/experiment_spec.h"
 #include "common/spec_validation.h"
 #include "common/spec_yaml.h"
@@ -35,8 +40,34 @@
 #include "tally/v1/jobs.grpc.pb.h"
 
 ABSL_FLAG(std::string, controller, "",
-          "tallyd's gRPC address host:port (default: $TALLY_CONTROLLER, else "
-          "127.0.0.1:50051)");
+          "tallyd's gRPC address host:port (default: $TALLY_CONTROLLER, else the "
+          "context's address, else 127.0.0.1:50051)");
+ABSL_FLAG(std::string, token, "",
+          "bearer token sent to tallyd on every call (default: $TALLY_TOKEN, else "
+          "the context's token_file); visible to other users in the process list, "
+          "so prefer --token_file or $TALLY_TOKEN");
+ABSL_FLAG(std::string, token_file, "",
+          "a file holding the bearer token (surrounding whitespace is ignored)");
+ABSL_FLAG(std::string, ca_cert, "",
+          "PEM file of the CA certificate(s) that signed tallyd's certificate; set "
+          "means TLS (default: $TALLY_CA_CERT, else the context's ca_cert, else "
+          "plaintext)");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "with TLS: the name to check in tallyd's certificate, when it is not the "
+          "address's host (e.g. the address is an IP)");
+ABSL_FLAG(std::string, context, "",
+          "the context of the config file to use (default: $TALLY_CONTEXT, else "
+          "the file's current_context)");
+ABSL_FLAG(std::string, config_file, "",
+          "tallyctl's config file (default: $TALLY_CONFIG, else "
+          "~/.config/tally/config.yaml)");
+ABSL_FLAG(std::string, tenant, "",
+          "list, experiment list: only this tenant's (admins); token create: the "
+          "token's tenant");
+ABSL_FLAG(std::string, name, "",
+          "token create: the principal the token speaks for (a worker: its id)");
+ABSL_FLAG(std::string, role, "",
+          "token create: admin, user, viewer or worker");
 ABSL_FLAG(std::string, output, "text", "output format: text or json");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
           "deadline for each call (watch: for each reconnect)");
@@ -78,7 +109,8 @@ Usage: tallyctl [flags] COMMAND [ARGS]
 Commands:
   submit -f job.yaml     submit a job spec (YAML or JSON); prints the job name
   get JOB                show one job (JOB is jobs/ID or just ID)
-  list                   list jobs, newest first (--state, --page_size)
+  list                   list jobs, newest first (--state, --page_size;
+                         admins: --tenant=T for one tenant's)
   watch JOB              follow a job's events until it ends (progress bar on
                          a terminal, one line per event otherwise)
   cancel JOB             cancel a queued or running job (--reason)
@@ -92,7 +124,7 @@ Commands:
                          base spec, judged by dollars to a target loss);
                          prints experiments/ID
   experiment get EXP     the experiment and its variants' figures
-  experiment list        experiments, newest first (--page_size)
+  experiment list        experiments, newest first (--page_size, --tenant)
   experiment watch EXP   follow it until it ends (a live table on a
                          terminal, one line per event otherwise)
   experiment cancel EXP  cancel it and its running variants (--reason)
@@ -101,13 +133,44 @@ Commands:
                          every variant with the target, as an SVG
   experiment validate -f exp.yaml  check an experiment file locally
 
-Common flags: --controller=HOST:PORT (or $TALLY_CONTROLLER), --output=json,
---timeout=10s.
+  token create --name=NAME --tenant=TENANT --role=ROLE
+                         a fresh token (64 hex characters from 32 random
+                         bytes) on the first line, and on the second the
+                         entry that admits it in tallyd's token file; roles:
+                         admin (no --tenant: every tenant), user and viewer
+                         (--tenant required): --auth_tokens; worker (--name
+                         is the worker id, no tenant): --worker_tokens
+  token hash             the SHA-256 (hex) of a token read on stdin
 
-Exit codes: 0 ok; 1 error; 2 bad input; 3 not found; 4 wrong state;
-5 tallyd unavailable; 6 (watch) the job ended FAILED, CANCELLED or
-BUDGET_EXHAUSTED (experiment watch: the experiment ended CANCELLED or
-BUDGET_EXHAUSTED).
+Common flags: --output=json, --timeout=10s, and how to reach tallyd, each
+taken from the first that is set: the flag, the environment variable, the
+chosen context, the default:
+  --controller=HOST:PORT   $TALLY_CONTROLLER  address          127.0.0.1:50051
+  --ca_cert=PEM_FILE       $TALLY_CA_CERT     ca_cert          plaintext
+                           (set: TLS, verifying tallyd against these roots)
+  --tls_server_name=NAME                      tls_server_name  the host
+  --token=TOKEN, --token_file=FILE
+                           $TALLY_TOKEN       token_file       none
+                           (sent as "authorization: Bearer TOKEN")
+  --context=NAME           $TALLY_CONTEXT     (current_context)
+  --config_file=FILE       $TALLY_CONFIG      (~/.config/tally/config.yaml)
+
+The config file names contexts (a missing file is fine unless named):
+  current_context: prod
+  contexts:
+    - name: prod
+      address: tally.example.com:50051
+      ca_cert: /etc/tally/ca.pem
+      token_file: ~/.config/tally/prod.token
+    - name: local
+      address: 127.0.0.1:50051
+Paths may start with ~ ($HOME); relative ones are beside the config file.
+
+Exit codes: 0 ok; 1 error (a refused token or permission included); 2 bad
+input (flags, a spec, the config file, a token or CA file); 3 not found;
+4 wrong state; 5 tallyd unavailable (or the TLS handshake failed); 6 (watch)
+the job ended FAILED, CANCELLED or BUDGET_EXHAUSTED (experiment watch: the
+experiment ended CANCELLED or BUDGET_EXHAUSTED).
 )";
 
 int ExitFor(const grpc::Status& s) {
@@ -144,21 +207,6 @@ std::string CodeName(grpc::StatusCode code) {
   return i >= 0 && i <= 16 ? kNames[i] : absl::StrCat("status ", i);
 }
 
-int Fail(const grpc::Status& s, const std::string& controller) {
-  const std::string message =
-      s.error_message().empty()
-          ? absl::StrCat("tallyd answered ", CodeName(s.error_code()), " with no message")
-          : Safe(s.error_message());
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    std::cerr << "tallyctl: tallyd at " << controller
-              << " is not reachable: " << message << "\n";
-  } else {
-    std::cerr << "tallyctl: " << message << "\n";
-  }
-  return ExitFor(s);
-}
-
 std::string StateName(tally::v1::JobState s) {
   absl::string_view name = tally::v1::JobState_Name(s);
   absl::ConsumePrefix(&name, "JOB_STATE_");
@@ -182,32 +230,141 @@ std::string Time(const google::protobuf::Timestamp& t) {
                           absl::FromUnixSeconds(t.seconds()), absl::LocalTimeZone());
 }
 
+// "  tenant:    T   submitted by: A   cancelled by: B", the parts that are
+// set; empty when none is (tallyd without authentication).
+std::string OwnershipLine(absl::string_view tenant, absl::string_view by_label,
+                          absl::string_view by, absl::string_view cancelled_by) {
+  std::vector<std::string> parts;
+  if (!tenant.empty()) parts.push_back(absl::StrCat("tenant:    ", Safe(tenant)));
+  if (!by.empty()) parts.push_back(absl::StrCat(by_label, ": ", Safe(by)));
+  if (!cancelled_by.empty()) parts.push_back(absl::StrCat("cancelled by: ", Safe(cancelled_by)));
+  if (parts.empty()) return "";
+  return absl::StrCat("  ", absl::StrJoin(parts, "   "), "\n");
+}
+
+// " by PRINCIPAL" for an event a caller's request made, else empty.
+std::string ByPrincipal(absl::string_view principal) {
+  return principal.empty() ? std::string() : absl::StrCat(" by ", Safe(principal));
+}
+
 std::string NormalizeName(const std::string& arg) {
   return absl::StartsWith(arg, "jobs/") ? arg : absl::StrCat("jobs/", arg);
 }
 
+// Plaintext, or TLS verified against the given roots (and name).
+std::shared_ptr<grpc::Channel> MakeChannel(const Connection& conn) {
+  if (conn.ca_cert_pem.empty()) {
+    return grpc::CreateChannel(conn.address, grpc::InsecureChannelCredentials());
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = conn.ca_cert_pem;
+  grpc::ChannelArguments args;
+  // GRPC_SSL_TARGET_NAME_OVERRIDE_ARG: the name checked in the certificate.
+  if (!conn.tls_server_name.empty()) args.SetSslTargetNameOverride(conn.tls_server_name);
+  return grpc::CreateCustomChannel(conn.address, grpc::SslCredentials(ssl), args);
+}
+
+// Every call's context is made ready here: Prepare for unary calls,
+// Authorize for streams (which have no deadline).
 class Client {
  public:
-  explicit Client(const std::string& controller)
-      : controller_(controller),
-        channel_(grpc::CreateChannel(controller, grpc::InsecureChannelCredentials())),
+  explicit Client(Connection conn)
+      : conn_(std::move(conn)),
+        channel_(MakeChannel(conn_)),
         stub_(tally::v1::Jobs::NewStub(channel_)),
         experiments_(tally::v1::Experiments::NewStub(channel_)) {}
 
-  void Deadline(grpc::ClientContext* ctx) const {
+  // --timeout's deadline, and the credentials.
+  void Prepare(grpc::ClientContext* ctx) const {
     ctx->set_deadline(std::chrono::system_clock::now() +
                       absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_timeout)));
+    Authorize(ctx);
+  }
+  // The bearer token, if there is one.
+  void Authorize(grpc::ClientContext* ctx) const {
+    if (!conn_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + conn_.token);
+  }
+  // `text` (e.g. an error from tallyd) with the token, should it appear,
+  // blanked out: tallyctl never prints it.
+  std::string Redact(absl::string_view text) const {
+    if (conn_.token.empty()) return std::string(text);
+    return absl::StrReplaceAll(text, {{conn_.token, "<token>"}});
   }
   tally::v1::Jobs::Stub* stub() { return stub_.get(); }
   tally::v1::Experiments::Stub* experiments() { return experiments_.get(); }
-  const std::string& controller() const { return controller_; }
+  const std::string& controller() const { return conn_.address; }
+  const Connection& connection() const { return conn_; }
 
  private:
-  std::string controller_;
+  Connection conn_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<tally::v1::Jobs::Stub> stub_;
   std::unique_ptr<tally::v1::Experiments::Stub> experiments_;
 };
+
+// Whether an UNAVAILABLE message is about TLS (a handshake or certificate
+// that failed), not about reaching the address.
+bool IsTlsFailure(absl::string_view message) {
+  const std::string lower = absl::AsciiStrToLower(message);
+  for (const char* word : {"ssl", "tls", "handshake", "certificate"}) {
+    if (absl::StrContains(lower, word)) return true;
+  }
+  return false;
+}
+
+int Fail(const grpc::Status& s, const Client& c) {
+  const std::string message =
+      s.error_message().empty()
+          ? absl::StrCat("tallyd answered ", CodeName(s.error_code()), " with no message")
+          : Safe(c.Redact(s.error_message()));
+  const Connection& conn = c.connection();
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      std::cerr << "tallyctl: tallyd at " << Safe(c.controller())
+                << " is not reachable: " << message << "\n";
+      if (IsTlsFailure(s.error_message())) {
+        std::cerr << "tallyctl: hint: the TLS handshake failed; check --ca_cert / "
+                     "TALLY_CA_CERT and the server's name"
+                  << (conn.ca_cert_pem.empty()
+                          ? " (no CA certificate is set, so tallyctl spoke plaintext)"
+                          : absl::StrCat(" (roots from ", Safe(conn.ca_cert_source), " ",
+                                         Safe(conn.ca_cert_path),
+                                         conn.tls_server_name.empty()
+                                             ? "; the name checked is the address's host, "
+                                               "--tls_server_name overrides it"
+                                             : absl::StrCat("; the name checked is ",
+                                                            Safe(conn.tls_server_name)),
+                                         ")"))
+                  << "\n";
+      } else if (conn.ca_cert_pem.empty() &&
+                 absl::StrContains(s.error_message(), "Socket closed")) {
+        // What a TLS server does to a plaintext client.
+        std::cerr << "tallyctl: hint: if tallyd uses TLS, set --ca_cert or TALLY_CA_CERT "
+                     "(or choose a --context with a ca_cert)\n";
+      }
+      break;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      std::cerr << "tallyctl: tallyd did not accept the call's credentials: " << message
+                << "\n";
+      std::cerr << "tallyctl: hint: "
+                << (conn.token.empty()
+                        ? std::string("no token was sent; ")
+                        : absl::StrCat("the token from ", Safe(conn.token_source),
+                                       " was refused; "))
+                << "pass --token, set TALLY_TOKEN, or choose a --context with a token_file\n";
+      break;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      std::cerr << "tallyctl: tallyd refused the call: " << message << "\n";
+      std::cerr << "tallyctl: hint: the token's role or tenant does not allow this; use a "
+                   "token with the right role (admin, user, viewer) and tenant, which an "
+                   "admin makes with tallyctl token create\n";
+      break;
+    default:
+      std::cerr << "tallyctl: " << message << "\n";
+  }
+  return ExitFor(s);
+}
 
 bool IsTerminalState(tally::v1::JobState s) {
   return s == tally::v1::JOB_STATE_SUCCEEDED || s == tally::v1::JOB_STATE_EARLY_STOPPED ||
@@ -241,6 +398,7 @@ void PrintJob(const tally::v1::Job& j) {
   if (j.worker_ids_size() > 0) {
     std::cout << "  workers:   " << Safe(absl::StrJoin(j.worker_ids(), ", ")) << "\n";
   }
+  std::cout << OwnershipLine(j.tenant(), "submitted by", j.submitted_by(), j.cancelled_by());
   std::cout << "  created:   " << Time(j.create_time()) << "   started: "
             << Time(j.start_time()) << "   ended: " << Time(j.end_time()) << "\n";
   std::cout << absl::StrFormat("  cost:      $%.4f (%.1f GPU-seconds at $%.4f/GPU-hour)",
@@ -341,7 +499,7 @@ grpc::Status WithRetries(Client& c, F call) {
   grpc::Status s;
   for (int attempt = 0; attempt < 3; ++attempt) {
     grpc::ClientContext ctx;
-    c.Deadline(&ctx);
+    c.Prepare(&ctx);
     s = call(&ctx);
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
     absl::SleepFor(absl::Milliseconds(300 << attempt));
@@ -369,7 +527,7 @@ int Submit(Client& c) {
   // no second job.
   grpc::Status s = WithRetries(
       c, [&](grpc::ClientContext* ctx) { return c.stub()->SubmitJob(ctx, req, &job); });
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(job) << "\n";
   } else {
@@ -391,9 +549,9 @@ int Estimate(Client& c) {
   if (int rc = ReadSpecFlag("estimate", req.mutable_spec()); rc != kOk) return rc;
   tally::v1::CostEstimate e;
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.stub()->EstimateCost(&ctx, req, &e);
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(e) << "\n";
   } else {
@@ -409,9 +567,9 @@ int Cost(Client& c, const std::string& name) {
   req.set_name(NormalizeName(name));
   tally::v1::Job j;
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.stub()->GetJob(&ctx, req, &j);
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(j.cost()) << "\n";
     return kOk;
@@ -443,9 +601,9 @@ int Get(Client& c, const std::string& name) {
   req.set_name(NormalizeName(name));
   tally::v1::Job job;
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   PrintJob(job);
   return kOk;
 }
@@ -454,6 +612,7 @@ int List(Client& c) {
   tally::v1::ListJobsRequest req;
   req.set_page_size(absl::GetFlag(FLAGS_page_size));
   req.set_page_token(absl::GetFlag(FLAGS_page_token));
+  req.set_tenant(absl::GetFlag(FLAGS_tenant));
   for (absl::string_view s :
        absl::StrSplit(absl::GetFlag(FLAGS_state), ',', absl::SkipEmpty())) {
     tally::v1::JobState state;
@@ -469,9 +628,9 @@ int List(Client& c) {
   }
   tally::v1::ListJobsResponse resp;
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.stub()->ListJobs(&ctx, req, &resp);
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(resp) << "\n";
     return kOk;
@@ -497,9 +656,9 @@ int Cancel(Client& c, const std::string& name) {
   req.set_reason(absl::GetFlag(FLAGS_reason));
   tally::v1::Job job;
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.stub()->CancelJob(&ctx, req, &job);
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   PrintJob(job);
   return kOk;
 }
@@ -509,9 +668,9 @@ int Checkpoints(Client& c, const std::string& name) {
   req.set_name(NormalizeName(name));
   tally::v1::ListCheckpointsResponse resp;
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.stub()->ListCheckpoints(&ctx, req, &resp);
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(resp) << "\n";
     return kOk;
@@ -572,16 +731,16 @@ int Watch(Client& c, const std::string& arg) {
     req.set_name(name);
     tally::v1::Job job;
     grpc::ClientContext ctx;
-    c.Deadline(&ctx);
+    c.Prepare(&ctx);
     grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
     if (s.ok()) {
       max_steps = job.spec().training().max_steps();
       break;
     }
-    if (!retry.Again(s)) return Fail(s, c.controller());
+    if (!retry.Again(s)) return Fail(s, c);
     if (retry.failures == 1) {
-      std::cerr << "tallyctl: waiting for tallyd at " << c.controller() << " ("
-                << Safe(s.error_message()) << ")\n";
+      std::cerr << "tallyctl: waiting for tallyd at " << Safe(c.controller()) << " ("
+                << Safe(c.Redact(s.error_message())) << ")\n";
     }
     retry.Wait();
   }
@@ -594,6 +753,7 @@ int Watch(Client& c, const std::string& arg) {
     req.set_name(name);
     req.set_after_sequence(after);
     grpc::ClientContext ctx;
+    c.Authorize(&ctx);
     auto reader = c.stub()->WatchJob(&ctx, req);
     tally::v1::JobEvent e;
     while (reader->Read(&e)) {
@@ -625,6 +785,7 @@ int Watch(Client& c, const std::string& arg) {
       if (e.patience_left() >= 0 && (e.type() == "eval" || e.type() == "progress")) {
         absl::StrAppendFormat(&line, " patience %d", e.patience_left());
       }
+      absl::StrAppend(&line, ByPrincipal(e.principal()));
       if (!e.reason().empty()) absl::StrAppend(&line, " ", Safe(e.reason()));
       if (!e.detail().empty()) absl::StrAppend(&line, " (", Safe(e.detail()), ")");
       std::cout << line << std::endl;
@@ -633,9 +794,9 @@ int Watch(Client& c, const std::string& arg) {
     if (s.ok()) break;
     if (bar_shown) std::cout << "\n";
     bar_shown = false;
-    if (!retry.Again(s)) return Fail(s, c.controller());
+    if (!retry.Again(s)) return Fail(s, c);
     // tallyd restarting or unreachable: resume after the last event seen.
-    std::cerr << "tallyctl: watch interrupted (" << Safe(s.error_message())
+    std::cerr << "tallyctl: watch interrupted (" << Safe(c.Redact(s.error_message()))
               << "); resuming after event " << after << "\n";
     retry.Wait();
   }
@@ -780,7 +941,9 @@ void PrintExperiment(const tally::v1::Experiment& e) {
   if (e.spec().budget().max_dollars() > 0) {
     std::cout << " of a " << FormatDollars(e.spec().budget().max_dollars()) << " budget";
   }
-  std::cout << "\n  created:   " << Time(e.create_time()) << "   ended: " << Time(e.end_time())
+  std::cout << "\n"
+            << OwnershipLine(e.tenant(), "created by", e.created_by(), e.cancelled_by());
+  std::cout << "  created:   " << Time(e.create_time()) << "   ended: " << Time(e.end_time())
             << "\n";
   PrintVariantTable(e);
 }
@@ -789,9 +952,9 @@ int GetExperiment(Client& c, const std::string& arg, tally::v1::Experiment* out)
   tally::v1::GetExperimentRequest req;
   req.set_name(NormalizeExperimentName(arg));
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.experiments()->GetExperiment(&ctx, req, out);
-  return s.ok() ? kOk : Fail(s, c.controller());
+  return s.ok() ? kOk : Fail(s, c);
 }
 
 int ExperimentCreate(Client& c) {
@@ -802,7 +965,7 @@ int ExperimentCreate(Client& c) {
   grpc::Status s = WithRetries(c, [&](grpc::ClientContext* ctx) {
     return c.experiments()->CreateExperiment(ctx, req, &e);
   });
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << JsonAll(e) << "\n";
   } else {
@@ -835,11 +998,12 @@ int ExperimentList(Client& c) {
   tally::v1::ListExperimentsRequest req;
   req.set_page_size(absl::GetFlag(FLAGS_page_size));
   req.set_page_token(absl::GetFlag(FLAGS_page_token));
+  req.set_tenant(absl::GetFlag(FLAGS_tenant));
   tally::v1::ListExperimentsResponse resp;
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.experiments()->ListExperiments(&ctx, req, &resp);
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << JsonAll(resp) << "\n";
     return kOk;
@@ -864,9 +1028,9 @@ int ExperimentCancel(Client& c, const std::string& arg) {
   req.set_reason(absl::GetFlag(FLAGS_reason));
   tally::v1::Experiment e;
   grpc::ClientContext ctx;
-  c.Deadline(&ctx);
+  c.Prepare(&ctx);
   grpc::Status s = c.experiments()->CancelExperiment(&ctx, req, &e);
-  if (!s.ok()) return Fail(s, c.controller());
+  if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << JsonAll(e) << "\n";
   } else {
@@ -892,7 +1056,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
     tally::v1::GetExperimentRequest req;
     req.set_name(name);
     grpc::ClientContext ctx;
-    c.Deadline(&ctx);
+    c.Prepare(&ctx);
     return c.experiments()->GetExperiment(&ctx, req, &e);
   };
   // Gets `e` until it answers or `retry` gives up; kOk or the exit code.
@@ -900,7 +1064,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
     while (true) {
       grpc::Status s = get();
       if (s.ok()) return kOk;
-      if (!retry.Again(s)) return Fail(s, c.controller());
+      if (!retry.Again(s)) return Fail(s, c);
       retry.Wait();
     }
   };
@@ -921,7 +1085,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
       absl::SleepFor(absl::Seconds(1));
       grpc::Status s = get();
       if (!s.ok()) {
-        if (!retry.Again(s)) return Fail(s, c.controller());
+        if (!retry.Again(s)) return Fail(s, c);
         retry.Wait();
       } else {
         retry.Reset();
@@ -936,6 +1100,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
     req.set_name(name);
     req.set_after_sequence(after);
     grpc::ClientContext ctx;
+    c.Authorize(&ctx);
     auto reader = c.experiments()->WatchExperiment(&ctx, req);
     tally::v1::ExperimentEvent ev;
     while (reader->Read(&ev)) {
@@ -947,14 +1112,15 @@ int ExperimentWatch(Client& c, const std::string& arg) {
       }
       std::string line = absl::StrFormat("#%-4d %s %-17s %-10s", ev.sequence(), Time(ev.time()),
                                          Safe(ev.type()), ExperimentStateName(ev.state()));
+      absl::StrAppend(&line, ByPrincipal(ev.principal()));
       if (!ev.reason().empty()) absl::StrAppend(&line, " ", Safe(ev.reason()));
       if (!ev.detail().empty()) absl::StrAppend(&line, " (", Safe(ev.detail()), ")");
       std::cout << line << std::endl;
     }
     grpc::Status s = reader->Finish();
     if (s.ok()) break;
-    if (!retry.Again(s)) return Fail(s, c.controller());
-    std::cerr << "tallyctl: watch interrupted (" << Safe(s.error_message())
+    if (!retry.Again(s)) return Fail(s, c);
+    std::cerr << "tallyctl: watch interrupted (" << Safe(c.Redact(s.error_message()))
               << "); resuming after event " << after << "\n";
     retry.Wait();
   }
@@ -978,9 +1144,9 @@ int ExperimentReport(Client& c, const std::string& arg) {
     req.set_name(v.job());
     tally::v1::Job job;
     grpc::ClientContext ctx;
-    c.Deadline(&ctx);
+    c.Prepare(&ctx);
     grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
-    if (!s.ok()) return Fail(s, c.controller());
+    if (!s.ok()) return Fail(s, c);
     curves.push_back({v.name(), {job.curve().begin(), job.curve().end()}});
   }
   if (absl::GetFlag(FLAGS_output) == "json") {
@@ -1024,6 +1190,93 @@ int Experiment(Client& c, const std::vector<char*>& args) {
   return kUsage;
 }
 
+// --- Tokens: local, no call to tallyd.
+
+// A fresh token and the entry of tallyd's token file that admits it.
+int TokenCreate() {
+  TokenEntry entry{.name = absl::GetFlag(FLAGS_name),
+                   .tenant = absl::GetFlag(FLAGS_tenant),
+                   .role = absl::GetFlag(FLAGS_role)};
+  if (absl::Status s = ValidateTokenEntry(entry); !s.ok()) {
+    std::cerr << "tallyctl token create: " << s.message() << "\n";
+    return kUsage;
+  }
+  absl::StatusOr<std::string> token = NewToken();
+  if (!token.ok()) {
+    std::cerr << "tallyctl token create: " << token.status().message() << "\n";
+    return kError;
+  }
+  entry.token_sha256 = TokenSha256Hex(*token);
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    // Every value is a checked plain word or hex: nothing to escape.
+    std::cout << "{\n  \"token\": \"" << *token << "\",\n  \"entry\": {\n    \"name\": \""
+              << entry.name << "\",\n    \"tenant\": \"" << entry.tenant
+              << "\",\n    \"role\": \"" << entry.role << "\",\n    \"token_sha256\": \""
+              << entry.token_sha256 << "\"\n  }\n}\n";
+  } else {
+    std::cout << *token << "\n" << TokenEntryYaml(entry) << "\n";
+  }
+  return kOk;
+}
+
+// The SHA-256 of the token on stdin (surrounding whitespace ignored), as
+// tallyd's token file holds it.
+int TokenHash() {
+  std::string text(kMaxTokenBytes + 65, '\0');
+  std::cin.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(std::cin.gcount()));
+  const std::string token(absl::StripAsciiWhitespace(text));
+  if (absl::Status s = CheckToken(token, "stdin"); !s.ok()) {
+    std::cerr << "tallyctl token hash: " << s.message() << "\n";
+    return kUsage;
+  }
+  const std::string sha = TokenSha256Hex(token);
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << "{\n  \"token_sha256\": \"" << sha << "\"\n}\n";
+  } else {
+    std::cout << sha << "\n";
+  }
+  return kOk;
+}
+
+int Token(const std::vector<char*>& args) {
+  const std::string sub = args.size() > 2 ? args[2] : "";
+  if (args.size() > 3) {
+    std::cerr << "tallyctl token " << Safe(sub)
+              << ": takes no arguments (flags: --name, --tenant, --role)\n";
+    return kUsage;
+  }
+  if (sub == "create") return TokenCreate();
+  if (sub == "hash") return TokenHash();
+  std::cerr << "tallyctl token: unknown or missing subcommand \"" << Safe(sub)
+            << "\"; use create or hash\n";
+  return kUsage;
+}
+
+// The connection from the flags, the environment and the config file; an
+// error is printed and gives kUsage.
+int ResolveFlags(Connection* conn) {
+  ConnectionFlags flags{.controller = absl::GetFlag(FLAGS_controller),
+                        .token = absl::GetFlag(FLAGS_token),
+                        .token_file = absl::GetFlag(FLAGS_token_file),
+                        .ca_cert = absl::GetFlag(FLAGS_ca_cert),
+                        .tls_server_name = absl::GetFlag(FLAGS_tls_server_name),
+                        .context = absl::GetFlag(FLAGS_context),
+                        .config_file = absl::GetFlag(FLAGS_config_file)};
+  absl::StatusOr<Connection> resolved = ResolveConnection(flags, ProcessEnvironment());
+  if (!resolved.ok()) {
+    std::cerr << "tallyctl: " << resolved.status().message() << "\n";
+    return kUsage;
+  }
+  *conn = *std::move(resolved);
+  if (!conn->token.empty() && conn->ca_cert_pem.empty() && !IsLoopbackAddress(conn->address)) {
+    std::cerr << "tallyctl: warning: the token goes to " << Safe(conn->address)
+              << " without TLS, readable by anyone on the path; set --ca_cert (or "
+                 "TALLY_CA_CERT, or the context's ca_cert)\n";
+  }
+  return kOk;
+}
+
 int Main(std::vector<char*> args) {
   if (args.size() < 2) {
     std::cerr << kUsageText;
@@ -1033,11 +1286,6 @@ int Main(std::vector<char*> args) {
   if (output != "text" && output != "json") {
     std::cerr << "tallyctl: --output must be text or json, got \"" << output << "\"\n";
     return kUsage;
-  }
-  std::string controller = absl::GetFlag(FLAGS_controller);
-  if (controller.empty()) {
-    const char* env = std::getenv("TALLY_CONTROLLER");
-    controller = env && *env ? env : "127.0.0.1:50051";
   }
   const std::string cmd = args[1];
   auto need_job = [&](const char* what) -> bool {
@@ -1051,7 +1299,21 @@ int Main(std::vector<char*> args) {
   if (cmd == "experiment" && args.size() > 2 && std::string(args[2]) == "validate") {
     return ExperimentValidate();
   }
-  Client client(controller);
+  if (cmd == "token") return Token(args);
+  if (cmd == "help") {
+    std::cout << kUsageText;
+    return kOk;
+  }
+  static constexpr const char* kCommands[] = {"experiment", "submit",      "list",
+                                              "get",        "watch",       "cancel",
+                                              "checkpoints", "cost",       "estimate"};
+  if (std::find(std::begin(kCommands), std::end(kCommands), cmd) == std::end(kCommands)) {
+    std::cerr << "tallyctl: unknown command \"" << Safe(cmd) << "\"\n\n" << kUsageText;
+    return kUsage;
+  }
+  Connection conn;
+  if (int rc = ResolveFlags(&conn); rc != kOk) return rc;
+  Client client(std::move(conn));
   if (cmd == "experiment") return Experiment(client, args);
   if (cmd == "submit") {
     int rc = Submit(client);
@@ -1066,10 +1328,6 @@ int Main(std::vector<char*> args) {
   }
   if (cmd == "cost") return need_job("cost") ? Cost(client, args[2]) : kUsage;
   if (cmd == "estimate") return Estimate(client);
-  if (cmd == "help") {
-    std::cout << kUsageText;
-    return kOk;
-  }
   std::cerr << "tallyctl: unknown command \"" << cmd << "\"\n\n" << kUsageText;
   return kUsage;
 }
@@ -1079,6 +1337,11 @@ int Main(std::vector<char*> args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(tally::cli::kUsageText);
+  // tallyctl says what failed in its own words (a failed TLS handshake
+  // included); gRPC's own log lines only repeat it, unless asked for.
+  if (std::getenv("GRPC_VERBOSITY") == nullptr && std::getenv("GRPC_TRACE") == nullptr) {
+    gpr_set_log_function([](gpr_log_func_args*) {});
+  }
   // -f is the customary short form of --file.
   std::vector<std::string> storage;
   for (int i = 0; i < argc; ++i) {
