@@ -5,6 +5,11 @@
 # both as they go, and a side-by-side summary; then a two-rank job, and last
 # an experiment that compares four recipes by their dollars to one target
 # loss, with its table and an SVG of loss against dollars.
+# Secure, as in production: a throwaway PKI (scripts/dev-pki.sh) gives tallyd
+# a TLS certificate, each worker a client certificate whose CN is its
+# --worker_id, and tokens for an admin and a user of tenant "demo"; every
+# tallyctl call sends the user's token over TLS. Only /metrics stays plain
+# HTTP, on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -22,28 +27,51 @@ else
   echo "corpus: $DEMO/fortunes (prepared earlier by tally-prep)"
 fi
 
+PKI=$DEMO/pki
+echo "\$ scripts/dev-pki.sh $PKI demo-cpu-0 demo-cpu-1"
+scripts/dev-pki.sh "$PKI" demo-cpu-0 demo-cpu-1
+
 "$B/server/tallyd" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
   --data_dir="$DEMO/tallyd" --address_file="$DEMO/tallyd/addr" \
-  --config=examples/tallyd.yaml >"$DEMO/tallyd.log" 2>&1 &
+  --config=examples/tallyd.yaml \
+  --tls_cert="$PKI/tallyd.crt" --tls_key="$PKI/tallyd.key" --client_ca="$PKI/ca.crt" \
+  --auth_tokens="$PKI/users.yaml" >"$DEMO/tallyd.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [ -s "$DEMO/tallyd/addr" ] && break; sleep 0.05; done
+[ -s "$DEMO/tallyd/addr" ] || { echo "tallyd did not start:"; cat "$DEMO/tallyd.log"; exit 1; }
 GRPC=$(sed 's/grpc=\([^ ]*\).*/\1/' "$DEMO/tallyd/addr")
 METRICS=$(sed 's/.*metrics=//' "$DEMO/tallyd/addr")
-export TALLY_CONTROLLER=$GRPC
-echo "tallyd: gRPC $GRPC, metrics http://$METRICS/metrics (log: $DEMO/tallyd.log)"
+export TALLY_CONTROLLER=$GRPC TALLY_CA_CERT=$PKI/ca.crt
+TALLY_TOKEN=$(cat "$PKI/user.token")
+export TALLY_TOKEN
+echo "tallyd: gRPC over TLS $GRPC (clients: a token; workers: a client certificate),"
+echo "        metrics http://$METRICS/metrics (plain HTTP, loopback only; log: $DEMO/tallyd.log)"
 echo "        prices from examples/tallyd.yaml: a cpu slot costs \$0.05 an hour"
 
 # Two workers, one core each, so the two jobs run side by side.
 for i in 0 1; do
   "$B/worker/tally-worker" --worker_id=demo-cpu-$i --threads=1 \
+    --ca_cert="$PKI/ca.crt" --tls_cert="$PKI/workers/demo-cpu-$i.crt" \
+    --tls_key="$PKI/workers/demo-cpu-$i.key" --data_root="$DEMO/fortunes" \
     --checkpoint_dir="$DEMO/checkpoints" --rendezvous_host=127.0.0.1 \
     --rendezvous_port=$((29610 + 10 * i)) >"$DEMO/worker-$i.log" 2>&1 &
   pids+=($!)
 done
-echo "tally-worker: demo-cpu-0, demo-cpu-1 (logs: $DEMO/worker-*.log)"
+echo "tally-worker: demo-cpu-0, demo-cpu-1, each with its client certificate, reading data"
+echo "              only under $DEMO/fortunes (logs: $DEMO/worker-*.log)"
+echo
+echo "How to call it (from this directory, while the demo runs):"
+echo "  export TALLY_CONTROLLER=$GRPC TALLY_CA_CERT=$PKI/ca.crt TALLY_TOKEN=\$(cat $PKI/user.token)"
+echo "  $B/cli/tallyctl list        # admin, every tenant: TALLY_TOKEN=\$(cat $PKI/admin.token)"
 echo
 
 TALLYCTL="$B/cli/tallyctl"
+echo "\$ TALLY_TOKEN= tallyctl list      # no token: refused"
+if refused=$(TALLY_TOKEN= "$TALLYCTL" list 2>&1); then
+  echo "tallyd accepted a call without a token"; exit 1
+fi
+echo "$refused" | head -1
+echo
 echo "\$ tallyctl estimate -f examples/jobs/tiny.yaml"
 "$TALLYCTL" estimate -f examples/jobs/tiny.yaml
 echo

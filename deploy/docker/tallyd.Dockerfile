@@ -31,6 +31,18 @@ COPY --from=build /stage/root/ /
 COPY examples/tallyd.yaml /etc/tally/tallyd.yaml
 USER 10001:10001
 EXPOSE 50051 9464
+# Served beyond loopback, tallyd needs TLS, user tokens and worker
+# authentication (it refuses to start without them): the same paths as in
+# deploy/k8s/base/tallyd.yaml, mounted read-only and readable by uid 10001,
+# e.g. from scripts/dev-pki.sh's directory ~/tally-pki (which it writes
+# 0600: make the four files readable by uid 10001 first):
+#   docker run -p 50051:50051 \
+#     -v "$HOME/tally-pki/tallyd.crt:/var/run/tally/tls/tls.crt:ro" \
+#     -v "$HOME/tally-pki/tallyd.key:/var/run/tally/tls/tls.key:ro" \
+#     -v "$HOME/tally-pki/ca.crt:/var/run/tally/tls/ca.crt:ro" \
+#     -v "$HOME/tally-pki/users.yaml:/var/run/tally/auth/users.yaml:ro" tally/tallyd:0.1.0
 ENTRYPOINT ["/usr/local/bin/tallyd"]
 CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--data_dir=/var/lib/tally", \
-     "--config=/etc/tally/tallyd.yaml"]
+     "--config=/etc/tally/tallyd.yaml", \
+     "--tls_cert=/var/run/tally/tls/tls.crt", "--tls_key=/var/run/tally/tls/tls.key", \
+     "--client_ca=/var/run/tally/tls/ca.crt", "--auth_tokens=/var/run/tally/auth/users.yaml"]

@@ -8,7 +8,10 @@ GPU type per node product, storage a laptop cluster provides, monitoring
 settings in one place per overlay); the worker's readiness probe works on a
 real socket table; .dockerignore keeps build outputs out of the images'
 context; and deploy/docker/stage-runtime.sh stages only what the binaries
-load."""
+load. Security: tallyd serves TLS with user and worker authentication from
+read-only Secrets, workers verify it and prove their id (a token per pod, or
+with components/cert-manager a CSI certificate per pod), nothing passes
+--insecure; and scripts/dev-pki.sh makes files a real tallyd serves with."""
 
 import json
 import math
@@ -18,20 +21,30 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import unittest
 
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOLS = os.environ.get("TALLY_PYTOOLS", "")
+# scripts/setup.sh's virtual environment, where tests/CMakeLists.txt finds it.
+TOOLS = os.environ.get("TALLY_PYTOOLS") or os.path.join(
+    os.environ.get("TALLY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tally"),
+    "pytools-1")
 BUILD = os.environ.get("TALLY_BUILD_DIR", os.path.join(ROOT, "build"))
 K8S = os.path.join(ROOT, "deploy", "k8s")
+DEV_PKI = os.path.join(ROOT, "scripts", "dev-pki.sh")
 DOCKER = os.path.join(ROOT, "deploy", "docker")
 # The GPU feature discovery product label each GPU pool must be pinned to.
 GPU_PRODUCTS = {"h200": "NVIDIA-H200", "a100": "NVIDIA-A100-SXM4-80GB"}
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"):
         os.path.join(K8S, "schemas", "servicemonitor.monitoring.coreos.com-v1.json"),
+    ("cert-manager.io/v1", "Issuer"):
+        os.path.join(K8S, "schemas", "issuer.cert-manager.io-v1.json"),
+    ("cert-manager.io/v1", "Certificate"):
+        os.path.join(K8S, "schemas", "certificate.cert-manager.io-v1.json"),
 }
 
 
@@ -40,6 +53,21 @@ def tool(name):
     if not os.path.exists(path):
         raise AssertionError("%s is missing: scripts/setup.sh installs it into %s" % (name, TOOLS))
     return path
+
+
+def with_cert_manager(tmp):
+    """A copy of deploy/k8s whose overlays use components/cert-manager, as
+    its kustomization.yaml says to."""
+    k8s = os.path.join(tmp, "k8s")
+    shutil.copytree(K8S, k8s)
+    for overlay in ("cpu", "gpu"):
+        path = os.path.join(k8s, "overlays", overlay, "kustomization.yaml")
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        doc["components"].append("../../components/cert-manager")
+        with open(path, "w") as f:
+            yaml.safe_dump(doc, f)
+    return k8s
 
 
 def render(overlay, k8s=K8S):
@@ -105,6 +133,50 @@ def dockerignore_excludes(patterns, path):
     return excluded
 
 
+def flag(container, name):
+    """The value of --NAME=VALUE in the container's args, or None."""
+    values = [a.split("=", 1)[1] for a in container.get("args", [])
+              if a.startswith("--%s=" % name)]
+    assert len(values) <= 1, values
+    return values[0] if values else None
+
+
+def mounted(pod, container, path):
+    """(the volume, the mount, the path inside the volume) that PATH in the
+    container's filesystem reads."""
+    best = None
+    for m in container.get("volumeMounts", []):
+        root = m["mountPath"].rstrip("/") + "/"
+        if path.startswith(root) and (best is None or len(root) > len(best[1])):
+            best = (m, root)
+    assert best, "%s is on no volume" % path
+    mount, root = best
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    return volume, mount, path[len(root):]
+
+
+def secret_file(pod, container, path):
+    """(Secret name, key) of the read-only Secret file at PATH."""
+    volume, mount, rel = mounted(pod, container, path)
+    assert "secret" in volume, "%s is not from a Secret: %s" % (path, volume)
+    assert mount.get("readOnly") is True, "%s is mounted writable" % path
+    assert "subPath" not in mount, "a subPath mount never sees a Secret's updates"
+    secret = volume["secret"]
+    if "items" in secret:
+        keys = {i["path"]: i["key"] for i in secret["items"]}
+        assert rel in keys, "%s: no item %s in %s" % (path, rel, secret)
+        return secret["secretName"], keys[rel]
+    return secret["secretName"], rel
+
+
+def all_args(objects):
+    for o in objects:
+        spec = o.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            for a in c.get("command", []) + c.get("args", []):
+                yield o["metadata"]["name"], a
+
+
 def pod_labels(workload):
     return workload["spec"]["template"]["metadata"]["labels"]
 
@@ -155,11 +227,10 @@ class DeployTest(unittest.TestCase):
         pod = spec["template"]["spec"]
         c = pod["containers"][0]
         self.assertEqual(c["image"], "tally/tallyd:0.1.0")
-        self.assertEqual(c["readinessProbe"]["grpc"]["port"], 50051)
-        self.assertEqual(c["livenessProbe"]["grpc"]["port"], 50051)
         self.assertTrue(pod["securityContext"]["runAsNonRoot"])
         self.assertTrue(c["securityContext"]["readOnlyRootFilesystem"])
         self.check_tallyd_pod(pod)
+        self.check_tallyd_security(pod, worker_tokens=True)
         self.assertIn("--config=/etc/tally/tallyd.yaml", c["args"])
         self.assertEqual(pod["volumes"][0]["persistentVolumeClaim"]["claimName"], "tallyd-data")
         worker = find(objects, "StatefulSet", "tally-worker")
@@ -170,6 +241,8 @@ class DeployTest(unittest.TestCase):
         self.assertEqual(self.check_worker_pod(worker), {"TALLY_DEVICE": "cpu",
                                                          "TALLY_GPU_TYPE": "cpu",
                                                          "TALLY_THREADS": 2})
+        self.check_worker_security(worker, objects, per_pod_certificate=False)
+        self.check_no_insecure(objects)
         # A one-node laptop cluster's default storage class: ReadWriteOnce,
         # no class named, and the workers kept on one node to share it.
         for pvc in of_kind(objects, "PersistentVolumeClaim"):
@@ -186,6 +259,86 @@ class DeployTest(unittest.TestCase):
         # The ConfigMap's prices parse as tallyd's config.
         prices = yaml.safe_load(find(objects, "ConfigMap", "tallyd-config")["data"]["tallyd.yaml"])
         self.assertIn("cpu", prices["usd_per_gpu_hour"])
+
+    def check_tallyd_security(self, pod, worker_tokens):
+        """TLS, user tokens and worker authentication, each from a file of a
+        read-only Secret; probes that work on a TLS-only gRPC port."""
+        c = pod["containers"][0]
+        self.assertFalse(flag(c, "listen").startswith("127."), "served beyond the pod")
+        self.assertEqual(secret_file(pod, c, flag(c, "tls_cert")), ("tally-tls", "tls.crt"))
+        self.assertEqual(secret_file(pod, c, flag(c, "tls_key")), ("tally-tls", "tls.key"))
+        self.assertEqual(secret_file(pod, c, flag(c, "client_ca")), ("tally-tls", "ca.crt"))
+        self.assertEqual(secret_file(pod, c, flag(c, "auth_tokens")), ("tally-auth", "users.yaml"))
+        if worker_tokens:
+            self.assertEqual(secret_file(pod, c, flag(c, "worker_tokens")),
+                             ("tally-auth", "workers.yaml"))
+        else:
+            self.assertIsNone(flag(c, "worker_tokens"))
+        for v in pod["volumes"]:
+            if "secret" in v:
+                # Readable by the pod's group (fsGroup) and nobody else.
+                self.assertEqual(v["secret"].get("defaultMode"), 0o440, v["name"])
+        # Kubernetes' gRPC probe has no TLS: none may probe the gRPC port.
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        grpc_port = int(flag(c, "listen").rsplit(":", 1)[1])
+        metrics_port = int(flag(c, "metrics_listen").rsplit(":", 1)[1])
+        for kind in ("readinessProbe", "livenessProbe"):
+            self.assertNotIn("grpc", c[kind], kind)
+        ready = c["readinessProbe"]["tcpSocket"]["port"]
+        self.assertEqual(ports.get(ready, ready), grpc_port)
+        live = c["livenessProbe"]["httpGet"]
+        self.assertEqual((live["path"], ports.get(live["port"], live["port"])),
+                         ("/healthz", metrics_port))
+        self.assertNotEqual(live.get("scheme", "HTTP"), "HTTPS")
+
+    def check_worker_security(self, worker, objects, per_pod_certificate):
+        """The worker verifies tallyd against the CA of tally-tls (and sees
+        nothing else of that Secret), and proves its --worker_id, the pod's
+        name: by its own token from tally-worker-token, or by a client
+        certificate from cert-manager's CSI driver whose CN is the pod name."""
+        pod = worker["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        name = worker["metadata"]["name"]
+        self.assertEqual(flag(c, "worker_id"), "$(POD_NAME)", name)
+        self.assertEqual(env_of(c)["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"],
+                         "metadata.name")
+        self.assertEqual(secret_file(pod, c, flag(c, "ca_cert")), ("tally-tls", "ca.crt"))
+        volume, _, _ = mounted(pod, c, flag(c, "ca_cert"))
+        self.assertEqual([i["key"] for i in volume["secret"]["items"]], ["ca.crt"],
+                         "%s: only the CA of tally-tls, never tallyd's key" % name)
+        self.assertEqual(flag(c, "data_root"), c["workingDir"])
+        secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        if not per_pod_certificate:
+            self.assertIsNone(flag(c, "tls_cert"), name)
+            token = flag(c, "token_file")
+            self.assertTrue(token.endswith("/$(POD_NAME)"), token)
+            self.assertEqual(secret_file(pod, c, token), ("tally-worker-token", "$(POD_NAME)"))
+            return
+        self.assertIsNone(flag(c, "token_file"), name)
+        self.assertNotIn("tally-worker-token", secrets, name)
+        cert, _, cert_file = mounted(pod, c, flag(c, "tls_cert"))
+        key, mount, key_file = mounted(pod, c, flag(c, "tls_key"))
+        self.assertIs(cert, key)
+        self.assertTrue(mount.get("readOnly"), name)
+        csi = cert["csi"]
+        self.assertEqual(csi["driver"], "csi.cert-manager.io")
+        self.assertTrue(csi["readOnly"])
+        attrs = csi["volumeAttributes"]
+        # The driver's own variable: the pod's name, which is --worker_id.
+        self.assertEqual(attrs["csi.cert-manager.io/common-name"], "${POD_NAME}")
+        self.assertEqual((cert_file, key_file),
+                         (attrs.get("csi.cert-manager.io/certificate-file", "tls.crt"),
+                          attrs.get("csi.cert-manager.io/privatekey-file", "tls.key")))
+        self.assertIn("client auth", attrs["csi.cert-manager.io/key-usages"].split(","))
+        self.assertEqual(attrs["csi.cert-manager.io/fs-group"],
+                         str(pod["securityContext"]["runAsGroup"]))
+        issuer = find(objects, attrs.get("csi.cert-manager.io/issuer-kind", "Issuer"),
+                      attrs["csi.cert-manager.io/issuer-name"])
+        self.assertEqual(issuer["metadata"]["namespace"], worker["metadata"]["namespace"])
+
+    def check_no_insecure(self, objects):
+        for name, arg in all_args(objects):
+            self.assertFalse(arg.startswith("--insecure"), "%s passes %s" % (name, arg))
 
     def check_tallyd_pod(self, pod):
         """A read-only root with /tmp on an emptyDir; requests and limits."""
@@ -231,6 +384,9 @@ class DeployTest(unittest.TestCase):
         self.validate(objects)
         prices = yaml.safe_load(find(objects, "ConfigMap", "tallyd-config")["data"]["tallyd.yaml"])
         self.check_tallyd_pod(find(objects, "Deployment", "tallyd")["spec"]["template"]["spec"])
+        self.check_tallyd_security(find(objects, "Deployment", "tallyd")["spec"]["template"]["spec"],
+                                   worker_tokens=True)
+        self.check_no_insecure(objects)
         pools = of_kind(objects, "StatefulSet")
         self.assertEqual(sorted(p["metadata"]["name"] for p in pools),
                          sorted("tally-worker-" + g for g in GPU_PRODUCTS),
@@ -241,6 +397,7 @@ class DeployTest(unittest.TestCase):
             pod = worker["spec"]["template"]["spec"]
             c = pod["containers"][0]
             env = self.check_worker_pod(worker)
+            self.check_worker_security(worker, objects, per_pod_certificate=False)
             gpu_type = env["TALLY_GPU_TYPE"]
             self.assertEqual(name, "tally-worker-" + gpu_type)
             # Pinned to its GPU product, so a worker priced as `gpu_type`
@@ -290,6 +447,195 @@ class DeployTest(unittest.TestCase):
                 self.assertFalse([o for o in of_kind(objects, "ConfigMap")
                                   if o["metadata"]["name"] == "tally-monitoring-settings"])
 
+    def test_cert_manager_component(self):
+        """Each overlay with components/cert-manager renders and validates:
+        cert-manager issues tally-tls for the name workers dial, and every
+        worker pod gets its own certificate from the CSI driver; no worker
+        token is left anywhere."""
+        with tempfile.TemporaryDirectory() as tmp:
+            k8s = with_cert_manager(tmp)
+            for overlay in ("cpu", "gpu"):
+                objects = render(overlay, k8s)
+                _, custom = self.validate(objects)
+                self.assertEqual(sorted(o["kind"] for o in custom),
+                                 ["Certificate", "Certificate", "Issuer", "Issuer",
+                                  "ServiceMonitor"], overlay)
+                for o in objects:
+                    if o["kind"] != "Namespace":
+                        self.assertEqual(o["metadata"]["namespace"], "tally",
+                                         "%s %s" % (overlay, o["metadata"]["name"]))
+                pod = find(objects, "Deployment", "tallyd")["spec"]["template"]["spec"]
+                self.check_tallyd_pod(pod)
+                self.check_tallyd_security(pod, worker_tokens=False)
+                self.check_no_insecure(objects)
+                pools = of_kind(objects, "StatefulSet")
+                self.assertTrue(pools, overlay)
+                for worker in pools:
+                    self.check_worker_pod(worker)
+                    self.check_worker_security(worker, objects, per_pod_certificate=True)
+                self.assertNotIn("tally-worker-token", json.dumps(objects))
+                # tallyd's certificate: in tally-tls, for the host workers dial,
+                # from the CA Issuer the workers' certificates come from, whose
+                # CA is a Certificate of its own.
+                served = [o for o in of_kind(objects, "Certificate")
+                          if o["spec"]["secretName"] == "tally-tls"]
+                self.assertEqual(len(served), 1, overlay)
+                cert = served[0]["spec"]
+                host = flag(pools[0]["spec"]["template"]["spec"]["containers"][0],
+                            "controller").rsplit(":", 1)[0]
+                self.assertIn(host, cert["dnsNames"])
+                self.assertIn("server auth", cert["usages"])
+                ca_issuer = find(objects, "Issuer", cert["issuerRef"]["name"])
+                csi = pools[0]["spec"]["template"]["spec"]["volumes"]
+                csi = next(v["csi"] for v in csi if "csi" in v)
+                self.assertEqual(csi["volumeAttributes"]["csi.cert-manager.io/issuer-name"],
+                                 ca_issuer["metadata"]["name"])
+                ca = next(o for o in of_kind(objects, "Certificate")
+                          if o["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"])
+                self.assertTrue(ca["spec"]["isCA"])
+                self.assertIn("selfSigned", find(objects, "Issuer",
+                                                 ca["spec"]["issuerRef"]["name"])["spec"])
+                # The NetworkPolicy stays as it is without the component.
+                self.assertEqual([o for o in objects if o["kind"] == "NetworkPolicy"],
+                                 [o for o in render(overlay) if o["kind"] == "NetworkPolicy"])
+
+    def test_dev_pki_serves_a_real_tallyd(self):
+        """scripts/dev-pki.sh's files, given to a real tallyd: the handshake
+        verifies against its CA, the user and admin tokens are accepted,
+        a call without a token is UNAUTHENTICATED, and a worker's client
+        certificate is accepted in the handshake. A second run changes
+        nothing; keys and tokens are 0600."""
+        tallyd = os.path.join(BUILD, "server", "tallyd")
+        if not os.path.exists(tallyd):
+            self.skipTest("tallyd not built in %s" % BUILD)
+        import grpc  # Debian's python3-grpcio, as harness.py uses.
+        with tempfile.TemporaryDirectory() as tmp:
+            pki = os.path.join(tmp, "pki")
+            env = dict(os.environ, DEV_PKI_SANS="tallyd, DNS:tallyd.tally.svc,10.1.2.3")
+            r = subprocess.run([DEV_PKI, pki, "w-0", "w-1"], env=env, capture_output=True,
+                               text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            files = {}
+            for d, _, names in os.walk(pki):
+                for n in names:
+                    with open(os.path.join(d, n), "rb") as f:
+                        files[os.path.relpath(os.path.join(d, n), pki)] = f.read()
+            tokens = {n: files[n].decode().strip() for n in
+                      ("admin.token", "user.token", "worker-tokens/w-0", "worker-tokens/w-1")}
+            for name, text in list(files.items()):
+                if name.endswith(".key") or name in tokens:
+                    mode = os.stat(os.path.join(pki, name)).st_mode & 0o777
+                    self.assertEqual(mode, 0o600, name)
+                    if name in tokens:
+                        self.assertRegex(tokens[name], r"^[0-9a-f]{64}$", name)
+                    self.assertNotIn(text.decode().strip(), r.stdout, "%s printed" % name)
+            self.assertEqual(len(set(tokens.values())), len(tokens))
+            # Again: nothing changes.
+            r2 = subprocess.run([DEV_PKI, pki, "w-0", "w-1"], env=env, capture_output=True,
+                                text=True, timeout=60)
+            self.assertEqual(r2.returncode, 0, r2.stderr)
+            self.assertIn("made: nothing", r2.stdout)
+            for name, text in files.items():
+                with open(os.path.join(pki, name), "rb") as f:
+                    self.assertEqual(f.read(), text, name)
+
+            def openssl(*args):
+                out = subprocess.run(["openssl"] + list(args), capture_output=True, text=True,
+                                     timeout=30)
+                self.assertEqual(out.returncode, 0, out.stderr)
+                return out.stdout
+            ca = os.path.join(pki, "ca.crt")
+            server = openssl("x509", "-in", os.path.join(pki, "tallyd.crt"), "-noout",
+                             "-ext", "subjectAltName")
+            for san in ("IP Address:127.0.0.1", "DNS:localhost", "DNS:tallyd",
+                        "DNS:tallyd.tally.svc", "IP Address:10.1.2.3"):
+                self.assertIn(san, server)
+            worker = openssl("x509", "-in", os.path.join(pki, "workers", "w-1.crt"), "-noout",
+                             "-subject", "-ext", "subjectAltName,extendedKeyUsage")
+            self.assertIn("CN = w-1", worker)
+            self.assertIn("DNS:w-1", worker)
+            self.assertIn("TLS Web Client Authentication", worker)
+            self.assertIn("prime256v1", openssl("pkey", "-in", os.path.join(pki, "ca.key"),
+                                                "-noout", "-text"))
+            ca_text = openssl("x509", "-in", ca, "-noout", "-text")
+            self.assertIn("CA:TRUE", ca_text)
+            def valid_for(hours):
+                return subprocess.run(["openssl", "x509", "-in", ca, "-noout", "-checkend",
+                                       str(hours * 3600)], capture_output=True).returncode == 0
+            self.assertTrue(valid_for(47) and not valid_for(49), "the CA lasts 2 days")
+            users = yaml.safe_load(files["users.yaml"])["principals"]
+            self.assertEqual(sorted((u["name"], u["tenant"], u["role"]) for u in users),
+                             [("admin", "", "admin"), ("dev", "demo", "user")])
+            workers = yaml.safe_load(files["workers.yaml"])["principals"]
+            self.assertEqual(sorted((w["name"], w["role"]) for w in workers),
+                             [("w-0", "worker"), ("w-1", "worker")])
+
+            data = os.path.join(tmp, "data")
+            os.mkdir(data)
+            addr_file = os.path.join(data, "addr")
+            log = open(os.path.join(tmp, "tallyd.log"), "w")
+            self.addCleanup(log.close)
+            proc = subprocess.Popen(
+                [tallyd, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                 "--data_dir=" + data, "--address_file=" + addr_file,
+                 "--tls_cert=" + os.path.join(pki, "tallyd.crt"),
+                 "--tls_key=" + os.path.join(pki, "tallyd.key"), "--client_ca=" + ca,
+                 "--auth_tokens=" + os.path.join(pki, "users.yaml"),
+                 "--worker_tokens=" + os.path.join(pki, "workers.yaml")],
+                stdout=log, stderr=subprocess.STDOUT)
+
+            def stop():
+                proc.terminate()
+                proc.wait(timeout=30)
+            self.addCleanup(stop)
+            for _ in range(600):
+                if os.path.exists(addr_file) or proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+            with open(os.path.join(tmp, "tallyd.log")) as f:
+                self.assertTrue(os.path.exists(addr_file), f.read())
+            with open(addr_file) as f:
+                grpc_addr = dict(kv.split("=", 1) for kv in f.read().split())["grpc"]
+
+            # The handshake verifies against the CA, with and without a
+            # worker's client certificate.
+            for extra in ([], ["-cert", os.path.join(pki, "workers", "w-0.crt"),
+                               "-key", os.path.join(pki, "workers", "w-0.key")]):
+                out = subprocess.run(["openssl", "s_client", "-connect", grpc_addr,
+                                      "-CAfile", ca, "-verify_return_error",
+                                      "-verify_hostname", "localhost", "-alpn", "h2"] + extra,
+                                     input=b"", capture_output=True, timeout=30)
+                # What tallyd sends after the handshake (HTTP/2 frames) is binary.
+                text = (out.stdout + out.stderr).decode(errors="replace")
+                self.assertEqual(out.returncode, 0, text)
+                self.assertIn("Verify return code: 0 (ok)", text)
+
+            def list_jobs(token):
+                with open(ca, "rb") as f:
+                    creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+                if token:
+                    creds = grpc.composite_channel_credentials(
+                        creds, grpc.access_token_call_credentials(token))
+                channel = grpc.secure_channel(grpc_addr, creds)
+                try:
+                    # ListJobs with an empty request: no stubs needed.
+                    call = channel.unary_unary("/tally.v1.Jobs/ListJobs",
+                                               request_serializer=lambda b: b,
+                                               response_deserializer=lambda b: b)
+                    return call(b"", timeout=10)
+                finally:
+                    channel.close()
+            list_jobs(tokens["user.token"])
+            list_jobs(tokens["admin.token"])
+            # No token, an unknown one: UNAUTHENTICATED; a worker's token
+            # is known but may not call the Jobs API.
+            for token, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
+                                ("0" * 64, grpc.StatusCode.UNAUTHENTICATED),
+                                (tokens["worker-tokens/w-0"], grpc.StatusCode.PERMISSION_DENIED)):
+                with self.assertRaises(grpc.RpcError) as err:
+                    list_jobs(token)
+                self.assertEqual(err.exception.code(), code, err.exception.details())
+
     def test_worker_readiness_probe_sees_the_connection_to_tallyd(self):
         worker = find(render("cpu"), "StatefulSet", "tally-worker")
         c = worker["spec"]["template"]["spec"]["containers"][0]
@@ -335,6 +681,15 @@ class DeployTest(unittest.TestCase):
                     "CMakeLists.txt", "server/main.cc", "deploy/build-notes/x"]
         for path in sources:
             self.assertFalse(dockerignore_excludes(patterns, path), path)
+
+    def test_tallyd_image_serves_securely_by_default(self):
+        with open(os.path.join(DOCKER, "tallyd.Dockerfile")) as f:
+            dockerfile = f.read()
+        cmd = re.search(r"^CMD (\[.*?\])$", dockerfile, re.M | re.S).group(1)
+        args = json.loads(cmd.replace("\\\n", ""))
+        for name in ("tls_cert", "tls_key", "client_ca", "auth_tokens"):
+            self.assertTrue(any(a.startswith("--%s=/" % name) for a in args), name)
+        self.assertFalse([a for a in args if a.startswith("--insecure")])
 
     def test_worker_images_copy_only_staged_files(self):
         with open(os.path.join(DOCKER, "worker.Dockerfile")) as f:
