@@ -362,6 +362,7 @@ int Run() {
     return 2;
   }
   options.prices = config->prices;
+  options.quotas = config->quotas;
   spdlog::info("tallyd: {}", options.prices.Describe());
 
   // Signals are taken by one thread with sigwait; block them everywhere first.
@@ -516,6 +517,7 @@ int Run() {
     spdlog::info("SIGHUP: reloaded {}", reloaded->prices.Describe());
     core.Run([&](sched::Scheduler& s) {
       s.SetPrices(reloaded->prices);
+      s.SetQuotas(reloaded->quotas);
       return 0;
     });
   }

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/text.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tally::config {
@@ -20,6 +21,66 @@ absl::Status CheckTable(const char* key, const std::map<std::string, double>& ta
       return absl::InvalidArgumentError(absl::StrCat(
           key, ".", gpu, ": must be a finite number ", positive ? "> 0" : ">= 0", ", got ", v));
     }
+  }
+  return absl::OkStatus();
+}
+
+// tenants: {NAME: {max_gpus: N, max_dollars_per_day: X, max_dollars_per_month: Y}}
+absl::Status ParseTenants(const YAML::Node& node, int line, ledger::TenantQuotas* out) {
+  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenants (line ", line,
+        "): expected a mapping of tenant to its limits, e.g. tenants: {research: {max_gpus: 8}}"));
+  }
+  for (const auto& entry : node) {
+    const std::string tenant = entry.first.as<std::string>();
+    const int at = entry.first.Mark().line + 1;
+    const std::string where = absl::StrCat("tenants.", tenant, " (line ", at, ")");
+    if (tenant.empty() || UnprintableReason(tenant) || tenant.size() > 128) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tenants (line ", at, "): a tenant name is 1-128 printable characters"));
+    }
+    if (out->count(tenant)) return absl::InvalidArgumentError(absl::StrCat(where, ": given twice"));
+    if (!entry.second.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": expected a mapping with max_gpus, max_dollars_per_day, max_dollars_per_month"));
+    }
+    ledger::TenantQuota q;
+    std::map<std::string, bool> seen;
+    for (const auto& field : entry.second) {
+      const std::string name = field.first.as<std::string>();
+      const std::string fwhere =
+          absl::StrCat("tenants.", tenant, ".", name, " (line ", field.first.Mark().line + 1, ")");
+      if (seen[name]) return absl::InvalidArgumentError(absl::StrCat(fwhere, ": given twice"));
+      seen[name] = true;
+      double v = 0;
+      try {
+        v = field.second.as<double>();
+      } catch (const YAML::Exception&) {
+        return absl::InvalidArgumentError(absl::StrCat(fwhere, ": not a number"));
+      }
+      if (!std::isfinite(v) || v < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(fwhere, ": must be a finite number >= 0 (0: no limit)"));
+      }
+      if (name == "max_gpus") {
+        if (v != std::floor(v) || v > 1e6) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(fwhere, ": must be a whole number of GPUs (0: no limit)"));
+        }
+        q.max_gpus = static_cast<int32_t>(v);
+      } else if (name == "max_dollars_per_day") {
+        q.max_dollars_per_day = v;
+      } else if (name == "max_dollars_per_month") {
+        q.max_dollars_per_month = v;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            fwhere, ": unknown key; expected max_gpus, max_dollars_per_day or "
+                    "max_dollars_per_month"));
+      }
+    }
+    (*out)[tenant] = q;
   }
   return absl::OkStatus();
 }
@@ -53,6 +114,12 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
       const std::string key = section.first.as<std::string>();
       const int line = section.first.Mark().line + 1;
       std::map<std::string, double>* into = nullptr;
+      if (key == "tenants") {
+        if (absl::Status s = ParseTenants(section.second, line, &config.quotas); !s.ok()) {
+          return s;
+        }
+        continue;
+      }
       if (key == "usd_per_gpu_hour") {
         into = &config.prices.usd_per_gpu_hour;
       } else if (key == "flops_per_second_per_gpu") {
@@ -60,7 +127,7 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
             key, " (line ", line,
-            "): unknown key; expected usd_per_gpu_hour or flops_per_second_per_gpu"));
+            "): unknown key; expected usd_per_gpu_hour, flops_per_second_per_gpu or tenants"));
       }
       if (!section.second.IsMap()) {
         return absl::InvalidArgumentError(

@@ -1,8 +1,13 @@
 // TallydConfig: what tallyd reads from its --config file (YAML), re-read on
-// SIGHUP. Today it holds the price table:
+// SIGHUP: the price table and the tenants' quotas.
 //
 //   usd_per_gpu_hour: {cpu: 0.05, h200: 3.50}
 //   flops_per_second_per_gpu: {cpu: 2.0e10, h200: 4.0e14}   # for estimates
+//   tenants:
+//     research: {max_gpus: 8, max_dollars_per_day: 200, max_dollars_per_month: 3000}
+//
+// A tenant's limits are each optional (absent or 0: no limit); a tenant not
+// listed has none (server/ledger/tenant_quota.h).
 //
 // Parse errors and Validate() name the key and its line and say what is
 // expected. A bad file on SIGHUP leaves the running config in force.
@@ -15,11 +20,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "server/ledger/cost_ledger.h"
+#include "server/ledger/tenant_quota.h"
 
 namespace tally::config {
 
 struct TallydConfig {
   ledger::PriceTable prices;
+  ledger::TenantQuotas quotas;
 
   // InvalidArgument for a negative or non-finite price, or a throughput that
   // is not a positive finite number, naming the key.

@@ -1,6 +1,7 @@
 #include "server/config/tallyd_config.h"
 
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -65,6 +66,36 @@ TEST(TallydConfigTest, AMissingFileIsNotFound) {
   auto c = LoadTallydConfig("/nonexistent/tally.yaml");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(c.status().message(), HasSubstr("--config: cannot read /nonexistent/tally.yaml"));
+}
+
+TEST(TallydConfigTest, TenantQuotas) {
+  auto c = ParseTallydConfig(
+      "tenants:\n"
+      "  research: {max_gpus: 8, max_dollars_per_day: 200, max_dollars_per_month: 3000}\n"
+      "  dev: {max_dollars_per_day: 5.5}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->quotas.size(), 2u);
+  EXPECT_EQ(c->quotas.at("research").max_gpus, 8);
+  EXPECT_EQ(c->quotas.at("research").max_dollars_per_month, 3000);
+  EXPECT_EQ(c->quotas.at("dev").max_gpus, 0);
+  EXPECT_EQ(c->quotas.at("dev").max_dollars_per_day, 5.5);
+  struct Case {
+    const char* yaml;
+    const char* error;
+  };
+  for (const Case& bad : std::vector<Case>{
+           {"tenants: [a]\n", "tenants (line 1): expected a mapping"},
+           {"tenants: {research: 3}\n", "tenants.research (line 1): expected a mapping"},
+           {"tenants: {research: {max_gpus: 1.5}}\n", "tenants.research.max_gpus"},
+           {"tenants: {research: {max_gpus: -1}}\n", ">= 0"},
+           {"tenants: {research: {max_dollars_per_day: .nan}}\n", "max_dollars_per_day"},
+           {"tenants: {research: {max_dollars_per_week: 3}}\n", "unknown key"},
+           {"tenants: {research: {max_gpus: x}}\n", "not a number"},
+       }) {
+    auto parsed = ParseTallydConfig(bad.yaml);
+    ASSERT_FALSE(parsed.ok()) << bad.yaml;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(bad.error)) << bad.yaml;
+  }
 }
 
 }  // namespace

@@ -104,6 +104,7 @@ absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec s
   RETURN_IF_ERROR(ValidateRequestId(request_id));
   ApplyExperimentDefaults(&spec);
   RETURN_IF_ERROR(ValidateExperimentSpec(spec));
+  RETURN_IF_ERROR(scheduler_->CheckTenantQuota(by.tenant));
   store::ExperimentRecord rec;
   Experiment& e = *rec.mutable_experiment();
   for (int i = 0; i < spec.variants_size(); ++i) {
@@ -248,7 +249,9 @@ absl::Status ExperimentManager::Act(int64_t id, const Plan& plan) {
                                               std::string(job.status().message()),
                                               clock_->Now());
         if (!next.commit) {
-          note(job.status());
+          // A tenant past its dollar quota: the variant waits for room,
+          // quietly (the refusal is retried each pass).
+          if (!absl::IsResourceExhausted(job.status())) note(job.status());
           break;
         }
         note(CommitPlan(next));

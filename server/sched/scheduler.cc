@@ -212,12 +212,26 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
       {"succeeded", {"max_steps", "target"}},
       {"early_stopped",
        {"patience", "divergence", "no_gain_over_baseline", "forecast", "experiment_halving"}},
-      {"budget_exhausted", {"budget", "experiment_budget"}},
+      {"budget_exhausted", {"budget", "experiment_budget", "tenant_quota"}},
       {"cancelled", {"cancel"}},
       {"failed", {"failure"}}};
   for (const auto& [state, rules] : ends) {
     for (const char* rule : rules) job_ends_->Add({{"state", state}, {"reason_rule", rule}});
   }
+  tenant_spend_ = &metrics::BuildGauge()
+                      .Name("tally_tenant_spend_usd")
+                      .Help("Dollars a tenant spent over the rolling window (day: 24 h, month: "
+                            "30 days), committed.")
+                      .Register(*registry);
+  tenant_quota_ = &metrics::BuildGauge()
+                      .Name("tally_tenant_quota_usd")
+                      .Help("A tenant's dollar quota over the window (tallyd's --config).")
+                      .Register(*registry);
+  tenant_gpus_ = &metrics::BuildGauge()
+                     .Name("tally_tenant_gpus")
+                     .Help("GPUs a tenant's running jobs hold (state=in_use) and its max_gpus "
+                           "quota (state=quota).")
+                     .Register(*registry);
   refused_reports_ = &metrics::BuildCounter()
                         .Name("tally_worker_reports_refused_total")
                         .Help("Reports about a current attempt from a worker that does not "
@@ -726,7 +740,11 @@ absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
   m.events = plan.events;
   if (plan.write_attempt && plan.attempt) m.attempts.push_back(*plan.attempt);
   m.checkpoints = plan.checkpoints;
+  const std::string& tenant = plan.rec.job().tenant();
+  const int64_t hour = ledger::TenantSpend::HourOf(plan.now);
+  if (plan.cost_added_usd > 0) m.spend.push_back({tenant, hour, plan.cost_added_usd});
   RETURN_IF_ERROR(store_->Commit(m));
+  if (plan.cost_added_usd > 0) spend_.Add(tenant, hour, plan.cost_added_usd);
 
   // Committed: now memory, workers, metrics and observers follow.
   ActiveJob& job = it->second;
@@ -784,6 +802,13 @@ absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
 absl::Status Scheduler::Recover() {
   ASSIGN_OR_RETURN(std::vector<store::JobRecord> jobs, store_->ListActiveJobs());
   const absl::Time now = clock_->Now();
+  // The tenants' spend of the last month, for their quotas.
+  absl::StatusOr<std::vector<store::SpendRecord>> spent = store_->ListSpend(
+      ledger::TenantSpend::HourOf(now) - absl::ToInt64Hours(ledger::kQuotaMonth));
+  if (!spent.ok() && !absl::IsUnimplemented(spent.status())) return spent.status();
+  if (spent.ok()) {
+    for (const store::SpendRecord& r : *spent) spend_.Add(r.tenant, r.hour, r.usd);
+  }
   for (auto& rec : jobs) {
     ActiveJob job;
     job.rec = rec;
@@ -839,6 +864,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
                                                  const Actor& by) {
   RETURN_IF_ERROR(ValidateRequestId(request_id));
   RETURN_IF_ERROR(PrepareJobSpec(&spec));
+  RETURN_IF_ERROR(CheckTenantQuota(by.tenant));
   const absl::Time now = clock_->Now();
   store::JobRecord rec;
   tally::v1::Job& job = *rec.mutable_job();
@@ -1196,6 +1222,17 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
     return Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED,
                                    "budget_exhausted", stop->reason, stop->detail));
   }
+  // The tenant's dollar quota, with this job's spend not yet committed.
+  if (!j.has_pending_stop()) {
+    if (std::optional<ledger::QuotaStop> q =
+            ledger::CheckDollarQuota(j.tenant(), options_.quotas, spend_, now,
+                                     accrued.cost_usd() - j.cost().cost_usd())) {
+      Plan plan = PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
+                              q->reason, q->detail);
+      plan.end_rule = "tenant_quota";
+      return Execute(id, std::move(plan));
+    }
+  }
   if (now - job.last_progress_event < options_.progress_event_interval) {
     job_metrics_.Update(j, accrued);
     return absl::OkStatus();
@@ -1541,6 +1578,7 @@ absl::Status Scheduler::Tick() {
   }
 
   job_metrics_.Expire(now);
+  spend_.Prune(now);
   // 2. Budgets and stop deadlines, on a view of each running job.
   std::vector<int64_t> running;
   for (const auto& [id, job] : active_) {
@@ -1567,13 +1605,50 @@ absl::Status Scheduler::Tick() {
     }
   }
 
-  // 3. Start what fits.
-  std::vector<policy::QueuedJob> queued;
+  // 3. Start what fits: within its tenant's max_gpus, a job is offered to
+  // the placement (in priority, then submission, order); past it, it waits
+  // and says why.
+  std::map<std::string, int64_t> in_use = TenantGpusInUse();
+  std::vector<const ActiveJob*> waiting;
   for (const auto& [id, job] : active_) {
-    if (job.rec.job().state() != tally::v1::JOB_STATE_QUEUED) continue;
-    const auto& spec = job.rec.job().spec();
-    queued.push_back({id, spec.priority(), FromProto(job.rec.job().create_time()),
+    if (job.rec.job().state() == tally::v1::JOB_STATE_QUEUED) waiting.push_back(&job);
+  }
+  std::stable_sort(waiting.begin(), waiting.end(), [](const ActiveJob* a, const ActiveJob* b) {
+    const auto& ja = a->rec.job();
+    const auto& jb = b->rec.job();
+    if (ja.spec().priority() != jb.spec().priority()) {
+      return ja.spec().priority() > jb.spec().priority();
+    }
+    return FromProto(ja.create_time()) < FromProto(jb.create_time());
+  });
+  std::vector<policy::QueuedJob> queued;
+  std::vector<std::pair<int64_t, std::string>> over_quota;
+  for (const ActiveJob* job : waiting) {
+    const tally::v1::Job& j = job->rec.job();
+    const auto& spec = j.spec();
+    auto q = options_.quotas.find(j.tenant());
+    if (q != options_.quotas.end() && q->second.max_gpus > 0) {
+      int64_t& used = in_use[j.tenant()];
+      if (used + spec.resources().gpu_count() > q->second.max_gpus) {
+        over_quota.emplace_back(
+            job->rec.id(),
+            absl::StrCat("waiting: tenant ", j.tenant(), " holds ", used, " of its max_gpus ",
+                         q->second.max_gpus, " and this job needs ", spec.resources().gpu_count()));
+        continue;
+      }
+      used += spec.resources().gpu_count();
+    }
+    queued.push_back({job->rec.id(), spec.priority(), FromProto(j.create_time()),
                       spec.resources().gpu_type(), spec.resources().gpu_count()});
+  }
+  // A job held back by its tenant's quota says so (once, not every tick).
+  for (const auto& [id, why] : over_quota) {
+    const ActiveJob& job = active_.at(id);
+    if (job.rec.job().state_reason() == why) continue;
+    Plan p = NewPlan(job, now);
+    p.rec.mutable_job()->set_state_reason(why);
+    AddEvent(p, "waiting", why, "tenants.max_gpus in tallyd's --config");
+    note(Execute(id, std::move(p)));
   }
   if (!queued.empty()) {
     std::vector<policy::WorkerSlots> free;
@@ -1618,8 +1693,58 @@ absl::StatusOr<tally::v1::CostEstimate> Scheduler::EstimateCost(tally::v1::JobSp
   return ledger_.Estimate(spec);
 }
 
+std::map<std::string, int64_t> Scheduler::TenantGpusInUse() const {
+  std::map<std::string, int64_t> in_use;
+  for (const auto& [id, job] : active_) {
+    if (job.rec.job().state() != tally::v1::JOB_STATE_RUNNING) continue;
+    in_use[job.rec.job().tenant()] += job.rec.job().spec().resources().gpu_count();
+  }
+  return in_use;
+}
+
+void Scheduler::SetQuotas(ledger::TenantQuotas quotas) {
+  options_.quotas = std::move(quotas);
+  UpdateGauges();
+}
+
+absl::Status Scheduler::CheckTenantQuota(const std::string& tenant) const {
+  std::optional<ledger::QuotaStop> q =
+      ledger::CheckDollarQuota(tenant, options_.quotas, spend_, clock_->Now());
+  if (!q) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(q->reason, " (", q->detail, "); no new work until the window has room"));
+}
+
 void Scheduler::UpdateGauges() {
   queue_depth_->Set(QueueDepth());
+  // Tenants: those with a quota, spend in the month, or running jobs.
+  const absl::Time now = clock_->Now();
+  std::set<std::string> tenants;
+  for (const auto& [t, q] : options_.quotas) tenants.insert(t);
+  for (const std::string& t : spend_.Tenants()) tenants.insert(t);
+  const std::map<std::string, int64_t> in_use = TenantGpusInUse();
+  for (const auto& [t, n] : in_use) tenants.insert(t);
+  for (const std::string& t : tenants) {
+    tenant_spend_->Add({{"tenant", t}, {"window", "day"}})
+        .Set(spend_.Window(t, now, ledger::kQuotaDay));
+    tenant_spend_->Add({{"tenant", t}, {"window", "month"}})
+        .Set(spend_.Window(t, now, ledger::kQuotaMonth));
+    auto n = in_use.find(t);
+    tenant_gpus_->Add({{"tenant", t}, {"state", "in_use"}})
+        .Set(n == in_use.end() ? 0.0 : static_cast<double>(n->second));
+    auto q = options_.quotas.find(t);
+    if (q == options_.quotas.end()) continue;
+    if (q->second.max_gpus > 0) {
+      tenant_gpus_->Add({{"tenant", t}, {"state", "quota"}}).Set(q->second.max_gpus);
+    }
+    if (q->second.max_dollars_per_day > 0) {
+      tenant_quota_->Add({{"tenant", t}, {"window", "day"}}).Set(q->second.max_dollars_per_day);
+    }
+    if (q->second.max_dollars_per_month > 0) {
+      tenant_quota_->Add({{"tenant", t}, {"window", "month"}})
+          .Set(q->second.max_dollars_per_month);
+    }
+  }
   std::map<metrics::Labels, double> workers, slots;
   for (const auto& [id, ws] : workers_) {
     const std::string& type = ws.rec.gpu_type().empty() ? "unknown" : ws.rec.gpu_type();

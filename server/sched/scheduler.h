@@ -50,6 +50,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/ledger/cost_ledger.h"
+#include "server/ledger/tenant_quota.h"
 #include "server/metrics/job_metrics.h"
 #include "server/metrics/registry.h"
 #include "server/policy/forecast.h"
@@ -77,6 +78,8 @@ struct SchedulerOptions {
   // checkpoint and exit before the job ends without them.
   absl::Duration stop_grace = absl::Minutes(2);
   ledger::PriceTable prices;
+  // Per-tenant limits (tallyd's --config tenants:).
+  ledger::TenantQuotas quotas;
   // Per-job series: retention after the end, info labels, MoE series cap.
   metrics::JobMetricsOptions job_metrics;
 };
@@ -170,6 +173,11 @@ class Scheduler {
   // old prices first; a job whose commit fails keeps accruing from its last
   // committed point at the new prices.
   void SetPrices(ledger::PriceTable prices);
+  // Replaces the tenants' quotas (SIGHUP); in force from the next decision.
+  void SetQuotas(ledger::TenantQuotas quotas);
+  // RESOURCE_EXHAUSTED, with the figures, when `tenant` has spent its
+  // dollar quota over a day or a month (Submit refuses new work then).
+  absl::Status CheckTenantQuota(const std::string& tenant) const;
 
   // `observer` is told of every committed job change from now on; it must
   // outlive the scheduler (or be there until its last call).
@@ -268,6 +276,8 @@ class Scheduler {
   bool CanLead(const std::string& worker_id) const;
   void SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
                 const std::string& reason);
+  // GPUs held by each tenant's running jobs.
+  std::map<std::string, int64_t> TenantGpusInUse() const;
   void UpdateGauges();
   // Fleet counters of a GPU type, created at 0.
   void AddGpuType(const std::string& gpu_type);
@@ -278,6 +288,7 @@ class Scheduler {
   const Clock* const clock_;
   SchedulerOptions options_;
   ledger::CostLedger ledger_;
+  ledger::TenantSpend spend_;  // committed dollars per tenant and hour
   std::map<int64_t, ActiveJob> active_;
   std::map<std::string, WorkerState> workers_;
   int64_t next_generation_ = 1;
@@ -296,6 +307,9 @@ class Scheduler {
   metrics::Family<metrics::Counter>* job_ends_;
   metrics::Family<metrics::Counter>* workers_lost_;
   metrics::Family<metrics::Counter>* refused_reports_;
+  metrics::Family<metrics::Gauge>* tenant_spend_;
+  metrics::Family<metrics::Gauge>* tenant_quota_;
+  metrics::Family<metrics::Gauge>* tenant_gpus_;
   std::set<metrics::Labels> seen_worker_labels_;
   std::set<metrics::Labels> seen_slot_labels_;
 };

@@ -55,6 +55,10 @@ class FaultInjectionJobStore final : public JobStore {
     RETURN_IF_FAILING_WRITE();
     return base_->Commit(m);
   }
+  absl::StatusOr<std::vector<SpendRecord>> ListSpend(int64_t since_hour) override {
+    RETURN_IF_FAILING_READ();
+    return base_->ListSpend(since_hour);
+  }
   absl::Status PutWorker(const WorkerRecord& w) override {
     RETURN_IF_FAILING_WRITE();
     return base_->PutWorker(w);

@@ -37,6 +37,9 @@ absl::StatusOr<ExperimentCreateResult> JobStore::CreateExperiment(
 absl::Status JobStore::CommitExperiment(const ExperimentMutation&) {
   return NoExperiments();
 }
+absl::StatusOr<std::vector<SpendRecord>> JobStore::ListSpend(int64_t) {
+  return absl::UnimplementedError("this store keeps no tenant spend");
+}
 absl::StatusOr<ExperimentRecord> JobStore::GetExperiment(int64_t) {
   return NoExperiments();
 }

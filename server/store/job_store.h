@@ -17,12 +17,21 @@
 
 namespace tally::store {
 
+// Dollars a tenant spent in one hour (hours since the Unix epoch), added to
+// what that hour already holds.
+struct SpendRecord {
+  std::string tenant;
+  int64_t hour = 0;
+  double usd = 0;
+};
+
 // Everything one state change writes, applied atomically by Commit().
 struct Mutation {
   std::optional<JobRecord> job;                  // replaces the stored job
   std::vector<tally::v1::JobEvent> events;       // appended; sequences given
   std::vector<AttemptRecord> attempts;           // inserted or replaced
   std::vector<tally::v1::Checkpoint> checkpoints;  // appended
+  std::vector<SpendRecord> spend;                // added to the tenant's hour
 };
 
 struct CreateResult {
@@ -79,6 +88,9 @@ class JobStore {
   // Counts of jobs per state.
   virtual absl::StatusOr<std::vector<std::pair<tally::v1::JobState, int64_t>>>
   CountJobsByState() = 0;
+
+  // Every tenant's spend in hours >= since_hour, by tenant and hour.
+  virtual absl::StatusOr<std::vector<SpendRecord>> ListSpend(int64_t since_hour);
 
   virtual absl::Status PutWorker(const WorkerRecord& worker) = 0;
   virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;

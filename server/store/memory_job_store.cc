@@ -65,6 +65,7 @@ absl::Status InMemoryJobStore::Commit(const Mutation& m) {
     if (!id.ok()) return id.status();
     jobs_[*id].checkpoints.push_back(c);
   }
+  for (const SpendRecord& r : m.spend) spend_[{r.tenant, r.hour}] += r.usd;
   return absl::OkStatus();
 }
 
@@ -75,6 +76,15 @@ absl::StatusOr<JobRecord> InMemoryJobStore::GetJob(int64_t id) {
     return absl::NotFoundError(absl::StrCat(JobName(id), " not found"));
   }
   return it->second.job;
+}
+
+absl::StatusOr<std::vector<SpendRecord>> InMemoryJobStore::ListSpend(int64_t since_hour) {
+  absl::MutexLock lock(&mu_);
+  std::vector<SpendRecord> out;
+  for (const auto& [key, usd] : spend_) {
+    if (key.second >= since_hour) out.push_back({key.first, key.second, usd});
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<JobRecord>> InMemoryJobStore::ListJobs(

@@ -17,6 +17,7 @@ class InMemoryJobStore final : public JobStore {
   absl::StatusOr<CreateResult> CreateJob(JobRecord job,
                                          tally::v1::JobEvent first_event) override;
   absl::Status Commit(const Mutation& mutation) override;
+  absl::StatusOr<std::vector<SpendRecord>> ListSpend(int64_t since_hour) override;
   absl::StatusOr<JobRecord> GetJob(int64_t id) override;
   absl::StatusOr<std::vector<JobRecord>> ListJobs(const JobQuery& query) override;
   absl::StatusOr<std::vector<JobRecord>> ListActiveJobs() override;
@@ -51,6 +52,7 @@ class InMemoryJobStore final : public JobStore {
   std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> by_request_id_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int64_t>, double> spend_ ABSL_GUARDED_BY(mu_);
   struct ExperimentEntry {
     ExperimentRecord record;
     std::vector<tally::v1::ExperimentEvent> events;

@@ -73,6 +73,14 @@ const char* const kMigrations[] = {
     ALTER TABLE experiments ADD COLUMN tenant TEXT NOT NULL DEFAULT '';
     CREATE INDEX experiments_by_tenant ON experiments(tenant, id);
     )sql",
+    // 4 -> 5: dollars per tenant and hour, for tenant quotas.
+    R"sql(
+    CREATE TABLE tenant_spend (
+      tenant TEXT NOT NULL,
+      hour INTEGER NOT NULL,
+      usd REAL NOT NULL,
+      PRIMARY KEY (tenant, hour)) WITHOUT ROWID;
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) ==
               SqliteJobStore::kSchemaVersion);
@@ -120,6 +128,10 @@ class Stmt {
     if (stmt_) sqlite3_bind_text(stmt_, i, v.data(), v.size(), SQLITE_TRANSIENT);
     return *this;
   }
+  Stmt& BindDouble(int i, double v) {
+    if (stmt_) sqlite3_bind_double(stmt_, i, v);
+    return *this;
+  }
   Stmt& BindNull(int i) {
     if (stmt_) sqlite3_bind_null(stmt_, i);
     return *this;
@@ -141,6 +153,13 @@ class Stmt {
     return row.status();
   }
   int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  double Double(int col) { return sqlite3_column_double(stmt_, col); }
+  std::string Text(int col) {
+    const unsigned char* t = sqlite3_column_text(stmt_, col);
+    return t == nullptr ? std::string()
+                        : std::string(reinterpret_cast<const char*>(t),
+                                      sqlite3_column_bytes(stmt_, col));
+  }
   std::string Blob(int col) {
     const void* p = sqlite3_column_blob(stmt_, col);
     return std::string(static_cast<const char*>(p),
@@ -342,7 +361,27 @@ absl::Status SqliteJobStore::WriteMutationLocked(const Mutation& m) {
     s.Bind(1, job_id).Bind(2, c.step()).BindBlob(3, c.SerializeAsString());
     RETURN_IF_ERROR(s.Run());
   }
+  for (const SpendRecord& r : m.spend) {
+    Stmt s(db_,
+           "INSERT INTO tenant_spend (tenant, hour, usd) VALUES (?, ?, ?) "
+           "ON CONFLICT (tenant, hour) DO UPDATE SET usd = usd + excluded.usd");
+    s.Bind(1, r.tenant).Bind(2, r.hour).BindDouble(3, r.usd);
+    RETURN_IF_ERROR(s.Run());
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<SpendRecord>> SqliteJobStore::ListSpend(int64_t since_hour) {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT tenant, hour, usd FROM tenant_spend WHERE hour >= ? ORDER BY tenant, hour");
+  s.Bind(1, since_hour);
+  std::vector<SpendRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back({s.Text(0), s.Int(1), s.Double(2)});
+  }
+  return out;
 }
 
 absl::Status SqliteJobStore::Commit(const Mutation& m) {

@@ -20,7 +20,7 @@ namespace tally::store {
 class SqliteJobStore final : public JobStore {
  public:
   // The schema version this build writes.
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
 
   // Opens (creating if needed) and migrates the database at `path`.
   static absl::StatusOr<std::unique_ptr<SqliteJobStore>> Open(
@@ -35,6 +35,7 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<CreateResult> CreateJob(JobRecord job,
                                          tally::v1::JobEvent first_event) override;
   absl::Status Commit(const Mutation& mutation) override;
+  absl::StatusOr<std::vector<SpendRecord>> ListSpend(int64_t since_hour) override;
   absl::StatusOr<JobRecord> GetJob(int64_t id) override;
   absl::StatusOr<std::vector<JobRecord>> ListJobs(const JobQuery& query) override;
   absl::StatusOr<std::vector<JobRecord>> ListActiveJobs() override;
