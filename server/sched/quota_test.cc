@@ -138,5 +138,27 @@ TEST_F(QuotaTest, ADailyDollarQuotaStopsRunningJobsAndRefusesSubmitsUntilTheWind
   EXPECT_TRUE(Submit("research").ok());
 }
 
+// The fixture serves report sanity too: progress within an attempt only goes
+// forward and never past max_steps; anything else moves nothing.
+using ReportSanityTest = QuotaTest;
+
+TEST_F(ReportSanityTest, ProgressBackwardsOrPastMaxStepsMovesNothing) {
+  options_.quotas.clear();
+  sched_ = NewScheduler();
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  const int64_t a = *Submit("");
+  ASSERT_TRUE(sched_->Tick().ok());
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Progress("w1", a, 50).ok());
+  EXPECT_EQ(sched_->ActiveJobView(a)->step(), 50);
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Progress("w1", a, 10).ok());    // backwards: dropped
+  EXPECT_EQ(sched_->ActiveJobView(a)->step(), 50);
+  ASSERT_TRUE(Progress("w1", a, 5000).ok());  // past max_steps 1000: dropped
+  EXPECT_EQ(sched_->ActiveJobView(a)->step(), 50);
+  ASSERT_TRUE(Progress("w1", a, 60).ok());
+  EXPECT_EQ(sched_->ActiveJobView(a)->step(), 60);
+}
+
 }  // namespace
 }  // namespace tally::sched

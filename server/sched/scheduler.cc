@@ -234,10 +234,14 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                      .Register(*registry);
   refused_reports_ = &metrics::BuildCounter()
                         .Name("tally_worker_reports_refused_total")
-                        .Help("Reports about a current attempt from a worker that does not "
-                              "run it, dropped without effect, by message kind.")
+                        .Help("Reports dropped without effect, by kind: about a current "
+                              "attempt from a worker that does not run it (progress, eval, "
+                              "checkpoint, exit), a checkpoint outside the job's folder "
+                              "(checkpoint_path), progress going backwards or past max_steps "
+                              "(progress_out_of_order).")
                         .Register(*registry);
-  for (const char* kind : {"progress", "eval", "checkpoint", "exit"}) {
+  for (const char* kind : {"progress", "eval", "checkpoint", "exit", "checkpoint_path",
+                           "progress_out_of_order"}) {
     refused_reports_->Add({{"kind", kind}});
   }
   workers_lost_ = &metrics::BuildCounter()
@@ -1381,7 +1385,20 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       return absl::OkStatus();
     case tally::v1::WorkerMessage::kProgress: {
       ActiveJob* job = current(msg.progress().job(), msg.progress().attempt(), "progress");
-      if (job != nullptr) s = HandleProgress(*job, msg.progress());
+      if (job == nullptr) break;
+      const tally::v1::Progress& p = msg.progress();
+      // Sanity: within an attempt steps and tokens only go forward, and no
+      // step is past max_steps. Anything else moves nothing and is counted.
+      const bool same = job->progress_attempt == p.attempt();
+      if (p.step() > job->rec.job().spec().training().max_steps() ||
+          (same && (p.step() < job->progress_step || p.tokens() < job->progress_tokens))) {
+        refused_reports_->Add({{"kind", "progress_out_of_order"}}).Increment();
+        break;
+      }
+      job->progress_attempt = p.attempt();
+      job->progress_step = p.step();
+      job->progress_tokens = p.tokens();
+      s = HandleProgress(*job, p);
       break;
     }
     case tally::v1::WorkerMessage::kEval: {

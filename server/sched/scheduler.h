@@ -198,6 +198,11 @@ class Scheduler {
     // and where (the streak is in rec's routing).
     bool routing_collapsed = false;
     std::string collapse_where;
+    // The latest progress of the current attempt (steps and tokens only go
+    // forward within an attempt): its number, step and tokens.
+    int32_t progress_attempt = 0;
+    int64_t progress_step = -1;
+    int64_t progress_tokens = -1;
   };
   struct WorkerState {
     store::WorkerRecord rec;
