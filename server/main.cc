@@ -5,8 +5,6 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
 #include <signal.h>
 
 #include <atomic>
@@ -16,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,8 +28,10 @@
 #include "common/clock.h"
 #include "common/status_macros.h"
 #include "server/api/core.h"
+#include "server/api/data_roots.h"
 #include "server/api/gate.h"
 #include "server/api/services.h"
+#include "server/api/tls_files.h"
 #include "server/auth/jwt.h"
 #include "server/auth/token_file.h"
 #include "server/config/tallyd_config.h"
@@ -112,6 +113,17 @@ ABSL_FLAG(std::string, jwt_tenant_claim, "tenant", "JWT claim naming the tenant"
 ABSL_FLAG(std::string, jwt_role_claim, "role",
           "JWT claim naming the role (admin, user, viewer or worker)");
 ABSL_FLAG(bool, reflection, true, "serve gRPC server reflection (it stays unauthenticated)");
+ABSL_FLAG(std::string, metrics_tls_cert, "",
+          "PEM certificate chain: serve /metrics and /healthz over HTTPS only (with "
+          "--metrics_tls_key; --tls_cert's files will do). Re-read when the files change "
+          "(checked at most every 5 s)");
+ABSL_FLAG(std::string, metrics_tls_key, "", "PEM private key of --metrics_tls_cert");
+ABSL_FLAG(std::vector<std::string>, data_roots, {},
+          "comma-separated folders: a submitted job's (or experiment variant's) "
+          "data.train_path and data.val_path must resolve, after symlinks, inside one, else "
+          "the call is refused with INVALID_ARGUMENT. A relative dataset path is taken "
+          "relative to tallyd's working directory: tallyd and the workers should see datasets "
+          "at the same paths (workers check again, tally-worker --data_root). Empty: no check");
 
 namespace tally {
 namespace {
@@ -155,54 +167,6 @@ absl::StatusOr<api::Credentials> LoadCredentials() {
     c.jwt = std::make_shared<const auth::JwtVerifier>(std::move(*v));
   }
   return c;
-}
-
-// The PEM files of TLS: readable, parseable, the key matching the
-// certificate. Errors name the flag and the path.
-absl::Status CheckTlsFiles(const std::string& cert, const std::string& key,
-                           const std::string& ca) {
-  auto open = [](const std::string& flag, const std::string& path) -> absl::StatusOr<FILE*> {
-    FILE* f = std::fopen(path.c_str(), "r");
-    if (f == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": cannot read ", path, ": ", std::strerror(errno)));
-    }
-    return f;
-  };
-  auto x509_error = [](const std::string& flag, const std::string& path, absl::string_view what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": ", path, " holds no PEM ", what));
-  };
-  ASSIGN_OR_RETURN(FILE * cf, open("tls_cert", cert));
-  X509* x = PEM_read_X509(cf, nullptr, nullptr, nullptr);
-  std::fclose(cf);
-  if (x == nullptr) return x509_error("tls_cert", cert, "certificate");
-  absl::StatusOr<FILE*> kf = open("tls_key", key);
-  if (!kf.ok()) {
-    X509_free(x);
-    return kf.status();
-  }
-  EVP_PKEY* k = PEM_read_PrivateKey(*kf, nullptr, nullptr, nullptr);
-  std::fclose(*kf);
-  if (k == nullptr) {
-    X509_free(x);
-    return x509_error("tls_key", key, "private key (an encrypted key is not supported)");
-  }
-  const bool match = X509_check_private_key(x, k) == 1;
-  X509_free(x);
-  EVP_PKEY_free(k);
-  if (!match) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tls_key: ", key, " is not the private key of the certificate in --tls_cert ", cert));
-  }
-  if (!ca.empty()) {
-    ASSIGN_OR_RETURN(FILE * af, open("client_ca", ca));
-    X509* root = PEM_read_X509(af, nullptr, nullptr, nullptr);
-    std::fclose(af);
-    if (root == nullptr) return x509_error("client_ca", ca, "certificate");
-    X509_free(root);
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CheckHostPort(const std::string& flag, const std::string& value) {
@@ -321,10 +285,42 @@ int Run() {
     return 2;
   }
   if (!tls_cert.empty()) {
-    if (absl::Status s = CheckTlsFiles(tls_cert, tls_key, client_ca); !s.ok()) {
+    if (absl::Status s = api::CheckTlsFiles(tls_cert, tls_key, client_ca); !s.ok()) {
       spdlog::error("{}", std::string(s.message()));
       return 2;
     }
+  }
+  const std::string metrics_tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert);
+  const std::string metrics_tls_key = absl::GetFlag(FLAGS_metrics_tls_key);
+  if (metrics_tls_cert.empty() != metrics_tls_key.empty()) {
+    spdlog::error("--metrics_tls_cert and --metrics_tls_key go together: give both (PEM "
+                  "files) or neither");
+    return 2;
+  }
+  if (!metrics_tls_cert.empty()) {
+    if (absl::Status s = api::CheckTlsFiles(metrics_tls_cert, metrics_tls_key, "",
+                                            {"metrics_tls_cert", "metrics_tls_key", ""});
+        !s.ok()) {
+      spdlog::error("{}", std::string(s.message()));
+      return 2;
+    }
+  }
+  std::error_code cwd_error;
+  const std::filesystem::path cwd = std::filesystem::current_path(cwd_error);
+  if (cwd_error) {
+    spdlog::error("cannot read the working directory: {}", cwd_error.message());
+    return 2;
+  }
+  absl::StatusOr<api::DataRoots> data_roots =
+      api::DataRoots::Make(absl::GetFlag(FLAGS_data_roots), cwd);
+  if (!data_roots.ok()) {
+    spdlog::error("{}", std::string(data_roots.status().message()));
+    return 2;
+  }
+  if (data_roots->checking()) {
+    spdlog::info("tallyd: datasets must lie under --data_roots {}", data_roots->Describe());
+    jobs_options.data_roots = &*data_roots;
+    experiments_options.data_roots = &*data_roots;
   }
   absl::StatusOr<api::Credentials> credentials = LoadCredentials();
   if (!credentials.ok()) {
@@ -452,12 +448,18 @@ int Run() {
     spdlog::error("--listen: cannot listen on {} (address in use?)", listen);
     return 2;
   }
-  auto exporter = metrics::HttpExporter::Start(metrics_listen, &registry);
+  std::optional<metrics::HttpExporter::Tls> metrics_tls;
+  if (!metrics_tls_cert.empty()) {
+    metrics_tls = metrics::HttpExporter::Tls{metrics_tls_cert, metrics_tls_key};
+  }
+  auto exporter = metrics::HttpExporter::Start(metrics_listen, &registry, metrics_tls);
   if (!exporter.ok()) {
     spdlog::error("{}", std::string(exporter.status().message()));
     server->Shutdown();
     return 2;
   }
+  spdlog::info("tallyd: /metrics over {} on {}", metrics_tls ? "HTTPS" : "plain HTTP",
+               metrics_listen);
   server->GetHealthCheckService()->SetServingStatus(true);
 
   const std::string addresses =
@@ -495,7 +497,7 @@ int Run() {
       spdlog::info("SIGHUP: reloaded the token and JWT key files");
     }
     if (!tls_cert.empty()) {
-      absl::Status s = CheckTlsFiles(tls_cert, tls_key, client_ca);
+      absl::Status s = api::CheckTlsFiles(tls_cert, tls_key, client_ca);
       if (s.ok()) {
         spdlog::info("SIGHUP: the TLS files are valid; they are served within 5 s of a change");
       } else {

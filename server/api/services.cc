@@ -286,6 +286,7 @@ JobsService::JobsService(Core* core, Options options)
     : core_(core),
       principal_(std::move(options.principal)),
       gate_(GateOr(options.gate)),
+      data_roots_(options.data_roots),
       watch_limiter_(WatchLimits(options)) {}
 
 absl::StatusOr<store::JobRecord> JobsService::VisibleJob(const auth::Principal& p,
@@ -307,6 +308,11 @@ grpc::Status JobsService::SubmitJob(grpc::ServerContext* context,
   if (!req->has_spec()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "spec: is required");
+  }
+  if (data_roots_ != nullptr) {
+    if (absl::Status s = data_roots_->CheckJobSpec(req->spec()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
   }
   absl::StatusOr<tally::v1::Job> job = core_->Run([&](sched::Scheduler& s) {
     return s.Submit(req->spec(), req->request_id(), ActorOf(*caller));
@@ -403,6 +409,7 @@ ExperimentsService::ExperimentsService(Core* core, Options options)
     : core_(core),
       principal_(std::move(options.principal)),
       gate_(GateOr(options.gate)),
+      data_roots_(options.data_roots),
       watch_limiter_({"WatchExperiment streams", options.max_watch_streams_per_principal,
                       "max_experiment_watch_streams_per_principal",
                       options.max_watch_streams, "max_experiment_watch_streams"}) {}
@@ -422,6 +429,11 @@ grpc::Status ExperimentsService::CreateExperiment(grpc::ServerContext* context,
   if (!req->has_spec()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "spec: is required (an ExperimentSpec: base, variants, target)");
+  }
+  if (data_roots_ != nullptr) {
+    if (absl::Status s = data_roots_->CheckExperimentSpec(req->spec()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
   }
   absl::StatusOr<tally::v1::Experiment> e = core_->RunExperiments(
       [&](experiments::ExperimentManager& m) {

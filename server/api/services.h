@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "server/api/core.h"
+#include "server/api/data_roots.h"
 #include "server/api/gate.h"
 #include "server/api/stream_limiter.h"
 #include "server/metrics/grpc_metrics.h"
@@ -36,6 +37,10 @@ class JobsService final
     PrincipalFn principal = PeerPrincipal;
     // Who may call (must outlive the service); null: everyone, as admin.
     const Gate* gate = nullptr;
+    // Where a submitted spec's datasets must lie (must outlive the
+    // service); null: anywhere. A spec naming one outside is refused
+    // INVALID_ARGUMENT before it is queued.
+    const DataRoots* data_roots = nullptr;
   };
   JobsService(Core* core, Options options);
   explicit JobsService(Core* core) : JobsService(core, Options()) {}
@@ -67,6 +72,7 @@ class JobsService final
   Core* const core_;
   const PrincipalFn principal_;
   const Gate* const gate_;
+  const DataRoots* const data_roots_;
   StreamLimiter watch_limiter_;
 };
 
@@ -80,6 +86,8 @@ class ExperimentsService final : public tally::v1::Experiments::Service {
     int64_t max_watch_streams = 512;
     PrincipalFn principal = PeerPrincipal;
     const Gate* gate = nullptr;
+    // As JobsService's; every variant's resolved spec is checked.
+    const DataRoots* data_roots = nullptr;
   };
   ExperimentsService(Core* core, Options options);
   explicit ExperimentsService(Core* core) : ExperimentsService(core, Options()) {}
@@ -106,6 +114,7 @@ class ExperimentsService final : public tally::v1::Experiments::Service {
   Core* const core_;
   const PrincipalFn principal_;
   const Gate* const gate_;
+  const DataRoots* const data_roots_;
   StreamLimiter watch_limiter_;
 };
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/metrics/text_serializer.h"
+#include "server/metrics/tls_server.h"
 
 namespace tally::metrics {
 namespace {
@@ -31,8 +32,27 @@ int HandleHealth(mg_connection* conn, void*) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(
-    const std::string& listen, const Registry* registry) {
+    const std::string& listen, const Registry* registry, std::optional<Tls> tls) {
   std::unique_ptr<HttpExporter> exporter(new HttpExporter(registry));
+  if (tls.has_value()) {
+    auto server = TlsServer::Start(
+        listen, tls->cert_path, tls->key_path, [registry](absl::string_view path) {
+          TlsServer::Response r;
+          if (path == "/metrics") {
+            r.content_type = kTextContentType;
+            r.body = SerializeText(registry->Collect());
+          } else if (path == "/healthz") {
+            r.body = "ok\n";
+          } else {
+            r.status = 404;
+          }
+          return r;
+        });
+    if (!server.ok()) return server.status();
+    exporter->port_ = (*server)->port();
+    exporter->tls_ = *std::move(server);
+    return exporter;
+  }
   const char* options[] = {"listening_ports", listen.c_str(), "num_threads", "4",
                            nullptr};
   mg_callbacks callbacks;
@@ -51,6 +71,8 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(
   if (n > 0) exporter->port_ = ports[0].port;
   return exporter;
 }
+
+HttpExporter::HttpExporter(const Registry* registry) : registry_(registry) {}
 
 HttpExporter::~HttpExporter() {
   if (ctx_ != nullptr) mg_stop(ctx_);

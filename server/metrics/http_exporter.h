@@ -1,8 +1,11 @@
-// Serves a Registry as GET /metrics over HTTP (civetweb), plus /healthz.
+// Serves a Registry as GET /metrics, plus /healthz: over plain HTTP
+// (civetweb), or over HTTPS (TlsServer, see tls_server.h) when given a
+// certificate and key.
 #ifndef TALLY_SERVER_METRICS_HTTP_EXPORTER_H_
 #define TALLY_SERVER_METRICS_HTTP_EXPORTER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -12,21 +15,35 @@ struct mg_context;
 
 namespace tally::metrics {
 
+class TlsServer;
+
 class HttpExporter {
  public:
+  // PEM files of HTTPS: the certificate chain and its (unencrypted) private
+  // key, re-read when they change (tls_server.h).
+  struct Tls {
+    std::string cert_path;
+    std::string key_path;
+  };
+
   // `listen` is "host:port"; port 0 picks a free one (see port()).
-  // `registry` must outlive the exporter.
+  // `registry` must outlive the exporter. With `tls`, only HTTPS is served
+  // on that port; InvalidArgument when its files do not load or match,
+  // Unavailable when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<HttpExporter>> Start(
-      const std::string& listen, const Registry* registry);
+      const std::string& listen, const Registry* registry,
+      std::optional<Tls> tls = std::nullopt);
   ~HttpExporter();
 
   int port() const { return port_; }
+  bool serves_tls() const { return tls_ != nullptr; }
   const Registry* registry() const { return registry_; }
 
  private:
-  HttpExporter(const Registry* registry) : registry_(registry) {}
+  explicit HttpExporter(const Registry* registry);
   const Registry* registry_;
   mg_context* ctx_ = nullptr;
+  std::unique_ptr<TlsServer> tls_;
   int port_ = 0;
 };
 

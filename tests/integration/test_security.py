@@ -5,18 +5,23 @@ credentials; a client that trusts another CA; the start-up refusals."""
 
 import base64
 import hashlib
+import http.client
 import json
 import os
+import re
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 from harness import (Tallyd, TALLYD, jobs_pb2, experiments_pb2, spec, wait_for, grpc,
-                     ROOT, free_port)
+                     ROOT, free_port, parse_exposition, TRAIN_PATH)
 from tally.v1 import workers_pb2, workers_pb2_grpc, jobs_pb2_grpc, experiments_pb2_grpc
 
 from cryptography.hazmat.primitives import hashes
@@ -433,6 +438,158 @@ class StartupTest(unittest.TestCase):
             r = self.start(*args)
             self.assertEqual(r.returncode, 2, (args, r.stderr[-500:]))
             self.assertIn(needle, r.stdout + r.stderr, args)
+
+    def test_metrics_tls_and_data_roots_refusals_name_the_flags(self):
+        cases = [
+            # One of the pair: both are named.
+            (["--metrics_tls_cert=" + PKI.server_cert], ["--metrics_tls_cert", "--metrics_tls_key"]),
+            (["--metrics_tls_key=" + PKI.server_key], ["--metrics_tls_cert", "--metrics_tls_key"]),
+            (["--metrics_tls_cert=" + PKI.server_cert, "--metrics_tls_key=" + PKI.w1_key],
+             ["--metrics_tls_key: " + PKI.w1_key, "not the private key"]),
+            (["--metrics_tls_cert=/nonexistent/m.pem", "--metrics_tls_key=" + PKI.server_key],
+             ["--metrics_tls_cert: cannot read /nonexistent/m.pem"]),
+            (["--metrics_tls_cert=" + PKI.auth_tokens, "--metrics_tls_key=" + PKI.server_key],
+             ["--metrics_tls_cert: " + PKI.auth_tokens, "no PEM certificate"]),
+            (["--data_roots=" + PKI.dir + ",/nonexistent/corpora"],
+             ["--data_roots: /nonexistent/corpora"]),
+        ]
+        for args, needles in cases:
+            r = self.start(*args)
+            self.assertEqual(r.returncode, 2, (args, r.stderr[-500:]))
+            for needle in needles:
+                self.assertIn(needle, r.stdout + r.stderr, args)
+
+
+class MetricsTlsTest(SecureCluster):
+    """/metrics and /healthz over HTTPS (--metrics_tls_cert/--metrics_tls_key,
+    here the gRPC server's own pair); nothing secret in the scrape."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tally_sec_metrics_")
+        self.auth_tokens = os.path.join(self.dir, "users.yaml")
+        shutil.copy(PKI.auth_tokens, self.auth_tokens)
+        self.tallyd = Tallyd(self.dir, secure_args(PKI, self.auth_tokens) + [
+            "--metrics_tls_cert=" + PKI.server_cert, "--metrics_tls_key=" + PKI.server_key,
+            "--job_info_labels=team"], ca_cert=PKI.ca, token=PKI.tokens["ops"])
+
+    def fetch(self, scheme, path, cafile):
+        ctx = ssl.create_default_context(cafile=cafile)
+        url = "%s://%s%s" % (scheme, self.tallyd.metrics_addr, path)
+        with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
+            return r.headers.get("Content-Type"), r.read().decode()
+
+    def test_scrape_over_https_holds_no_secret(self):
+        # Jobs and an experiment, by callers of each kind, so per-job and
+        # per-caller series exist.
+        alice = self.stubs(PKI.tokens["alice"])
+        s = spec()
+        s.labels["team"] = "nlp"
+        alice[0].SubmitJob(jobs_pb2.SubmitJobRequest(spec=s), timeout=10)
+        alice[1].CreateExperiment(
+            experiments_pb2.CreateExperimentRequest(spec=experiment_spec()), timeout=10)
+        jwt_jobs, _ = self.stubs(PKI.jwt("carol", "research", "user"))
+        jwt_jobs.ListJobs(jobs_pb2.ListJobsRequest(), timeout=10)
+        with self.assertRaises(grpc.RpcError):
+            self.stubs("not-a-token")[0].ListJobs(jobs_pb2.ListJobsRequest(), timeout=10)
+        wait_for(lambda: "tally_job_info{" in self.fetch("https", "/metrics", PKI.ca)[1],
+                 what="the job's series")
+
+        content_type, body = self.fetch("https", "/metrics", PKI.ca)
+        self.assertTrue(content_type.startswith("text/plain; version=0.0.4"), content_type)
+        series = parse_exposition(body)
+        self.assertIn("# TYPE grpc_server_handled_total counter", body)
+        self.assertTrue(any(k.startswith("tally_build_info{") for k in series), body[:500])
+        self.assertTrue(any(k.startswith("tally_job_info{") for k in series), body[:500])
+        self.assertEqual(self.fetch("https", "/healthz", PKI.ca)[1], "ok\n")
+        # No token, token hash, JWT or credential file path anywhere in it.
+        with open(self.auth_tokens) as f:
+            hashes = set(re.findall(r"[0-9a-f]{64}", f.read()))
+        with open(PKI.worker_tokens) as f:
+            hashes |= set(re.findall(r"[0-9a-f]{64}", f.read()))
+        self.assertEqual(len(hashes), 5)
+        secrets = hashes | set(PKI.tokens.values()) | {h[:16] for h in hashes}
+        for secret in sorted(secrets):
+            self.assertNotIn(secret, body)
+        for path in (PKI.dir, self.auth_tokens, PKI.server_key, PKI.jwks):
+            self.assertNotIn(path, body)
+        self.assertNotIn("eyJ", body)  # the start of every JWT
+        # No label holds a file path (datasets, credentials, checkpoints).
+        values = [v for key in series for v in re.findall(r'="((?:[^"\\]|\\.)*)"', key)]
+        self.assertTrue(values)
+        self.assertEqual([v for v in values if "/" in v and not v.startswith("tally.v1.")
+                          and not v.startswith("jobs/") and not v.startswith("experiments/")],
+                         [])
+
+    def test_plain_http_and_another_ca_are_refused(self):
+        with self.assertRaises((OSError, http.client.HTTPException)):
+            self.fetch("http", "/metrics", PKI.ca)
+        with self.assertRaises(urllib.error.URLError) as err:
+            self.fetch("https", "/metrics", PKI.other_ca)
+        self.assertIsInstance(err.exception.reason, ssl.SSLCertVerificationError)
+        # Still serving after both.
+        self.assertIn("tally_build_info", self.fetch("https", "/metrics", PKI.ca)[1])
+
+
+class DataRootsTest(unittest.TestCase):
+    """--data_roots: SubmitJob and CreateExperiment refuse specs whose
+    datasets resolve outside the roots, naming the field (and the variant)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tally_sec_roots_")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.root = os.path.join(self.dir, "data")
+        os.makedirs(self.root)
+        # A link inside the root that leads out of it.
+        os.symlink(PKI.dir, os.path.join(self.root, "out"))
+        self.tallyd = Tallyd(self.dir, ["--data_roots=%s,%s" % (os.path.dirname(TRAIN_PATH),
+                                                              self.root)])
+        self.addCleanup(self.tallyd.stop)
+
+    def submit(self, train_path, val_path=""):
+        s = spec()
+        s.data.train_path = train_path
+        s.data.val_path = val_path
+        return self.tallyd.jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=s), timeout=10)
+
+    def refused(self, call):
+        with self.assertRaises(grpc.RpcError) as err:
+            call()
+        self.assertEqual(err.exception.code(), CODE.INVALID_ARGUMENT, err.exception.details())
+        return err.exception.details()
+
+    def test_escaping_paths_are_refused_and_inside_ones_accepted(self):
+        job = self.submit(TRAIN_PATH)
+        self.assertEqual(job.state, jobs_pb2.JOB_STATE_QUEUED)
+        self.submit(os.path.join(self.root, "not-yet", "train"))  # need not exist yet
+        roots = "(%s, %s)" % (os.path.dirname(TRAIN_PATH), self.root)
+        cases = [
+            (os.path.join(self.root, "..", "..", "etc", "x"), "",
+             "spec.data.train_path", os.path.normpath(os.path.join(self.dir, "..", "etc", "x"))),
+            (os.path.join(self.root, "out", "users"), "",
+             "spec.data.train_path", os.path.join(PKI.dir, "users")),
+            ("/etc/passwd", "", "spec.data.train_path", "/etc/passwd"),
+            (TRAIN_PATH, os.path.join(self.root, "out", "ca"),
+             "spec.data.val_path", os.path.join(PKI.dir, "ca")),
+        ]
+        for train, val, field, resolved in cases:
+            details = self.refused(lambda: self.submit(train, val))
+            given = val or train
+            self.assertIn('%s "%s" resolves to %s, outside tallyd\'s --data_roots %s'
+                          % (field, given, resolved, roots), details)
+            self.assertIn("put the dataset under a data root", details)
+        # Nothing refused was queued.
+        self.assertEqual(len(self.tallyd.jobs.ListJobs(jobs_pb2.ListJobsRequest(),
+                                                       timeout=10).jobs), 2)
+
+    def test_experiment_variants_are_checked_after_their_overrides(self):
+        e = experiment_spec()
+        self.tallyd.experiments.CreateExperiment(
+            experiments_pb2.CreateExperimentRequest(spec=e), timeout=10)
+        e.variants[1].overrides.update({"data": {"train_path": "/etc/x"}})
+        details = self.refused(lambda: self.tallyd.experiments.CreateExperiment(
+            experiments_pb2.CreateExperimentRequest(spec=e), timeout=10))
+        self.assertIn('variants[1] (b): spec.data.train_path "/etc/x" resolves to /etc/x, '
+                      "outside tallyd's --data_roots", details)
 
 
 if __name__ == "__main__":
