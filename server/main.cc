@@ -77,6 +77,12 @@ ABSL_FLAG(int64_t, max_experiment_watch_streams_per_principal, 64,
           "RESOURCE_EXHAUSTED. 0: no limit");
 ABSL_FLAG(int64_t, max_experiment_watch_streams, 512,
           "open WatchExperiment streams all callers together may hold. 0: no limit");
+ABSL_FLAG(int64_t, max_worker_streams_per_principal, 64,
+          "open Workers.Connect streams (a Hello sent or not) one worker credential (or one "
+          "address, when workers are not authenticated) may hold; more are refused with "
+          "RESOURCE_EXHAUSTED. 0: no limit");
+ABSL_FLAG(int64_t, max_worker_streams, 4096,
+          "open Workers.Connect streams all callers together may hold. 0: no limit");
 ABSL_FLAG(absl::Duration, job_metrics_retention, absl::Minutes(15),
           "how long an ended job's per-job series keep their final values (with its terminal "
           "state on tally_job_info) before they are removed; 0 removes them when it ends");
@@ -406,7 +412,17 @@ int Run() {
   experiments_options.gate = &gate;
   api::JobsService jobs(&core, jobs_options);
   api::ExperimentsService experiments(&core, experiments_options);
-  api::WorkersService workers(&core, &gate);
+  api::WorkersService::Options workers_options;
+  workers_options.max_streams_per_principal =
+      absl::GetFlag(FLAGS_max_worker_streams_per_principal);
+  workers_options.max_streams = absl::GetFlag(FLAGS_max_worker_streams);
+  workers_options.gate = &gate;
+  if (workers_options.max_streams_per_principal < 0 || workers_options.max_streams < 0) {
+    spdlog::error("--max_worker_streams_per_principal and --max_worker_streams: must be 0 (no "
+                  "limit) or a positive count");
+    return 2;
+  }
+  api::WorkersService workers(&core, workers_options);
   grpc::EnableDefaultHealthCheckService(true);
   if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::shared_ptr<grpc::ServerCredentials> server_credentials = grpc::InsecureServerCredentials();

@@ -124,8 +124,9 @@ class WorkerStream final
       public WorkerSession {
  public:
   static WorkerStream* Begin(Core* core, grpc::CallbackServerContext* context,
-                             WorkerIdentity identity) {
+                             WorkerIdentity identity, StreamLimiter::Lease lease) {
     auto s = std::make_shared<WorkerStream>(core, context, std::move(identity));
+    s->lease_ = std::move(lease);
     s->self_ = s;
     s->StartRead(&s->in_);
     return s.get();
@@ -203,7 +204,10 @@ class WorkerStream final
     if (finish) Finish(std::move(status));
   }
 
-  void OnDone() override { std::shared_ptr<WorkerStream> self = std::move(self_); }
+  void OnDone() override {
+    lease_.Release();
+    std::shared_ptr<WorkerStream> self = std::move(self_);
+  }
 
   void Push(const tally::v1::ControllerMessage& m) override {
     {
@@ -249,6 +253,7 @@ class WorkerStream final
   Core* const core_;
   grpc::CallbackServerContext* const context_;
   const WorkerIdentity identity_;
+  StreamLimiter::Lease lease_;
   std::shared_ptr<WorkerStream> self_;
   // Touched only by the read side (one read at a time).
   tally::v1::WorkerMessage in_;
@@ -588,20 +593,29 @@ grpc::Status JobsService::ListCheckpoints(
   return grpc::Status::OK;
 }
 
+WorkersService::WorkersService(Core* core, Options options)
+    : core_(core),
+      gate_(options.gate),
+      limiter_({"Workers.Connect streams", options.max_streams_per_principal,
+                "max_worker_streams_per_principal", options.max_streams, "max_worker_streams"}) {}
+
 grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
 WorkersService::Connect(grpc::CallbackServerContext* context) {
+  // Refused before anything is read: the stream ends with the reason.
+  class Refused final : public grpc::ServerBidiReactor<tally::v1::WorkerMessage,
+                                                        tally::v1::ControllerMessage> {
+   public:
+    explicit Refused(grpc::Status status) { Finish(std::move(status)); }
+    void OnDone() override { delete this; }
+  };
   absl::StatusOr<WorkerIdentity> identity = GateOr(gate_)->AdmitWorker(*context);
-  if (!identity.ok()) {
-    // Refused before anything is read: the stream ends with the reason.
-    class Refused final : public grpc::ServerBidiReactor<tally::v1::WorkerMessage,
-                                                          tally::v1::ControllerMessage> {
-     public:
-      explicit Refused(grpc::Status status) { Finish(std::move(status)); }
-      void OnDone() override { delete this; }
-    };
-    return new Refused(ToGrpcStatus(identity.status()));
-  }
-  return WorkerStream::Begin(core_, context, std::move(*identity));
+  if (!identity.ok()) return new Refused(ToGrpcStatus(identity.status()));
+  // One credential (or one address, unauthenticated) holds a bounded number
+  // of streams, Hello sent or not.
+  absl::StatusOr<StreamLimiter::Lease> lease = limiter_.Acquire(
+      identity->anonymous ? PeerPrincipal(*context) : identity->Describe());
+  if (!lease.ok()) return new Refused(ToGrpcStatus(lease.status()));
+  return WorkerStream::Begin(core_, context, std::move(*identity), std::move(*lease));
 }
 
 namespace {

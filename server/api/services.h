@@ -125,14 +125,25 @@ class ExperimentsService final : public tally::v1::Experiments::Service {
 // credential (Gate::AdmitWorker) must name the Hello's worker_id.
 class WorkersService final : public tally::v1::Workers::CallbackService {
  public:
-  // `gate` (may be null: anyone may connect) must outlive the service.
-  explicit WorkersService(Core* core, const Gate* gate = nullptr) : core_(core), gate_(gate) {}
+  struct Options {
+    // Open Connect streams (a Hello sent or not) per credential (per peer
+    // address when workers are not authenticated) and in all; 0: no limit.
+    int64_t max_streams_per_principal = 64;
+    int64_t max_streams = 4096;
+    // Who may connect (must outlive the service); null: anyone.
+    const Gate* gate = nullptr;
+  };
+  WorkersService(Core* core, Options options);
+  explicit WorkersService(Core* core) : WorkersService(core, Options()) {}
+
+  const StreamLimiter& stream_limiter() const { return limiter_; }
   grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
   Connect(grpc::CallbackServerContext* context) override;
 
  private:
   Core* const core_;
   const Gate* const gate_;
+  StreamLimiter limiter_;
 };
 
 // gRPC server metrics in the grpc-prometheus convention

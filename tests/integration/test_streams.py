@@ -230,6 +230,45 @@ class StreamLimitTest(unittest.TestCase):
         for s in streams:
             s.cancel()
 
+    def test_worker_streams_are_limited_per_caller_hello_or_not(self):
+        t = self.start_tallyd("--max_worker_streams_per_principal=2")
+
+        def silent_stream():
+            # Opens a Connect stream and never sends a Hello.
+            gate = threading.Event()
+
+            def requests():
+                gate.wait()
+                return
+                yield  # a generator that sends nothing
+
+            call = workers_pb2_grpc.WorkersStub(t.channel).Connect(requests(), timeout=30)
+            self.addCleanup(gate.set)
+            return call
+
+        silent = [silent_stream(), silent_stream()]
+        time.sleep(1)  # both are open and counted
+
+        def third_refused():
+            w = FakeWorker(t.channel, hello("w9"))
+            self.addCleanup(w.close)
+            self.assertTrue(w.done.wait(10), "the third stream was not refused")
+            return w.error
+
+        err = third_refused()
+        self.assertEqual(err.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("--max_worker_streams_per_principal=2", err.details())
+        for call in silent:
+            call.cancel()
+
+        def admitted():
+            w = FakeWorker(t.channel, hello("w9"))
+            self.addCleanup(w.close)
+            wait_for(lambda: w.done.is_set() or "welcome" in w.kinds(), what="an answer")
+            return "welcome" in w.kinds()
+
+        wait_for(admitted, timeout=10, interval=0.2, what="a closed stream's place to free up")
+
     def test_negative_limit_is_a_clear_error(self):
         d = tempfile.mkdtemp()
         r = subprocess.run([TALLYD, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
