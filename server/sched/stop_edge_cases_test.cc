@@ -191,7 +191,7 @@ TEST_F(StopEdgeCasesTest, FailedHelloLeavesTheWorkerConnected) {
 // After a tallyd restart the final checkpoint of a pending stop keeps the
 // val_loss its evaluation measured (from the job's curve), so the stop names
 // it as the best.
-TEST_F(StopEdgeCasesTest, RestartBetweenStopEvalAndFinalCheckpointNamesTheWrongBest) {
+TEST_F(StopEdgeCasesTest, ARestartBetweenStopEvalAndFinalCheckpointStillNamesTheBest) {
   auto spec = Spec();
   spec.mutable_early_stopping()->set_patience(1);
   const int64_t id = Submit(spec);
