@@ -2,6 +2,7 @@
 // store that refuses the write. A failed commit must leave the store, the
 // scheduler's memory, the messages to workers and the metrics exactly as they
 // were; the same call then succeeds once the store takes writes again.
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -35,9 +36,33 @@ class Watcher : public CommitObserver {
 class CommitFailureTest : public ::testing::Test {
  protected:
   CommitFailureTest() : store_(&base_) {
-    options_.prices.usd_per_gpu_hour["cpu"] = 3.6;
-    sched_ = std::make_unique<Scheduler>(&store_, &channel_, &clock_, &registry_, options_);
+    options_.prices.usd_per_gpu_hour["cpu"] = 3.6;  // $0.001 per GPU-second
+    NewScheduler();
+  }
+  void NewScheduler() {
+    registries_.push_back(std::make_unique<metrics::Registry>());
+    sched_ = std::make_unique<Scheduler>(&store_, &channel_, &clock_, registries_.back().get(),
+                                         options_);
     sched_->AddObserver(&watcher_);
+  }
+  // tallyd restarts (with options_ as they are now): a new scheduler over the
+  // same store, recovered from it.
+  void Restart() {
+    NewScheduler();
+    ASSERT_TRUE(sched_->Recover().ok());
+  }
+  metrics::Registry& registry() { return *registries_.back(); }
+  // One series' value: Metric("tally_job_ends_total,reason_rule=target,state=succeeded").
+  double Metric(const std::string& key) {
+    for (const auto& f : registry().Collect()) {
+      for (const auto& m : f.metric) {
+        std::string k = f.name;
+        for (const auto& [label, value] : m.labels) k += "," + label + "=" + value;
+        if (k == key) return m.value;
+      }
+    }
+    ADD_FAILURE() << "no series " << key;
+    return -1;
   }
 
   tally::v1::JobSpec Spec(int gpus = 1) {
@@ -47,21 +72,26 @@ class CommitFailureTest : public ::testing::Test {
     s.set_max_attempts(3);
     return s;
   }
-  void Hello(const std::string& w, const std::vector<int64_t>& running = {}) {
+  tally::v1::Hello HelloMessage(const std::string& w, const std::vector<int64_t>& running = {},
+                                int slots = 1) {
     tally::v1::Hello h;
     h.set_worker_id(w);
     h.set_gpu_type("cpu");
-    h.set_slots(1);
+    h.set_slots(slots);
     for (int64_t id : running) {
       auto* r = h.add_running();
       r->set_job("jobs/" + std::to_string(id));
       r->set_attempt(sched_->ActiveJobView(id)->attempt());
     }
-    ASSERT_TRUE(sched_->OnHello(h).ok());
+    return h;
+  }
+  void Hello(const std::string& w, const std::vector<int64_t>& running = {}) {
+    ASSERT_TRUE(sched_->OnHello(HelloMessage(w, running)).ok());
   }
   // A job running on w0.
-  int64_t Running() {
-    auto job = sched_->Submit(Spec(), "");
+  int64_t Running() { return Running(Spec()); }
+  int64_t Running(const tally::v1::JobSpec& spec, const Actor& by = {}) {
+    auto job = sched_->Submit(spec, "", by);
     EXPECT_TRUE(job.ok()) << job.status();
     Hello("w0");
     EXPECT_TRUE(sched_->Tick().ok());
@@ -73,6 +103,58 @@ class CommitFailureTest : public ::testing::Test {
     tally::v1::WorkerMessage m;
     fill(m, "jobs/" + std::to_string(id), sched_->ActiveJobView(id)->attempt());
     return sched_->OnMessage("w0", m);
+  }
+  absl::Status Eval(int64_t id, int64_t step, double loss) {
+    return Send(id, [&](auto& m, const std::string& job, int attempt) {
+      m.mutable_eval()->set_job(job);
+      m.mutable_eval()->set_attempt(attempt);
+      m.mutable_eval()->set_step(step);
+      m.mutable_eval()->set_val_loss(loss);
+    });
+  }
+  // A checkpoint in the job's own folder, unless `path` says otherwise.
+  absl::Status Checkpoint(int64_t id, int64_t step, const std::string& path = "") {
+    return Send(id, [&](auto& m, const std::string& job, int attempt) {
+      m.mutable_checkpoint()->set_job(job);
+      m.mutable_checkpoint()->set_attempt(attempt);
+      m.mutable_checkpoint()->set_step(step);
+      m.mutable_checkpoint()->set_path(
+          !path.empty() ? path
+                        : "/ckpt/" + absl::StrReplaceAll(job, {{"s/", "-"}}) + "/" +
+                              std::to_string(step));
+    });
+  }
+  absl::Status Exit(int64_t id, tally::v1::AttemptOutcome outcome) {
+    return Send(id, [&](auto& m, const std::string& job, int attempt) {
+      m.mutable_exit()->set_job(job);
+      m.mutable_exit()->set_attempt(attempt);
+      m.mutable_exit()->set_outcome(outcome);
+    });
+  }
+  absl::Status Progress(int64_t id, int64_t step) {
+    return Send(id, [&](auto& m, const std::string& job, int attempt) {
+      m.mutable_progress()->set_job(job);
+      m.mutable_progress()->set_attempt(attempt);
+      m.mutable_progress()->set_step(step);
+      m.mutable_progress()->set_tokens(step * 100);
+      m.mutable_progress()->set_trained(true);
+      m.mutable_progress()->set_useful_tokens_per_second(100);
+    });
+  }
+  // Stop orders sent, and those that ask for a final checkpoint.
+  int Stops(bool with_checkpoint = false) {
+    int n = 0;
+    for (const auto& s : channel_.sent) {
+      n += s.find("stop {") != std::string::npos &&
+           (!with_checkpoint || s.find("checkpoint: true") != std::string::npos);
+    }
+    return n;
+  }
+  std::vector<std::string> EventTypes(int64_t id) {
+    std::vector<std::string> types;
+    const std::vector<tally::v1::JobEvent> events = *base_.ListEvents(id, 0, 1000);
+    for (const auto& e : events) types.push_back(e.type());
+    return types;
   }
 
   // Everything a failed commit must leave alone.
@@ -106,7 +188,7 @@ class CommitFailureTest : public ::testing::Test {
     s.commits = watcher_.commits;
     // Every series but the two that show a running job's cost accrued to
     // now: those follow the clock, not commits.
-    std::istringstream text(metrics::SerializeText(registry_.Collect()));
+    std::istringstream text(metrics::SerializeText(registry().Collect()));
     for (std::string line; std::getline(text, line);) {
       if (line.rfind("tally_job_cost_dollars{", 0) == 0 ||
           line.rfind("tally_job_budget_used_ratio{", 0) == 0) {
@@ -122,20 +204,42 @@ class CommitFailureTest : public ::testing::Test {
     return s;
   }
 
+  // What the store refuses during the failing run: every write, or only
+  // commits (a Hello still records its worker, then its reconcile fails).
+  enum class Refuse { kWrites, kCommits };
+
   // Runs `change` with writes failing (it must fail and change nothing),
   // then with writes working (it must succeed and change the job).
-  void ExpectAtomic(int64_t id, const std::function<absl::Status()>& change) {
+  void ExpectAtomic(int64_t id, const std::function<absl::Status()>& change,
+                    Refuse refuse = Refuse::kWrites) {
     const Snapshot before = Take(id);
-    store_.FailWrites(true);
     const int refused = store_.failed_writes();
+    if (refuse == Refuse::kWrites) {
+      store_.FailWrites(true);
+    } else {
+      store_.FailCommits(true);
+    }
     absl::Status failed = change();
     store_.FailWrites(false);
+    store_.FailCommits(false);
     EXPECT_FALSE(failed.ok()) << "the change did not reach the store";
     EXPECT_GT(store_.failed_writes(), refused);
     const Snapshot after = Take(id);
     EXPECT_EQ(after.stored, before.stored);
     EXPECT_EQ(after.view, before.view);
-    EXPECT_EQ(after.sent, before.sent) << "a message was sent for an uncommitted change";
+    // A Hello's welcome is the one message sent before its reconcile
+    // commits: tallyd's API holds back what OnHello sends and drops it when
+    // the Hello is refused (server/api/core.cc). Nothing else may go out.
+    std::vector<std::string> sent = after.sent;
+    if (refuse == Refuse::kCommits) {
+      const size_t old = std::min(before.sent.size(), sent.size());
+      sent.erase(std::remove_if(sent.begin() + old, sent.end(),
+                                [](const std::string& m) {
+                                  return m.find(" welcome {") != std::string::npos;
+                                }),
+                 sent.end());
+    }
+    EXPECT_EQ(sent, before.sent) << "a message was sent for an uncommitted change";
     EXPECT_EQ(after.commits, before.commits) << "an observer saw an uncommitted change";
     EXPECT_EQ(after.metrics, before.metrics) << "metrics moved for an uncommitted change";
     EXPECT_EQ(after.queue_depth, before.queue_depth);
@@ -149,8 +253,8 @@ class CommitFailureTest : public ::testing::Test {
   store::FaultInjectionJobStore store_;
   RecordingChannel channel_;
   Watcher watcher_;
-  metrics::Registry registry_;
   SchedulerOptions options_;
+  std::vector<std::unique_ptr<metrics::Registry>> registries_;
   std::unique_ptr<Scheduler> sched_;
 };
 
@@ -408,6 +512,254 @@ TEST_F(CommitFailureTest, AdoptionOnReconnect) {
   store_.FailWrites(false);
   EXPECT_TRUE(Take(id) == before);
   EXPECT_TRUE(sched_->OnHello(h).ok());
+}
+
+// A decided stop finishes when rank 0's STOPPED exit arrives: the job ends
+// as decided, naming its best checkpoint (the lowest val_loss), and the
+// stop is counted once, after it has committed.
+TEST_F(CommitFailureTest, PendingEarlyStopFinishedByTheExit) {
+  const int64_t id = Running();
+  ASSERT_TRUE(Eval(id, 0, 5.0).ok());
+  ASSERT_TRUE(Eval(id, 10, 4.0).ok());
+  ASSERT_TRUE(Checkpoint(id, 10).ok());      // val_loss 4.0: the best
+  ASSERT_TRUE(Eval(id, 20, 4.5).ok());       // patience 1: stop decided
+  ASSERT_TRUE(sched_->ActiveJobView(id)->has_pending_stop());
+  ASSERT_TRUE(Checkpoint(id, 20).ok());      // the final checkpoint it ordered
+  const std::string ends = "tally_job_ends_total,reason_rule=patience,state=early_stopped";
+  const std::string early = "tally_early_stops_total,rule=patience";
+  ASSERT_EQ(Metric(ends), 0);
+  ASSERT_EQ(Metric(early), 0);
+  ExpectAtomic(id, [&] { return Exit(id, tally::v1::ATTEMPT_OUTCOME_STOPPED); });
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_FALSE(j.has_pending_stop());
+  EXPECT_EQ(j.early_stopping().stop_rule(), "patience");
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/10"));
+  EXPECT_EQ(Metric(ends), 1);
+  EXPECT_EQ(Metric(early), 1);
+  EXPECT_EQ(Metric("tally_attempts_ended_total,outcome=stopped"), 1);
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 0) << "the exit frees its slot once committed";
+}
+
+TEST_F(CommitFailureTest, PendingTargetStopFinishedByTheExitSucceeds) {
+  tally::v1::JobSpec spec = Spec();
+  spec.mutable_early_stopping()->set_target_val_loss(4.2);
+  const int64_t id = Running(spec);
+  ASSERT_TRUE(Eval(id, 0, 5.0).ok());
+  ASSERT_TRUE(Eval(id, 10, 4.0).ok());  // target reached: SUCCEEDED decided
+  ASSERT_EQ(sched_->ActiveJobView(id)->pending_stop().state(), tally::v1::JOB_STATE_SUCCEEDED);
+  ASSERT_TRUE(Checkpoint(id, 10).ok());
+  const std::string ends = "tally_job_ends_total,reason_rule=target,state=succeeded";
+  ASSERT_EQ(Metric(ends), 0);
+  ExpectAtomic(id, [&] { return Exit(id, tally::v1::ATTEMPT_OUTCOME_STOPPED); });
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/10"));
+  EXPECT_EQ(Metric(ends), 1);
+}
+
+// The workers never confirm a decided stop: at stop_grace the tick ends the
+// job without them and orders them to stop now (no checkpoint). A failed
+// commit sends no order and counts no end; the next tick does both once.
+TEST_F(CommitFailureTest, PendingStopFinishedAtTheGraceDeadline) {
+  const int64_t id = Running();
+  ASSERT_TRUE(Eval(id, 0, 5.0).ok());
+  ASSERT_TRUE(Eval(id, 10, 5.0).ok());  // patience 1: stop decided
+  ASSERT_TRUE(sched_->ActiveJobView(id)->has_pending_stop());
+  ASSERT_TRUE(Checkpoint(id, 10).ok());
+  clock_.Advance(options_.stop_grace);  // $0.12 of the $1 budget
+  // The worker is alive (so it is the deadline that ends the job, not its loss).
+  ASSERT_TRUE(Send(id, [](auto& m, const std::string&, int) { m.mutable_heartbeat(); }).ok());
+  ASSERT_EQ(Stops(), 1);  // the stop(checkpoint) of the decision
+  ExpectAtomic(id, [&] { return sched_->Tick(); });
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/10"));
+  auto events = *base_.ListEvents(id, 0, 1000);
+  EXPECT_THAT(events.back().detail(), ::testing::HasSubstr("did not confirm the stop within"));
+  EXPECT_EQ(Stops(), 2) << "one stop(now), sent after the commit";
+  EXPECT_EQ(Stops(/*with_checkpoint=*/true), 1);
+  EXPECT_EQ(Metric("tally_job_ends_total,reason_rule=patience,state=early_stopped"), 1);
+  EXPECT_EQ(Metric("tally_early_stops_total,rule=patience"), 1);
+  // The slot stays held until the worker reports its exit.
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 1);
+}
+
+// A progress report that takes the tenant past its daily dollar quota ends
+// the job. The tenant's spend, the end counter and the stop order move only
+// once the stop commits: a failed commit must not add the dollars it would
+// have committed to the tenant's window.
+TEST_F(CommitFailureTest, TenantQuotaStopAtAProgressReport) {
+  options_.quotas["research"] = {/*max_gpus=*/0, /*max_dollars_per_day=*/0.005, 0};
+  Restart();
+  const int64_t id = Running(Spec(), Actor{"alice", "research"});
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Progress(id, 3).ok());  // $0.002 of $0.005, committed with its event
+  ASSERT_EQ(base_.GetJob(id)->job().state(), tally::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(4));  // $0.006 with what is not committed yet
+  const std::string ends = "tally_job_ends_total,reason_rule=tenant_quota,state=budget_exhausted";
+  ASSERT_EQ(Metric(ends), 0);
+  // The same report again: its measurements are already in, so only the
+  // quota's decision is new.
+  ExpectAtomic(id, [&] { return Progress(id, 3); });
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_BUDGET_EXHAUSTED);
+  EXPECT_THAT(j.state_reason(), ::testing::HasSubstr("tenant quota: research spent $0.006"));
+  EXPECT_EQ(Metric(ends), 1);
+  EXPECT_EQ(Stops(), 1);
+  ASSERT_TRUE(sched_->Tick().ok());  // refreshes the tenant gauges
+  EXPECT_NEAR(Metric("tally_tenant_spend_usd,tenant=research,window=day"), j.cost().cost_usd(),
+              1e-9)
+      << "the tenant's window holds exactly the committed dollars";
+  EXPECT_NEAR(j.cost().cost_usd(), 0.006, 1e-9);
+}
+
+// A tenant's job held back by max_gpus says why, once: its state_reason
+// and a "waiting" event. Were the reason set in memory before the commit,
+// the failed tick would change the view, and the next tick would see the
+// reason already in place and never write the event.
+TEST_F(CommitFailureTest, TenantMaxGpusWaitingEvent) {
+  options_.quotas["research"] = {/*max_gpus=*/1, 0, 0};
+  Restart();
+  Running(Spec(), Actor{"alice", "research"});
+  auto job = sched_->Submit(Spec(), "", Actor{"alice", "research"});
+  ASSERT_TRUE(job.ok());
+  const int64_t id = std::stoll(job->name().substr(5));
+  // Refreshes the gauges (the queue depth now counts this job) without a
+  // write, so the failing tick below has nothing else to show.
+  sched_->SetQuotas(options_.quotas);
+  const std::string reason_before = base_.GetJob(id)->job().state_reason();
+  ExpectAtomic(id, [&] { return sched_->Tick(); });
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_NE(j.state_reason(), reason_before);
+  EXPECT_THAT(j.state_reason(),
+              ::testing::HasSubstr("waiting: tenant research holds 1 of its max_gpus 1"));
+  EXPECT_THAT(EventTypes(id), ::testing::ElementsAre("submitted", "waiting"));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_THAT(EventTypes(id), ::testing::ElementsAre("submitted", "waiting"))
+      << "said once, not every tick";
+}
+
+// A checkpoint outside the job's folder is never recorded: the attempt
+// fails (and the job is requeued). The refusal is counted in
+// tally_worker_reports_refused_total{kind="checkpoint_path"} only once that
+// failure has committed; a report whose commit fails has had no effect yet.
+TEST_F(CommitFailureTest, CheckpointOutsideTheJobsFolderFailsTheAttempt) {
+  const int64_t id = Running();
+  const std::string refused = "tally_worker_reports_refused_total,kind=checkpoint_path";
+  ASSERT_EQ(Metric(refused), 0);
+  clock_.Advance(absl::Seconds(3));
+  ExpectAtomic(id, [&] { return Checkpoint(id, 10, "/ckpt/job-999/10"); });
+  EXPECT_EQ(Metric(refused), 1);
+  const tally::v1::Job j = base_.GetJob(id)->job();
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(base_.ListCheckpoints(id)->empty());
+  auto attempts = *base_.ListAttempts(id);
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].state(), store::ATTEMPT_STATE_FAILED);
+  EXPECT_THAT(attempts[0].reason(), ::testing::HasSubstr("checkpoint record refused"));
+  EXPECT_EQ(Metric("tally_attempts_ended_total,outcome=failed"), 1);
+}
+
+// After a restart, a worker that never comes back loses its attempt at the
+// heartbeat timeout: the job is requeued, the worker forgotten and counted
+// lost. A failed commit keeps the worker (holding the attempt, to retry) and
+// counts nothing.
+TEST_F(CommitFailureTest, RecoveredAttemptWhoseWorkerNeverCameBack) {
+  const int64_t id = Running();
+  Restart();
+  ASSERT_TRUE(sched_->Tick().ok());  // the recovered job's series appear
+  clock_.Advance(absl::Seconds(11));
+  const std::string lost = "tally_workers_lost_total,gpu_type=cpu";
+  ASSERT_EQ(Metric(lost), 0);
+  ExpectAtomic(id, [&] { return sched_->Tick(); });
+  EXPECT_EQ(base_.GetJob(id)->job().state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(base_.ListAttempts(id)->back().state(), store::ATTEMPT_STATE_LOST);
+  EXPECT_EQ(Metric(lost), 1);
+  EXPECT_EQ(Metric("tally_attempts_ended_total,outcome=lost"), 1);
+  EXPECT_TRUE(sched_->Workers().empty());
+}
+
+// A job stored RUNNING without a running attempt (its attempt's end was
+// committed, then tallyd stopped) is requeued by Recover. When that commit
+// fails, Recover fails and nothing is stored or told; a later start
+// requeues it once.
+TEST_F(CommitFailureTest, RecoverRequeuesARunningJobWithoutARunningAttempt) {
+  const int64_t id = Running();
+  store::AttemptRecord a = base_.ListAttempts(id)->back();
+  a.set_state(store::ATTEMPT_STATE_LOST);
+  store::Mutation ended;
+  ended.attempts.push_back(a);
+  ASSERT_TRUE(base_.Commit(ended).ok());
+  const std::string stored = base_.GetJob(id)->job().ShortDebugString();
+  const size_t events = EventTypes(id).size();
+  const size_t commits = watcher_.commits.size();
+  const size_t sent = channel_.sent.size();
+
+  store_.FailWrites(true);
+  NewScheduler();
+  EXPECT_FALSE(sched_->Recover().ok());
+  store_.FailWrites(false);
+  EXPECT_EQ(base_.GetJob(id)->job().ShortDebugString(), stored);
+  EXPECT_EQ(EventTypes(id).size(), events);
+  EXPECT_EQ(watcher_.commits.size(), commits) << "an observer saw an uncommitted requeue";
+  EXPECT_EQ(channel_.sent.size(), sent);
+  EXPECT_EQ(sched_->QueueDepth(), 0) << "requeued in memory without its commit";
+  EXPECT_EQ(Metric("tally_job_transitions_total,state=queued"), 0);
+
+  Restart();
+  EXPECT_EQ(base_.GetJob(id)->job().state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(EventTypes(id).back(), "requeued");
+  EXPECT_EQ(EventTypes(id).size(), events + 1);
+  EXPECT_EQ(sched_->QueueDepth(), 1);
+  EXPECT_EQ(Metric("tally_job_transitions_total,state=queued"), 1);
+}
+
+// A worker reconnects (after tallyd restarted) still running an attempt
+// with a decided stop: the adoption commits an "adopted" event and holds
+// its slot, and only then is the stop(checkpoint) asked for again. The
+// store still records the worker but refuses the adoption's commit.
+TEST_F(CommitFailureTest, AdoptionAfterARestartAsksForThePendingStopAfterItCommits) {
+  const int64_t id = Running();
+  ASSERT_TRUE(Eval(id, 0, 5.0).ok());
+  ASSERT_TRUE(Eval(id, 10, 5.0).ok());  // patience 1: stop decided
+  ASSERT_TRUE(sched_->ActiveJobView(id)->has_pending_stop());
+  Restart();
+  channel_.sent.clear();
+  const tally::v1::Hello hello = HelloMessage("w0", {id});
+  ExpectAtomic(id, [&] { return sched_->OnHello(hello).status(); }, Refuse::kCommits);
+  EXPECT_EQ(EventTypes(id).back(), "adopted");
+  EXPECT_EQ(Stops(/*with_checkpoint=*/true), 1) << "asked again once, after the commit";
+  ASSERT_EQ(sched_->Workers().size(), 1u);
+  EXPECT_TRUE(sched_->Workers()[0].connected);
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 1);
+}
+
+// A worker reconnects without the attempt tallyd placed on it (it
+// restarted): the attempt is lost and the job requeued. A failed commit
+// keeps the slot held and the worker disconnected; its next Hello does it.
+TEST_F(CommitFailureTest, ForgottenAttemptOnReconnect) {
+  auto job = sched_->Submit(Spec(), "");
+  ASSERT_TRUE(job.ok());
+  const int64_t id = std::stoll(job->name().substr(5));
+  auto gen = sched_->OnHello(HelloMessage("w0"));
+  ASSERT_TRUE(gen.ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(sched_->ActiveJobView(id)->state(), tally::v1::JOB_STATE_RUNNING);
+  sched_->OnDisconnect("w0", *gen);
+  const std::string lost = "tally_attempts_ended_total,outcome=lost";
+  ASSERT_EQ(Metric(lost), 0);
+  ExpectAtomic(id, [&] { return sched_->OnHello(HelloMessage("w0")).status(); },
+               Refuse::kCommits);
+  EXPECT_EQ(base_.GetJob(id)->job().state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(base_.ListAttempts(id)->back().state(), store::ATTEMPT_STATE_LOST);
+  EXPECT_THAT(base_.ListAttempts(id)->back().reason(),
+              ::testing::HasSubstr("reconnected without it"));
+  EXPECT_EQ(Metric(lost), 1);
+  ASSERT_EQ(sched_->Workers().size(), 1u);
+  EXPECT_TRUE(sched_->Workers()[0].connected);
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 0);
 }
 
 }  // namespace

@@ -1413,11 +1413,12 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
                                                    msg.checkpoint().path());
           !where.ok()) {
         // Never recorded, so never resumed from: the attempt fails saying why.
-        refused_reports_->Add({{"kind", "checkpoint_path"}}).Increment();
         absl::StatusOr<Plan> p = PlanEndAttempt(
             *job, store::ATTEMPT_STATE_FAILED,
             absl::StrCat("checkpoint record refused: ", where.message()), /*may_retry=*/true);
         s = p.ok() ? Execute(job->rec.id(), *std::move(p)) : p.status();
+        // Counted once the failure has committed, like every other effect.
+        if (s.ok()) refused_reports_->Add({{"kind", "checkpoint_path"}}).Increment();
         break;
       }
       absl::StatusOr<Plan> p = PlanCheckpoint(*job, msg.checkpoint());
