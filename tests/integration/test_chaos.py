@@ -2,7 +2,10 @@
 checkpoints, some stopped early, one 2-rank job) while a seeded schedule
 `kill -9`s tallyd or a worker and restarts it with the same flags. Once the
 schedule is over and every job has ended, the jobs' records, events and
-checkpoints must still tell a consistent story.
+checkpoints must still tell a consistent story; then, with tallyd stopped,
+its database must charge each job exactly its attempts' GPU-seconds, and
+every checkpoint file on disk must be recorded unless a kill or a stale
+attempt explains it.
 
 TALLY_CHAOS_SEED=N replays a schedule: the same jobs, kill times, targets
 and downtimes (process timing still varies from run to run)."""
@@ -14,11 +17,27 @@ import random
 import re
 import shutil
 import signal
+import sqlite3
+import subprocess
 import time
 import unittest
 
 import grpc
-from harness import TERMINAL, ClusterTest, jobs_pb2, parse_exposition, spec
+from harness import ROOT, TERMINAL, ClusterTest, jobs_pb2, parse_exposition, spec
+
+
+def _store_stubs():
+    """tally.store's records, generated beside the harness's tally.v1 stubs
+    (the same package on sys.path), to read tallyd's database directly."""
+    out = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(jobs_pb2.__file__))))
+    subprocess.run(["protoc", "--proto_path=" + os.path.join(ROOT, "proto"),
+                    "--python_out=" + out, "tally/store/records.proto"], check=True)
+    open(os.path.join(out, "tally", "store", "__init__.py"), "a").close()
+    from tally.store import records_pb2
+    return records_pb2
+
+
+records_pb2 = _store_stubs()
 
 PRICE = 36.0  # $/GPU-hour for "cpu": $0.01 a second
 WORKER_IDS = ("w1", "w2", "w3")
@@ -32,6 +51,21 @@ WORKER_DOWN_SECONDS = (0.0, 4.5)  # past the 3 s heartbeat timeout, sometimes
 SCHEDULE_SLACK_SECONDS = 30.0  # for the last submits and restarts
 SOAK_SECONDS = 270.0  # from the first submit until every job must have ended
 COST_TOLERANCE = 0.01
+# The ledger accrues tallyd's clock in nanosecond Timestamps (start_time,
+# accrued_until and end_time are the same absl::Now() values), so a job's
+# GPU-seconds telescope to exactly the sum of its attempts' (end - start) x
+# gpu_count; only double rounding over a few thousand increments remains
+# (~1e-12 relative). A lost millisecond of one attempt would exceed this.
+ATTEMPT_SUM_TOLERANCE_RELATIVE = 1e-9
+ATTEMPT_SUM_TOLERANCE_GPU_SECONDS = 1e-6
+# From a checkpoint file's last write (its mtime) to tallyd committing its
+# record: the file's fsync, rename and directory fsync, the worker's outbox
+# and tallyd's SQLite commit, on two shared cores.
+REPORT_SECONDS = 2.0
+CKPT_RE = re.compile(r"^step-(\d+)\.ckpt$")
+CKPT_TMP_RE = re.compile(r"^step-(\d+)\.ckpt\.tmp$")
+WORKER_EXIT_RE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{3})\] .*attempt (\d+) "
+                            r"of (jobs/\d+): ATTEMPT_OUTCOME_")
 BATCH_TOKENS = 14 * 2 * 64
 
 ENDED_TYPES = {"succeeded", "failed", "early_stopped", "cancelled", "budget_exhausted"}
@@ -135,11 +169,14 @@ class ChaosSoakTest(ClusterTest):
         self.acked = {}          # request_id -> job name
         self.submit_tries = collections.Counter()
         self.lost_submits = []   # request_ids of submits cut off by a tallyd kill
+        self.kill_log = []       # [(time.time() of the kill, target)]
         started = time.monotonic()
         try:
             self.run_schedule()
             self.drain()
             self.check_invariants()
+            self.tallyd.stop()   # its database is read directly from here on
+            self.check_store()
         except Exception as e:  # whatever broke, the message names the seed
             so_far = "".join("\n  " + f for f in self.findings)
             raise AssertionError("chaos seed %d (replay with TALLY_CHAOS_SEED=%d): %s: %s%s" % (
@@ -228,6 +265,7 @@ class ChaosSoakTest(ClusterTest):
                     if due:
                         future = self.submit_in_flight(due[0][0], due[0][1])
                         time.sleep(0.005)  # on the wire, maybe committed, maybe answered
+                    self.kill_log.append((time.time(), "tallyd"))
                     self.tallyd.kill(signal.SIGKILL)
                     tallyd_up = False
                     if future is not None:
@@ -239,6 +277,7 @@ class ChaosSoakTest(ClusterTest):
                 else:
                     w = self.worker(target)
                     self.check_alive("worker " + target, w.proc)
+                    self.kill_log.append((time.time(), target))
                     w.kill(signal.SIGKILL)
                 self.kills[target if target == "tallyd" else "worker"] += 1
                 print("%6.1fs kill -9 %s, down %.1fs (jobs: %s)" % (now - start, target, down,
@@ -315,6 +354,7 @@ class ChaosSoakTest(ClusterTest):
         if extra:
             self.findings.append("jobs nobody submitted: %s" % {r: by_request[r] for r in extra})
         self.final = {}
+        self.ckpts = {}
         self.stats = collections.Counter()
         for rid, job_spec, _ in self.jobs:
             if rid in self.acked:
@@ -354,6 +394,7 @@ class ChaosSoakTest(ClusterTest):
         events = self.events(name)
         ckpts = list(self.tallyd.jobs.ListCheckpoints(
             jobs_pb2.ListCheckpointsRequest(name=name), timeout=10).checkpoints)
+        self.ckpts[name] = ckpts
 
         # Event log: 1..N, no gap, from "submitted" to one ending event.
         seqs = [e.sequence for e in events]
@@ -480,6 +521,178 @@ class ChaosSoakTest(ClusterTest):
                  job_spec.training.max_steps, job.attempt, max_attempts, counts["requeued"],
                  counts["adopted"], len(ckpts), cost.cost_usd, cost.lost_usd), flush=True)
 
+    # --- tallyd's store, read after it stopped ----------------------------
+
+    def check_store(self):
+        """Dollars against attempts, and checkpoint files against records,
+        from tallyd's SQLite database (attempts are not in the API)."""
+        db = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.dir, "tally.db"), uri=True)
+        try:
+            jobs = {}
+            for (blob,) in db.execute("SELECT record FROM jobs"):
+                rec = records_pb2.JobRecord.FromString(blob)
+                jobs[rec.job.name] = rec
+            attempts = collections.defaultdict(list)
+            for (blob,) in db.execute("SELECT record FROM attempts ORDER BY job_id, attempt"):
+                a = records_pb2.AttemptRecord.FromString(blob)
+                attempts[a.job_id].append(a)
+        finally:
+            db.close()
+        exits = self.worker_exits()
+        for name in self.final:
+            if name not in jobs:
+                self.findings.append("%s: GetJob has it, tallyd's database does not" % name)
+                continue
+            rec = jobs[name]
+            self.check_attempt_dollars(name, rec, attempts[rec.id])
+            self.check_checkpoint_files(name, rec, attempts[rec.id], exits)
+        root = os.path.join(self.dir, "checkpoints")
+        known = {"job-%d" % r.id for r in jobs.values()}
+        if os.path.isdir(root):
+            for folder in sorted(set(os.listdir(root)) - known):
+                self.findings.append("checkpoint folder %s belongs to no job" % folder)
+
+    def check_attempt_dollars(self, name, rec, attempts):
+        """A running attempt accrues gpu_count x price for every second of
+        tallyd's clock from cost.accrued_until, and accrued_until is the
+        attempt's start_time when it starts (queued time costs nothing) and
+        its end_time when it ends, in the same commit. While tallyd is down
+        the attempt's worker keeps training: the first commit after the
+        restart accrues from accrued_until, so the downtime is charged, and
+        it lies inside (end_time - start_time) too. So the job's GPU-seconds
+        are exactly the sum over its attempts, and its dollars that sum x
+        price."""
+        def broken(text):
+            self.findings.append("%s: %s" % (name, text))
+
+        job = rec.job
+        gpus = max(1, job.spec.resources.gpu_count)
+        gpu_seconds = 0.0
+        for a in attempts:
+            if a.state == records_pb2.ATTEMPT_STATE_RUNNING or not a.HasField("end_time"):
+                broken("attempt %d is %s with end_time %s though the job is %s"
+                       % (a.attempt, records_pb2.AttemptState.Name(a.state),
+                          a.end_time.ToJsonString() if a.HasField("end_time") else "unset",
+                          STATE(job.state)))
+                continue
+            if len(a.worker_ids) != gpus:
+                broken("attempt %d ran on %d workers %s for gpu_count %d"
+                       % (a.attempt, len(a.worker_ids), list(a.worker_ids), gpus))
+            held = (a.end_time.ToNanoseconds() - a.start_time.ToNanoseconds()) / 1e9
+            if held < 0:
+                broken("attempt %d ends %.3fs before it starts" % (a.attempt, -held))
+            gpu_seconds += held * gpus
+        if [a.attempt for a in attempts] != list(range(1, job.attempt + 1)):
+            broken("stored attempts %s, the job says attempt %d"
+                   % ([a.attempt for a in attempts], job.attempt))
+        cost = job.cost
+        if cost.cost_usd < 0:
+            broken("stored cost $%.6f is negative" % cost.cost_usd)
+        tolerance = (ATTEMPT_SUM_TOLERANCE_GPU_SECONDS
+                     + ATTEMPT_SUM_TOLERANCE_RELATIVE * gpu_seconds)
+        if abs(cost.gpu_seconds - gpu_seconds) > tolerance:
+            broken("charged %.6f GPU-seconds, its %d attempts ran %.6f (x %d GPUs)"
+                   % (cost.gpu_seconds, len(attempts), gpu_seconds, gpus))
+        expected = gpu_seconds * PRICE / 3600
+        if abs(cost.cost_usd - expected) > tolerance * PRICE / 3600:
+            broken("cost $%.9f, its attempts' %.6f GPU-seconds x $%g/h = $%.9f"
+                   % (cost.cost_usd, gpu_seconds, PRICE, expected))
+        final = self.final[name].cost
+        if (final.cost_usd, final.gpu_seconds) != (cost.cost_usd, cost.gpu_seconds):
+            broken("GetJob said $%r / %r GPU-seconds, the store has $%r / %r"
+                   % (final.cost_usd, final.gpu_seconds, cost.cost_usd, cost.gpu_seconds))
+        self.stats["attempt_gpu_seconds"] += gpu_seconds
+
+    def worker_exits(self):
+        """{(job, attempt): [times]} each worker logged an attempt's end (it
+        logs it once the trainer has returned: nothing is written after)."""
+        exits = collections.defaultdict(list)
+        for w in self.workers:
+            with open(w.log_path) as f:
+                for line in f:
+                    m = WORKER_EXIT_RE.match(line)
+                    if m:
+                        t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+                        exits[(m.group(4), int(m.group(3)), w.worker_id)].append(
+                            t + int(m.group(2)) / 1000)
+        return exits
+
+    def check_checkpoint_files(self, name, rec, attempts, exits):
+        """Every step-*.ckpt in the job's folder is a recorded checkpoint.
+
+        The worker writes step-N.ckpt.tmp, fsyncs, renames it into place,
+        then queues the report; its outbox lets go of a message once it is on
+        the stream, and tallyd records it only from the attempt it runs. So
+        a file is legitimately unrecorded only when:
+          - its .tmp write was cut by a kill -9 (not a step-*.ckpt: counted,
+            at most one per worker kill, as a worker runs one trainer);
+          - its report was lost in a kill: the writer was killed between
+            the rename and sending it, or tallyd was killed with it on the
+            wire (a file at most REPORT_SECONDS older than the kill);
+          - its attempt had already been ended by tallyd (a stale attempt:
+            declared lost while its worker kept training, e.g. not back
+            within heartbeat_timeout of a tallyd restart): written while
+            that attempt's rank 0 still ran it, with the report reaching
+            tallyd after the end (late, or held while tallyd was down).
+        Anything else is a report tallyd lost or a file nobody reported."""
+        folder = os.path.join(self.dir, "checkpoints", "job-%d" % rec.id)
+        if not os.path.isdir(folder):
+            return
+        recorded = {os.path.realpath(c.path) for c in self.ckpts[name]}
+        tallyd_kills = [t for t, target in self.kill_log if target == "tallyd"]
+        now = time.time()
+        windows = []  # (attempt, writer, start, tallyd's end, the writer's last moment)
+        for a in attempts:
+            if not a.worker_ids:
+                continue
+            writer, start = a.worker_ids[0], a.start_time.ToNanoseconds() / 1e9
+            end = a.end_time.ToNanoseconds() / 1e9 if a.HasField("end_time") else now
+            gone = [t for t in exits.get((rec.job.name, a.attempt, writer), []) if t >= start]
+            gone += [t for t, target in self.kill_log if target == writer and t >= start]
+            windows.append((a, writer, start, end, min(gone) + 0.001 if gone else now))
+        tmp_files = 0
+        for entry in sorted(os.listdir(folder)):
+            if CKPT_TMP_RE.match(entry):
+                tmp_files += 1
+                continue
+            if not CKPT_RE.match(entry):
+                continue
+            path = os.path.join(folder, entry)
+            if os.path.realpath(path) in recorded:
+                continue
+            mtime = os.stat(path).st_mtime
+            cut = [t for t in tallyd_kills if mtime <= t <= mtime + REPORT_SECONDS]
+            cut += [t for a, writer, start, _, last in windows if start <= mtime <= last
+                    for k, target in self.kill_log
+                    if target == writer and mtime <= k <= mtime + REPORT_SECONDS]
+            if cut:
+                self.stats["unrecorded_report_cut_by_kill"] += 1
+                continue
+            stale = [a.attempt for a, writer, start, end, last in windows
+                     if a.state != records_pb2.ATTEMPT_STATE_SUCCEEDED
+                     and start <= mtime <= last and end < last
+                     and (mtime + REPORT_SECONDS >= end
+                          or any(mtime - REPORT_SECONDS <= t <= end for t in tallyd_kills))]
+            if stale:
+                self.stats["unrecorded_from_stale_attempt"] += 1
+                continue
+            live = ["attempt %d on %s %.3fs..%.3fs (%s, worker done %+.3fs)"
+                    % (a.attempt, writer, start - mtime, end - mtime,
+                       records_pb2.AttemptState.Name(a.state)[len("ATTEMPT_STATE_"):].lower(),
+                       last - mtime)
+                    for a, writer, start, end, last in windows]
+            self.findings.append(
+                "%s: %s (written %s) is not a recorded checkpoint, and no kill or stale "
+                "attempt explains it; relative to the write: %s; kills %s"
+                % (name, path, time.strftime("%H:%M:%S", time.localtime(mtime)),
+                   "; ".join(live) or "no attempts",
+                   ["%s %+.3fs" % (target, t - mtime) for t, target in self.kill_log]))
+        worker_kills = sum(1 for _, target in self.kill_log if target != "tallyd")
+        self.stats["tmp_files"] += tmp_files
+        if tmp_files > worker_kills:
+            self.findings.append("%s: %d cut checkpoint writes (*.ckpt.tmp) in %s, more than "
+                                 "the %d worker kills" % (name, tmp_files, folder, worker_kills))
+
     def summarize(self, wall):
         by_state = collections.Counter(STATE(j.state) for j in self.final.values())
         print("chaos seed %d: %.0fs wall; kills: %d tallyd, %d worker (%d skipped); jobs: %s"
@@ -494,6 +707,11 @@ class ChaosSoakTest(ClusterTest):
                  ",".join(self.lost_submits) or "none",
                  sum(j.cost.cost_usd for j in self.final.values()),
                  sum(j.cost.lost_usd for j in self.final.values())), flush=True)
+        print("store: %.1f GPU-seconds over all attempts; checkpoint files not recorded: "
+              "%d cut mid-write (.tmp), %d with the report cut by a kill, %d from a stale "
+              "attempt" % (self.stats["attempt_gpu_seconds"], self.stats["tmp_files"],
+                           self.stats["unrecorded_report_cut_by_kill"],
+                           self.stats["unrecorded_from_stale_attempt"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -226,6 +226,44 @@ class FlagsTest(unittest.TestCase):
         r = subprocess.run([TALLYD, "--help"], capture_output=True, text=True, timeout=30)
         self.assertIn("--data_dir", r.stdout + r.stderr)
 
+    def test_bad_address_file_is_refused_before_serving(self):
+        import socket
+        import subprocess
+        import tempfile
+        import time
+        from harness import TALLYD, free_port
+        d = tempfile.mkdtemp()
+        grpc_port, metrics_port = free_port(), free_port()
+
+        def accepts(port):
+            with socket.socket() as s:
+                s.settimeout(0.2)
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        proc = subprocess.Popen(
+            [TALLYD, "--listen=127.0.0.1:%d" % grpc_port,
+             "--metrics_listen=127.0.0.1:%d" % metrics_port, "--data_dir=" + d,
+             "--address_file=/nonexistent-dir/addr"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        served = []
+        try:
+            # Probe both ports for as long as it lives: nothing may answer.
+            deadline = time.monotonic() + 30
+            while proc.poll() is None and time.monotonic() < deadline:
+                served += [p for p in (grpc_port, metrics_port) if accepts(p)]
+                time.sleep(0.01)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            output = proc.communicate(timeout=30)[0]
+        self.assertEqual(proc.returncode, 2, output)
+        self.assertIn("--address_file", output)
+        self.assertIn("/nonexistent-dir/addr", output)
+        self.assertEqual(served, [], "accepted connections before refusing --address_file: "
+                         + output)
+        self.assertFalse(accepts(grpc_port), "something still listens on the --listen port")
+        self.assertFalse(accepts(metrics_port), "something still listens on --metrics_listen")
+
 
 if __name__ == "__main__":
     unittest.main()
