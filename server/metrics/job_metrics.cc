@@ -204,6 +204,17 @@ void JobMetrics::Set(const std::string& job, GaugeFamily* family, Labels labels,
   jobs_[job].gauges.insert({family, std::move(labels)});
 }
 
+void JobMetrics::SetSimple(JobSeries& s, const std::string& job, GaugeFamily* family,
+                           double value) {
+  Gauge*& g = s.simple[family];
+  if (g == nullptr) {
+    Labels l = {{"tally_job", job}};
+    g = &family->Add(l);
+    s.gauges.insert({family, std::move(l)});
+  }
+  g->Set(value);
+}
+
 Counter& JobMetrics::Count(const std::string& job, CounterFamily* family, Labels labels) {
   Counter& c = family->Add(labels);
   jobs_[job].counters.insert({family, std::move(labels)});
@@ -213,19 +224,20 @@ Counter& JobMetrics::Count(const std::string& job, CounterFamily* family, Labels
 void JobMetrics::Remove(const std::string& job) {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return;
-  for (const auto& [family, labels] : it->second.gauges) {
-    if (family->Has(labels)) family->Remove(&family->Add(labels));
-  }
-  for (const auto& [family, labels] : it->second.counters) {
-    if (family->Has(labels)) family->Remove(&family->Add(labels));
-  }
-  if (!it->second.info.empty() && info_->Has(it->second.info)) {
-    info_->Remove(&info_->Add(it->second.info));
-  }
+  for (const auto& [family, labels] : it->second.gauges) family->Remove(labels);
+  for (const auto& [family, labels] : it->second.counters) family->Remove(labels);
+  if (!it->second.info.empty()) info_->Remove(it->second.info);
   jobs_.erase(it);
 }
 
 void JobMetrics::SetInfo(const tally::v1::Job& j) {
+  JobSeries& s = jobs_[j.name()];
+  if (!s.info.empty() && s.info_state == j.state() &&
+      s.info_stop_rule == j.early_stopping().stop_rule()) {
+    return;
+  }
+  s.info_state = j.state();
+  s.info_stop_rule = j.early_stopping().stop_rule();
   Labels l = {{"tally_job", j.name()},
               {"display_name", Truncated(j.spec().display_name(), kMaxInfoLabelValueBytes)},
               {"state", StateLabel(j.state())},
@@ -239,45 +251,51 @@ void JobMetrics::SetInfo(const tally::v1::Job& j) {
     l[absl::StrCat("label_", key)] =
         it == j.spec().labels().end() ? "" : Truncated(it->second, kMaxInfoLabelValueBytes);
   }
-  JobSeries& s = jobs_[j.name()];
   if (s.info == l) return;
-  if (!s.info.empty() && info_->Has(s.info)) info_->Remove(&info_->Add(s.info));
+  if (!s.info.empty()) info_->Remove(s.info);
   info_->Add(l).Set(1);
   s.info = std::move(l);
 }
 
 void JobMetrics::SetRecordGauges(const tally::v1::Job& j, const tally::v1::CostStatus& cost) {
   const std::string& n = j.name();
-  const Labels l = {{"tally_job", n}};
-  Set(n, step_, l, static_cast<double>(j.step()));
-  Set(n, cost_, l, cost.cost_usd());
-  for (const char* kind : {"useful", "padding"}) Count(n, tokens_, {{"tally_job", n}, {"kind", kind}});
-  for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
-    Count(n, attempts_ended_, {{"tally_job", n}, {"outcome", outcome}});
+  JobSeries& s = jobs_[n];
+  SetSimple(s, n, step_, static_cast<double>(j.step()));
+  SetSimple(s, n, cost_, cost.cost_usd());
+  if (!s.running_counters_created) {
+    for (const char* kind : {"useful", "padding"}) {
+      Count(n, tokens_, {{"tally_job", n}, {"kind", kind}});
+    }
+    for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
+      Count(n, attempts_ended_, {{"tally_job", n}, {"outcome", outcome}});
+    }
+    if (j.spec().precision().compute() == tally::v1::PRECISION_FP8) {
+      Count(n, fp8_overflows_, {{"tally_job", n}});
+      Count(n, fp8_values_, {{"tally_job", n}});
+    }
+    s.running_counters_created = true;
   }
-  if (j.train_loss() != 0) Set(n, train_loss_, l, j.train_loss());
-  if (j.val_loss() != 0) Set(n, val_loss_, l, j.val_loss());
-  if (j.early_stopping().has_best()) Set(n, best_val_loss_, l, j.early_stopping().best_val_loss());
+  if (j.train_loss() != 0) SetSimple(s, n, train_loss_, j.train_loss());
+  if (j.val_loss() != 0) SetSimple(s, n, val_loss_, j.val_loss());
+  if (j.early_stopping().has_best()) {
+    SetSimple(s, n, best_val_loss_, j.early_stopping().best_val_loss());
+  }
   if (j.spec().early_stopping().patience() > 0) {
-    Set(n, patience_left_, l,
-        j.early_stopping().evals() > 0 ? j.early_stopping().patience_left()
-                                       : j.spec().early_stopping().patience());
+    SetSimple(s, n, patience_left_,
+              j.early_stopping().evals() > 0 ? j.early_stopping().patience_left()
+                                             : j.spec().early_stopping().patience());
   }
   if (j.spec().budget().max_dollars() > 0) {
-    Set(n, budget_fraction_, l, cost.cost_usd() / j.spec().budget().max_dollars());
+    SetSimple(s, n, budget_fraction_, cost.cost_usd() / j.spec().budget().max_dollars());
   }
   if (j.forecast().valid()) {
     Set(n, forecast_, {{"tally_job", n}, {"bound", "predicted"}}, j.forecast().final_val_loss());
     Set(n, forecast_, {{"tally_job", n}, {"bound", "low"}}, j.forecast().low());
     Set(n, forecast_, {{"tally_job", n}, {"bound", "high"}}, j.forecast().high());
   }
-  if (j.target_val_loss() > 0) Set(n, target_, l, j.target_val_loss());
+  if (j.target_val_loss() > 0) SetSimple(s, n, target_, j.target_val_loss());
   if (j.spec().model().moe().num_experts() > 0) {
-    Set(n, moe_collapsed_evals_, l, j.routing().collapsed_evals());
-  }
-  if (j.spec().precision().compute() == tally::v1::PRECISION_FP8) {
-    Count(n, fp8_overflows_, l);
-    Count(n, fp8_values_, l);
+    SetSimple(s, n, moe_collapsed_evals_, j.routing().collapsed_evals());
   }
 }
 
@@ -307,8 +325,12 @@ void JobMetrics::Update(const tally::v1::Job& j, const tally::v1::CostStatus& co
   // From submission on, at 0: an attempt that fails as it starts is still an
   // increase() that Prometheus can see (it scraped the 0 while the job
   // waited).
-  for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
-    Count(n, attempts_ended_, {{"tally_job", n}, {"outcome", outcome}});
+  JobSeries& s = jobs_[n];
+  if (!s.counters_created) {
+    for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
+      Count(n, attempts_ended_, {{"tally_job", n}, {"outcome", outcome}});
+    }
+    s.counters_created = true;
   }
   if (j.state() != tally::v1::JOB_STATE_RUNNING) return;
   SetRecordGauges(j, cost);

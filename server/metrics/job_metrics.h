@@ -139,12 +139,25 @@ class JobMetrics {
   struct JobSeries {
     std::set<std::pair<GaugeFamily*, Labels>> gauges;
     std::set<std::pair<CounterFamily*, Labels>> counters;
+    // The job's {tally_job} gauges by family, so the tick's refresh of
+    // every running job finds them without building labels (the metric
+    // objects live until Remove).
+    std::map<const GaugeFamily*, Gauge*> simple;
     Labels info;
+    // What the info series was last made from (state, stop rule): the rest
+    // does not change while a job lives.
+    tally::v1::JobState info_state = tally::v1::JOB_STATE_UNSPECIFIED;
+    std::string info_stop_rule;
+    // Its counters exist (at 0 from submission; the running ones once it ran).
+    bool counters_created = false;
+    bool running_counters_created = false;
     std::optional<absl::Time> ended;
     Attempt attempt;
   };
 
   void Set(const std::string& job, GaugeFamily* family, Labels labels, double value);
+  // Set for a gauge labelled {tally_job} only.
+  void SetSimple(JobSeries& s, const std::string& job, GaugeFamily* family, double value);
   Counter& Count(const std::string& job, CounterFamily* family, Labels labels);
   void SetInfo(const tally::v1::Job& job);
   void SetRecordGauges(const tally::v1::Job& job, const tally::v1::CostStatus& cost);

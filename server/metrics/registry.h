@@ -105,6 +105,11 @@ class Family final : public FamilyBase {
     if (!slot) slot = std::make_unique<T>(std::forward<Args>(args)...);
     return *slot;
   }
+  // Removes the metric with these labels, if there is one.
+  void Remove(const Labels& labels) {
+    absl::MutexLock lock(&mu_);
+    metrics_.erase(labels);
+  }
   void Remove(T* metric) {
     absl::MutexLock lock(&mu_);
     for (auto it = metrics_.begin(); it != metrics_.end(); ++it) {

@@ -1623,41 +1623,44 @@ absl::Status Scheduler::Tick() {
     }
   }
 
-  // 3. Start what fits: within its tenant's max_gpus, a job is offered to
-  // the placement (in priority, then submission, order); past it, it waits
-  // and says why.
-  std::map<std::string, int64_t> in_use = TenantGpusInUse();
-  std::vector<const ActiveJob*> waiting;
-  for (const auto& [id, job] : active_) {
-    if (job.rec.job().state() == tally::v1::JOB_STATE_QUEUED) waiting.push_back(&job);
-  }
-  std::stable_sort(waiting.begin(), waiting.end(), [](const ActiveJob* a, const ActiveJob* b) {
-    const auto& ja = a->rec.job();
-    const auto& jb = b->rec.job();
-    if (ja.spec().priority() != jb.spec().priority()) {
-      return ja.spec().priority() > jb.spec().priority();
-    }
-    return FromProto(ja.create_time()) < FromProto(jb.create_time());
-  });
+  // 3. Start what fits. With a tenant's max_gpus, its jobs are offered to
+  // the placement in priority, then submission, order while they fit under
+  // it; past it, a job waits and says why.
   std::vector<policy::QueuedJob> queued;
-  std::vector<std::pair<int64_t, std::string>> over_quota;
-  for (const ActiveJob* job : waiting) {
-    const tally::v1::Job& j = job->rec.job();
-    const auto& spec = j.spec();
-    auto q = options_.quotas.find(j.tenant());
-    if (q != options_.quotas.end() && q->second.max_gpus > 0) {
-      int64_t& used = in_use[j.tenant()];
-      if (used + spec.resources().gpu_count() > q->second.max_gpus) {
-        over_quota.emplace_back(
-            job->rec.id(),
-            absl::StrCat("waiting: tenant ", j.tenant(), " holds ", used, " of its max_gpus ",
-                         q->second.max_gpus, " and this job needs ", spec.resources().gpu_count()));
-        continue;
-      }
-      used += spec.resources().gpu_count();
-    }
-    queued.push_back({job->rec.id(), spec.priority(), FromProto(j.create_time()),
+  for (const auto& [id, job] : active_) {
+    if (job.rec.job().state() != tally::v1::JOB_STATE_QUEUED) continue;
+    const auto& spec = job.rec.job().spec();
+    queued.push_back({id, spec.priority(), FromProto(job.rec.job().create_time()),
                       spec.resources().gpu_type(), spec.resources().gpu_count()});
+  }
+  std::vector<std::pair<int64_t, std::string>> over_quota;
+  const bool gpu_quotas = std::any_of(options_.quotas.begin(), options_.quotas.end(),
+                                      [](const auto& q) { return q.second.max_gpus > 0; });
+  if (gpu_quotas && !queued.empty()) {
+    std::stable_sort(queued.begin(), queued.end(),
+                     [](const policy::QueuedJob& a, const policy::QueuedJob& b) {
+                       if (a.priority != b.priority) return a.priority > b.priority;
+                       return a.create_time < b.create_time;
+                     });
+    std::map<std::string, int64_t> in_use = TenantGpusInUse();
+    std::vector<policy::QueuedJob> offered;
+    for (policy::QueuedJob& q : queued) {
+      const tally::v1::Job& j = active_.at(q.id).rec.job();
+      auto quota = options_.quotas.find(j.tenant());
+      if (quota != options_.quotas.end() && quota->second.max_gpus > 0) {
+        int64_t& used = in_use[j.tenant()];
+        if (used + q.gpu_count > quota->second.max_gpus) {
+          over_quota.emplace_back(
+              q.id, absl::StrCat("waiting: tenant ", j.tenant(), " holds ", used,
+                                 " of its max_gpus ", quota->second.max_gpus,
+                                 " and this job needs ", q.gpu_count));
+          continue;
+        }
+        used += q.gpu_count;
+      }
+      offered.push_back(std::move(q));
+    }
+    queued = std::move(offered);
   }
   // A job held back by its tenant's quota says so (once, not every tick).
   for (const auto& [id, why] : over_quota) {
