@@ -1595,8 +1595,13 @@ absl::Status Scheduler::Tick() {
              : workers_.erase(it);
   }
 
-  job_metrics_.Expire(now);
-  spend_.Prune(now);
+  // Series retention and quota windows move by seconds and hours: once a
+  // second is enough (each walks every job with series or every tenant).
+  if (now - last_housekeeping_ >= absl::Seconds(1)) {
+    job_metrics_.Expire(now);
+    spend_.Prune(now);
+    last_housekeeping_ = now;
+  }
   // 2. Budgets and stop deadlines, on a view of each running job.
   std::vector<int64_t> running;
   for (const auto& [id, job] : active_) {

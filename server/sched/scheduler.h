@@ -294,6 +294,7 @@ class Scheduler {
   SchedulerOptions options_;
   ledger::CostLedger ledger_;
   ledger::TenantSpend spend_;  // committed dollars per tenant and hour
+  absl::Time last_housekeeping_ = absl::InfinitePast();
   std::map<int64_t, ActiveJob> active_;
   std::map<std::string, WorkerState> workers_;
   int64_t next_generation_ = 1;
