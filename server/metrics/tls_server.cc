@@ -33,6 +33,13 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 using CtxPtr = std::shared_ptr<SSL_CTX>;
 
+// An accepted connection waiting for a worker thread.
+struct Queued {
+  int fd = -1;
+  CtxPtr ctx;
+  std::chrono::steady_clock::time_point accepted;
+};
+
 // OpenSSL's queued errors for this thread, oldest first.
 std::string OpenSslErrors() {
   std::string out;
@@ -128,7 +135,7 @@ class TlsServer::Impl {
     if (acceptor_.joinable()) acceptor_.join();
     for (std::thread& t : workers_) t.join();
     absl::MutexLock lock(&mu_);
-    for (auto& [fd, ctx] : queue_) close(fd);
+    for (Queued& q : queue_) close(q.fd);
     if (listen_fd_ >= 0) close(listen_fd_);
     for (int fd : wake_) {
       if (fd >= 0) close(fd);
@@ -239,7 +246,7 @@ class TlsServer::Impl {
         close(fd);
         continue;
       }
-      queue_.emplace_back(fd, std::move(ctx));
+      queue_.push_back({fd, std::move(ctx), SteadyClock::now()});
     }
   }
 
@@ -253,15 +260,15 @@ class TlsServer::Impl {
     sigaddset(&pipe, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     while (true) {
-      std::pair<int, CtxPtr> item;
+      Queued item;
       {
         absl::MutexLock lock(&mu_, absl::Condition(this, &Impl::HasWork));
         if (stopping_) return;
         item = std::move(queue_.front());
         queue_.pop_front();
       }
-      Serve(item.first, item.second.get());
-      close(item.first);
+      Serve(item.fd, item.ctx.get(), item.accepted);
+      close(item.fd);
     }
   }
 
@@ -280,8 +287,12 @@ class TlsServer::Impl {
     }
   }
 
-  void Serve(int fd, SSL_CTX* ctx) {
-    const auto deadline = SteadyClock::now() + kConnectionDeadline;
+  // The handshake and the request head must arrive within kHeadDeadline of
+  // the accept (time spent queued counts), the whole exchange within
+  // kConnectionDeadline: a client that connects and stays silent holds a
+  // thread for at most kHeadDeadline.
+  void Serve(int fd, SSL_CTX* ctx, SteadyClock::time_point accepted) {
+    auto deadline = accepted + kHeadDeadline;
     std::unique_ptr<SSL, decltype(&SSL_free)> ssl(SSL_new(ctx), SSL_free);
     if (ssl == nullptr || SSL_set_fd(ssl.get(), fd) != 1) return;
     // Runs one non-blocking OpenSSL call to completion: > 0, or <= 0 when it
@@ -310,6 +321,7 @@ class TlsServer::Impl {
       if (n <= 0) return;
       head.append(buf, n);
     }
+    deadline = accepted + kConnectionDeadline;
     Response response;
     bool head_only = false;
     std::string allow;
@@ -362,7 +374,7 @@ class TlsServer::Impl {
   SteadyClock::time_point next_check_;
 
   absl::Mutex mu_;
-  std::deque<std::pair<int, CtxPtr>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

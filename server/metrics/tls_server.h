@@ -8,8 +8,9 @@
 // pointer (civetweb issue #1334). It also needs libssl.so and libcrypto.so,
 // the -dev symlinks, which a runtime image does not have.
 //
-// Hostile clients: a connection gets kConnectionDeadline in all, handshake
-// included, and a request head of at most kMaxRequestHeadBytes; a few
+// Hostile clients: from its accept (time queued included) a connection has
+// kHeadDeadline for the handshake and the request head, of at most
+// kMaxRequestHeadBytes, and kConnectionDeadline in all; a few
 // worker threads serve connections, and accepted connections beyond
 // kMaxQueuedConnections are closed at once.
 //
@@ -44,6 +45,7 @@ class TlsServer {
   using Handler = std::function<Response(absl::string_view path)>;
 
   static constexpr std::chrono::seconds kConnectionDeadline{10};
+  static constexpr std::chrono::seconds kHeadDeadline{2};
   static constexpr size_t kMaxRequestHeadBytes = 8192;
   static constexpr int kNumThreads = 4;
   static constexpr size_t kMaxQueuedConnections = 64;
