@@ -53,6 +53,18 @@ sched::Actor ActorOf(const auth::Principal& p) {
   return sched::Actor{p.name, p.tenant};
 }
 
+// A cancel's reason is stored on the record and its events and shown to
+// others (admins, watchers): at most 1000 printable characters.
+absl::Status CheckReason(const std::string& reason) {
+  if (reason.size() > 1000) {
+    return absl::InvalidArgumentError("reason: must be at most 1000 characters");
+  }
+  if (std::optional<std::string> why = UnprintableReason(reason)) {
+    return absl::InvalidArgumentError(absl::StrCat("reason: must be printable text; it ", *why));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NotFound(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat(name, " not found"));
 }
@@ -400,6 +412,7 @@ grpc::Status JobsService::CancelJob(grpc::ServerContext* context,
   ADMIT_USER(context, Access::kWrite, "CancelJob");
   absl::StatusOr<int64_t> id = ParseJobName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
+  if (absl::Status s = CheckReason(req->reason()); !s.ok()) return ToGrpcStatus(s);
   if (absl::StatusOr<store::JobRecord> rec = VisibleJob(*caller, *id); !rec.ok()) {
     return ToGrpcStatus(rec.status());
   }
@@ -496,10 +509,7 @@ grpc::Status ExperimentsService::CancelExperiment(grpc::ServerContext* context,
   absl::StatusOr<int64_t> id = ParseExperimentName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
   if (absl::Status s = CheckVisible(*caller, *id); !s.ok()) return ToGrpcStatus(s);
-  if (req->reason().size() > 1000) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "reason: must be at most 1000 characters");
-  }
+  if (absl::Status s = CheckReason(req->reason()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<tally::v1::Experiment> e = core_->RunExperiments(
       [&](experiments::ExperimentManager& m) {
         return m.Cancel(*id, req->reason(), ActorOf(*caller).name);

@@ -274,6 +274,18 @@ class AccessMatrixTest(SecureCluster):
         self.assertEqual(events[0].principal, "bob")
         self.assertEqual(events[-1].principal, "ops")
 
+    def test_a_cancel_reason_is_bounded_printable_text(self):
+        jobs, _ = self.stubs(PKI.tokens["alice"])
+        job = jobs.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec()), timeout=10)
+        for reason in ("\x1b[2J wiped", "x" * 1001):
+            with self.assertRaises(grpc.RpcError) as err:
+                jobs.CancelJob(jobs_pb2.CancelJobRequest(name=job.name, reason=reason),
+                               timeout=10)
+            self.assertEqual(err.exception.code(), CODE.INVALID_ARGUMENT)
+            self.assertIn("reason:", err.exception.details())
+        self.assertEqual(jobs.GetJob(jobs_pb2.GetJobRequest(name=job.name), timeout=10).state,
+                         jobs_pb2.JOB_STATE_QUEUED)
+
     def test_a_client_that_trusts_another_ca_fails_the_handshake(self):
         jobs, _ = self.stubs(PKI.tokens["alice"], ca_cert=PKI.other_ca)
         with self.assertRaises(grpc.RpcError) as err:
