@@ -68,6 +68,7 @@ std::optional<QuotaStop> CheckDollarQuota(const std::string& tenant, const Tenan
                                " in ", w.span, ", its ", w.key, " is ", FormatDollars(w.limit));
     stop.detail = absl::StrCat("tenants.", tenant, ".", w.key,
                                " in tallyd's --config; the window rolls by the hour");
+    stop.limit = w.key;
     return stop;
   }
   return std::nullopt;

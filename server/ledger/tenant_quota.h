@@ -53,6 +53,7 @@ class TenantSpend {
 struct QuotaStop {
   std::string reason;  // "tenant quota: research spent $X of max_dollars_per_day $Y ..."
   std::string detail;
+  std::string limit;   // "max_dollars_per_day" or "max_dollars_per_month"
 };
 
 // Set when `tenant`'s spend over a day or a month, with `extra_usd` not yet

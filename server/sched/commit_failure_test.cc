@@ -634,7 +634,7 @@ TEST_F(CommitFailureTest, TenantMaxGpusWaitingEvent) {
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_QUEUED);
   EXPECT_NE(j.state_reason(), reason_before);
   EXPECT_THAT(j.state_reason(),
-              ::testing::HasSubstr("waiting: tenant research holds 1 of its max_gpus 1"));
+              ::testing::HasSubstr("waiting: tenant research is at its max_gpus 1"));
   EXPECT_THAT(EventTypes(id), ::testing::ElementsAre("submitted", "waiting"));
   ASSERT_TRUE(sched_->Tick().ok());
   EXPECT_THAT(EventTypes(id), ::testing::ElementsAre("submitted", "waiting"))

@@ -94,7 +94,7 @@ TEST_F(QuotaTest, MaxGpusHoldsATenantsJobsBackAndSaysWhy) {
   EXPECT_EQ(Job(a).state(), tally::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(Job(c).state(), tally::v1::JOB_STATE_RUNNING);
   ASSERT_EQ(Job(b).state(), tally::v1::JOB_STATE_QUEUED);
-  EXPECT_THAT(Job(b).state_reason(), HasSubstr("tenant research holds 1 of its max_gpus 1"));
+  EXPECT_THAT(Job(b).state_reason(), HasSubstr("tenant research is at its max_gpus 1"));
   // Said once, not every tick.
   const int64_t events = Job(b).last_event_sequence();
   ASSERT_TRUE(sched_->Tick().ok());
@@ -136,6 +136,35 @@ TEST_F(QuotaTest, ADailyDollarQuotaStopsRunningJobsAndRefusesSubmitsUntilTheWind
   // A day later the window has room again.
   clock_.Advance(absl::Hours(25));
   EXPECT_TRUE(Submit("research").ok());
+}
+
+TEST_F(QuotaTest, AtTheCapQueuedJobsWaitAndRunningJobsStopAtTheTickWithoutAReport) {
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  const int64_t a = *Submit("research");
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(a).state(), tally::v1::JOB_STATE_RUNNING);
+  // Queued behind it (max_gpus 1), then the cap is reached with no report:
+  // the tick counts the running job's uncommitted dollars.
+  const int64_t b = *Submit("research");
+  clock_.Advance(absl::Seconds(6));  // $6 of $5
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(a).state(), tally::v1::JOB_STATE_BUDGET_EXHAUSTED);
+  EXPECT_THAT(Job(a).state_reason(), HasSubstr("tenant quota: research"));
+  // The freed GPU does not start b: the tenant is at its dollar cap.
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(b).state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(Job(b).state_reason(),
+              HasSubstr("waiting: tenant research is at its max_dollars_per_day"));
+  const int64_t events = Job(b).last_event_sequence();
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(b).last_event_sequence(), events);  // said once
+  // A day later the window has room: b starts (on the worker, back after
+  // the day of silence).
+  clock_.Advance(absl::Hours(25));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(b).state(), tally::v1::JOB_STATE_RUNNING);
 }
 
 // The fixture serves report sanity too: progress within an attempt only goes

@@ -1395,10 +1395,14 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
         refused_reports_->Add({{"kind", "progress_out_of_order"}}).Increment();
         break;
       }
-      job->progress_attempt = p.attempt();
-      job->progress_step = p.step();
-      job->progress_tokens = p.tokens();
+      const int64_t id = job->rec.id();
       s = HandleProgress(*job, p);
+      // Kept once the report was taken (its plan, if any, committed).
+      if (auto it = active_.find(id); s.ok() && it != active_.end()) {
+        it->second.progress_attempt = p.attempt();
+        it->second.progress_step = p.step();
+        it->second.progress_tokens = p.tokens();
+      }
       break;
     }
     case tally::v1::WorkerMessage::kEval: {
@@ -1607,6 +1611,18 @@ absl::Status Scheduler::Tick() {
   for (const auto& [id, job] : active_) {
     if (job.rec.job().state() == tally::v1::JOB_STATE_RUNNING) running.push_back(id);
   }
+  // Each tenant with a quota: what its running jobs spent since their last
+  // commit, which the committed windows do not hold yet.
+  std::map<std::string, double> uncommitted;
+  if (!options_.quotas.empty()) {
+    for (int64_t id : running) {
+      const ActiveJob& job = active_.at(id);
+      const tally::v1::Job& view = job.rec.job();
+      if (!options_.quotas.count(view.tenant())) continue;
+      uncommitted[view.tenant()] +=
+          ledger_.Accrue(view, job.attempt.has_value(), now).added_usd;
+    }
+  }
   for (int64_t id : running) {
     auto jit = active_.find(id);
     if (jit == active_.end()) continue;
@@ -1614,10 +1630,30 @@ absl::Status Scheduler::Tick() {
     const tally::v1::Job& view = job.rec.job();
     const tally::v1::CostStatus cost = ledger_.Accrue(view, job.attempt.has_value(), now).cost;
     std::optional<ledger::BudgetStop> stop;
-    if (!view.has_pending_stop()) stop = ledger_.CheckBudget(view, cost);
+    std::optional<ledger::QuotaStop> quota;
+    if (!view.has_pending_stop()) {
+      stop = ledger_.CheckBudget(view, cost);
+      auto u = uncommitted.find(view.tenant());
+      if (!stop && u != uncommitted.end()) {
+        quota = ledger::CheckDollarQuota(view.tenant(), options_.quotas, spend_, now, u->second);
+      }
+    }
     if (stop) {
       note(Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
                                    stop->reason, stop->detail)));
+    } else if (quota) {
+      // The tenant's running jobs together reached its cap: each stops (the
+      // job ended here commits its spend, so the next is judged on it).
+      Plan plan = PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
+                              quota->reason, quota->detail);
+      plan.end_rule = "tenant_quota";
+      const double added = plan.cost_added_usd;
+      const std::string tenant = view.tenant();  // the job leaves active_ on commit
+      if (absl::Status s = Execute(id, std::move(plan)); s.ok()) {
+        uncommitted[tenant] -= added;  // committed now: in the windows
+      } else {
+        note(s);
+      }
     } else if (view.has_pending_stop() && now >= FromProto(view.pending_stop().deadline())) {
       absl::StatusOr<Plan> p = PlanFinishStop(
           job, absl::StrCat("the workers did not confirm the stop within ",
@@ -1639,9 +1675,7 @@ absl::Status Scheduler::Tick() {
                       spec.resources().gpu_type(), spec.resources().gpu_count()});
   }
   std::vector<std::pair<int64_t, std::string>> over_quota;
-  const bool gpu_quotas = std::any_of(options_.quotas.begin(), options_.quotas.end(),
-                                      [](const auto& q) { return q.second.max_gpus > 0; });
-  if (gpu_quotas && !queued.empty()) {
+  if (!options_.quotas.empty() && !queued.empty()) {
     std::stable_sort(queued.begin(), queued.end(),
                      [](const policy::QueuedJob& a, const policy::QueuedJob& b) {
                        if (a.priority != b.priority) return a.priority > b.priority;
@@ -1652,13 +1686,25 @@ absl::Status Scheduler::Tick() {
     for (policy::QueuedJob& q : queued) {
       const tally::v1::Job& j = active_.at(q.id).rec.job();
       auto quota = options_.quotas.find(j.tenant());
-      if (quota != options_.quotas.end() && quota->second.max_gpus > 0) {
+      if (quota == options_.quotas.end()) {
+        offered.push_back(std::move(q));
+        continue;
+      }
+      // A tenant at a dollar cap starts nothing new. The reasons name the
+      // limit, not the moving figures, so a job says it once.
+      if (std::optional<ledger::QuotaStop> cap =
+              ledger::CheckDollarQuota(j.tenant(), options_.quotas, spend_, now)) {
+        over_quota.emplace_back(q.id, absl::StrCat("waiting: tenant ", j.tenant(),
+                                                   " is at its ", cap->limit, " (", cap->detail,
+                                                   ")"));
+        continue;
+      }
+      if (quota->second.max_gpus > 0) {
         int64_t& used = in_use[j.tenant()];
         if (used + q.gpu_count > quota->second.max_gpus) {
           over_quota.emplace_back(
-              q.id, absl::StrCat("waiting: tenant ", j.tenant(), " holds ", used,
-                                 " of its max_gpus ", quota->second.max_gpus,
-                                 " and this job needs ", q.gpu_count));
+              q.id, absl::StrCat("waiting: tenant ", j.tenant(), " is at its max_gpus ",
+                                 quota->second.max_gpus, " (this job needs ", q.gpu_count, ")"));
           continue;
         }
         used += q.gpu_count;
@@ -1673,7 +1719,7 @@ absl::Status Scheduler::Tick() {
     if (job.rec.job().state_reason() == why) continue;
     Plan p = NewPlan(job, now);
     p.rec.mutable_job()->set_state_reason(why);
-    AddEvent(p, "waiting", why, "tenants.max_gpus in tallyd's --config");
+    AddEvent(p, "waiting", why, "");
     note(Execute(id, std::move(p)));
   }
   if (!queued.empty()) {

@@ -67,7 +67,7 @@ class QuotaTest(unittest.TestCase):
                  what="the second job to say it waits for the quota")
         job = self.get("alice", second.name)
         self.assertEqual(job.state, jobs_pb2.JOB_STATE_QUEUED)
-        self.assertIn("tenant research holds 1 of its max_gpus 1", job.state_reason)
+        self.assertIn("tenant research is at its max_gpus 1", job.state_reason)
         # bob's tenant has no quota: it runs on the other worker meanwhile.
         wait_for(lambda: self.get("bob", other.name).state in
                  (jobs_pb2.JOB_STATE_RUNNING, jobs_pb2.JOB_STATE_SUCCEEDED),
