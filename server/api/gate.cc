@@ -184,10 +184,4 @@ absl::StatusOr<WorkerIdentity> Gate::AdmitWorker(const grpc::ServerContextBase& 
   return absl::UnauthenticatedError("unknown worker token; check tally-worker --token_file");
 }
 
-std::string Gate::StreamKey(const grpc::ServerContextBase& context,
-                            const auth::Principal& principal) const {
-  if (principal.method == "anonymous") return PeerPrincipal(context);
-  return absl::StrCat(principal.method, ":", principal.name);
-}
-
 }  // namespace tally::api

@@ -82,11 +82,6 @@ class Gate {
   // (when workers must authenticate), PERMISSION_DENIED for a user's.
   absl::StatusOr<WorkerIdentity> AdmitWorker(const grpc::ServerContextBase& context) const;
 
-  // The key of per-caller stream limits: the principal's name when calls
-  // are authenticated, else the peer's address.
-  std::string StreamKey(const grpc::ServerContextBase& context,
-                        const auth::Principal& principal) const;
-
  private:
   std::shared_ptr<const Credentials> Current() const;
 

@@ -85,13 +85,22 @@ absl::StatusOr<std::optional<std::string>> ListTenant(const auth::Principal& p,
   return std::optional<std::string>(p.tenant);
 }
 
-// A stream refused before it started.
-class FinishedWriteReactor final
-    : public grpc::ServerWriteReactor<tally::v1::JobEvent> {
+// A stream refused before it started (Reactor: a callback API reactor).
+template <typename Reactor>
+class Refused final : public Reactor {
  public:
-  explicit FinishedWriteReactor(grpc::Status status) { Finish(std::move(status)); }
+  explicit Refused(grpc::Status status) { this->Finish(std::move(status)); }
   void OnDone() override { delete this; }
 };
+using FinishedWriteReactor = Refused<grpc::ServerWriteReactor<tally::v1::JobEvent>>;
+
+// The key of per-caller stream limits: the principal when calls are
+// authenticated, else what `peer` makes of the caller (its address).
+std::string StreamKey(const PrincipalFn& peer, const grpc::ServerContextBase& context,
+                      const auth::Principal& principal) {
+  if (principal.method == "anonymous") return peer(context);
+  return absl::StrCat(principal.method, ":", principal.name);
+}
 
 // One WatchJob stream: a JobWatch whose sends are the stream's writes. It
 // owns itself from Begin until gRPC calls OnDone; the hub may hold it a
@@ -530,8 +539,8 @@ grpc::Status ExperimentsService::WatchExperiment(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "after_sequence: must not be negative");
   }
-  absl::StatusOr<StreamLimiter::Lease> lease = watch_limiter_.Acquire(
-      caller->method == "anonymous" ? principal_(*context) : gate_->StreamKey(*context, *caller));
+  absl::StatusOr<StreamLimiter::Lease> lease =
+      watch_limiter_.Acquire(StreamKey(principal_, *context, *caller));
   if (!lease.ok()) return ToGrpcStatus(lease.status());
   int64_t after = req->after_sequence();
   while (true) {
@@ -582,8 +591,8 @@ grpc::ServerWriteReactor<tally::v1::JobEvent>* JobsService::WatchJob(
     return new FinishedWriteReactor(grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT, "after_sequence: must not be negative"));
   }
-  absl::StatusOr<StreamLimiter::Lease> lease = watch_limiter_.Acquire(
-      caller->method == "anonymous" ? principal_(*context) : gate_->StreamKey(*context, *caller));
+  absl::StatusOr<StreamLimiter::Lease> lease =
+      watch_limiter_.Acquire(StreamKey(principal_, *context, *caller));
   if (!lease.ok()) return new FinishedWriteReactor(ToGrpcStatus(lease.status()));
   return WatchReactor::Begin(core_->watch_hub(), *id, req->after_sequence(),
                              std::move(*lease));
@@ -612,19 +621,15 @@ WorkersService::WorkersService(Core* core, Options options)
 grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
 WorkersService::Connect(grpc::CallbackServerContext* context) {
   // Refused before anything is read: the stream ends with the reason.
-  class Refused final : public grpc::ServerBidiReactor<tally::v1::WorkerMessage,
-                                                        tally::v1::ControllerMessage> {
-   public:
-    explicit Refused(grpc::Status status) { Finish(std::move(status)); }
-    void OnDone() override { delete this; }
-  };
+  using RefusedStream =
+      Refused<grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>>;
   absl::StatusOr<WorkerIdentity> identity = GateOr(gate_)->AdmitWorker(*context);
-  if (!identity.ok()) return new Refused(ToGrpcStatus(identity.status()));
+  if (!identity.ok()) return new RefusedStream(ToGrpcStatus(identity.status()));
   // One credential (or one address, unauthenticated) holds a bounded number
   // of streams, Hello sent or not.
   absl::StatusOr<StreamLimiter::Lease> lease = limiter_.Acquire(
       identity->anonymous ? PeerPrincipal(*context) : identity->Describe());
-  if (!lease.ok()) return new Refused(ToGrpcStatus(lease.status()));
+  if (!lease.ok()) return new RefusedStream(ToGrpcStatus(lease.status()));
   return WorkerStream::Begin(core_, context, std::move(*identity), std::move(*lease));
 }
 

@@ -1611,24 +1611,26 @@ absl::Status Scheduler::Tick() {
   for (const auto& [id, job] : active_) {
     if (job.rec.job().state() == tally::v1::JOB_STATE_RUNNING) running.push_back(id);
   }
-  // Each tenant with a quota: what its running jobs spent since their last
-  // commit, which the committed windows do not hold yet.
+  // Each running job's cost accrued to now (a view), and for each tenant
+  // with a quota what its running jobs spent since their last commit, which
+  // the committed windows do not hold yet.
+  std::vector<ledger::Accrual> accrued;  // by position in `running`
+  accrued.reserve(running.size());
   std::map<std::string, double> uncommitted;
-  if (!options_.quotas.empty()) {
-    for (int64_t id : running) {
-      const ActiveJob& job = active_.at(id);
-      const tally::v1::Job& view = job.rec.job();
-      if (!options_.quotas.count(view.tenant())) continue;
-      uncommitted[view.tenant()] +=
-          ledger_.Accrue(view, job.attempt.has_value(), now).added_usd;
+  for (int64_t id : running) {
+    const ActiveJob& job = active_.at(id);
+    accrued.push_back(ledger_.Accrue(job.rec.job(), job.attempt.has_value(), now));
+    if (options_.quotas.count(job.rec.job().tenant())) {
+      uncommitted[job.rec.job().tenant()] += accrued.back().added_usd;
     }
   }
-  for (int64_t id : running) {
+  for (size_t i = 0; i < running.size(); ++i) {
+    const int64_t id = running[i];
     auto jit = active_.find(id);
     if (jit == active_.end()) continue;
     const ActiveJob& job = jit->second;
     const tally::v1::Job& view = job.rec.job();
-    const tally::v1::CostStatus cost = ledger_.Accrue(view, job.attempt.has_value(), now).cost;
+    const tally::v1::CostStatus& cost = accrued[i].cost;
     std::optional<ledger::BudgetStop> stop;
     std::optional<ledger::QuotaStop> quota;
     if (!view.has_pending_stop()) {

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/pem.h"
 
 namespace tally::worker {
 
@@ -56,9 +57,8 @@ struct Credentials {
 // travel in gRPC metadata (outside printable ASCII).
 absl::StatusOr<Credentials> LoadCredentials(const CredentialFiles& files);
 
-// The names a PEM certificate carries: its subject CN, then its DNS SANs.
-// InvalidArgument when `cert_pem` holds no certificate.
-absl::StatusOr<std::vector<std::string>> CertificateNames(const std::string& cert_pem);
+// The names a PEM certificate carries (common/pem.h).
+using ::tally::CertificateNames;
 
 }  // namespace tally::worker
 
