@@ -206,6 +206,7 @@ void ApplySpecDefaults(JobSpec* spec) {
   auto* resources = spec->mutable_resources();
   if (resources->gpu_type().empty()) resources->set_gpu_type("cpu");
   if (resources->gpu_count() == 0) resources->set_gpu_count(1);
+  if (resources->capacity().empty()) resources->set_capacity("any");
   if (spec->max_attempts() == 0) spec->set_max_attempts(3);
 }
 
@@ -394,9 +395,16 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                        Quoted(gpu_type)));
   }
   p.Range("resources.gpu_count", res.gpu_count(), 1, 1024);
+  if (!res.capacity().empty() && res.capacity() != "any" && res.capacity() != "spot" &&
+      res.capacity() != "on_demand") {
+    p.Add("resources.capacity",
+          absl::StrCat("must be \"spot\", \"on_demand\" or \"any\" (the default), got ",
+                       Quoted(res.capacity())));
+  }
 
   p.Range("priority", spec.priority(), -1000, 1000);
   p.Range("max_attempts", spec.max_attempts(), 1, 100);
+  p.Range("max_preemptions", spec.max_preemptions(), 0, 1000000);
 
   if (spec.labels_size() > 64) p.Add("labels", "at most 64 labels");
   // In key order, so equal specs get the same message.

@@ -35,6 +35,8 @@ TEST(SpecValidationTest, GoodSpecIsValidAfterDefaults) {
   EXPECT_EQ(spec.resources().gpu_type(), "cpu");
   EXPECT_EQ(spec.resources().gpu_count(), 1);
   EXPECT_EQ(spec.max_attempts(), 3);
+  EXPECT_EQ(spec.resources().capacity(), "any");
+  EXPECT_EQ(spec.max_preemptions(), 0);  // unlimited
   EXPECT_EQ(spec.training().global_batch_tokens(), 128 * 8);
   EXPECT_EQ(spec.data().packing(), tally::v1::PACKING_MODE_PACKED);
 }
@@ -158,6 +160,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"priority", [](JobSpec* s) { s->set_priority(5000); }, "priority"},
         BadCase{"attempts", [](JobSpec* s) { s->set_max_attempts(1000); },
                 "max_attempts"},
+        BadCase{"capacity",
+                [](JobSpec* s) { s->mutable_resources()->set_capacity("preemptible"); },
+                "resources.capacity"},
+        BadCase{"negative_preemptions", [](JobSpec* s) { s->set_max_preemptions(-1); },
+                "max_preemptions"},
         BadCase{"divergence_below_one",
                 [](JobSpec* s) {
                   s->mutable_early_stopping()->set_divergence_factor(0.5);

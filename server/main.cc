@@ -57,6 +57,13 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
           "a worker silent this long loses its attempts (they are requeued)");
 ABSL_FLAG(absl::Duration, tick_interval, absl::Milliseconds(200),
           "how often the scheduler places queued jobs and checks heartbeats");
+ABSL_FLAG(bool, priority_preemption, true,
+          "a queued job that cannot be placed may preempt running jobs of strictly lower "
+          "priority on its GPU type: they checkpoint, stop and requeue (a preemption does not "
+          "count against max_attempts)");
+ABSL_FLAG(absl::Duration, min_runtime_before_preemption, absl::Minutes(10),
+          "an attempt that has run less than this is never preempted for a higher-priority "
+          "job (0: at once)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(5),
           "on SIGTERM, how long in-flight calls get to finish");
 ABSL_FLAG(std::string, config, "",
@@ -230,6 +237,16 @@ int Run() {
     spdlog::error("--heartbeat_timeout ({}) must be longer than --heartbeat_interval ({})",
                   absl::FormatDuration(options.heartbeat_timeout),
                   absl::FormatDuration(options.heartbeat_interval));
+    return 2;
+  }
+
+  options.priority_preemption = absl::GetFlag(FLAGS_priority_preemption);
+  options.min_runtime_before_preemption = absl::GetFlag(FLAGS_min_runtime_before_preemption);
+  if (options.min_runtime_before_preemption < absl::ZeroDuration() ||
+      options.min_runtime_before_preemption == absl::InfiniteDuration()) {
+    spdlog::error("--min_runtime_before_preemption: must be a finite duration >= 0 (e.g. 10m), "
+                  "got {}",
+                  absl::FormatDuration(options.min_runtime_before_preemption));
     return 2;
   }
 

@@ -91,6 +91,10 @@ absl::Status TallydConfig::Validate() const {
   if (absl::Status s = CheckTable("usd_per_gpu_hour", prices.usd_per_gpu_hour, false); !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckTable("spot_usd_per_gpu_hour", prices.spot_usd_per_gpu_hour, false);
+      !s.ok()) {
+    return s;
+  }
   return CheckTable("flops_per_second_per_gpu", prices.flops_per_second_per_gpu, true);
 }
 
@@ -122,12 +126,15 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
       }
       if (key == "usd_per_gpu_hour") {
         into = &config.prices.usd_per_gpu_hour;
+      } else if (key == "spot_usd_per_gpu_hour") {
+        into = &config.prices.spot_usd_per_gpu_hour;
       } else if (key == "flops_per_second_per_gpu") {
         into = &config.prices.flops_per_second_per_gpu;
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
             key, " (line ", line,
-            "): unknown key; expected usd_per_gpu_hour, flops_per_second_per_gpu or tenants"));
+            "): unknown key; expected usd_per_gpu_hour, spot_usd_per_gpu_hour, "
+            "flops_per_second_per_gpu or tenants"));
       }
       if (!section.second.IsMap()) {
         return absl::InvalidArgumentError(

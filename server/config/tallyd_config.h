@@ -2,9 +2,13 @@
 // SIGHUP: the price table and the tenants' quotas.
 //
 //   usd_per_gpu_hour: {cpu: 0.05, h200: 3.50}
+//   spot_usd_per_gpu_hour: {h200: 1.40}   # workers run with --capacity=spot
 //   flops_per_second_per_gpu: {cpu: 2.0e10, h200: 4.0e14}   # for estimates
 //   tenants:
 //     research: {max_gpus: 8, max_dollars_per_day: 200, max_dollars_per_month: 3000}
+//
+// A GPU type with no spot price is priced on spot at its on-demand price; a
+// spot price above the on-demand one is accepted as given.
 //
 // A tenant's limits are each optional (absent or 0: no limit); a tenant not
 // listed has none (server/ledger/tenant_quota.h).
@@ -28,8 +32,8 @@ struct TallydConfig {
   ledger::PriceTable prices;
   ledger::TenantQuotas quotas;
 
-  // InvalidArgument for a negative or non-finite price, or a throughput that
-  // is not a positive finite number, naming the key.
+  // InvalidArgument for a negative or non-finite price (on-demand or spot),
+  // or a throughput that is not a positive finite number, naming the key.
   absl::Status Validate() const;
 };
 

@@ -1,5 +1,6 @@
 #include "server/config/tallyd_config.h"
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,72 @@ flops_per_second_per_gpu:
   EXPECT_DOUBLE_EQ(c->prices.flops_per_second_per_gpu.at("h200"), 4e14);
   EXPECT_TRUE(ParseTallydConfig("").ok());
   EXPECT_TRUE(LoadTallydConfig("").ok());
+}
+
+TEST(TallydConfigTest, ParsesSpotPrices) {
+  auto c = ParseTallydConfig(R"(
+usd_per_gpu_hour: {cpu: 0.05, h200: 3.5}
+spot_usd_per_gpu_hour:
+  h200: 1.40
+  h100: 4.0
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->prices.SpotPrice("h200"), 1.4);
+  EXPECT_DOUBLE_EQ(c->prices.SpotPrice("cpu"), 0.05);  // on-demand
+  // Above the (absent, so $0) on-demand price: accepted as given.
+  EXPECT_DOUBLE_EQ(c->prices.SpotPrice("h100"), 4.0);
+  EXPECT_DOUBLE_EQ(c->prices.Price("h200"), 3.5);
+  EXPECT_TRUE(ParseTallydConfig("spot_usd_per_gpu_hour: {h200: 0}\n").ok());
+}
+
+TEST(TallydConfigTest, BadSpotPricesNameTheKeyAndLine) {
+  struct Case {
+    std::string yaml;
+    std::string error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"spot_usd_per_gpu_hour: {h200: cheap}\n",
+            "spot_usd_per_gpu_hour.h200 (line 1): not a number"},
+           {"usd_per_gpu_hour: {h200: 3}\nspot_usd_per_gpu_hour:\n  h200: -1\n",
+            "spot_usd_per_gpu_hour.h200 (line 3): must be a finite number >= 0"},
+           {"spot_usd_per_gpu_hour:\n  h200: .inf\n",
+            "spot_usd_per_gpu_hour.h200 (line 2): must be a finite"},
+           {"spot_usd_per_gpu_hour: 1.4\n",
+            "spot_usd_per_gpu_hour (line 1): expected a mapping of GPU type"},
+           {"spot_usd_per_gpu_hour:\n  h200: 1\n  h200: 2\n",
+            "spot_usd_per_gpu_hour.h200 (line 3): given twice"},
+           {"spot_prices: {h200: 1}\n", "spot_usd_per_gpu_hour"},
+       }) {
+    auto parsed = ParseTallydConfig(c.yaml);
+    ASSERT_FALSE(parsed.ok()) << c.yaml;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.error)) << c.yaml;
+  }
+  TallydConfig c;
+  c.prices.spot_usd_per_gpu_hour["h200"] = -0.5;
+  EXPECT_THAT(c.Validate().message(), HasSubstr("spot_usd_per_gpu_hour.h200"));
+}
+
+// examples/tallyd.yaml, found above the test's working directory (a build
+// directory inside the source tree) or beside this file; empty if neither.
+std::filesystem::path FindExampleConfig() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::path dir = fs::current_path(ec); !ec && !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / "examples/tallyd.yaml", ec)) return dir / "examples/tallyd.yaml";
+    if (dir == dir.parent_path()) break;
+  }
+  const fs::path beside = fs::path(__FILE__).parent_path() / "../../examples/tallyd.yaml";
+  return fs::exists(beside, ec) ? beside : fs::path();
+}
+
+TEST(TallydConfigTest, TheExampleConfigParses) {
+  const std::filesystem::path example = FindExampleConfig();
+  if (example.empty()) GTEST_SKIP() << "examples/tallyd.yaml not found above the working directory";
+  auto c = LoadTallydConfig(example.string());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_GT(c->prices.SpotPrice("h200"), 0);
+  EXPECT_LT(c->prices.SpotPrice("h200"), c->prices.Price("h200"));
 }
 
 TEST(TallydConfigTest, BadConfigNamesTheKeyAndLine) {

@@ -4,62 +4,106 @@
 #include <map>
 
 namespace tally::policy {
+namespace {
 
-std::vector<Placement> PlaceJobs(std::vector<QueuedJob> jobs,
-                                 std::vector<WorkerSlots> workers) {
+enum class Kind { kSpot, kOnDemand, kUnknown };
+
+Kind WorkerKind(const std::string& capacity) {
+  if (capacity == "spot") return Kind::kSpot;
+  if (capacity.empty() || capacity == "on_demand") return Kind::kOnDemand;
+  return Kind::kUnknown;
+}
+
+// The worker pools a job tries, in order: each entry lists the worker kinds
+// one attempt at placing it may draw from together.
+std::vector<std::vector<Kind>> PoolsFor(const std::string& job_capacity) {
+  if (job_capacity == "spot") return {{Kind::kSpot}};
+  if (job_capacity == "on_demand") return {{Kind::kOnDemand}};
+  if (job_capacity.empty() || job_capacity == "any") {
+    return {{Kind::kSpot}, {Kind::kOnDemand}, {Kind::kSpot, Kind::kOnDemand}};
+  }
+  return {};
+}
+
+// Places `need` ranks on `pool` (workers in id order) if its free slots
+// suffice: the single worker with the fewest free slots that fits them all,
+// else the workers with the most free slots. Consumes the slots it takes.
+bool PlaceOnPool(const std::vector<WorkerSlots*>& pool, int need, Placement* p) {
+  int64_t total = 0;
+  for (const WorkerSlots* w : pool) total += w->free_slots;
+  if (total < need) return false;
+
+  WorkerSlots* best = nullptr;
+  for (WorkerSlots* w : pool) {
+    if (w->free_slots >= need && (best == nullptr || w->free_slots < best->free_slots)) {
+      best = w;
+    }
+  }
+  if (best != nullptr) {
+    p->rank_workers.assign(need, best->worker_id);
+    best->free_slots -= need;
+    return true;
+  }
+  std::vector<WorkerSlots*> order(pool.begin(), pool.end());
+  std::stable_sort(order.begin(), order.end(), [](const WorkerSlots* a, const WorkerSlots* b) {
+    return a->free_slots > b->free_slots;
+  });
+  int left = need;
+  for (WorkerSlots* w : order) {
+    while (left > 0 && w->free_slots > 0) {
+      p->rank_workers.push_back(w->worker_id);
+      --w->free_slots;
+      --left;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool CapacityMatches(const std::string& job_capacity, const std::string& worker_capacity) {
+  const Kind worker = WorkerKind(worker_capacity);
+  if (worker == Kind::kUnknown) return false;
+  if (job_capacity.empty() || job_capacity == "any") return true;
+  if (job_capacity == "spot") return worker == Kind::kSpot;
+  if (job_capacity == "on_demand") return worker == Kind::kOnDemand;
+  return false;
+}
+
+std::vector<Placement> PlaceJobs(std::vector<QueuedJob> jobs, std::vector<WorkerSlots> workers) {
   std::sort(jobs.begin(), jobs.end(), [](const QueuedJob& a, const QueuedJob& b) {
     if (a.priority != b.priority) return a.priority > b.priority;
     if (a.create_time != b.create_time) return a.create_time < b.create_time;
     return a.id < b.id;
   });
-  // Free slots by GPU type, in a stable worker order.
-  std::map<std::string, std::vector<WorkerSlots*>> by_type;
-  std::map<std::string, int> free_by_type;
+  // Workers with free slots by GPU type, in a stable worker order.
   std::sort(workers.begin(), workers.end(),
-            [](const WorkerSlots& a, const WorkerSlots& b) {
-              return a.worker_id < b.worker_id;
-            });
+            [](const WorkerSlots& a, const WorkerSlots& b) { return a.worker_id < b.worker_id; });
+  std::map<std::string, std::vector<WorkerSlots*>> by_type;
   for (auto& w : workers) {
-    if (w.free_slots <= 0) continue;
+    if (w.free_slots <= 0 || WorkerKind(w.capacity) == Kind::kUnknown) continue;
     by_type[w.gpu_type].push_back(&w);
-    free_by_type[w.gpu_type] += w.free_slots;
   }
 
   std::vector<Placement> out;
   for (const QueuedJob& job : jobs) {
     const int need = std::max(1, job.gpu_count);
     auto it = by_type.find(job.gpu_type);
-    if (it == by_type.end() || free_by_type[job.gpu_type] < need) continue;
-    std::vector<WorkerSlots*>& pool = it->second;
-
-    Placement p{job.id, {}};
-    WorkerSlots* best = nullptr;
-    for (WorkerSlots* w : pool) {
-      if (w->free_slots >= need &&
-          (best == nullptr || w->free_slots < best->free_slots)) {
-        best = w;
-      }
-    }
-    if (best != nullptr) {
-      p.rank_workers.assign(need, best->worker_id);
-      best->free_slots -= need;
-    } else {
-      std::vector<WorkerSlots*> order(pool.begin(), pool.end());
-      std::stable_sort(order.begin(), order.end(),
-                       [](const WorkerSlots* a, const WorkerSlots* b) {
-                         return a->free_slots > b->free_slots;
-                       });
-      int left = need;
-      for (WorkerSlots* w : order) {
-        while (left > 0 && w->free_slots > 0) {
-          p.rank_workers.push_back(w->worker_id);
-          --w->free_slots;
-          --left;
+    if (it == by_type.end()) continue;
+    for (const std::vector<Kind>& kinds : PoolsFor(job.capacity)) {
+      std::vector<WorkerSlots*> pool;
+      for (WorkerSlots* w : it->second) {
+        if (w->free_slots > 0 &&
+            std::find(kinds.begin(), kinds.end(), WorkerKind(w->capacity)) != kinds.end()) {
+          pool.push_back(w);
         }
       }
+      Placement p{job.id, {}};
+      if (PlaceOnPool(pool, need, &p)) {
+        out.push_back(std::move(p));
+        break;
+      }
     }
-    free_by_type[job.gpu_type] -= need;
-    out.push_back(std::move(p));
   }
   return out;
 }

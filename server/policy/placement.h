@@ -7,6 +7,12 @@
 // (backfill). A job prefers the single worker with the fewest free slots
 // that fits it whole; otherwise it spans the workers with the most free
 // slots, so fragments stay usable.
+//
+// Capacity: a worker is "spot" or "on_demand"; a job asks for "spot",
+// "on_demand" or "any" (empty means any). A job placed on one kind only uses
+// workers of that kind. An "any" job tries spot slots first, then on-demand
+// slots, each kind on its own (all ranks of one kind), and spans both kinds
+// only when neither alone has room for it.
 #ifndef TALLY_SERVER_POLICY_PLACEMENT_H_
 #define TALLY_SERVER_POLICY_PLACEMENT_H_
 
@@ -24,13 +30,21 @@ struct QueuedJob {
   absl::Time create_time;
   std::string gpu_type;
   int gpu_count = 1;
+  std::string capacity;  // "spot", "on_demand", "any" or empty (any)
 };
 
 struct WorkerSlots {
   std::string worker_id;
   std::string gpu_type;
   int free_slots = 0;
+  std::string capacity;  // "spot" or "on_demand"; empty means on_demand
 };
+
+// Whether a worker of `worker_capacity` may run a job asking for
+// `job_capacity` (the empty strings as above). Any other string, on either
+// side, matches nothing: spec validation rejects such a job, and a worker
+// reporting such a capacity gets no work rather than a guessed kind.
+bool CapacityMatches(const std::string& job_capacity, const std::string& worker_capacity);
 
 struct Placement {
   int64_t job_id = 0;

@@ -70,8 +70,72 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"full_workers_are_skipped",
              {{1, 0, T(1), "cpu", 1}},
              {{"w1", "cpu", 0}},
-             {}}),
+             {}},
+        // Capacity.
+        Case{"spot_job_uses_only_spot_workers",
+             {{1, 0, T(1), "h200", 1, "spot"}},
+             {{"a", "h200", 4}, {"b", "h200", 1, "spot"}},
+             {{1, {"b"}}}},
+        Case{"spot_job_waits_without_spot_room",
+             {{1, 0, T(1), "h200", 2, "spot"}},
+             {{"a", "h200", 4, "on_demand"}, {"b", "h200", 1, "spot"}},
+             {}},
+        Case{"on_demand_job_skips_spot_workers",
+             {{1, 0, T(1), "h200", 1, "on_demand"}},
+             {{"a", "h200", 4, "spot"}, {"b", "h200", 1}},
+             {{1, {"b"}}}},
+        Case{"on_demand_job_waits_without_on_demand_room",
+             {{1, 0, T(1), "h200", 1, "on_demand"}},
+             {{"a", "h200", 4, "spot"}},
+             {}},
+        Case{"any_job_prefers_spot_over_a_better_fit",
+             {{1, 0, T(1), "h200", 2}},
+             {{"a", "h200", 2}, {"b", "h200", 8, "spot"}},
+             {{1, {"b", "b"}}}},
+        Case{"any_job_spreads_over_spot_before_one_on_demand_worker",
+             {{1, 0, T(1), "h200", 3, "any"}},
+             {{"o", "h200", 4, "on_demand"}, {"s1", "h200", 2, "spot"},
+              {"s2", "h200", 1, "spot"}},
+             {{1, {"s1", "s1", "s2"}}}},
+        Case{"any_job_falls_back_to_on_demand_whole",
+             {{1, 0, T(1), "h200", 3}},
+             {{"o1", "h200", 2}, {"o2", "h200", 1}, {"s", "h200", 2, "spot"}},
+             {{1, {"o1", "o1", "o2"}}}},
+        Case{"any_job_spans_both_kinds_last",
+             {{1, 0, T(1), "h200", 4, "any"}},
+             {{"s", "h200", 3, "spot"}, {"o", "h200", 2, "on_demand"}},
+             {{1, {"s", "s", "s", "o"}}}},
+        Case{"capacity_slots_are_consumed",
+             {{1, 1, T(1), "h200", 1, "spot"}, {2, 0, T(2), "h200", 1},
+              {3, 0, T(3), "h200", 1, "spot"}},
+             {{"o", "h200", 1}, {"s", "h200", 1, "spot"}},
+             {{1, {"s"}}, {2, {"o"}}}},
+        Case{"unknown_worker_capacity_gets_nothing",
+             {{1, 0, T(1), "h200", 1}},
+             {{"a", "h200", 4, "preemptible"}},
+             {}},
+        Case{"unknown_job_capacity_places_nowhere",
+             {{1, 0, T(1), "h200", 1, "reserved"}, {2, 0, T(2), "h200", 1}},
+             {{"a", "h200", 1}},
+             {{2, {"a"}}}}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+TEST(CapacityMatchesTest, Table) {
+  struct Row {
+    std::string job, worker;
+    bool want;
+  };
+  const Row rows[] = {
+      {"", "", true},           {"", "spot", true},           {"any", "on_demand", true},
+      {"any", "spot", true},    {"spot", "spot", true},       {"spot", "", false},
+      {"spot", "on_demand", false}, {"on_demand", "", true},  {"on_demand", "spot", false},
+      {"on_demand", "on_demand", true}, {"", "cheap", false}, {"Spot", "spot", false},
+  };
+  for (const Row& r : rows) {
+    EXPECT_EQ(CapacityMatches(r.job, r.worker), r.want)
+        << "job=\"" << r.job << "\" worker=\"" << r.worker << "\"";
+  }
+}
 
 }  // namespace
 }  // namespace tally::policy

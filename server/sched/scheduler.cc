@@ -18,6 +18,7 @@
 #include "common/text.h"
 #include "server/policy/forecast.h"
 #include "server/policy/placement.h"
+#include "server/policy/preemption.h"
 #include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
 
@@ -61,6 +62,21 @@ std::string DefaultEndRule(JobState s) {
   }
 }
 
+// What may cause a preemption (a metric label: a bounded set).
+bool KnownPreemptionCause(absl::string_view cause) {
+  return cause == "sigterm" || cause == "sigint" || cause == "notice_file" ||
+         cause == "priority";
+}
+
+// A decided preemption no longer waits once the attempt has ended.
+void ClearPendingPreemption(tally::v1::Job& j) {
+  if (!j.has_preemption()) return;
+  tally::v1::PreemptionStatus& ps = *j.mutable_preemption();
+  ps.clear_pending_for();
+  ps.clear_pending_reason();
+  ps.clear_pending_deadline();
+}
+
 std::string ShortSeconds(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
 }
@@ -73,6 +89,8 @@ const char* Outcome(store::AttemptState s) {
       return "lost";
     case store::ATTEMPT_STATE_FAILED:
       return "failed";
+    case store::ATTEMPT_STATE_PREEMPTED:
+      return "preempted";
     default:
       return "stopped";
   }
@@ -123,6 +141,8 @@ struct Scheduler::Plan {
   std::vector<std::string> attempts_ended;  // outcomes
   double cost_added_usd = 0;
   double lost_added_usd = 0;
+  double redone_added_usd = 0;
+  std::string preemption_cause;  // counted in tally_preemptions_total
   std::string early_stop_rule;
   std::string end_rule;  // for a finished job; empty: DefaultEndRule
   std::optional<double> queue_wait_seconds;
@@ -181,7 +201,7 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
     jobs->Add({{"state", StateLabel(static_cast<JobState>(s))}});
     transitions_->Add({{"state", StateLabel(static_cast<JobState>(s))}});
   }
-  for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
+  for (const char* outcome : {"succeeded", "failed", "lost", "stopped", "preempted"}) {
     attempts_ended_->Add({{"outcome", outcome}});
   }
   cost_total_ = &metrics::BuildCounter()
@@ -193,6 +213,18 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                      .Help("Dollars spent by failed or lost attempts after their last "
                            "checkpoint, by GPU type.")
                      .Register(*registry);
+  preemptions_ = &metrics::BuildCounter()
+                      .Name("tally_preemptions_total")
+                      .Help("Attempts preempted, by GPU type and cause (sigterm, sigint, "
+                            "notice_file: a worker's notice; priority: a higher-priority job; "
+                            "unknown). A preemption is not a failure: the job resumes.")
+                      .Register(*registry);
+  redone_total_ = &metrics::BuildCounter()
+                      .Name("tally_cost_redone_dollars_total")
+                      .Help("Dollars preempted attempts spent after their last checkpoint (work "
+                            "the next attempt redoes; 0 when the notice checkpoint landed), by "
+                            "GPU type.")
+                      .Register(*registry);
   early_stops_ = &metrics::BuildCounter()
                       .Name("tally_early_stops_total")
                       .Help("Jobs stopped early, by rule.")
@@ -313,7 +345,7 @@ void Scheduler::AddEvent(Plan& p, const std::string& type, const std::string& re
 }
 
 void Scheduler::StopOrders(Plan& p, const std::string& reason, bool checkpoint,
-                           const std::string& except_worker) const {
+                           const std::string& except_worker, bool preempt) const {
   if (!p.attempt) return;
   const AttemptKey key{p.job_id, p.attempt->attempt()};
   std::set<std::string> workers(p.attempt->worker_ids().begin(), p.attempt->worker_ids().end());
@@ -330,6 +362,7 @@ void Scheduler::StopOrders(Plan& p, const std::string& reason, bool checkpoint,
       msg.mutable_stop()->set_attempt(p.attempt->attempt());
       msg.mutable_stop()->set_reason(reason);
       msg.mutable_stop()->set_checkpoint(checkpoint);
+      msg.mutable_stop()->set_preempt(preempt);
       p.sends.emplace_back(w, std::move(msg));
     } else if (it->second.held.count(key)) {
       p.release.emplace_back(w, key);  // nobody to confirm: free it now
@@ -350,6 +383,7 @@ Scheduler::Plan Scheduler::PlanStopNow(const ActiveJob& job, JobState state,
     p.attempts_ended.push_back("stopped");
   }
   p.rec.mutable_job()->clear_pending_stop();
+  ClearPendingPreemption(*p.rec.mutable_job());
   AddEvent(p, type, reason, detail, state);
   p.keep_attempt = false;
   p.finished = true;
@@ -398,6 +432,7 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
     p.early_stop_rule = ps.rule();
   }
   j.clear_pending_stop();
+  ClearPendingPreemption(j);
   AddEvent(p, ps.type(), ps.reason(), detail, ps.state());
   p.keep_attempt = false;
   p.finished = true;
@@ -414,7 +449,9 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
   }
   Plan p = NewPlan(job, clock_->Now());
   tally::v1::Job& j = *p.rec.mutable_job();
-  const int32_t n = j.attempt();
+  ClearPendingPreemption(j);
+  // Preempted attempts do not count against max_attempts.
+  const int32_t n = j.attempt() - j.preemption().count();
   const int32_t max = j.spec().max_attempts();
   ledger::Accrual lost = ledger_.ChargeLost(j.cost());
   *j.mutable_cost() = std::move(lost.cost);
@@ -447,6 +484,111 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
   return p;
 }
 
+absl::StatusOr<Scheduler::Plan> Scheduler::PlanPreempted(const ActiveJob& job,
+                                                         const std::string& cause,
+                                                         const std::string& reason,
+                                                         int64_t step) const {
+  if (job.rec.job().has_pending_stop()) {
+    // The stop was decided first: the job ends as decided, keeping what it has.
+    return PlanFinishStop(job, absl::StrCat("the attempt was preempted (", cause, "): ", reason),
+                          store::ATTEMPT_STATE_PREEMPTED);
+  }
+  std::optional<tally::v1::Checkpoint> last = job.last_checkpoint;
+  if (!last) {
+    ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks,
+                     store_->ListCheckpoints(job.rec.id()));
+    if (!cks.empty()) last = cks.back();
+  }
+  Plan p = NewPlan(job, clock_->Now());
+  tally::v1::Job& j = *p.rec.mutable_job();
+  // Where the attempt got to: its exit's step, or its latest report (an
+  // exit made at the worker's deadline may not know it).
+  step = std::max(step, j.step());
+  const bool kept = last.has_value() && last->step() >= step;
+  ledger::Accrual redone = ledger_.ChargeRedone(j.cost(), kept);
+  *j.mutable_cost() = std::move(redone.cost);
+  p.redone_added_usd = redone.added_usd;
+  const std::string by = j.preemption().pending_for();
+  ClearPendingPreemption(j);
+  tally::v1::PreemptionStatus& ps = *j.mutable_preemption();
+  ps.set_count(ps.count() + 1);
+  if (cause == "priority") {
+    ps.set_by_priority(ps.by_priority() + 1);
+    // Bounded: the cycle guard needs the jobs that preempted it lately.
+    constexpr int kMaxPreemptedBy = 64;
+    if (!by.empty() && std::find(ps.preempted_by().begin(), ps.preempted_by().end(), by) ==
+                           ps.preempted_by().end()) {
+      if (ps.preempted_by_size() >= kMaxPreemptedBy) ps.mutable_preempted_by()->DeleteSubrange(0, 1);
+      ps.add_preempted_by(by);
+    }
+  } else {
+    ps.set_by_notice(ps.by_notice() + 1);
+  }
+  if (p.attempt) {
+    p.attempt->set_state(store::ATTEMPT_STATE_PREEMPTED);
+    *p.attempt->mutable_end_time() = ToProto(p.now);
+    p.attempt->set_reason(reason);
+    p.attempt->set_preemption_cause(cause);
+    p.write_attempt = true;
+    // Other ranks still running end too (a gang stops as one).
+    StopOrders(p, absl::StrCat("preempted: ", reason), /*checkpoint=*/false);
+  }
+  p.attempts_ended.push_back("preempted");
+  p.preemption_cause = cause;
+  p.keep_attempt = false;
+  const std::string redo =
+      kept ? absl::StrCat("nothing to redo: checkpoint at step ", last->step())
+           : absl::StrFormat("$%.4f redone: steps %d-%d after %s", redone.added_usd,
+                             last ? last->step() + 1 : 1, step,
+                             last ? absl::StrCat("the checkpoint at step ", last->step())
+                                  : std::string("the start (no checkpoint yet)"));
+  const int32_t max = j.spec().max_preemptions();
+  if (max > 0 && ps.count() > max) {
+    AddEvent(p, "failed",
+             absl::StrCat("attempt ", j.attempt(), " preempted (", cause, "): ", reason,
+                          "; preempted ", ps.count(), " times (max_preemptions ", max, ")"),
+             redo, tally::v1::JOB_STATE_FAILED);
+    p.finished = true;
+    return p;
+  }
+  AddEvent(p, "preempted",
+           absl::StrCat("attempt ", j.attempt(), " preempted (", cause, "): ", reason,
+                        "; requeued, resuming from ",
+                        last ? absl::StrCat("step ", last->step()) : std::string("the start")),
+           redo, tally::v1::JOB_STATE_QUEUED);
+  p.requeued = true;
+  return p;
+}
+
+Scheduler::Plan Scheduler::PlanPreempting(const ActiveJob& job, const std::string& for_job,
+                                          const std::string& reason) const {
+  Plan p = NewPlan(job, clock_->Now());
+  tally::v1::PreemptionStatus& ps = *p.rec.mutable_job()->mutable_preemption();
+  ps.set_pending_for(for_job);
+  ps.set_pending_reason(reason);
+  *ps.mutable_pending_deadline() = ToProto(p.now + options_.stop_grace);
+  AddEvent(p, "preempting", reason,
+           absl::StrCat("the workers checkpoint the latest step and stop (at most ",
+                        ShortSeconds(options_.stop_grace), "); the job then waits in the queue"));
+  StopOrders(p, reason, /*checkpoint=*/true, "", /*preempt=*/true);
+  return p;
+}
+
+std::string Scheduler::PreemptionCause(const ActiveJob& job,
+                                       const tally::v1::AttemptExit& exit) const {
+  if (KnownPreemptionCause(exit.preemption_cause())) return exit.preemption_cause();
+  if (!job.rec.job().preemption().pending_for().empty()) return "priority";
+  if (job.attempt) {
+    for (const std::string& w : job.attempt->worker_ids()) {
+      auto it = workers_.find(w);
+      if (it != workers_.end() && KnownPreemptionCause(it->second.draining)) {
+        return it->second.draining;
+      }
+    }
+  }
+  return "unknown";
+}
+
 absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
                                                      std::vector<std::string> rank_workers) const {
   // Rank 0 hosts the rendezvous: a worker that advertises one leads.
@@ -476,8 +618,22 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
   p.write_attempt = true;
   p.keep_attempt = true;
 
-  std::string detail = absl::StrCat("attempt ", j.attempt(), " of ", j.spec().max_attempts(),
-                                    " on ", absl::StrJoin(rank_workers, ","));
+  int32_t spot = 0;
+  for (const auto& w : rank_workers) {
+    auto it = workers_.find(w);
+    spot += it != workers_.end() && it->second.rec.capacity() == "spot";
+  }
+  attempt.set_spot_gpus(spot);
+  j.mutable_cost()->set_spot_gpus(spot);
+  const int32_t preemptions = j.preemption().count();
+  std::string detail =
+      preemptions == 0
+          ? absl::StrCat("attempt ", j.attempt(), " of ", j.spec().max_attempts(), " on ",
+                         absl::StrJoin(rank_workers, ","))
+          : absl::StrCat("attempt ", j.attempt(), " (", j.attempt() - preemptions, " of ",
+                         j.spec().max_attempts(), " counted; ", preemptions,
+                         " preempted before) on ", absl::StrJoin(rank_workers, ","));
+  if (spot > 0) absl::StrAppend(&detail, " (", spot, " of ", rank_workers.size(), " on spot)");
   if (!checkpoints.empty()) {
     absl::StrAppend(&detail, ", resuming from step ", checkpoints.back().step());
   }
@@ -787,6 +943,12 @@ absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
   }
   if (plan.cost_added_usd > 0) cost_total_->Add({{"gpu_type", gpu_type}}).Increment(plan.cost_added_usd);
   if (plan.lost_added_usd > 0) lost_total_->Add({{"gpu_type", gpu_type}}).Increment(plan.lost_added_usd);
+  if (plan.redone_added_usd > 0) {
+    redone_total_->Add({{"gpu_type", gpu_type}}).Increment(plan.redone_added_usd);
+  }
+  if (!plan.preemption_cause.empty()) {
+    preemptions_->Add({{"gpu_type", gpu_type}, {"cause", plan.preemption_cause}}).Increment();
+  }
   if (!plan.early_stop_rule.empty()) early_stops_->Add({{"rule", plan.early_stop_rule}}).Increment();
   if (plan.queue_wait_seconds) queue_wait_->Observe(*plan.queue_wait_seconds);
   for (CommitObserver* o : observers_) o->OnJobCommitted(job.rec, m);
@@ -1037,6 +1199,12 @@ absl::Status Scheduler::ValidateHello(const tally::v1::Hello& hello) {
   if (hello.gpu_type().empty()) {
     return absl::InvalidArgumentError("hello.gpu_type: is required (e.g. \"cpu\")");
   }
+  if (!hello.capacity().empty() && hello.capacity() != "spot" &&
+      hello.capacity() != "on_demand") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.capacity: must be \"spot\" or \"on_demand\" (tally-worker --capacity), got ",
+        QuoteForMessage(hello.capacity(), 64)));
+  }
   return absl::OkStatus();
 }
 
@@ -1061,6 +1229,7 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   rec.set_version(hello.version());
   rec.set_rendezvous_host(hello.rendezvous_host());
   rec.set_rendezvous_port(hello.rendezvous_port());
+  rec.set_capacity(hello.capacity().empty() ? "on_demand" : hello.capacity());
   *rec.mutable_first_seen() = first_seen;
   *rec.mutable_last_seen() = ToProto(now);
   RETURN_IF_ERROR(store_->PutWorker(rec));
@@ -1073,6 +1242,7 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   // Dollar totals exist (at 0) for every GPU type that has a worker, so
   // dashboards and alerts see a series before the first dollar.
   ws.counted_lost = false;
+  ws.draining.clear();
   AddGpuType(hello.gpu_type());
 
   tally::v1::ControllerMessage welcome;
@@ -1141,6 +1311,15 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
       msg.mutable_stop()->set_attempt(r.attempt());
       msg.mutable_stop()->set_reason(job->rec.job().pending_stop().reason());
       msg.mutable_stop()->set_checkpoint(true);
+      p.sends.emplace_back(hello.worker_id(), std::move(msg));
+    } else if (!job->rec.job().preemption().pending_for().empty()) {
+      // A preemption ordered before the worker went away: ask again.
+      tally::v1::ControllerMessage msg;
+      msg.mutable_stop()->set_job(r.job());
+      msg.mutable_stop()->set_attempt(r.attempt());
+      msg.mutable_stop()->set_reason(job->rec.job().preemption().pending_reason());
+      msg.mutable_stop()->set_checkpoint(true);
+      msg.mutable_stop()->set_preempt(true);
       p.sends.emplace_back(hello.worker_id(), std::move(msg));
     }
     if (absl::Status s = Execute(job->rec.id(), std::move(p)); !s.ok() && first_error.ok()) {
@@ -1345,7 +1524,26 @@ absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
     case tally::v1::WorkerMessage::kCheckpoint:
       return counts("checkpoint", msg.checkpoint().step(), msg.checkpoint().tokens());
     case tally::v1::WorkerMessage::kExit:
+      if (!msg.exit().preemption_cause().empty() &&
+          !KnownPreemptionCause(msg.exit().preemption_cause())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "exit.preemption_cause: must be sigterm, sigint, notice_file or priority, got ",
+            QuoteForMessage(msg.exit().preemption_cause(), 64)));
+      }
       return counts("exit", msg.exit().step(), 0);
+    case tally::v1::WorkerMessage::kNotice: {
+      const tally::v1::Notice& n = msg.notice();
+      if (n.cause() != "sigterm" && n.cause() != "sigint" && n.cause() != "notice_file") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("notice.cause: must be sigterm, sigint or notice_file, got ",
+                         QuoteForMessage(n.cause(), 64)));
+      }
+      if (!(n.deadline_seconds() >= 0 && n.deadline_seconds() <= 86400)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "notice.deadline_seconds: must be between 0 and 86400, got ", n.deadline_seconds()));
+      }
+      return absl::OkStatus();
+    }
     default:
       return absl::OkStatus();
   }
@@ -1435,6 +1633,28 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       // before its next Hello is reconciled) until it commits.
       if (!s.ok()) wit->second.unconfirmed_exits.push_back(msg.exit());
       break;
+    case tally::v1::WorkerMessage::kNotice: {
+      // The worker is going away: nothing new goes to it, and the jobs it
+      // runs say so (their attempts checkpoint and exit PREEMPTED).
+      const bool first = wit->second.draining.empty();
+      wit->second.draining = msg.notice().cause();
+      if (!first) break;
+      std::vector<int64_t> ids;
+      for (const auto& [id, job] : active_) {
+        if (Holds(job, worker_id)) ids.push_back(id);
+      }
+      for (int64_t id : ids) {
+        Plan p = NewPlan(active_.at(id), clock_->Now());
+        AddEvent(p, "notice",
+                 absl::StrFormat("worker %s is going away (%s): the attempt checkpoints and "
+                                 "stops within %.0fs",
+                                 worker_id, msg.notice().cause(), msg.notice().deadline_seconds()),
+                 "");
+        if (absl::Status e = Execute(id, std::move(p)); !e.ok() && s.ok()) s = e;
+      }
+      UpdateGauges();
+      break;
+    }
     case tally::v1::WorkerMessage::kHello:
       return absl::FailedPreconditionError("Hello was already sent on this stream");
     case tally::v1::WorkerMessage::MSG_NOT_SET:
@@ -1465,6 +1685,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   }
   const bool gang = job->attempt->worker_ids_size() > 1;
   const bool pending = job->rec.job().has_pending_stop();
+  const bool preempting = !job->rec.job().preemption().pending_for().empty();
   absl::StatusOr<Plan> plan = absl::UnknownError("no plan");
   switch (exit.outcome()) {
     case tally::v1::ATTEMPT_OUTCOME_SUCCEEDED: {
@@ -1500,12 +1721,24 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
       if (pending && gang && exit.rank() != 0) return release_now();  // rank 0 ends it
       plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_FAILED, exit.reason(), exit.retryable());
       break;
+    case tally::v1::ATTEMPT_OUTCOME_PREEMPTED:
+      // Rank 0 reports the preemption checkpoint before its exit: its exit
+      // requeues the job (another rank's may come first).
+      if (gang && exit.rank() != 0) return release_now();
+      plan = PlanPreempted(*job, PreemptionCause(*job, exit), exit.reason(), exit.step());
+      break;
     default:
       if (pending) {
         // The stop it was asked for: rank 0 reports the final checkpoint
         // before its exit, so its exit ends the job.
         if (gang && exit.rank() != 0) return release_now();
         plan = PlanFinishStop(*job, "");
+        break;
+      }
+      if (preempting) {
+        // Stopped on the preemption order (a worker that checkpointed it).
+        if (gang && exit.rank() != 0) return release_now();
+        plan = PlanPreempted(*job, "priority", exit.reason(), exit.step());
         break;
       }
       plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_STOPPED,
@@ -1661,6 +1894,16 @@ absl::Status Scheduler::Tick() {
           job, absl::StrCat("the workers did not confirm the stop within ",
                             ShortSeconds(options_.stop_grace)));
       note(p.ok() ? Execute(id, *std::move(p)) : p.status());
+    } else if (!view.preemption().pending_for().empty() &&
+               now >= FromProto(view.preemption().pending_deadline())) {
+      // The workers did not confirm: preempted without their checkpoint
+      // (their slots stay held until they report the exit or are lost).
+      absl::StatusOr<Plan> p = PlanPreempted(
+          job, "priority",
+          absl::StrCat(view.preemption().pending_reason(), "; the workers did not confirm within ",
+                       ShortSeconds(options_.stop_grace)),
+          0);
+      note(p.ok() ? Execute(id, *std::move(p)) : p.status());
     } else {
       job_metrics_.Update(view, cost);
     }
@@ -1674,7 +1917,31 @@ absl::Status Scheduler::Tick() {
     if (job.rec.job().state() != tally::v1::JOB_STATE_QUEUED) continue;
     const auto& spec = job.rec.job().spec();
     queued.push_back({id, spec.priority(), FromProto(job.rec.job().create_time()),
-                      spec.resources().gpu_type(), spec.resources().gpu_count()});
+                      spec.resources().gpu_type(), spec.resources().gpu_count(),
+                      spec.resources().capacity()});
+  }
+  // While a job waits for the slots its preemptions free, nothing of lower
+  // priority starts on its GPU type (it would take them first).
+  std::map<std::string, int> awaiting;  // GPU type -> the highest such priority
+  for (const auto& [id, job] : active_) {
+    const std::string& for_job = job.rec.job().preemption().pending_for();
+    if (for_job.empty()) continue;
+    absl::StatusOr<int64_t> w = ParseJobName(for_job);
+    auto wit = w.ok() ? active_.find(*w) : active_.end();
+    if (wit == active_.end() || wit->second.rec.job().state() != tally::v1::JOB_STATE_QUEUED) {
+      continue;
+    }
+    const auto& ws = wit->second.rec.job().spec();
+    auto [a, fresh] = awaiting.emplace(ws.resources().gpu_type(), ws.priority());
+    if (!fresh) a->second = std::max(a->second, ws.priority());
+  }
+  if (!awaiting.empty()) {
+    queued.erase(std::remove_if(queued.begin(), queued.end(),
+                                [&](const policy::QueuedJob& q) {
+                                  auto a = awaiting.find(q.gpu_type);
+                                  return a != awaiting.end() && q.priority < a->second;
+                                }),
+                 queued.end());
   }
   std::vector<std::pair<int64_t, std::string>> over_quota;
   if (!options_.quotas.empty() && !queued.empty()) {
@@ -1728,15 +1995,115 @@ absl::Status Scheduler::Tick() {
     std::vector<policy::WorkerSlots> free;
     for (const auto& [id, ws] : workers_) {
       if (!ws.connected || now - ws.last_seen > options_.heartbeat_timeout) continue;
-      free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used()});
+      if (!ws.draining.empty()) continue;  // going away: nothing new
+      free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used(), ws.rec.capacity()});
     }
-    for (const auto& placed : policy::PlaceJobs(std::move(queued), std::move(free))) {
+    std::set<int64_t> started;
+    for (const auto& placed : policy::PlaceJobs(queued, std::move(free))) {
       absl::StatusOr<Plan> p = PlanStart(active_.at(placed.job_id), placed.rank_workers);
-      note(p.ok() ? Execute(placed.job_id, *std::move(p)) : p.status());
+      absl::Status s = p.ok() ? Execute(placed.job_id, *std::move(p)) : p.status();
+      if (s.ok()) started.insert(placed.job_id);
+      note(s);
+    }
+    if (options_.priority_preemption) {
+      queued.erase(std::remove_if(queued.begin(), queued.end(),
+                                  [&](const policy::QueuedJob& q) { return started.count(q.id); }),
+                   queued.end());
+      PreemptForWaiting(queued, now, note);
     }
   }
   UpdateGauges();
   return first_error;
+}
+
+void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting, absl::Time now,
+                                  const std::function<void(const absl::Status&)>& note) {
+  if (waiting.empty()) return;
+  // Running attempts, and the lowest priority running per GPU type: a
+  // waiting job at or below it cannot preempt anything (the common case of
+  // a full fleet of equal priority costs one pass).
+  std::vector<policy::RunningAttempt> running;
+  std::map<std::string, int> lowest;
+  std::set<std::string> awaited;  // jobs whose preemptions are in flight
+  for (const auto& [id, job] : active_) {
+    const tally::v1::Job& j = job.rec.job();
+    if (!j.preemption().pending_for().empty()) awaited.insert(j.preemption().pending_for());
+    if (j.state() != tally::v1::JOB_STATE_RUNNING || !job.attempt) continue;
+    policy::RunningAttempt r;
+    r.job_id = id;
+    r.priority = j.spec().priority();
+    r.gpu_type = j.spec().resources().gpu_type();
+    r.rank_workers.assign(job.attempt->worker_ids().begin(), job.attempt->worker_ids().end());
+    r.started = FromProto(job.attempt->start_time());
+    if (job.last_checkpoint) r.last_checkpoint = FromProto(job.last_checkpoint->time());
+    r.stopping = j.has_pending_stop() || !j.preemption().pending_for().empty();
+    if (!r.stopping) {
+      auto [it, fresh] = lowest.emplace(r.gpu_type, r.priority);
+      if (!fresh) it->second = std::min(it->second, r.priority);
+    }
+    running.push_back(std::move(r));
+  }
+  if (lowest.empty()) return;
+  std::vector<policy::WorkerSlots> free;
+  std::vector<std::pair<std::string, std::string>> capacity;
+  for (const auto& [id, ws] : workers_) {
+    const bool usable = ws.connected && now - ws.last_seen <= options_.heartbeat_timeout &&
+                        ws.draining.empty();
+    // Slots freed on a worker nothing can be placed on serve no one: a
+    // capacity no job accepts.
+    capacity.emplace_back(id, usable ? ws.rec.capacity() : std::string("unavailable"));
+    if (!usable) continue;
+    free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used(), ws.rec.capacity()});
+  }
+  std::vector<policy::QueuedJob> order = waiting;
+  std::stable_sort(order.begin(), order.end(),
+                   [](const policy::QueuedJob& a, const policy::QueuedJob& b) {
+                     if (a.priority != b.priority) return a.priority > b.priority;
+                     return a.create_time < b.create_time;
+                   });
+  policy::PreemptionOptions options;
+  options.min_runtime = options_.min_runtime_before_preemption;
+  // Bounded work per pass: the first few waiting jobs of each GPU type.
+  constexpr int kMaxTriesPerGpuType = 8;
+  std::map<std::string, int> tries;
+  for (const policy::QueuedJob& q : order) {
+    auto low = lowest.find(q.gpu_type);
+    if (low == lowest.end() || q.priority <= low->second) continue;
+    const ActiveJob& w = active_.at(q.id);
+    if (awaited.count(w.rec.job().name())) continue;  // its victims are stopping
+    if (++tries[q.gpu_type] > kMaxTriesPerGpuType) continue;
+    std::vector<int64_t> preempted_by;
+    for (const std::string& name : w.rec.job().preemption().preempted_by()) {
+      if (absl::StatusOr<int64_t> id = ParseJobName(name); id.ok()) preempted_by.push_back(*id);
+    }
+    const policy::PreemptionDecision d =
+        policy::ChoosePreemptions(q, preempted_by, free, running, capacity, now, options);
+    if (d.victims.empty()) continue;
+    // The free slots it counted are its own now: the next waiting job
+    // does not count them again.
+    int counted = std::max(1, q.gpu_count);
+    for (policy::WorkerSlots& f : free) {
+      if (f.gpu_type != q.gpu_type || !policy::CapacityMatches(q.capacity, f.capacity)) continue;
+      const int take = std::min(std::max(0, f.free_slots), counted);
+      f.free_slots -= take;
+      counted -= take;
+    }
+    const std::string& name = w.rec.job().name();
+    for (int64_t victim : d.victims) {
+      auto vit = active_.find(victim);
+      if (vit == active_.end()) continue;
+      const int victim_priority = vit->second.rec.job().spec().priority();
+      const std::string reason =
+          absl::StrCat("preempted for ", name, " (priority ", q.priority, " > ", victim_priority,
+                       "): ", d.why);
+      absl::Status s = Execute(victim, PlanPreempting(vit->second, name, reason));
+      note(s);
+      if (!s.ok()) continue;
+      for (policy::RunningAttempt& r : running) {
+        if (r.job_id == victim) r.stopping = true;
+      }
+    }
+  }
 }
 
 std::optional<tally::v1::Job> Scheduler::ActiveJobView(int64_t job_id) const {
@@ -1848,6 +2215,10 @@ void Scheduler::UpdateGauges() {
 void Scheduler::AddGpuType(const std::string& gpu_type) {
   cost_total_->Add({{"gpu_type", gpu_type}});
   lost_total_->Add({{"gpu_type", gpu_type}});
+  redone_total_->Add({{"gpu_type", gpu_type}});
+  for (const char* cause : {"sigterm", "sigint", "notice_file", "priority", "unknown"}) {
+    preemptions_->Add({{"gpu_type", gpu_type}, {"cause", cause}});
+  }
   workers_lost_->Add({{"gpu_type", gpu_type}});
   job_metrics_.AddGpuType(gpu_type);
 }
@@ -1861,7 +2232,7 @@ int64_t Scheduler::QueueDepth() const {
 std::vector<WorkerView> Scheduler::Workers() const {
   std::vector<WorkerView> out;
   for (const auto& [id, ws] : workers_) {
-    out.push_back({ws.rec, ws.connected, ws.last_seen, ws.Used()});
+    out.push_back({ws.rec, ws.connected, ws.last_seen, ws.Used(), ws.draining});
   }
   return out;
 }

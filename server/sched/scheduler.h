@@ -31,6 +31,19 @@
 // is recorded, and the job ends (naming its best checkpoint) when rank 0's
 // exit arrives, its worker is lost, or options.stop_grace passes.
 //
+// Preemption. A preempted attempt is not a failure: it does not count
+// against max_attempts (spec.max_preemptions bounds them instead), the job
+// requeues at once and resumes from its latest checkpoint, and what the
+// attempt spent after that checkpoint is recorded as redone dollars (none
+// when its notice checkpoint landed). A worker that sends a Notice (SIGTERM,
+// a notice file) is draining: nothing more is placed on it, and its attempts
+// exit PREEMPTED after checkpointing. A queued job that cannot be placed may
+// preempt running attempts of lower priority (server/policy/preemption.h):
+// the decision is committed on each victim as a pending preemption, the
+// victims' workers are told to checkpoint and stop, and the victims requeue
+// when their exits arrive (or at stop_grace). While a job waits for slots
+// its preemptions free, no job of lower priority starts on its GPU type.
+//
 // Money is the CostLedger's (server/ledger): it returns values, the plans
 // carry them. Reads (ActiveJobView) compute a view with cost accrued to now
 // and write nothing.
@@ -38,6 +51,7 @@
 #define TALLY_SERVER_SCHED_SCHEDULER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -54,6 +68,7 @@
 #include "server/metrics/job_metrics.h"
 #include "server/metrics/registry.h"
 #include "server/policy/forecast.h"
+#include "server/policy/placement.h"
 #include "server/policy/target.h"
 #include "server/sched/observer.h"
 #include "server/store/job_store.h"
@@ -82,6 +97,10 @@ struct SchedulerOptions {
   ledger::TenantQuotas quotas;
   // Per-job series: retention after the end, info labels, MoE series cap.
   metrics::JobMetricsOptions job_metrics;
+  // Priority preemption: whether a waiting job may preempt lower-priority
+  // attempts, and how long an attempt must have run before it may be.
+  bool priority_preemption = true;
+  absl::Duration min_runtime_before_preemption = absl::Minutes(10);
 };
 
 // OK when a reported checkpoint path lies in `job`'s own checkpoint folder
@@ -102,6 +121,7 @@ struct WorkerView {
   bool connected = false;
   absl::Time last_seen;
   int used_slots = 0;
+  std::string draining;  // the cause of its preemption notice, if it sent one
 };
 
 class Scheduler {
@@ -216,6 +236,9 @@ class Scheduler {
     std::vector<tally::v1::AttemptExit> unconfirmed_exits;
     // Counted in tally_workers_lost_total for its current silence.
     bool counted_lost = false;
+    // The cause of the preemption notice it sent (it is going away): nothing
+    // new is placed on it. Cleared by its next Hello.
+    std::string draining;
     int Used() const;
   };
   struct Plan;
@@ -229,7 +252,7 @@ class Scheduler {
                 const std::string& detail,
                 std::optional<tally::v1::JobState> state = std::nullopt) const;
   void StopOrders(Plan& p, const std::string& reason, bool checkpoint,
-                  const std::string& except_worker = "") const;
+                  const std::string& except_worker = "", bool preempt = false) const;
   // Ends a job at once in a terminal state on tallyd's decision.
   Plan PlanStopNow(const ActiveJob& job, tally::v1::JobState state, const std::string& type,
                    const std::string& reason, const std::string& detail) const;
@@ -241,6 +264,22 @@ class Scheduler {
   absl::StatusOr<Plan> PlanFinishStop(
       const ActiveJob& job, const std::string& how,
       store::AttemptState attempt_state = store::ATTEMPT_STATE_STOPPED) const;
+  // Ends the current attempt as preempted (`cause`: sigterm, sigint,
+  // notice_file, priority or unknown) at `step`: requeued at once without
+  // counting against max_attempts (or FAILED past max_preemptions), its
+  // spend since the latest checkpoint recorded as redone unless that
+  // checkpoint is of `step`. A job with a pending stop ends as decided.
+  absl::StatusOr<Plan> PlanPreempted(const ActiveJob& job, const std::string& cause,
+                                     const std::string& reason, int64_t step) const;
+  // Orders a running job's attempt to checkpoint and stop for `for_job`.
+  Plan PlanPreempting(const ActiveJob& job, const std::string& for_job,
+                      const std::string& reason) const;
+  // The preemption pass of Tick: queued jobs still waiting may preempt.
+  void PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting, absl::Time now,
+                         const std::function<void(const absl::Status&)>& note);
+  // The cause of a PREEMPTED exit that does not name one: a pending
+  // preemption's, a draining worker's of the attempt, else "unknown".
+  std::string PreemptionCause(const ActiveJob& job, const tally::v1::AttemptExit& exit) const;
   absl::StatusOr<Plan> PlanStart(const ActiveJob& job,
                                  std::vector<std::string> rank_workers) const;
   Plan PlanEval(const ActiveJob& job, const tally::v1::EvalResult& eval) const;
@@ -313,6 +352,8 @@ class Scheduler {
   metrics::Family<metrics::Counter>* job_ends_;
   metrics::Family<metrics::Counter>* workers_lost_;
   metrics::Family<metrics::Counter>* refused_reports_;
+  metrics::Family<metrics::Counter>* preemptions_;
+  metrics::Family<metrics::Counter>* redone_total_;
   metrics::Family<metrics::Gauge>* tenant_spend_;
   metrics::Family<metrics::Gauge>* tenant_quota_;
   metrics::Family<metrics::Gauge>* tenant_gpus_;

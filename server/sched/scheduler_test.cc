@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "absl/strings/str_replace.h"
 #include "server/store/memory_job_store.h"
+#include "server/sched/scheduler_test_util.h"
 
 namespace tally::sched {
 namespace {
@@ -620,18 +621,6 @@ TEST_F(SchedulerTest, GaugesReportQueueAndSlots) {
   EXPECT_EQ(values["tally_workers,gpu_type=cpu,state=connected"], 1);
 }
 
-// Every series as "name,label=value,..." -> value (histograms: the count).
-std::map<std::string, double> MetricValues(const metrics::Registry& registry) {
-  std::map<std::string, double> values;
-  for (const auto& f : registry.Collect()) {
-    for (const auto& m : f.metric) {
-      std::string key = f.name;
-      for (const auto& [k, v] : m.labels) key += "," + k + "=" + v;
-      values[key] = f.type == metrics::MetricType::kHistogram ? m.sample_count : m.value;
-    }
-  }
-  return values;
-}
 
 TEST_F(SchedulerTest, FleetCountersExistAtZeroForKnownLabels) {
   options_.prices.usd_per_gpu_hour["h200"] = 3.5;

@@ -3,9 +3,11 @@
 #ifndef TALLY_SERVER_SCHED_SCHEDULER_TEST_UTIL_H_
 #define TALLY_SERVER_SCHED_SCHEDULER_TEST_UTIL_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
+#include "server/metrics/registry.h"
 #include "server/sched/scheduler.h"
 #include "tally/v1/spec.pb.h"
 
@@ -23,6 +25,19 @@ inline tally::v1::JobSpec TinySpec(int gpus = 1) {
   s.mutable_resources()->set_gpu_type("cpu");
   s.mutable_resources()->set_gpu_count(gpus);
   return s;
+}
+
+// Every series as "name,label=value,..." -> value (histograms: the count).
+inline std::map<std::string, double> MetricValues(const metrics::Registry& registry) {
+  std::map<std::string, double> values;
+  for (const auto& f : registry.Collect()) {
+    for (const auto& m : f.metric) {
+      std::string key = f.name;
+      for (const auto& [k, v] : m.labels) key += "," + k + "=" + v;
+      values[key] = f.type == metrics::MetricType::kHistogram ? m.sample_count : m.value;
+    }
+  }
+  return values;
 }
 
 // Every message sent, as "worker message-in-text-format", in order.
