@@ -29,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "cli/tallyctl/client_config.h"
 #include "cli/tallyctl/experiment_report.h"
+#include "cli/tallyctl/job_format.h"
 #include "cli/tallyctl/tokens.h"
 #include "common/experiment_spec.h"
 #include "common/spec_validation.h"
@@ -116,8 +117,10 @@ Commands:
   cancel JOB             cancel a queued or running job (--reason)
   checkpoints JOB        list a job's checkpoints, with their cost
   cost JOB               what a job cost: estimate beside actual, dollars per
-                         checkpoint, dollars lost to failures
-  estimate -f job.yaml   price a spec before submitting it
+                         checkpoint, dollars lost to failures and redone
+                         after preemptions
+  estimate -f job.yaml   price a spec before submitting it (and on spot
+                         capacity, where tallyd has a spot price)
   validate -f job.yaml   check a spec locally without submitting
 
   experiment create -f exp.yaml   run a recipe experiment (variants of one
@@ -225,9 +228,7 @@ std::string Json(const google::protobuf::Message& m) {
 }
 
 std::string Time(const google::protobuf::Timestamp& t) {
-  if (t.seconds() == 0 && t.nanos() == 0) return "-";
-  return absl::FormatTime("%Y-%m-%d %H:%M:%S",
-                          absl::FromUnixSeconds(t.seconds()), absl::LocalTimeZone());
+  return FormatTimestamp(t, absl::LocalTimeZone());
 }
 
 // "  tenant:    T   submitted by: A   cancelled by: B", the parts that are
@@ -391,10 +392,7 @@ void PrintJob(const tally::v1::Job& j) {
                                    spec.model().moe().top_k())
                     : "")
             << "\n";
-  std::cout << "  resources: " << spec.resources().gpu_count() << " x "
-            << Safe(spec.resources().gpu_type()) << ", priority " << spec.priority() << "\n";
-  std::cout << "  progress:  step " << j.step() << " / " << spec.training().max_steps()
-            << ", attempt " << j.attempt() << " of " << spec.max_attempts() << "\n";
+  std::cout << ResourcesLine(spec) << ProgressLine(j);
   if (j.worker_ids_size() > 0) {
     std::cout << "  workers:   " << Safe(absl::StrJoin(j.worker_ids(), ", ")) << "\n";
   }
@@ -410,7 +408,7 @@ void PrintJob(const tally::v1::Job& j) {
   if (spec.budget().max_dollars() > 0) {
     std::cout << absl::StrFormat(", budget $%.4f", spec.budget().max_dollars());
   }
-  std::cout << "\n";
+  std::cout << "\n" << SpotUsageLine(j) << PreemptionLines(j, absl::LocalTimeZone());
   const auto& es = j.early_stopping();
   if (es.has_best()) {
     std::cout << absl::StrFormat("  val loss:  latest %.4f, best %.4f at step %d", j.val_loss(),
@@ -536,14 +534,6 @@ int Submit(Client& c) {
   return kOk;
 }
 
-void PrintEstimate(const tally::v1::CostEstimate& e) {
-  std::cout << absl::StrFormat(
-      "$%.4f: %.3g training FLOPs/token x %d tokens at %.3g FLOP/s per GPU (%s) = %.1f s, "
-      "%.4f GPU-hours at $%.4f/GPU-hour\n",
-      e.cost_usd(), e.flops_per_token(), e.tokens(), e.flops_per_second_per_gpu(),
-      Safe(e.throughput_source()), e.seconds(), e.gpu_hours(), e.usd_per_gpu_hour());
-}
-
 int Estimate(Client& c) {
   tally::v1::EstimateCostRequest req;
   if (int rc = ReadSpecFlag("estimate", req.mutable_spec()); rc != kOk) return rc;
@@ -555,7 +545,7 @@ int Estimate(Client& c) {
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(e) << "\n";
   } else {
-    PrintEstimate(e);
+    std::cout << EstimateText(e);
   }
   return kOk;
 }
@@ -578,15 +568,15 @@ int Cost(Client& c, const std::string& name) {
   std::cout << Safe(j.name()) << "  " << StateName(j.state()) << "  "
             << j.spec().resources().gpu_count() << " x " << Safe(j.spec().resources().gpu_type())
             << absl::StrFormat(" at $%.4f/GPU-hour\n", cost.usd_per_gpu_hour());
-  std::cout << "  estimate:  ";
-  PrintEstimate(cost.estimate());
+  std::cout << "  estimate:  " << EstimateText(cost.estimate(), "  ");
   std::cout << absl::StrFormat("  actual:    $%.4f: %.1f GPU-seconds, %d tokens", cost.cost_usd(),
                                cost.gpu_seconds(), j.tokens());
   if (cost.estimate().cost_usd() > 0 && j.has_end_time()) {
     std::cout << absl::StrFormat(" (%.2fx the estimate)",
                                  cost.cost_usd() / cost.estimate().cost_usd());
   }
-  std::cout << absl::StrFormat("\n  lost to failures: $%.4f\n", cost.lost_usd());
+  std::cout << absl::StrFormat("\n  lost to failures: $%.4f\n", cost.lost_usd())
+            << RedoneLine(j) << SpotUsageLine(j);
   if (j.spec().budget().max_dollars() > 0) {
     std::cout << absl::StrFormat("  budget:    $%.4f (%.0f%% used)\n",
                                  j.spec().budget().max_dollars(),
@@ -692,13 +682,6 @@ int Checkpoints(Client& c, const std::string& name) {
   return kOk;
 }
 
-std::string Bar(int64_t step, int64_t max) {
-  constexpr int kWidth = 30;
-  const int filled = max > 0 ? static_cast<int>(kWidth * std::min(step, max) / max) : 0;
-  return absl::StrCat("[", std::string(filled, '#'), std::string(kWidth - filled, '.'),
-                      "]");
-}
-
 // A watch rides through tallyd restarting or briefly unreachable.
 // UNAVAILABLE: tallyd draining or unreachable. CANCELLED we did not ask for:
 // a call that reached a tallyd mid-shutdown. Both are worth a retry, for a
@@ -726,10 +709,10 @@ int Watch(Client& c, const std::string& arg) {
   // A mistyped --controller fails in seconds; a watch under way waits longer.
   Retry retry{.limit = 5};
   int64_t max_steps = 0;
+  tally::v1::Job job;
   while (true) {
     tally::v1::GetJobRequest req;
     req.set_name(name);
-    tally::v1::Job job;
     grpc::ClientContext ctx;
     c.Prepare(&ctx);
     grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
@@ -746,6 +729,7 @@ int Watch(Client& c, const std::string& arg) {
   }
   retry = Retry();
   int64_t after = absl::GetFlag(FLAGS_after);
+  PreemptionTally preemptions(job.preemption().count(), job.last_event_sequence(), after);
   tally::v1::JobState last_state = tally::v1::JOB_STATE_UNSPECIFIED;
   bool bar_shown = false;
   while (true) {
@@ -760,35 +744,20 @@ int Watch(Client& c, const std::string& arg) {
       retry.Reset();
       after = e.sequence();
       last_state = e.state();
+      preemptions.Observe(e);
       if (absl::GetFlag(FLAGS_output) == "json") {
         std::cout << JsonLine(e) << std::endl;
         continue;
       }
       if (tty && e.type() == "progress") {
-        std::cout << "\r" << Bar(e.step(), max_steps) << " step " << e.step() << "/"
-                  << max_steps;
-        if (e.train_loss() != 0) std::cout << absl::StrFormat("  loss %.4f", e.train_loss());
-        std::cout << absl::StrFormat("  $%.4f", e.cost_usd());
-        if (e.patience_left() >= 0) std::cout << "  patience " << e.patience_left();
-        std::cout << "   " << std::flush;
+        std::cout << "\r" << ProgressBar(e, max_steps, preemptions.count()) << "   "
+                  << std::flush;
         bar_shown = true;
         continue;
       }
       if (bar_shown) std::cout << "\n";
       bar_shown = false;
-      std::string line = absl::StrFormat("#%-4d %s %-10s %-9s step %-7d", e.sequence(),
-                                         Time(e.time()), Safe(e.type()), StateName(e.state()),
-                                         e.step());
-      if (e.val_loss() != 0) absl::StrAppendFormat(&line, " val_loss %.4f", e.val_loss());
-      if (e.train_loss() != 0) absl::StrAppendFormat(&line, " loss %.4f", e.train_loss());
-      if (e.cost_usd() != 0) absl::StrAppendFormat(&line, " $%.4f", e.cost_usd());
-      if (e.patience_left() >= 0 && (e.type() == "eval" || e.type() == "progress")) {
-        absl::StrAppendFormat(&line, " patience %d", e.patience_left());
-      }
-      absl::StrAppend(&line, ByPrincipal(e.principal()));
-      if (!e.reason().empty()) absl::StrAppend(&line, " ", Safe(e.reason()));
-      if (!e.detail().empty()) absl::StrAppend(&line, " (", Safe(e.detail()), ")");
-      std::cout << line << std::endl;
+      std::cout << EventLine(e, absl::LocalTimeZone(), preemptions.count()) << std::endl;
     }
     grpc::Status s = reader->Finish();
     if (s.ok()) break;

@@ -106,6 +106,32 @@ class TallyctlTest(ClusterTest):
         self.assertEqual(seqs, sorted(set(seqs)), "no event shown twice")
         self.assertIn("succeeded", out)
 
+    def test_get_shows_capacity_and_preemption_limit_only_when_set(self):
+        # No worker: the jobs stay queued, never preempted.
+        plain = self.tallyctl("submit", "-f", TINY).stdout.strip()
+        g = self.tallyctl("get", plain)
+        self.assertEqual(g.returncode, 0, g.stderr)
+        self.assertIn("  resources: 1 x cpu, priority 0\n", g.stdout)
+        self.assertRegex(g.stdout, r"  progress:  step 0 / 200, attempt \d+ of 3\n")
+        for absent in ("capacity", "preemption", "spot"):
+            self.assertNotIn(absent, g.stdout)
+        with open(TINY) as f:
+            text = f.read()
+        self.assertIn("  gpu_count: 1\n", text)
+        text = text.replace("  gpu_count: 1\n", "  gpu_count: 1\n  capacity: on_demand\n")
+        r = self.tallyctl("submit", "-f", "-", stdin=text + "max_preemptions: 2\n")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        g = self.tallyctl("get", r.stdout.strip())
+        self.assertEqual(g.returncode, 0, g.stderr)
+        self.assertIn("  resources: 1 x cpu, priority 0, on-demand capacity\n", g.stdout)
+        self.assertRegex(g.stdout, r"  progress:  .*, at most 2 preemptions\n")
+        self.assertNotIn("preemptions:", g.stdout, "never preempted")
+        # Without a spot price in tallyd's config, the estimate says nothing
+        # of spot.
+        e = self.tallyctl("estimate", "-f", TINY)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        self.assertRegex(e.stdout, r"^\$\d+\.\d{4}: .* GPU-hours at \$[\d.]+/GPU-hour\n$")
+
     def test_request_id_flag_is_idempotent(self):
         a = self.tallyctl("submit", "-f", TINY, "--request_id=fixed-1").stdout.strip()
         b = self.tallyctl("submit", "-f", TINY, "--request_id=fixed-1").stdout.strip()

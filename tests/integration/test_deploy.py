@@ -11,7 +11,10 @@ context; and deploy/docker/stage-runtime.sh stages only what the binaries
 load. Security: tallyd serves TLS with user and worker authentication from
 read-only Secrets, workers verify it and prove their id (a token per pod, or
 with components/cert-manager a CSI certificate per pod), nothing passes
---insecure; and scripts/dev-pki.sh makes files a real tallyd serves with."""
+--insecure; and scripts/dev-pki.sh makes files a real tallyd serves with.
+Preemption: every worker's grace period outlasts its --preemption_deadline
+(the checkpoint on SIGTERM lands before Kubernetes kills it), and
+components/spot turns a pool into spot workers with a notice file."""
 
 import json
 import math
@@ -53,6 +56,69 @@ def tool(name):
     if not os.path.exists(path):
         raise AssertionError("%s is missing: scripts/setup.sh installs it into %s" % (name, TOOLS))
     return path
+
+
+def duration_seconds(text):
+    """A duration flag's value ("25s", "1m30s", "500ms", "1.5h") in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|ns|h|m|s)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, "not a duration: %r" % text
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+# Time a worker needs after --preemption_deadline to report its exit and
+# stop, before Kubernetes' kill at the grace period.
+PREEMPTION_EXIT_MARGIN_S = 5
+
+SPOT_POOL = """resources:
+  - ../../../../base/pool
+nameSuffix: -h200-spot
+labels:
+  - pairs: {tally/gpu-type: h200}
+    includeSelectors: true
+    includeTemplates: true
+components:
+  - ../../../../components/spot
+patches:
+  - patch: |-
+      apiVersion: apps/v1
+      kind: StatefulSet
+      metadata:
+        name: tally-worker
+      spec:
+        replicas: 4
+        template:
+          spec:
+            nodeSelector:
+              nvidia.com/gpu.product: NVIDIA-H200
+            containers:
+              - name: worker
+                env:
+                  - name: TALLY_GPU_TYPE
+                    value: h200
+"""
+
+
+def with_spot(tmp, cert_manager=False):
+    """A copy of deploy/k8s using components/spot as its kustomization.yaml
+    says: the gpu overlay gains a spot pool of h200 workers beside its
+    on-demand pools, the cpu overlay makes its one pool spot."""
+    k8s = with_cert_manager(tmp) if cert_manager else os.path.join(tmp, "k8s")
+    if not cert_manager:
+        shutil.copytree(K8S, k8s)
+    pool = os.path.join(k8s, "overlays", "gpu", "pools", "h200-spot")
+    os.mkdir(pool)
+    with open(os.path.join(pool, "kustomization.yaml"), "w") as f:
+        f.write(SPOT_POOL)
+    for overlay, key, entry in (("gpu", "resources", "pools/h200-spot"),
+                                ("cpu", "components", "../../components/spot")):
+        path = os.path.join(k8s, "overlays", overlay, "kustomization.yaml")
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        doc[key].append(entry)
+        with open(path, "w") as f:
+            yaml.safe_dump(doc, f)
+    return k8s
 
 
 def with_cert_manager(tmp):
@@ -375,9 +441,102 @@ class DeployTest(unittest.TestCase):
         self.assertIn("emptyDir", volumes[mounts["/tmp"]])
         self.assertIn("exec", c["readinessProbe"])
         self.assertNotIn("livenessProbe", c)
+        self.check_preemption_grace(worker)
         resolved = {k: e["value"] for k, e in env.items() if "value" in e}
         resolved["TALLY_THREADS"] = math.ceil(cpu_cores(c["resources"]["limits"]["cpu"]))
         return {k: resolved[k] for k in ("TALLY_DEVICE", "TALLY_GPU_TYPE", "TALLY_THREADS")}
+
+    def check_preemption_grace(self, worker):
+        """On SIGTERM the worker checkpoints and exits within its
+        --preemption_deadline; Kubernetes kills it at the grace period, which
+        must come later, with time to report the exit."""
+        pod = worker["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        name = worker["metadata"]["name"]
+        deadline = flag(c, "preemption_deadline")
+        self.assertIsNotNone(deadline, "%s: --preemption_deadline set explicitly" % name)
+        # Kubernetes' default grace period is 30 s.
+        grace = pod.get("terminationGracePeriodSeconds", 30)
+        self.assertGreaterEqual(grace - duration_seconds(deadline), PREEMPTION_EXIT_MARGIN_S,
+                                "%s: grace %ss, --preemption_deadline=%s" % (name, grace, deadline))
+
+    def check_spot_pool(self, worker, spot):
+        """A spot pool announces --capacity=spot, watches a notice file on an
+        emptyDir of its own that a sidecar may write, and selects its pods by
+        tally/capacity; an on-demand pool does none of that."""
+        pod = worker["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        name = worker["metadata"]["name"]
+        selector = worker["spec"]["selector"]["matchLabels"]
+        if not spot:
+            self.assertIn(flag(c, "capacity"), (None, "on_demand"), name)
+            self.assertIsNone(flag(c, "preemption_notice_file"), name)
+            self.assertNotIn("tally/capacity", selector, name)
+            return
+        self.assertEqual(flag(c, "capacity"), "spot", name)
+        self.assertEqual(selector.get("tally/capacity"), "spot", name)
+        self.assertLessEqual(selector.items(), pod_labels(worker).items(), name)
+        notice = flag(c, "preemption_notice_file")
+        self.assertTrue(notice and notice.startswith("/"), name)
+        volume, mount, rel = mounted(pod, c, notice)
+        self.assertIn("emptyDir", volume, "%s: the notice file's volume is the pod's own" % name)
+        self.assertTrue(rel and "/" not in rel, rel)
+        self.assertFalse(mount.get("readOnly", False), "%s: a sidecar may create it" % name)
+        self.assertNotIn("subPath", mount)
+        # Only the notice lives there: no other mount shares the volume.
+        self.assertEqual([m["name"] for m in c["volumeMounts"]].count(volume["name"]), 1)
+        # The base's arguments keep their indices (components/cert-manager
+        # replaces index 9); the component's come after them.
+        base = find(render("cpu"), "StatefulSet", "tally-worker")
+        base_args = base["spec"]["template"]["spec"]["containers"][0]["args"]
+        for i, arg in enumerate(base_args):
+            if arg.startswith("--token_file="):
+                continue  # replaced with components/cert-manager
+            self.assertEqual(c["args"][i], arg, "%s: argument %d moved" % (name, i))
+
+    def test_spot_component(self):
+        """components/spot, used as its kustomization.yaml says, renders and
+        validates in each overlay, alone and with components/cert-manager."""
+        for cert_manager in (False, True):
+            with tempfile.TemporaryDirectory() as tmp:
+                k8s = with_spot(tmp, cert_manager=cert_manager)
+                for overlay in ("cpu", "gpu"):
+                    where = "%s%s" % (overlay, " with cert-manager" if cert_manager else "")
+                    objects = render(overlay, k8s)
+                    self.validate(objects)
+                    self.check_no_insecure(objects)
+                    pools = {p["metadata"]["name"]: p for p in of_kind(objects, "StatefulSet")}
+                    expected = ({"tally-worker": True} if overlay == "cpu" else
+                                {"tally-worker-h200": False, "tally-worker-a100": False,
+                                 "tally-worker-h200-spot": True})
+                    self.assertEqual({n: flag(p["spec"]["template"]["spec"]["containers"][0],
+                                              "capacity") == "spot"
+                                      for n, p in pools.items()}, expected, where)
+                    selectors = set()
+                    for name, worker in pools.items():
+                        self.check_worker_pod(worker)
+                        self.check_worker_security(worker, objects,
+                                                   per_pod_certificate=cert_manager)
+                        self.check_spot_pool(worker, spot=expected[name])
+                        selectors.add(tuple(sorted(worker["spec"]["selector"]["matchLabels"]
+                                                   .items())))
+                    self.assertEqual(len(selectors), len(pools), where)
+                    # Every spot pool's GPU type has a spot price.
+                    prices = yaml.safe_load(find(objects, "ConfigMap", "tallyd-config")
+                                            ["data"]["tallyd.yaml"])
+                    for name, worker in pools.items():
+                        gpu_type = self.check_worker_pod(worker)["TALLY_GPU_TYPE"]
+                        if expected[name]:
+                            self.assertGreater(prices["spot_usd_per_gpu_hour"][gpu_type], 0, name)
+                            self.assertLess(prices["spot_usd_per_gpu_hour"][gpu_type],
+                                            prices["usd_per_gpu_hour"][gpu_type], name)
+                    if overlay == "gpu":
+                        spot = pools["tally-worker-h200-spot"]
+                        self.assertEqual(env_of(spot["spec"]["template"]["spec"]["containers"][0])
+                                         ["TALLY_GPU_TYPE"]["value"], "h200")
+                        # The overlay's GPU settings reach the spot pool too.
+                        self.assertEqual(spot["spec"]["template"]["spec"]["containers"][0]
+                                         ["resources"]["limits"]["nvidia.com/gpu"], 1)
 
     def test_gpu_overlay(self):
         objects = render("gpu")

@@ -406,7 +406,7 @@ class PrometheusTest(ClusterTest):
 
         groups = self.api("rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        self.assertEqual(len(rules), 10)
+        self.assertEqual(len(rules), 11)
         for r in rules:
             self.assertEqual(r["health"], "ok", r)
 

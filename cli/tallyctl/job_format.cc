@@ -1,0 +1,196 @@
+#include "cli/tallyctl/job_format.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/text.h"
+
+namespace tally::cli {
+namespace {
+
+// At most this many of the jobs that preempted a job are named.
+constexpr int kMaxPreemptersShown = 5;
+
+std::string Safe(absl::string_view text) { return EscapeUnprintable(text); }
+
+std::string StateText(tally::v1::JobState s) {
+  absl::string_view name = tally::v1::JobState_Name(s);
+  if (name.empty()) return absl::StrCat("state ", static_cast<int>(s));
+  absl::ConsumePrefix(&name, "JOB_STATE_");
+  return std::string(name);
+}
+
+std::string Plural(int64_t n, absl::string_view one, absl::string_view many) {
+  return absl::StrCat(n, " ", n == 1 ? one : many);
+}
+
+}  // namespace
+
+std::string FormatTimestamp(const google::protobuf::Timestamp& t, absl::TimeZone tz) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixSeconds(t.seconds()), tz);
+}
+
+std::string ResourcesLine(const tally::v1::JobSpec& spec) {
+  std::string line = absl::StrCat("  resources: ", spec.resources().gpu_count(), " x ",
+                                  Safe(spec.resources().gpu_type()), ", priority ",
+                                  spec.priority());
+  const std::string& capacity = spec.resources().capacity();
+  if (capacity == "spot") {
+    absl::StrAppend(&line, ", spot capacity");
+  } else if (capacity == "on_demand") {
+    absl::StrAppend(&line, ", on-demand capacity");
+  } else if (!capacity.empty() && capacity != "any") {
+    absl::StrAppend(&line, ", capacity ", Safe(capacity));
+  }
+  absl::StrAppend(&line, "\n");
+  return line;
+}
+
+std::string ProgressLine(const tally::v1::Job& job) {
+  const auto& spec = job.spec();
+  std::string line = absl::StrCat("  progress:  step ", job.step(), " / ",
+                                  spec.training().max_steps(), ", attempt ", job.attempt(),
+                                  " of ", spec.max_attempts());
+  if (spec.max_preemptions() > 0) {
+    absl::StrAppend(&line, ", at most ",
+                    Plural(spec.max_preemptions(), "preemption", "preemptions"));
+  }
+  absl::StrAppend(&line, "\n");
+  return line;
+}
+
+std::string SpotUsageLine(const tally::v1::Job& job) {
+  const auto& cost = job.cost();
+  if (cost.spot_gpus() <= 0 && !(cost.spot_gpu_seconds() > 0)) return "";
+  std::string line = "  spot:      ";
+  if (cost.spot_gpus() > 0) {
+    const int gpus = std::max(1, job.spec().resources().gpu_count());
+    absl::StrAppendFormat(&line, "%d of %s on spot capacity now, ", cost.spot_gpus(),
+                          Plural(gpus, "GPU", "GPUs"));
+  }
+  absl::StrAppendFormat(&line, "%.1f spot GPU-seconds in all\n", cost.spot_gpu_seconds());
+  return line;
+}
+
+std::string PreemptionLines(const tally::v1::Job& job, absl::TimeZone tz) {
+  const auto& p = job.preemption();
+  const bool pending = !p.pending_for().empty();
+  const double redone = job.cost().redone_usd();
+  if (p.count() <= 0 && !pending && !(redone > 0) && p.preempted_by_size() == 0) return "";
+  std::string out = absl::StrFormat(
+      "  preemptions: %d (notice %d, priority %d), redone $%.4f\n", p.count(), p.by_notice(),
+      p.by_priority(), redone);
+  if (p.preempted_by_size() > 0) {
+    const int shown = std::min(p.preempted_by_size(), kMaxPreemptersShown);
+    std::vector<std::string> names;
+    for (int i = 0; i < shown; ++i) names.push_back(Safe(p.preempted_by(i)));
+    absl::StrAppend(&out, "  preempted by: ", absl::StrJoin(names, ", "));
+    if (p.preempted_by_size() > shown) {
+      absl::StrAppend(&out, " and ", p.preempted_by_size() - shown, " more");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  if (pending) {
+    absl::StrAppend(&out, "  preempting for ", Safe(p.pending_for()));
+    if (!p.pending_reason().empty()) absl::StrAppend(&out, ": ", Safe(p.pending_reason()));
+    if (p.has_pending_deadline()) {
+      absl::StrAppend(&out, " (deadline ", FormatTimestamp(p.pending_deadline(), tz),
+                      "; waiting for the workers' checkpoint)");
+    } else {
+      absl::StrAppend(&out, " (waiting for the workers' checkpoint)");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+std::string RedoneLine(const tally::v1::Job& job) {
+  const auto& p = job.preemption();
+  const double redone = job.cost().redone_usd();
+  if (p.count() <= 0 && !(redone > 0)) return "";
+  return absl::StrFormat("  redone after preemptions: $%.4f (%s: notice %d, priority %d)\n",
+                         redone, Plural(p.count(), "preemption", "preemptions"), p.by_notice(),
+                         p.by_priority());
+}
+
+std::string EstimateText(const tally::v1::CostEstimate& e, absl::string_view indent) {
+  std::string out = absl::StrFormat(
+      "$%.4f: %.3g training FLOPs/token x %d tokens at %.3g FLOP/s per GPU (%s) = %.1f s, "
+      "%.4f GPU-hours at $%.4f/GPU-hour\n",
+      e.cost_usd(), e.flops_per_token(), e.tokens(), e.flops_per_second_per_gpu(),
+      Safe(e.throughput_source()), e.seconds(), e.gpu_hours(), e.usd_per_gpu_hour());
+  if (!(e.spot_usd_per_gpu_hour() > 0)) return out;
+  absl::StrAppendFormat(&out, "%sspot:      $%.4f at $%.4f/GPU-hour, %.2f preemptions expected",
+                        indent, e.spot_cost_usd(), e.spot_usd_per_gpu_hour(),
+                        e.spot_expected_preemptions());
+  absl::StrAppendFormat(&out, " (%.3g per GPU-hour", e.preemptions_per_gpu_hour());
+  if (!e.preemption_rate_source().empty()) {
+    absl::StrAppend(&out, ", ", Safe(e.preemption_rate_source()));
+  }
+  absl::StrAppendFormat(&out, ") redoing $%.4f\n", e.spot_redone_usd());
+  const double saving = e.spot_savings_usd();
+  const std::string share =
+      e.cost_usd() > 0 && std::isfinite(saving)
+          ? absl::StrFormat(" (%.0f%%)", 100 * std::fabs(saving) / e.cost_usd())
+          : std::string();
+  absl::StrAppend(&out, indent, "           ");
+  if (saving > 0) {
+    absl::StrAppendFormat(&out, "spot saves $%.4f%s over on-demand, net of the redone work\n",
+                          saving, share);
+  } else if (saving < 0) {
+    absl::StrAppendFormat(&out, "spot costs $%.4f%s more than on-demand, with the redone work\n",
+                          -saving, share);
+  } else if (saving == 0) {
+    absl::StrAppend(&out, "spot costs the same as on-demand, with the redone work\n");
+  } else {
+    absl::StrAppend(&out, "spot's saving over on-demand is unknown\n");
+  }
+  return out;
+}
+
+PreemptionTally::PreemptionTally(int known, int64_t known_through, int64_t after)
+    : base_(after > 0 ? std::max(0, known) : 0), through_(after > 0 ? known_through : 0) {}
+
+void PreemptionTally::Observe(const tally::v1::JobEvent& e) {
+  if (e.type() == "preempted" && e.sequence() > through_) ++seen_;
+}
+
+std::string EventLine(const tally::v1::JobEvent& e, absl::TimeZone tz, int preemptions) {
+  std::string line =
+      absl::StrFormat("#%-4d %s %-10s %-9s step %-7d", e.sequence(), FormatTimestamp(e.time(), tz),
+                      Safe(e.type()), StateText(e.state()), e.step());
+  if (e.val_loss() != 0) absl::StrAppendFormat(&line, " val_loss %.4f", e.val_loss());
+  if (e.train_loss() != 0) absl::StrAppendFormat(&line, " loss %.4f", e.train_loss());
+  if (e.cost_usd() != 0) absl::StrAppendFormat(&line, " $%.4f", e.cost_usd());
+  if (e.patience_left() >= 0 && (e.type() == "eval" || e.type() == "progress")) {
+    absl::StrAppendFormat(&line, " patience %d", e.patience_left());
+  }
+  if (preemptions > 0 && (e.type() == "progress" || e.type() == "preempted")) {
+    absl::StrAppendFormat(&line, " preemptions %d", preemptions);
+  }
+  if (!e.principal().empty()) absl::StrAppend(&line, " by ", Safe(e.principal()));
+  if (!e.reason().empty()) absl::StrAppend(&line, " ", Safe(e.reason()));
+  if (!e.detail().empty()) absl::StrAppend(&line, " (", Safe(e.detail()), ")");
+  return line;
+}
+
+std::string ProgressBar(const tally::v1::JobEvent& e, int64_t max_steps, int preemptions) {
+  constexpr int kWidth = 30;
+  const int64_t step = std::max<int64_t>(0, e.step());
+  const int filled =
+      max_steps > 0 ? static_cast<int>(kWidth * std::min(step, max_steps) / max_steps) : 0;
+  std::string out = absl::StrCat("[", std::string(filled, '#'), std::string(kWidth - filled, '.'),
+                                 "] step ", e.step(), "/", max_steps);
+  if (e.train_loss() != 0) absl::StrAppendFormat(&out, "  loss %.4f", e.train_loss());
+  absl::StrAppendFormat(&out, "  $%.4f", e.cost_usd());
+  if (e.patience_left() >= 0) absl::StrAppend(&out, "  patience ", e.patience_left());
+  if (preemptions > 0) absl::StrAppend(&out, "  preemptions ", preemptions);
+  return out;
+}
+
+}  // namespace tally::cli

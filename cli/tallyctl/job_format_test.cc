@@ -1,0 +1,303 @@
+#include "cli/tallyctl/job_format.h"
+
+#include <limits>
+#include <string>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tally::cli {
+namespace {
+
+using ::tally::v1::CostEstimate;
+using ::tally::v1::Job;
+using ::tally::v1::JobEvent;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+// 2025-01-31 12:00:00 UTC.
+constexpr int64_t kNoon = 1738324800;
+
+Job BaseJob() {
+  Job j;
+  j.set_name("jobs/7");
+  j.set_step(40);
+  j.set_attempt(2);
+  auto* spec = j.mutable_spec();
+  spec->mutable_resources()->set_gpu_type("h200");
+  spec->mutable_resources()->set_gpu_count(4);
+  spec->set_priority(5);
+  spec->set_max_attempts(3);
+  spec->mutable_training()->set_max_steps(100);
+  return j;
+}
+
+CostEstimate OnDemandEstimate() {
+  CostEstimate e;
+  e.set_flops_per_token(6e6);
+  e.set_tokens(1000000);
+  e.set_flops_per_second_per_gpu(1e12);
+  e.set_throughput_source("configured");
+  e.set_seconds(6);
+  e.set_gpu_hours(0.5);
+  e.set_usd_per_gpu_hour(4);
+  e.set_cost_usd(2);
+  return e;
+}
+
+TEST(JobFormatTest, ResourcesAndProgressUnchangedWithoutPreemptionSettings) {
+  Job j = BaseJob();
+  EXPECT_EQ(ResourcesLine(j.spec()), "  resources: 4 x h200, priority 5\n");
+  EXPECT_EQ(ProgressLine(j), "  progress:  step 40 / 100, attempt 2 of 3\n");
+  // "any" is the default tallyd fills in: nothing to say.
+  j.mutable_spec()->mutable_resources()->set_capacity("any");
+  EXPECT_EQ(ResourcesLine(j.spec()), "  resources: 4 x h200, priority 5\n");
+}
+
+TEST(JobFormatTest, ResourcesShowCapacityAndProgressShowsMaxPreemptions) {
+  Job j = BaseJob();
+  j.mutable_spec()->mutable_resources()->set_capacity("spot");
+  EXPECT_EQ(ResourcesLine(j.spec()), "  resources: 4 x h200, priority 5, spot capacity\n");
+  j.mutable_spec()->mutable_resources()->set_capacity("on_demand");
+  EXPECT_EQ(ResourcesLine(j.spec()), "  resources: 4 x h200, priority 5, on-demand capacity\n");
+  // A value from a newer tallyd is shown, escaped.
+  j.mutable_spec()->mutable_resources()->set_capacity("reserved\x1b[2J");
+  EXPECT_THAT(ResourcesLine(j.spec()), HasSubstr(", capacity reserved"));
+  EXPECT_THAT(ResourcesLine(j.spec()), Not(HasSubstr("\x1b")));
+
+  j.mutable_spec()->set_max_preemptions(1);
+  EXPECT_EQ(ProgressLine(j), "  progress:  step 40 / 100, attempt 2 of 3, at most 1 preemption\n");
+  j.mutable_spec()->set_max_preemptions(5);
+  EXPECT_EQ(ProgressLine(j),
+            "  progress:  step 40 / 100, attempt 2 of 3, at most 5 preemptions\n");
+}
+
+TEST(JobFormatTest, SpotUsageOnlyWhenTheJobRanOnSpot) {
+  Job j = BaseJob();
+  EXPECT_THAT(SpotUsageLine(j), IsEmpty());
+  j.mutable_cost()->set_spot_gpu_seconds(123.45);
+  EXPECT_EQ(SpotUsageLine(j), "  spot:      123.5 spot GPU-seconds in all\n");
+  j.mutable_cost()->set_spot_gpus(2);
+  EXPECT_EQ(SpotUsageLine(j),
+            "  spot:      2 of 4 GPUs on spot capacity now, 123.5 spot GPU-seconds in all\n");
+  // gpu_count 0 means 1.
+  j.mutable_spec()->mutable_resources()->set_gpu_count(0);
+  j.mutable_cost()->set_spot_gpus(1);
+  EXPECT_THAT(SpotUsageLine(j), HasSubstr("1 of 1 GPU on spot capacity now"));
+  // A NaN from a broken record is not "ran on spot".
+  Job nan = BaseJob();
+  nan.mutable_cost()->set_spot_gpu_seconds(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_THAT(SpotUsageLine(nan), IsEmpty());
+}
+
+TEST(JobFormatTest, NoPreemptionLinesForAJobNeverPreempted) {
+  Job j = BaseJob();
+  EXPECT_THAT(PreemptionLines(j, absl::UTCTimeZone()), IsEmpty());
+  EXPECT_THAT(RedoneLine(j), IsEmpty());
+}
+
+TEST(JobFormatTest, PreemptionCountsAndRedoneDollars) {
+  Job j = BaseJob();
+  auto* p = j.mutable_preemption();
+  p->set_count(3);
+  p->set_by_notice(2);
+  p->set_by_priority(1);
+  p->add_preempted_by("jobs/9");
+  j.mutable_cost()->set_redone_usd(0.01234);
+  EXPECT_EQ(PreemptionLines(j, absl::UTCTimeZone()),
+            "  preemptions: 3 (notice 2, priority 1), redone $0.0123\n"
+            "  preempted by: jobs/9\n");
+  EXPECT_EQ(RedoneLine(j),
+            "  redone after preemptions: $0.0123 (3 preemptions: notice 2, priority 1)\n");
+  p->set_count(1);
+  p->set_by_notice(1);
+  p->set_by_priority(0);
+  EXPECT_THAT(RedoneLine(j), HasSubstr("(1 preemption: notice 1, priority 0)"));
+}
+
+TEST(JobFormatTest, ManyPreemptersAreCut) {
+  Job j = BaseJob();
+  auto* p = j.mutable_preemption();
+  p->set_count(8);
+  p->set_by_priority(8);
+  for (int i = 1; i <= 8; ++i) p->add_preempted_by("jobs/" + std::to_string(100 + i));
+  EXPECT_THAT(PreemptionLines(j, absl::UTCTimeZone()),
+              HasSubstr("  preempted by: jobs/101, jobs/102, jobs/103, jobs/104, jobs/105 and 3 "
+                        "more\n"));
+}
+
+TEST(JobFormatTest, PendingPreemptionNamesTheJobReasonAndDeadline) {
+  Job j = BaseJob();
+  auto* p = j.mutable_preemption();
+  p->set_pending_for("jobs/12");
+  p->set_pending_reason("priority 50 > 5, needs 4 h200 slots");
+  p->mutable_pending_deadline()->set_seconds(kNoon + 25);
+  EXPECT_EQ(PreemptionLines(j, absl::UTCTimeZone()),
+            "  preemptions: 0 (notice 0, priority 0), redone $0.0000\n"
+            "  preempting for jobs/12: priority 50 > 5, needs 4 h200 slots (deadline "
+            "2025-01-31 12:00:25; waiting for the workers' checkpoint)\n");
+  // No reason, no deadline; hostile text escaped.
+  p->clear_pending_reason();
+  p->clear_pending_deadline();
+  p->set_pending_for("jobs/12\n\x1b[31m");
+  const std::string text = PreemptionLines(j, absl::UTCTimeZone());
+  EXPECT_THAT(text, HasSubstr("  preempting for jobs/12"));
+  EXPECT_THAT(text, HasSubstr(" (waiting for the workers' checkpoint)\n"));
+  EXPECT_THAT(text, Not(HasSubstr("\x1b")));
+  EXPECT_THAT(text, Not(HasSubstr("jobs/12\n")));
+}
+
+TEST(JobFormatTest, EstimateWithoutSpotPriceIsOneLine) {
+  EXPECT_EQ(EstimateText(OnDemandEstimate()),
+            "$2.0000: 6e+06 training FLOPs/token x 1000000 tokens at 1e+12 FLOP/s per GPU "
+            "(configured) = 6.0 s, 0.5000 GPU-hours at $4.0000/GPU-hour\n");
+}
+
+TEST(JobFormatTest, EstimateShowsSpotAndItsSaving) {
+  CostEstimate e = OnDemandEstimate();
+  e.set_spot_usd_per_gpu_hour(1.5);
+  e.set_preemptions_per_gpu_hour(0.8);
+  e.set_preemption_rate_source("observed over 40 spot GPU-hours");
+  e.set_spot_expected_preemptions(0.4);
+  e.set_spot_redone_usd(0.1);
+  e.set_spot_cost_usd(0.8);
+  e.set_spot_savings_usd(1.2);
+  const std::string text = EstimateText(e);
+  EXPECT_THAT(text, HasSubstr("\nspot:      $0.8000 at $1.5000/GPU-hour, 0.40 preemptions "
+                              "expected (0.8 per GPU-hour, observed over 40 spot GPU-hours) "
+                              "redoing $0.1000\n"));
+  EXPECT_THAT(text, HasSubstr("\n           spot saves $1.2000 (60%) over on-demand, net of "
+                              "the redone work\n"));
+  // In `tallyctl cost`, below "  estimate:  ".
+  const std::string indented = EstimateText(e, "  ");
+  EXPECT_THAT(indented, HasSubstr("\n  spot:      $0.8000"));
+  EXPECT_THAT(indented, HasSubstr("\n             spot saves"));
+}
+
+TEST(JobFormatTest, EstimateSaysWhenSpotCostsMore) {
+  CostEstimate e = OnDemandEstimate();
+  e.set_spot_usd_per_gpu_hour(3.9);
+  e.set_preemptions_per_gpu_hour(20);
+  e.set_spot_expected_preemptions(10);
+  e.set_spot_redone_usd(0.5);
+  e.set_spot_cost_usd(2.45);
+  e.set_spot_savings_usd(-0.45);
+  const std::string text = EstimateText(e);
+  EXPECT_THAT(text, HasSubstr("10.00 preemptions expected (20 per GPU-hour) redoing $0.5000\n"));
+  EXPECT_THAT(text, HasSubstr("spot costs $0.4500 (22%) more than on-demand"));
+  EXPECT_THAT(text, Not(HasSubstr("saves")));
+  e.set_spot_savings_usd(0);
+  EXPECT_THAT(EstimateText(e), HasSubstr("spot costs the same as on-demand"));
+  e.set_spot_savings_usd(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_THAT(EstimateText(e), HasSubstr("spot's saving over on-demand is unknown"));
+}
+
+JobEvent Event(int64_t sequence, const std::string& type) {
+  JobEvent e;
+  e.set_job("jobs/7");
+  e.set_sequence(sequence);
+  e.set_type(type);
+  e.mutable_time()->set_seconds(kNoon);
+  e.set_state(tally::v1::JOB_STATE_RUNNING);
+  e.set_patience_left(-1);
+  return e;
+}
+
+TEST(JobFormatTest, EventLinesOfTheNewTypes) {
+  JobEvent preempting = Event(10, "preempting");
+  preempting.set_step(40);
+  preempting.set_reason("for jobs/12 (priority 50)");
+  EXPECT_EQ(EventLine(preempting, absl::UTCTimeZone(), 0),
+            "#10   2025-01-31 12:00:00 preempting RUNNING   step 40      for jobs/12 (priority 50)");
+  JobEvent notice = Event(11, "notice");
+  notice.set_step(41);
+  notice.set_reason("worker w-3: notice_file");
+  EXPECT_EQ(EventLine(notice, absl::UTCTimeZone(), 0),
+            "#11   2025-01-31 12:00:00 notice     RUNNING   step 41      worker w-3: notice_file");
+  JobEvent preempted = Event(12, "preempted");
+  preempted.set_state(tally::v1::JOB_STATE_QUEUED);
+  preempted.set_step(41);
+  preempted.set_cost_usd(0.25);
+  preempted.set_reason(
+      "attempt 2 preempted (notice_file): worker w-3 reclaimed; requeued, resuming from step 40");
+  preempted.set_detail("$0.0020 redone: steps 41-41 after the checkpoint at step 40");
+  EXPECT_EQ(EventLine(preempted, absl::UTCTimeZone(), 1),
+            "#12   2025-01-31 12:00:00 preempted  QUEUED    step 41      $0.2500 preemptions 1 "
+            "attempt 2 preempted (notice_file): worker w-3 reclaimed; requeued, resuming from "
+            "step 40 ($0.0020 redone: steps 41-41 after the checkpoint at step 40)");
+}
+
+TEST(JobFormatTest, EventLinesWithoutPreemptionsAreUnchanged) {
+  JobEvent progress = Event(5, "progress");
+  progress.set_step(20);
+  progress.set_train_loss(2.5);
+  progress.set_cost_usd(0.01);
+  progress.set_patience_left(3);
+  progress.set_principal("alice");
+  EXPECT_EQ(EventLine(progress, absl::UTCTimeZone(), 0),
+            "#5    2025-01-31 12:00:00 progress   RUNNING   step 20      loss 2.5000 $0.0100 "
+            "patience 3 by alice");
+  EXPECT_EQ(EventLine(progress, absl::UTCTimeZone(), 2),
+            "#5    2025-01-31 12:00:00 progress   RUNNING   step 20      loss 2.5000 $0.0100 "
+            "patience 3 preemptions 2 by alice");
+  // Only progress and preempted events carry the count.
+  JobEvent eval = Event(6, "eval");
+  eval.set_val_loss(2.25);
+  EXPECT_THAT(EventLine(eval, absl::UTCTimeZone(), 2), Not(HasSubstr("preemptions")));
+}
+
+TEST(JobFormatTest, ProgressBar) {
+  JobEvent e = Event(5, "progress");
+  e.set_step(50);
+  e.set_train_loss(2.5);
+  e.set_cost_usd(0.01);
+  EXPECT_EQ(ProgressBar(e, 100, 0),
+            "[###############...............] step 50/100  loss 2.5000  $0.0100");
+  e.set_patience_left(3);
+  EXPECT_EQ(ProgressBar(e, 100, 2),
+            "[###############...............] step 50/100  loss 2.5000  $0.0100  patience 3  "
+            "preemptions 2");
+  // Hostile steps draw a bar, not a crash.
+  e.set_step(-5);
+  EXPECT_THAT(ProgressBar(e, 100, 0), HasSubstr("[..............................] step -5/100"));
+  e.set_step(500);
+  EXPECT_THAT(ProgressBar(e, 100, 0), HasSubstr("[##############################] step 500/100"));
+  EXPECT_THAT(ProgressBar(e, 0, 0), HasSubstr("[..............................] step 500/0"));
+}
+
+TEST(JobFormatTest, TallyFromTheStartCountsEveryPreemptedEvent) {
+  PreemptionTally t(/*known=*/2, /*known_through=*/30, /*after=*/0);
+  EXPECT_EQ(t.count(), 0);
+  t.Observe(Event(3, "progress"));
+  t.Observe(Event(4, "preempted"));
+  EXPECT_EQ(t.count(), 1);
+  t.Observe(Event(9, "notice"));
+  t.Observe(Event(10, "preempted"));
+  EXPECT_EQ(t.count(), 2);
+  t.Observe(Event(31, "preempted"));
+  EXPECT_EQ(t.count(), 3);
+}
+
+TEST(JobFormatTest, TallyAfterASequenceStartsFromTheKnownCount) {
+  PreemptionTally t(/*known=*/2, /*known_through=*/30, /*after=*/20);
+  EXPECT_EQ(t.count(), 2);
+  // Replayed events up to the job as read are in `known` already.
+  t.Observe(Event(25, "preempted"));
+  EXPECT_EQ(t.count(), 2);
+  t.Observe(Event(31, "preempting"));
+  EXPECT_EQ(t.count(), 2);
+  t.Observe(Event(33, "preempted"));
+  EXPECT_EQ(t.count(), 3);
+}
+
+TEST(JobFormatTest, FormatTimestamp) {
+  google::protobuf::Timestamp t;
+  EXPECT_EQ(FormatTimestamp(t, absl::UTCTimeZone()), "-");
+  t.set_seconds(kNoon);
+  EXPECT_EQ(FormatTimestamp(t, absl::UTCTimeZone()), "2025-01-31 12:00:00");
+}
+
+}  // namespace
+}  // namespace tally::cli
