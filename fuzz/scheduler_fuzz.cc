@@ -111,6 +111,11 @@ tally::v1::JobSpec PickSpec(FuzzedDataProvider& in) {
     spec.mutable_model()->mutable_moe()->set_num_experts(2);
     spec.mutable_model()->mutable_moe()->set_top_k(1);
   }
+  if (in.ConsumeBool()) {
+    static const char* const kCapacities[] = {"any", "spot", "on_demand"};
+    spec.mutable_resources()->set_capacity(kCapacities[in.ConsumeIntegralInRange<int>(0, 2)]);
+    spec.set_max_preemptions(in.ConsumeIntegralInRange<int>(0, 2));
+  }
   return spec;
 }
 
@@ -130,6 +135,7 @@ tally::v1::Hello PickHello(FuzzedDataProvider& in, int k) {
     r->set_job(absl::StrCat("jobs/", in.ConsumeIntegralInRange<int>(0, 5)));
     r->set_attempt(in.ConsumeIntegralInRange<int>(0, 4));
   }
+  if (in.ConsumeBool()) h.set_capacity(in.ConsumeBool() ? "spot" : "on_demand");
   return h;
 }
 
@@ -151,7 +157,7 @@ WorkerMessage PickMessage(FuzzedDataProvider& in, const std::vector<tally::v1::A
     rank = in.ConsumeIntegralInRange<int32_t>(-1, 3);
   }
   WorkerMessage m;
-  switch (in.ConsumeIntegralInRange<int>(0, 4)) {
+  switch (in.ConsumeIntegralInRange<int>(0, 5)) {
     case 0:
       m.mutable_heartbeat();
       break;
@@ -215,6 +221,16 @@ WorkerMessage PickMessage(FuzzedDataProvider& in, const std::vector<tally::v1::A
       x->set_retryable(in.ConsumeBool());
       x->set_step(PickInt(in));
       x->set_rank(in.ConsumeBool() ? rank : in.ConsumeIntegralInRange<int32_t>(-1, 3));
+      if (x->outcome() == tally::v1::ATTEMPT_OUTCOME_PREEMPTED || in.ConsumeBool()) {
+        static const char* const kCauses[] = {"", "sigterm", "notice_file", "priority", "bogus"};
+        x->set_preemption_cause(kCauses[in.ConsumeIntegralInRange<int>(0, 4)]);
+      }
+      break;
+    }
+    case 5: {
+      static const char* const kCauses[] = {"sigterm", "sigint", "notice_file", "priority", ""};
+      m.mutable_notice()->set_cause(kCauses[in.ConsumeIntegralInRange<int>(0, 4)]);
+      m.mutable_notice()->set_deadline_seconds(PickDouble(in));
       break;
     }
   }
@@ -226,6 +242,8 @@ class Harness {
   Harness() {
     options_.prices.usd_per_gpu_hour = {{"cpu", 0.5}, {"h200", 4.0}};
     options_.stop_grace = absl::Seconds(30);
+    options_.prices.spot_usd_per_gpu_hour = {{"h200", 1.5}};
+    options_.min_runtime_before_preemption = absl::Minutes(1);
     Restart(/*recover=*/false);
   }
 
@@ -412,6 +430,12 @@ class Harness {
       CheckCost(name, "cost_usd", cost.cost_usd());
       CheckCost(name, "gpu_seconds", cost.gpu_seconds());
       CheckCost(name, "lost_usd", cost.lost_usd());
+      CheckCost(name, "redone_usd", cost.redone_usd());
+      CheckCost(name, "spot_gpu_seconds", cost.spot_gpu_seconds());
+      if (job.preemption().count() < 0 ||
+          job.preemption().count() != job.preemption().by_notice() + job.preemption().by_priority()) {
+        Fail(absl::StrCat(name, ": preemptions ", job.preemption().ShortDebugString()));
+      }
       CheckCost(name, "attempt_usd_since_checkpoint", cost.attempt_usd_since_checkpoint());
       CheckCost(name, "usd_per_gpu_hour", cost.usd_per_gpu_hour());
       double& last_cost = last_cost_[rec.id()];

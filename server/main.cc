@@ -67,8 +67,9 @@ ABSL_FLAG(absl::Duration, min_runtime_before_preemption, absl::Minutes(10),
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(5),
           "on SIGTERM, how long in-flight calls get to finish");
 ABSL_FLAG(std::string, config, "",
-          "YAML file with prices and throughputs (usd_per_gpu_hour, "
-          "flops_per_second_per_gpu; see examples/tallyd.yaml); re-read on SIGHUP. "
+          "YAML file with prices and throughputs (usd_per_gpu_hour, spot_usd_per_gpu_hour, "
+          "flops_per_second_per_gpu) and tenants' quotas (tenants; see examples/tallyd.yaml); "
+          "re-read on SIGHUP. "
           "Without it every GPU type costs $0");
 ABSL_FLAG(std::string, address_file, "",
           "if set, write \"grpc=HOST:PORT metrics=HOST:PORT\" here once serving");
