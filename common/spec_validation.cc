@@ -435,4 +435,20 @@ absl::Status PrepareJobSpec(JobSpec* spec) {
   return ValidateJobSpec(*spec);
 }
 
+std::vector<int> AllowedWorldSizes(const JobSpec& spec) {
+  const int gpus = std::max(1, spec.resources().gpu_count());
+  std::vector<int> out = {gpus};
+  const int64_t micro_tokens =
+      int64_t{spec.data().seq_len()} * spec.training().micro_batch_rows();
+  if (micro_tokens <= 0 || spec.training().global_batch_tokens() <= 0) return out;
+  const int64_t micro_per_step = spec.training().global_batch_tokens() / micro_tokens;
+  const auto& moe = spec.model().moe();
+  for (int w = gpus - 1; w >= 1; --w) {
+    if (micro_per_step % w != 0) continue;
+    if (moe.expert_parallel() && moe.num_experts() > 0 && moe.num_experts() % w != 0) continue;
+    out.push_back(w);
+  }
+  return out;
+}
+
 }  // namespace tally

@@ -4,6 +4,8 @@
 #ifndef TALLY_COMMON_SPEC_VALIDATION_H_
 #define TALLY_COMMON_SPEC_VALIDATION_H_
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "tally/v1/spec.pb.h"
 
@@ -27,6 +29,14 @@ void ApplySpecDefaults(tally::v1::JobSpec* spec);
 // other control characters. Values quoted in the message are escaped, so it
 // is safe to print.
 absl::Status ValidateJobSpec(const tally::v1::JobSpec& spec);
+
+// The world sizes a valid spec (defaults applied) can train at, largest
+// first: resources.gpu_count, then every smaller w that divides its
+// micro-batches per step (global_batch_tokens / (seq_len *
+// micro_batch_rows)) and, with expert parallelism, its experts. Checkpoints
+// hold the whole model, so a job resumes at any of them (a preempted job
+// waiting for slots).
+std::vector<int> AllowedWorldSizes(const tally::v1::JobSpec& spec);
 
 }  // namespace tally
 

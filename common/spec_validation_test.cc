@@ -29,6 +29,24 @@ JobSpec GoodSpec() {
   return spec;
 }
 
+TEST(SpecValidationTest, AllowedWorldSizesDivideTheMicroBatchesAndExperts) {
+  JobSpec spec = GoodSpec();
+  spec.mutable_resources()->set_gpu_count(4);
+  // 8 micro-batches of 128 x 8 tokens a step: 4, 2 and 1 ranks share them.
+  spec.mutable_training()->set_global_batch_tokens(8 * 128 * 8);
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  EXPECT_EQ(AllowedWorldSizes(spec), (std::vector<int>{4, 2, 1}));
+  spec.mutable_training()->set_global_batch_tokens(12 * 128 * 8);  // 12: 4, 3, 2, 1
+  EXPECT_EQ(AllowedWorldSizes(spec), (std::vector<int>{4, 3, 2, 1}));
+  auto* moe = spec.mutable_model()->mutable_moe();
+  moe->set_num_experts(4);
+  moe->set_top_k(1);
+  moe->set_expert_parallel(true);  // 3 ranks cannot split 4 experts
+  EXPECT_EQ(AllowedWorldSizes(spec), (std::vector<int>{4, 2, 1}));
+  spec.mutable_resources()->set_gpu_count(1);
+  EXPECT_EQ(AllowedWorldSizes(spec), (std::vector<int>{1}));
+}
+
 TEST(SpecValidationTest, GoodSpecIsValidAfterDefaults) {
   JobSpec spec = GoodSpec();
   EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);

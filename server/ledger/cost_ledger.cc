@@ -54,7 +54,8 @@ Accrual CostLedger::Accrue(const tally::v1::Job& job, bool running, absl::Time n
   out.cost = job.cost();
   tally::v1::CostStatus& cost = out.cost;
   const std::string& gpu_type = job.spec().resources().gpu_type();
-  const int gpus = std::max(1, job.spec().resources().gpu_count());
+  const int gpus = std::max(1, cost.attempt_gpus() > 0 ? cost.attempt_gpus()
+                                                       : job.spec().resources().gpu_count());
   const int spot_gpus = std::clamp(cost.spot_gpus(), 0, gpus);
   const double price = prices_.PriceFor(gpu_type, gpus, spot_gpus);
   cost.set_usd_per_gpu_hour(price);

@@ -5,8 +5,9 @@
 // does no I/O: the scheduler puts the values it returns into a plan, and they
 // reach the store (and the dollar counters) only when that plan commits.
 //
-// Pricing: a running attempt accrues gpu_count x its per-GPU price for every
-// second of tallyd's clock from cost.accrued_until; queued time costs nothing.
+// Pricing: a running attempt accrues its GPUs (cost.attempt_gpus, else the
+// spec's gpu_count) x its per-GPU price for every second of tallyd's clock
+// from cost.accrued_until; queued time costs nothing.
 // The per-GPU price blends the GPU type's on-demand and spot prices by how
 // many of the attempt's GPUs run on spot workers (cost.spot_gpus, set by the
 // scheduler when the attempt starts): see PriceTable::PriceFor.
@@ -92,7 +93,7 @@ class CostLedger {
 
   // `job`'s cost with its running attempt's time from cost.accrued_until to
   // `now` added (when `running`; else only accrued_until moves to `now`) at
-  // PriceFor(gpu_type, gpu_count, cost.spot_gpus), which also becomes
+  // PriceFor(gpu_type, GPUs, cost.spot_gpus), which also becomes
   // cost.usd_per_gpu_hour; its spot GPUs' time joins cost.spot_gpu_seconds.
   // A time before accrued_until adds nothing.
   Accrual Accrue(const tally::v1::Job& job, bool running, absl::Time now) const;

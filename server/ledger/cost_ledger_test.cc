@@ -182,6 +182,17 @@ TEST(CostLedgerTest, AccruesAtTheBlendedPriceAndCountsSpotGpuSeconds) {
   EXPECT_NEAR(od.cost.spot_gpu_seconds(), 100, 1e-9);
 }
 
+TEST(CostLedgerTest, AnAttemptOnFewerGpusThanTheSpecAccruesForItsOwn) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  CostLedger ledger(SpotPrices());
+  tally::v1::Job j = RunningJob(4, t0);
+  j.mutable_spec()->mutable_resources()->set_gpu_type("h200");
+  j.mutable_cost()->set_attempt_gpus(2);  // resumed on 2 of its 4 GPUs
+  Accrual a = ledger.Accrue(j, true, t0 + absl::Seconds(100));
+  EXPECT_NEAR(a.added_usd, 0.2, 1e-12);  // 2 GPUs x 100 s at $0.001
+  EXPECT_NEAR(a.cost.gpu_seconds(), 200, 1e-9);
+}
+
 TEST(CostLedgerTest, RedoneWorkIsNotLostWork) {
   tally::v1::CostStatus c;
   c.set_cost_usd(1.0);

@@ -87,21 +87,28 @@ std::vector<Placement> PlaceJobs(std::vector<QueuedJob> jobs, std::vector<Worker
 
   std::vector<Placement> out;
   for (const QueuedJob& job : jobs) {
-    const int need = std::max(1, job.gpu_count);
     auto it = by_type.find(job.gpu_type);
     if (it == by_type.end()) continue;
-    for (const std::vector<Kind>& kinds : PoolsFor(job.capacity)) {
-      std::vector<WorkerSlots*> pool;
-      for (WorkerSlots* w : it->second) {
-        if (w->free_slots > 0 &&
-            std::find(kinds.begin(), kinds.end(), WorkerKind(w->capacity)) != kinds.end()) {
-          pool.push_back(w);
+    std::vector<int> counts = {std::max(1, job.gpu_count)};
+    for (int n : job.smaller_counts) {
+      if (n >= 1 && n < counts.front()) counts.push_back(n);
+    }
+    bool placed = false;
+    for (size_t c = 0; c < counts.size() && !placed; ++c) {
+      for (const std::vector<Kind>& kinds : PoolsFor(job.capacity)) {
+        std::vector<WorkerSlots*> pool;
+        for (WorkerSlots* w : it->second) {
+          if (w->free_slots > 0 &&
+              std::find(kinds.begin(), kinds.end(), WorkerKind(w->capacity)) != kinds.end()) {
+            pool.push_back(w);
+          }
         }
-      }
-      Placement p{job.id, {}};
-      if (PlaceOnPool(pool, need, &p)) {
-        out.push_back(std::move(p));
-        break;
+        Placement p{job.id, {}};
+        if (PlaceOnPool(pool, counts[c], &p)) {
+          out.push_back(std::move(p));
+          placed = true;
+          break;
+        }
       }
     }
   }

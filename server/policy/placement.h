@@ -13,6 +13,9 @@
 // workers of that kind. An "any" job tries spot slots first, then on-demand
 // slots, each kind on its own (all ranks of one kind), and spans both kinds
 // only when neither alone has room for it.
+//
+// A job with smaller_counts that does not fit whole tries them in order
+// (each as above: all ranks at once) before it is skipped.
 #ifndef TALLY_SERVER_POLICY_PLACEMENT_H_
 #define TALLY_SERVER_POLICY_PLACEMENT_H_
 
@@ -31,6 +34,10 @@ struct QueuedJob {
   std::string gpu_type;
   int gpu_count = 1;
   std::string capacity;  // "spot", "on_demand", "any" or empty (any)
+  // World sizes below gpu_count it may start at when gpu_count ranks do not
+  // fit now, largest first (a preempted job resuming from its checkpoint);
+  // empty: gpu_count ranks or nothing.
+  std::vector<int> smaller_counts;
 };
 
 struct WorkerSlots {

@@ -237,6 +237,43 @@ TEST_F(PreemptionTest, AGangRequeuesOnRankZerosExit) {
       << "the cause comes from the draining worker of the gang";
 }
 
+TEST_F(PreemptionTest, APreemptedGangResumesAtTheWorldSizeItCanGet) {
+  tally::v1::JobSpec spec = Spec(0, 2);
+  spec.mutable_data()->set_seq_len(64);
+  spec.mutable_training()->set_micro_batch_rows(2);
+  spec.mutable_training()->set_global_batch_tokens(4 * 64 * 2);  // 4 micro-batches a step
+  const int64_t id = Submit(spec);
+  Hello("w0");
+  Hello("w1");
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).cost().attempt_gpus(), 2);
+  const auto workers = Job(id).worker_ids();
+  ASSERT_TRUE(Notice(workers[1]).ok());
+  ASSERT_TRUE(Exit(workers[1], id, tally::v1::ATTEMPT_OUTCOME_PREEMPTED, 5, "sigterm", 1).ok());
+  Checkpoint(workers[0], id, 5);
+  ASSERT_TRUE(Exit(workers[0], id, tally::v1::ATTEMPT_OUTCOME_PREEMPTED, 5, "", 0).ok());
+  ASSERT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED);
+  // One worker is left (the other is going away): the job resumes on it
+  // alone rather than wait for a second slot.
+  channel_.assignments.clear();
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(channel_.assignments.size(), 1u);
+  EXPECT_EQ(channel_.assignments[0].first, workers[0]);
+  EXPECT_EQ(channel_.assignments[0].second.world_size(), 1);
+  EXPECT_EQ(channel_.assignments[0].second.resume_from().step(), 5);
+  EXPECT_EQ(Job(id).cost().attempt_gpus(), 1);
+  const double before = Job(id).cost().gpu_seconds();
+  clock_.Advance(absl::Seconds(10));
+  Checkpoint(workers[0], id, 6);
+  EXPECT_NEAR(Job(id).cost().gpu_seconds() - before, 10, 1e-9) << "one GPU, not two";
+  // A job never preempted waits for all its ranks.
+  const int64_t whole = Submit(spec);
+  Hello("w2");
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(whole).state(), tally::v1::JOB_STATE_QUEUED);
+}
+
 TEST_F(PreemptionTest, AHigherPriorityJobPreemptsTheLowerOneOnAFullFleet) {
   Hello("w0");
   const int64_t low = Submit(Spec(0));

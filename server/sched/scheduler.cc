@@ -625,6 +625,9 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
   }
   attempt.set_spot_gpus(spot);
   j.mutable_cost()->set_spot_gpus(spot);
+  const int gpus = std::max(1, j.spec().resources().gpu_count());
+  const int ranks = static_cast<int>(rank_workers.size());
+  j.mutable_cost()->set_attempt_gpus(ranks);
   const int32_t preemptions = j.preemption().count();
   std::string detail =
       preemptions == 0
@@ -634,6 +637,10 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
                          j.spec().max_attempts(), " counted; ", preemptions,
                          " preempted before) on ", absl::StrJoin(rank_workers, ","));
   if (spot > 0) absl::StrAppend(&detail, " (", spot, " of ", rank_workers.size(), " on spot)");
+  if (ranks < gpus) {
+    absl::StrAppend(&detail, ", world size ", ranks, " of ", gpus,
+                    " (all it could get; its micro-batches allow it)");
+  }
   if (!checkpoints.empty()) {
     absl::StrAppend(&detail, ", resuming from step ", checkpoints.back().step());
   }
@@ -1919,6 +1926,13 @@ absl::Status Scheduler::Tick() {
     queued.push_back({id, spec.priority(), FromProto(job.rec.job().create_time()),
                       spec.resources().gpu_type(), spec.resources().gpu_count(),
                       spec.resources().capacity()});
+    if (job.rec.job().preemption().count() > 0 && spec.resources().gpu_count() > 1) {
+      // A preempted job resumes at any world size its micro-batches allow
+      // rather than wait for all its slots (its checkpoint holds the whole
+      // model).
+      std::vector<int> sizes = AllowedWorldSizes(spec);
+      queued.back().smaller_counts.assign(sizes.begin() + 1, sizes.end());
+    }
   }
   // While a job waits for the slots its preemptions free, nothing of lower
   // priority starts on its GPU type (it would take them first).
@@ -2138,7 +2152,8 @@ std::map<std::string, int64_t> Scheduler::TenantGpusInUse() const {
   std::map<std::string, int64_t> in_use;
   for (const auto& [id, job] : active_) {
     if (job.rec.job().state() != tally::v1::JOB_STATE_RUNNING) continue;
-    in_use[job.rec.job().tenant()] += job.rec.job().spec().resources().gpu_count();
+    in_use[job.rec.job().tenant()] += job.attempt ? job.attempt->worker_ids_size()
+                                                  : job.rec.job().spec().resources().gpu_count();
   }
   return in_use;
 }
