@@ -1,9 +1,17 @@
 // tally-worker: one process per accelerator. Connects to tallyd, announces
 // its device, runs the assignments it is given and reports back.
+//
+// SIGTERM (Kubernetes evicting the pod: a node drain, a spot reclaim),
+// SIGINT, or --preemption_notice_file appearing is a preemption: running
+// attempts checkpoint their latest step and exit PREEMPTED, and the process
+// exits 0 within --preemption_deadline (agent.h). If an attempt is still
+// busy at the deadline (a checkpoint too slow to finish), the process ends
+// with _exit(0) once the logs are flushed, rather than wait for its thread.
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -16,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/credentials.h"
@@ -65,6 +74,18 @@ ABSL_FLAG(std::string, token_file, "",
           "file holding this worker's token (surrounding whitespace trimmed), sent to tallyd "
           "as \"authorization: Bearer TOKEN\" (default: $TALLY_WORKER_TOKEN_FILE, else none). "
           "Certificate, key and token files are read again before every reconnect");
+ABSL_FLAG(absl::Duration, preemption_deadline, absl::Seconds(25),
+          "on SIGTERM, SIGINT or --preemption_notice_file: the time running attempts have to "
+          "checkpoint their latest step, report it and exit PREEMPTED, after which the worker "
+          "exits 0 whatever is left. Must stay below Kubernetes' "
+          "terminationGracePeriodSeconds (the manifests set 60), which ends in SIGKILL");
+ABSL_FLAG(std::string, preemption_notice_file, "",
+          "a file whose appearance means this worker is going away (checked every 200 ms): a "
+          "node agent or the cloud's metadata poller (spot reclaim, maintenance) creates it; "
+          "the worker then preempts itself as on SIGTERM. Empty: none");
+ABSL_FLAG(std::string, capacity, "on_demand",
+          "the capacity this worker runs on, told to tallyd: spot (cheaper, may be reclaimed "
+          "with a short notice) or on_demand; matched against spec.resources.capacity");
 ABSL_FLAG(std::vector<std::string>, data_root, {},
           "comma-separated folders that datasets may be read from: every file a job spec's "
           "data paths open must resolve (symlinks followed) inside one, or the job fails "
@@ -80,6 +101,10 @@ ABSL_FLAG(int, testonly_moe_collapse_expert, -1,
           "TESTS ONLY, never in production: in MoE jobs, every token of every MoE layer is "
           "routed to this expert (as one of its top-k), a forced routing collapse; an "
           "expert the model does not have fails the job. -1: off");
+ABSL_FLAG(absl::Duration, testonly_preempt_checkpoint_delay, absl::ZeroDuration(),
+          "TESTS ONLY, never in production: on a preemption, every attempt waits this long "
+          "before writing its preemption checkpoint, so the checkpoint can be made to miss "
+          "--preemption_deadline. 0: off");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -111,6 +136,20 @@ int main(int argc, char** argv) {
   options.worker_id = absl::GetFlag(FLAGS_worker_id);
   if (options.worker_id.empty()) options.worker_id = absl::StrCat(host, "-", options.device);
   options.capabilities = {"train", "packing", "fp8", "moe", "data-parallel"};
+  options.capacity = absl::GetFlag(FLAGS_capacity);
+  if (options.capacity != "spot" && options.capacity != "on_demand") {
+    spdlog::error("--capacity: must be spot or on_demand, got \"{}\"", options.capacity);
+    return 2;
+  }
+  options.preemption_deadline = absl::GetFlag(FLAGS_preemption_deadline);
+  if (options.preemption_deadline <= absl::ZeroDuration() ||
+      options.preemption_deadline == absl::InfiniteDuration()) {
+    spdlog::error("--preemption_deadline: must be > 0 (and below the pod's "
+                  "terminationGracePeriodSeconds), got {}",
+                  absl::FormatDuration(options.preemption_deadline));
+    return 2;
+  }
+  options.preemption_notice_file = absl::GetFlag(FLAGS_preemption_notice_file);
 
   auto flag_or_env = [](const std::string& flag, const char* env) {
     if (!flag.empty()) return flag;
@@ -175,6 +214,18 @@ int main(int argc, char** argv) {
                   runner.test_moe_forced_expert);
     return 2;
   }
+  const absl::Duration preempt_delay = absl::GetFlag(FLAGS_testonly_preempt_checkpoint_delay);
+  if (preempt_delay < absl::ZeroDuration() || preempt_delay == absl::InfiniteDuration()) {
+    spdlog::error("--testonly_preempt_checkpoint_delay: must be a finite duration >= 0, got {}",
+                  absl::FormatDuration(preempt_delay));
+    return 2;
+  }
+  runner.test_preempt_checkpoint_delay_seconds = absl::ToDoubleSeconds(preempt_delay);
+  if (preempt_delay > absl::ZeroDuration()) {
+    spdlog::warn("tally-worker: test-only knob set (--testonly_preempt_checkpoint_delay={}): "
+                 "every preemption checkpoint is delayed on purpose",
+                 absl::FormatDuration(preempt_delay));
+  }
   if (runner.test_fp8_overflow_fraction > 0 || runner.test_moe_forced_expert >= 0) {
     spdlog::warn("tally-worker: test-only knobs are set (--testonly_fp8_overflow_fraction={}, "
                  "--testonly_moe_collapse_expert={}): every job this worker runs is damaged "
@@ -232,13 +283,28 @@ int main(int argc, char** argv) {
   tally::worker::Agent agent(options,
                              std::make_unique<tally::worker::TrainerRunner>(runner));
   std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("tally-worker: signal {}, stopping", sig);
-    agent.Shutdown();
+    while (true) {
+      int sig = 0;
+      if (sigwait(&signals, &sig) != 0) continue;
+      const char* cause = sig == SIGTERM ? "sigterm" : "sigint";
+      spdlog::info("tally-worker: {}, going away within {}", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                   absl::FormatDuration(options.preemption_deadline));
+      agent.Preempt(cause);  // a second signal changes nothing
+    }
   });
   waiter.detach();
-  spdlog::info("tally-worker {} ({} / {}) -> {}, checkpoints in {}", options.worker_id,
-               options.device, options.gpu_type, options.controller, runner.checkpoint_dir);
-  return agent.Run();
+  spdlog::info("tally-worker {} ({} / {}, {}) -> {}, checkpoints in {}", options.worker_id,
+               options.device, options.gpu_type, options.capacity, options.controller,
+               runner.checkpoint_dir);
+  const int rc = agent.Run();
+  if (agent.HasAbandonedAttempts()) {
+    // An attempt's thread is still busy past the deadline (its checkpoint
+    // write, say): destroying the agent would join it. End here instead;
+    // the previous checkpoint is intact (writes are atomic).
+    spdlog::warn("tally-worker: exiting with attempts still running (preemption deadline)");
+    spdlog::default_logger()->flush();
+    std::fflush(nullptr);
+    std::_Exit(rc);
+  }
+  return rc;
 }

@@ -1,7 +1,9 @@
 #include "worker/agent/agent.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -14,25 +16,26 @@ using tally::v1::WorkerMessage;
 
 class Agent::AttemptReporter final : public Reporter {
  public:
-  explicit AttemptReporter(Agent* agent) : agent_(agent) {}
+  AttemptReporter(Agent* agent, Attempt* attempt) : agent_(agent), attempt_(attempt) {}
   void Progress(const tally::v1::Progress& p) override {
     WorkerMessage m;
     *m.mutable_progress() = p;
-    agent_->Enqueue(std::move(m));
+    agent_->EnqueueReport(attempt_, std::move(m));
   }
   void Eval(const tally::v1::EvalResult& e) override {
     WorkerMessage m;
     *m.mutable_eval() = e;
-    agent_->Enqueue(std::move(m));
+    agent_->EnqueueReport(attempt_, std::move(m));
   }
   void Checkpoint(const tally::v1::CheckpointRecord& c) override {
     WorkerMessage m;
     *m.mutable_checkpoint() = c;
-    agent_->Enqueue(std::move(m));
+    agent_->EnqueueReport(attempt_, std::move(m));
   }
 
  private:
   Agent* agent_;
+  Attempt* attempt_;
 };
 
 namespace {
@@ -57,6 +60,20 @@ bool Refused(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::PERMISSION_DENIED;
 }
 
+WorkerMessage PreemptedExit(const std::string& job, int32_t attempt, int32_t rank,
+                            const std::string& cause, const std::string& reason) {
+  WorkerMessage m;
+  auto* exit = m.mutable_exit();
+  exit->set_job(job);
+  exit->set_attempt(attempt);
+  exit->set_rank(rank);
+  exit->set_outcome(tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+  exit->set_retryable(true);
+  exit->set_preemption_cause(cause);
+  exit->set_reason(reason);
+  return m;
+}
+
 }  // namespace
 
 Agent::Agent(AgentOptions options, std::unique_ptr<Runner> runner)
@@ -64,6 +81,7 @@ Agent::Agent(AgentOptions options, std::unique_ptr<Runner> runner)
 
 Agent::~Agent() {
   Shutdown();
+  if (drain_thread_.joinable()) drain_thread_.join();
   std::vector<std::unique_ptr<Attempt>> all;
   {
     absl::MutexLock lock(&mu_);
@@ -83,6 +101,14 @@ void Agent::Enqueue(WorkerMessage m) {
   outbox_cv_.Signal();
 }
 
+void Agent::EnqueueReport(Attempt* a, WorkerMessage m) {
+  absl::MutexLock lock(&mu_);
+  // Its exit is queued already: tallyd takes nothing of an attempt after it.
+  if (a->abandoned) return;
+  outbox_.Push(std::move(m));
+  outbox_cv_.Signal();
+}
+
 tally::v1::Hello Agent::MakeHello() {
   tally::v1::Hello h;
   h.set_worker_id(options_.worker_id);
@@ -93,8 +119,10 @@ tally::v1::Hello Agent::MakeHello() {
   h.set_version("tally-worker 0.1");
   h.set_rendezvous_host(options_.rendezvous_host);
   h.set_rendezvous_port(options_.rendezvous_port);
+  h.set_capacity(options_.capacity);
   absl::MutexLock lock(&mu_);
   for (const auto& [key, a] : running_) {
+    if (a->abandoned) continue;  // its exit is queued: listed below
     auto* r = h.add_running();
     r->set_job(a->assignment.job());
     r->set_attempt(a->assignment.attempt());
@@ -114,6 +142,16 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
   const std::string key = Key(assignment.job(), assignment.attempt(), assignment.rank());
   absl::MutexLock lock(&mu_);
   if (running_.count(key)) return;  // a repeated assignment
+  if (!preemption_cause_.empty() && !shutdown_.load()) {
+    // Not a failure: it must not count against the job's max_attempts.
+    spdlog::info("attempt {} of {}: refused, the worker is going away ({})",
+                 assignment.attempt(), assignment.job(), preemption_cause_);
+    outbox_.Push(PreemptedExit(assignment.job(), assignment.attempt(), assignment.rank(),
+                               preemption_cause_,
+                               absl::StrCat("worker is going away (", preemption_cause_, ")")));
+    outbox_cv_.Signal();
+    return;
+  }
   if (static_cast<int>(running_.size()) >= options_.slots || shutdown_.load()) {
     WorkerMessage m;
     auto* exit = m.mutable_exit();
@@ -134,16 +172,30 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
   Attempt* raw = attempt.get();
   running_[key] = std::move(attempt);
   raw->thread = std::thread([this, raw, key] {
-    AttemptReporter reporter(this);
+    AttemptReporter reporter(this, raw);
     tally::v1::AttemptExit exit = runner_->Run(raw->assignment, &reporter, &raw->stop);
     exit.set_rank(raw->assignment.rank());
-    spdlog::info("attempt {} of {}: {} ({})", exit.attempt(), exit.job(),
-                 tally::v1::AttemptOutcome_Name(exit.outcome()), exit.reason());
-    WorkerMessage m;
-    *m.mutable_exit() = exit;
     absl::MutexLock lock(&mu_);
-    outbox_.Push(std::move(m));
-    outbox_cv_.Signal();
+    // The cause this worker knows; none when another rank was preempted
+    // (tallyd knows why).
+    if (exit.outcome() == tally::v1::ATTEMPT_OUTCOME_PREEMPTED) {
+      exit.set_preemption_cause(raw->preemption_cause);
+    }
+    if (raw->abandoned) {
+      spdlog::warn("attempt {} of {}: {} after the preemption's deadline ({}); its exit was "
+                   "already sent", exit.attempt(), exit.job(),
+                   tally::v1::AttemptOutcome_Name(exit.outcome()), exit.reason());
+    } else {
+      spdlog::info("attempt {} of {}: {} ({}){}", exit.attempt(), exit.job(),
+                   tally::v1::AttemptOutcome_Name(exit.outcome()), exit.reason(),
+                   exit.preemption_cause().empty()
+                       ? ""
+                       : absl::StrCat(", cause ", exit.preemption_cause()));
+      WorkerMessage m;
+      *m.mutable_exit() = exit;
+      outbox_.Push(std::move(m));
+      outbox_cv_.Signal();
+    }
     auto it = running_.find(key);
     if (it != running_.end()) {
       finished_.push_back(std::move(it->second));
@@ -162,12 +214,15 @@ void Agent::StopAttempt(const tally::v1::StopOrder& stop) {
   }
   if (ranks.empty()) {
     // Not running here (finished, or never started): say so, so tallyd frees
-    // whatever it thinks is held.
+    // whatever it thinks is held (a preemption as one, so it is requeued).
     WorkerMessage m;
+    if (stop.preempt()) {
+      m = PreemptedExit(stop.job(), stop.attempt(), 0, "priority", "not running here");
+    }
     auto* exit = m.mutable_exit();
     exit->set_job(stop.job());
     exit->set_attempt(stop.attempt());
-    exit->set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+    if (!stop.preempt()) exit->set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
     exit->set_reason("not running here");
     bool pending = false;
     for (const auto& o : outbox_.messages()) {
@@ -181,9 +236,17 @@ void Agent::StopAttempt(const tally::v1::StopOrder& stop) {
     return;
   }
   spdlog::info("attempt {} of {}: stop ordered{} ({})", stop.attempt(), stop.job(),
-               stop.checkpoint() ? ", keeping the state" : "", stop.reason());
+               stop.preempt()      ? ", preempted for a higher-priority job"
+               : stop.checkpoint() ? ", keeping the state"
+                                   : "",
+               stop.reason());
   for (Attempt* a : ranks) {
-    a->stop.Request(stop.checkpoint() ? train::StopKind::kKeepState : train::StopKind::kNow);
+    if (stop.preempt()) {
+      if (a->preemption_cause.empty()) a->preemption_cause = "priority";
+      a->stop.Request(train::StopKind::kPreempt);
+    } else {
+      a->stop.Request(stop.checkpoint() ? train::StopKind::kKeepState : train::StopKind::kNow);
+    }
   }
 }
 
@@ -202,9 +265,24 @@ grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& tok
   grpc::ClientContext context;
   if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   auto stream = stub->Connect(&context);
+  bool over = false;
+  {
+    // From here a preemption's deadline can cancel the call.
+    absl::MutexLock lock(&mu_);
+    over = preemption_over_;
+    if (!over) current_context_ = &context;
+  }
+  if (over) {
+    context.TryCancel();
+    return stream->Finish();
+  }
   WorkerMessage hello;
   *hello.mutable_hello() = MakeHello();
   if (!stream->Write(hello)) {
+    {
+      absl::MutexLock lock(&mu_);
+      current_context_ = nullptr;
+    }
     grpc::Status s = stream->Finish();
     if (!Refused(s)) {
       spdlog::warn("cannot reach tallyd at {}: {}", options_.controller, s.error_message());
@@ -213,7 +291,10 @@ grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& tok
   }
   {
     absl::MutexLock lock(&mu_);
-    current_context_ = &context;
+    connected_ = true;
+    // Going away: this connection's tallyd hears it first, with the time
+    // left (it may not have heard the notice sent on an earlier one).
+    if (!preemption_cause_.empty()) outbox_.ReplaceNotice(NoticeMessage());
   }
   bool done = false;           // guarded by mu_
   bool writer_exited = false;  // guarded by mu_
@@ -221,8 +302,19 @@ grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& tok
     absl::MutexLock lock(&mu_);
     while (!done) {
       if (outbox_.empty()) {
-        if (shutdown_.load() && running_.empty()) {
-          context.TryCancel();  // all reported: end the stream
+        const bool draining = shutdown_.load() || !preemption_cause_.empty();
+        if (draining && std::all_of(running_.begin(), running_.end(),
+                                    [](const auto& kv) { return kv.second->abandoned; })) {
+          // All reported: end our side, so that tallyd reads everything
+          // written before it ends the stream (cancelling the call could
+          // drop messages still in flight). One that does not end it soon
+          // is cancelled.
+          absl::Time give_up = absl::Now() + absl::Seconds(2);
+          if (!preemption_cause_.empty()) give_up = std::min(give_up, preemption_deadline_);
+          mu_.Unlock();
+          stream->WritesDone();
+          mu_.Lock();
+          if (!mu_.AwaitWithDeadline(absl::Condition(&done), give_up)) context.TryCancel();
           break;
         }
         outbox_cv_.WaitWithTimeout(&mu_, heartbeat_interval_);
@@ -270,6 +362,7 @@ grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& tok
     absl::MutexLock lock(&mu_);
     done = true;
     current_context_ = nullptr;
+    connected_ = false;
     outbox_cv_.SignalAll();
   }
   // The writer sees `done` at once unless a Write is blocked; only then is
@@ -281,7 +374,12 @@ grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& tok
   if (!writer_stopped) context.TryCancel();
   writer.join();
   grpc::Status s = stream->Finish();
-  if (!shutdown_.load() && !Refused(s)) {
+  bool leaving = false;
+  {
+    absl::MutexLock lock(&mu_);
+    leaving = !preemption_cause_.empty();
+  }
+  if (!shutdown_.load() && !leaving && !Refused(s)) {
     spdlog::warn("stream to tallyd ended: {} {}", static_cast<int>(s.error_code()),
                  s.error_message());
   }
@@ -298,6 +396,11 @@ int Agent::Run() {
   int tries_after_shutdown = 0;
   Credentials credentials = options_.credentials;
   bool first = true;
+  std::atomic<bool> stop_watching{false};
+  std::thread watcher;
+  if (!options_.preemption_notice_file.empty()) {
+    watcher = std::thread([this, &stop_watching] { WatchNoticeFile(&stop_watching); });
+  }
   while (true) {
     const absl::Time start = absl::Now();
     // Read again, so certificates and tokens rotated on disk are used.
@@ -334,6 +437,7 @@ int Agent::Run() {
     ReapFinished();
     {
       absl::MutexLock lock(&mu_);
+      if (preemption_over_ || (!preemption_cause_.empty() && Delivered())) break;
       if (shutdown_.load() && running_.empty() &&
           (outbox_.empty() || refused || ++tries_after_shutdown > 3)) {
         break;
@@ -347,6 +451,13 @@ int Agent::Run() {
     const absl::Time until = absl::Now() + wait;
     bool give_up = false;
     while (absl::Now() < until && !(shutdown_.load() && tries_after_shutdown > 3)) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (preemption_over_) {
+          give_up = true;
+          break;
+        }
+      }
       if (refused && shutdown_.load()) {
         // Shutting down while refused: once the attempts have stopped there
         // is nothing a retry within the interval could deliver.
@@ -366,6 +477,8 @@ int Agent::Run() {
     if (give_up) break;
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
+  stop_watching = true;
+  if (watcher.joinable()) watcher.join();
   ReapFinished();
   return 0;
 }
@@ -375,6 +488,101 @@ void Agent::Shutdown() {
   if (shutdown_.exchange(true)) return;
   for (auto& [key, a] : running_) a->stop.Request(train::StopKind::kNow);
   outbox_cv_.SignalAll();
+}
+
+WorkerMessage Agent::NoticeMessage() {
+  WorkerMessage m;
+  m.mutable_notice()->set_cause(preemption_cause_);
+  m.mutable_notice()->set_deadline_seconds(
+      std::max(0.0, absl::ToDoubleSeconds(preemption_deadline_ - absl::Now())));
+  return m;
+}
+
+void Agent::Preempt(const std::string& cause) {
+  absl::MutexLock lock(&mu_);
+  if (!preemption_cause_.empty() || shutdown_.load()) return;  // the first call wins
+  preemption_cause_ = cause.empty() ? "unknown" : cause;
+  preemption_deadline_ = absl::Now() + options_.preemption_deadline;
+  spdlog::warn("tally-worker: going away ({}): checkpointing {} running attempt(s) within {}",
+               preemption_cause_, running_.size(),
+               absl::FormatDuration(options_.preemption_deadline));
+  outbox_.PushUrgent(NoticeMessage());
+  for (auto& [key, a] : running_) {
+    if (a->preemption_cause.empty()) a->preemption_cause = preemption_cause_;
+    a->stop.Request(train::StopKind::kPreempt);
+  }
+  outbox_cv_.SignalAll();
+  drain_thread_ = std::thread([this, deadline = preemption_deadline_] { Drain(deadline); });
+}
+
+bool Agent::Delivered() const {
+  for (const auto& [key, a] : running_) {
+    if (!a->abandoned) return false;
+  }
+  if (connected_) return outbox_.empty();
+  // Disconnected: only reports hold the worker, not a notice (an idle
+  // worker with no tallyd to tell leaves at once).
+  return std::all_of(outbox_.messages().begin(), outbox_.messages().end(),
+                     [](const WorkerMessage& m) { return m.has_notice(); });
+}
+
+void Agent::Drain(absl::Time deadline) {
+  // The stream's allowance to deliver the exits queued at the deadline.
+  const absl::Duration delivery = std::min(absl::Seconds(2), options_.preemption_deadline / 5);
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithDeadline(absl::Condition(this, &Agent::Delivered), deadline - delivery)) {
+    for (auto& [key, a] : running_) {
+      if (a->abandoned) continue;
+      const tally::v1::Assignment& as = a->assignment;
+      spdlog::error("attempt {} of {} (rank {}): its preemption checkpoint did not finish within "
+                    "the {} deadline; the previous checkpoint stays valid (checkpoints are "
+                    "written to a temporary file and renamed, never half-written)",
+                    as.attempt(), as.job(), as.rank(),
+                    absl::FormatDuration(options_.preemption_deadline));
+      const std::string cause =
+          a->preemption_cause.empty() ? preemption_cause_ : a->preemption_cause;
+      outbox_.Push(PreemptedExit(
+          as.job(), as.attempt(), as.rank(), cause,
+          absl::StrCat("preemption checkpoint did not finish within the ",
+                       absl::FormatDuration(options_.preemption_deadline),
+                       " deadline; the previous checkpoint stays valid (", cause, ")")));
+      a->abandoned = true;
+    }
+    outbox_cv_.SignalAll();
+    if (!mu_.AwaitWithDeadline(absl::Condition(this, &Agent::Delivered), deadline)) {
+      spdlog::error("tally-worker: {} message(s) not delivered to tallyd by the preemption's "
+                    "deadline", outbox_.size());
+      // Time is up: end the stream now, whatever it is doing.
+      if (current_context_ != nullptr) current_context_->TryCancel();
+    }
+  }
+  // Everything is written (or time is up): the writer ends the stream and
+  // Run() returns.
+  preemption_over_ = true;
+  outbox_cv_.SignalAll();
+}
+
+bool Agent::HasAbandonedAttempts() {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, a] : running_) {
+    if (a->abandoned) return true;
+  }
+  return false;
+}
+
+void Agent::WatchNoticeFile(std::atomic<bool>* stop) {
+  spdlog::info("tally-worker: watching for a preemption notice at {}",
+               options_.preemption_notice_file);
+  while (!stop->load()) {
+    struct stat st;
+    if (::stat(options_.preemption_notice_file.c_str(), &st) == 0) {
+      spdlog::warn("tally-worker: preemption notice file {} appeared",
+                   options_.preemption_notice_file);
+      Preempt("notice_file");
+      return;
+    }
+    absl::SleepFor(options_.notice_poll_interval);
+  }
 }
 
 }  // namespace tally::worker

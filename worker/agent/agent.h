@@ -13,8 +13,36 @@
 // with tallyd's reason and retried like any other, but at most once per
 // `refused_retry_interval`.
 //
-// Thread-safety: Run() blocks on the calling thread; Shutdown() may be called
-// from any thread.
+// Preemption (Preempt(): SIGTERM, SIGINT or --preemption_notice_file): the
+// worker is going away within `preemption_deadline`. It tells tallyd (a
+// Notice, ahead of queued reports), asks every running attempt to stop
+// with StopKind::kPreempt (finish the step, checkpoint it without
+// evaluating, exit PREEMPTED), answers any new assignment at once with a
+// PREEMPTED exit, and keeps its stream (reconnecting as usual) so that the
+// reports and exits reach tallyd. Run() returns once every attempt has
+// exited and everything queued is written to the stream, or at the
+// deadline: `preemption_deadline` minus a short delivery allowance (2 s,
+// or a fifth of the deadline if less) after the notice, each attempt still
+// running is given up (an error is logged; its exit, PREEMPTED, is queued;
+// the previous checkpoint stays valid since checkpoint writes are atomic),
+// and the stream has what is left of the deadline to deliver it. A given-up
+// attempt's thread may still be running then (HasAbandonedAttempts()): the
+// process must end with _exit() instead of destroying the agent. A notice
+// still queued does not hold a disconnected, idle worker.
+//
+// A StopOrder with preempt=true preempts that attempt alone (cause
+// "priority"); the worker stays. Every PREEMPTED exit carries the cause this
+// worker knows ("sigterm", "sigint", "notice_file", "priority"), or none
+// when another rank's preemption stopped the attempt (tallyd knows that
+// one).
+//
+// Once everything is reported after Shutdown() or a preemption, the agent
+// half-closes the stream (WritesDone) and tallyd ends it, so the last
+// messages are read before the stream goes; a tallyd that does not end it
+// within 2 s (or by the preemption's deadline) has the call cancelled.
+//
+// Thread-safety: Run() blocks on the calling thread; Shutdown() and
+// Preempt() may be called from any thread.
 #ifndef TALLY_WORKER_AGENT_AGENT_H_
 #define TALLY_WORKER_AGENT_AGENT_H_
 
@@ -55,6 +83,16 @@ struct AgentOptions {
   // The shortest wait before trying again after tallyd refused the
   // worker's credentials.
   absl::Duration refused_retry_interval = absl::Seconds(30);
+  // "spot" or "on_demand", announced in Hello.capacity.
+  std::string capacity = "on_demand";
+  // From a preemption notice to Run()'s return, everything included; keep
+  // it below Kubernetes' terminationGracePeriodSeconds (SIGKILL).
+  absl::Duration preemption_deadline = absl::Seconds(25);
+  // A file whose appearance means a preemption notice (a node agent or the
+  // cloud's metadata poller creates it); empty: none. Checked with stat()
+  // every `notice_poll_interval` while Run() runs.
+  std::string preemption_notice_file;
+  absl::Duration notice_poll_interval = absl::Milliseconds(200);
 };
 
 class Agent {
@@ -62,22 +100,47 @@ class Agent {
   Agent(AgentOptions options, std::unique_ptr<Runner> runner);
   ~Agent();
 
-  // Connects and serves until Shutdown(). Returns 0 on a clean shutdown.
+  // Connects and serves until Shutdown(), or until a preemption is over
+  // (see above). Returns 0 on a clean shutdown or preemption.
   int Run();
   // Stops running attempts (each reports STOPPED) and ends Run().
   void Shutdown();
+  // The worker is going away (see above); `cause` is the Notice's and the
+  // PREEMPTED exits' preemption_cause. Idempotent: the first call wins.
+  // Ignored after Shutdown().
+  void Preempt(const std::string& cause);
+  // True when a preemption's deadline passed with attempts still running:
+  // their threads may still be busy, so destroying the agent (which joins
+  // them) could block past the deadline.
+  bool HasAbandonedAttempts();
 
  private:
   struct Attempt {
     tally::v1::Assignment assignment;
     train::StopFlag stop;
     std::thread thread;
+    // Why this worker preempted it (empty: it did not); guarded by mu_.
+    std::string preemption_cause;
+    // Given up at the preemption's deadline, its exit queued for it: what
+    // it reports later is dropped. Guarded by mu_.
+    bool abandoned = false;
   };
   class AttemptReporter;
 
   // One connection, until the stream ends; returns how it ended.
   grpc::Status Serve(tally::v1::Workers::Stub* stub, const std::string& token);
   void Enqueue(tally::v1::WorkerMessage m);
+  // A report of `a`'s, dropped once `a` is abandoned.
+  void EnqueueReport(Attempt* a, tally::v1::WorkerMessage m);
+  // Waits for the attempts to exit and the stream to take their reports,
+  // gives up on them at the deadline, and ends Run() (its own thread).
+  void Drain(absl::Time deadline);
+  // A Notice with the time left before the deadline.
+  tally::v1::WorkerMessage NoticeMessage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No attempt left but abandoned ones, and nothing queued that tallyd must
+  // get (a notice alone does not count while disconnected).
+  bool Delivered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WatchNoticeFile(std::atomic<bool>* stop);
   void StartAttempt(const tally::v1::Assignment& a);
   void StopAttempt(const tally::v1::StopOrder& s);
   void ReapFinished();
@@ -94,6 +157,12 @@ class Agent {
   std::vector<std::unique_ptr<Attempt>> finished_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
   grpc::ClientContext* current_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;  // the Hello went through
+  // Set by the first Preempt(): its cause (empty: none) and deadline.
+  std::string preemption_cause_ ABSL_GUARDED_BY(mu_);
+  absl::Time preemption_deadline_ ABSL_GUARDED_BY(mu_);
+  bool preemption_over_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread drain_thread_;  // started by the first Preempt()
 };
 
 }  // namespace tally::worker

@@ -1,12 +1,15 @@
 // The agent against a fake tallyd on loopback (port 0): the worker token in
 // the Connect stream's metadata, files read again on every reconnect, mutual
-// TLS, and the slower retry after tallyd refuses the worker's credentials.
+// TLS, the slower retry after tallyd refuses the worker's credentials, and
+// preemptions (a notice, a deadline, tallyd's preempting stop order).
 #include "worker/agent/agent.h"
 
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -15,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -96,6 +100,177 @@ class FakeWorkers final : public tally::v1::Workers::Service {
   std::vector<Connection> connections_ ABSL_GUARDED_BY(mu_);
 };
 
+// A tallyd that keeps each stream open, records every message the worker
+// sends, and sends what a test gives it.
+class FakeTallyd final : public tally::v1::Workers::Service {
+ public:
+  grpc::Status Connect(grpc::ServerContext* context,
+                       grpc::ServerReaderWriter<tally::v1::ControllerMessage,
+                                                tally::v1::WorkerMessage>* stream) override {
+    tally::v1::WorkerMessage m;
+    if (!stream->Read(&m)) return grpc::Status::OK;
+    {
+      absl::MutexLock lock(&mu_);
+      received_.push_back(m);
+      stream_ = stream;
+    }
+    while (stream->Read(&m)) {
+      absl::MutexLock lock(&mu_);
+      received_.push_back(m);
+    }
+    absl::MutexLock lock(&mu_);
+    stream_ = nullptr;
+    return grpc::Status::OK;
+  }
+
+  // False when no stream is open.
+  bool Send(const tally::v1::ControllerMessage& m) {
+    absl::MutexLock lock(&mu_);
+    return stream_ != nullptr && stream_->Write(m);
+  }
+  bool connected() {
+    absl::MutexLock lock(&mu_);
+    return stream_ != nullptr;
+  }
+  std::vector<tally::v1::WorkerMessage> received() {
+    absl::MutexLock lock(&mu_);
+    return received_;
+  }
+  // Waits up to 20 s for a received message that `match` accepts.
+  std::optional<tally::v1::WorkerMessage> WaitFor(
+      const std::function<bool(const tally::v1::WorkerMessage&)>& match) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline) {
+      for (const auto& m : received()) {
+        if (match(m)) return m;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return std::nullopt;
+  }
+  bool WaitConnected() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline && !connected()) absl::SleepFor(absl::Milliseconds(5));
+    return connected();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<tally::v1::WorkerMessage> received_ ABSL_GUARDED_BY(mu_);
+  grpc::ServerReaderWriter<tally::v1::ControllerMessage, tally::v1::WorkerMessage>* stream_
+      ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+// Runs until asked to stop. A preemption reports a checkpoint of step 7 and
+// exits PREEMPTED (as the trainer does), unless told to ignore it (then only
+// kNow stops it) or to hold it until Release(). Anything else: STOPPED.
+class FakeRunner final : public Runner {
+ public:
+  struct Seen {
+    std::string job;
+    train::StopKind stop = train::StopKind::kNone;
+  };
+  explicit FakeRunner(bool ignore_preempt = false, bool hold_preempt = false)
+      : ignore_preempt_(ignore_preempt), hold_preempt_(hold_preempt) {}
+
+  tally::v1::AttemptExit Run(const tally::v1::Assignment& a, Reporter* reporter,
+                             const train::StopFlag* stop) override {
+    {
+      absl::MutexLock lock(&mu_);
+      seen_.push_back({a.job(), train::StopKind::kNone});
+    }
+    const size_t me = seen().size() - 1;
+    tally::v1::Progress p;
+    p.set_job(a.job());
+    p.set_attempt(a.attempt());
+    p.set_step(7);
+    reporter->Progress(p);
+    train::StopKind kind = train::StopKind::kNone;
+    while (true) {
+      kind = stop->requested();
+      if (kind == train::StopKind::kNow) break;
+      if (kind == train::StopKind::kPreempt && !ignore_preempt_) break;
+      if (kind == train::StopKind::kKeepState) break;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      seen_[me].stop = kind;
+      if (kind == train::StopKind::kPreempt && hold_preempt_) {
+        mu_.Await(absl::Condition(&released_));
+      }
+    }
+    tally::v1::AttemptExit exit;
+    exit.set_job(a.job());
+    exit.set_attempt(a.attempt());
+    exit.set_step(7);
+    if (kind == train::StopKind::kPreempt) {
+      tally::v1::CheckpointRecord c;
+      c.set_job(a.job());
+      c.set_attempt(a.attempt());
+      c.set_step(7);
+      c.set_path("step-00000007.ckpt");
+      reporter->Checkpoint(c);
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+      exit.set_reason("preempted at step 7, state kept in its checkpoint");
+    } else {
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+      exit.set_reason("stopped at step 7");
+    }
+    return exit;
+  }
+
+  std::vector<Seen> seen() {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+  // Waits up to 20 s until `n` assignments have started.
+  bool WaitStarted(size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline && seen().size() < n) absl::SleepFor(absl::Milliseconds(2));
+    return seen().size() >= n;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+  }
+
+ private:
+  const bool ignore_preempt_, hold_preempt_;
+  absl::Mutex mu_;
+  std::vector<Seen> seen_ ABSL_GUARDED_BY(mu_);
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+tally::v1::ControllerMessage AssignmentMessage(const std::string& job, int32_t attempt = 1) {
+  tally::v1::ControllerMessage m;
+  m.mutable_assignment()->set_job(job);
+  m.mutable_assignment()->set_attempt(attempt);
+  m.mutable_assignment()->set_world_size(1);
+  return m;
+}
+
+std::function<bool(const tally::v1::WorkerMessage&)> ExitOf(const std::string& job) {
+  return [job](const tally::v1::WorkerMessage& m) { return m.has_exit() && m.exit().job() == job; };
+}
+
+// "hello", "notice sigterm", "progress jobs/1 7", "checkpoint jobs/1 7",
+// "exit jobs/1 PREEMPTED": the stream as tallyd read it.
+std::vector<std::string> Kinds(const std::vector<tally::v1::WorkerMessage>& ms) {
+  std::vector<std::string> out;
+  for (const auto& m : ms) {
+    if (m.has_hello()) out.push_back("hello");
+    if (m.has_notice()) out.push_back("notice " + m.notice().cause());
+    if (m.has_progress()) out.push_back(absl::StrCat("progress ", m.progress().job(), " ",
+                                                     m.progress().step()));
+    if (m.has_checkpoint()) out.push_back(absl::StrCat("checkpoint ", m.checkpoint().job(), " ",
+                                                       m.checkpoint().step()));
+    if (m.has_exit()) out.push_back(absl::StrCat("exit ", m.exit().job(), " ",
+                                                 tally::v1::AttemptOutcome_Name(m.exit().outcome())));
+  }
+  return out;
+}
+
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -130,6 +305,19 @@ class AgentTest : public ::testing::Test {
     address_ = "127.0.0.1:" + std::to_string(port);
   }
 
+  // On `port` (0: any free one).
+  void StartTallyd(int port = 0) {
+    tallyd_ = std::make_unique<FakeTallyd>();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(tallyd_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port, 0);
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+
   AgentOptions Options(CredentialFiles files) {
     AgentOptions o;
     o.controller = address_;
@@ -143,9 +331,32 @@ class AgentTest : public ::testing::Test {
     return o;
   }
 
-  void StartAgent(AgentOptions options) {
-    agent_ = std::make_unique<Agent>(std::move(options), std::make_unique<NoRunner>());
-    runner_thread_ = std::thread([this] { agent_->Run(); });
+  void StartAgent(AgentOptions options, std::unique_ptr<Runner> runner = nullptr) {
+    if (!runner) runner = std::make_unique<NoRunner>();
+    agent_ = std::make_unique<Agent>(std::move(options), std::move(runner));
+    runner_thread_ = std::thread([this] {
+      const int rc = agent_->Run();
+      absl::MutexLock lock(&run_mu_);
+      run_rc_ = rc;
+      run_returned_ = absl::Now();
+    });
+  }
+
+  // When Run() returned (InfinitePast: not yet), after waiting up to
+  // `timeout` for it.
+  absl::Time RunReturned(absl::Duration timeout) {
+    absl::MutexLock lock(&run_mu_);
+    auto returned = [this] { return run_returned_ != absl::InfinitePast(); };
+    run_mu_.AwaitWithTimeout(absl::Condition(&returned), timeout);
+    return run_returned_;
+  }
+
+  // tallyd goes away (its streams end, connections are refused); returns
+  // its port.
+  int StopTallyd() {
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
+    server_.reset();
+    return std::stoi(address_.substr(address_.rfind(':') + 1));
   }
 
   std::string WriteFile(const std::string& name, const std::string& text) {
@@ -166,9 +377,13 @@ class AgentTest : public ::testing::Test {
   std::string address_;
   std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> log_;
   std::unique_ptr<FakeWorkers> service_;
+  std::unique_ptr<FakeTallyd> tallyd_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Agent> agent_;
   std::thread runner_thread_;
+  absl::Mutex run_mu_;
+  int run_rc_ ABSL_GUARDED_BY(run_mu_) = -1;
+  absl::Time run_returned_ ABSL_GUARDED_BY(run_mu_) = absl::InfinitePast();
 };
 
 TEST_F(AgentTest, TheTokenIsSentAsBearerMetadataAndReadAgainOnReconnect) {
@@ -302,6 +517,212 @@ TEST_F(AgentTest, ATallydWhoseCertificateTheCaDidNotSignIsNeverTalkedTo) {
   StartAgent(Options(files));
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_TRUE(service_->connections().empty());
+}
+
+TEST_F(AgentTest, APreemptionCheckpointsRunningAttemptsAndSaysWhyInTheirExits) {
+  StartTallyd();
+  AgentOptions options = Options({});
+  options.capacity = "spot";
+  auto runner = std::make_unique<FakeRunner>();
+  FakeRunner* fake = runner.get();
+  StartAgent(options, std::move(runner));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
+  ASSERT_TRUE(fake->WaitStarted(1));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_progress(); }));
+  const absl::Time start = absl::Now();
+  agent_->Preempt("sigterm");
+  agent_->Preempt("sigint");  // the first cause wins
+
+  // Run() returns once the exit is delivered, well within the deadline.
+  const absl::Time returned = RunReturned(absl::Seconds(20));
+  ASSERT_NE(returned, absl::InfinitePast()) << "Run() did not return";
+  EXPECT_LT(returned - start, absl::Seconds(5));
+  {
+    absl::MutexLock lock(&run_mu_);
+    EXPECT_EQ(run_rc_, 0);
+  }
+  EXPECT_FALSE(agent_->HasAbandonedAttempts());
+  ASSERT_EQ(fake->seen().size(), 1u);
+  EXPECT_EQ(fake->seen()[0].stop, train::StopKind::kPreempt);
+
+  const auto received = tallyd_->received();
+  ASSERT_FALSE(received.empty());
+  EXPECT_EQ(received[0].hello().capacity(), "spot");
+  // The notice first, then the attempt's checkpoint before its exit.
+  EXPECT_THAT(Kinds(received),
+              ::testing::ElementsAre("hello", "progress jobs/1 7", "notice sigterm",
+                                     "checkpoint jobs/1 7", "exit jobs/1 ATTEMPT_OUTCOME_PREEMPTED"));
+  for (const auto& m : received) {
+    if (m.has_notice()) {
+      EXPECT_GT(m.notice().deadline_seconds(), 20);
+      EXPECT_LE(m.notice().deadline_seconds(), 25);
+    }
+    if (m.has_exit()) {
+      EXPECT_EQ(m.exit().preemption_cause(), "sigterm");
+      EXPECT_EQ(m.exit().step(), 7);
+    }
+  }
+}
+
+TEST_F(AgentTest, ANewAssignmentWhileGoingAwayIsAnsweredPreemptedNotFailed) {
+  StartTallyd();
+  AgentOptions options = Options({});
+  options.slots = 2;  // a free slot: the refusal is the preemption's
+  auto runner = std::make_unique<FakeRunner>(/*ignore_preempt=*/false, /*hold_preempt=*/true);
+  FakeRunner* fake = runner.get();
+  StartAgent(options, std::move(runner));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
+  ASSERT_TRUE(fake->WaitStarted(1));
+  agent_->Preempt("notice_file");
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_notice(); }));
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/2")));
+  auto refused = tallyd_->WaitFor(ExitOf("jobs/2"));
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->exit().outcome(), tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_EQ(refused->exit().preemption_cause(), "notice_file");
+  EXPECT_EQ(refused->exit().reason(), "worker is going away (notice_file)");
+  EXPECT_EQ(fake->seen().size(), 1u);  // never started
+  // Still draining: the running attempt has not exited.
+  EXPECT_EQ(RunReturned(absl::Milliseconds(100)), absl::InfinitePast());
+  fake->Release();
+  auto exit = tallyd_->WaitFor(ExitOf("jobs/1"));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit().outcome(), tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_EQ(exit->exit().preemption_cause(), "notice_file");
+  EXPECT_NE(RunReturned(absl::Seconds(20)), absl::InfinitePast());
+}
+
+TEST_F(AgentTest, AtTheDeadlineAnAttemptThatHasNotStoppedExitsPreemptedAndRunReturns) {
+  StartTallyd();
+  AgentOptions options = Options({});
+  options.preemption_deadline = absl::Seconds(1);
+  auto runner = std::make_unique<FakeRunner>(/*ignore_preempt=*/true);
+  FakeRunner* fake = runner.get();
+  StartAgent(options, std::move(runner));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
+  ASSERT_TRUE(fake->WaitStarted(1));
+  const absl::Time start = absl::Now();
+  agent_->Preempt("sigterm");
+  const absl::Time returned = RunReturned(absl::Seconds(20));
+  ASSERT_NE(returned, absl::InfinitePast()) << "Run() did not return";
+  // Given up a delivery allowance (a fifth of 1 s) before the deadline.
+  EXPECT_GE(returned - start, absl::Milliseconds(750));
+  EXPECT_LT(returned - start, absl::Milliseconds(1500));
+  EXPECT_TRUE(agent_->HasAbandonedAttempts());
+  auto exit = tallyd_->WaitFor(ExitOf("jobs/1"));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit().outcome(), tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_EQ(exit->exit().preemption_cause(), "sigterm");
+  EXPECT_THAT(exit->exit().reason(),
+              AllOf(HasSubstr("preemption checkpoint did not finish within the 1s deadline"),
+                    HasSubstr("previous checkpoint stays valid")));
+  EXPECT_THAT(Logged(), HasSubstr("its preemption checkpoint did not finish within the 1s "
+                                  "deadline; the previous checkpoint stays valid"));
+  // Shutdown() (TearDown) stops it at once; what it reports then is dropped.
+  agent_->Shutdown();
+  runner_thread_.join();
+  agent_.reset();
+  size_t exits = 0;
+  for (const auto& m : tallyd_->received()) exits += m.has_exit();
+  EXPECT_EQ(exits, 1u);
+}
+
+TEST_F(AgentTest, APreemptingStopOrderPreemptsThatAttemptForPriorityAndTheWorkerStays) {
+  StartTallyd();
+  auto runner = std::make_unique<FakeRunner>();
+  FakeRunner* fake = runner.get();
+  StartAgent(Options({}), std::move(runner));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
+  ASSERT_TRUE(fake->WaitStarted(1));
+  tally::v1::ControllerMessage stop;
+  stop.mutable_stop()->set_job("jobs/1");
+  stop.mutable_stop()->set_attempt(1);
+  stop.mutable_stop()->set_preempt(true);
+  stop.mutable_stop()->set_reason("jobs/9 has priority 100");
+  ASSERT_TRUE(tallyd_->Send(stop));
+  auto exit = tallyd_->WaitFor(ExitOf("jobs/1"));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(fake->seen()[0].stop, train::StopKind::kPreempt);
+  EXPECT_EQ(exit->exit().outcome(), tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_EQ(exit->exit().preemption_cause(), "priority");
+  // No notice: the worker is not going away, and takes the next job.
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/2")));
+  ASSERT_TRUE(fake->WaitStarted(2));
+  EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
+  for (const auto& m : tallyd_->received()) EXPECT_FALSE(m.has_notice());
+  // A preempting order for an attempt not running here is answered as a
+  // preemption too, so tallyd requeues it.
+  stop.mutable_stop()->set_job("jobs/3");
+  ASSERT_TRUE(tallyd_->Send(stop));
+  auto other = tallyd_->WaitFor(ExitOf("jobs/3"));
+  ASSERT_TRUE(other.has_value());
+  EXPECT_EQ(other->exit().outcome(), tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_EQ(other->exit().reason(), "not running here");
+}
+
+TEST_F(AgentTest, TheNoticeFileAppearingPreemptsTheWorker) {
+  StartTallyd();
+  AgentOptions options = Options({});
+  options.preemption_notice_file = dir_ + "/notice";
+  options.notice_poll_interval = absl::Milliseconds(20);
+  StartAgent(options);
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
+  WriteFile("notice", "");
+  auto notice = tallyd_->WaitFor([](const auto& m) { return m.has_notice(); });
+  ASSERT_TRUE(notice.has_value());
+  EXPECT_EQ(notice->notice().cause(), "notice_file");
+  // Idle: it leaves as soon as the notice is written.
+  EXPECT_NE(RunReturned(absl::Seconds(20)), absl::InfinitePast());
+}
+
+TEST_F(AgentTest, APreemptionWhileDisconnectedDeliversItsReportsWhenTallydReturns) {
+  StartTallyd();
+  auto runner = std::make_unique<FakeRunner>();
+  FakeRunner* fake = runner.get();
+  StartAgent(Options({}), std::move(runner));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
+  ASSERT_TRUE(fake->WaitStarted(1));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_progress(); }));
+  const int port = StopTallyd();
+  absl::SleepFor(absl::Milliseconds(100));
+  agent_->Preempt("sigterm");
+  // The attempt checkpoints and exits though nobody hears it yet.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(fake->seen()[0].stop, train::StopKind::kPreempt);
+  EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
+  StartTallyd(port);  // back, before the deadline
+  const absl::Time returned = RunReturned(absl::Seconds(20));
+  ASSERT_NE(returned, absl::InfinitePast());
+  // A Hello that still lists the attempt (its exit is undelivered), the
+  // notice again with the time left, then its reports.
+  const auto tail = tallyd_->received();
+  ASSERT_FALSE(tail.empty());
+  ASSERT_EQ(tail[0].hello().running_size(), 1);
+  EXPECT_EQ(tail[0].hello().running(0).job(), "jobs/1");
+  EXPECT_THAT(Kinds(tail),
+              ::testing::ElementsAre("hello", "notice sigterm", "checkpoint jobs/1 7",
+                                     "exit jobs/1 ATTEMPT_OUTCOME_PREEMPTED"));
+  EXPECT_LT(tail[1].notice().deadline_seconds(), 25);
+  EXPECT_EQ(tail.back().exit().preemption_cause(), "sigterm");
+}
+
+TEST_F(AgentTest, AnIdleWorkerWithoutTallydLeavesAtOnceOnAPreemption) {
+  StartTallyd();
+  StopTallyd();  // an unused port
+  StartAgent(Options({}));
+  absl::SleepFor(absl::Milliseconds(200));  // connections refused meanwhile
+  const absl::Time start = absl::Now();
+  agent_->Preempt("sigterm");
+  const absl::Time returned = RunReturned(absl::Seconds(20));
+  ASSERT_NE(returned, absl::InfinitePast());
+  EXPECT_LT(returned - start, absl::Seconds(1));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "worker/agent/outbox.h"
 
+#include <algorithm>
 #include <string>
 
 namespace tally::worker {
@@ -50,6 +51,17 @@ void Outbox::Push(WorkerMessage m) {
     }
   }
   queue_.push_back(std::move(m));
+}
+
+void Outbox::PushUrgent(WorkerMessage m) {
+  queue_.insert(queue_.empty() ? queue_.end() : queue_.begin() + 1, std::move(m));
+}
+
+void Outbox::ReplaceNotice(WorkerMessage notice) {
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
+                              [](const WorkerMessage& m) { return m.has_notice(); }),
+               queue_.end());
+  queue_.push_front(std::move(notice));
 }
 
 }  // namespace tally::worker

@@ -5,6 +5,8 @@
 // relative to progress, and the step tallyd sees never goes backwards (a
 // progress older than something of its attempt already queued is dropped).
 // The front message may be on the wire: it is never replaced.
+// PushUrgent (a preemption notice) goes ahead of everything but that front
+// message.
 //
 // Not thread-safe: the agent holds its mutex around every call.
 #ifndef TALLY_WORKER_AGENT_OUTBOX_H_
@@ -19,6 +21,12 @@ namespace tally::worker {
 class Outbox {
  public:
   void Push(tally::v1::WorkerMessage m);
+  // Second in line (first when empty): ahead of every queued report but the
+  // front one, which may be on the wire.
+  void PushUrgent(tally::v1::WorkerMessage m);
+  // Between connections only (nothing is on the wire): drops the queued
+  // notices and puts `notice` first.
+  void ReplaceNotice(tally::v1::WorkerMessage notice);
   bool empty() const { return queue_.empty(); }
   size_t size() const { return queue_.size(); }
   const tally::v1::WorkerMessage& front() const { return queue_.front(); }

@@ -55,6 +55,7 @@ std::vector<std::string> Stream(const Outbox& o) {
     if (m.has_eval()) out.push_back(absl::StrCat("eval ", m.eval().job(), " ", m.eval().step()));
     if (m.has_checkpoint()) out.push_back(absl::StrCat("checkpoint ", m.checkpoint().step()));
     if (m.has_exit()) out.push_back(absl::StrCat("exit ", m.exit().step()));
+    if (m.has_notice()) out.push_back(absl::StrCat("notice ", m.notice().cause()));
   }
   return out;
 }
@@ -119,6 +120,32 @@ TEST(OutboxTest, AnOlderProgressIsDroppedAndAnotherAttemptIsNotMerged) {
   o.Push(Progress(1, "jobs/1", 2));  // a new attempt resumed earlier: its own
   EXPECT_EQ(o.size(), 3u);
   EXPECT_EQ(o.messages().back().progress().attempt(), 2);
+}
+
+TEST(OutboxTest, ANoticeGoesAheadOfEverythingButTheFrontMessage) {
+  WorkerMessage notice;
+  notice.mutable_notice()->set_cause("sigterm");
+  Outbox empty;
+  empty.PushUrgent(notice);
+  EXPECT_THAT(Stream(empty), ElementsAre("notice sigterm"));
+
+  Outbox o;
+  o.Push(Progress(5));  // the front: may be on the wire
+  o.Push(Eval(5));
+  o.Push(Progress(6));
+  o.PushUrgent(notice);
+  o.Push(Progress(7));  // still merges into step 6's place behind the notice
+  EXPECT_THAT(Stream(o), ElementsAre("progress jobs/1 5", "notice sigterm", "eval jobs/1 5",
+                                     "progress jobs/1 7"));
+
+  // On a new connection the notice is sent first, with the time left.
+  WorkerMessage later;
+  later.mutable_notice()->set_cause("sigterm");
+  later.mutable_notice()->set_deadline_seconds(3);
+  o.ReplaceNotice(later);
+  EXPECT_THAT(Stream(o), ElementsAre("notice sigterm", "progress jobs/1 5", "eval jobs/1 5",
+                                     "progress jobs/1 7"));
+  EXPECT_EQ(o.front().notice().deadline_seconds(), 3);
 }
 
 }  // namespace

@@ -161,6 +161,7 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   config->collective_timeout_seconds = options_.collective_timeout_seconds;
   config->test_fp8_overflow_fraction = options_.test_fp8_overflow_fraction;
   config->test_moe_forced_expert = options_.test_moe_forced_expert;
+  config->test_preempt_checkpoint_delay_seconds = options_.test_preempt_checkpoint_delay_seconds;
   ReportingEvents events(assignment, reporter);
   const train::TrainResult result = train::Train(*config, &events, stop);
   exit.set_step(result.step);
@@ -175,6 +176,9 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
       break;
     case train::TrainResult::Outcome::kFailed:
       exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+      break;
+    case train::TrainResult::Outcome::kPreempted:
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
       break;
   }
   return exit;

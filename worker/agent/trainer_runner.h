@@ -9,6 +9,11 @@
 // file it would read resolves outside the data roots (if any are set), or
 // when its resume checkpoint resolves outside the job's checkpoint folder
 // (path_confinement.h).
+//
+// A preemption (StopKind::kPreempt) ends the attempt as
+// ATTEMPT_OUTCOME_PREEMPTED, after the checkpoint of its last step is
+// reported; the runner leaves AttemptExit.preemption_cause to the agent,
+// which knows why.
 #ifndef TALLY_WORKER_AGENT_TRAINER_RUNNER_H_
 #define TALLY_WORKER_AGENT_TRAINER_RUNNER_H_
 
@@ -28,9 +33,11 @@ struct TrainerRunnerOptions {
   std::string rendezvous_local_host = "127.0.0.1";  // this worker's address for Gloo
   double collective_timeout_seconds = 120;
   // Tests only: forced FP8 overflows and MoE routing collapse in every
-  // assignment (train::TrainConfig's test_* fields); off by default.
+  // assignment, and a delay before every preemption's checkpoint
+  // (train::TrainConfig's test_* fields); off by default.
   double test_fp8_overflow_fraction = 0;
   int64_t test_moe_forced_expert = -1;
+  double test_preempt_checkpoint_delay_seconds = 0;
 };
 
 class TrainerRunner final : public Runner {

@@ -14,6 +14,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/spec_yaml.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -52,6 +54,11 @@ class RecordingReporter final : public Reporter {
     absl::MutexLock lock(&mu_);
     return log_;
   }
+  // When each entry of log() was made.
+  std::vector<absl::Time> times() {
+    absl::MutexLock lock(&mu_);
+    return times_;
+  }
   std::vector<tally::v1::CheckpointRecord> checkpoints() {
     absl::MutexLock lock(&mu_);
     return checkpoints_;
@@ -65,12 +72,14 @@ class RecordingReporter final : public Reporter {
   void Add(std::string s) {
     absl::MutexLock lock(&mu_);
     log_.push_back(std::move(s));
+    times_.push_back(absl::Now());
   }
   train::StopFlag* stop_;
   const int64_t stop_at_;
   const train::StopKind kind_;
   absl::Mutex mu_;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
   std::vector<tally::v1::CheckpointRecord> checkpoints_ ABSL_GUARDED_BY(mu_);
   std::vector<tally::v1::Progress> progress_ ABSL_GUARDED_BY(mu_);
 };
@@ -170,6 +179,32 @@ TEST_F(TrainerRunnerTest, APlainStopStopsAtOnce) {
   EXPECT_EQ(exit.step(), 5);
   EXPECT_EQ(reporter.log().back(), "progress 5");
   EXPECT_TRUE(reporter.checkpoints().empty());
+}
+
+TEST_F(TrainerRunnerTest, APreemptionCheckpointsWithoutEvaluatingAndExitsPreempted) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-preempt";
+  o.test_preempt_checkpoint_delay_seconds = 0.3;
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 8, train::StopKind::kPreempt);
+  const tally::v1::AttemptExit exit = runner.Run(Assignment(), &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_PREEMPTED) << exit.reason();
+  EXPECT_EQ(exit.step(), 8);
+  EXPECT_TRUE(exit.retryable());
+  EXPECT_THAT(exit.reason(), HasSubstr("preempted at step 8, state kept in its checkpoint"));
+  EXPECT_EQ(exit.preemption_cause(), "");  // the agent knows the cause
+  // Step 8 is on the evaluation schedule; a preemption skips it.
+  const std::vector<std::string> log = reporter.log();
+  ASSERT_GE(log.size(), 2u);
+  EXPECT_THAT(std::vector<std::string>(log.end() - 2, log.end()),
+              ::testing::ElementsAre("progress 8", "checkpoint 8"));
+  const std::vector<absl::Time> times = reporter.times();
+  EXPECT_GE(times.back() - times[times.size() - 2], absl::Milliseconds(300))
+      << "--testonly_preempt_checkpoint_delay did not reach the trainer";
+  const auto checkpoints = reporter.checkpoints();
+  ASSERT_EQ(checkpoints.size(), 1u);
+  EXPECT_EQ(checkpoints[0].sha256(), FileSha256(checkpoints[0].path()));
 }
 
 TEST_F(TrainerRunnerTest, Fp8ReportsCarryValuesCastAndOverflowsSinceTheAttemptStarted) {

@@ -10,9 +10,19 @@
 //               unless the latest one is of this step (both reported, in
 //               that order), and stop. Without a checkpoint directory it is
 //               a stop at the next step boundary.
+//   kPreempt    the worker is going away or its slots are wanted (a
+//               preemption): finish the step under way, write a checkpoint
+//               of it unless the latest one is of this step (reported), and
+//               stop, WITHOUT evaluating (time matters under a deadline; the
+//               next attempt evaluates). Without a checkpoint directory it
+//               is a stop at the next step boundary.
 //
-// Thread-safety: Request() from any thread; the latest request wins (a
-// cancel after a stop that keeps the state stops at once).
+// Requests combine by precedence, not order: kNow > kPreempt > kKeepState.
+// A cancel after a preemption (or a stop that keeps the state) stops at
+// once; a preemption after a stop that keeps the state skips its
+// evaluation; nothing weaker undoes a stronger request.
+//
+// Thread-safety: Request() from any thread.
 #ifndef TALLY_WORKER_TRAIN_STOP_H_
 #define TALLY_WORKER_TRAIN_STOP_H_
 
@@ -21,11 +31,17 @@
 
 namespace tally::train {
 
-enum class StopKind : uint8_t { kNone, kNow, kKeepState };
+// Ordered by precedence: a request never replaces a stronger one.
+enum class StopKind : uint8_t { kNone, kKeepState, kPreempt, kNow };
 
 class StopFlag {
  public:
-  void Request(StopKind kind) { kind_.store(kind, std::memory_order_release); }
+  void Request(StopKind kind) {
+    StopKind current = kind_.load(std::memory_order_acquire);
+    while (current < kind &&
+           !kind_.compare_exchange_weak(current, kind, std::memory_order_acq_rel)) {
+    }
+  }
   StopKind requested() const { return kind_.load(std::memory_order_acquire); }
 
  private:

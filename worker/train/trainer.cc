@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -86,6 +87,10 @@ absl::Status TrainConfig::Validate() const {
   need(!fp8 || test_fp8_overflow_fraction == 0 || fp8_recipe != Fp8Recipe::kRowwise,
        "test_fp8_overflow_fraction: cannot force overflows with the rowwise recipe (each row "
        "is scaled from its own values); use the delayed or current recipe");
+  need(test_preempt_checkpoint_delay_seconds >= 0 &&
+           std::isfinite(test_preempt_checkpoint_delay_seconds),
+       absl::StrCat("test_preempt_checkpoint_delay_seconds: must be a number >= 0 (0: off), got ",
+                    test_preempt_checkpoint_delay_seconds));
   need(test_moe_forced_expert >= -1 &&
            (moe_num_experts == 0 || test_moe_forced_expert < moe_num_experts),
        absl::StrCat("test_moe_forced_expert: must be -1 (off) or an expert below "
@@ -200,6 +205,14 @@ class Run {
   // A stop that keeps the state (stop.h): every rank calls it at the same
   // step boundary.
   TrainResult StopKeepingState(TrainEvents* report);
+  // A preemption (stop.h): every rank calls it at the same step boundary.
+  TrainResult StopPreempting();
+  TrainResult Preempted(const std::string& detail) const {
+    // Retryable: another attempt resumes it (tallyd requeues a preemption
+    // without counting it against max_attempts).
+    return {TrainResult::Outcome::kPreempted, absl::StrCat("preempted at step ", step_, detail),
+            step_, true};
+  }
   // Checks that the ranks' parameters agree, gathers sharded experts and
   // writes a checkpoint of this step on rank 0. Every rank calls it; a
   // failure to report otherwise.
@@ -817,7 +830,11 @@ TrainResult Run::Go() {
   TrainEvents silent;
   TrainEvents* report = lead() ? events_ : &silent;
 
-  if (val_ && step_ == 0) {
+  // A fresh run evaluates its initial state; a resumed one evaluates only a
+  // step the schedule names that its checkpoint was not evaluated at (a
+  // preemption skips that evaluation to save time: this one makes it up).
+  if (val_ && last_eval_step_ != step_ &&
+      (step_ == 0 || step_ % c_.eval_interval_steps == 0)) {
     EvalMetrics e = Evaluate();
     report->OnEval(e);
   }
@@ -831,6 +848,7 @@ TrainResult Run::Go() {
     if (!group_) {
       const StopKind stop = stop_->requested();
       if (stop == StopKind::kNow) return Stopped();
+      if (stop == StopKind::kPreempt) return StopPreempting();
       if (stop == StopKind::kKeepState) return StopKeepingState(report);
     }
     const auto t0 = Clock::now();
@@ -890,6 +908,7 @@ TrainResult Run::Go() {
     precision::Fp8Stats fp8_stats = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};
     double sharded_grad_sq = 0;  // summed over ranks
     bool keep_state_after_step = false;
+    bool preempt_after_step = false;
     if (group_) {
       bool amax_finite = true;
       for (const auto& [group, amax] : fp8_stats.amax) amax_finite &= std::isfinite(amax);
@@ -907,7 +926,8 @@ TrainResult Run::Go() {
                                static_cast<double>(fp8_stats.fp8_products),
                                static_cast<double>(fp8_stats.total_products),
                                amax_finite ? 0.0 : 1.0,
-                               stop == StopKind::kKeepState ? 1.0 : 0.0};
+                               stop == StopKind::kKeepState ? 1.0 : 0.0,
+                               stop == StopKind::kPreempt ? 1.0 : 0.0};
       auto& params = model_->parameters();
       const size_t grads_at = v.size();
       for (const auto& p : params) v.push_back(p.value.grad().defined() ? 1.0 : 0.0);
@@ -936,9 +956,12 @@ TrainResult Run::Go() {
         v.push_back(static_cast<double>(moe_dropped[layer]));
       }
       SumOverRanks(&v);
-      // A rank asked to keep the state: all finish this step and keep it.
-      keep_state_after_step = v[11] > 0;
-      if (v[4] > 0 && !keep_state_after_step) return Stopped();
+      // A rank asked to keep the state, or preempted: all finish this step
+      // and keep it (those votes outweigh one to stop at once, since the
+      // checkpoint needs every rank). A preemption skips the evaluation.
+      preempt_after_step = v[12] > 0;
+      keep_state_after_step = v[11] > 0 && !preempt_after_step;
+      if (v[4] > 0 && !keep_state_after_step && !preempt_after_step) return Stopped();
       loss_sum = v[0];
       aux_sum = v[1];
       real = static_cast<int64_t>(v[2]);
@@ -1077,7 +1100,11 @@ TrainResult Run::Go() {
     report->OnStep(m);
 
     const bool last = step_ == c_.max_steps;
-    if (val_ && (step_ % c_.eval_interval_steps == 0 || last)) {
+    // One rank reads its own flag here, once the step is applied (a group
+    // voted above): a preemption skips even a scheduled evaluation.
+    if (!group_ && stop_->requested() == StopKind::kPreempt) preempt_after_step = true;
+    const bool preempting = preempt_after_step && !last;
+    if (val_ && !preempting && (step_ % c_.eval_interval_steps == 0 || last)) {
       EvalMetrics e = Evaluate();
       report->OnEval(e);
     }
@@ -1093,6 +1120,7 @@ TrainResult Run::Go() {
                     true);
       }
     }
+    if (preempting) return StopPreempting();
     if (keep_state_after_step && step_ < c_.max_steps) return StopKeepingState(report);
   }
   return {TrainResult::Outcome::kSucceeded,
@@ -1122,6 +1150,27 @@ TrainResult Run::StopKeepingState(TrainEvents* report) {
     if (auto failed = CheckpointOnAllRanks()) return *failed;
   }
   return Stopped(", state kept in its checkpoint");
+}
+
+TrainResult Run::StopPreempting() {
+  // Every rank decides alike: the checkpoint directory, the step and the
+  // latest checkpoint's step are the same on all of them.
+  if (c_.checkpoint_dir.empty()) {
+    return Preempted("; no checkpoint could be kept (no checkpoint directory)");
+  }
+  if (last_checkpoint_step_ == step_) return Preempted(", its checkpoint is of this step");
+  if (step_ == 0) return Preempted(", before any step: nothing to keep");
+  if (c_.test_preempt_checkpoint_delay_seconds > 0) {
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(c_.test_preempt_checkpoint_delay_seconds));
+  }
+  if (std::optional<TrainResult> failed = CheckpointOnAllRanks()) {
+    // Still a preemption, not the job's failure: the attempt resumes from
+    // the previous checkpoint (writes are atomic, so it is intact).
+    return Preempted(absl::StrCat("; its checkpoint failed (", failed->reason,
+                                  "), the previous one stays valid"));
+  }
+  return Preempted(", state kept in its checkpoint");
 }
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }

@@ -35,6 +35,22 @@
 // the evaluation and checkpoint collectives run on every rank (rank 0
 // writes). Reaching max_steps first ends the run as kSucceeded.
 //
+// kPreempt (a preemption) also lets the step under way finish, but never
+// evaluates: it writes a checkpoint of that step unless the latest one is
+// of it, reports it (OnCheckpoint) and returns kPreempted. With one rank the
+// flag is read once the step is applied (and before the next one starts):
+// a request seen then skips even the evaluation the schedule has at that
+// step, and the step's scheduled checkpoint is the preemption's. With
+// several ranks, preempt is one more vote in the end-of-step collective: a
+// preempt vote from ANY rank makes every rank apply that step, skip its
+// scheduled evaluation, checkpoint it together (rank 0 writes) and return
+// kPreempted; a preempt vote outweighs both a vote to keep the state and
+// one to stop at once. A resumed run whose checkpoint is of a step the
+// evaluation schedule names, and which was not evaluated (a preemption
+// skipped it), evaluates it before its first step, so the evaluation curve
+// has no gap. Without a checkpoint_dir, or before any step was trained,
+// there is nothing to keep: it stops, saying so, still kPreempted.
+//
 // Resuming validates the checkpoint against this config before loading
 // anything (see Train()).
 //
@@ -129,8 +145,12 @@ struct TrainConfig {
   // - MoE runs: every MoE layer routes every token to this expert (as one
   //   of its top-k), whatever the router scores. -1: off.
   // Dense or non-FP8 runs ignore the knob that does not apply to them.
+  // - Preemptions (StopKind::kPreempt): seconds every rank sleeps before
+  //   the preemption's checkpoint (only that one), so that a test can make
+  //   it miss the worker's deadline. 0: off.
   double test_fp8_overflow_fraction = 0;
   int64_t test_moe_forced_expert = -1;
+  double test_preempt_checkpoint_delay_seconds = 0;
 
   // InvalidArgument naming the field, for anything Train() cannot run.
   absl::Status Validate() const;
@@ -214,7 +234,9 @@ class TrainEvents {
 };
 
 struct TrainResult {
-  enum class Outcome { kSucceeded, kStopped, kFailed };
+  // kPreempted: stopped by StopKind::kPreempt, on every rank of the group
+  // (the reason says whether a checkpoint of the step was kept).
+  enum class Outcome { kSucceeded, kStopped, kFailed, kPreempted };
   Outcome outcome = Outcome::kFailed;
   std::string reason;
   int64_t step = 0;

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -410,6 +411,138 @@ TEST_F(TrainerTest, StopKeepingStateAtACheckpointStepAddsNothing) {
   EXPECT_TRUE(n.checkpoints.empty());
 }
 
+TEST(StopFlagTest, RequestsCombineByPrecedenceNotOrder) {
+  StopFlag f;
+  EXPECT_EQ(f.requested(), StopKind::kNone);
+  f.Request(StopKind::kKeepState);
+  EXPECT_EQ(f.requested(), StopKind::kKeepState);
+  f.Request(StopKind::kPreempt);  // a preemption skips the evaluation
+  EXPECT_EQ(f.requested(), StopKind::kPreempt);
+  f.Request(StopKind::kKeepState);
+  EXPECT_EQ(f.requested(), StopKind::kPreempt);
+  f.Request(StopKind::kNow);  // a cancel wins
+  EXPECT_EQ(f.requested(), StopKind::kNow);
+  f.Request(StopKind::kPreempt);
+  EXPECT_EQ(f.requested(), StopKind::kNow);
+}
+
+TEST_F(TrainerTest, PreemptCheckpointsTheStepWithoutEvaluatingAndResumesOnTheSameCurve) {
+  TrainConfig c = Tiny();  // evaluations every 4 steps, a checkpoint only at the end
+  c.max_steps = 12;
+  Recorder full;
+  ASSERT_EQ(Train(c, &full, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+
+  c.checkpoint_dir = NewDir("preempt");
+  StopFlag stop;
+  Recorder r;
+  r.stop_after = 8;  // asked while step 8 is reported: it stops after step 8
+  r.stop = &stop;
+  r.stop_kind = StopKind::kPreempt;
+  TrainResult result = Train(c, &r, &stop);
+  ASSERT_EQ(result.outcome, TrainResult::Outcome::kPreempted) << result.reason;
+  EXPECT_EQ(result.step, 8);
+  EXPECT_THAT(result.reason, ::testing::HasSubstr("state kept in its checkpoint"));
+  // Step 8 is on the evaluation schedule, but a preemption does not spend
+  // the time: it checkpoints at once.
+  EXPECT_THAT(r.log, ::testing::ElementsAre("eval 0", "step 1", "step 2", "step 3", "step 4",
+                                            "eval 4", "step 5", "step 6", "step 7", "step 8",
+                                            "checkpoint 8"));
+  ASSERT_EQ(r.checkpoints.size(), 1u);
+  EXPECT_EQ(r.checkpoints[0].tokens, r.steps.back().tokens);
+
+  // The next attempt makes up the skipped evaluation, then continues the
+  // uninterrupted run's curve bit for bit.
+  TrainConfig resumed = c;
+  resumed.checkpoint_dir = NewDir("preempt-resumed");
+  resumed.resume_path = r.checkpoints[0].path;
+  resumed.resume_sha256 = r.checkpoints[0].sha256;
+  Recorder rest;
+  TrainResult rr = Train(resumed, &rest, nullptr);
+  ASSERT_EQ(rr.outcome, TrainResult::Outcome::kSucceeded) << rr.reason;
+  EXPECT_EQ(rest.info.start_step, 8);
+  ASSERT_FALSE(rest.log.empty());
+  EXPECT_EQ(rest.log.front(), "eval 8");
+  ASSERT_EQ(rest.steps.size(), 4u);
+  for (size_t i = 0; i < rest.steps.size(); ++i) {
+    EXPECT_EQ(rest.steps[i].step, full.steps[8 + i].step);
+    EXPECT_EQ(rest.steps[i].train_loss, full.steps[8 + i].train_loss) << "step " << 9 + i;
+    EXPECT_EQ(rest.steps[i].tokens, full.steps[8 + i].tokens);
+  }
+  ASSERT_EQ(full.evals.size(), 4u);  // 0, 4, 8, 12
+  ASSERT_EQ(rest.evals.size(), 2u);  // 8, 12
+  EXPECT_EQ(rest.evals[0].val_loss, full.evals[2].val_loss);
+  EXPECT_EQ(rest.evals[1].val_loss, full.evals[3].val_loss);
+
+  // Preempted again before its first step: its checkpoint is of this step,
+  // so nothing is added.
+  StopFlag at_once;
+  at_once.Request(StopKind::kPreempt);
+  Recorder again;
+  rr = Train(resumed, &again, &at_once);
+  EXPECT_EQ(rr.outcome, TrainResult::Outcome::kPreempted) << rr.reason;
+  EXPECT_EQ(rr.step, 8);
+  EXPECT_THAT(again.log, ::testing::ElementsAre("eval 8"));
+}
+
+// Asks for `first` then `second` in step 3's report, and notes when step 3
+// was reported and when a checkpoint was.
+class TwoRequests : public Recorder {
+ public:
+  TwoRequests(StopFlag* flag, StopKind first, StopKind second) : first_(first), second_(second) {
+    stop = flag;
+  }
+  void OnStep(const StepMetrics& m) override {
+    Recorder::OnStep(m);
+    if (m.step != 3) return;
+    step3_reported = std::chrono::steady_clock::now();
+    stop->Request(first_);
+    stop->Request(second_);
+  }
+  void OnCheckpoint(const CheckpointInfo& c) override {
+    Recorder::OnCheckpoint(c);
+    checkpoint_reported = std::chrono::steady_clock::now();
+  }
+  std::chrono::steady_clock::time_point step3_reported, checkpoint_reported;
+
+ private:
+  const StopKind first_, second_;
+};
+
+TEST_F(TrainerTest, PreemptWinsOverKeepingTheStateAndACancelWinsOverPreempt) {
+  TrainConfig c = Tiny();
+  c.checkpoint_dir = NewDir("preempt-over-keep");
+  c.test_preempt_checkpoint_delay_seconds = 0.5;  // before the preemption's checkpoint only
+  StopFlag keep_then_preempt;
+  TwoRequests r(&keep_then_preempt, StopKind::kKeepState, StopKind::kPreempt);
+  TrainResult result = Train(c, &r, &keep_then_preempt);
+  ASSERT_EQ(result.outcome, TrainResult::Outcome::kPreempted) << result.reason;
+  EXPECT_EQ(result.step, 3);
+  ASSERT_GE(r.log.size(), 2u);
+  EXPECT_THAT(std::vector<std::string>(r.log.end() - 2, r.log.end()),
+              ::testing::ElementsAre("step 3", "checkpoint 3"));  // no evaluation
+  EXPECT_GE(r.checkpoint_reported - r.step3_reported, std::chrono::milliseconds(500));
+
+  c.checkpoint_dir = NewDir("cancel-over-preempt");
+  StopFlag preempt_then_cancel;
+  TwoRequests n(&preempt_then_cancel, StopKind::kPreempt, StopKind::kNow);
+  result = Train(c, &n, &preempt_then_cancel);
+  EXPECT_EQ(result.outcome, TrainResult::Outcome::kStopped) << result.reason;
+  EXPECT_EQ(result.step, 3);
+  EXPECT_TRUE(n.checkpoints.empty());
+
+  // Without a checkpoint directory nothing can be kept: it stops at the
+  // step boundary, still a preemption, and says so.
+  c.checkpoint_dir.clear();
+  StopFlag preempt;
+  TwoRequests p(&preempt, StopKind::kPreempt, StopKind::kPreempt);
+  result = Train(c, &p, &preempt);
+  EXPECT_EQ(result.outcome, TrainResult::Outcome::kPreempted) << result.reason;
+  EXPECT_EQ(result.step, 3);
+  EXPECT_THAT(result.reason, ::testing::HasSubstr("no checkpoint could be kept"));
+  EXPECT_TRUE(p.checkpoints.empty());
+  EXPECT_EQ(p.log.back(), "step 3");
+}
+
 // A checkpoint rewritten with one field changed, resealed (a valid
 // checksum), so only the trainer's checks stand between it and a resume.
 struct Edit {
@@ -652,8 +785,10 @@ struct RankRun {
   TrainResult result;
 };
 
-// Runs configs[r] as rank r of configs.size(), each on its own thread.
-std::vector<std::unique_ptr<RankRun>> TrainRanks(const std::vector<TrainConfig>& configs) {
+// Runs configs[r] as rank r of configs.size(), each on its own thread;
+// requested[r], when given, is asked of rank r before the ranks start.
+std::vector<std::unique_ptr<RankRun>> TrainRanks(const std::vector<TrainConfig>& configs,
+                                                 const std::vector<StopKind>& requested = {}) {
   const std::string address = absl::StrCat("127.0.0.1:", dist::FreeLoopbackPort());
   std::vector<std::unique_ptr<RankRun>> runs;
   for (size_t r = 0; r < configs.size(); ++r) {
@@ -665,6 +800,7 @@ std::vector<std::unique_ptr<RankRun>> TrainRanks(const std::vector<TrainConfig>&
     runs.back()->config.rendezvous_prefix = "test";
     runs.back()->config.collective_timeout_seconds = 30;
     runs.back()->events.stop = &runs.back()->stop;
+    if (r < requested.size()) runs.back()->stop.Request(requested[r]);
   }
   std::vector<std::thread> threads;
   for (auto& run : runs) {
@@ -899,6 +1035,54 @@ TEST_F(TrainerTest, RanksStopTogetherKeepingTheState) {
   TrainResult rr = Train(resumed, &rest, nullptr);
   ASSERT_EQ(rr.outcome, TrainResult::Outcome::kSucceeded) << rr.reason;
   EXPECT_EQ(rest.info.start_step, step);
+}
+
+TEST_F(TrainerTest, OneRanksPreemptionCheckpointsEveryRankAndResumesOnTheSameCurve) {
+  TrainConfig c = Tiny();
+  c.max_steps = 6;
+  c.eval_interval_steps = 1;  // so that step 1 has an evaluation to skip
+  auto full = TrainRanks({c, c});
+  for (const auto& r : full) {
+    ASSERT_EQ(r->result.outcome, TrainResult::Outcome::kSucceeded) << r->result.reason;
+  }
+  // Only rank 1 is preempted, before the ranks start (each reads its own
+  // flag once per step, so a request made while they run lands in whatever
+  // step it lands in): both finish step 1, skip its evaluation, checkpoint
+  // it together (rank 0 writes) and stop as preempted.
+  c.checkpoint_dir = NewDir("dp-preempt");
+  auto ranks = TrainRanks({c, c}, {StopKind::kNone, StopKind::kPreempt});
+  for (const auto& r : ranks) {
+    ASSERT_EQ(r->result.outcome, TrainResult::Outcome::kPreempted) << r->result.reason;
+    EXPECT_EQ(r->result.step, 1);
+    EXPECT_THAT(r->result.reason, ::testing::HasSubstr("state kept in its checkpoint"));
+  }
+  EXPECT_THAT(ranks[0]->events.log, ::testing::ElementsAre("eval 0", "step 1", "checkpoint 1"));
+  EXPECT_TRUE(ranks[1]->events.log.empty());
+  ASSERT_EQ(ranks[0]->events.checkpoints.size(), 1u);
+
+  // Two ranks resume it: the skipped evaluation first, then the
+  // uninterrupted run's curve.
+  TrainConfig resumed = c;
+  resumed.checkpoint_dir = NewDir("dp-preempt-resumed");
+  resumed.resume_path = ranks[0]->events.checkpoints[0].path;
+  resumed.resume_sha256 = ranks[0]->events.checkpoints[0].sha256;
+  auto rest = TrainRanks({resumed, resumed});
+  ASSERT_EQ(rest[0]->result.outcome, TrainResult::Outcome::kSucceeded) << rest[0]->result.reason;
+  const Recorder& want = full[0]->events;
+  const Recorder& got = rest[0]->events;
+  EXPECT_EQ(got.info.start_step, 1);
+  ASSERT_FALSE(got.log.empty());
+  EXPECT_EQ(got.log.front(), "eval 1");
+  ASSERT_EQ(got.steps.size(), 5u);
+  for (size_t i = 0; i < got.steps.size(); ++i) {
+    EXPECT_EQ(got.steps[i].step, want.steps[1 + i].step);
+    EXPECT_EQ(got.steps[i].train_loss, want.steps[1 + i].train_loss) << "step " << 2 + i;
+  }
+  ASSERT_EQ(want.evals.size(), 7u);  // 0, 1, ..., 6
+  ASSERT_EQ(got.evals.size(), 6u);   // 1, ..., 6
+  for (size_t i = 0; i < got.evals.size(); ++i) {
+    EXPECT_EQ(got.evals[i].val_loss, want.evals[1 + i].val_loss) << "eval " << 1 + i;
+  }
 }
 
 TEST_F(TrainerTest, ALostRankFailsTheOthersRetryably) {
