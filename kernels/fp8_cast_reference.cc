@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -39,18 +40,23 @@ float E4M3ToFloat(uint8_t bits) {
 
 void CastToE4M3Reference(const float* x, int64_t n, float scale, uint8_t* y, float* amax,
                          uint64_t* counts) {
-  float m = 0.0f;
+  // The maximum of |x| taken on bit patterns, as the kernel does: with the
+  // sign cleared, every NaN orders above +Inf and +Inf above every finite
+  // value, so NaN propagates like ATen's max and the result is the same bits
+  // the kernel's atomicMax leaves.
+  uint32_t m = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (a > m) m = a;  // NaN compares false: ignored
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], sizeof(bits));
+    m = std::max(m, bits & 0x7fffffffu);
     const float s = x[i] * scale;
     y[i] = FloatToE4M3(s);
     if (counts != nullptr) {
-      counts[0] += std::fabs(s) > 448.0f * (1.0f + 1e-6f);
+      counts[0] += std::fabs(s) > kE4M3OverflowBound;
       counts[1] += x[i] != 0.0f && (y[i] & 0x7f) == 0;
     }
   }
-  *amax = m;
+  std::memcpy(amax, &m, sizeof(m));
 }
 
 }  // namespace tally::kernels

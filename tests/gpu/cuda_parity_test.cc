@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <iostream>
 #include <random>
@@ -103,10 +104,26 @@ TEST(CudaParity, DocumentsStayApartOnCuda) {
   alone.max_seqlen = 37;
   at::Tensor single = gpu.Forward(alone, model::AttentionKernel::kVarlenFlash);
   at::autocast::set_autocast_enabled(at::kCUDA, false);
-  const double err =
-      (packed[0].narrow(0, 100, 37) - single[0]).abs().max().to(at::kCPU).item<double>();
-  std::cout << "document packed vs alone on CUDA: max diff " << err << "\n";
-  EXPECT_LT(err, 1e-2) << "the same BF16 kernels on the same document";
+  // The same document through the same BF16 kernels, but its products run
+  // with M = 512 rows packed and M = 37 alone, so cuBLAS may tile and split
+  // them differently: FP32 sums in another order, then rounded to BF16 (8
+  // significant bits, unit roundoff 2^-8). A BF16 value that rounds the
+  // other way moves by an ulp, at most 2^-7 of its magnitude, and such flips
+  // in the activations of two layers carry on to the logits. The bound is
+  // 8 unit roundoffs, 2^-5 (3.1%), of the largest logit: on CPU under BF16
+  // autocast the same comparison differs by 0.25-0.5% (one ulp near 0.8),
+  // while letting the document attend to the one before it (one segment
+  // for the row) moves its logits by 98-106% of the largest (and every
+  // token's row by at least 32%), so a leak still fails by a wide margin.
+  at::Tensor got = packed[0].narrow(0, 100, 37).to(at::kCPU, at::kFloat);
+  at::Tensor want = single[0].to(at::kCPU, at::kFloat);
+  const double err = (got - want).abs().max().item<double>();
+  const double scale = want.abs().max().item<double>();
+  std::cout << "document packed vs alone on CUDA: max diff " << err << " (logit scale " << scale
+            << ", " << err / scale << " of it)\n";
+  ASSERT_GT(scale, 0);
+  EXPECT_LE(err, std::ldexp(1.0, -5) * scale)
+      << "the same BF16 kernels on the same document: beyond BF16 rounding, documents leak";
 }
 
 // One MoE layer's inputs, small (checked against the CPU) or at transformer

@@ -3,10 +3,12 @@
 // their own experts, and get the same outputs and gradients.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <functional>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "worker/dist/expert_exchange.h"
 #include "worker/dist/on_ranks.h"
@@ -117,6 +119,64 @@ TEST_F(ExpertParallelTest, ShardedWeightsWithGroupedProducts) {
     // The owner's gradient is already every rank's: nothing left to sum.
     EXPECT_TRUE(at::allclose(split[rank].dw1, dw1.narrow(0, 2 * rank, 2), 1e-4, 1e-5)) << rank;
   }
+}
+
+// One rank that gets back exactly the rows it sends, and remembers what each
+// exchange was handed.
+class LoopbackExchange final : public model::ExpertExchange {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  at::Tensor AllToAll(const at::Tensor& x, const std::vector<int64_t>& send,
+                      const std::vector<int64_t>& recv) override {
+    handed.push_back(x.detach().clone());
+    return x.clone();
+  }
+  std::vector<at::Tensor> handed;
+};
+
+// Passes its input on and gives it no gradient (an undefined one).
+struct NoGradientBack : public torch::autograd::Function<NoGradientBack> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    return {at::Tensor()};
+  }
+};
+
+// A rank whose exchanged rows get no gradient still joins the backward
+// exchange, with zeros on the input's device and in its dtype (FP32 zeros
+// from a BF16 or a CUDA input would make the ranks disagree, and autograd
+// refuses a CPU gradient for a CUDA input).
+TEST(AllToAllWithGradTest, UndefinedGradientSendsZerosLikeTheInput) {
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kDouble, at::kFloat}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    LoopbackExchange ex;
+    at::Tensor x = at::randn({5, 3}).to(dtype).set_requires_grad(true);
+    at::Tensor y = model::AllToAllWithGrad(x, &ex, {5}, {5});
+    NoGradientBack::apply(y).to(at::kFloat).sum().backward();
+    ASSERT_EQ(ex.handed.size(), 2u);  // forward, then backward
+    const at::Tensor& back = ex.handed[1];
+    EXPECT_EQ(back.scalar_type(), dtype);
+    EXPECT_EQ(back.device(), x.device());
+    EXPECT_EQ(back.sizes(), x.sizes());
+    EXPECT_TRUE(at::equal(back, at::zeros_like(x)));
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().scalar_type(), dtype);
+    EXPECT_TRUE(at::equal(x.grad(), at::zeros_like(x)));
+  }
+}
+
+TEST(AllToAllWithGradTest, GradientGoesBackAlongTheSameRoutes) {
+  LoopbackExchange ex;
+  at::Tensor x = at::randn({4, 2}, at::kDouble).set_requires_grad(true);
+  at::Tensor w = at::randn({4, 2}, at::kDouble);
+  (model::AllToAllWithGrad(x, &ex, {4}, {4}) * w).sum().backward();
+  ASSERT_EQ(ex.handed.size(), 2u);
+  EXPECT_TRUE(at::equal(ex.handed[1], w));
+  EXPECT_TRUE(at::equal(x.grad(), w));
 }
 
 }  // namespace

@@ -66,10 +66,15 @@ struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             int64_t exchange, std::vector<int64_t> send,
                             std::vector<int64_t> recv) {
+    // An undefined output gradient reaches backward as is, which builds the
+    // zeros itself (shaped like the rows received, like the input otherwise).
+    ctx->set_materialize_grads(false);
     ctx->saved_data["exchange"] = exchange;
     ctx->saved_data["send"] = send;
     ctx->saved_data["recv"] = recv;
     ctx->saved_data["cols"] = x.size(1);
+    ctx->saved_data["dtype"] = x.scalar_type();
+    ctx->saved_data["device"] = x.device();
     return reinterpret_cast<ExpertExchange*>(exchange)->AllToAll(x.contiguous(), send, recv);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -81,7 +86,12 @@ struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
     if (!g.defined()) {  // every rank must still join the exchange
       int64_t rows = 0;
       for (int64_t n : recv) rows += n;
-      g = at::zeros({rows, ctx->saved_data["cols"].toInt()}, at::kFloat);
+      // On the input's device and in its dtype: autograd refuses a gradient
+      // on another device, and the exchange sends what every rank expects.
+      g = at::zeros({rows, ctx->saved_data["cols"].toInt()},
+                    at::TensorOptions()
+                        .dtype(ctx->saved_data["dtype"].toScalarType())
+                        .device(ctx->saved_data["device"].toDevice()));
     }
     g = g.contiguous();
     return {exchange->AllToAll(g, recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -96,6 +106,11 @@ bool GroupedShapesFit(int64_t D, int64_t F, bool cuda) {
 }
 
 }  // namespace
+
+at::Tensor AllToAllWithGrad(const at::Tensor& x, ExpertExchange* exchange,
+                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+  return AllToAllFunction::apply(x, reinterpret_cast<int64_t>(exchange), send, recv);
+}
 
 std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t align,
                                      std::vector<int64_t>* starts) {

@@ -11,8 +11,8 @@
 //
 // Compute: token-expert assignments are sorted by expert (stable), each
 // expert's group padded to the alignment the grouped product needs (the
-// permutation kernels/moe_permute.h computes, built here from ATen ops),
-// and each weight runs as one grouped product over all experts
+// permutation built on the device from ATen ops, so autograd carries it in
+// every dtype), and each weight runs as one grouped product over all experts
 // (at::_grouped_mm with int32 group ends; BF16 on CUDA, FP32 on CPU); the
 // results are gathered back and combined with their gates. With FP8 (a
 // LinearOverride) the override's GroupedLinear takes each weight's grouped
@@ -59,6 +59,13 @@ class ExpertExchange {
   virtual at::Tensor AllToAll(const at::Tensor& x, const std::vector<int64_t>& send,
                               const std::vector<int64_t>& recv) = 0;
 };
+
+// ExpertExchange::AllToAll as an autograd function: the gradient goes back
+// along the same routes, the splits swapped, and every rank joins that
+// exchange even when its output got no gradient (it then sends zeros on
+// x's device, in x's dtype). MoeForward's collectives; exposed for tests.
+at::Tensor AllToAllWithGrad(const at::Tensor& x, ExpertExchange* exchange,
+                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
 
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: dense
@@ -120,7 +127,7 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
 
 // Cumulative group ends after padding each count to a multiple of `align`
 // (the offsets a grouped product takes); `starts` gets each group's first
-// row when not null. kernels/moe_permute.h computes the same on the GPU.
+// row when not null.
 std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t align,
                                      std::vector<int64_t>* starts = nullptr);
 

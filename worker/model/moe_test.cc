@@ -92,9 +92,8 @@ TEST(MoeTest, GroupedProductsMatchTheLoopWithPaddedGroupsAndDrops) {
   }
 }
 
-TEST(MoeTest, PaddedGroupsAreTheKernelsPermutation) {
-  // The permute kernel's reference lays out [2, 3, 0, 2] assignments aligned
-  // to 4 with group ends 4, 8, 8, 12 (kernels/moe_permute_test.cc).
+TEST(MoeTest, PaddedGroupsAreAligned) {
+  // [2, 3, 0, 2] assignments aligned to 4: group ends 4, 8, 8, 12.
   std::vector<int64_t> starts;
   EXPECT_EQ(PaddedGroupEnds({2, 3, 0, 2}, 4, &starts), (std::vector<int64_t>{4, 8, 8, 12}));
   EXPECT_EQ(starts, (std::vector<int64_t>{0, 4, 8, 8}));

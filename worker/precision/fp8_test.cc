@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,84 @@ TEST(QuantizeTest, KernelReferenceAgreesWithLibTorch) {
     ASSERT_EQ(kernels::FloatToE4M3(x[i].item<float>()), bits[i].item<uint8_t>())
         << x[i].item<float>();
   }
+}
+
+// The fused cast's reference (what the CUDA kernel is held to, bit for bit,
+// in kernels/fp8_cast_test.cc) against the trainer's CPU path where the two
+// could part: NaN, infinities, |x * scale| at the overflow bound and a few
+// ulps either side (directly and through scales whose product rounds),
+// denormals, signed zeros. The same E4M3 bytes (any NaN for a NaN), the same
+// clamped and flushed counts, and the amax ATen's max gives: NaN when any
+// value is NaN, else +Inf when any is infinite.
+TEST(QuantizeTest, FusedCastReferenceAgreesWithTheCpuPath) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float bound = kernels::kE4M3OverflowBound;
+  auto around = [](float centre, int ulps) {
+    std::vector<float> v;
+    float lo = centre;
+    for (int i = 0; i < ulps; ++i) lo = std::nextafter(lo, 0.0f);
+    for (int i = 0; i <= 2 * ulps; ++i, lo = std::nextafter(lo, 1e9f)) {
+      v.push_back(lo);
+      v.push_back(-lo);
+    }
+    return v;
+  };
+  struct Case {
+    std::string name;
+    std::vector<float> x;
+    float scale;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"the bound, scale 1", around(bound, 20), 1.0f});
+  cases.push_back({"448, scale 1", around(448.0f, 3), 1.0f});
+  cases.push_back({"the bound, scale 3", around(bound / 3, 20), 3.0f});
+  cases.push_back({"the bound, scale 0.7", around(bound / 0.7f, 20), 0.7f});
+  cases.push_back({"specials",
+                   {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), -1e-40f,
+                    std::ldexp(1.0f, -10), std::ldexp(1.0f, -9), 1e30f, -1e30f, inf, -inf, 2.5f},
+                   1.0f});
+  cases.push_back({"NaN among them", {1.0f, nan, -inf, 3.0f, -nan, 1e-40f}, 1.0f});
+  cases.push_back({"NaN only", {nan}, 1.0f});
+  at::manual_seed(7);
+  at::Tensor r = at::randn({4096}) * 3;
+  cases.push_back({"random, scale 37.5",
+                   std::vector<float>(r.data_ptr<float>(), r.data_ptr<float>() + r.numel()),
+                   37.5f});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t n = static_cast<int64_t>(c.x.size());
+    std::vector<uint8_t> y(n);
+    float amax = 0;
+    uint64_t counts[2] = {0, 0};
+    kernels::CastToE4M3Reference(c.x.data(), n, c.scale, y.data(), &amax, counts);
+
+    at::Tensor x = at::tensor(c.x);
+    QuantStats stats;
+    at::Tensor bytes =
+        QuantizeScaled(x, c.scale, Fp8Format::kE4M3, &stats).to(at::kFloat8_e4m3fn).view(at::kByte);
+    const float want_amax = x.abs().max().item<float>();  // as ScaleFor takes it
+    EXPECT_EQ(counts[0], static_cast<uint64_t>(stats.overflows));
+    EXPECT_EQ(counts[1], static_cast<uint64_t>(stats.underflows));
+    if (std::isnan(want_amax)) {
+      EXPECT_TRUE(std::isnan(amax)) << amax;
+    } else {
+      EXPECT_EQ(amax, want_amax);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t want = bytes[i].item<uint8_t>();
+      if (std::isnan(c.x[i])) {
+        EXPECT_EQ(y[i] & 0x7f, 0x7f) << i;
+        EXPECT_EQ(want & 0x7f, 0x7f) << i;
+      } else {
+        EXPECT_EQ(y[i], want) << "x = " << c.x[i] << " x " << c.scale;
+      }
+    }
+  }
+  // The cases reach both sides of the bound.
+  QuantStats near;
+  QuantizeScaled(at::tensor(around(bound, 20)), 1.0, Fp8Format::kE4M3, &near);
+  EXPECT_EQ(near.overflows, 40);  // 20 ulps above, each sign
 }
 
 TEST(ScaleTest, ZeroAndHugeAmax) {
