@@ -54,8 +54,15 @@ std::string ResourcesLine(const tally::v1::JobSpec& spec) {
 std::string ProgressLine(const tally::v1::Job& job) {
   const auto& spec = job.spec();
   std::string line = absl::StrCat("  progress:  step ", job.step(), " / ",
-                                  spec.training().max_steps(), ", attempt ", job.attempt(),
-                                  " of ", spec.max_attempts());
+                                  spec.training().max_steps(), ", attempt ", job.attempt());
+  const int preempted = job.preemption().count();
+  if (preempted > 0 && preempted < job.attempt()) {
+    // Preempted attempts do not count against max_attempts.
+    absl::StrAppend(&line, " (", job.attempt() - preempted, " of ", spec.max_attempts(),
+                    " counted, ", Plural(preempted, "preempted", "preempted"), ")");
+  } else {
+    absl::StrAppend(&line, " of ", spec.max_attempts());
+  }
   if (spec.max_preemptions() > 0) {
     absl::StrAppend(&line, ", at most ",
                     Plural(spec.max_preemptions(), "preemption", "preemptions"));

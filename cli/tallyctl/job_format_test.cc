@@ -72,6 +72,12 @@ TEST(JobFormatTest, ResourcesShowCapacityAndProgressShowsMaxPreemptions) {
   j.mutable_spec()->set_max_preemptions(5);
   EXPECT_EQ(ProgressLine(j),
             "  progress:  step 40 / 100, attempt 2 of 3, at most 5 preemptions\n");
+  // Preempted attempts are not counted against max_attempts.
+  j.set_attempt(4);
+  j.mutable_preemption()->set_count(3);
+  EXPECT_EQ(ProgressLine(j),
+            "  progress:  step 40 / 100, attempt 4 (1 of 3 counted, 3 preempted), at most 5 "
+            "preemptions\n");
 }
 
 TEST(JobFormatTest, SpotUsageOnlyWhenTheJobRanOnSpot) {
