@@ -8,7 +8,7 @@ FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 export BUILD_DIR FUZZ_BUILD_DIR
 
-.PHONY: setup build test unit integration demo bench clean fuzz fuzz-build
+.PHONY: setup build test unit integration demo bench clean fuzz fuzz-build gpu-rehearsal
 
 setup:
 	@scripts/setup.sh
@@ -40,5 +40,16 @@ fuzz-build: setup
 fuzz: fuzz-build
 	@scripts/fuzz.sh run $(FUZZ_SECONDS)
 
+# tests/gpu/run.sh's preflight, configure and build on this machine (nvcc,
+# no GPU): a fresh venv with torch==2.11.0 and only the carried Debian
+# packages (tests/gpu/fetch-deps.sh), never the system's -dev packages. GPU
+# steps skip; the table lands in $(GPU_REHEARSAL_OUT)/summary.md.
+GPU_REHEARSAL_OUT ?= $(BUILD_DIR)/gpu-rehearsal
+gpu-rehearsal: setup
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target tally-prep
+	@tests/gpu/fetch-deps.sh
+	@rm -rf $(GPU_REHEARSAL_OUT)
+	@OUT=$(GPU_REHEARSAL_OUT) JOBS=$(JOBS) tests/gpu/run.sh --rehearse
+
 clean:
-	rm -rf $(BUILD_DIR) $(FUZZ_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(FUZZ_BUILD_DIR) build-gpu-rehearsal

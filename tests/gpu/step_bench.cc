@@ -1,0 +1,107 @@
+// Whole training steps in BF16 (autocast) and FP8 (at::_scaled_mm linears)
+// at one model shape, side by side in one process: ms/step, useful tokens/s
+// and MFU against --peak_tflops. tests/gpu/run.sh runs it at a ~1B-parameter
+// shape on the GPU. Asserts nothing beyond both runs finishing.
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "worker/train/trainer.h"
+
+ABSL_FLAG(std::string, train_path, "", "dataset prefix written by tally-prep");
+ABSL_FLAG(std::string, device, "cuda:0", "cpu or cuda:N");
+ABSL_FLAG(int, layers, 20, "transformer blocks");
+ABSL_FLAG(int, d_model, 2048, "model width (heads of 128)");
+ABSL_FLAG(int, seq_len, 2048, "row length");
+ABSL_FLAG(int, rows, 8, "rows per micro-batch (one micro-batch per step)");
+ABSL_FLAG(int, steps, 12, "optimizer steps per precision");
+ABSL_FLAG(int, warmup_steps, 3, "steps left out of the timings");
+ABSL_FLAG(double, peak_tflops, 989, "dense BF16 peak of one device, for MFU (H100/H200 SXM: 989)");
+
+namespace {
+
+struct Timer : tally::train::TrainEvents {
+  explicit Timer(int skip) : skip(skip) {}
+  void OnStart(const tally::train::RunInfo& i) override { info = i; }
+  void OnStep(const tally::train::StepMetrics& m) override {
+    loss = m.train_loss;
+    if (m.step <= skip) return;
+    seconds += m.step_seconds;
+    tokens += m.step_tokens;
+    mfu += m.mfu;
+    ++n;
+  }
+  int skip;
+  tally::train::RunInfo info;
+  double seconds = 0, mfu = 0, loss = 0;
+  int64_t tokens = 0;
+  int n = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (absl::GetFlag(FLAGS_train_path).empty()) {
+    std::cerr << "step_bench: --train_path is required (a tally-prep dataset prefix)\n";
+    return 2;
+  }
+  if (auto s = tally::train::CheckDevice(device); !s.ok()) {
+    std::cerr << "step_bench: --device: " << s.message() << "\n";
+    return 2;
+  }
+  const int d_model = absl::GetFlag(FLAGS_d_model);
+  if (d_model < 64 || d_model % 64 != 0) {
+    std::cerr << "step_bench: --d_model must be a positive multiple of 64, got " << d_model
+              << "\n";
+    return 2;
+  }
+  const int steps = absl::GetFlag(FLAGS_steps), skip = absl::GetFlag(FLAGS_warmup_steps);
+  if (steps <= skip) {
+    std::cerr << "step_bench: --steps (" << steps << ") must exceed --warmup_steps (" << skip
+              << ")\n";
+    return 2;
+  }
+  bool header = false;
+  for (const bool fp8 : {false, true}) {
+    tally::train::TrainConfig c;
+    c.train_path = absl::GetFlag(FLAGS_train_path);
+    c.device = device;
+    c.num_layers = absl::GetFlag(FLAGS_layers);
+    c.d_model = d_model;
+    c.num_heads = d_model >= 128 ? d_model / 128 : 1;
+    c.seq_len = absl::GetFlag(FLAGS_seq_len);
+    c.micro_batch_rows = absl::GetFlag(FLAGS_rows);
+    c.max_steps = steps;
+    c.lr = 3e-4;
+    c.warmup_steps = 2;
+    c.grad_clip = 1.0;
+    c.seed = 1;
+    c.fp8 = fp8;
+    c.peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
+    Timer t(skip);
+    const tally::train::TrainResult r = tally::train::Train(c, &t, nullptr);
+    if (r.outcome != tally::train::TrainResult::Outcome::kSucceeded || t.n == 0) {
+      std::cerr << "step_bench: " << (fp8 ? "FP8" : "BF16") << " run failed: " << r.reason << "\n";
+      return 1;
+    }
+    if (!header) {
+      std::cout << absl::StrFormat(
+          "%.2fB parameters (%d layers, d_model %d), %d x %d tokens per step, on %s; "
+          "steps %d-%d timed; MFU against %.0f TFLOP/s, %.2f GFLOP per token\n"
+          "| precision | ms/step | useful tokens/s | MFU | final train loss |\n"
+          "|---|---|---|---|---|\n",
+          t.info.num_parameters / 1e9, c.num_layers, d_model, c.micro_batch_rows, c.seq_len,
+          device, skip + 1, steps, absl::GetFlag(FLAGS_peak_tflops), t.info.flops_per_token / 1e9);
+      header = true;
+    }
+    std::cout << absl::StrFormat("| %s | %.1f | %.0f | %.1f%% | %.4f |\n", fp8 ? "FP8" : "BF16",
+                                 1000 * t.seconds / t.n, t.tokens / t.seconds, 100 * t.mfu / t.n,
+                                 t.loss)
+              << std::flush;
+  }
+  return 0;
+}
