@@ -46,14 +46,9 @@ std::string Key(const std::string& job, int32_t attempt, int32_t rank) {
   return absl::StrCat(job, "#", attempt, "#", rank);
 }
 
-std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsFor(const Credentials& c) {
-  if (c.ca_pem.empty()) return grpc::InsecureChannelCredentials();
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = c.ca_pem;
-  ssl.pem_private_key = c.key_pem;
-  ssl.pem_cert_chain = c.cert_pem;
-  return grpc::SslCredentials(ssl);
-}
+// The longest the agent waits without looking at its clock again, so that
+// a deadline on a clock other than the real one is noticed.
+constexpr absl::Duration kClockPoll = absl::Milliseconds(50);
 
 bool Refused(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
@@ -76,8 +71,22 @@ WorkerMessage PreemptedExit(const std::string& job, int32_t attempt, int32_t ran
 
 }  // namespace
 
-Agent::Agent(AgentOptions options, std::unique_ptr<Runner> runner)
-    : options_(std::move(options)), runner_(std::move(runner)) {}
+Agent::Agent(AgentOptions options, std::unique_ptr<Runner> runner, AgentSeams seams)
+    : options_(std::move(options)),
+      runner_(std::move(runner)),
+      clock_(seams.clock != nullptr ? seams.clock : &real_clock_),
+      connector_(seams.connector != nullptr ? std::move(seams.connector)
+                                            : std::make_unique<GrpcConnector>(options_.controller)),
+      backoff_seed_(seams.backoff_seed.has_value() ? *seams.backoff_seed
+                                                   : std::random_device{}()) {}
+
+bool Agent::AwaitUntil(const absl::Condition& cond, absl::Time deadline) {
+  while (true) {
+    const absl::Duration left = deadline - clock_->Now();
+    if (left <= absl::ZeroDuration()) return cond.Eval();
+    if (mu_.AwaitWithTimeout(cond, std::min(left, kClockPoll))) return true;
+  }
+}
 
 Agent::~Agent() {
   Shutdown();
@@ -261,7 +270,7 @@ void Agent::ReapFinished() {
   }
 }
 
-grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& token) {
+grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::string& token) {
   grpc::ClientContext context;
   if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   auto stream = stub->Connect(&context);
@@ -309,12 +318,12 @@ grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& tok
           // written before it ends the stream (cancelling the call could
           // drop messages still in flight). One that does not end it soon
           // is cancelled.
-          absl::Time give_up = absl::Now() + absl::Seconds(2);
+          absl::Time give_up = clock_->Now() + absl::Seconds(2);
           if (!preemption_cause_.empty()) give_up = std::min(give_up, preemption_deadline_);
           mu_.Unlock();
           stream->WritesDone();
           mu_.Lock();
-          if (!mu_.AwaitWithDeadline(absl::Condition(&done), give_up)) context.TryCancel();
+          if (!AwaitUntil(absl::Condition(&done), give_up)) context.TryCancel();
           break;
         }
         outbox_cv_.WaitWithTimeout(&mu_, heartbeat_interval_);
@@ -368,8 +377,9 @@ grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& tok
   // The writer sees `done` at once unless a Write is blocked; only then is
   // the call cancelled, since a cancelled call reports CANCELLED instead of
   // tallyd's status (which says, for one, why it refused this worker).
+  mu_.Lock();
   const bool writer_stopped =
-      mu_.LockWhenWithTimeout(absl::Condition(&writer_exited), absl::Seconds(2));
+      AwaitUntil(absl::Condition(&writer_exited), clock_->Now() + absl::Seconds(2));
   mu_.Unlock();
   if (!writer_stopped) context.TryCancel();
   writer.join();
@@ -387,12 +397,7 @@ grpc::Status Agent::Serve(tally::v1::Workers::Stub* stub, const std::string& tok
 }
 
 int Agent::Run() {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  std::mt19937 rng(std::random_device{}());
-  absl::Duration backoff = options_.initial_backoff;
+  Backoff backoff(options_.initial_backoff, options_.max_backoff, backoff_seed_);
   int tries_after_shutdown = 0;
   Credentials credentials = options_.credentials;
   bool first = true;
@@ -402,7 +407,7 @@ int Agent::Run() {
     watcher = std::thread([this, &stop_watching] { WatchNoticeFile(&stop_watching); });
   }
   while (true) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = clock_->Now();
     // Read again, so certificates and tokens rotated on disk are used.
     if (!first) {
       absl::StatusOr<Credentials> reread = LoadCredentials(options_.credential_files);
@@ -414,14 +419,8 @@ int Agent::Run() {
       }
     }
     first = false;
-    // A fresh channel for every connection: one that failed carries gRPC's
-    // own reconnect backoff (1 s growing to 2 min), which kept workers away
-    // from a restarted tallyd for seconds, past its heartbeat timeout, so
-    // attempts that could have been re-adopted were lost. Our backoff below
-    // (with jitter) paces the retries instead.
-    auto channel = grpc::CreateCustomChannel(options_.controller,
-                                             ChannelCredentialsFor(credentials), args);
-    auto stub = tally::v1::Workers::NewStub(channel);
+    // A new stub (a GrpcConnector: a new channel) for every connection.
+    std::unique_ptr<tally::v1::Workers::StubInterface> stub = connector_->Connect(credentials);
     const grpc::Status status = Serve(stub.get(), credentials.token);
     const bool refused = Refused(status);
     if (refused) {
@@ -443,14 +442,12 @@ int Agent::Run() {
         break;
       }
     }
-    if (absl::Now() - start > absl::Seconds(10)) backoff = options_.initial_backoff;
-    // Full jitter, so a fleet that lost tallyd does not return in lockstep.
-    std::uniform_real_distribution<double> jitter(0.5, 1.0);
-    absl::Duration wait = backoff * jitter(rng);
+    // Jittered, so a fleet that lost tallyd does not return in lockstep.
+    absl::Duration wait = backoff.Next(clock_->Now() - start);
     if (refused) wait = std::max(wait, options_.refused_retry_interval);
-    const absl::Time until = absl::Now() + wait;
+    const absl::Time until = clock_->Now() + wait;
     bool give_up = false;
-    while (absl::Now() < until && !(shutdown_.load() && tries_after_shutdown > 3)) {
+    while (clock_->Now() < until && !(shutdown_.load() && tries_after_shutdown > 3)) {
       {
         absl::MutexLock lock(&mu_);
         if (preemption_over_) {
@@ -472,10 +469,9 @@ int Agent::Run() {
           break;
         }
       }
-      absl::SleepFor(absl::Milliseconds(50));
+      absl::SleepFor(std::min(until - clock_->Now(), kClockPoll));
     }
     if (give_up) break;
-    backoff = std::min(backoff * 2, options_.max_backoff);
   }
   stop_watching = true;
   if (watcher.joinable()) watcher.join();
@@ -494,7 +490,7 @@ WorkerMessage Agent::NoticeMessage() {
   WorkerMessage m;
   m.mutable_notice()->set_cause(preemption_cause_);
   m.mutable_notice()->set_deadline_seconds(
-      std::max(0.0, absl::ToDoubleSeconds(preemption_deadline_ - absl::Now())));
+      std::max(0.0, absl::ToDoubleSeconds(preemption_deadline_ - clock_->Now())));
   return m;
 }
 
@@ -502,7 +498,7 @@ void Agent::Preempt(const std::string& cause) {
   absl::MutexLock lock(&mu_);
   if (!preemption_cause_.empty() || shutdown_.load()) return;  // the first call wins
   preemption_cause_ = cause.empty() ? "unknown" : cause;
-  preemption_deadline_ = absl::Now() + options_.preemption_deadline;
+  preemption_deadline_ = clock_->Now() + options_.preemption_deadline;
   spdlog::warn("tally-worker: going away ({}): checkpointing {} running attempt(s) within {}",
                preemption_cause_, running_.size(),
                absl::FormatDuration(options_.preemption_deadline));
@@ -530,7 +526,7 @@ void Agent::Drain(absl::Time deadline) {
   // The stream's allowance to deliver the exits queued at the deadline.
   const absl::Duration delivery = std::min(absl::Seconds(2), options_.preemption_deadline / 5);
   absl::MutexLock lock(&mu_);
-  if (!mu_.AwaitWithDeadline(absl::Condition(this, &Agent::Delivered), deadline - delivery)) {
+  if (!AwaitUntil(absl::Condition(this, &Agent::Delivered), deadline - delivery)) {
     for (auto& [key, a] : running_) {
       if (a->abandoned) continue;
       const tally::v1::Assignment& as = a->assignment;
@@ -549,7 +545,7 @@ void Agent::Drain(absl::Time deadline) {
       a->abandoned = true;
     }
     outbox_cv_.SignalAll();
-    if (!mu_.AwaitWithDeadline(absl::Condition(this, &Agent::Delivered), deadline)) {
+    if (!AwaitUntil(absl::Condition(this, &Agent::Delivered), deadline)) {
       spdlog::error("tally-worker: {} message(s) not delivered to tallyd by the preemption's "
                     "deadline", outbox_.size());
       // Time is up: end the stream now, whatever it is doing.

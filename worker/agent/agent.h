@@ -41,21 +41,31 @@
 // messages are read before the stream goes; a tallyd that does not end it
 // within 2 s (or by the preemption's deadline) has the call cancelled.
 //
+// Time comes from AgentSeams::clock: the waits between connections and
+// the preemption's deadlines follow it (checked at least every 50 ms), so a
+// FakeClock drives them in tests. Heartbeats and the notice file's polling
+// keep real time.
+//
 // Thread-safety: Run() blocks on the calling thread; Shutdown() and
 // Preempt() may be called from any thread.
 #ifndef TALLY_WORKER_AGENT_AGENT_H_
 #define TALLY_WORKER_AGENT_AGENT_H_
 
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "tally/v1/workers.grpc.pb.h"
+#include "worker/agent/backoff.h"
+#include "worker/agent/connector.h"
 #include "worker/agent/credentials.h"
 #include "worker/agent/outbox.h"
 #include "worker/agent/runner.h"
@@ -74,6 +84,9 @@ struct AgentOptions {
   // Hello.rendezvous_port); port 0: never lead.
   std::string rendezvous_host;
   int rendezvous_port = 0;
+  // Waits between connections (Backoff): drawn below `initial_backoff`,
+  // doubling up to `max_backoff`, from `initial_backoff` again after a
+  // connection that lasted more than 10 s.
   absl::Duration initial_backoff = absl::Milliseconds(200);
   absl::Duration max_backoff = absl::Seconds(5);
   // TLS and token files (re-read before every connection) and what they
@@ -95,9 +108,19 @@ struct AgentOptions {
   absl::Duration notice_poll_interval = absl::Milliseconds(200);
 };
 
+// What the agent takes from outside besides its options; tests pass fakes.
+struct AgentSeams {
+  // Not owned; must outlive the agent. Null: the real clock.
+  const Clock* clock = nullptr;
+  // Null: a GrpcConnector to AgentOptions::controller.
+  std::unique_ptr<Connector> connector;
+  // The backoff's jitter; none: seeded from std::random_device.
+  std::optional<uint32_t> backoff_seed;
+};
+
 class Agent {
  public:
-  Agent(AgentOptions options, std::unique_ptr<Runner> runner);
+  Agent(AgentOptions options, std::unique_ptr<Runner> runner, AgentSeams seams = {});
   ~Agent();
 
   // Connects and serves until Shutdown(), or until a preemption is over
@@ -128,7 +151,11 @@ class Agent {
   class AttemptReporter;
 
   // One connection, until the stream ends; returns how it ended.
-  grpc::Status Serve(tally::v1::Workers::Stub* stub, const std::string& token);
+  grpc::Status Serve(tally::v1::Workers::StubInterface* stub, const std::string& token);
+  // Waits with mu_ held until `cond` holds (true) or `deadline` on clock_
+  // passes (false unless `cond` holds by then).
+  bool AwaitUntil(const absl::Condition& cond, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Enqueue(tally::v1::WorkerMessage m);
   // A report of `a`'s, dropped once `a` is abandoned.
   void EnqueueReport(Attempt* a, tally::v1::WorkerMessage m);
@@ -148,6 +175,10 @@ class Agent {
 
   const AgentOptions options_;
   const std::unique_ptr<Runner> runner_;
+  const RealClock real_clock_;
+  const Clock* const clock_;
+  const std::unique_ptr<Connector> connector_;
+  const uint32_t backoff_seed_;
   std::atomic<bool> shutdown_{false};
 
   absl::Mutex mu_;

@@ -1,7 +1,10 @@
 // The agent against a fake tallyd on loopback (port 0): the worker token in
 // the Connect stream's metadata, files read again on every reconnect, mutual
 // TLS, the slower retry after tallyd refuses the worker's credentials, and
-// preemptions (a notice, a deadline, tallyd's preempting stop order).
+// preemptions (a notice, a deadline, tallyd's preempting stop order); then,
+// on a FakeClock with a FakeConnector, the backoff between connections,
+// re-adoption after a reconnection and the order of reports queued
+// meanwhile.
 #include "worker/agent/agent.h"
 
 #include <grpcpp/grpcpp.h>
@@ -21,10 +24,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
+#include "worker/agent/backoff.h"
+#include "worker/agent/connector.h"
 
 namespace tally::worker {
 namespace {
@@ -113,6 +119,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
       absl::MutexLock lock(&mu_);
       received_.push_back(m);
       stream_ = stream;
+      context_ = context;
     }
     while (stream->Read(&m)) {
       absl::MutexLock lock(&mu_);
@@ -120,7 +127,17 @@ class FakeTallyd final : public tally::v1::Workers::Service {
     }
     absl::MutexLock lock(&mu_);
     stream_ = nullptr;
+    context_ = nullptr;
     return grpc::Status::OK;
+  }
+
+  // Ends the open stream as a failed connection would (the worker reads
+  // CANCELLED); false when none is open.
+  bool Hangup() {
+    absl::MutexLock lock(&mu_);
+    if (context_ == nullptr) return false;
+    context_->TryCancel();
+    return true;
   }
 
   // False when no stream is open.
@@ -159,6 +176,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
   std::vector<tally::v1::WorkerMessage> received_ ABSL_GUARDED_BY(mu_);
   grpc::ServerReaderWriter<tally::v1::ControllerMessage, tally::v1::WorkerMessage>* stream_
       ABSL_GUARDED_BY(mu_) = nullptr;
+  grpc::ServerContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 // Runs until asked to stop. A preemption reports a checkpoint of step 7 and
@@ -263,12 +281,146 @@ std::vector<std::string> Kinds(const std::vector<tally::v1::WorkerMessage>& ms) 
     if (m.has_notice()) out.push_back("notice " + m.notice().cause());
     if (m.has_progress()) out.push_back(absl::StrCat("progress ", m.progress().job(), " ",
                                                      m.progress().step()));
+    if (m.has_eval()) out.push_back(absl::StrCat("eval ", m.eval().job(), " ", m.eval().step()));
     if (m.has_checkpoint()) out.push_back(absl::StrCat("checkpoint ", m.checkpoint().job(), " ",
                                                        m.checkpoint().step()));
     if (m.has_exit()) out.push_back(absl::StrCat("exit ", m.exit().job(), " ",
                                                  tally::v1::AttemptOutcome_Name(m.exit().outcome())));
   }
   return out;
+}
+
+// A Workers stream whose connection failed: nothing is written or read.
+class DownStream final
+    : public grpc::ClientReaderWriterInterface<tally::v1::WorkerMessage,
+                                               tally::v1::ControllerMessage> {
+ public:
+  using grpc::internal::WriterInterface<tally::v1::WorkerMessage>::Write;
+  void WaitForInitialMetadata() override {}
+  bool NextMessageSize(uint32_t*) override { return false; }
+  bool Read(tally::v1::ControllerMessage*) override { return false; }
+  bool Write(const tally::v1::WorkerMessage&, grpc::WriteOptions) override { return false; }
+  bool WritesDone() override { return false; }
+  grpc::Status Finish() override {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect to all addresses");
+  }
+};
+
+class DownStub final : public tally::v1::Workers::StubInterface {
+ private:
+  grpc::ClientReaderWriterInterface<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
+  ConnectRaw(grpc::ClientContext*) override {
+    return new DownStream;
+  }
+  grpc::ClientAsyncReaderWriterInterface<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
+  AsyncConnectRaw(grpc::ClientContext*, grpc::CompletionQueue*, void*) override {
+    ADD_FAILURE() << "the agent uses the synchronous API";
+    return nullptr;
+  }
+  grpc::ClientAsyncReaderWriterInterface<tally::v1::WorkerMessage, tally::v1::ControllerMessage>*
+  PrepareAsyncConnectRaw(grpc::ClientContext*, grpc::CompletionQueue*) override {
+    ADD_FAILURE() << "the agent uses the synchronous API";
+    return nullptr;
+  }
+};
+
+// Connects over an in-process channel to `server` while up; while down,
+// every connection fails. Records each attempt's time on `clock`. The agent
+// owns the connector; the test keeps a FakeConnector::State.
+class FakeConnector final : public Connector {
+ public:
+  struct State {
+    absl::Mutex mu;
+    bool down ABSL_GUARDED_BY(mu) = false;
+    std::vector<absl::Time> attempts ABSL_GUARDED_BY(mu);
+
+    void SetDown(bool d) {
+      absl::MutexLock lock(&mu);
+      down = d;
+    }
+    std::vector<absl::Time> Attempts() {
+      absl::MutexLock lock(&mu);
+      return attempts;
+    }
+  };
+
+  FakeConnector(State* state, grpc::Server* server, const Clock* clock)
+      : state_(state), server_(server), clock_(clock) {}
+
+  std::unique_ptr<tally::v1::Workers::StubInterface> Connect(const Credentials&) override {
+    absl::MutexLock lock(&state_->mu);
+    state_->attempts.push_back(clock_->Now());
+    if (state_->down || server_ == nullptr) return std::make_unique<DownStub>();
+    return tally::v1::Workers::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+  }
+
+ private:
+  State* const state_;
+  grpc::Server* const server_;
+  const Clock* const clock_;
+};
+
+// Runs until stopped, reporting only what the test reports through
+// reporter(); then exits STOPPED.
+class HeldRunner final : public Runner {
+ public:
+  tally::v1::AttemptExit Run(const tally::v1::Assignment& a, Reporter* reporter,
+                             const train::StopFlag* stop) override {
+    {
+      absl::MutexLock lock(&mu_);
+      reporter_ = reporter;
+    }
+    train::StopKind kind = train::StopKind::kNone;
+    while ((kind = stop->requested()) == train::StopKind::kNone) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    absl::MutexLock lock(&mu_);
+    stopped_with_ = kind;
+    reporter_ = nullptr;
+    tally::v1::AttemptExit exit;
+    exit.set_job(a.job());
+    exit.set_attempt(a.attempt());
+    exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+    exit.set_reason("stopped");
+    return exit;
+  }
+
+  // The running attempt's reporter; null until it starts (waits up to 20 s).
+  Reporter* reporter() {
+    absl::MutexLock lock(&mu_);
+    auto started = [this] { return reporter_ != nullptr; };
+    mu_.AwaitWithTimeout(absl::Condition(&started), absl::Seconds(20));
+    return reporter_;
+  }
+  train::StopKind stopped_with() {
+    absl::MutexLock lock(&mu_);
+    return stopped_with_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  Reporter* reporter_ ABSL_GUARDED_BY(mu_) = nullptr;
+  train::StopKind stopped_with_ ABSL_GUARDED_BY(mu_) = train::StopKind::kNone;
+};
+
+// Advances `clock` by `step` about every millisecond of real time until
+// `done` holds; false after 20 s.
+bool AdvanceUntil(FakeClock* clock, absl::Duration step, const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    clock->Advance(step);
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return done();
+}
+
+tally::v1::Progress ProgressAt(const std::string& job, int32_t attempt, int64_t step) {
+  tally::v1::Progress p;
+  p.set_job(job);
+  p.set_attempt(attempt);
+  p.set_step(step);
+  return p;
 }
 
 class AgentTest : public ::testing::Test {
@@ -283,6 +435,11 @@ class AgentTest : public ::testing::Test {
   void TearDown() override {
     if (agent_) {
       agent_->Shutdown();
+      // A wait between connections ends on the agent's clock: move it.
+      if (on_fake_clock_) {
+        AdvanceUntil(&clock_, absl::Milliseconds(100),
+                     [this] { return RunReturned(absl::ZeroDuration()) != absl::InfinitePast(); });
+      }
       runner_thread_.join();
     }
     if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
@@ -331,9 +488,21 @@ class AgentTest : public ::testing::Test {
     return o;
   }
 
-  void StartAgent(AgentOptions options, std::unique_ptr<Runner> runner = nullptr) {
+  // The agent on clock_, connecting through a FakeConnector to `server`
+  // (null: every connection fails) that records attempts in connections_.
+  AgentSeams FakeSeams(grpc::Server* server, uint32_t backoff_seed = 1) {
+    on_fake_clock_ = true;
+    AgentSeams seams;
+    seams.clock = &clock_;
+    seams.connector = std::make_unique<FakeConnector>(&connections_, server, &clock_);
+    seams.backoff_seed = backoff_seed;
+    return seams;
+  }
+
+  void StartAgent(AgentOptions options, std::unique_ptr<Runner> runner = nullptr,
+                  AgentSeams seams = {}) {
     if (!runner) runner = std::make_unique<NoRunner>();
-    agent_ = std::make_unique<Agent>(std::move(options), std::move(runner));
+    agent_ = std::make_unique<Agent>(std::move(options), std::move(runner), std::move(seams));
     runner_thread_ = std::thread([this] {
       const int rc = agent_->Run();
       absl::MutexLock lock(&run_mu_);
@@ -379,6 +548,9 @@ class AgentTest : public ::testing::Test {
   std::unique_ptr<FakeWorkers> service_;
   std::unique_ptr<FakeTallyd> tallyd_;
   std::unique_ptr<grpc::Server> server_;
+  FakeClock clock_;
+  FakeConnector::State connections_;
+  bool on_fake_clock_ = false;
   std::unique_ptr<Agent> agent_;
   std::thread runner_thread_;
   absl::Mutex run_mu_;
@@ -723,6 +895,145 @@ TEST_F(AgentTest, AnIdleWorkerWithoutTallydLeavesAtOnceOnAPreemption) {
   const absl::Time returned = RunReturned(absl::Seconds(20));
   ASSERT_NE(returned, absl::InfinitePast());
   EXPECT_LT(returned - start, absl::Seconds(1));
+}
+
+TEST_F(AgentTest, ConnectionsAreRetriedAfterTheBackoffOnTheAgentsClock) {
+  AgentOptions options = Options({});
+  options.initial_backoff = absl::Milliseconds(100);
+  options.max_backoff = absl::Milliseconds(400);
+  StartAgent(options, nullptr, FakeSeams(/*server=*/nullptr, /*backoff_seed=*/5));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline && connections_.Attempts().empty()) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(connections_.Attempts().size(), 1u);
+  // Real time passing is not the agent's time: no retry until its clock
+  // moves.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(connections_.Attempts().size(), 1u);
+
+  constexpr size_t kAttempts = 6;
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(1),
+                           [&] { return connections_.Attempts().size() >= kAttempts; }));
+  // The waits are the Backoff's with the same seed: 100 ms doubling to the
+  // 400 ms cap, each jittered below its bound.
+  Backoff expected(options.initial_backoff, options.max_backoff, 5);
+  const std::vector<absl::Time> at = connections_.Attempts();
+  for (size_t i = 1; i < kAttempts; ++i) {
+    const absl::Duration bound = expected.bound();
+    const absl::Duration wait = expected.Next(absl::ZeroDuration());
+    const absl::Duration gap = at[i] - at[i - 1];
+    EXPECT_GE(gap, wait) << "attempt " << i;
+    EXPECT_LT(gap, wait + absl::Milliseconds(200)) << "attempt " << i;  // a loose sanity bound
+    EXPECT_LT(wait, bound);
+    EXPECT_GE(wait, bound / 2);
+  }
+  EXPECT_THAT(Logged(), HasSubstr("cannot reach tallyd at " + address_ +
+                                  ": failed to connect to all addresses"));
+}
+
+TEST_F(AgentTest, AfterAReconnectionTheHelloListsTheRunningAttemptAndQueuedReportsKeepTheirOrder) {
+  StartTallyd();
+  auto runner = std::make_unique<HeldRunner>();
+  HeldRunner* held = runner.get();
+  StartAgent(Options({}), std::move(runner), FakeSeams(server_.get()));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1", /*attempt=*/3)));
+  Reporter* reporter = held->reporter();
+  ASSERT_NE(reporter, nullptr);
+  reporter->Progress(ProgressAt("jobs/1", 3, 4));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_progress(); }));
+
+  // The stream fails and so does the next connection: the agent is
+  // disconnected (it made a second attempt) when the attempt reports.
+  connections_.SetDown(true);
+  ASSERT_TRUE(tallyd_->Hangup());
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40),
+                           [&] { return connections_.Attempts().size() >= 2; }));
+  tally::v1::EvalResult eval;
+  eval.set_job("jobs/1");
+  eval.set_attempt(3);
+  eval.set_step(5);
+  tally::v1::CheckpointRecord checkpoint;
+  checkpoint.set_job("jobs/1");
+  checkpoint.set_attempt(3);
+  checkpoint.set_step(6);
+  checkpoint.set_path("step-00000006.ckpt");
+  reporter->Progress(ProgressAt("jobs/1", 3, 5));
+  reporter->Eval(eval);
+  reporter->Progress(ProgressAt("jobs/1", 3, 6));
+  reporter->Checkpoint(checkpoint);
+  reporter->Progress(ProgressAt("jobs/1", 3, 7));
+  reporter->Progress(ProgressAt("jobs/1", 3, 8));  // takes step 7's place
+
+  connections_.SetDown(false);
+  auto hellos = [this] {
+    size_t n = 0;
+    for (const auto& m : tallyd_->received()) n += m.has_hello();
+    return n;
+  };
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return hellos() >= 2; }));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) {
+    return m.has_progress() && m.progress().step() == 8;
+  }));
+
+  const auto received = tallyd_->received();
+  const auto second = std::find_if(std::next(received.begin()), received.end(),
+                                   [](const auto& m) { return m.has_hello(); });
+  ASSERT_NE(second, received.end());
+  EXPECT_THAT(Kinds(std::vector<tally::v1::WorkerMessage>(received.begin(), second)),
+              ::testing::ElementsAre("hello", "progress jobs/1 4"));
+  EXPECT_EQ(received.front().hello().running_size(), 0);
+  // Re-adoption: the new Hello lists the attempt still running here.
+  ASSERT_EQ(second->hello().running_size(), 1);
+  EXPECT_EQ(second->hello().running(0).job(), "jobs/1");
+  EXPECT_EQ(second->hello().running(0).attempt(), 3);
+  // A newer step never overtakes the evaluation or the checkpoint queued
+  // before it.
+  EXPECT_THAT(Kinds(std::vector<tally::v1::WorkerMessage>(second, received.end())),
+              ::testing::ElementsAre("hello", "progress jobs/1 5", "eval jobs/1 5",
+                                     "progress jobs/1 6", "checkpoint jobs/1 6",
+                                     "progress jobs/1 8"));
+
+  // tallyd controls the re-adopted attempt over the new stream.
+  tally::v1::ControllerMessage stop;
+  stop.mutable_stop()->set_job("jobs/1");
+  stop.mutable_stop()->set_attempt(3);
+  ASSERT_TRUE(tallyd_->Send(stop));
+  auto exit = tallyd_->WaitFor(ExitOf("jobs/1"));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit().outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED);
+  EXPECT_EQ(held->stopped_with(), train::StopKind::kNow);
+  EXPECT_GE(connections_.Attempts().size(), 3u);
+}
+
+TEST_F(AgentTest, ThePreemptionDeadlineIsKeptOnTheAgentsClock) {
+  StartTallyd();
+  AgentOptions options = Options({});
+  options.preemption_deadline = absl::Seconds(25);
+  auto runner = std::make_unique<FakeRunner>(/*ignore_preempt=*/true);
+  FakeRunner* fake = runner.get();
+  StartAgent(options, std::move(runner), FakeSeams(server_.get()));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
+  ASSERT_TRUE(fake->WaitStarted(1));
+  agent_->Preempt("sigterm");
+  auto notice = tallyd_->WaitFor([](const auto& m) { return m.has_notice(); });
+  ASSERT_TRUE(notice.has_value());
+  EXPECT_EQ(notice->notice().deadline_seconds(), 25);  // no time passed on the clock
+  // Up to the delivery allowance (2 s) before the deadline, the attempt may
+  // still checkpoint: however long that takes in real time.
+  clock_.Advance(absl::Seconds(22));
+  EXPECT_EQ(RunReturned(absl::Milliseconds(300)), absl::InfinitePast());
+  EXPECT_FALSE(agent_->HasAbandonedAttempts());
+  clock_.Advance(absl::Seconds(1) + absl::Milliseconds(1));
+  auto exit = tallyd_->WaitFor(ExitOf("jobs/1"));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit().outcome(), tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_THAT(exit->exit().reason(),
+              HasSubstr("preemption checkpoint did not finish within the 25s deadline"));
+  EXPECT_NE(RunReturned(absl::Seconds(20)), absl::InfinitePast());
+  EXPECT_TRUE(agent_->HasAbandonedAttempts());
 }
 
 }  // namespace

@@ -99,6 +99,56 @@ TEST(OutboxTest, ProgressNeverOvertakesEvalsCheckpointsOrExits) {
   }
 }
 
+TEST(OutboxTest, ANewerStepNeverOvertakesAQueuedEvaluationOrCheckpoint) {
+  // Queued while disconnected; the front is an older evaluation (it may be
+  // on the wire), so every progress below could in principle be merged.
+  Outbox o;
+  o.Push(Eval(4));
+  o.Push(Progress(5));
+  o.Push(Eval(5));
+  o.Push(Progress(6));
+  o.Push(Checkpoint(6));
+  o.Push(Progress(7));
+  EXPECT_THAT(Stream(o), ElementsAre("eval jobs/1 4", "progress jobs/1 5", "eval jobs/1 5",
+                                     "progress jobs/1 6", "checkpoint 6", "progress jobs/1 7"));
+  // Adjacent progress merges: step 8 takes step 7's place, behind the
+  // checkpoint of step 6, and step 7 is never sent.
+  o.Push(Progress(8));
+  EXPECT_THAT(Stream(o), ElementsAre("eval jobs/1 4", "progress jobs/1 5", "eval jobs/1 5",
+                                     "progress jobs/1 6", "checkpoint 6", "progress jobs/1 8"));
+  // Another job's report in between is no barrier for this job's merge.
+  o.Push(Progress(1, "jobs/2"));
+  o.Push(Progress(9));
+  EXPECT_THAT(Stream(o), ElementsAre("eval jobs/1 4", "progress jobs/1 5", "eval jobs/1 5",
+                                     "progress jobs/1 6", "checkpoint 6", "progress jobs/1 9",
+                                     "progress jobs/2 1"));
+}
+
+TEST(OutboxTest, EvaluationsAndCheckpointsBetweenStepsKeepTheirPlaces) {
+  // Step 5 evaluated, step 6 checkpointed, step 7 trained, all while
+  // disconnected: no progress is adjacent to another, so nothing merges
+  // and nothing moves.
+  Outbox o;
+  o.Push(Progress(5));
+  o.Push(Eval(5));
+  o.Push(Progress(6));
+  o.Push(Checkpoint(6));
+  o.Push(Progress(7));
+  EXPECT_THAT(Stream(o), ElementsAre("progress jobs/1 5", "eval jobs/1 5", "progress jobs/1 6",
+                                     "checkpoint 6", "progress jobs/1 7"));
+  // Delivered up to the checkpoint: step 8 still takes step 7's place only.
+  o.PopFront();
+  o.PopFront();
+  o.PopFront();
+  o.Push(Progress(8));
+  EXPECT_THAT(Stream(o), ElementsAre("checkpoint 6", "progress jobs/1 8"));
+  // Once the checkpoint is sent, step 8 is the front (maybe on the wire):
+  // step 9 queues behind it.
+  o.PopFront();
+  o.Push(Progress(9));
+  EXPECT_THAT(Stream(o), ElementsAre("progress jobs/1 8", "progress jobs/1 9"));
+}
+
 TEST(OutboxTest, OtherJobsDoNotBlockTheMergeAndAreNotMerged) {
   Outbox o;
   o.Push(Eval(0, "jobs/9"));
