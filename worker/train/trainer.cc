@@ -2,7 +2,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/core/Reduction.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
@@ -12,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,10 +29,14 @@
 #include "worker/dist/expert_exchange.h"
 #include "worker/dist/grad_sync.h"
 #include "worker/dist/group.h"
+#include "worker/dist/step_reduce.h"
 #include "worker/model/transformer.h"
 #include "worker/precision/fp8.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/lr_schedule.h"
+#include "worker/train/optimizer.h"
+#include "worker/train/step.h"
+#include "worker/train/train_state.h"
 
 namespace tally::train {
 
@@ -109,98 +111,54 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// AdamW with decoupled weight decay (Loshchilov & Hutter), FP32 state.
-class AdamW {
- public:
-  AdamW(std::vector<model::Parameter>* params, const TrainConfig& c)
-      : params_(params), c_(c) {
-    for (const auto& p : *params_) {
-      m_.push_back(at::zeros_like(p.value));
-      v_.push_back(at::zeros_like(p.value));
-    }
-  }
-  void Step(double lr) {
-    at::NoGradGuard no_grad;
-    ++step_;
-    const double bc1 = 1.0 - std::pow(c_.beta1, static_cast<double>(step_));
-    const double bc2 = 1.0 - std::pow(c_.beta2, static_cast<double>(step_));
-    for (size_t i = 0; i < params_->size(); ++i) {
-      at::Tensor p = (*params_)[i].value;
-      const at::Tensor& g = p.grad();
-      if (!g.defined()) continue;
-      if ((*params_)[i].weight_decay && c_.weight_decay > 0) p.mul_(1.0 - lr * c_.weight_decay);
-      m_[i].lerp_(g, 1.0 - c_.beta1);
-      v_[i].mul_(c_.beta2).addcmul_(g, g, 1.0 - c_.beta2);
-      at::Tensor denom = (v_[i].sqrt() / std::sqrt(bc2)).add_(c_.eps);
-      p.addcdiv_(m_[i], denom, -lr / bc1);
-    }
-  }
-  int64_t step() const { return step_; }
-  void set_step(int64_t s) { step_ = s; }
-  std::vector<at::Tensor>& m() { return m_; }
-  std::vector<at::Tensor>& v() { return v_; }
-
- private:
-  std::vector<model::Parameter>* params_;
-  const TrainConfig& c_;
-  std::vector<at::Tensor> m_, v_;
-  int64_t step_ = 0;
-};
-
-struct DeviceBatch {
-  model::ModelInput input;
-  at::Tensor targets_N;
-};
-
-DeviceBatch ToDevice(const data::MicroBatch& b, at::Device device) {
-  auto longs = [&](const std::vector<int64_t>& v, bool shaped) {
-    at::Tensor t = at::tensor(v, at::kLong);
-    if (shaped) t = t.view({b.rows, b.width});
-    return t.to(device);
-  };
-  DeviceBatch d;
-  d.input.tokens_BT = longs(b.tokens, true);
-  d.input.positions_BT = longs(b.positions, true);
-  d.input.segments_BT = longs(b.segment_ids, true);
-  d.input.cu_seqlens_S = at::tensor(b.cu_seqlens, at::kInt).to(device);
-  d.input.max_seqlen = b.max_seqlen;
-  d.input.real_BT = at::tensor(std::vector<int64_t>(b.real.begin(), b.real.end()), at::kLong)
-                        .view({b.rows, b.width})
-                        .to(device, at::kBool);
-  d.targets_N = longs(b.targets, false);
-  return d;
-}
-
-struct Losses {
-  at::Tensor ce_sum;  // cross-entropy summed over the batch's target tokens, FP32
-  at::Tensor aux;     // MoE load-balancing loss (undefined when dense)
-  at::Tensor z;       // MoE router z-loss
-  std::vector<model::MoeLayerStats> moe;
-};
-
-Losses LossSum(const model::Transformer& m, const DeviceBatch& d, model::AttentionKernel kernel) {
-  model::ForwardOutput out = m.Run(d.input, kernel);
-  at::Tensor logits_BTV = out.logits_BTV;
-  return {at::cross_entropy_loss(logits_BTV.reshape({-1, logits_BTV.size(-1)}).to(at::kFloat),
-                                 d.targets_N, {}, at::Reduction::Sum, data::kIgnoreTarget),
-          out.aux_loss, out.z_loss, std::move(out.moe)};
-}
-
 class Run {
  public:
   Run(const TrainConfig& c, TrainEvents* events, const StopFlag* stop)
       : c_(c), events_(events), stop_(stop), device_(c.device) {}
 
   TrainResult Go();
-  int64_t step() const { return step_; }
+  int64_t step() const { return state_.step; }
 
  private:
+  // Set-up, in Go's order. The training and validation data, and the data
+  // cursor.
+  std::optional<TrainResult> OpenData();
+  // The model (this rank's experts under expert parallelism), its optimizer
+  // and FP8 linears.
+  void BuildModel();
+  // With several ranks (or a rendezvous): the process group, gradient
+  // buckets and expert exchange; checks that the ranks start alike.
+  std::optional<TrainResult> JoinGroup();
+  RunInfo Info() const;
+  bool expert_parallel() const {
+    return c_.moe_expert_parallel && c_.moe_num_experts > 0 && c_.world_size > 1;
+  }
+
+  // One step: its batch, forward and backward, the sum over ranks, the
+  // update, the report, then what follows it. A result ends the run.
+  std::optional<TrainResult> TrainStep(TrainEvents* report, NonFiniteGuard* guard,
+                                       NonFiniteGuard* fp8_guard);
+  // Data parallel: the step's totals summed over the ranks in one
+  // collective (dist/step_reduce.h), with their stop votes; gradients
+  // every rank agrees exist; the FP8 amax the largest any rank saw. How the
+  // group ends the step; on kStopNow nothing else is summed.
+  absl::StatusOr<dist::StepEnd> ReduceStep(StepTotals* t);
+  // The gradient norm, the non-finite and FP8 guards, clipping, the
+  // optimizer step and the MoE bias nudge, into `m`; a result when a guard
+  // fails the run.
+  std::optional<TrainResult> ApplyStep(const StepTotals& t, NonFiniteGuard* guard,
+                                       NonFiniteGuard* fp8_guard, StepMetrics* m);
+  // Once the step is applied and reported: its scheduled evaluation and
+  // checkpoint (or parameter check), then a preemption or a stop keeping
+  // the state.
+  std::optional<TrainResult> AfterStep(dist::StepEnd end, TrainEvents* report);
+
   TrainResult Fail(std::string reason, bool retryable) {
-    return {TrainResult::Outcome::kFailed, std::move(reason), step_, retryable};
+    return {TrainResult::Outcome::kFailed, std::move(reason), state_.step, retryable};
   }
   TrainResult Stopped(const std::string& detail = "") const {
-    return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", step_, detail), step_,
-            false};
+    return {TrainResult::Outcome::kStopped, absl::StrCat("stopped at step ", state_.step, detail),
+            state_.step, false};
   }
   // A stop that keeps the state (stop.h): every rank calls it at the same
   // step boundary.
@@ -210,8 +168,8 @@ class Run {
   TrainResult Preempted(const std::string& detail) const {
     // Retryable: another attempt resumes it (tallyd requeues a preemption
     // without counting it against max_attempts).
-    return {TrainResult::Outcome::kPreempted, absl::StrCat("preempted at step ", step_, detail),
-            step_, true};
+    return {TrainResult::Outcome::kPreempted,
+            absl::StrCat("preempted at step ", state_.step, detail), state_.step, true};
   }
   // Checks that the ranks' parameters agree, gathers sharded experts and
   // writes a checkpoint of this step on rank 0. Every rank calls it; a
@@ -255,8 +213,9 @@ class Run {
   std::unique_ptr<dist::GradientSync> sync_;  // with group_
   std::unique_ptr<dist::Group> expert_group_;    // expert parallelism
   std::unique_ptr<model::ExpertExchange> exchange_;
-  int64_t step_ = 0, tokens_ = 0, padding_tokens_ = 0;
-  int64_t last_eval_step_ = -1, last_checkpoint_step_ = -1;
+  TrainState state_;
+  int64_t micro_per_step_ = 1;
+  double flops_per_token_ = 0;
 };
 
 std::string Run::Fingerprint() const {
@@ -314,12 +273,12 @@ EvalMetrics Run::Evaluate() {
   targets = static_cast<int64_t>(sums[1]);
   target_bytes = static_cast<int64_t>(sums[2]);
   EvalMetrics e;
-  e.step = step_;
-  e.tokens = tokens_;
+  e.step = state_.step;
+  e.tokens = state_.tokens;
   e.target_tokens = targets;
   e.val_loss = targets ? loss_sum / targets : 0;
   e.bits_per_byte = target_bytes ? loss_sum / std::log(2.0) / target_bytes : 0;
-  last_eval_step_ = step_;
+  state_.last_eval_step = state_.step;
   if (fp8_) fp8_->SetTraining(true);
   return e;
 }
@@ -356,8 +315,8 @@ absl::Status Run::CheckParametersAgree() {
   if (differ.numel() == 0) return absl::OkStatus();
   const int64_t i = differ[0][0].item<int64_t>();
   return absl::FailedPreconditionError(absl::StrCat(
-      "parameter ", params[checked[i / 2]].name, " differs between ranks at step ", step_, " (",
-      i % 2 ? "sum of squares" : "sum", " from ", lo[i].item<double>(), " to ",
+      "parameter ", params[checked[i / 2]].name, " differs between ranks at step ", state_.step,
+      " (", i % 2 ? "sum of squares" : "sum", " from ", lo[i].item<double>(), " to ",
       hi[i].item<double>(), ")"));
 }
 
@@ -408,18 +367,10 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
         absl::StrCat("cannot create ", c_.checkpoint_dir, ": ", ec.message()));
   }
   const std::string path =
-      absl::StrFormat("%s/step-%08d.ckpt", c_.checkpoint_dir, step_);
+      absl::StrFormat("%s/step-%08d.ckpt", c_.checkpoint_dir, state_.step);
   CheckpointData data;
-  const data::DataCursor cursor = rows_->cursor();
-  nlohmann::json meta = {{"step", step_},           {"tokens", tokens_},
-                         {"padding_tokens", padding_tokens_},
-                         {"optimizer_step", opt_->step()},
-                         {"cursor_epoch", cursor.epoch}, {"cursor_row", cursor.row},
-                         {"fingerprint", Fingerprint()},
-                         // A resume that stops keeping its state need not
-                         // evaluate this step again.
-                         {"evaluated", last_eval_step_ == step_}};
-  data.metadata_json = meta.dump();
+  data.metadata_json =
+      CheckpointMetadata(state_, opt_->step(), rows_->cursor(), Fingerprint()).dump();
   auto& params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     // Checkpoints hold the whole model: any world size resumes from them.
@@ -437,24 +388,8 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
   }
   auto sha = WriteCheckpoint(path, data);
   if (!sha.ok()) return sha.status();
-  events_->OnCheckpoint({step_, tokens_, path, *sha});  // rank 0 only
+  events_->OnCheckpoint({state_.step, state_.tokens, path, *sha});  // rank 0 only
   return absl::OkStatus();
-}
-
-// A checkpoint's integer metadata field, or InvalidArgument naming it.
-absl::StatusOr<int64_t> IntField(const nlohmann::json& meta, const std::string& key) {
-  const auto it = meta.find(key);
-  if (it == meta.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata field ", key, " is missing"));
-  }
-  if (!it->is_number_integer() ||
-      (it->is_number_unsigned() &&
-       it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata field ", key, " is ",
-                                                   it->dump().substr(0, 40),
-                                                   " (expected a 64-bit integer)"));
-  }
-  return it->get<int64_t>();
 }
 
 // "k1=v1 k2=v2 ..." (Fingerprint()) as ordered pairs.
@@ -513,12 +448,12 @@ absl::Status Run::CheckCheckpoint(const nlohmann::json& meta,
   }
   RETURN_IF_ERROR(CheckFingerprint(fp->get<std::string>()));
 
-  ASSIGN_OR_RETURN(const int64_t step, IntField(meta, "step"));
-  ASSIGN_OR_RETURN(const int64_t tokens, IntField(meta, "tokens"));
-  ASSIGN_OR_RETURN(const int64_t padding, IntField(meta, "padding_tokens"));
-  ASSIGN_OR_RETURN(const int64_t opt_step, IntField(meta, "optimizer_step"));
-  ASSIGN_OR_RETURN(const int64_t epoch, IntField(meta, "cursor_epoch"));
-  ASSIGN_OR_RETURN(const int64_t row, IntField(meta, "cursor_row"));
+  ASSIGN_OR_RETURN(const int64_t step, MetadataInt(meta, "step"));
+  ASSIGN_OR_RETURN(const int64_t tokens, MetadataInt(meta, "tokens"));
+  ASSIGN_OR_RETURN(const int64_t padding, MetadataInt(meta, "padding_tokens"));
+  ASSIGN_OR_RETURN(const int64_t opt_step, MetadataInt(meta, "optimizer_step"));
+  ASSIGN_OR_RETURN(const int64_t epoch, MetadataInt(meta, "cursor_epoch"));
+  ASSIGN_OR_RETURN(const int64_t row, MetadataInt(meta, "cursor_row"));
   if (step < 0) return invalid("step is ", step, " (expected >= 0)");
   if (step > c_.max_steps) {
     return mismatch("step is ", step, ", past this job's training.max_steps (", c_.max_steps,
@@ -690,23 +625,13 @@ absl::Status Run::LoadCheckpoint() {
       return in_file(absl::InvalidArgumentError("FP8 scaling state " + bad + " is unreadable"));
     }
   }
-  step_ = meta["step"].get<int64_t>();
-  tokens_ = meta["tokens"].get<int64_t>();
-  padding_tokens_ = meta["padding_tokens"].get<int64_t>();
+  state_ = ResumedState(meta);
   opt_->set_step(meta["optimizer_step"].get<int64_t>());
-  rows_->Seek({meta["cursor_epoch"].get<int64_t>(), meta["cursor_row"].get<int64_t>()});
-  last_checkpoint_step_ = step_;
-  if (meta.value("evaluated", false)) last_eval_step_ = step_;
+  rows_->Seek(ResumedCursor(meta));
   return absl::OkStatus();
 }
 
-TrainResult Run::Go() {
-  if (absl::Status s = c_.Validate(); !s.ok()) return Fail(std::string(s.message()), false);
-  if (device_.is_cuda()) {
-    kernel_ = model::AttentionKernel::kVarlenFlash;
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  }
+std::optional<TrainResult> Run::OpenData() {
   auto train = data::Dataset::Open(c_.train_path, c_.vocab_size);
   if (!train.ok()) return Fail("data.train_path: " + std::string(train.status().message()), false);
   train_ = std::move(*train);
@@ -732,7 +657,10 @@ TrainResult Run::Go() {
   pack.seed = c_.seed;
   pack.mode = c_.packing;
   rows_ = std::make_unique<data::RowStream>(train_.get(), pack);
+  return std::nullopt;
+}
 
+void Run::BuildModel() {
   model::ModelConfig mc;
   mc.num_layers = c_.num_layers;
   mc.d_model = c_.d_model;
@@ -747,11 +675,14 @@ TrainResult Run::Go() {
   mc.moe.capacity_factor = c_.moe_capacity_factor;
   mc.moe.test_forced_expert = c_.test_moe_forced_expert;
   model_ = std::make_unique<model::Transformer>(mc, c_.seed, device_);
-  const bool expert_parallel =
-      c_.moe_expert_parallel && c_.moe_num_experts > 0 && c_.world_size > 1;
   // Each rank holds, updates and keeps optimizer state for its own experts.
-  if (expert_parallel) model_->ShardExperts(c_.rank, c_.world_size);
-  opt_ = std::make_unique<AdamW>(&model_->parameters(), c_);
+  if (expert_parallel()) model_->ShardExperts(c_.rank, c_.world_size);
+  AdamWOptions adamw;
+  adamw.beta1 = c_.beta1;
+  adamw.beta2 = c_.beta2;
+  adamw.eps = c_.eps;
+  adamw.weight_decay = c_.weight_decay;
+  opt_ = std::make_unique<AdamW>(&model_->parameters(), adamw);
   if (c_.fp8) {
     precision::RecipeConfig rc;
     rc.recipe = c_.fp8_recipe == Fp8Recipe::kDelayed   ? precision::Recipe::kDelayed
@@ -763,59 +694,57 @@ TrainResult Run::Go() {
     fp8_ = std::make_unique<precision::Fp8Linears>(rc);
     model_->SetLinearOverride(fp8_.get());
   }
-  if (!c_.resume_path.empty()) {
-    if (absl::Status s = LoadCheckpoint(); !s.ok()) {
-      return Fail("resume: " + std::string(s.message()), false);
-    }
-  }
-  if (c_.world_size > 1 || !c_.rendezvous.empty()) {  // one rank may still join a group
-    dist::GroupOptions g;
-    g.rank = c_.rank;
-    g.world_size = c_.world_size;
-    g.store_address = c_.rendezvous;
-    g.prefix = c_.rendezvous_prefix;
-    g.local_host = c_.rendezvous_local_host;
-    g.device = c_.device;
-    g.timeout_seconds = c_.collective_timeout_seconds;
-    auto group = dist::Group::Create(g);
-    if (!group.ok()) return Fail("rendezvous: " + std::string(group.status().message()), true);
-    group_ = std::move(*group);
-    // Sharded experts get every rank's gradient through the all-to-all:
-    // nothing to sum.
-    std::vector<at::Tensor> values;
-    for (const auto& p : model_->parameters()) {
-      if (!p.sharded) values.push_back(p.value);
-    }
-    sync_ = std::make_unique<dist::GradientSync>(group_.get(), std::move(values), c_.bucket_bytes);
-    if (expert_parallel) {
-      // Its own group: expert all-to-alls run inside the backward pass, beside
-      // the gradient buckets, and the two need no common order.
-      auto experts = group_->NewGroup("experts");
-      if (!experts.ok()) return Fail("rendezvous: " + std::string(experts.status().message()), true);
-      expert_group_ = std::move(*experts);
-      exchange_ = std::make_unique<dist::GroupExchange>(expert_group_.get());
-      model_->SetExpertExchange(exchange_.get());
-    }
-    // Every rank holds every FP8 layer, so their amax vectors line up.
-    if (fp8_) fp8_->Declare(model_->LinearSites());
-    // Same seed, same checkpoint: the ranks must start from the same
-    // parameters; anything else is a configuration error, not bad luck.
-    if (absl::Status s = CheckParametersAgree(); !s.ok()) {
-      return Fail(absl::StrCat("ranks start from different parameters: ", s.message()), false);
-    }
-  }
+}
 
-  const int64_t micro_tokens = int64_t{c_.seq_len} * c_.micro_batch_rows;
-  const int64_t micro_per_step =
-      c_.global_batch_tokens > 0 ? c_.global_batch_tokens / micro_tokens : 1;
+std::optional<TrainResult> Run::JoinGroup() {
+  if (c_.world_size <= 1 && c_.rendezvous.empty()) return std::nullopt;
+  // (One rank with a rendezvous still joins a group.)
+  dist::GroupOptions g;
+  g.rank = c_.rank;
+  g.world_size = c_.world_size;
+  g.store_address = c_.rendezvous;
+  g.prefix = c_.rendezvous_prefix;
+  g.local_host = c_.rendezvous_local_host;
+  g.device = c_.device;
+  g.timeout_seconds = c_.collective_timeout_seconds;
+  auto group = dist::Group::Create(g);
+  if (!group.ok()) return Fail("rendezvous: " + std::string(group.status().message()), true);
+  group_ = std::move(*group);
+  // Sharded experts get every rank's gradient through the all-to-all:
+  // nothing to sum.
+  std::vector<at::Tensor> values;
+  for (const auto& p : model_->parameters()) {
+    if (!p.sharded) values.push_back(p.value);
+  }
+  sync_ = std::make_unique<dist::GradientSync>(group_.get(), std::move(values), c_.bucket_bytes);
+  if (expert_parallel()) {
+    // Its own group: expert all-to-alls run inside the backward pass, beside
+    // the gradient buckets, and the two need no common order.
+    auto experts = group_->NewGroup("experts");
+    if (!experts.ok()) return Fail("rendezvous: " + std::string(experts.status().message()), true);
+    expert_group_ = std::move(*experts);
+    exchange_ = std::make_unique<dist::GroupExchange>(expert_group_.get());
+    model_->SetExpertExchange(exchange_.get());
+  }
+  // Every rank holds every FP8 layer, so their amax vectors line up.
+  if (fp8_) fp8_->Declare(model_->LinearSites());
+  // Same seed, same checkpoint: the ranks must start from the same
+  // parameters; anything else is a configuration error, not bad luck.
+  if (absl::Status s = CheckParametersAgree(); !s.ok()) {
+    return Fail(absl::StrCat("ranks start from different parameters: ", s.message()), false);
+  }
+  return std::nullopt;
+}
+
+RunInfo Run::Info() const {
   RunInfo info;
   info.num_parameters = model_->num_parameters();
   info.num_resident_parameters = model_->num_resident_parameters();
   info.num_embedding_parameters = model_->num_embedding_parameters();
   info.num_active_parameters = model_->num_active_parameters();
   info.flops_per_token = model_->TrainingFlopsPerToken(c_.seq_len);
-  info.micro_batches_per_step = micro_per_step;
-  info.start_step = step_;
+  info.micro_batches_per_step = micro_per_step_;
+  info.start_step = state_.step;
   info.train_docs = train_->num_docs();
   info.val_docs = val_ ? val_->num_docs() : 0;
   info.packing_efficiency = rows_->epoch_stats().efficiency();
@@ -825,6 +754,28 @@ TrainResult Run::Go() {
   info.world_size = c_.world_size;
   info.backend = group_ ? group_->backend() : "";
   info.expert_parallel = exchange_ != nullptr;
+  return info;
+}
+
+TrainResult Run::Go() {
+  if (absl::Status s = c_.Validate(); !s.ok()) return Fail(std::string(s.message()), false);
+  if (device_.is_cuda()) {
+    kernel_ = model::AttentionKernel::kVarlenFlash;
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  }
+  if (auto failed = OpenData()) return *failed;
+  BuildModel();
+  if (!c_.resume_path.empty()) {
+    if (absl::Status s = LoadCheckpoint(); !s.ok()) {
+      return Fail("resume: " + std::string(s.message()), false);
+    }
+  }
+  if (auto failed = JoinGroup()) return *failed;
+  const int64_t micro_tokens = int64_t{c_.seq_len} * c_.micro_batch_rows;
+  micro_per_step_ = c_.global_batch_tokens > 0 ? c_.global_batch_tokens / micro_tokens : 1;
+  const RunInfo info = Info();
+  flops_per_token_ = info.flops_per_token;
   events_->OnStart(info);
   // Only rank 0 reports steps, evaluations and checkpoints.
   TrainEvents silent;
@@ -833,8 +784,8 @@ TrainResult Run::Go() {
   // A fresh run evaluates its initial state; a resumed one evaluates only a
   // step the schedule names that its checkpoint was not evaluated at (a
   // preemption skips that evaluation to save time: this one makes it up).
-  if (val_ && last_eval_step_ != step_ &&
-      (step_ == 0 || step_ % c_.eval_interval_steps == 0)) {
+  if (val_ && !state_.evaluated_this_step() &&
+      (state_.step == 0 || state_.step % c_.eval_interval_steps == 0)) {
     EvalMetrics e = Evaluate();
     report->OnEval(e);
   }
@@ -842,289 +793,211 @@ TrainResult Run::Go() {
   // FP8 statistics "go bad" when over 1% of the values a step quantizes
   // overflow, or an amax is not finite: stop rather than drift.
   NonFiniteGuard fp8_guard(c_.max_nonfinite_steps);
-  while (step_ < c_.max_steps) {
-    // In a group the ranks vote at the end of a step instead (below): a rank
-    // that left here would fail its peers' next collective.
+  while (state_.step < c_.max_steps) {
+    // In a group the ranks vote at the end of a step instead (ReduceStep): a
+    // rank that left here would fail its peers' next collective.
     if (!group_) {
       const StopKind stop = stop_->requested();
       if (stop == StopKind::kNow) return Stopped();
       if (stop == StopKind::kPreempt) return StopPreempting();
       if (stop == StopKind::kKeepState) return StopKeepingState(report);
     }
-    const auto t0 = Clock::now();
-    // Every rank walks the whole step's rows (the cursor stays global) and
-    // builds only its own micro-batches: i % world_size == rank.
-    std::vector<data::MicroBatch> micro;
-    int64_t targets = 0, real = 0, padding = 0;
-    for (int64_t i = 0; i < micro_per_step; ++i) {
-      std::vector<data::Row> rows = rows_->Next(c_.micro_batch_rows);
-      for (const data::Row& r : rows) {
-        for (const data::Segment& seg : r.segments) targets += std::max<int32_t>(0, seg.length - 1);
-      }
-      if (i % c_.world_size != c_.rank) continue;
-      micro.push_back(data::BuildMicroBatch(*train_, rows, c_.seq_len, c_.packing));
-      real += micro.back().real_tokens;
-      padding += micro.back().padding_tokens;
-    }
-    // Summed on the device (in FP64) and read once the step's passes are done.
-    at::Tensor loss_acc = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
-    at::Tensor aux_acc = at::zeros_like(loss_acc);
-    std::map<int64_t, StepMetrics::MoeLayer> moe_layers;
-    std::map<int64_t, int64_t> moe_assignments, moe_dropped;
-    for (size_t mi = 0; mi < micro.size(); ++mi) {
-      const data::MicroBatch& mb = micro[mi];
-      // The last backward of the step all-reduces buckets as they finish.
-      if (sync_ && mi + 1 == micro.size()) sync_->Arm();
-      // The ranks stop together, at the end of the step (below); a stop
-      // that keeps the state lets the step finish.
-      if (!group_ && stop_->requested() == StopKind::kNow) return Stopped();
-      Losses l = LossSum(*model_, ToDevice(mb, device_), kernel_);
-      loss_acc = loss_acc + l.ce_sum.detach().to(at::kDouble);
-      at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, targets));
-      if (l.aux.defined()) {
-        // The MoE losses are means already: one share per micro-batch.
-        const double share = 1.0 / static_cast<double>(micro_per_step);
-        loss = loss + (c_.moe_aux_loss_coef * share) * l.aux +
-               (c_.moe_z_loss_coef * share) * l.z;
-        aux_acc = aux_acc + l.aux.detach().to(at::kDouble) * share;
-        for (const auto& ls : l.moe) {
-          auto& agg = moe_layers[ls.layer];
-          agg.layer = ls.layer;
-          if (agg.tokens_per_expert.empty()) {
-            agg.tokens_per_expert.assign(ls.stats.tokens_per_expert.size(), 0);
-          }
-          for (size_t e = 0; e < ls.stats.tokens_per_expert.size(); ++e) {
-            agg.tokens_per_expert[e] += ls.stats.tokens_per_expert[e];
-          }
-          agg.router_entropy += ls.stats.router_entropy * share;
-          moe_assignments[ls.layer] += ls.stats.assignments;
-          moe_dropped[ls.layer] += ls.stats.dropped;
-        }
-      }
-      loss.backward();
-    }
-    const at::Tensor sums = at::stack({loss_acc, aux_acc}).cpu();
-    double loss_sum = sums[0].item<double>(), aux_sum = sums[1].item<double>();
-    precision::Fp8Stats fp8_stats = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};
-    double sharded_grad_sq = 0;  // summed over ranks
-    bool keep_state_after_step = false;
-    bool preempt_after_step = false;
-    if (group_) {
-      bool amax_finite = true;
-      for (const auto& [group, amax] : fp8_stats.amax) amax_finite &= std::isfinite(amax);
-      // Every count of the step in one collective: losses, tokens, the stop
-      // votes, FP8 counts, which gradients exist, MoE loads.
-      const StopKind stop = stop_->requested();
-      std::vector<double> v = {loss_sum,
-                               aux_sum,
-                               static_cast<double>(real),
-                               static_cast<double>(padding),
-                               stop == StopKind::kNow ? 1.0 : 0.0,
-                               static_cast<double>(fp8_stats.overflows),
-                               static_cast<double>(fp8_stats.underflows),
-                               static_cast<double>(fp8_stats.elements),
-                               static_cast<double>(fp8_stats.fp8_products),
-                               static_cast<double>(fp8_stats.total_products),
-                               amax_finite ? 0.0 : 1.0,
-                               stop == StopKind::kKeepState ? 1.0 : 0.0,
-                               stop == StopKind::kPreempt ? 1.0 : 0.0};
-      auto& params = model_->parameters();
-      const size_t grads_at = v.size();
-      for (const auto& p : params) v.push_back(p.value.grad().defined() ? 1.0 : 0.0);
-      // Gradients first (most buckets are under way already), then the counts.
-      sync_->Finish();
-      // Sharded experts' share of the gradient norm: each rank has its own.
-      const size_t sharded_sq_at = v.size();
-      {
-        std::vector<at::Tensor> squares;
-        for (const auto& p : params) {
-          if (p.sharded && p.value.grad().defined()) {
-            squares.push_back(p.value.grad().to(at::kDouble).square().sum());
-          }
-        }
-        v.push_back(squares.empty() ? 0.0 : at::stack(squares).sum().item<double>());  // one read
-      }
-      const size_t moe_at = v.size();
-      const auto biases = model_->expert_biases();
-      for (const auto& [layer, bias] : biases) {
-        auto& agg = moe_layers[layer];
-        agg.layer = layer;
-        agg.tokens_per_expert.resize(c_.moe_num_experts, 0);
-        for (int64_t n : agg.tokens_per_expert) v.push_back(static_cast<double>(n));
-        v.push_back(agg.router_entropy);
-        v.push_back(static_cast<double>(moe_assignments[layer]));
-        v.push_back(static_cast<double>(moe_dropped[layer]));
-      }
-      SumOverRanks(&v);
-      // A rank asked to keep the state, or preempted: all finish this step
-      // and keep it (those votes outweigh one to stop at once, since the
-      // checkpoint needs every rank). A preemption skips the evaluation.
-      preempt_after_step = v[12] > 0;
-      keep_state_after_step = v[11] > 0 && !preempt_after_step;
-      if (v[4] > 0 && !keep_state_after_step && !preempt_after_step) return Stopped();
-      loss_sum = v[0];
-      aux_sum = v[1];
-      real = static_cast<int64_t>(v[2]);
-      padding = static_cast<int64_t>(v[3]);
-      fp8_stats.overflows = static_cast<int64_t>(v[5]);
-      fp8_stats.underflows = static_cast<int64_t>(v[6]);
-      fp8_stats.elements = static_cast<int64_t>(v[7]);
-      fp8_stats.fp8_products = static_cast<int64_t>(v[8]);
-      fp8_stats.total_products = static_cast<int64_t>(v[9]);
-      if (v[10] > 0) fp8_stats.amax["any rank"] = std::nan("");
-      size_t at = moe_at;
-      for (const auto& [layer, bias] : biases) {
-        auto& agg = moe_layers[layer];
-        for (int64_t& n : agg.tokens_per_expert) n = static_cast<int64_t>(v[at++]);
-        agg.router_entropy = v[at++];
-        moe_assignments[layer] = static_cast<int64_t>(v[at++]);
-        moe_dropped[layer] = static_cast<int64_t>(v[at++]);
-      }
-      // A parameter no local batch reached (an expert without tokens here)
-      // joined the sum as zeros; one no rank reached has no gradient, as in
-      // a single process.
-      // A sharded block no token reached has zeros where some other block
-      // had tokens, as the whole tensor would in a single process.
-      for (size_t i = 0; i < params.size(); ++i) {
-        at::Tensor& g = params[i].value.mutable_grad();
-        if (v[grads_at + i] == 0) {
-          g = at::Tensor();
-        } else if (params[i].sharded && !g.defined()) {
-          g = at::zeros_like(params[i].value);
-        }
-      }
-      sharded_grad_sq = v[sharded_sq_at];
-      if (fp8_) {
-        // Delayed scaling steps from the largest amax any rank saw.
-        const std::vector<double> local = fp8_->StepAmax();
-        if (!local.empty()) {
-          at::Tensor amax = at::tensor(local, at::kDouble);
-          group_->AllReduceMax(amax);
-          fp8_->SetStepAmax(std::vector<double>(amax.data_ptr<double>(),
-                                                amax.data_ptr<double>() + amax.numel()));
-        }
-      }
-    }
-    StepMetrics m;
-    m.moe_aux_loss = aux_sum;
-    for (auto& [layer, agg] : moe_layers) {
-      int64_t total = 0, max = 0;
-      for (int64_t n : agg.tokens_per_expert) total += n, max = std::max(max, n);
-      const double mean = static_cast<double>(total) / agg.tokens_per_expert.size();
-      agg.max_over_mean_load = mean > 0 ? max / mean : 0;
-      agg.dropped_fraction =
-          moe_assignments[layer] ? static_cast<double>(moe_dropped[layer]) / moe_assignments[layer]
-                                 : 0;
-      m.moe_max_over_mean_load = std::max(m.moe_max_over_mean_load, agg.max_over_mean_load);
-      m.moe.push_back(agg);
-    }
-    m.step = step_ + 1;
-    m.lr = LearningRate(m.step, c_.lr, c_.min_lr, c_.warmup_steps, c_.max_steps);
-    m.train_loss = loss_sum / static_cast<double>(std::max<int64_t>(1, targets));
-    {
-      at::NoGradGuard no_grad;
-      std::vector<at::Tensor> norms;
-      for (auto& p : model_->parameters()) {
-        if (!p.sharded && p.value.grad().defined()) {
-          norms.push_back(p.value.grad().norm().to(at::kFloat));
-        }
-      }
-      const double replicated = norms.empty() ? 0.0 : at::stack(norms).norm().item<double>();
-      // (A NaN in the sharded sum is not 0, so it reaches the norm.)
-      m.grad_norm = sharded_grad_sq == 0
-                        ? replicated
-                        : std::sqrt(replicated * replicated + sharded_grad_sq);
-      const bool finite = std::isfinite(m.train_loss) && std::isfinite(m.grad_norm);
-      if (guard.Observe(finite)) {
-        return Fail(absl::StrCat("loss or gradient was NaN/Inf for ", guard.streak(),
-                                 " consecutive steps (last loss ", m.train_loss,
-                                 ", grad norm ", m.grad_norm, ") at step ", m.step,
-                                 ": lower optimizer.lr or set optimizer.grad_clip"),
-                    false);
-      }
-      if (finite) {
-        if (c_.grad_clip > 0 && m.grad_norm > c_.grad_clip) {
-          const double scale = c_.grad_clip / (m.grad_norm + 1e-6);
-          for (auto& p : model_->parameters()) {
-            if (p.value.grad().defined()) p.value.mutable_grad().mul_(scale);
-          }
-        }
-        opt_->Step(m.lr);
-      }
-      m.skipped = !finite;
-      if (c_.moe_bias_balancing) {
-        auto biases = model_->expert_biases();
-        for (size_t i = 0; i < biases.size() && i < m.moe.size(); ++i) {
-          model::NudgeBias(biases[i].second, m.moe[i].tokens_per_expert, c_.moe_bias_rate);
-        }
-      }
-      if (fp8_) {
-        fp8_->OnOptimizerStep();
-        const precision::Fp8Stats& st = fp8_stats;
-        m.fp8_overflows = st.overflows;
-        m.fp8_underflows = st.underflows;
-        m.fp8_values = st.elements;
-        m.fp8_product_fraction =
-            st.total_products ? static_cast<double>(st.fp8_products) / st.total_products : 0;
-        bool amax_finite = true;
-        for (const auto& [group, amax] : st.amax) {
-          m.fp8_amax.emplace_back(group, amax);
-          amax_finite = amax_finite && std::isfinite(amax);
-        }
-        const double overflow_fraction =
-            st.elements ? static_cast<double>(st.overflows) / st.elements : 0;
-        if (fp8_guard.Observe(amax_finite && overflow_fraction <= 0.01)) {
-          return Fail(absl::StrFormat("FP8 statistics went bad for %d steps in a row (step %d: "
-                                      "%.2f%% of values overflowed, amax %s): raise "
-                                      "precision.fp8_margin or use the current recipe",
-                                      fp8_guard.streak(), m.step, 100 * overflow_fraction,
-                                      amax_finite ? "finite" : "not finite"),
-                      false);
-        }
-      }
-      for (auto& p : model_->parameters()) p.value.mutable_grad() = at::Tensor();
-    }
-    ++step_;
-    tokens_ += real;
-    padding_tokens_ += padding;
-    m.step_seconds = Seconds(t0, Clock::now());
-    m.tokens = tokens_;
-    m.padding_tokens = padding_tokens_;
-    m.step_tokens = real;
-    m.step_padding_tokens = padding;
-    m.useful_tokens_per_second = m.step_seconds > 0 ? real / m.step_seconds : 0;
-    m.padding_fraction = static_cast<double>(padding) / static_cast<double>(real + padding);
-    if (c_.peak_flops > 0 && m.step_seconds > 0) {
-      m.mfu = info.flops_per_token * real / m.step_seconds / (c_.peak_flops * c_.world_size);
-    }
-    report->OnStep(m);
-
-    const bool last = step_ == c_.max_steps;
-    // One rank reads its own flag here, once the step is applied (a group
-    // voted above): a preemption skips even a scheduled evaluation.
-    if (!group_ && stop_->requested() == StopKind::kPreempt) preempt_after_step = true;
-    const bool preempting = preempt_after_step && !last;
-    if (val_ && !preempting && (step_ % c_.eval_interval_steps == 0 || last)) {
-      EvalMetrics e = Evaluate();
-      report->OnEval(e);
-    }
-    const bool checkpoint =
-        !c_.checkpoint_dir.empty() &&
-        ((c_.checkpoint_interval_steps > 0 && step_ % c_.checkpoint_interval_steps == 0) || last);
-    if (checkpoint) {
-      if (auto failed = CheckpointOnAllRanks()) return *failed;
-    } else if (group_ && c_.param_check_interval_steps > 0 &&
-               step_ % c_.param_check_interval_steps == 0) {
-      if (absl::Status s = CheckParametersAgree(); !s.ok()) {
-        return Fail(absl::StrCat(s.message(), "; resuming from the last checkpoint re-syncs them"),
-                    true);
-      }
-    }
-    if (preempting) return StopPreempting();
-    if (keep_state_after_step && step_ < c_.max_steps) return StopKeepingState(report);
+    if (auto done = TrainStep(report, &guard, &fp8_guard)) return *done;
   }
   return {TrainResult::Outcome::kSucceeded,
-          absl::StrCat("trained ", step_, " steps, ", tokens_, " tokens"), step_, false};
+          absl::StrCat("trained ", state_.step, " steps, ", state_.tokens, " tokens"), state_.step,
+          false};
+}
+
+std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* guard,
+                                          NonFiniteGuard* fp8_guard) {
+  const auto t0 = Clock::now();
+  const StepBatch batch = NextStepBatch(c_, micro_per_step_, *train_, rows_.get());
+  // The ranks stop together, at the end of the step (ReduceStep); a stop
+  // that keeps the state lets the step finish.
+  std::optional<StepTotals> totals =
+      ForwardBackward(c_, micro_per_step_, batch, {model_.get(), device_, kernel_, sync_.get()},
+                      [&] { return !group_ && stop_->requested() == StopKind::kNow; });
+  if (!totals) return Stopped();
+  StepTotals& t = *totals;
+  t.fp8 = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};
+  dist::StepEnd end = dist::StepEnd::kContinue;
+  if (group_) {
+    absl::StatusOr<dist::StepEnd> reduced = ReduceStep(&t);
+    if (!reduced.ok()) return Fail(std::string(reduced.status().message()), false);
+    end = *reduced;
+    if (end == dist::StepEnd::kStopNow) return Stopped();
+  }
+
+  StepMetrics m;
+  m.moe_aux_loss = t.aux_loss_sum;
+  ReportMoeLoads(t.moe, &m);
+  m.step = state_.step + 1;
+  m.lr = LearningRate(m.step, c_.lr, c_.min_lr, c_.warmup_steps, c_.max_steps);
+  m.train_loss = t.loss_sum / static_cast<double>(std::max<int64_t>(1, batch.targets));
+  if (auto failed = ApplyStep(t, guard, fp8_guard, &m)) return failed;
+  state_.AdvanceStep(t.real_tokens, t.padding_tokens);
+  const int64_t real = t.real_tokens, padding = t.padding_tokens;
+  m.step_seconds = Seconds(t0, Clock::now());
+  m.tokens = state_.tokens;
+  m.padding_tokens = state_.padding_tokens;
+  m.step_tokens = real;
+  m.step_padding_tokens = padding;
+  m.useful_tokens_per_second = m.step_seconds > 0 ? real / m.step_seconds : 0;
+  m.padding_fraction = static_cast<double>(padding) / static_cast<double>(real + padding);
+  if (c_.peak_flops > 0 && m.step_seconds > 0) {
+    m.mfu = flops_per_token_ * real / m.step_seconds / (c_.peak_flops * c_.world_size);
+  }
+  report->OnStep(m);
+  return AfterStep(end, report);
+}
+
+absl::StatusOr<dist::StepEnd> Run::ReduceStep(StepTotals* t) {
+  auto& params = model_->parameters();
+  // Every count of the step in one collective: losses, tokens, the stop
+  // votes, FP8 counts, which gradients exist, MoE loads.
+  dist::StepSums local;
+  local.loss_sum = t->loss_sum;
+  local.aux_loss_sum = t->aux_loss_sum;
+  local.real_tokens = t->real_tokens;
+  local.padding_tokens = t->padding_tokens;
+  const StopKind stop = stop_->requested();
+  local.votes.now = stop == StopKind::kNow;
+  local.votes.keep_state = stop == StopKind::kKeepState;
+  local.votes.preempt = stop == StopKind::kPreempt;
+  local.fp8 = {t->fp8.overflows, t->fp8.underflows, t->fp8.elements, t->fp8.fp8_products,
+               t->fp8.total_products};
+  bool amax_finite = true;
+  for (const auto& [group, amax] : t->fp8.amax) amax_finite &= std::isfinite(amax);
+  local.ranks_with_nonfinite_amax = amax_finite ? 0 : 1;
+  // Read before the gradients are summed.
+  for (const auto& p : params) local.ranks_with_grad.push_back(p.value.grad().defined());
+  // Gradients first (most buckets are under way already), then the counts.
+  sync_->Finish();
+  // Sharded experts' share of the gradient norm: each rank has its own.
+  local.sharded_grad_square_sum = ShardedGradSquareSum(params);
+  // Every MoE layer takes part on every rank, whether its tokens reached it
+  // here or not.
+  const auto biases = model_->expert_biases();
+  for (const auto& [layer, bias] : biases) {
+    dist::MoeLayerLoad& load = t->moe[layer];
+    load.tokens_per_expert.resize(c_.moe_num_experts, 0);
+    local.moe_layers.push_back(load);
+  }
+  std::vector<double> packed = dist::PackStepSums(local);
+  SumOverRanks(&packed);
+  ASSIGN_OR_RETURN(const dist::StepSums sum,
+                   dist::UnpackStepSums(packed, dist::LayoutOf(local)));
+  // A rank asked to keep the state, or preempted: all finish this step and
+  // keep it (those votes outweigh one to stop at once, since the checkpoint
+  // needs every rank). A preemption skips the evaluation.
+  const dist::StepEnd end = sum.votes.Decide();
+  if (end == dist::StepEnd::kStopNow) return end;
+  t->loss_sum = sum.loss_sum;
+  t->aux_loss_sum = sum.aux_loss_sum;
+  t->real_tokens = sum.real_tokens;
+  t->padding_tokens = sum.padding_tokens;
+  t->fp8.overflows = sum.fp8.overflows;
+  t->fp8.underflows = sum.fp8.underflows;
+  t->fp8.elements = sum.fp8.elements;
+  t->fp8.fp8_products = sum.fp8.fp8_products;
+  t->fp8.total_products = sum.fp8.total_products;
+  if (sum.ranks_with_nonfinite_amax > 0) t->fp8.amax["any rank"] = std::nan("");
+  for (size_t i = 0; i < biases.size(); ++i) t->moe[biases[i].first] = sum.moe_layers[i];
+  // A parameter no local batch reached (an expert without tokens here)
+  // joined the sum as zeros; one no rank reached has no gradient, as in a
+  // single process. A sharded block no token reached has zeros where some
+  // other block had tokens, as the whole tensor would in a single process.
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor& g = params[i].value.mutable_grad();
+    if (sum.ranks_with_grad[i] == 0) {
+      g = at::Tensor();
+    } else if (params[i].sharded && !g.defined()) {
+      g = at::zeros_like(params[i].value);
+    }
+  }
+  t->sharded_grad_square_sum = sum.sharded_grad_square_sum;
+  if (fp8_) {
+    // Delayed scaling steps from the largest amax any rank saw.
+    const std::vector<double> local_amax = fp8_->StepAmax();
+    if (!local_amax.empty()) {
+      at::Tensor amax = at::tensor(local_amax, at::kDouble);
+      group_->AllReduceMax(amax);
+      fp8_->SetStepAmax(std::vector<double>(amax.data_ptr<double>(),
+                                            amax.data_ptr<double>() + amax.numel()));
+    }
+  }
+  return end;
+}
+
+std::optional<TrainResult> Run::ApplyStep(const StepTotals& t, NonFiniteGuard* guard,
+                                          NonFiniteGuard* fp8_guard, StepMetrics* m) {
+  at::NoGradGuard no_grad;
+  auto& params = model_->parameters();
+  m->grad_norm = GradientNorm(params, t.sharded_grad_square_sum);
+  const bool finite = std::isfinite(m->train_loss) && std::isfinite(m->grad_norm);
+  if (guard->Observe(finite)) {
+    return Fail(absl::StrCat("loss or gradient was NaN/Inf for ", guard->streak(),
+                             " consecutive steps (last loss ", m->train_loss, ", grad norm ",
+                             m->grad_norm, ") at step ", m->step,
+                             ": lower optimizer.lr or set optimizer.grad_clip"),
+                false);
+  }
+  if (finite) {
+    ClipGradients(&params, m->grad_norm, c_.grad_clip);
+    opt_->Step(m->lr);
+  }
+  m->skipped = !finite;
+  if (c_.moe_bias_balancing) {
+    auto biases = model_->expert_biases();
+    for (size_t i = 0; i < biases.size() && i < m->moe.size(); ++i) {
+      model::NudgeBias(biases[i].second, m->moe[i].tokens_per_expert, c_.moe_bias_rate);
+    }
+  }
+  if (fp8_) {
+    fp8_->OnOptimizerStep();
+    const Fp8Health h = Fp8Report(t.fp8, m);
+    if (fp8_guard->Observe(h.good())) {
+      return Fail(absl::StrFormat("FP8 statistics went bad for %d steps in a row (step %d: "
+                                  "%.2f%% of values overflowed, amax %s): raise "
+                                  "precision.fp8_margin or use the current recipe",
+                                  fp8_guard->streak(), m->step, 100 * h.overflow_fraction,
+                                  h.amax_finite ? "finite" : "not finite"),
+                  false);
+    }
+  }
+  for (auto& p : params) p.value.mutable_grad() = at::Tensor();
+  return std::nullopt;
+}
+
+std::optional<TrainResult> Run::AfterStep(dist::StepEnd end, TrainEvents* report) {
+  const bool last = state_.step == c_.max_steps;
+  // One rank reads its own flag here, once the step is applied (a group
+  // voted in ReduceStep): a preemption skips even a scheduled evaluation.
+  if (!group_ && stop_->requested() == StopKind::kPreempt) end = dist::StepEnd::kPreempt;
+  const bool preempting = end == dist::StepEnd::kPreempt && !last;
+  if (val_ && !preempting && (state_.step % c_.eval_interval_steps == 0 || last)) {
+    EvalMetrics e = Evaluate();
+    report->OnEval(e);
+  }
+  const bool checkpoint = !c_.checkpoint_dir.empty() &&
+                          ((c_.checkpoint_interval_steps > 0 &&
+                            state_.step % c_.checkpoint_interval_steps == 0) ||
+                           last);
+  if (checkpoint) {
+    if (auto failed = CheckpointOnAllRanks()) return *failed;
+  } else if (group_ && c_.param_check_interval_steps > 0 &&
+             state_.step % c_.param_check_interval_steps == 0) {
+    if (absl::Status s = CheckParametersAgree(); !s.ok()) {
+      return Fail(absl::StrCat(s.message(), "; resuming from the last checkpoint re-syncs them"),
+                  true);
+    }
+  }
+  if (preempting) return StopPreempting();
+  if (end == dist::StepEnd::kKeepState && state_.step < c_.max_steps) {
+    return StopKeepingState(report);
+  }
+  return std::nullopt;
 }
 
 std::optional<TrainResult> Run::CheckpointOnAllRanks() {
@@ -1139,14 +1012,14 @@ std::optional<TrainResult> Run::CheckpointOnAllRanks() {
       return Fail("checkpoint: " + std::string(s.message()), true);
     }
   }
-  last_checkpoint_step_ = step_;  // on every rank, which decide alike
+  state_.last_checkpoint_step = state_.step;  // on every rank, which decide alike
   return std::nullopt;
 }
 
 TrainResult Run::StopKeepingState(TrainEvents* report) {
   if (c_.checkpoint_dir.empty()) return Stopped(" (no checkpoint directory to keep it in)");
-  if (val_ && last_eval_step_ != step_) report->OnEval(Evaluate());  // every rank
-  if (last_checkpoint_step_ != step_) {
+  if (val_ && !state_.evaluated_this_step()) report->OnEval(Evaluate());  // every rank
+  if (!state_.checkpointed_this_step()) {
     if (auto failed = CheckpointOnAllRanks()) return *failed;
   }
   return Stopped(", state kept in its checkpoint");
@@ -1158,8 +1031,8 @@ TrainResult Run::StopPreempting() {
   if (c_.checkpoint_dir.empty()) {
     return Preempted("; no checkpoint could be kept (no checkpoint directory)");
   }
-  if (last_checkpoint_step_ == step_) return Preempted(", its checkpoint is of this step");
-  if (step_ == 0) return Preempted(", before any step: nothing to keep");
+  if (state_.checkpointed_this_step()) return Preempted(", its checkpoint is of this step");
+  if (state_.step == 0) return Preempted(", before any step: nothing to keep");
   if (c_.test_preempt_checkpoint_delay_seconds > 0) {
     std::this_thread::sleep_for(
         std::chrono::duration<double>(c_.test_preempt_checkpoint_delay_seconds));

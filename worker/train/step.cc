@@ -1,0 +1,139 @@
+#include "worker/train/step.h"
+
+#include <ATen/core/Reduction.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+namespace tally::train {
+
+DeviceBatch ToDevice(const data::MicroBatch& b, at::Device device) {
+  auto longs = [&](const std::vector<int64_t>& v, bool shaped) {
+    at::Tensor t = at::tensor(v, at::kLong);
+    if (shaped) t = t.view({b.rows, b.width});
+    return t.to(device);
+  };
+  DeviceBatch d;
+  d.input.tokens_BT = longs(b.tokens, true);
+  d.input.positions_BT = longs(b.positions, true);
+  d.input.segments_BT = longs(b.segment_ids, true);
+  d.input.cu_seqlens_S = at::tensor(b.cu_seqlens, at::kInt).to(device);
+  d.input.max_seqlen = b.max_seqlen;
+  d.input.real_BT = at::tensor(std::vector<int64_t>(b.real.begin(), b.real.end()), at::kLong)
+                        .view({b.rows, b.width})
+                        .to(device, at::kBool);
+  d.targets_N = longs(b.targets, false);
+  return d;
+}
+
+Losses LossSum(const model::Transformer& m, const DeviceBatch& d, model::AttentionKernel kernel) {
+  model::ForwardOutput out = m.Run(d.input, kernel);
+  at::Tensor logits_BTV = out.logits_BTV;
+  return {at::cross_entropy_loss(logits_BTV.reshape({-1, logits_BTV.size(-1)}).to(at::kFloat),
+                                 d.targets_N, {}, at::Reduction::Sum, data::kIgnoreTarget),
+          out.aux_loss, out.z_loss, std::move(out.moe)};
+}
+
+StepBatch NextStepBatch(const TrainConfig& c, int64_t micro_per_step,
+                        const data::Dataset& train, data::RowStream* rows) {
+  StepBatch b;
+  for (int64_t i = 0; i < micro_per_step; ++i) {
+    std::vector<data::Row> next = rows->Next(c.micro_batch_rows);
+    for (const data::Row& r : next) {
+      for (const data::Segment& seg : r.segments) b.targets += std::max<int32_t>(0, seg.length - 1);
+    }
+    if (i % c.world_size != c.rank) continue;
+    b.micro.push_back(data::BuildMicroBatch(train, next, c.seq_len, c.packing));
+    b.real_tokens += b.micro.back().real_tokens;
+    b.padding_tokens += b.micro.back().padding_tokens;
+  }
+  return b;
+}
+
+std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_per_step,
+                                          const StepBatch& batch, const StepModel& m,
+                                          const std::function<bool()>& stop_now) {
+  StepTotals t;
+  t.real_tokens = batch.real_tokens;
+  t.padding_tokens = batch.padding_tokens;
+  // Summed on the device (in FP64) and read once the step's passes are done.
+  at::Tensor loss_acc = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(m.device));
+  at::Tensor aux_acc = at::zeros_like(loss_acc);
+  for (size_t mi = 0; mi < batch.micro.size(); ++mi) {
+    // The last backward of the step all-reduces buckets as they finish.
+    if (m.sync && mi + 1 == batch.micro.size()) m.sync->Arm();
+    if (stop_now()) return std::nullopt;
+    Losses l = LossSum(*m.model, ToDevice(batch.micro[mi], m.device), m.kernel);
+    loss_acc = loss_acc + l.ce_sum.detach().to(at::kDouble);
+    at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, batch.targets));
+    if (l.aux.defined()) {
+      // The MoE losses are means already: one share per micro-batch.
+      const double share = 1.0 / static_cast<double>(micro_per_step);
+      loss = loss + (c.moe_aux_loss_coef * share) * l.aux + (c.moe_z_loss_coef * share) * l.z;
+      aux_acc = aux_acc + l.aux.detach().to(at::kDouble) * share;
+      for (const auto& ls : l.moe) {
+        dist::MoeLayerLoad& load = t.moe[ls.layer];
+        if (load.tokens_per_expert.empty()) {
+          load.tokens_per_expert.assign(ls.stats.tokens_per_expert.size(), 0);
+        }
+        for (size_t e = 0; e < ls.stats.tokens_per_expert.size(); ++e) {
+          load.tokens_per_expert[e] += ls.stats.tokens_per_expert[e];
+        }
+        load.router_entropy += ls.stats.router_entropy * share;
+        load.assignments += ls.stats.assignments;
+        load.dropped += ls.stats.dropped;
+      }
+    }
+    loss.backward();
+  }
+  const at::Tensor sums = at::stack({loss_acc, aux_acc}).cpu();
+  t.loss_sum = sums[0].item<double>();
+  t.aux_loss_sum = sums[1].item<double>();
+  return t;
+}
+
+double ShardedGradSquareSum(const std::vector<model::Parameter>& params) {
+  std::vector<at::Tensor> squares;
+  for (const auto& p : params) {
+    if (p.sharded && p.value.grad().defined()) {
+      squares.push_back(p.value.grad().to(at::kDouble).square().sum());
+    }
+  }
+  return squares.empty() ? 0.0 : at::stack(squares).sum().item<double>();  // one read
+}
+
+void ReportMoeLoads(const std::map<int64_t, dist::MoeLayerLoad>& moe, StepMetrics* m) {
+  for (const auto& [layer, load] : moe) {
+    StepMetrics::MoeLayer out;
+    out.layer = layer;
+    out.tokens_per_expert = load.tokens_per_expert;
+    out.router_entropy = load.router_entropy;
+    int64_t total = 0, max = 0;
+    for (int64_t n : out.tokens_per_expert) total += n, max = std::max(max, n);
+    const double mean = static_cast<double>(total) / out.tokens_per_expert.size();
+    out.max_over_mean_load = mean > 0 ? max / mean : 0;
+    out.dropped_fraction =
+        load.assignments ? static_cast<double>(load.dropped) / load.assignments : 0;
+    m->moe_max_over_mean_load = std::max(m->moe_max_over_mean_load, out.max_over_mean_load);
+    m->moe.push_back(std::move(out));
+  }
+}
+
+Fp8Health Fp8Report(const precision::Fp8Stats& st, StepMetrics* m) {
+  m->fp8_overflows = st.overflows;
+  m->fp8_underflows = st.underflows;
+  m->fp8_values = st.elements;
+  m->fp8_product_fraction =
+      st.total_products ? static_cast<double>(st.fp8_products) / st.total_products : 0;
+  Fp8Health h;
+  for (const auto& [group, amax] : st.amax) {
+    m->fp8_amax.emplace_back(group, amax);
+    h.amax_finite = h.amax_finite && std::isfinite(amax);
+  }
+  h.overflow_fraction = st.elements ? static_cast<double>(st.overflows) / st.elements : 0;
+  return h;
+}
+
+}  // namespace tally::train
