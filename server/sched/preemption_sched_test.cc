@@ -274,6 +274,76 @@ TEST_F(PreemptionTest, APreemptedGangResumesAtTheWorldSizeItCanGet) {
   EXPECT_EQ(Job(whole).state(), tally::v1::JOB_STATE_QUEUED);
 }
 
+TEST_F(PreemptionTest, AWorkerLostAfterItsNoticeIsAPreemptionNotAFailure) {
+  options_.heartbeat_timeout = absl::Seconds(10);
+  NewScheduler();
+  tally::v1::JobSpec spec = Spec();
+  spec.set_max_attempts(1);
+  const int64_t id = Submit(spec);
+  Hello("w0");
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Notice("w0", "notice_file").ok());
+  // The spot VM is reclaimed before the exit is delivered.
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Job(id).preemption().by_notice(), 1);
+  EXPECT_THAT(Job(id).state_reason(), HasSubstr("going away"));
+  // It comes back as a new process under the same id, with nothing running,
+  // after its next attempt's notice: preempted again, still no failure.
+  Hello("w1");
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Notice("w1", "sigterm").ok());
+  Hello("w1");
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Job(id).preemption().by_notice(), 2);
+  EXPECT_EQ(Metric("tally_preemptions_total,cause=sigterm,gpu_type=cpu"), 1);
+}
+
+TEST_F(PreemptionTest, OnlyTheWorkerGivenRankZeroEndsAGangsAttempt) {
+  const int64_t id = Submit(Spec(0, 2));
+  Hello("w0");
+  Hello("w1");
+  ASSERT_TRUE(sched_->Tick().ok());
+  const auto workers = Job(id).worker_ids();
+  // Rank 1's worker claims rank 0 (e.g. answering a preempt order for a
+  // rank it no longer runs): not taken as the gang's end.
+  ASSERT_TRUE(Exit(workers[1], id, tally::v1::ATTEMPT_OUTCOME_PREEMPTED, 0, "priority", 0).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(Exit(workers[0], id, tally::v1::ATTEMPT_OUTCOME_PREEMPTED, 0, "sigterm", 0).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED);
+}
+
+TEST_F(PreemptionTest, TheFreedSlotsStayTheWaitingJobsUntilEveryVictimRankHasLeft) {
+  Hello("w0");
+  Hello("w1");
+  tally::v1::JobSpec gang = Spec(0, 2);
+  gang.mutable_training()->set_micro_batch_rows(2);
+  gang.mutable_training()->set_global_batch_tokens(4 * 64 * 2);  // may resume on 1 rank
+  const int64_t victim = Submit(gang);
+  ASSERT_TRUE(sched_->Tick().ok());
+  const auto workers = Job(victim).worker_ids();
+  clock_.Advance(absl::Minutes(11));
+  const int64_t high = Submit(Spec(10, 2));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(victim).preemption().pending_for(), Name(high));
+  // Rank 0 checkpoints and exits first: the victim requeues, but rank 1
+  // still holds its slot. The victim (free to resume on one rank) must not
+  // take the slot rank 0 freed: it is the waiting job's.
+  Checkpoint(workers[0], victim, 7);
+  ASSERT_TRUE(Exit(workers[0], victim, tally::v1::ATTEMPT_OUTCOME_PREEMPTED, 7, "priority", 0).ok());
+  ASSERT_EQ(Job(victim).state(), tally::v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(victim).state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Job(high).state(), tally::v1::JOB_STATE_QUEUED);
+  // Rank 1 leaves: the waiting job takes both slots.
+  ASSERT_TRUE(Exit(workers[1], victim, tally::v1::ATTEMPT_OUTCOME_PREEMPTED, 7, "priority", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(high).state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(victim).state(), tally::v1::JOB_STATE_QUEUED);
+}
+
 TEST_F(PreemptionTest, AHigherPriorityJobPreemptsTheLowerOneOnAFullFleet) {
   Hello("w0");
   const int64_t low = Submit(Spec(0));

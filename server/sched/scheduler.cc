@@ -574,6 +574,23 @@ Scheduler::Plan Scheduler::PlanPreempting(const ActiveJob& job, const std::strin
   return p;
 }
 
+absl::StatusOr<Scheduler::Plan> Scheduler::LoseAttempt(const ActiveJob& job,
+                                                       const std::string& draining,
+                                                       const std::string& reason) const {
+  // A worker lost after its preemption notice, or while preempted for
+  // another job, was being preempted: not a failure.
+  const bool preempting = !job.rec.job().preemption().pending_for().empty();
+  if (KnownPreemptionCause(draining) || preempting) {
+    const std::string cause = KnownPreemptionCause(draining) ? draining : "priority";
+    return PlanPreempted(job, cause,
+                         absl::StrCat(reason, "; it was ",
+                                      preempting ? "being preempted" : "going away",
+                                      ", its exit never arrived"),
+                         0);
+  }
+  return PlanEndAttempt(job, store::ATTEMPT_STATE_LOST, reason, true);
+}
+
 std::string Scheduler::PreemptionCause(const ActiveJob& job,
                                        const tally::v1::AttemptExit& exit) const {
   if (KnownPreemptionCause(exit.preemption_cause())) return exit.preemption_cause();
@@ -1242,6 +1259,9 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   RETURN_IF_ERROR(store_->PutWorker(rec));
 
   WorkerState& ws = workers_[hello.worker_id()];
+  // A worker that went away after its notice (a spot VM reclaimed before its
+  // exits were delivered) comes back as a new process under the same id.
+  const std::string draining_before_hello = ws.draining;
   ws.rec = rec;
   ws.connected = true;
   ws.generation = next_generation_++;
@@ -1268,6 +1288,7 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   absl::Status first_error = RetryExits(hello.worker_id());
   // Attempts tallyd placed here that the worker no longer runs.
   std::vector<AttemptKey> forgotten;
+  const std::string was_draining = draining_before_hello;
   for (const auto& [key, ranks] : ws.held) {
     if (!reported.count(key)) forgotten.push_back(key);
   }
@@ -1277,10 +1298,9 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
       workers_[hello.worker_id()].held.erase(key);
       continue;
     }
-    absl::StatusOr<Plan> p = PlanEndAttempt(
-        it->second, store::ATTEMPT_STATE_LOST,
-        absl::StrCat("worker ", hello.worker_id(), " reconnected without it (the worker restarted)"),
-        true);
+    absl::StatusOr<Plan> p = LoseAttempt(
+        it->second, was_draining,
+        absl::StrCat("worker ", hello.worker_id(), " reconnected without it (the worker restarted)"));
     absl::Status s = p.status();
     if (p.ok()) {
       p->release.emplace_back(hello.worker_id(), key);
@@ -1693,6 +1713,9 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   const bool gang = job->attempt->worker_ids_size() > 1;
   const bool pending = job->rec.job().has_pending_stop();
   const bool preempting = !job->rec.job().preemption().pending_for().empty();
+  // Rank 0's exit ends a gang's attempt: the rank it claims, from the worker
+  // that was given rank 0 (another worker's "rank 0" is not taken).
+  const bool lead = exit.rank() == 0 && job->attempt->worker_ids(0) == worker_id;
   absl::StatusOr<Plan> plan = absl::UnknownError("no plan");
   switch (exit.outcome()) {
     case tally::v1::ATTEMPT_OUTCOME_SUCCEEDED: {
@@ -1725,13 +1748,13 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
       break;
     }
     case tally::v1::ATTEMPT_OUTCOME_FAILED:
-      if (pending && gang && exit.rank() != 0) return release_now();  // rank 0 ends it
+      if ((pending || preempting) && gang && !lead) return release_now();  // rank 0 ends it
       plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_FAILED, exit.reason(), exit.retryable());
       break;
     case tally::v1::ATTEMPT_OUTCOME_PREEMPTED:
       // Rank 0 reports the preemption checkpoint before its exit: its exit
       // requeues the job (another rank's may come first).
-      if (gang && exit.rank() != 0) return release_now();
+      if (gang && !lead) return release_now();
       plan = PlanPreempted(*job, PreemptionCause(*job, exit), exit.reason(), exit.step());
       break;
     default:
@@ -1744,7 +1767,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
       }
       if (preempting) {
         // Stopped on the preemption order (a worker that checkpointed it).
-        if (gang && exit.rank() != 0) return release_now();
+        if (gang && !lead) return release_now();
         plan = PlanPreempted(*job, "priority", exit.reason(), exit.step());
         break;
       }
@@ -1809,6 +1832,7 @@ absl::Status Scheduler::Tick() {
         "worker ", worker_id, " silent for ", ShortSeconds(silent), " (heartbeat timeout ",
         ShortSeconds(options_.heartbeat_timeout), ")");
     const auto held = it->second.held;
+    const std::string draining = it->second.draining;
     bool all_released = true;
     for (const auto& [key, ranks] : held) {
       auto jit = active_.find(key.first);
@@ -1817,8 +1841,7 @@ absl::Status Scheduler::Tick() {
         it->second.held.erase(key);
         continue;
       }
-      absl::StatusOr<Plan> p =
-          PlanEndAttempt(jit->second, store::ATTEMPT_STATE_LOST, reason, true);
+      absl::StatusOr<Plan> p = LoseAttempt(jit->second, draining, reason);
       absl::Status s = p.status();
       if (p.ok()) {
         p->release.emplace_back(worker_id, key);
@@ -1934,26 +1957,56 @@ absl::Status Scheduler::Tick() {
       queued.back().smaller_counts.assign(sizes.begin() + 1, sizes.end());
     }
   }
-  // While a job waits for the slots its preemptions free, nothing of lower
-  // priority starts on its GPU type (it would take them first).
-  std::map<std::string, int> awaiting;  // GPU type -> the highest such priority
+  // While a job waits for the slots its preemptions free (until every
+  // victim rank's slot is released, not only until the victims requeue),
+  // nothing of lower priority that could use them starts on its GPU type:
+  // it would take them first.
+  std::set<int64_t> waiting_jobs;
   for (const auto& [id, job] : active_) {
     const std::string& for_job = job.rec.job().preemption().pending_for();
-    if (for_job.empty()) continue;
-    absl::StatusOr<int64_t> w = ParseJobName(for_job);
-    auto wit = w.ok() ? active_.find(*w) : active_.end();
+    if (absl::StatusOr<int64_t> w = ParseJobName(for_job); w.ok()) waiting_jobs.insert(*w);
+  }
+  for (auto r = reserved_.begin(); r != reserved_.end();) {
+    auto wit = active_.find(r->first);
+    if (wit == active_.end() || wit->second.rec.job().state() != tally::v1::JOB_STATE_QUEUED) {
+      r = reserved_.erase(r);
+      continue;
+    }
+    for (auto slot = r->second.begin(); slot != r->second.end();) {
+      auto w = workers_.find(slot->first);
+      slot = w == workers_.end() || !w->second.held.count(slot->second) ? r->second.erase(slot)
+                                                                        : std::next(slot);
+    }
+    if (r->second.empty()) {
+      r = reserved_.erase(r);
+    } else {
+      waiting_jobs.insert(r->first);
+      ++r;
+    }
+  }
+  std::vector<const tally::v1::JobSpec*> awaiting;
+  for (int64_t w : waiting_jobs) {
+    auto wit = active_.find(w);
     if (wit == active_.end() || wit->second.rec.job().state() != tally::v1::JOB_STATE_QUEUED) {
       continue;
     }
-    const auto& ws = wit->second.rec.job().spec();
-    auto [a, fresh] = awaiting.emplace(ws.resources().gpu_type(), ws.priority());
-    if (!fresh) a->second = std::max(a->second, ws.priority());
+    awaiting.push_back(&wit->second.rec.job().spec());
   }
   if (!awaiting.empty()) {
+    // Capacities overlap unless one wants spot only and the other on-demand only.
+    const auto overlap = [](const std::string& a, const std::string& b) {
+      return !((a == "spot" && b == "on_demand") || (a == "on_demand" && b == "spot"));
+    };
     queued.erase(std::remove_if(queued.begin(), queued.end(),
                                 [&](const policy::QueuedJob& q) {
-                                  auto a = awaiting.find(q.gpu_type);
-                                  return a != awaiting.end() && q.priority < a->second;
+                                  for (const tally::v1::JobSpec* s : awaiting) {
+                                    if (s->resources().gpu_type() == q.gpu_type &&
+                                        q.priority < s->priority() &&
+                                        overlap(s->resources().capacity(), q.capacity)) {
+                                      return true;
+                                    }
+                                  }
+                                  return false;
                                 }),
                  queued.end());
   }
@@ -2039,6 +2092,9 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
   std::vector<policy::RunningAttempt> running;
   std::map<std::string, int> lowest;
   std::set<std::string> awaited;  // jobs whose preemptions are in flight
+  for (const auto& [id, slots] : reserved_) {
+    if (auto a = active_.find(id); a != active_.end()) awaited.insert(a->second.rec.job().name());
+  }
   for (const auto& [id, job] : active_) {
     const tally::v1::Job& j = job.rec.job();
     if (!j.preemption().pending_for().empty()) awaited.insert(j.preemption().pending_for());
@@ -2110,9 +2166,16 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
       const std::string reason =
           absl::StrCat("preempted for ", name, " (priority ", q.priority, " > ", victim_priority,
                        "): ", d.why);
+      const std::optional<store::AttemptRecord> attempt = vit->second.attempt;
       absl::Status s = Execute(victim, PlanPreempting(vit->second, name, reason));
       note(s);
       if (!s.ok()) continue;
+      // Its slots are the waiting job's until they are released.
+      if (attempt) {
+        for (const std::string& w : attempt->worker_ids()) {
+          reserved_[q.id].insert({w, AttemptKey{victim, attempt->attempt()}});
+        }
+      }
       for (policy::RunningAttempt& r : running) {
         if (r.job_id == victim) r.stopping = true;
       }

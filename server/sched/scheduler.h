@@ -277,6 +277,11 @@ class Scheduler {
   // The preemption pass of Tick: queued jobs still waiting may preempt.
   void PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting, absl::Time now,
                          const std::function<void(const absl::Status&)>& note);
+  // An attempt whose worker was lost (silent, or back without it): preempted
+  // when the worker had sent a notice (`draining`, its cause) or the job was
+  // being preempted, else lost like any other.
+  absl::StatusOr<Plan> LoseAttempt(const ActiveJob& job, const std::string& draining,
+                                   const std::string& reason) const;
   // The cause of a PREEMPTED exit that does not name one: a pending
   // preemption's, a draining worker's of the attempt, else "unknown".
   std::string PreemptionCause(const ActiveJob& job, const tally::v1::AttemptExit& exit) const;
@@ -359,6 +364,11 @@ class Scheduler {
   metrics::Family<metrics::Gauge>* tenant_gpus_;
   std::set<metrics::Labels> seen_worker_labels_;
   std::set<metrics::Labels> seen_slot_labels_;
+  // A waiting job's claim on the slots its preemptions free: the (worker,
+  // attempt) holds of its victims, until each is released (a gang's ranks
+  // exit one by one) or the job leaves the queue. In memory only: after a
+  // restart the victims' pending preemptions stand in for it.
+  std::map<int64_t, std::set<std::pair<std::string, AttemptKey>>> reserved_;
 };
 
 }  // namespace tally::sched
