@@ -15,7 +15,7 @@ uint8_t FloatToE4M3(float x);
 float E4M3ToFloat(uint8_t bits);
 
 // The overflow bound: |x * scale| above it counts as clamped. It is the
-// trainer's (worker/precision/fp8.cc compares the FP32 product with the
+// trainer's (worker/precision/quantize.cc compares the FP32 product with the
 // double 448 x (1 + 1e-6), which ATen rounds to FP32 before comparing), so
 // a value scaled exactly to the limit that lands an ulp or two past it is
 // not an overflow. 448 + 15 x 2^-15 in FP32.

@@ -1,0 +1,92 @@
+#include "worker/precision/grouped.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/model/moe.h"
+#include "worker/precision/converter.h"
+
+namespace tally::precision {
+namespace {
+
+TEST(Fp8LinearsTest, GroupedExpertsMatchTheLoopOnTheSameFp8Operands) {
+  // CPU emulates the grouped product from the FP8 operands and the scales
+  // spread over rows and channels that CUDA hands at::_scaled_grouped_mm.
+  const int64_t E = 6, D = 32, F = 48, N = 29;
+  model::MoeConfig moe;
+  moe.num_experts = E;
+  moe.top_k = 2;
+  moe.capacity_factor = 1.0;  // drops, and short groups
+  for (Recipe recipe : {Recipe::kCurrent, Recipe::kDelayed}) {
+    for (int64_t align : {1, 4}) {
+      moe.group_align = align;
+      RecipeConfig grouped_config;
+      grouped_config.recipe = recipe;
+      grouped_config.grouped_on_cpu = true;
+      RecipeConfig loop_config = grouped_config;
+      loop_config.grouped_experts = false;
+      Fp8Linears grouped(grouped_config), loop(loop_config);
+      ASSERT_TRUE(grouped.Groups(at::zeros({1}), F, D));
+      ASSERT_FALSE(loop.Groups(at::zeros({1}), F, D));
+      at::manual_seed(5);
+      at::Tensor router = at::randn({E, D});
+      at::Tensor bias = at::zeros({E});
+      bias[E - 1] = -1e4;  // an expert no token reaches
+      std::vector<at::Tensor> ws = {at::randn({E, F, D}) * 0.2, at::randn({E, F, D}) * 0.2,
+                                    at::randn({E, D, F}) * 0.2};
+      at::Tensor x = at::randn({N, D});
+      at::Tensor g = at::randn({N, D});
+      struct Run {
+        at::Tensor y, gx;
+        std::vector<at::Tensor> gw;
+        Fp8Stats stats;
+      };
+      auto run = [&](Fp8Linears* fp8) {
+        std::vector<at::Tensor> w;
+        for (const at::Tensor& t : ws) w.push_back(t.clone().set_requires_grad(true));
+        at::Tensor xi = x.clone().set_requires_grad(true);
+        model::MoeOutput out =
+            model::MoeForward(xi, {}, router, bias, w[0], w[1], w[2], moe, fp8, "layers.0.");
+        out.y_ND.backward(g);
+        return Run{out.y_ND.detach(), xi.grad(), {w[0].grad(), w[1].grad(), w[2].grad()},
+                   fp8->TakeStats()};
+      };
+      const Run a = run(&grouped), b = run(&loop);
+      const std::string what = absl::StrCat(recipe == Recipe::kCurrent ? "current" : "delayed",
+                                            ", align ", align);
+      EXPECT_TRUE(at::allclose(a.y, b.y, 1e-5, 1e-6)) << what << (a.y - b.y).abs().max();
+      EXPECT_TRUE(at::allclose(a.gx, b.gx, 1e-5, 1e-6)) << what;
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(at::allclose(a.gw[i], b.gw[i], 1e-5, 1e-6)) << what << " w" << i;
+        EXPECT_EQ(a.gw[i][E - 1].abs().sum().item<double>(), 0.0) << "the idle expert";
+      }
+      EXPECT_EQ(a.stats.overflows, b.stats.overflows) << what;
+      EXPECT_EQ(a.stats.underflows, b.stats.underflows) << what;
+      EXPECT_EQ(a.stats.elements, b.stats.elements) << what;
+      EXPECT_EQ(a.stats.fp8_products, b.stats.fp8_products) << what;
+      EXPECT_EQ(a.stats.total_products, b.stats.total_products) << what;
+      // Three weights' forward products for each of the five busy experts.
+      EXPECT_EQ(a.stats.grouped_products, 3 * (E - 1)) << what;
+      EXPECT_EQ(b.stats.grouped_products, 0);
+      EXPECT_EQ(a.stats.total_products, 9 * (E - 1)) << "forward and two backward each";
+      EXPECT_TRUE(grouped.grouped_off().empty());
+    }
+  }
+  // A batch of padding only: no expert runs, nothing is turned off.
+  RecipeConfig rc;
+  rc.grouped_on_cpu = true;
+  Fp8Linears fp8(rc);
+  at::Tensor x = at::randn({N, D}).set_requires_grad(true);
+  at::Tensor w = (at::randn({E, F, D}) * 0.2).set_requires_grad(true);
+  model::MoeOutput out = model::MoeForward(x, at::zeros({N}, at::kBool), at::randn({E, D}), {},
+                                           w, w, at::randn({E, D, F}), moe, &fp8, "layers.0.");
+  EXPECT_EQ(out.y_ND.abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(fp8.TakeStats().total_products, 0);
+  EXPECT_TRUE(fp8.grouped_off().empty());
+}
+
+}  // namespace
+}  // namespace tally::precision

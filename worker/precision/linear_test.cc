@@ -1,0 +1,125 @@
+#include "worker/precision/linear.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/precision/converter.h"
+
+namespace tally::precision {
+namespace {
+
+// The FP8 linear through the converter, as a model calls it.
+TEST(Fp8LinearsTest, ProductsUseFp8OperandsAndFp32Accumulation) {
+  at::manual_seed(2);
+  RecipeConfig c;
+  c.recipe = Recipe::kCurrent;
+  Fp8Linears fp8(c);
+  at::Tensor x = at::randn({2, 5, 32}).set_requires_grad(true);
+  at::Tensor w = (at::randn({48, 32}) * 0.1).set_requires_grad(true);
+  at::Tensor y = fp8.Linear(x, w, "layers.0.w1");
+  ASSERT_EQ(y.sizes(), (at::IntArrayRef{2, 5, 48}));
+  at::Tensor g = at::randn({2, 5, 48});
+  y.backward(g);
+
+  // The same numerics by hand.
+  auto qdq = [](const at::Tensor& t, Fp8Format f) {
+    const double s = ScaleForAmax(t.abs().max().item<double>(), f, 0, 1.0);
+    return QuantizeDequantize(t, s, f, nullptr);
+  };
+  at::NoGradGuard no_grad;
+  at::Tensor x2 = x.detach().reshape({10, 32});
+  at::Tensor xq = qdq(x2, Fp8Format::kE4M3), wq = qdq(w.detach(), Fp8Format::kE4M3);
+  at::Tensor gq = qdq(g.reshape({10, 48}), Fp8Format::kE5M2);
+  EXPECT_TRUE(at::allclose(y.reshape({10, 48}), xq.matmul(wq.t()), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(x.grad().reshape({10, 32}), gq.matmul(wq), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(w.grad(), gq.t().matmul(xq), 1e-5, 1e-6));
+  // And close to FP32, as FP8 is.
+  const double rel = ((y - at::linear(x, w)).norm() / at::linear(x, w).norm()).item<double>();
+  EXPECT_LT(rel, 0.1);
+  EXPECT_GT(rel, 0.0);
+  Fp8Stats stats = fp8.TakeStats();
+  EXPECT_EQ(stats.fp8_products, 3);
+  EXPECT_EQ(stats.total_products, 3);
+  EXPECT_GT(stats.amax.at("ffn.input"), 0);
+  EXPECT_GT(stats.amax.at("ffn.grad"), 0);
+  EXPECT_EQ(fp8.State().size(), 3u);
+}
+
+TEST(Fp8LinearsTest, RowwiseScalesEachRowAndRescalesForTheBackward) {
+  at::manual_seed(3);
+  RecipeConfig c;
+  c.recipe = Recipe::kRowwise;
+  Fp8Linears fp8(c);
+  // Rows of very different magnitudes: per-tensor scaling would crush the
+  // small ones; per-row keeps each to FP8's relative precision.
+  at::Tensor x = (at::randn({6, 32}) * at::logspace(-3, 3, 6).unsqueeze(1)).set_requires_grad(true);
+  at::Tensor w = (at::randn({16, 32}) * 0.1).set_requires_grad(true);
+  at::Tensor y = fp8.Linear(x, w, "layers.0.wqkv");
+  at::Tensor g = at::randn({6, 16});
+  y.backward(g);
+  at::NoGradGuard no_grad;
+  auto q = [](const at::Tensor& t, int64_t dim, Fp8Format f) {
+    return QuantizeDequantizeAlong(t, dim, f, 0, nullptr);
+  };
+  at::Tensor xd = x.detach(), wd = w.detach();
+  EXPECT_TRUE(at::allclose(y, q(xd, 1, Fp8Format::kE4M3).matmul(q(wd, 1, Fp8Format::kE4M3).t()),
+                           1e-5, 1e-7));
+  EXPECT_TRUE(at::allclose(x.grad(), q(g, 1, Fp8Format::kE5M2).matmul(q(wd, 0, Fp8Format::kE4M3)),
+                           1e-5, 1e-7));
+  EXPECT_TRUE(at::allclose(w.grad(), q(g, 0, Fp8Format::kE5M2).t().matmul(q(xd, 0, Fp8Format::kE4M3)),
+                           1e-5, 1e-7));
+  // Every row keeps its relative precision, the smallest included.
+  at::Tensor rel = ((y - at::linear(xd, wd)).norm(2, 1) / at::linear(xd, wd).norm(2, 1));
+  EXPECT_LT(rel.max().item<double>(), 0.1);
+  Fp8Stats s = fp8.TakeStats();
+  EXPECT_EQ(s.fp8_products, 3);
+  EXPECT_EQ(s.overflows, 0);
+  EXPECT_TRUE(fp8.State().empty()) << "row-wise keeps no history";
+}
+
+TEST(Fp8LinearsTest, TheTestKnobForcesAFractionOfTheInputsToOverflowInTrainingOnly) {
+  // The same input and gradient every step, so delayed scaling's history
+  // fits them: without the knob nothing overflows.
+  for (Recipe recipe : {Recipe::kDelayed, Recipe::kCurrent}) {
+    std::vector<at::Tensor> evaluated;
+    for (double fraction : {0.0, 0.1}) {
+      SCOPED_TRACE(absl::StrCat(static_cast<int>(recipe), " ", fraction));
+      at::manual_seed(5);
+      RecipeConfig c;
+      c.recipe = recipe;
+      c.test_overflow_fraction = fraction;
+      Fp8Linears fp8(c);
+      const at::Tensor w = (at::randn({48, 32}) * 0.1).set_requires_grad(true);
+      const at::Tensor x0 = at::randn({2, 5, 32}), g = at::randn({2, 5, 48});
+      for (int step = 0; step < 3; ++step) {
+        const at::Tensor x = x0.clone().set_requires_grad(true);
+        const at::Tensor y = fp8.Linear(x, w, "layers.0.w1");
+        y.backward(g);
+        EXPECT_TRUE(at::isfinite(y).all().item<bool>());
+        EXPECT_TRUE(at::isfinite(x.grad()).all().item<bool>());
+        const Fp8Stats stats = fp8.TakeStats();
+        fp8.OnOptimizerStep();
+        // Every 10th of the 320 input values (32 of them), nothing else;
+        // the count of values cast is unchanged.
+        EXPECT_EQ(stats.overflows, fraction > 0 ? 32 : 0) << "step " << step;
+        EXPECT_EQ(stats.elements, 10 * 32 + 48 * 32 + 10 * 48);
+        // The amax (and so the scales) never see the forced values.
+        EXPECT_LT(stats.amax.at("ffn.input"), 10);
+      }
+      // Evaluation passes are left alone: the same output as without it.
+      at::NoGradGuard no_grad;
+      fp8.SetTraining(false);
+      evaluated.push_back(fp8.Linear(at::randn({2, 5, 32}), w, "layers.0.w1"));
+      fp8.SetTraining(true);
+      EXPECT_EQ(fp8.TakeStats().overflows, 0);
+    }
+    EXPECT_TRUE(at::equal(evaluated[0], evaluated[1]));
+  }
+}
+
+}  // namespace
+}  // namespace tally::precision
