@@ -62,6 +62,20 @@ std::string DefaultEndRule(JobState s) {
   }
 }
 
+// A stop order for attempt `attempt` of `job` (see StopOrder).
+tally::v1::ControllerMessage StopMessage(const std::string& job, int32_t attempt,
+                                         const std::string& reason, bool checkpoint = false,
+                                         bool preempt = false) {
+  tally::v1::ControllerMessage msg;
+  tally::v1::StopOrder& stop = *msg.mutable_stop();
+  stop.set_job(job);
+  stop.set_attempt(attempt);
+  stop.set_reason(reason);
+  stop.set_checkpoint(checkpoint);
+  stop.set_preempt(preempt);
+  return msg;
+}
+
 // What may cause a preemption (a metric label: a bounded set).
 bool KnownPreemptionCause(absl::string_view cause) {
   return cause == "sigterm" || cause == "sigint" || cause == "notice_file" ||
@@ -357,13 +371,8 @@ void Scheduler::StopOrders(Plan& p, const std::string& reason, bool checkpoint,
       // Its slots stay held until it reports the exit, so nothing new is
       // placed on a worker still busy ending this attempt (a gang rank
       // leaving a collective, a rendezvous port still bound).
-      tally::v1::ControllerMessage msg;
-      msg.mutable_stop()->set_job(p.rec.job().name());
-      msg.mutable_stop()->set_attempt(p.attempt->attempt());
-      msg.mutable_stop()->set_reason(reason);
-      msg.mutable_stop()->set_checkpoint(checkpoint);
-      msg.mutable_stop()->set_preempt(preempt);
-      p.sends.emplace_back(w, std::move(msg));
+      p.sends.emplace_back(
+          w, StopMessage(p.rec.job().name(), p.attempt->attempt(), reason, checkpoint, preempt));
     } else if (it->second.held.count(key)) {
       p.release.emplace_back(w, key);  // nobody to confirm: free it now
     }
@@ -493,12 +502,7 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanPreempted(const ActiveJob& job,
     return PlanFinishStop(job, absl::StrCat("the attempt was preempted (", cause, "): ", reason),
                           store::ATTEMPT_STATE_PREEMPTED);
   }
-  std::optional<tally::v1::Checkpoint> last = job.last_checkpoint;
-  if (!last) {
-    ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks,
-                     store_->ListCheckpoints(job.rec.id()));
-    if (!cks.empty()) last = cks.back();
-  }
+  ASSIGN_OR_RETURN(const std::optional<tally::v1::Checkpoint> last, LatestCheckpoint(job));
   Plan p = NewPlan(job, clock_->Now());
   tally::v1::Job& j = *p.rec.mutable_job();
   // Where the attempt got to: its exit's step, or its latest report (an
@@ -872,18 +876,21 @@ void Scheduler::AddCurvePoint(tally::v1::Job& j, const tally::v1::EvalResult& ev
   e.set_val_loss(ev.val_loss());
 }
 
+absl::StatusOr<std::optional<tally::v1::Checkpoint>> Scheduler::LatestCheckpoint(
+    const ActiveJob& job) const {
+  // Read from the store once per job life in this process (e.g. after a
+  // restart); afterwards the job keeps its latest checkpoint.
+  if (job.last_checkpoint) return job.last_checkpoint;
+  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks, store_->ListCheckpoints(job.rec.id()));
+  if (cks.empty()) return std::optional<tally::v1::Checkpoint>();
+  return std::optional<tally::v1::Checkpoint>(cks.back());
+}
+
 absl::StatusOr<Scheduler::Plan> Scheduler::PlanCheckpoint(
     const ActiveJob& job, const tally::v1::CheckpointRecord& c) const {
-  std::optional<tally::v1::Checkpoint> previous = job.last_checkpoint;
-  if (!previous) {
-    // Once per job life in this process (e.g. after a restart): the store
-    // has it; afterwards the job keeps its latest checkpoint. An error here
-    // fails the report: a checkpoint priced against the wrong previous one
-    // would be stored wrong for good.
-    ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks,
-                     store_->ListCheckpoints(job.rec.id()));
-    if (!cks.empty()) previous = cks.back();
-  }
+  // An error here fails the report: a checkpoint priced against the wrong
+  // previous one would be stored wrong for good.
+  ASSIGN_OR_RETURN(const std::optional<tally::v1::Checkpoint> previous, LatestCheckpoint(job));
   Plan p = NewPlan(job, clock_->Now());
   tally::v1::Job& j = *p.rec.mutable_job();
   j.set_step(c.step());
@@ -1178,11 +1185,7 @@ void Scheduler::SendStop(const std::string& worker_id, const std::string& job, i
                          const std::string& reason) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || !it->second.connected) return;
-  tally::v1::ControllerMessage msg;
-  msg.mutable_stop()->set_job(job);
-  msg.mutable_stop()->set_attempt(attempt);
-  msg.mutable_stop()->set_reason(reason);
-  channel_->Send(worker_id, msg);
+  channel_->Send(worker_id, StopMessage(job, attempt, reason));
 }
 
 bool Scheduler::CanLead(const std::string& worker_id) const {
@@ -1331,23 +1334,15 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
              absl::StrCat("attempt ", r.attempt(), " on ", hello.worker_id()),
              tally::v1::JOB_STATE_RUNNING);
     p.hold.emplace_back(hello.worker_id(), AttemptKey{job->rec.id(), r.attempt()}, ranks);
+    // A stop or a preemption decided before the worker went away: ask again.
     if (job->rec.job().has_pending_stop()) {
-      // A stop decided before the worker went away: ask again.
-      tally::v1::ControllerMessage msg;
-      msg.mutable_stop()->set_job(r.job());
-      msg.mutable_stop()->set_attempt(r.attempt());
-      msg.mutable_stop()->set_reason(job->rec.job().pending_stop().reason());
-      msg.mutable_stop()->set_checkpoint(true);
-      p.sends.emplace_back(hello.worker_id(), std::move(msg));
+      p.sends.emplace_back(hello.worker_id(),
+                           StopMessage(r.job(), r.attempt(),
+                                       job->rec.job().pending_stop().reason(), true));
     } else if (!job->rec.job().preemption().pending_for().empty()) {
-      // A preemption ordered before the worker went away: ask again.
-      tally::v1::ControllerMessage msg;
-      msg.mutable_stop()->set_job(r.job());
-      msg.mutable_stop()->set_attempt(r.attempt());
-      msg.mutable_stop()->set_reason(job->rec.job().preemption().pending_reason());
-      msg.mutable_stop()->set_checkpoint(true);
-      msg.mutable_stop()->set_preempt(true);
-      p.sends.emplace_back(hello.worker_id(), std::move(msg));
+      p.sends.emplace_back(hello.worker_id(),
+                           StopMessage(r.job(), r.attempt(),
+                                       job->rec.job().preemption().pending_reason(), true, true));
     }
     if (absl::Status s = Execute(job->rec.id(), std::move(p)); !s.ok() && first_error.ok()) {
       first_error = s;
@@ -2059,14 +2054,8 @@ absl::Status Scheduler::Tick() {
     note(Execute(id, std::move(p)));
   }
   if (!queued.empty()) {
-    std::vector<policy::WorkerSlots> free;
-    for (const auto& [id, ws] : workers_) {
-      if (!ws.connected || now - ws.last_seen > options_.heartbeat_timeout) continue;
-      if (!ws.draining.empty()) continue;  // going away: nothing new
-      free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used(), ws.rec.capacity()});
-    }
     std::set<int64_t> started;
-    for (const auto& placed : policy::PlaceJobs(queued, std::move(free))) {
+    for (const auto& placed : policy::PlaceJobs(queued, FreeSlots(now))) {
       absl::StatusOr<Plan> p = PlanStart(active_.at(placed.job_id), placed.rank_workers);
       absl::Status s = p.ok() ? Execute(placed.job_id, *std::move(p)) : p.status();
       if (s.ok()) started.insert(placed.job_id);
@@ -2089,8 +2078,24 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
   // Running attempts, and the lowest priority running per GPU type: a
   // waiting job at or below it cannot preempt anything (the common case of
   // a full fleet of equal priority costs one pass).
-  std::vector<policy::RunningAttempt> running;
+  const auto stopping = [](const tally::v1::Job& j) {
+    return j.has_pending_stop() || !j.preemption().pending_for().empty();
+  };
   std::map<std::string, int> lowest;
+  for (const auto& [id, job] : active_) {
+    const tally::v1::Job& j = job.rec.job();
+    if (j.state() != tally::v1::JOB_STATE_RUNNING || !job.attempt || stopping(j)) continue;
+    const std::string& gpu_type = j.spec().resources().gpu_type();
+    auto [it, fresh] = lowest.emplace(gpu_type, j.spec().priority());
+    if (!fresh) it->second = std::min(it->second, j.spec().priority());
+  }
+  const auto may_preempt = [&](const policy::QueuedJob& q) {
+    auto low = lowest.find(q.gpu_type);
+    return low != lowest.end() && q.priority > low->second;
+  };
+  if (std::none_of(waiting.begin(), waiting.end(), may_preempt)) return;
+
+  std::vector<policy::RunningAttempt> running;
   std::set<std::string> awaited;  // jobs whose preemptions are in flight
   for (const auto& [id, slots] : reserved_) {
     if (auto a = active_.find(id); a != active_.end()) awaited.insert(a->second.rec.job().name());
@@ -2099,31 +2104,21 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
     const tally::v1::Job& j = job.rec.job();
     if (!j.preemption().pending_for().empty()) awaited.insert(j.preemption().pending_for());
     if (j.state() != tally::v1::JOB_STATE_RUNNING || !job.attempt) continue;
-    policy::RunningAttempt r;
+    policy::RunningAttempt& r = running.emplace_back();
     r.job_id = id;
     r.priority = j.spec().priority();
     r.gpu_type = j.spec().resources().gpu_type();
     r.rank_workers.assign(job.attempt->worker_ids().begin(), job.attempt->worker_ids().end());
     r.started = FromProto(job.attempt->start_time());
     if (job.last_checkpoint) r.last_checkpoint = FromProto(job.last_checkpoint->time());
-    r.stopping = j.has_pending_stop() || !j.preemption().pending_for().empty();
-    if (!r.stopping) {
-      auto [it, fresh] = lowest.emplace(r.gpu_type, r.priority);
-      if (!fresh) it->second = std::min(it->second, r.priority);
-    }
-    running.push_back(std::move(r));
+    r.stopping = stopping(j);
   }
-  if (lowest.empty()) return;
-  std::vector<policy::WorkerSlots> free;
+  std::vector<policy::WorkerSlots> free = FreeSlots(now);
   std::vector<std::pair<std::string, std::string>> capacity;
   for (const auto& [id, ws] : workers_) {
-    const bool usable = ws.connected && now - ws.last_seen <= options_.heartbeat_timeout &&
-                        ws.draining.empty();
     // Slots freed on a worker nothing can be placed on serve no one: a
     // capacity no job accepts.
-    capacity.emplace_back(id, usable ? ws.rec.capacity() : std::string("unavailable"));
-    if (!usable) continue;
-    free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used(), ws.rec.capacity()});
+    capacity.emplace_back(id, Placeable(ws, now) ? ws.rec.capacity() : "unavailable");
   }
   std::vector<policy::QueuedJob> order = waiting;
   std::stable_sort(order.begin(), order.end(),
@@ -2137,8 +2132,7 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
   constexpr int kMaxTriesPerGpuType = 8;
   std::map<std::string, int> tries;
   for (const policy::QueuedJob& q : order) {
-    auto low = lowest.find(q.gpu_type);
-    if (low == lowest.end() || q.priority <= low->second) continue;
+    if (!may_preempt(q)) continue;
     const ActiveJob& w = active_.at(q.id);
     if (awaited.count(w.rec.job().name())) continue;  // its victims are stopping
     if (++tries[q.gpu_type] > kMaxTriesPerGpuType) continue;
@@ -2181,6 +2175,20 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
       }
     }
   }
+}
+
+bool Scheduler::Placeable(const WorkerState& ws, absl::Time now) const {
+  // Connected, heard from within the timeout, and not going away.
+  return ws.connected && now - ws.last_seen <= options_.heartbeat_timeout && ws.draining.empty();
+}
+
+std::vector<policy::WorkerSlots> Scheduler::FreeSlots(absl::Time now) const {
+  std::vector<policy::WorkerSlots> free;
+  for (const auto& [id, ws] : workers_) {
+    if (!Placeable(ws, now)) continue;
+    free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used(), ws.rec.capacity()});
+  }
+  return free;
 }
 
 std::optional<tally::v1::Job> Scheduler::ActiveJobView(int64_t job_id) const {

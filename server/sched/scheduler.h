@@ -288,6 +288,10 @@ class Scheduler {
   absl::StatusOr<Plan> PlanStart(const ActiveJob& job,
                                  std::vector<std::string> rank_workers) const;
   Plan PlanEval(const ActiveJob& job, const tally::v1::EvalResult& eval) const;
+  // The job's latest recorded checkpoint (the store's, until the job has
+  // one in memory), or nullopt when it has none.
+  absl::StatusOr<std::optional<tally::v1::Checkpoint>> LatestCheckpoint(
+      const ActiveJob& job) const;
   absl::StatusOr<Plan> PlanCheckpoint(const ActiveJob& job,
                                       const tally::v1::CheckpointRecord& c) const;
   // Records a decided stop that waits for the workers' final checkpoint.
@@ -325,6 +329,11 @@ class Scheduler {
   bool CanLead(const std::string& worker_id) const;
   void SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
                 const std::string& reason);
+  // Whether new work may go to the worker: connected, heard from within
+  // heartbeat_timeout, not going away.
+  bool Placeable(const WorkerState& ws, absl::Time now) const;
+  // The free slots of every placeable worker.
+  std::vector<policy::WorkerSlots> FreeSlots(absl::Time now) const;
   // GPUs held by each tenant's running jobs.
   std::map<std::string, int64_t> TenantGpusInUse() const;
   void UpdateGauges();
