@@ -22,6 +22,7 @@ PACKAGES=(
   librsvg2-bin   # rsvg-convert: the experiment report render check (cli/CMakeLists.txt)
   libpython3.11-minimal libpython3.11-stdlib   # bench/corpus2.sh: the second corpus
   clang libclang-rt-dev   # the libFuzzer targets (scripts/fuzz.sh): libFuzzer, ASan, UBSan
+  postgresql libpq-dev   # --store=postgres; its tests start a throwaway PostgreSQL 15
 )
 
 missing=()

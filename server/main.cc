@@ -6,10 +6,13 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -35,10 +38,15 @@
 #include "server/auth/jwt.h"
 #include "server/auth/token_file.h"
 #include "server/config/tallyd_config.h"
+#include "server/ha/await_lease.h"
+#include "server/ha/dsn.h"
+#include "server/ha/leader_lease.h"
+#include "server/ha/standby_server.h"
 #include "server/metrics/build_info.h"
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/job_metrics.h"
 #include "server/store/memory_job_store.h"
+#include "server/store/postgres_job_store.h"
 #include "server/store/sqlite_job_store.h"
 #include "spdlog/spdlog.h"
 
@@ -50,7 +58,22 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
 ABSL_FLAG(std::string, data_dir, "tally-data",
           "directory for tallyd's SQLite database (created if missing)");
 ABSL_FLAG(std::string, store, "sqlite",
-          "job store: sqlite (durable, default) or memory (lost on exit)");
+          "job store: sqlite (durable, default), memory (lost on exit) or postgres (one "
+          "database shared by a leader and standbys; needs a DSN, see --postgres_dsn)");
+ABSL_FLAG(std::string, postgres_dsn, "",
+          "--store=postgres: libpq connection string (\"host=db port=5432 dbname=tally "
+          "user=tally\" or postgresql://...); else $TALLY_POSTGRES_DSN, or "
+          "--postgres_dsn_file. Never logged with its password");
+ABSL_FLAG(std::string, postgres_dsn_file, "",
+          "--store=postgres: file holding the connection string (e.g. a mounted Secret; "
+          "trailing newline trimmed); instead of --postgres_dsn");
+ABSL_FLAG(absl::Duration, lease_timeout, absl::Seconds(10),
+          "--store=postgres: length of the leader lease, renewed every lease_timeout/3. A "
+          "standby takes over within about this long after the leader dies; a leader that "
+          "cannot renew for this long exits with code 3");
+ABSL_FLAG(std::string, advertise_address, "",
+          "--store=postgres: HOST:PORT other tallyds name as the leader while this one "
+          "leads (default: --listen's host and port, the machine's hostname for 0.0.0.0)");
 ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(2),
           "how often workers are told to send heartbeats");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
@@ -64,6 +87,10 @@ ABSL_FLAG(bool, priority_preemption, true,
 ABSL_FLAG(absl::Duration, min_runtime_before_preemption, absl::Minutes(10),
           "an attempt that has run less than this is never preempted for a higher-priority "
           "job (0: at once)");
+ABSL_FLAG(bool, group_commit, true,
+          "batch concurrent submits into one store transaction (one fsync), each caller "
+          "answered once its batch has committed; false: one transaction per submit under "
+          "the scheduler lock");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(5),
           "on SIGTERM, how long in-flight calls get to finish");
 ABSL_FLAG(std::string, config, "",
@@ -221,6 +248,76 @@ std::string HostOf(const std::string& hostport) {
   return hostport.substr(0, hostport.rfind(':'));
 }
 
+// --store=postgres: the DSN and lease settings, checked before anything is
+// served. Errors name the flag.
+struct PostgresSettings {
+  std::string dsn;
+  absl::Duration lease_timeout;
+  std::string advertise_address;
+};
+
+absl::StatusOr<std::optional<PostgresSettings>> LoadPostgresSettings(const std::string& kind) {
+  const std::string dsn_flag = absl::GetFlag(FLAGS_postgres_dsn);
+  const std::string dsn_file = absl::GetFlag(FLAGS_postgres_dsn_file);
+  if (kind != "postgres") {
+    if (!dsn_flag.empty() || !dsn_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--postgres_dsn and --postgres_dsn_file need --store=postgres (got --store=", kind,
+          ")"));
+    }
+    return std::nullopt;
+  }
+  PostgresSettings p;
+  const char* env = std::getenv("TALLY_POSTGRES_DSN");
+  ASSIGN_OR_RETURN(p.dsn, ha::ResolveDsn({dsn_flag, dsn_file, env != nullptr ? env : ""}));
+  p.lease_timeout = absl::GetFlag(FLAGS_lease_timeout);
+  if (p.lease_timeout < absl::Seconds(1) || p.lease_timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lease_timeout: must be between 1s and 1h (e.g. 10s), got ",
+        absl::FormatDuration(p.lease_timeout)));
+  }
+  if (p.lease_timeout < absl::Seconds(6)) {
+    spdlog::warn("--lease_timeout={}: shorter than 6s, one reconnect to PostgreSQL (up to 2 s) "
+                 "can outlast a renewal, and the leader then exits with code 3 on a brief "
+                 "database blip; 10s or more suits production",
+                 absl::FormatDuration(p.lease_timeout));
+  }
+  p.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  if (!p.advertise_address.empty()) {
+    RETURN_IF_ERROR(CheckHostPort("advertise_address", p.advertise_address));
+  }
+  return p;
+}
+
+// What standbys name as the leader: --advertise_address, else the bound
+// --listen address (the hostname when it listens on every interface).
+std::string LeaseHolder(const PostgresSettings& p, const std::string& listen, int port) {
+  if (!p.advertise_address.empty()) return p.advertise_address;
+  std::string host = HostOf(listen);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') host = name;
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+// Sleeps up to `d` in sigwait: false on SIGTERM or SIGINT (stop waiting).
+// A SIGHUP is remembered in `hup` for when this tallyd leads.
+bool WaitForSignal(const sigset_t& signals, absl::Duration d, bool* hup) {
+  const absl::Time until = absl::Now() + d;
+  while (true) {
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) return true;
+    const timespec ts = absl::ToTimespec(left);
+    const int sig = sigtimedwait(&signals, nullptr, &ts);
+    if (sig == SIGTERM || sig == SIGINT) return false;
+    if (sig == SIGHUP) {
+      spdlog::info("SIGHUP: this tallyd is a standby; it reloads once it leads");
+      *hup = true;
+    }
+  }
+}
+
 int Run() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -242,6 +339,7 @@ int Run() {
   }
 
   options.priority_preemption = absl::GetFlag(FLAGS_priority_preemption);
+  options.group_commit = absl::GetFlag(FLAGS_group_commit);
   options.min_runtime_before_preemption = absl::GetFlag(FLAGS_min_runtime_before_preemption);
   if (options.min_runtime_before_preemption < absl::ZeroDuration() ||
       options.min_runtime_before_preemption == absl::InfiniteDuration()) {
@@ -278,6 +376,17 @@ int Run() {
       spdlog::error("--{}: must be 0 (no limit) or a positive count, got {}", flag, value);
       return 2;
     }
+  }
+
+  const std::string kind = absl::GetFlag(FLAGS_store);
+  if (kind != "sqlite" && kind != "memory" && kind != "postgres") {
+    spdlog::error("--store: must be sqlite, memory or postgres, got \"{}\"", kind);
+    return 2;
+  }
+  absl::StatusOr<std::optional<PostgresSettings>> postgres = LoadPostgresSettings(kind);
+  if (!postgres.ok()) {
+    spdlog::error("{}", std::string(postgres.status().message()));
+    return 2;
   }
 
   // A bad --address_file is refused before anything is served.
@@ -393,56 +502,6 @@ int Run() {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  std::unique_ptr<store::JobStore> store;
-  const std::string kind = absl::GetFlag(FLAGS_store);
-  if (kind == "memory") {
-    store = std::make_unique<store::InMemoryJobStore>();
-  } else if (kind == "sqlite") {
-    const std::string dir = absl::GetFlag(FLAGS_data_dir);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      spdlog::error("--data_dir: cannot create {}: {}", dir, ec.message());
-      return 2;
-    }
-    auto opened = store::SqliteJobStore::Open((std::filesystem::path(dir) / "tally.db").string());
-    if (!opened.ok()) {
-      spdlog::error("{}", std::string(opened.status().message()));
-      return 2;
-    }
-    store = std::move(*opened);
-  } else {
-    spdlog::error("--store: must be sqlite or memory, got \"{}\"", kind);
-    return 2;
-  }
-
-  RealClock clock;
-  metrics::Registry registry;
-  metrics::RegisterBuildInfo(&registry);
-  api::Core core(store.get(), &clock, &registry, options);
-  if (absl::Status s = core.Init(); !s.ok()) {
-    spdlog::error("recovering state from the store: {}", std::string(s.message()));
-    return 1;
-  }
-
-  api::Gate gate(&clock, *credentials);
-  jobs_options.gate = &gate;
-  experiments_options.gate = &gate;
-  api::JobsService jobs(&core, jobs_options);
-  api::ExperimentsService experiments(&core, experiments_options);
-  api::WorkersService::Options workers_options;
-  workers_options.max_streams_per_principal =
-      absl::GetFlag(FLAGS_max_worker_streams_per_principal);
-  workers_options.max_streams = absl::GetFlag(FLAGS_max_worker_streams);
-  workers_options.gate = &gate;
-  if (workers_options.max_streams_per_principal < 0 || workers_options.max_streams < 0) {
-    spdlog::error("--max_worker_streams_per_principal and --max_worker_streams: must be 0 (no "
-                  "limit) or a positive count");
-    return 2;
-  }
-  api::WorkersService workers(&core, workers_options);
-  grpc::EnableDefaultHealthCheckService(true);
-  if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::shared_ptr<grpc::ServerCredentials> server_credentials = grpc::InsecureServerCredentials();
   if (!tls_cert.empty()) {
     // The files are watched: a renewed certificate is served within 5 s.
@@ -464,9 +523,166 @@ int Run() {
     }
     server_credentials = grpc::experimental::TlsServerCredentials(tls);
   }
+  RealClock clock;
+  metrics::Registry registry;
+  metrics::RegisterBuildInfo(&registry);
+  metrics::Gauge& leader_gauge =
+      metrics::BuildGauge()
+          .Name("tally_leader")
+          .Help("1 while this tallyd leads (schedules, accepts workers, writes); 0 on a "
+                "standby waiting for the lease (--store=postgres)")
+          .Register(registry)
+          .Add({});
+  std::optional<metrics::HttpExporter::Tls> metrics_tls;
+  if (!metrics_tls_cert.empty()) {
+    metrics_tls = metrics::HttpExporter::Tls{metrics_tls_cert, metrics_tls_key};
+  }
+  std::unique_ptr<metrics::HttpExporter> exporter;
+  // The gRPC address to bind: a standby's port 0 becomes the port it bound,
+  // so the leader it turns into serves where it was found.
+  std::string grpc_listen = listen;
+  bool hup_while_standby = false;
+  std::unique_ptr<store::JobStore> store;
+  // Held only with --store=postgres: the lease and its keeper (declared
+  // last, so its threads stop before what they use is destroyed).
+  std::atomic<bool> lease_lost{false};
+  int64_t lease_epoch = 0;
+  std::unique_ptr<ha::LeaderLease> lease;
+  std::unique_ptr<ha::LeaseKeeper> keeper;
+  // A standby's server keeps the port until the leader's is bound beside it
+  // (gRPC sets SO_REUSEPORT), so clients never find the port closed.
+  std::unique_ptr<ha::StandbyServer> standby;
+  if (kind == "memory") {
+    store = std::make_unique<store::InMemoryJobStore>();
+  } else if (kind == "sqlite") {
+    const std::string dir = absl::GetFlag(FLAGS_data_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      spdlog::error("--data_dir: cannot create {}: {}", dir, ec.message());
+      return 2;
+    }
+    auto opened = store::SqliteJobStore::Open((std::filesystem::path(dir) / "tally.db").string());
+    if (!opened.ok()) {
+      spdlog::error("{}", std::string(opened.status().message()));
+      return 2;
+    }
+    store = std::move(*opened);
+  } else {
+    // --store=postgres: serve as a standby (health NOT_SERVING, every call
+    // UNAVAILABLE naming the leader, /readyz 503) until the lease is ours;
+    // see server/ha/leader_lease.h for the protocol.
+    const PostgresSettings& pg = **postgres;
+    auto started_standby = ha::StandbyServer::Start(listen, server_credentials);
+    if (!started_standby.ok()) {
+      spdlog::error("{}", std::string(started_standby.status().message()));
+      return 2;
+    }
+    standby = *std::move(started_standby);
+    grpc_listen = absl::StrCat(HostOf(listen), ":", standby->port());
+    auto started = metrics::HttpExporter::Start(metrics_listen, &registry, metrics_tls);
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
+      return 2;
+    }
+    exporter = *std::move(started);
+    const std::string addresses = absl::StrCat("grpc=", grpc_listen, " metrics=",
+                                               HostOf(metrics_listen), ":", exporter->port());
+    if (!address_file.empty()) {
+      if (absl::Status s = WriteAddressFile(address_file, addresses); !s.ok()) {
+        spdlog::error("{}", std::string(s.message()));
+        return 2;
+      }
+    }
+    const std::string holder = LeaseHolder(pg, listen, standby->port());
+    spdlog::info("tallyd: standby {} on PostgreSQL {}, waiting for the leader lease "
+                 "(--lease_timeout={})",
+                 addresses, ha::RedactDsn(pg.dsn), absl::FormatDuration(pg.lease_timeout));
+    lease = std::make_unique<ha::LeaderLease>(pg.dsn, holder, pg.lease_timeout);
+    std::unique_ptr<store::PostgresJobStore> opened;
+    ha::AwaitOptions await;
+    await.poll_interval = pg.lease_timeout / 5;
+    // Opening migrates the schema, which creates the lease table.
+    await.prepare = [&]() -> absl::Status {
+      auto o = store::PostgresJobStore::Open(pg.dsn);
+      if (!o.ok()) return o.status();
+      opened = *std::move(o);
+      return absl::OkStatus();
+    };
+    await.wait = [&](absl::Duration d) { return WaitForSignal(signals, d, &hup_while_standby); };
+    await.on_leader = [&](const std::string& leader) { standby->SetLeader(leader); };
+    absl::StatusOr<std::optional<ha::Acquired>> acquired = ha::AwaitLease(lease.get(), await);
+    if (!acquired.ok()) {
+      spdlog::error("{}", std::string(acquired.status().message()));
+      return 2;
+    }
+    if (!acquired->has_value()) {
+      spdlog::info("tallyd: standby stopped by a signal");
+      return 0;
+    }
+    lease_epoch = (*acquired)->epoch;
+    // Fenced before recovery: from here on no write commits unless the
+    // lease row still carries this epoch.
+    opened->SetFencingEpoch(lease_epoch);
+    store::PostgresJobStore* fenced = opened.get();
+    ha::LeaseKeeper::Options keep;
+    keep.lease_timeout = pg.lease_timeout;
+    keep.must_restart = [fenced] { return fenced->MustRestart(); };
+    keep.on_lost = [&lease_lost](const std::string& why) {
+      spdlog::error("tallyd: no longer the leader: {}; exiting with code 3 (to restart as a "
+                    "standby)", why);
+      lease_lost.store(true);
+      // Draining must not keep a deposed leader alive: the fence already
+      // keeps it from committing, this keeps it from serving.
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        spdlog::error("tallyd: drain after losing the lease took over 5 s; exiting now");
+        spdlog::shutdown();
+        std::_Exit(3);
+      }).detach();
+      kill(getpid(), SIGTERM);
+    };
+    keeper = std::make_unique<ha::LeaseKeeper>(lease.get(), lease_epoch, (*acquired)->sent,
+                                               std::move(keep));
+    spdlog::info("tallyd: took the leader lease (epoch {}, holder {}); recovering state",
+                 lease_epoch, holder);
+    standby->SetLeader(
+        absl::StrCat(holder, " (epoch ", lease_epoch, "): this tallyd, recovering its state"));
+    store = std::move(opened);
+  }
+
+  api::Core core(store.get(), &clock, &registry, options);
+  if (absl::Status s = core.Init(); !s.ok()) {
+    spdlog::error("recovering state from the store: {}", std::string(s.message()));
+    return lease_lost.load() ? 3 : 1;
+  }
+  if (lease_lost.load() || (keeper != nullptr && keeper->lost())) {
+    // Deposed while recovering: never announce this tallyd as the leader.
+    spdlog::error("tallyd: lost the leader lease while recovering; exiting with code 3");
+    return 3;
+  }
+
+  api::Gate gate(&clock, *credentials);
+  jobs_options.gate = &gate;
+  experiments_options.gate = &gate;
+  api::JobsService jobs(&core, jobs_options);
+  api::ExperimentsService experiments(&core, experiments_options);
+  api::WorkersService::Options workers_options;
+  workers_options.max_streams_per_principal =
+      absl::GetFlag(FLAGS_max_worker_streams_per_principal);
+  workers_options.max_streams = absl::GetFlag(FLAGS_max_worker_streams);
+  workers_options.gate = &gate;
+  if (workers_options.max_streams_per_principal < 0 || workers_options.max_streams < 0) {
+    spdlog::error("--max_worker_streams_per_principal and --max_worker_streams: must be 0 (no "
+                  "limit) or a positive count");
+    return 2;
+  }
+  api::WorkersService workers(&core, workers_options);
+  grpc::EnableDefaultHealthCheckService(true);
+  if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(listen, server_credentials, &grpc_port);
+  builder.AddListeningPort(grpc_listen, server_credentials, &grpc_port);
   builder.RegisterService(&jobs);
   builder.RegisterService(&experiments);
   builder.RegisterService(&workers);
@@ -482,23 +698,31 @@ int Run() {
     spdlog::error("--listen: cannot listen on {} (address in use?)", listen);
     return 2;
   }
-  std::optional<metrics::HttpExporter::Tls> metrics_tls;
-  if (!metrics_tls_cert.empty()) {
-    metrics_tls = metrics::HttpExporter::Tls{metrics_tls_cert, metrics_tls_key};
+  if (exporter != nullptr) exporter->SetReady(true);
+  leader_gauge.Set(1);
+  if (standby != nullptr) {
+    standby->Shutdown();
+    standby.reset();
   }
-  auto exporter = metrics::HttpExporter::Start(metrics_listen, &registry, metrics_tls);
-  if (!exporter.ok()) {
-    spdlog::error("{}", std::string(exporter.status().message()));
-    server->Shutdown();
-    return 2;
+  if (exporter == nullptr) {
+    auto started = metrics::HttpExporter::Start(metrics_listen, &registry, metrics_tls);
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
+      server->Shutdown();
+      return 2;
+    }
+    exporter = *std::move(started);
   }
   spdlog::info("tallyd: /metrics over {} on {}", metrics_tls ? "HTTPS" : "plain HTTP",
                metrics_listen);
   server->GetHealthCheckService()->SetServingStatus(true);
+  server->GetHealthCheckService()->SetServingStatus(ha::kLivenessService, true);
+  exporter->SetReady(true);
+  leader_gauge.Set(1);
 
   const std::string addresses =
       absl::StrCat("grpc=", HostOf(listen), ":", grpc_port, " metrics=",
-                   HostOf(metrics_listen), ":", (*exporter)->port());
+                   HostOf(metrics_listen), ":", exporter->port());
   std::printf("tallyd serving %s\n", addresses.c_str());
   std::fflush(stdout);
   if (!address_file.empty()) {
@@ -519,6 +743,8 @@ int Run() {
     }
   });
 
+  // A SIGHUP a standby received is acted on now that it leads.
+  if (hup_while_standby) kill(getpid(), SIGHUP);
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
     // Credentials: all or nothing; bad files keep the previous ones.
@@ -557,14 +783,34 @@ int Run() {
       return 0;
     });
   }
-  spdlog::info("tallyd: signal {}, draining", sig);
+  const bool deposed = lease_lost.load();
+  if (!deposed) spdlog::info("tallyd: signal {}, draining", sig);
   // Health first, so load balancers and probes stop sending work.
   server->GetHealthCheckService()->SetServingStatus(false);
+  exporter->SetReady(false);
+  leader_gauge.Set(0);
   stop.store(true);
   ticker.join();
   core.Shutdown();
+  // A deposed leader's calls would only fail at the fence: cut them short.
   server->Shutdown(std::chrono::system_clock::now() +
-                   absl::ToChronoSeconds(absl::GetFlag(FLAGS_drain_timeout)));
+                   (deposed ? std::chrono::seconds(1)
+                            : absl::ToChronoSeconds(absl::GetFlag(FLAGS_drain_timeout))));
+  if (keeper != nullptr) {
+    // Nothing more is written: hand the lease over now rather than after
+    // --lease_timeout (stopping the keeper first, so no renewal follows).
+    keeper->Stop();
+    if (deposed || keeper->lost()) {
+      spdlog::info("tallyd: stopped (deposed; exit code 3)");
+      return 3;
+    }
+    if (absl::Status s = lease->Release(lease_epoch); s.ok()) {
+      spdlog::info("tallyd: released the leader lease (epoch {})", lease_epoch);
+    } else {
+      spdlog::warn("tallyd: could not release the leader lease (a standby takes over "
+                   "within --lease_timeout): {}", std::string(s.message()));
+    }
+  }
   spdlog::info("tallyd: stopped");
   return 0;
 }

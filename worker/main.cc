@@ -7,6 +7,9 @@
 // exits 0 within --preemption_deadline (agent.h). If an attempt is still
 // busy at the deadline (a checkpoint too slow to finish), the process ends
 // with _exit(0) once the logs are flushed, rather than wait for its thread.
+//
+// --exit_when_idle=DURATION: after that long connected with no assignment
+// the worker leaves the same way, with cause "idle", and exits 0.
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/controller_list.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/credentials.h"
@@ -34,7 +38,9 @@
 #include "worker/train/trainer.h"
 
 ABSL_FLAG(std::string, controller, "",
-          "tallyd's gRPC address host:port (default: $TALLY_CONTROLLER, else "
+          "tallyd's gRPC address HOST:PORT, or several separated by commas (a leader and its "
+          "standbys, e.g. tally-0.tally:50051,tally-1.tally:50051): each reconnect goes to the "
+          "next in turn, so the worker finds whichever leads (default: $TALLY_CONTROLLER, else "
           "127.0.0.1:50051)");
 ABSL_FLAG(std::string, worker_id, "",
           "stable id for this worker (default: HOSTNAME-DEVICE); keep it across "
@@ -83,6 +89,11 @@ ABSL_FLAG(std::string, preemption_notice_file, "",
           "a file whose appearance means this worker is going away (checked every 200 ms): a "
           "node agent or the cloud's metadata poller (spot reclaim, maintenance) creates it; "
           "the worker then preempts itself as on SIGTERM. Empty: none");
+ABSL_FLAG(std::string, exit_when_idle, "0",
+          "leave after this long connected to tallyd with no assignment (e.g. 90s, 5m; timed "
+          "from the connection or the last attempt's exit, never while one runs): the worker "
+          "tells tallyd (a notice, cause idle, so nothing more is placed on it) and exits 0. "
+          "For autoscaled fleets that shrink to zero. 0: never");
 ABSL_FLAG(std::string, capacity, "on_demand",
           "the capacity this worker runs on, told to tallyd: spot (cheaper, may be reclaimed "
           "with a short notice) or on_demand; matched against spec.resources.capacity");
@@ -109,17 +120,26 @@ ABSL_FLAG(absl::Duration, testonly_preempt_checkpoint_delay, absl::ZeroDuration(
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tally-worker: runs training assignments from tallyd.\n\nUsage: "
-      "tally-worker --controller=HOST:PORT [--worker_id=ID] [--device=cpu] "
+      "tally-worker --controller=HOST:PORT[,HOST:PORT...] [--worker_id=ID] [--device=cpu] "
       "[--ca_cert=PEM [--tls_cert=PEM --tls_key=PEM]] [--token_file=FILE] "
       "[--data_root=DIR[,DIR...]]");
   absl::ParseCommandLine(argc, argv);
 
   tally::worker::AgentOptions options;
   options.controller = absl::GetFlag(FLAGS_controller);
+  const char* controller_source = "--controller";
   if (options.controller.empty()) {
     const char* env = std::getenv("TALLY_CONTROLLER");
     options.controller = env && *env ? env : "127.0.0.1:50051";
+    controller_source = env && *env ? "$TALLY_CONTROLLER" : "--controller";
   }
+  absl::StatusOr<std::vector<std::string>> controllers =
+      tally::ParseControllerList(options.controller, controller_source);
+  if (!controllers.ok()) {
+    spdlog::error("{}", std::string(controllers.status().message()));
+    return 2;
+  }
+  options.controller = absl::StrJoin(*controllers, ",");
   options.device = absl::GetFlag(FLAGS_device);
   if (options.device != "cpu" && options.device.rfind("cuda:", 0) != 0) {
     spdlog::error("--device: must be cpu or cuda:N, got \"{}\"", options.device);
@@ -150,6 +170,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.preemption_notice_file = absl::GetFlag(FLAGS_preemption_notice_file);
+  // Parsed here rather than as an absl::Duration flag, so that a number
+  // without its unit gets an error that says what to write.
+  const std::string idle = absl::GetFlag(FLAGS_exit_when_idle);
+  if (!absl::ParseDuration(idle, &options.exit_when_idle) ||
+      options.exit_when_idle < absl::ZeroDuration() ||
+      options.exit_when_idle == absl::InfiniteDuration()) {
+    spdlog::error("--exit_when_idle: must be a duration of 0 or more with its unit, such as "
+                  "90s, 5m or 1h (0: never), got \"{}\"",
+                  idle.substr(0, 64));
+    return 2;
+  }
 
   auto flag_or_env = [](const std::string& flag, const char* env) {
     if (!flag.empty()) return flag;
@@ -296,7 +327,15 @@ int main(int argc, char** argv) {
   spdlog::info("tally-worker {} ({} / {}, {}) -> {}, checkpoints in {}", options.worker_id,
                options.device, options.gpu_type, options.capacity, options.controller,
                runner.checkpoint_dir);
+  if (options.exit_when_idle > absl::ZeroDuration()) {
+    spdlog::info("tally-worker: leaves after {} connected with no assignment (--exit_when_idle)",
+                 absl::FormatDuration(options.exit_when_idle));
+  }
   const int rc = agent.Run();
+  if (agent.LeftIdle()) {
+    spdlog::info("tally-worker: exiting {}: idle for --exit_when_idle={}", rc,
+                 absl::FormatDuration(options.exit_when_idle));
+  }
   if (agent.HasAbandonedAttempts()) {
     // An attempt's thread is still busy past the deadline (its checkpoint
     // write, say): destroying the agent would join it. End here instead;

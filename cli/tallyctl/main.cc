@@ -31,6 +31,7 @@
 #include "cli/tallyctl/experiment_report.h"
 #include "cli/tallyctl/job_format.h"
 #include "cli/tallyctl/tokens.h"
+#include "common/controller_list.h"
 #include "common/experiment_spec.h"
 #include "common/spec_validation.h"
 #include "common/spec_yaml.h"
@@ -41,8 +42,10 @@
 #include "tally/v1/jobs.grpc.pb.h"
 
 ABSL_FLAG(std::string, controller, "",
-          "tallyd's gRPC address host:port (default: $TALLY_CONTROLLER, else the "
-          "context's address, else 127.0.0.1:50051)");
+          "tallyd's gRPC address HOST:PORT, or several separated by commas (a leader "
+          "and its standbys): each call tries them in order while one answers "
+          "UNAVAILABLE (default: $TALLY_CONTROLLER, else the context's address, else "
+          "127.0.0.1:50051)");
 ABSL_FLAG(std::string, token, "",
           "bearer token sent to tallyd on every call (default: $TALLY_TOKEN, else "
           "the context's token_file); visible to other users in the process list, "
@@ -149,6 +152,9 @@ Common flags: --output=json, --timeout=10s, and how to reach tallyd, each
 taken from the first that is set: the flag, the environment variable, the
 chosen context, the default:
   --controller=HOST:PORT   $TALLY_CONTROLLER  address          127.0.0.1:50051
+                           (or HOST:PORT,HOST:PORT,...: a leader and its
+                           standbys, tried in order while one answers
+                           UNAVAILABLE)
   --ca_cert=PEM_FILE       $TALLY_CA_CERT     ca_cert          plaintext
                            (set: TLS, verifying tallyd against these roots)
   --tls_server_name=NAME                      tls_server_name  the host
@@ -265,15 +271,63 @@ std::shared_ptr<grpc::Channel> MakeChannel(const Connection& conn) {
   return grpc::CreateCustomChannel(conn.address, grpc::SslCredentials(ssl), args);
 }
 
+// Whether a unary call may be sent again, to the next tallyd or after a
+// wait: UNAVAILABLE (unreachable, draining, or a standby), or CANCELLED,
+// which tallyctl never asks for on a unary call, so the tallyd serving it
+// went away mid-call (a leader that lost its lease exits so). Submits carry
+// a request id, so a retry makes no second job.
+bool Retryable(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::CANCELLED;
+}
+
 // Every call's context is made ready here: Prepare for unary calls,
 // Authorize for streams (which have no deadline).
+//
+// conn.address may list several tallyds (checked by ParseControllerList):
+// a leader and its standbys. Unary calls go through Call(), which moves on
+// to the next address while the one it tried answers UNAVAILABLE (a standby,
+// or a tallyd that is down; see Retryable) and keeps the one that answered
+// for the calls after it; streams call Next() themselves before resuming.
 class Client {
  public:
-  explicit Client(Connection conn)
-      : conn_(std::move(conn)),
-        channel_(MakeChannel(conn_)),
-        stub_(tally::v1::Jobs::NewStub(channel_)),
-        experiments_(tally::v1::Experiments::NewStub(channel_)) {}
+  explicit Client(Connection conn) : conn_(std::move(conn)) {
+    for (absl::string_view address : absl::StrSplit(conn_.address, ',', absl::SkipEmpty())) {
+      Connection one = conn_;
+      one.address = std::string(absl::StripAsciiWhitespace(address));
+      Endpoint e;
+      e.address = one.address;
+      e.channel = MakeChannel(one);
+      e.jobs = tally::v1::Jobs::NewStub(e.channel);
+      e.experiments = tally::v1::Experiments::NewStub(e.channel);
+      endpoints_.push_back(std::move(e));
+    }
+  }
+
+  // Runs `call` (a unary call) with a fresh Prepare()d context on the
+  // current tallyd, then, while the answer is Retryable, on each other
+  // address in the list's order; the address that answered stays current.
+  // `call` reaches the tallyd through stub() or experiments(). A request
+  // with a request_id makes nothing twice however many tallyds it reaches.
+  template <typename F>
+  grpc::Status Call(F call) {
+    grpc::Status s;
+    for (size_t tried = 0; tried < endpoints_.size(); ++tried) {
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      answered_ = current_;
+      s = call(&ctx);
+      if (!Retryable(s)) break;
+      Next();
+    }
+    return s;
+  }
+  // Makes the next address in the list current (a stream that ended
+  // UNAVAILABLE resumes there).
+  void Next() {
+    answered_ = current_;
+    current_ = (current_ + 1) % endpoints_.size();
+  }
 
   // --timeout's deadline, and the credentials.
   void Prepare(grpc::ClientContext* ctx) const {
@@ -291,16 +345,30 @@ class Client {
     if (conn_.token.empty()) return std::string(text);
     return absl::StrReplaceAll(text, {{conn_.token, "<token>"}});
   }
-  tally::v1::Jobs::Stub* stub() { return stub_.get(); }
-  tally::v1::Experiments::Stub* experiments() { return experiments_.get(); }
-  const std::string& controller() const { return conn_.address; }
+  tally::v1::Jobs::Stub* stub() { return endpoints_[current_].jobs.get(); }
+  tally::v1::Experiments::Stub* experiments() { return endpoints_[current_].experiments.get(); }
+  // The address of the tallyd that gave the last answer (a failure's).
+  const std::string& controller() const { return endpoints_[answered_].address; }
+  // Every address, for messages: "a:1" or "a:1, b:2".
+  std::string Addresses() const {
+    std::vector<std::string> all;
+    for (const Endpoint& e : endpoints_) all.push_back(e.address);
+    return absl::StrJoin(all, ", ");
+  }
+  size_t num_addresses() const { return endpoints_.size(); }
   const Connection& connection() const { return conn_; }
 
  private:
+  struct Endpoint {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<tally::v1::Jobs::Stub> jobs;
+    std::unique_ptr<tally::v1::Experiments::Stub> experiments;
+  };
   Connection conn_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<tally::v1::Jobs::Stub> stub_;
-  std::unique_ptr<tally::v1::Experiments::Stub> experiments_;
+  std::vector<Endpoint> endpoints_;  // never empty
+  size_t current_ = 0;
+  size_t answered_ = 0;
 };
 
 // Whether an UNAVAILABLE message is about TLS (a handshake or certificate
@@ -322,8 +390,14 @@ int Fail(const grpc::Status& s, const Client& c) {
   switch (s.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      std::cerr << "tallyctl: tallyd at " << Safe(c.controller())
-                << " is not reachable: " << message << "\n";
+      if (c.num_addresses() > 1) {
+        std::cerr << "tallyctl: no tallyd of " << Safe(c.Addresses())
+                  << " answered (each was tried); the last, " << Safe(c.controller())
+                  << ", said: " << message << "\n";
+      } else {
+        std::cerr << "tallyctl: tallyd at " << Safe(c.controller())
+                  << " is not reachable: " << message << "\n";
+      }
       if (IsTlsFailure(s.error_message())) {
         std::cerr << "tallyctl: hint: the TLS handshake failed; check --ca_cert / "
                      "TALLY_CA_CERT and the server's name"
@@ -490,16 +564,14 @@ std::string RequestId() {
   return request_id;
 }
 
-// Runs `call` (a unary call with a fresh context) up to three times while
-// tallyd is UNAVAILABLE, backing off.
+// Runs `call` (a unary call, through Client::Call: every address in turn)
+// up to three times while tallyd is UNAVAILABLE (Retryable), backing off.
 template <typename F>
 grpc::Status WithRetries(Client& c, F call) {
   grpc::Status s;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    grpc::ClientContext ctx;
-    c.Prepare(&ctx);
-    s = call(&ctx);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    s = c.Call(call);
+    if (!Retryable(s)) break;
     absl::SleepFor(absl::Milliseconds(300 << attempt));
   }
   return s;
@@ -538,9 +610,8 @@ int Estimate(Client& c) {
   tally::v1::EstimateCostRequest req;
   if (int rc = ReadSpecFlag("estimate", req.mutable_spec()); rc != kOk) return rc;
   tally::v1::CostEstimate e;
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.stub()->EstimateCost(&ctx, req, &e);
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.stub()->EstimateCost(ctx, req, &e); });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(e) << "\n";
@@ -556,9 +627,7 @@ int Cost(Client& c, const std::string& name) {
   tally::v1::GetJobRequest req;
   req.set_name(NormalizeName(name));
   tally::v1::Job j;
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.stub()->GetJob(&ctx, req, &j);
+  grpc::Status s = c.Call([&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, req, &j); });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(j.cost()) << "\n";
@@ -590,9 +659,8 @@ int Get(Client& c, const std::string& name) {
   tally::v1::GetJobRequest req;
   req.set_name(NormalizeName(name));
   tally::v1::Job job;
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, req, &job); });
   if (!s.ok()) return Fail(s, c);
   PrintJob(job);
   return kOk;
@@ -617,9 +685,8 @@ int List(Client& c) {
     req.add_states(state);
   }
   tally::v1::ListJobsResponse resp;
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.stub()->ListJobs(&ctx, req, &resp);
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.stub()->ListJobs(ctx, req, &resp); });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(resp) << "\n";
@@ -645,9 +712,28 @@ int Cancel(Client& c, const std::string& name) {
   req.set_name(NormalizeName(name));
   req.set_reason(absl::GetFlag(FLAGS_reason));
   tally::v1::Job job;
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.stub()->CancelJob(&ctx, req, &job);
+  int sent = 0;
+  grpc::Status first;
+  grpc::Status s = c.Call([&](grpc::ClientContext* ctx) {
+    grpc::Status r = c.stub()->CancelJob(ctx, req, &job);
+    if (sent++ == 0) first = r;
+    return r;
+  });
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && sent > 1 &&
+      first.error_code() == grpc::StatusCode::CANCELLED) {
+    // The first tallyd went away mid-call (a leader losing its lease), so it
+    // may have committed this cancel before it did: a job now CANCELLED is
+    // this cancel's doing, not an error.
+    tally::v1::GetJobRequest get;
+    get.set_name(req.name());
+    tally::v1::Job now;
+    grpc::Status g =
+        c.Call([&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, get, &now); });
+    if (g.ok() && now.state() == tally::v1::JOB_STATE_CANCELLED) {
+      PrintJob(now);
+      return kOk;
+    }
+  }
   if (!s.ok()) return Fail(s, c);
   PrintJob(job);
   return kOk;
@@ -657,9 +743,8 @@ int Checkpoints(Client& c, const std::string& name) {
   tally::v1::ListCheckpointsRequest req;
   req.set_name(NormalizeName(name));
   tally::v1::ListCheckpointsResponse resp;
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.stub()->ListCheckpoints(&ctx, req, &resp);
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.stub()->ListCheckpoints(ctx, req, &resp); });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << Json(resp) << "\n";
@@ -713,16 +798,15 @@ int Watch(Client& c, const std::string& arg) {
   while (true) {
     tally::v1::GetJobRequest req;
     req.set_name(name);
-    grpc::ClientContext ctx;
-    c.Prepare(&ctx);
-    grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
+    grpc::Status s = c.Call(
+        [&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, req, &job); });
     if (s.ok()) {
       max_steps = job.spec().training().max_steps();
       break;
     }
     if (!retry.Again(s)) return Fail(s, c);
     if (retry.failures == 1) {
-      std::cerr << "tallyctl: waiting for tallyd at " << Safe(c.controller()) << " ("
+      std::cerr << "tallyctl: waiting for tallyd at " << Safe(c.Addresses()) << " ("
                 << Safe(c.Redact(s.error_message())) << ")\n";
     }
     retry.Wait();
@@ -764,7 +848,9 @@ int Watch(Client& c, const std::string& arg) {
     if (bar_shown) std::cout << "\n";
     bar_shown = false;
     if (!retry.Again(s)) return Fail(s, c);
-    // tallyd restarting or unreachable: resume after the last event seen.
+    // tallyd restarting or unreachable: resume after the last event seen,
+    // at the next address when there are several.
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) c.Next();
     std::cerr << "tallyctl: watch interrupted (" << Safe(c.Redact(s.error_message()))
               << "); resuming after event " << after << "\n";
     retry.Wait();
@@ -920,9 +1006,8 @@ void PrintExperiment(const tally::v1::Experiment& e) {
 int GetExperiment(Client& c, const std::string& arg, tally::v1::Experiment* out) {
   tally::v1::GetExperimentRequest req;
   req.set_name(NormalizeExperimentName(arg));
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.experiments()->GetExperiment(&ctx, req, out);
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.experiments()->GetExperiment(ctx, req, out); });
   return s.ok() ? kOk : Fail(s, c);
 }
 
@@ -969,9 +1054,8 @@ int ExperimentList(Client& c) {
   req.set_page_token(absl::GetFlag(FLAGS_page_token));
   req.set_tenant(absl::GetFlag(FLAGS_tenant));
   tally::v1::ListExperimentsResponse resp;
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.experiments()->ListExperiments(&ctx, req, &resp);
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.experiments()->ListExperiments(ctx, req, &resp); });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << JsonAll(resp) << "\n";
@@ -996,9 +1080,8 @@ int ExperimentCancel(Client& c, const std::string& arg) {
   req.set_name(NormalizeExperimentName(arg));
   req.set_reason(absl::GetFlag(FLAGS_reason));
   tally::v1::Experiment e;
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  grpc::Status s = c.experiments()->CancelExperiment(&ctx, req, &e);
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.experiments()->CancelExperiment(ctx, req, &e); });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << JsonAll(e) << "\n";
@@ -1024,9 +1107,8 @@ int ExperimentWatch(Client& c, const std::string& arg) {
   auto get = [&]() -> grpc::Status {
     tally::v1::GetExperimentRequest req;
     req.set_name(name);
-    grpc::ClientContext ctx;
-    c.Prepare(&ctx);
-    return c.experiments()->GetExperiment(&ctx, req, &e);
+    return c.Call(
+        [&](grpc::ClientContext* ctx) { return c.experiments()->GetExperiment(ctx, req, &e); });
   };
   // Gets `e` until it answers or `retry` gives up; kOk or the exit code.
   auto get_retrying = [&]() -> int {
@@ -1089,6 +1171,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
     grpc::Status s = reader->Finish();
     if (s.ok()) break;
     if (!retry.Again(s)) return Fail(s, c);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) c.Next();
     std::cerr << "tallyctl: watch interrupted (" << Safe(c.Redact(s.error_message()))
               << "); resuming after event " << after << "\n";
     retry.Wait();
@@ -1112,9 +1195,8 @@ int ExperimentReport(Client& c, const std::string& arg) {
     tally::v1::GetJobRequest req;
     req.set_name(v.job());
     tally::v1::Job job;
-    grpc::ClientContext ctx;
-    c.Prepare(&ctx);
-    grpc::Status s = c.stub()->GetJob(&ctx, req, &job);
+    grpc::Status s = c.Call(
+        [&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, req, &job); });
     if (!s.ok()) return Fail(s, c);
     curves.push_back({v.name(), {job.curve().begin(), job.curve().end()}});
   }
@@ -1238,10 +1320,20 @@ int ResolveFlags(Connection* conn) {
     return kUsage;
   }
   *conn = *std::move(resolved);
-  if (!conn->token.empty() && conn->ca_cert_pem.empty() && !IsLoopbackAddress(conn->address)) {
-    std::cerr << "tallyctl: warning: the token goes to " << Safe(conn->address)
-              << " without TLS, readable by anyone on the path; set --ca_cert (or "
-                 "TALLY_CA_CERT, or the context's ca_cert)\n";
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ParseControllerList(conn->address, conn->address_source);
+  if (!addresses.ok()) {
+    std::cerr << "tallyctl: " << addresses.status().message() << "\n";
+    return kUsage;
+  }
+  conn->address = absl::StrJoin(*addresses, ",");
+  for (const std::string& address : *addresses) {
+    if (!conn->token.empty() && conn->ca_cert_pem.empty() && !IsLoopbackAddress(address)) {
+      std::cerr << "tallyctl: warning: the token goes to " << Safe(address)
+                << " without TLS, readable by anyone on the path; set --ca_cert (or "
+                   "TALLY_CA_CERT, or the context's ca_cert)\n";
+      break;
+    }
   }
   return kOk;
 }

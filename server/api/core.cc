@@ -11,6 +11,7 @@ namespace tally::api {
 Core::Core(store::JobStore* store, const Clock* clock,
            metrics::Registry* registry, sched::SchedulerOptions options)
     : store_(store),
+      group_commit_(options.group_commit),
       watch_hub_(store),
       scheduler_(store, this, clock, registry, options),
       manager_(store, &scheduler_, clock, registry) {
@@ -25,6 +26,27 @@ absl::Status Core::Init() {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = scheduler_.Recover(); !s.ok()) return s;
   return manager_.Recover();
+}
+
+absl::StatusOr<tally::v1::Job> Core::Submit(const tally::v1::JobSpec& spec,
+                                            const std::string& request_id,
+                                            const sched::Actor& by) {
+  if (!group_commit_) {
+    absl::MutexLock lock(&mu_);
+    return scheduler_.Submit(spec, request_id, by);
+  }
+  absl::StatusOr<sched::Scheduler::PreparedSubmit> prepared;
+  {
+    absl::MutexLock lock(&mu_);
+    prepared = scheduler_.PrepareSubmit(spec, request_id, by);
+  }
+  if (!prepared.ok()) return prepared.status();
+  // Outside the lock: the store batches this with other submits' writes
+  // (and the scheduler's own commits) into one transaction.
+  ASSIGN_OR_RETURN(store::CreateResult created,
+                   store_->CreateJob(prepared->rec, prepared->first));
+  absl::MutexLock lock(&mu_);
+  return scheduler_.ActOnSubmit(*prepared, created);
 }
 
 absl::Status Core::Tick() {

@@ -55,6 +55,17 @@ class Core final : public sched::WorkerChannel {
     return f(manager_);
   }
 
+  // Jobs.Submit. With options.group_commit (the default), decide, commit,
+  // act: the scheduler decides under the lock (Scheduler::PrepareSubmit),
+  // the store's CreateJob runs without it, so that concurrent submits share
+  // the store's batched commits, and the job joins the scheduler under the
+  // lock again (ActOnSubmit). The caller hears of the job only after its
+  // commit; a failed commit changes nothing in memory or metrics. Without
+  // group_commit, Scheduler::Submit runs whole under the lock.
+  absl::StatusOr<tally::v1::Job> Submit(const tally::v1::JobSpec& spec,
+                                        const std::string& request_id,
+                                        const sched::Actor& by);
+
   // One pass of the scheduler, then of the experiments; the first error.
   absl::Status Tick();
 
@@ -92,6 +103,7 @@ class Core final : public sched::WorkerChannel {
 
  private:
   store::JobStore* const store_;
+  const bool group_commit_;
   WatchHub watch_hub_;
   mutable absl::Mutex mu_;
   sched::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);

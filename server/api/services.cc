@@ -340,9 +340,8 @@ grpc::Status JobsService::SubmitJob(grpc::ServerContext* context,
       return ToGrpcStatus(s);
     }
   }
-  absl::StatusOr<tally::v1::Job> job = core_->Run([&](sched::Scheduler& s) {
-    return s.Submit(req->spec(), req->request_id(), ActorOf(*caller));
-  });
+  absl::StatusOr<tally::v1::Job> job =
+      core_->Submit(req->spec(), req->request_id(), ActorOf(*caller));
   if (!job.ok()) return ToGrpcStatus(job.status());
   *resp = *job;
   return grpc::Status::OK;

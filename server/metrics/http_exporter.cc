@@ -29,20 +29,38 @@ int HandleHealth(mg_connection* conn, void*) {
   return 200;
 }
 
+int HandleReady(mg_connection* conn, void* data) {
+  const auto* exporter = static_cast<const HttpExporter*>(data);
+  if (exporter->ready()) {
+    mg_printf(conn,
+              "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+              "6\r\nConnection: close\r\n\r\nready\n");
+    return 200;
+  }
+  mg_printf(conn,
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+            "Content-Length: 10\r\nConnection: close\r\n\r\nnot ready\n");
+  return 503;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(
     const std::string& listen, const Registry* registry, std::optional<Tls> tls) {
   std::unique_ptr<HttpExporter> exporter(new HttpExporter(registry));
   if (tls.has_value()) {
+    const HttpExporter* self = exporter.get();
     auto server = TlsServer::Start(
-        listen, tls->cert_path, tls->key_path, [registry](absl::string_view path) {
+        listen, tls->cert_path, tls->key_path, [registry, self](absl::string_view path) {
           TlsServer::Response r;
           if (path == "/metrics") {
             r.content_type = kTextContentType;
             r.body = SerializeText(registry->Collect());
           } else if (path == "/healthz") {
             r.body = "ok\n";
+          } else if (path == "/readyz") {
+            r.status = self->ready() ? 200 : 503;
+            r.body = self->ready() ? "ready\n" : "not ready\n";
           } else {
             r.status = 404;
           }
@@ -66,6 +84,7 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(
   mg_set_request_handler(exporter->ctx_, "/metrics", HandleMetrics,
                          exporter.get());
   mg_set_request_handler(exporter->ctx_, "/healthz", HandleHealth, nullptr);
+  mg_set_request_handler(exporter->ctx_, "/readyz", HandleReady, exporter.get());
   mg_server_port ports[4];
   const int n = mg_get_server_ports(exporter->ctx_, 4, ports);
   if (n > 0) exporter->port_ = ports[0].port;

@@ -1,9 +1,11 @@
-// Serves a Registry as GET /metrics, plus /healthz: over plain HTTP
+// Serves a Registry as GET /metrics, plus /healthz (200 while the process
+// runs) and /readyz (200 once SetReady(true), else 503): over plain HTTP
 // (civetweb), or over HTTPS (TlsServer, see tls_server.h) when given a
 // certificate and key.
 #ifndef TALLY_SERVER_METRICS_HTTP_EXPORTER_H_
 #define TALLY_SERVER_METRICS_HTTP_EXPORTER_H_
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +38,10 @@ class HttpExporter {
   ~HttpExporter();
 
   int port() const { return port_; }
+  // /readyz answers 200 "ready" when true, 503 "not ready" when false (the
+  // initial state). Thread-safe.
+  void SetReady(bool ready) { ready_.store(ready); }
+  bool ready() const { return ready_.load(); }
   bool serves_tls() const { return tls_ != nullptr; }
   const Registry* registry() const { return registry_; }
 
@@ -45,6 +51,7 @@ class HttpExporter {
   mg_context* ctx_ = nullptr;
   std::unique_ptr<TlsServer> tls_;
   int port_ = 0;
+  std::atomic<bool> ready_{false};
 };
 
 }  // namespace tally::metrics

@@ -135,6 +135,10 @@ TEST(HttpExporterTest, ServesMetricsOnAPickedPort) {
   EXPECT_THAT(resp, HasSubstr("text/plain; version=0.0.4"));
   EXPECT_THAT(resp, HasSubstr("\r\n\r\n# HELP tally_up Up.\n"));
   EXPECT_THAT(HttpGet((*exporter)->port(), "/healthz"), HasSubstr("ok"));
+  // Not ready until its owner says so (a standby tallyd never does).
+  EXPECT_THAT(HttpGet((*exporter)->port(), "/readyz"), HasSubstr("503 Service Unavailable"));
+  (*exporter)->SetReady(true);
+  EXPECT_THAT(HttpGet((*exporter)->port(), "/readyz"), HasSubstr("200 OK"));
 }
 
 TEST(GrpcServerMetricsTest, EveryMethodAndCodeExistsAtZero) {

@@ -108,6 +108,8 @@ const char* Reason(int status) {
       return "Method Not Allowed";
     case 431:
       return "Request Header Fields Too Large";
+    case 503:
+      return "Service Unavailable";
     default:
       return "Error";
   }

@@ -37,7 +37,7 @@ namespace tally::metrics {
 class TlsServer {
  public:
   struct Response {
-    int status = 200;  // 200 or 404
+    int status = 200;  // 200, 404 or 503
     std::string content_type = "text/plain";
     std::string body;
   };

@@ -79,7 +79,7 @@ tally::v1::ControllerMessage StopMessage(const std::string& job, int32_t attempt
 // What may cause a preemption (a metric label: a bounded set).
 bool KnownPreemptionCause(absl::string_view cause) {
   return cause == "sigterm" || cause == "sigint" || cause == "notice_file" ||
-         cause == "priority";
+         cause == "idle" || cause == "priority";
 }
 
 // A decided preemption no longer waits once the attempt has ended.
@@ -230,8 +230,8 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
   preemptions_ = &metrics::BuildCounter()
                       .Name("tally_preemptions_total")
                       .Help("Attempts preempted, by GPU type and cause (sigterm, sigint, "
-                            "notice_file: a worker's notice; priority: a higher-priority job; "
-                            "unknown). A preemption is not a failure: the job resumes.")
+                            "notice_file, idle: a worker's notice; priority: a higher-priority "
+                            "job; unknown). A preemption is not a failure: the job resumes.")
                       .Register(*registry);
   redone_total_ = &metrics::BuildCounter()
                       .Name("tally_cost_redone_dollars_total")
@@ -290,6 +290,18 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                            "progress_out_of_order"}) {
     refused_reports_->Add({{"kind", kind}});
   }
+  gpus_wanted_ = &metrics::BuildGauge()
+                      .Name("tally_gpus_wanted")
+                      .Help("GPUs wanted, by GPU type: those of running attempts plus those of "
+                            "queued jobs that could run if workers existed (a job held back by "
+                            "its tenant's dollar quota or max_gpus is left out). An autoscaler's "
+                            "target: workers needed = this / GPUs per worker.")
+                      .Register(*registry);
+  workers_idle_ = &metrics::BuildGauge()
+                       .Name("tally_workers_idle")
+                       .Help("Connected, live, non-draining workers running nothing, by GPU "
+                             "type.")
+                       .Register(*registry);
   workers_lost_ = &metrics::BuildCounter()
                        .Name("tally_workers_lost_total")
                        .Help("Workers found silent past the heartbeat timeout (their attempts "
@@ -1059,38 +1071,48 @@ absl::Status Scheduler::Recover() {
 absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
                                                  const std::string& request_id,
                                                  const Actor& by) {
+  ASSIGN_OR_RETURN(PreparedSubmit prepared, PrepareSubmit(std::move(spec), request_id, by));
+  ASSIGN_OR_RETURN(store::CreateResult created, store_->CreateJob(prepared.rec, prepared.first));
+  return ActOnSubmit(prepared, created);
+}
+
+absl::StatusOr<Scheduler::PreparedSubmit> Scheduler::PrepareSubmit(tally::v1::JobSpec spec,
+                                                                   const std::string& request_id,
+                                                                   const Actor& by) const {
   RETURN_IF_ERROR(ValidateRequestId(request_id));
   RETURN_IF_ERROR(PrepareJobSpec(&spec));
   RETURN_IF_ERROR(CheckTenantQuota(by.tenant));
-  const absl::Time now = clock_->Now();
-  store::JobRecord rec;
-  tally::v1::Job& job = *rec.mutable_job();
+  PreparedSubmit p;
+  p.now = clock_->Now();
+  tally::v1::Job& job = *p.rec.mutable_job();
   *job.mutable_spec() = spec;
   job.set_state(tally::v1::JOB_STATE_QUEUED);
   job.set_state_reason("waiting for a worker");
-  *job.mutable_create_time() = ToProto(now);
+  *job.mutable_create_time() = ToProto(p.now);
   job.set_request_id(request_id);
   job.set_tenant(by.tenant);
   job.set_submitted_by(by.name);
   *job.mutable_cost()->mutable_estimate() = ledger_.Estimate(spec);
   job.mutable_cost()->set_usd_per_gpu_hour(ledger_.prices().Price(spec.resources().gpu_type()));
-  tally::v1::JobEvent first;
-  first.set_type("submitted");
-  first.set_state(tally::v1::JOB_STATE_QUEUED);
-  *first.mutable_time() = ToProto(now);
-  first.set_detail(absl::StrCat("needs ", spec.resources().gpu_count(), " x ",
-                                spec.resources().gpu_type(), ", priority ", spec.priority()));
-  first.set_principal(by.name);
-  store::Mutation committed;
-  committed.events.push_back(first);
-  ASSIGN_OR_RETURN(store::CreateResult created,
-                   store_->CreateJob(std::move(rec), std::move(first)));
-  if (created.created) {
+  p.first.set_type("submitted");
+  p.first.set_state(tally::v1::JOB_STATE_QUEUED);
+  *p.first.mutable_time() = ToProto(p.now);
+  p.first.set_detail(absl::StrCat("needs ", spec.resources().gpu_count(), " x ",
+                                  spec.resources().gpu_type(), ", priority ", spec.priority()));
+  p.first.set_principal(by.name);
+  return p;
+}
+
+tally::v1::Job Scheduler::ActOnSubmit(const PreparedSubmit& prepared,
+                                      const store::CreateResult& created) {
+  if (created.created && active_.count(created.job.id()) == 0) {
     ActiveJob& a = active_[created.job.id()];
     a.rec = created.job;
-    a.queued_since = now;
+    a.queued_since = prepared.now;
     transitions_->Add({{"state", "queued"}}).Increment();
+    store::Mutation committed;
     committed.job = created.job;
+    committed.events.push_back(prepared.first);
     committed.events[0].set_job(created.job.job().name());
     committed.events[0].set_sequence(1);
     for (CommitObserver* o : observers_) o->OnJobCommitted(created.job, committed);
@@ -1100,6 +1122,12 @@ absl::StatusOr<tally::v1::Job> Scheduler::Submit(tally::v1::JobSpec spec,
 
 absl::Status Scheduler::EndedError(int64_t job_id, absl::string_view what) const {
   ASSIGN_OR_RETURN(store::JobRecord rec, store_->GetJob(job_id));
+  if (!store::IsTerminal(rec.job().state())) {
+    // Committed by a submit whose caller has not yet handed it over
+    // (ActOnSubmit): it is queued a moment from now.
+    return absl::UnavailableError(absl::StrCat(
+        rec.job().name(), " was just submitted and is not queued yet; retry in a moment"));
+  }
   return absl::FailedPreconditionError(
       absl::StrCat(rec.job().name(), " has already ended (", StateName(rec.job().state()),
                    "); only QUEUED or RUNNING jobs can ", what));
@@ -1549,15 +1577,16 @@ absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
       if (!msg.exit().preemption_cause().empty() &&
           !KnownPreemptionCause(msg.exit().preemption_cause())) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "exit.preemption_cause: must be sigterm, sigint, notice_file or priority, got ",
+            "exit.preemption_cause: must be sigterm, sigint, notice_file, idle or priority, got ",
             QuoteForMessage(msg.exit().preemption_cause(), 64)));
       }
       return counts("exit", msg.exit().step(), 0);
     case tally::v1::WorkerMessage::kNotice: {
       const tally::v1::Notice& n = msg.notice();
-      if (n.cause() != "sigterm" && n.cause() != "sigint" && n.cause() != "notice_file") {
+      if (n.cause() != "sigterm" && n.cause() != "sigint" && n.cause() != "notice_file" &&
+          n.cause() != "idle") {
         return absl::InvalidArgumentError(
-            absl::StrCat("notice.cause: must be sigterm, sigint or notice_file, got ",
+            absl::StrCat("notice.cause: must be sigterm, sigint, notice_file or idle, got ",
                          QuoteForMessage(n.cause(), 64)));
       }
       if (!(n.deadline_seconds() >= 0 && n.deadline_seconds() <= 86400)) {
@@ -2244,6 +2273,7 @@ absl::Status Scheduler::CheckTenantQuota(const std::string& tenant) const {
 
 void Scheduler::UpdateGauges() {
   queue_depth_->Set(QueueDepth());
+  UpdateScaleGauges();
   // Tenants: those with a quota, spend in the month, or running jobs.
   const absl::Time now = clock_->Now();
   std::set<std::string> tenants;
@@ -2302,7 +2332,7 @@ void Scheduler::AddGpuType(const std::string& gpu_type) {
   cost_total_->Add({{"gpu_type", gpu_type}});
   lost_total_->Add({{"gpu_type", gpu_type}});
   redone_total_->Add({{"gpu_type", gpu_type}});
-  for (const char* cause : {"sigterm", "sigint", "notice_file", "priority", "unknown"}) {
+  for (const char* cause : {"sigterm", "sigint", "notice_file", "idle", "priority", "unknown"}) {
     preemptions_->Add({{"gpu_type", gpu_type}, {"cause", cause}});
   }
   workers_lost_->Add({{"gpu_type", gpu_type}});
@@ -2313,6 +2343,85 @@ int64_t Scheduler::QueueDepth() const {
   int64_t n = 0;
   for (const auto& [id, job] : active_) n += job.rec.job().state() == tally::v1::JOB_STATE_QUEUED;
   return n;
+}
+
+std::map<std::string, int64_t> Scheduler::GpusWanted() const {
+  std::map<std::string, int64_t> wanted;
+  for (const auto& [type, price] : ledger_.prices().usd_per_gpu_hour) wanted[type];
+  for (const auto& [id, ws] : workers_) {
+    if (!ws.rec.gpu_type().empty()) wanted[ws.rec.gpu_type()];
+  }
+  std::vector<const ActiveJob*> queued;
+  for (const auto& [id, job] : active_) {
+    const tally::v1::Job& j = job.rec.job();
+    const std::string& type = j.spec().resources().gpu_type();
+    if (j.state() == tally::v1::JOB_STATE_RUNNING) {
+      wanted[type] += job.attempt ? job.attempt->worker_ids_size()
+                                  : j.spec().resources().gpu_count();
+    } else if (j.state() == tally::v1::JOB_STATE_QUEUED) {
+      queued.push_back(&job);
+    }
+  }
+  // Tenant quotas, judged as Tick offers jobs: priority, then submission
+  // order, against what the tenant's running jobs hold.
+  std::stable_sort(queued.begin(), queued.end(), [](const ActiveJob* a, const ActiveJob* b) {
+    const tally::v1::Job& x = a->rec.job();
+    const tally::v1::Job& y = b->rec.job();
+    if (x.spec().priority() != y.spec().priority()) {
+      return x.spec().priority() > y.spec().priority();
+    }
+    return FromProto(x.create_time()) < FromProto(y.create_time());
+  });
+  const absl::Time now = clock_->Now();
+  std::map<std::string, int64_t> in_use = TenantGpusInUse();
+  for (const ActiveJob* job : queued) {
+    const tally::v1::Job& j = job->rec.job();
+    const int64_t gpus = j.spec().resources().gpu_count();
+    auto quota = options_.quotas.find(j.tenant());
+    if (quota != options_.quotas.end()) {
+      if (ledger::CheckDollarQuota(j.tenant(), options_.quotas, spend_, now)) continue;
+      if (quota->second.max_gpus > 0) {
+        int64_t& used = in_use[j.tenant()];
+        if (used + gpus > quota->second.max_gpus) continue;
+        used += gpus;
+      }
+    }
+    wanted[j.spec().resources().gpu_type()] += gpus;
+  }
+  return wanted;
+}
+
+std::map<std::string, int64_t> Scheduler::IdleWorkers() const {
+  const absl::Time now = clock_->Now();
+  std::map<std::string, int64_t> idle;
+  for (const auto& [id, ws] : workers_) {
+    if (ws.rec.gpu_type().empty()) continue;
+    int64_t& n = idle[ws.rec.gpu_type()];
+    if (Placeable(ws, now) && ws.Used() == 0) ++n;
+  }
+  return idle;
+}
+
+void Scheduler::UpdateScaleGauges() {
+  const std::map<std::string, int64_t> wanted = GpusWanted();
+  const std::map<std::string, int64_t> idle = IdleWorkers();
+  std::set<std::string> types;
+  for (const auto& [type, n] : wanted) types.insert(type);
+  for (const auto& [type, n] : idle) types.insert(type);
+  for (const std::string& type : scale_gauge_types_) {
+    if (types.count(type)) continue;
+    gpus_wanted_->Remove({{"gpu_type", type}});
+    workers_idle_->Remove({{"gpu_type", type}});
+  }
+  for (const std::string& type : types) {
+    auto w = wanted.find(type);
+    auto i = idle.find(type);
+    gpus_wanted_->Add({{"gpu_type", type}})
+        .Set(w == wanted.end() ? 0.0 : static_cast<double>(w->second));
+    workers_idle_->Add({{"gpu_type", type}})
+        .Set(i == idle.end() ? 0.0 : static_cast<double>(i->second));
+  }
+  scale_gauge_types_ = std::move(types);
 }
 
 std::vector<WorkerView> Scheduler::Workers() const {

@@ -101,6 +101,11 @@ struct SchedulerOptions {
   // attempts, and how long an attempt must have run before it may be.
   bool priority_preemption = true;
   absl::Duration min_runtime_before_preemption = absl::Minutes(10);
+  // Group commit (tallyd --group_commit, read by api::Core): a submit's
+  // store write happens outside the API lock (PrepareSubmit, the store's
+  // CreateJob, ActOnSubmit), so concurrent submits share the store's
+  // batched commits. false: Submit under the lock, one transaction each.
+  bool group_commit = true;
 };
 
 // OK when a reported checkpoint path lies in `job`'s own checkpoint folder
@@ -141,6 +146,32 @@ class Scheduler {
   absl::StatusOr<tally::v1::Job> Submit(tally::v1::JobSpec spec,
                                         const std::string& request_id,
                                         const Actor& by = {});
+  // Submit in three steps, for a caller that writes to the store without
+  // holding its lock (group commit): decide under the lock (PrepareSubmit),
+  // store->CreateJob(rec, first) without it, act under it (ActOnSubmit).
+  // Submit is the three in one.
+  struct PreparedSubmit {
+    store::JobRecord rec;
+    tally::v1::JobEvent first;
+    absl::Time now;
+  };
+  // Decide: applies defaults and validates (INVALID_ARGUMENT naming the
+  // field), checks the tenant's dollar quota (RESOURCE_EXHAUSTED) and builds
+  // the record and its first event. Changes nothing. A submit spends
+  // nothing, so submits decided at once cannot together overrun a quota:
+  // nothing needs reserving.
+  absl::StatusOr<PreparedSubmit> PrepareSubmit(tally::v1::JobSpec spec,
+                                               const std::string& request_id,
+                                               const Actor& by) const;
+  // Act, once the store has committed `created`: a created job joins the
+  // queue, the counters and observers hear of it; a request_id the store
+  // resolved to an existing job changes nothing. Returns the job. Until
+  // this runs, the committed job is in the store but not in the scheduler:
+  // Cancel and the other changes of it answer UNAVAILABLE (retry), and
+  // Tick does not place it; a restart in between recovers it from the
+  // store like any queued job.
+  tally::v1::Job ActOnSubmit(const PreparedSubmit& prepared,
+                             const store::CreateResult& created);
   // FAILED_PRECONDITION when the job has already ended. `by` is recorded as
   // the job's cancelled_by and on the events.
   absl::StatusOr<tally::v1::Job> Cancel(int64_t job_id, const std::string& reason,
@@ -182,6 +213,17 @@ class Scheduler {
 
   std::vector<WorkerView> Workers() const;
   int64_t QueueDepth() const;
+  // Autoscaling demand, by GPU type (tally_gpus_wanted): the GPUs of queued
+  // jobs that could run if workers existed, plus those of running attempts.
+  // A queued job held back by something no worker fixes (its tenant at a
+  // dollar quota, or past max_gpus in priority then submission order, as
+  // Tick offers jobs) is left out. Every priced GPU type and every known
+  // worker's appears, at 0 when nothing wants it.
+  std::map<std::string, int64_t> GpusWanted() const;
+  // Workers that could take work now and run nothing (tally_workers_idle):
+  // connected, heard from within heartbeat_timeout, not draining, no slot
+  // held; by GPU type.
+  std::map<std::string, int64_t> IdleWorkers() const;
 
   // Prices a spec (defaults applied, validated: INVALID_ARGUMENT naming the
   // field) at the current prices and the GPU type's throughput.
@@ -319,7 +361,8 @@ class Scheduler {
   absl::Status HandleProgress(ActiveJob& job, const tally::v1::Progress& p);
   ActiveJob* CurrentAttempt(const std::string& job, int32_t attempt);
   // FAILED_PRECONDITION for a job that has ended ("...; only QUEUED or
-  // RUNNING jobs can <what>"), or the store's error reading it.
+  // RUNNING jobs can <what>"), UNAVAILABLE for one committed by a submit
+  // that has not reached ActOnSubmit yet, or the store's error reading it.
   absl::Status EndedError(int64_t job_id, absl::string_view what) const;
   // Whether `worker_id` runs one of the ranks of the job's current attempt:
   // only those workers may report on it.
@@ -337,6 +380,9 @@ class Scheduler {
   // GPUs held by each tenant's running jobs.
   std::map<std::string, int64_t> TenantGpusInUse() const;
   void UpdateGauges();
+  // tally_gpus_wanted and tally_workers_idle, from GpusWanted and
+  // IdleWorkers (called by UpdateGauges).
+  void UpdateScaleGauges();
   // Fleet counters of a GPU type, created at 0.
   void AddGpuType(const std::string& gpu_type);
 
@@ -373,6 +419,12 @@ class Scheduler {
   metrics::Family<metrics::Gauge>* tenant_gpus_;
   std::set<metrics::Labels> seen_worker_labels_;
   std::set<metrics::Labels> seen_slot_labels_;
+  metrics::Family<metrics::Gauge>* gpus_wanted_;
+  metrics::Family<metrics::Gauge>* workers_idle_;
+  // The GPU types the two gauges above have series for: a type that is
+  // neither priced, a worker's, nor a job's any more loses its series, so
+  // job specs cannot grow the exposition without bound.
+  std::set<std::string> scale_gauge_types_;
   // A waiting job's claim on the slots its preemptions free: the (worker,
   // attempt) holds of its victims, until each is released (a gang's ranks
   // exit one by one) or the job leaves the queue. In memory only: after a

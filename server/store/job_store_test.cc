@@ -9,12 +9,16 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/store/memory_job_store.h"
+#include "server/store/postgres_job_store.h"
 #include "server/store/sqlite_job_store.h"
+#include "server/store/testing/postgres_test_environment.h"
 
 namespace tally::store {
 namespace {
 
 using tally::v1::JobState;
+
+const bool kPostgresEnvironment = testing::RegisterPostgresTestEnvironment();
 
 // A fresh directory per process (mkdtemp): a directory named by the pid alone
 // could hold databases left by an earlier process with the same pid.
@@ -50,6 +54,14 @@ class JobStoreTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (GetParam() == "memory") {
       store_ = std::make_unique<InMemoryJobStore>();
+    } else if (GetParam() == "postgres") {
+      // No silent skip: a machine without PostgreSQL fails here, saying to
+      // run scripts/setup.sh.
+      auto dsn = testing::PostgresTestEnvironment::NewDatabase();
+      ASSERT_TRUE(dsn.ok()) << dsn.status();
+      auto s = PostgresJobStore::Open(*dsn);
+      ASSERT_TRUE(s.ok()) << s.status();
+      store_ = std::move(*s);
     } else {
       path_ = TempDbPath();
       auto s = SqliteJobStore::Open(path_);
@@ -242,7 +254,10 @@ TEST_P(JobStoreTest, WorkersRoundTrip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, JobStoreTest,
-                         ::testing::Values("memory", "sqlite"));
+                         ::testing::Values("memory", "sqlite", "postgres"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 TEST(SqliteJobStoreTest, SurvivesReopen) {
   const std::string path = TempDbPath();

@@ -284,11 +284,139 @@ absl::StatusOr<int> SqliteJobStore::SchemaVersion() {
   return UserVersion(db_);
 }
 
+// ---------------------------------------------------------------- group commit
+
+SqliteJobStore::BatchStats SqliteJobStore::batch_stats() const {
+  absl::MutexLock lock(&queue_mu_);
+  return stats_;
+}
+
+int SqliteJobStore::NumQueuedWrites() const {
+  absl::MutexLock lock(&queue_mu_);
+  return static_cast<int>(queue_.size());
+}
+
+void SqliteJobStore::SetCommitHookForTesting(std::function<bool()> hook) {
+  absl::MutexLock lock(&mu_);
+  commit_hook_ = std::move(hook);
+  if (commit_hook_) {
+    sqlite3_commit_hook(
+        db_,
+        [](void* self) -> int {
+          // Non-zero turns the COMMIT into a rollback.
+          return static_cast<SqliteJobStore*>(self)->commit_hook_() ? 0 : 1;
+        },
+        this);
+  } else {
+    sqlite3_commit_hook(db_, nullptr, nullptr);
+  }
+}
+
+absl::Status SqliteJobStore::WriteBatched(std::function<absl::Status()> write) {
+  PendingWrite w;
+  w.write = std::move(write);
+  std::vector<PendingWrite*> batch;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    queue_.push_back(&w);
+    auto ready = [this, &w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+      return w.done || queue_.front() == &w;
+    };
+    queue_mu_.Await(absl::Condition(&ready));
+    // A writer ahead of this one committed it in its batch.
+    if (w.done) return w.status;
+    // This writer leads: it takes what is queued now. The batch stays at the
+    // front of the queue until it is answered, so writers arriving in the
+    // meantime wait for the next batch.
+    for (PendingWrite* p : queue_) {
+      if (static_cast<int>(batch.size()) == kMaxBatch) break;
+      batch.push_back(p);
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    CommitBatch(batch);
+  }
+  absl::MutexLock lock(&queue_mu_);
+  for (PendingWrite* p : batch) {
+    p->done = true;
+    queue_.pop_front();
+  }
+  ++stats_.batches;
+  stats_.writes += static_cast<int64_t>(batch.size());
+  return w.status;
+}
+
+void SqliteJobStore::CommitBatch(const std::vector<PendingWrite*>& batch) {
+  // Fails every write of the batch not already failed on its own, and
+  // undoes whatever the transaction holds.
+  auto fail_all = [&](const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!sqlite3_get_autocommit(db_)) Exec(db_, "ROLLBACK").IgnoreError();
+    for (PendingWrite* p : batch) {
+      if (p->status.ok()) p->status = why;
+    }
+  };
+  const int n = static_cast<int>(batch.size());
+  if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    fail_all(SqlError(db_, "sqlite: cannot begin a write transaction"));
+    return;
+  }
+  if (n == 1) {
+    // A lone write needs no savepoint: its failure rolls back everything.
+    batch[0]->status = batch[0]->write();
+    if (!batch[0]->status.ok()) {
+      fail_all(batch[0]->status);
+      return;
+    }
+  } else {
+    for (PendingWrite* p : batch) {
+      if (sqlite3_exec(db_, "SAVEPOINT batched_write", nullptr, nullptr, nullptr) !=
+          SQLITE_OK) {
+        fail_all(SqlError(db_, "sqlite: cannot open a savepoint in a batch of writes"));
+        return;
+      }
+      p->status = p->write();
+      if (!p->status.ok()) {
+        if (sqlite3_get_autocommit(db_)) {
+          // SQLite itself rolled the transaction back (an I/O error, a full
+          // disk): the writes before this one are gone too.
+          fail_all(absl::Status(
+              p->status.code(),
+              absl::StrCat("the batch of ", n, " writes this one was in was rolled back: ",
+                           p->status.message())));
+          return;
+        }
+        if (sqlite3_exec(db_, "ROLLBACK TO batched_write", nullptr, nullptr, nullptr) !=
+            SQLITE_OK) {
+          fail_all(SqlError(db_, "sqlite: cannot roll back a failed write in a batch"));
+          return;
+        }
+      }
+      if (sqlite3_exec(db_, "RELEASE batched_write", nullptr, nullptr, nullptr) != SQLITE_OK) {
+        fail_all(SqlError(db_, "sqlite: cannot release a savepoint in a batch of writes"));
+        return;
+      }
+    }
+  }
+  if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    fail_all(SqlError(db_, absl::StrCat("sqlite: commit of a batch of ", n,
+                                        n == 1 ? " write" : " writes", " failed")));
+  }
+}
+
 absl::StatusOr<CreateResult> SqliteJobStore::CreateJob(
     JobRecord job, tally::v1::JobEvent first_event) {
-  absl::MutexLock lock(&mu_);
-  Transaction tx(db_);
-  RETURN_IF_ERROR(tx.status());
+  absl::StatusOr<CreateResult> result;
+  absl::Status s = WriteBatched([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    result = CreateJobLocked(std::move(job), std::move(first_event));
+    return result.status();
+  });
+  if (!s.ok()) return s;
+  return result;
+}
+
+absl::StatusOr<CreateResult> SqliteJobStore::CreateJobLocked(
+    JobRecord job, tally::v1::JobEvent first_event) {
   const std::string& request_id = job.job().request_id();
   const std::string key = RequestKey(job.job().tenant(), request_id);
   if (!request_id.empty()) {
@@ -327,7 +455,6 @@ absl::StatusOr<CreateResult> SqliteJobStore::CreateJob(
   m.job = job;
   m.events.push_back(first_event);
   RETURN_IF_ERROR(WriteMutationLocked(m));
-  RETURN_IF_ERROR(tx.Commit());
   return CreateResult{job, true};
 }
 
@@ -385,11 +512,8 @@ absl::StatusOr<std::vector<SpendRecord>> SqliteJobStore::ListSpend(int64_t since
 }
 
 absl::Status SqliteJobStore::Commit(const Mutation& m) {
-  absl::MutexLock lock(&mu_);
-  Transaction tx(db_);
-  RETURN_IF_ERROR(tx.status());
-  RETURN_IF_ERROR(WriteMutationLocked(m));
-  return tx.Commit();
+  return WriteBatched(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return WriteMutationLocked(m); });
 }
 
 absl::StatusOr<JobRecord> SqliteJobStore::GetJob(int64_t id) {
@@ -474,10 +598,11 @@ SqliteJobStore::CountJobsByState() {
 }
 
 absl::Status SqliteJobStore::PutWorker(const WorkerRecord& worker) {
-  absl::MutexLock lock(&mu_);
-  Stmt s(db_, "INSERT OR REPLACE INTO workers (worker_id, record) VALUES (?, ?)");
-  s.Bind(1, worker.worker_id()).BindBlob(2, worker.SerializeAsString());
-  return s.Run();
+  return WriteBatched([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Stmt s(db_, "INSERT OR REPLACE INTO workers (worker_id, record) VALUES (?, ?)");
+    s.Bind(1, worker.worker_id()).BindBlob(2, worker.SerializeAsString());
+    return s.Run();
+  });
 }
 
 absl::StatusOr<std::vector<WorkerRecord>> SqliteJobStore::ListWorkers() {
@@ -488,9 +613,17 @@ absl::StatusOr<std::vector<WorkerRecord>> SqliteJobStore::ListWorkers() {
 
 absl::StatusOr<ExperimentCreateResult> SqliteJobStore::CreateExperiment(
     ExperimentRecord rec, tally::v1::ExperimentEvent first_event) {
-  absl::MutexLock lock(&mu_);
-  Transaction tx(db_);
-  RETURN_IF_ERROR(tx.status());
+  absl::StatusOr<ExperimentCreateResult> result;
+  absl::Status s = WriteBatched([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    result = CreateExperimentLocked(std::move(rec), std::move(first_event));
+    return result.status();
+  });
+  if (!s.ok()) return s;
+  return result;
+}
+
+absl::StatusOr<ExperimentCreateResult> SqliteJobStore::CreateExperimentLocked(
+    ExperimentRecord rec, tally::v1::ExperimentEvent first_event) {
   const std::string& request_id = rec.experiment().request_id();
   const std::string key = RequestKey(rec.experiment().tenant(), request_id);
   if (!request_id.empty()) {
@@ -528,7 +661,6 @@ absl::StatusOr<ExperimentCreateResult> SqliteJobStore::CreateExperiment(
   first_event.set_sequence(1);
   ExperimentMutation m{rec, {first_event}};
   RETURN_IF_ERROR(WriteExperimentLocked(m));
-  RETURN_IF_ERROR(tx.Commit());
   return ExperimentCreateResult{rec, true};
 }
 
@@ -566,11 +698,8 @@ absl::Status SqliteJobStore::WriteExperimentLocked(const ExperimentMutation& m) 
 }
 
 absl::Status SqliteJobStore::CommitExperiment(const ExperimentMutation& m) {
-  absl::MutexLock lock(&mu_);
-  Transaction tx(db_);
-  RETURN_IF_ERROR(tx.status());
-  RETURN_IF_ERROR(WriteExperimentLocked(m));
-  return tx.Commit();
+  return WriteBatched(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return WriteExperimentLocked(m); });
 }
 
 absl::StatusOr<ExperimentRecord> SqliteJobStore::GetExperiment(int64_t id) {

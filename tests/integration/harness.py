@@ -1,14 +1,25 @@
 """Real tallyd and tally-worker processes on loopback, and a Python gRPC client
-whose stubs are generated from proto/ at test time (Debian's python3-grpcio)."""
+whose stubs are generated from proto/ at test time (Debian's python3-grpcio).
+
+TALLY_TEST_STORE=postgres runs every Tallyd the tests start (unless its
+arguments pick a --store themselves) on PostgreSQL: one server for the test
+module's process (postgres.py, started on first use, removed at exit) and a
+fresh database per tallyd data directory, kept across restarts as the SQLite
+file would be. Such a tallyd leads only once it holds the lease
+(--lease_timeout, TALLY_TEST_LEASE_TIMEOUT, default 3s): start() waits for
+/readyz, so after a kill -9 it returns once the old lease has expired.
+Unset, or sqlite, keeps the default store."""
 
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,6 +30,10 @@ TALLYCTL = os.path.join(BUILD, "cli", "tallyctl")
 TALLY_PREP = os.path.join(BUILD, "cli", "tally-prep")
 TALLY_TRAIN = os.path.join(BUILD, "worker", "tally-train")
 FORTUNES = "/usr/share/games/fortunes"
+STORE = os.environ.get("TALLY_TEST_STORE", "sqlite") or "sqlite"
+if STORE not in ("sqlite", "postgres"):
+    raise SystemExit("TALLY_TEST_STORE: must be sqlite or postgres, got %r" % STORE)
+PG_LEASE_TIMEOUT = os.environ.get("TALLY_TEST_LEASE_TIMEOUT", "3s")
 
 
 def _generate_stubs():
@@ -58,6 +73,15 @@ TERMINAL = {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_EARLY_STOPPED,
             jobs_pb2.JOB_STATE_FAILED}
 
 
+def test_failed(test):
+    """Whether `test` (a unittest.TestCase in its tearDown) has failed or
+    raised so far: its logs are then worth printing."""
+    outcome = getattr(test, "_outcome", None)
+    result = getattr(outcome, "result", None)
+    return (not getattr(outcome, "success", True)) or (
+        result is not None and any(t is test for t, _ in result.errors + result.failures))
+
+
 def wait_for(predicate, timeout=30.0, interval=0.05, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -84,6 +108,35 @@ def _read(path):
         return f.read()
 
 
+_postgres = None
+_databases = {}  # tallyd data directory -> DSN of its database
+
+
+def postgres_server():
+    """This process's PostgreSQL server, started on first use (a test
+    module runs in a process of its own under ctest)."""
+    global _postgres
+    if _postgres is None:
+        from postgres import Postgres
+        _postgres = Postgres()
+    return _postgres
+
+
+def postgres_database(data_dir):
+    """The database of the tallyd whose data directory is `data_dir`: a
+    fresh one the first time, the same one after (a restart, or a new
+    Tallyd on the same directory, finds its data as with SQLite)."""
+    key = os.path.realpath(data_dir)
+    if key not in _databases:
+        _databases[key] = postgres_server().create_database()
+    return _databases[key]
+
+
+def _bytes_or_text(field):
+    # psql prints bytea as \x followed by hex (bytea_output=hex, the default).
+    return bytes.fromhex(field[2:]) if field.startswith("\\x") else field
+
+
 class Tallyd:
     """One tallyd process; restart() keeps its data directory. With ca_cert
     the client speaks TLS and trusts that CA; with token it sends it as a
@@ -96,7 +149,19 @@ class Tallyd:
         self.token = token
         self.proc = None
         self.log_path = os.path.join(data_dir, "tallyd.log")
+        # TALLY_TEST_STORE=postgres: a database of its own, unless the test
+        # chose a store (test_ha runs leaders and standbys by hand).
+        self.dsn = None
+        if STORE == "postgres" and not any(a.startswith("--store") for a in self.extra_args):
+            self.dsn = postgres_database(data_dir)
         self.start()
+
+    @property
+    def store_args(self):
+        if self.dsn is None:
+            return []
+        return ["--store=postgres", "--postgres_dsn=" + self.dsn,
+                "--lease_timeout=" + PG_LEASE_TIMEOUT]
 
     def start(self):
         addr_file = os.path.join(self.data_dir, "addr")
@@ -110,12 +175,18 @@ class Tallyd:
             [TALLYD, "--listen=" + listen, "--metrics_listen=" + metrics,
              "--data_dir=" + self.data_dir, "--address_file=" + addr_file,
              "--heartbeat_interval=300ms", "--heartbeat_timeout=3s",
-             "--tick_interval=50ms"] + self.extra_args,
+             "--tick_interval=50ms"] + self.store_args + self.extra_args,
             stdout=self.log, stderr=subprocess.STDOUT)
-        text = wait_for(lambda: os.path.exists(addr_file) and _read(addr_file),
+        text = wait_for(lambda: self._exited_early() or
+                        (os.path.exists(addr_file) and _read(addr_file)),
                         what="tallyd to write its address")
         fields = dict(kv.split("=", 1) for kv in text.split())
         self.grpc_addr, self.metrics_addr = fields["grpc"], fields["metrics"]
+        if self.dsn is not None:
+            # A standby writes its address at once; wait until it leads
+            # (the lease of a tallyd killed before it must expire first).
+            wait_for(lambda: self._exited_early() or self.ready(), timeout=90, interval=0.05,
+                     what="tallyd on PostgreSQL to take the leader lease (/readyz 200)")
         self.channel = self.open_channel(self.token)
         self.jobs = jobs_pb2_grpc.JobsStub(self.channel)
         self.experiments = experiments_pb2_grpc.ExperimentsStub(self.channel)
@@ -136,8 +207,41 @@ class Tallyd:
                 creds, grpc.access_token_call_credentials(token))
         return grpc.secure_channel(self.grpc_addr, creds)
 
+    def _exited_early(self):
+        code = self.proc.poll()
+        if code is not None:
+            self.log.flush()
+            raise AssertionError("tallyd exited with code %d while starting:\n%s"
+                                 % (code, self.logs()[-4000:]))
+        return False
+
+    def ready(self):
+        """Whether /readyz answers 200 (a leader; a standby answers 503)."""
+        try:
+            with urllib.request.urlopen("http://%s/readyz" % self.metrics_addr, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def query(self, sql):
+        """Rows of `sql` run on this tallyd's store, read-only: its SQLite file,
+        or its PostgreSQL database (bytea columns come back as bytes, others as
+        text). The tables are the same in both (server/store)."""
+        if self.dsn is None:
+            db = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.data_dir, "tally.db"),
+                                 uri=True)
+            try:
+                return [tuple(row) for row in db.execute(sql)]
+            finally:
+                db.close()
+        dbname = self.dsn.rsplit("dbname=", 1)[1]
+        out = postgres_server().psql(sql, dbname=dbname)
+        return [tuple(_bytes_or_text(f) for f in line.split("|"))
+                for line in out.splitlines() if line]
+
     def kill(self, sig=signal.SIGKILL):
-        self.proc.send_signal(sig)
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
         code = self.proc.wait(timeout=30)
         self.channel.close()
         self.log.close()
@@ -247,15 +351,14 @@ class ClusterTest(unittest.TestCase):
         for w in self.workers:
             w.kill()
         self.tallyd.stop()
-        outcome = getattr(self, "_outcome", None)
-        result = getattr(outcome, "result", None)
-        failed = (not getattr(outcome, "success", True)) or (
-            result is not None and any(t is self for t, _ in result.errors + result.failures))
-        if failed:
+        if test_failed(self):
             print("--- tallyd log ---\n" + self.tallyd.logs(), file=sys.stderr)
             for w in self.workers:
                 with open(w.log_path) as f:
                     print("--- %s log ---\n%s" % (w.worker_id, f.read()), file=sys.stderr)
+            if _postgres is not None:
+                print("--- postgres log (tail) ---\n" + _postgres.logs()[-6000:],
+                      file=sys.stderr)
 
     def add_worker(self, worker_id, extra_args=()):
         w = Worker(self.tallyd.grpc_addr, worker_id, self.dir, extra_args)

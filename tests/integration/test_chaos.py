@@ -17,7 +17,6 @@ import random
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import time
 import unittest
@@ -525,19 +524,16 @@ class ChaosSoakTest(ClusterTest):
 
     def check_store(self):
         """Dollars against attempts, and checkpoint files against records,
-        from tallyd's SQLite database (attempts are not in the API)."""
-        db = sqlite3.connect("file:%s?mode=ro" % os.path.join(self.dir, "tally.db"), uri=True)
-        try:
-            jobs = {}
-            for (blob,) in db.execute("SELECT record FROM jobs"):
-                rec = records_pb2.JobRecord.FromString(blob)
-                jobs[rec.job.name] = rec
-            attempts = collections.defaultdict(list)
-            for (blob,) in db.execute("SELECT record FROM attempts ORDER BY job_id, attempt"):
-                a = records_pb2.AttemptRecord.FromString(blob)
-                attempts[a.job_id].append(a)
-        finally:
-            db.close()
+        from tallyd's store (attempts are not in the API): its SQLite file,
+        or its PostgreSQL database under TALLY_TEST_STORE=postgres."""
+        jobs = {}
+        for (blob,) in self.tallyd.query("SELECT record FROM jobs"):
+            rec = records_pb2.JobRecord.FromString(blob)
+            jobs[rec.job.name] = rec
+        attempts = collections.defaultdict(list)
+        for (blob,) in self.tallyd.query("SELECT record FROM attempts ORDER BY job_id, attempt"):
+            a = records_pb2.AttemptRecord.FromString(blob)
+            attempts[a.job_id].append(a)
         exits = self.worker_exits()
         for name in self.final:
             if name not in jobs:

@@ -14,8 +14,15 @@ with components/cert-manager a CSI certificate per pod), nothing passes
 --insecure; and scripts/dev-pki.sh makes files a real tallyd serves with.
 Preemption: every worker's grace period outlasts its --preemption_deadline
 (the checkpoint on SIGTERM lands before Kubernetes kills it), and
-components/spot turns a pool into spot workers with a notice file."""
+components/spot turns a pool into spot workers with a notice file.
+Scale and availability: components/keda sizes every GPU pool from
+tally_gpus_wanted between 0 and a maximum (KEDA ScaledObjects, validated
+against deploy/k8s/schemas, which also refuse a misspelt field); overlays/ha
+runs two tallyd replicas on PostgreSQL (the DSN from a Secret file), ready
+only while leading, with a disruption budget; components/postgres-dev adds a
+PostgreSQL to try it with."""
 
+import base64
 import json
 import math
 import os
@@ -48,7 +55,11 @@ CRD_SCHEMAS = {
         os.path.join(K8S, "schemas", "issuer.cert-manager.io-v1.json"),
     ("cert-manager.io/v1", "Certificate"):
         os.path.join(K8S, "schemas", "certificate.cert-manager.io-v1.json"),
+    ("keda.sh/v1alpha1", "ScaledObject"):
+        os.path.join(K8S, "schemas", "scaledobject.keda.sh-v1alpha1.json"),
 }
+# Where overlays/ha has tallyd read the PostgreSQL DSN (a Secret's file).
+POSTGRES_DSN_FILE = "/var/run/secrets/tally/postgres/dsn"
 
 
 def tool(name):
@@ -134,6 +145,33 @@ def with_cert_manager(tmp):
         with open(path, "w") as f:
             yaml.safe_dump(doc, f)
     return k8s
+
+
+def with_overlay(tmp, name, resources, components):
+    """A copy of deploy/k8s with overlays/NAME made of RESOURCES and
+    COMPONENTS (paths relative to the new overlay), as a user would make one
+    to use an optional component."""
+    k8s = os.path.join(tmp, "k8s")
+    if not os.path.exists(k8s):
+        shutil.copytree(K8S, k8s)
+    os.mkdir(os.path.join(k8s, "overlays", name))
+    with open(os.path.join(k8s, "overlays", name, "kustomization.yaml"), "w") as f:
+        yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                        "resources": resources, "components": components}, f)
+    return k8s
+
+
+def schema_errors(obj, schema):
+    """The jsonschema errors of a custom resource against SCHEMA, a file of
+    deploy/k8s/schemas (empty: it validates)."""
+    r = subprocess.run(
+        [tool("python"), "-c",
+         "import json,sys,jsonschema\n"
+         "v = jsonschema.Draft7Validator(json.load(open(sys.argv[1])))\n"
+         "for e in v.iter_errors(json.load(sys.stdin)): print(list(e.path), e.message)", schema],
+        input=json.dumps(obj), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
 
 
 def render(overlay, k8s=K8S):
@@ -326,9 +364,10 @@ class DeployTest(unittest.TestCase):
         prices = yaml.safe_load(find(objects, "ConfigMap", "tallyd-config")["data"]["tallyd.yaml"])
         self.assertIn("cpu", prices["usd_per_gpu_hour"])
 
-    def check_tallyd_security(self, pod, worker_tokens):
+    def check_tallyd_security(self, pod, worker_tokens, leader_readiness=False):
         """TLS, user tokens and worker authentication, each from a file of a
-        read-only Secret; probes that work on a TLS-only gRPC port."""
+        read-only Secret; probes that work on a TLS-only gRPC port (with
+        leader_readiness, ready is GET /readyz on the metrics port)."""
         c = pod["containers"][0]
         self.assertFalse(flag(c, "listen").startswith("127."), "served beyond the pod")
         self.assertEqual(secret_file(pod, c, flag(c, "tls_cert")), ("tally-tls", "tls.crt"))
@@ -350,8 +389,14 @@ class DeployTest(unittest.TestCase):
         metrics_port = int(flag(c, "metrics_listen").rsplit(":", 1)[1])
         for kind in ("readinessProbe", "livenessProbe"):
             self.assertNotIn("grpc", c[kind], kind)
-        ready = c["readinessProbe"]["tcpSocket"]["port"]
-        self.assertEqual(ports.get(ready, ready), grpc_port)
+        if leader_readiness:
+            ready = c["readinessProbe"]["httpGet"]
+            self.assertEqual((ready["path"], ports.get(ready["port"], ready["port"])),
+                             ("/readyz", metrics_port))
+            self.assertNotEqual(ready.get("scheme", "HTTP"), "HTTPS")
+        else:
+            ready = c["readinessProbe"]["tcpSocket"]["port"]
+            self.assertEqual(ports.get(ready, ready), grpc_port)
         live = c["livenessProbe"]["httpGet"]
         self.assertEqual((live["path"], ports.get(live["port"], live["port"])),
                          ("/healthz", metrics_port))
@@ -583,6 +628,154 @@ class DeployTest(unittest.TestCase):
             ["ReadWriteMany"])
         with open(os.path.join(K8S, "overlays", "gpu", "kustomization.yaml")) as f:
             self.assertIn("ReadWriteMany", f.read())
+
+    def test_keda_component_scales_each_gpu_pool_from_zero(self):
+        """components/keda on top of the gpu overlay: one ScaledObject per
+        pool, on its StatefulSet, from 0 to a maximum, asking Prometheus for
+        the pool's GPU type's tally_gpus_wanted with a threshold of one
+        worker's GPUs; the pools leave their replicas to KEDA."""
+        with tempfile.TemporaryDirectory() as tmp:
+            k8s = with_overlay(tmp, "gpu-autoscaled", ["../gpu"], ["../../components/keda"])
+            objects = render("gpu-autoscaled", k8s)
+        _, custom = self.validate(objects)
+        self.assertEqual(sorted(o["kind"] for o in custom),
+                         ["ScaledObject", "ScaledObject", "ServiceMonitor"])
+        _, prometheus_namespace = monitoring_of(objects)
+        pools = {p["metadata"]["name"]: p for p in of_kind(objects, "StatefulSet")}
+        scaled = {o["spec"]["scaleTargetRef"]["name"]: o for o in of_kind(objects, "ScaledObject")}
+        self.assertEqual(sorted(scaled), sorted(pools), "one ScaledObject per pool")
+        for name, so in scaled.items():
+            worker = pools[name]
+            self.assertEqual(so["metadata"]["namespace"], worker["metadata"]["namespace"])
+            ref = so["spec"]["scaleTargetRef"]
+            self.assertEqual((ref["apiVersion"], ref["kind"]), ("apps/v1", "StatefulSet"))
+            self.assertEqual(so["spec"]["minReplicaCount"], 0, name)
+            self.assertGreaterEqual(so["spec"]["maxReplicaCount"], 1, name)
+            self.assertNotIn("replicas", worker["spec"], "%s: KEDA sets its replicas" % name)
+            self.assertGreater(so["spec"]["cooldownPeriod"], 0)
+            [trigger] = so["spec"]["triggers"]
+            self.assertEqual(trigger["type"], "prometheus")
+            meta = trigger["metadata"]
+            gpu_type = self.check_worker_pod(worker)["TALLY_GPU_TYPE"]
+            self.assertEqual(meta["query"], 'sum(tally_gpus_wanted{gpu_type="%s"})' % gpu_type)
+            c = worker["spec"]["template"]["spec"]["containers"][0]
+            gpus_per_worker = c["resources"]["limits"]["nvidia.com/gpu"] * int(
+                flag(c, "slots") or 1)
+            self.assertEqual(float(meta["threshold"]), gpus_per_worker, name)
+            # A lost series is an error (KEDA keeps the size), not zero demand.
+            self.assertEqual(meta["ignoreNullValues"], "false")
+            # The Prometheus whose namespace may scrape tallyd.
+            self.assertRegex(meta["serverAddress"],
+                             r"^http://[a-z0-9-]+\.%s\.svc(\.cluster\.local)?:9090$"
+                             % re.escape(prometheus_namespace))
+            # Scaling down preempts a worker's job: slowly, one at a time.
+            down = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+            self.assertGreaterEqual(down["stabilizationWindowSeconds"], 60)
+            self.assertEqual([(p["type"], p["value"]) for p in down["policies"]], [("Pods", 1)])
+
+    def test_scaledobject_schema_refuses_what_keda_would(self):
+        """The ScaledObject schema is not a rubber stamp: a misspelt or
+        unknown field, a missing required one, or a threshold KEDA cannot
+        read each fail."""
+        with open(os.path.join(K8S, "components", "keda", "scaledobjects.yaml")) as f:
+            good = next(o for o in yaml.safe_load_all(f) if o)
+        schema = CRD_SCHEMAS[("keda.sh/v1alpha1", "ScaledObject")]
+        self.assertEqual(schema_errors(good, schema), "")
+        def broken(change):
+            o = json.loads(json.dumps(good))
+            change(o)
+            return schema_errors(o, schema)
+        self.assertIn("minReplicas", broken(lambda o: o["spec"].update(minReplicas=0)))
+        self.assertIn("'name' is a required property",
+                      broken(lambda o: o["spec"]["scaleTargetRef"].pop("name")))
+        self.assertIn("'triggers' is a required property",
+                      broken(lambda o: o["spec"].pop("triggers")))
+        self.assertIn("threshold", broken(
+            lambda o: o["spec"]["triggers"][0]["metadata"].update(threshold=1)))
+        self.assertIn("serverAdress", broken(
+            lambda o: o["spec"]["triggers"][0]["metadata"].update(serverAdress="http://p:9090")))
+        self.assertIn("'query' is a required property",
+                      broken(lambda o: o["spec"]["triggers"][0]["metadata"].pop("query")))
+        self.assertIn("maxReplicaCount", broken(lambda o: o["spec"].update(maxReplicaCount="8")))
+        self.assertIn("keda.sh/v1alpha1", broken(lambda o: o.update(apiVersion="keda.sh/v1")))
+
+    def test_ha_overlay_runs_two_tallyds_on_postgres(self):
+        """overlays/ha: two tallyd replicas on PostgreSQL (the DSN from the
+        Secret tally-postgres, key dsn, as a file), a lease of 10s, the pod's
+        address advertised, ready only while leading (/readyz), alive on
+        /healthz, no data volume, a disruption budget; and rollouts that do
+        not wait for a standby to become ready."""
+        objects = render("ha")
+        self.validate(objects)
+        self.check_no_insecure(objects)
+        tallyd = find(objects, "Deployment", "tallyd")
+        spec = tallyd["spec"]
+        self.assertEqual(spec["replicas"], 2)
+        self.assertEqual(spec["strategy"]["type"], "RollingUpdate")
+        self.assertEqual(spec["strategy"]["rollingUpdate"]["maxUnavailable"], "100%")
+        pod = spec["template"]["spec"]
+        c = pod["containers"][0]
+        self.check_tallyd_pod(pod)
+        self.check_tallyd_security(pod, worker_tokens=True, leader_readiness=True)
+        self.assertEqual(flag(c, "store"), "postgres")
+        self.assertEqual(flag(c, "postgres_dsn_file"), POSTGRES_DSN_FILE)
+        self.assertEqual(secret_file(pod, c, POSTGRES_DSN_FILE), ("tally-postgres", "dsn"))
+        self.assertIsNone(flag(c, "postgres_dsn"), "never a DSN (a password) in the args")
+        self.assertEqual(duration_seconds(flag(c, "lease_timeout")), 10)
+        self.assertEqual(flag(c, "advertise_address"), "$(POD_IP):50051")
+        self.assertEqual(env_of(c)["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP")
+        self.assertIsNone(flag(c, "data_dir"))
+        self.assertNotIn("/var/lib/tally", [m["mountPath"] for m in c["volumeMounts"]])
+        self.assertFalse([v for v in pod["volumes"] if "persistentVolumeClaim" in v])
+        self.assertFalse([o for o in of_kind(objects, "PersistentVolumeClaim")
+                          if o["metadata"]["name"] == "tallyd-data"])
+        pdb = find(objects, "PodDisruptionBudget", "tallyd")
+        self.assertEqual(pdb["spec"]["minAvailable"], 1)
+        self.assertEqual(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow")
+        self.assertLessEqual(pdb["spec"]["selector"]["matchLabels"].items(),
+                             pod_labels(tallyd).items())
+        self.assertEqual(pdb["metadata"]["namespace"], "tally")
+        # The workers are the gpu overlay's, still reaching tallyd's Service.
+        self.assertEqual(sorted(p["metadata"]["name"] for p in of_kind(objects, "StatefulSet")),
+                         sorted("tally-worker-" + g for g in GPU_PRODUCTS))
+        for worker in of_kind(objects, "StatefulSet"):
+            self.assertEqual(flag(worker["spec"]["template"]["spec"]["containers"][0],
+                                  "controller"), "tallyd:50051")
+
+    def test_postgres_dev_component_gives_ha_a_database_to_try(self):
+        """components/postgres-dev with overlays/ha (and components/keda):
+        PostgreSQL 15 behind the Service the DSN names, the Secret tallyd
+        reads, reachable from tallyd alone; everything validates."""
+        with tempfile.TemporaryDirectory() as tmp:
+            k8s = with_overlay(tmp, "ha-dev", ["../ha"],
+                               ["../../components/postgres-dev", "../../components/keda"])
+            objects = render("ha-dev", k8s)
+        self.validate(objects)
+        for o in objects:
+            if o["kind"] != "Namespace":
+                self.assertEqual(o["metadata"]["namespace"], "tally", o["metadata"]["name"])
+        secret = find(objects, "Secret", "tally-postgres")
+        dsn = base64.b64decode(secret["data"]["dsn"]).decode()
+        fields = dict(kv.split("=", 1) for kv in dsn.split())
+        service = find(objects, "Service", "tally-postgres")
+        self.assertEqual(fields["host"], service["metadata"]["name"])
+        self.assertEqual(int(fields["port"]), service["spec"]["ports"][0]["port"])
+        db = find(objects, "StatefulSet", "tally-postgres")
+        c = db["spec"]["template"]["spec"]["containers"][0]
+        self.assertRegex(c["image"], r"^postgres:15(\.\d+)?$")
+        env = env_of(c)
+        self.assertEqual(env["POSTGRES_DB"]["value"], fields["dbname"])
+        self.assertEqual(env["POSTGRES_USER"]["value"], fields["user"])
+        ref = env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        self.assertEqual(base64.b64decode(secret["data"][ref["key"]]).decode(), fields["password"])
+        self.assertLessEqual(service["spec"]["selector"].items(), pod_labels(db).items())
+        self.assertTrue(c["securityContext"]["readOnlyRootFilesystem"])
+        policy = find(objects, "NetworkPolicy", "tally-postgres")
+        self.assertEqual(policy["spec"]["ingress"][0]["from"],
+                         [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "tallyd"}}}])
+        tallyd = find(objects, "Deployment", "tallyd")["spec"]["template"]["spec"]
+        self.assertEqual(secret_file(tallyd, tallyd["containers"][0], POSTGRES_DSN_FILE),
+                         ("tally-postgres", "dsn"))
 
     def test_monitoring_settings_in_one_place_per_overlay(self):
         for overlay in ("cpu", "gpu"):

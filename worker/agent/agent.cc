@@ -176,6 +176,7 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
   }
   spdlog::info("attempt {} of {}: starting (rank {}/{})", assignment.attempt(),
                assignment.job(), assignment.rank(), assignment.world_size());
+  idle_since_ = absl::InfiniteFuture();
   auto attempt = std::make_unique<Attempt>();
   attempt->assignment = assignment;
   Attempt* raw = attempt.get();
@@ -210,6 +211,7 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
       finished_.push_back(std::move(it->second));
       running_.erase(it);
     }
+    if (running_.empty()) idle_since_ = clock_->Now();
   });
 }
 
@@ -301,19 +303,26 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
   {
     absl::MutexLock lock(&mu_);
     connected_ = true;
+    if (running_.empty()) idle_since_ = clock_->Now();
     // Going away: this connection's tallyd hears it first, with the time
     // left (it may not have heard the notice sent on an earlier one).
     if (!preemption_cause_.empty()) outbox_.ReplaceNotice(NoticeMessage());
   }
   bool done = false;           // guarded by mu_
   bool writer_exited = false;  // guarded by mu_
+  // Reports wait for tallyd's Welcome: a Write that succeeds only says the
+  // bytes left, and a tallyd that refuses the stream after reading the Hello
+  // (a standby, a refused worker) never reads what follows it, so the queue
+  // is kept until a tallyd that took the Hello is on the other end.
+  bool welcomed = false;  // guarded by mu_
   std::thread writer([&] {
     absl::MutexLock lock(&mu_);
     while (!done) {
-      if (outbox_.empty()) {
+      if (outbox_.empty() || !welcomed) {
         const bool draining = shutdown_.load() || !preemption_cause_.empty();
-        if (draining && std::all_of(running_.begin(), running_.end(),
-                                    [](const auto& kv) { return kv.second->abandoned; })) {
+        if (outbox_.empty() && draining &&
+            std::all_of(running_.begin(), running_.end(),
+                        [](const auto& kv) { return kv.second->abandoned; })) {
           // All reported: end our side, so that tallyd reads everything
           // written before it ends the stream (cancelling the call could
           // drop messages still in flight). One that does not end it soon
@@ -330,7 +339,7 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
         if (done) break;
       }
       WorkerMessage m;
-      const bool from_outbox = !outbox_.empty();
+      const bool from_outbox = welcomed && !outbox_.empty();
       if (from_outbox) {
         m = outbox_.front();
       } else {
@@ -354,6 +363,8 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
         absl::MutexLock lock(&mu_);
         const double s = msg.welcome().heartbeat_interval_seconds();
         if (s > 0) heartbeat_interval_ = absl::Seconds(s);
+        welcomed = true;
+        outbox_cv_.SignalAll();
         break;
       }
       case tally::v1::ControllerMessage::kAssignment:
@@ -405,6 +416,10 @@ int Agent::Run() {
   std::thread watcher;
   if (!options_.preemption_notice_file.empty()) {
     watcher = std::thread([this, &stop_watching] { WatchNoticeFile(&stop_watching); });
+  }
+  std::thread idle_watcher;
+  if (options_.exit_when_idle > absl::ZeroDuration()) {
+    idle_watcher = std::thread([this, &stop_watching] { WatchIdle(&stop_watching); });
   }
   while (true) {
     const absl::Time start = clock_->Now();
@@ -475,6 +490,7 @@ int Agent::Run() {
   }
   stop_watching = true;
   if (watcher.joinable()) watcher.join();
+  if (idle_watcher.joinable()) idle_watcher.join();
   ReapFinished();
   return 0;
 }
@@ -496,6 +512,10 @@ WorkerMessage Agent::NoticeMessage() {
 
 void Agent::Preempt(const std::string& cause) {
   absl::MutexLock lock(&mu_);
+  PreemptLocked(cause);
+}
+
+void Agent::PreemptLocked(const std::string& cause) {
   if (!preemption_cause_.empty() || shutdown_.load()) return;  // the first call wins
   preemption_cause_ = cause.empty() ? "unknown" : cause;
   preemption_deadline_ = clock_->Now() + options_.preemption_deadline;
@@ -556,6 +576,30 @@ void Agent::Drain(absl::Time deadline) {
   // Run() returns.
   preemption_over_ = true;
   outbox_cv_.SignalAll();
+}
+
+void Agent::WatchIdle(std::atomic<bool>* stop) {
+  while (!stop->load()) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!preemption_cause_.empty() || shutdown_.load()) return;
+      // Decided under the lock an assignment takes to start: once the notice
+      // is queued, one that arrives is answered PREEMPTED, never run.
+      if (connected_ && running_.empty() && outbox_.empty() &&
+          clock_->Now() - idle_since_ >= options_.exit_when_idle) {
+        spdlog::info("tally-worker: no assignment for {} (--exit_when_idle): leaving",
+                     absl::FormatDuration(clock_->Now() - idle_since_));
+        PreemptLocked("idle");
+        return;
+      }
+    }
+    absl::SleepFor(kClockPoll);
+  }
+}
+
+bool Agent::LeftIdle() {
+  absl::MutexLock lock(&mu_);
+  return preemption_cause_ == "idle";
 }
 
 bool Agent::HasAbandonedAttempts() {

@@ -30,9 +30,19 @@
 // process must end with _exit() instead of destroying the agent. A notice
 // still queued does not hold a disconnected, idle worker.
 //
+// Leaving when idle (AgentOptions::exit_when_idle > 0): once the worker has
+// been connected with no attempt and nothing left to report for that long
+// (counted from the Hello that went through, or from its last attempt's
+// exit, whichever is later; a worker without tallyd keeps trying instead),
+// it preempts itself with cause "idle" as a notice would: tallyd places
+// nothing more on it, an assignment that crossed the notice is never run
+// but answered PREEMPTED (or, if the stream ended first, tallyd counts it
+// preempted, as for any worker gone after its notice; never FAILED), and
+// Run() returns 0 once the notice is delivered. Never while an attempt runs.
+//
 // A StopOrder with preempt=true preempts that attempt alone (cause
 // "priority"); the worker stays. Every PREEMPTED exit carries the cause this
-// worker knows ("sigterm", "sigint", "notice_file", "priority"), or none
+// worker knows ("sigterm", "sigint", "notice_file", "idle", "priority"), or none
 // when another rank's preemption stopped the attempt (tallyd knows that
 // one).
 //
@@ -43,8 +53,8 @@
 //
 // Time comes from AgentSeams::clock: the waits between connections and
 // the preemption's deadlines follow it (checked at least every 50 ms), so a
-// FakeClock drives them in tests. Heartbeats and the notice file's polling
-// keep real time.
+// FakeClock drives them in tests, as it does the idle timer. Heartbeats and
+// the notice file's polling keep real time.
 //
 // Thread-safety: Run() blocks on the calling thread; Shutdown() and
 // Preempt() may be called from any thread.
@@ -106,6 +116,9 @@ struct AgentOptions {
   // every `notice_poll_interval` while Run() runs.
   std::string preemption_notice_file;
   absl::Duration notice_poll_interval = absl::Milliseconds(200);
+  // Leave (Run() returns 0) after this long connected with no attempt; the
+  // worker tells tallyd first (a Notice with cause "idle"). Zero: never.
+  absl::Duration exit_when_idle = absl::ZeroDuration();
 };
 
 // What the agent takes from outside besides its options; tests pass fakes.
@@ -132,6 +145,8 @@ class Agent {
   // PREEMPTED exits' preemption_cause. Idempotent: the first call wins.
   // Ignored after Shutdown().
   void Preempt(const std::string& cause);
+  // True once the worker left because it was idle (exit_when_idle).
+  bool LeftIdle();
   // True when a preemption's deadline passed with attempts still running:
   // their threads may still be busy, so destroying the agent (which joins
   // them) could block past the deadline.
@@ -168,6 +183,10 @@ class Agent {
   // get (a notice alone does not count while disconnected).
   bool Delivered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WatchNoticeFile(std::atomic<bool>* stop);
+  // Preempts the worker with cause "idle" once it has been connected with
+  // no attempt for exit_when_idle; returns then, or when `stop` is set.
+  void WatchIdle(std::atomic<bool>* stop);
+  void PreemptLocked(const std::string& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartAttempt(const tally::v1::Assignment& a);
   void StopAttempt(const tally::v1::StopOrder& s);
   void ReapFinished();
@@ -193,6 +212,9 @@ class Agent {
   std::string preemption_cause_ ABSL_GUARDED_BY(mu_);
   absl::Time preemption_deadline_ ABSL_GUARDED_BY(mu_);
   bool preemption_over_ ABSL_GUARDED_BY(mu_) = false;
+  // Since when the connected worker has had no attempt (the Hello, or the
+  // last attempt's exit); InfiniteFuture while one runs.
+  absl::Time idle_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::thread drain_thread_;  // started by the first Preempt()
 };
 

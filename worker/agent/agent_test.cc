@@ -107,7 +107,9 @@ class FakeWorkers final : public tally::v1::Workers::Service {
 };
 
 // A tallyd that keeps each stream open, records every message the worker
-// sends, and sends what a test gives it.
+// sends, and sends what a test gives it. It welcomes each Hello, as tallyd
+// does once it has taken it, unless told not to (a standby, which ends the
+// stream instead).
 class FakeTallyd final : public tally::v1::Workers::Service {
  public:
   grpc::Status Connect(grpc::ServerContext* context,
@@ -120,10 +122,21 @@ class FakeTallyd final : public tally::v1::Workers::Service {
       received_.push_back(m);
       stream_ = stream;
       context_ = context;
+      if (welcome_) {
+        tally::v1::ControllerMessage welcome;
+        welcome.mutable_welcome();
+        stream->Write(welcome);
+      }
     }
     while (stream->Read(&m)) {
       absl::MutexLock lock(&mu_);
       received_.push_back(m);
+      if (m.has_notice() && reply_to_notice_.has_value()) {
+        // Sent before anything after the notice is read: as if tallyd had
+        // placed it just before the notice arrived.
+        stream->Write(*reply_to_notice_);
+        reply_to_notice_.reset();
+      }
     }
     absl::MutexLock lock(&mu_);
     stream_ = nullptr;
@@ -138,6 +151,17 @@ class FakeTallyd final : public tally::v1::Workers::Service {
     if (context_ == nullptr) return false;
     context_->TryCancel();
     return true;
+  }
+
+  // Answers the next Notice read with `m`, on the same stream (once).
+  void set_welcome(bool welcome) {
+    absl::MutexLock lock(&mu_);
+    welcome_ = welcome;
+  }
+
+  void ReplyToNotice(tally::v1::ControllerMessage m) {
+    absl::MutexLock lock(&mu_);
+    reply_to_notice_ = std::move(m);
   }
 
   // False when no stream is open.
@@ -177,6 +201,8 @@ class FakeTallyd final : public tally::v1::Workers::Service {
   grpc::ServerReaderWriter<tally::v1::ControllerMessage, tally::v1::WorkerMessage>* stream_
       ABSL_GUARDED_BY(mu_) = nullptr;
   grpc::ServerContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::optional<tally::v1::ControllerMessage> reply_to_notice_ ABSL_GUARDED_BY(mu_);
+  bool welcome_ ABSL_GUARDED_BY(mu_) = true;
 };
 
 // Runs until asked to stop. A preemption reports a checkpoint of step 7 and
@@ -932,6 +958,49 @@ TEST_F(AgentTest, ConnectionsAreRetriedAfterTheBackoffOnTheAgentsClock) {
                                   ": failed to connect to all addresses"));
 }
 
+// A tallyd that reads the Hello and then refuses the stream (a standby)
+// never reads what was written after it: reports stay queued until a tallyd
+// welcomes the worker, and then arrive in order.
+TEST_F(AgentTest, ReportsWaitForTheWelcomeSoAStreamRefusedAfterTheHelloLosesNone) {
+  StartTallyd();
+  auto runner = std::make_unique<HeldRunner>();
+  HeldRunner* held = runner.get();
+  StartAgent(Options({}), std::move(runner), FakeSeams(server_.get()));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1", /*attempt=*/2)));
+  Reporter* reporter = held->reporter();
+  ASSERT_NE(reporter, nullptr);
+  reporter->Progress(ProgressAt("jobs/1", 2, 4));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_progress(); }));
+
+  tallyd_->set_welcome(false);
+  ASSERT_TRUE(tallyd_->Hangup());
+  auto hellos = [this] {
+    size_t n = 0;
+    for (const auto& m : tallyd_->received()) n += m.has_hello();
+    return n;
+  };
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return hellos() >= 2; }));
+  tally::v1::EvalResult eval;
+  eval.set_job("jobs/1");
+  eval.set_attempt(2);
+  eval.set_step(5);
+  reporter->Progress(ProgressAt("jobs/1", 2, 5));
+  reporter->Eval(eval);
+  absl::SleepFor(absl::Milliseconds(300));  // time for writes that must not happen
+  EXPECT_THAT(Kinds(tallyd_->received()), ::testing::ElementsAre("hello", "progress jobs/1 4",
+                                                                  "hello"));
+
+  // The unwelcoming tallyd ends the stream; the next one welcomes.
+  tallyd_->set_welcome(true);
+  ASSERT_TRUE(tallyd_->Hangup());
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return hellos() >= 3; }));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_eval(); }));
+  EXPECT_THAT(Kinds(tallyd_->received()),
+              ::testing::ElementsAre("hello", "progress jobs/1 4", "hello", "hello",
+                                     "progress jobs/1 5", "eval jobs/1 5"));
+}
+
 TEST_F(AgentTest, AfterAReconnectionTheHelloListsTheRunningAttemptAndQueuedReportsKeepTheirOrder) {
   StartTallyd();
   auto runner = std::make_unique<HeldRunner>();
@@ -1034,6 +1103,96 @@ TEST_F(AgentTest, ThePreemptionDeadlineIsKeptOnTheAgentsClock) {
               HasSubstr("preemption checkpoint did not finish within the 25s deadline"));
   EXPECT_NE(RunReturned(absl::Seconds(20)), absl::InfinitePast());
   EXPECT_TRUE(agent_->HasAbandonedAttempts());
+}
+
+tally::v1::ControllerMessage StopMessage(const std::string& job, int32_t attempt = 1) {
+  tally::v1::ControllerMessage m;
+  m.mutable_stop()->set_job(job);
+  m.mutable_stop()->set_attempt(attempt);
+  m.mutable_stop()->set_reason("cancelled");
+  return m;
+}
+
+TEST_F(AgentTest, AnIdleWorkerLeavesAfterExitWhenIdleButNeverWhileAnAttemptRuns) {
+  StartTallyd();
+  AgentOptions options = Options({});
+  options.exit_when_idle = absl::Seconds(30);
+  auto runner = std::make_unique<FakeRunner>();
+  FakeRunner* fake = runner.get();
+  StartAgent(options, std::move(runner), FakeSeams(server_.get()));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  absl::SleepFor(absl::Milliseconds(100));  // the Hello's write returns: the timer starts
+  clock_.Advance(absl::Seconds(29));
+  EXPECT_EQ(RunReturned(absl::Milliseconds(300)), absl::InfinitePast());
+
+  // A job arrives in time; it runs far past the idle timeout untouched.
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
+  ASSERT_TRUE(fake->WaitStarted(1));
+  clock_.Advance(absl::Minutes(10));
+  EXPECT_EQ(RunReturned(absl::Milliseconds(300)), absl::InfinitePast());
+  EXPECT_EQ(fake->seen()[0].stop, train::StopKind::kNone);
+
+  // The timer starts again at the attempt's exit.
+  ASSERT_TRUE(tallyd_->Send(StopMessage("jobs/1")));
+  ASSERT_TRUE(tallyd_->WaitFor(ExitOf("jobs/1")).has_value());
+  absl::SleepFor(absl::Milliseconds(100));
+  clock_.Advance(absl::Seconds(29));
+  EXPECT_EQ(RunReturned(absl::Milliseconds(300)), absl::InfinitePast());
+  EXPECT_FALSE(agent_->LeftIdle());
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_NE(RunReturned(absl::Seconds(20)), absl::InfinitePast()) << "Run() did not return";
+  {
+    absl::MutexLock lock(&run_mu_);
+    EXPECT_EQ(run_rc_, 0);
+  }
+  EXPECT_TRUE(agent_->LeftIdle());
+  EXPECT_THAT(Kinds(tallyd_->received()),
+              ::testing::ElementsAre("hello", "progress jobs/1 7",
+                                     "exit jobs/1 ATTEMPT_OUTCOME_STOPPED", "notice idle"));
+  EXPECT_THAT(Logged(), HasSubstr("--exit_when_idle"));
+}
+
+TEST_F(AgentTest, AnAssignmentRacingTheIdleNoticeIsNeverRunNorFailed) {
+  StartTallyd();
+  tallyd_->ReplyToNotice(AssignmentMessage("jobs/2"));
+  AgentOptions options = Options({});
+  options.exit_when_idle = absl::Seconds(5);
+  auto runner = std::make_unique<FakeRunner>();
+  FakeRunner* fake = runner.get();
+  StartAgent(options, std::move(runner), FakeSeams(server_.get()));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  absl::SleepFor(absl::Milliseconds(100));
+  clock_.Advance(absl::Seconds(5));
+  // If the answer was queued after the stream ended, the worker reconnects
+  // to deliver it (the wait before that is on the agent's clock).
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(5), [this] {
+    return RunReturned(absl::ZeroDuration()) != absl::InfinitePast();
+  })) << "Run() did not return";
+  {
+    absl::MutexLock lock(&run_mu_);
+    EXPECT_EQ(run_rc_, 0);
+  }
+  EXPECT_TRUE(fake->seen().empty());
+  EXPECT_FALSE(agent_->HasAbandonedAttempts());
+  EXPECT_THAT(Logged(), HasSubstr("attempt 1 of jobs/2: refused, the worker is going away (idle)"));
+  // The answer reaches tallyd if the stream still takes it; if the stream
+  // ended first, tallyd counts the attempt preempted all the same (its
+  // worker went away after a notice). Never a failure.
+  for (const auto& m : tallyd_->received()) {
+    if (!m.has_exit()) continue;
+    EXPECT_EQ(m.exit().outcome(), tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+    EXPECT_EQ(m.exit().preemption_cause(), "idle");
+  }
+}
+
+TEST_F(AgentTest, WithoutTallydAnIdleWorkerKeepsTryingInsteadOfLeaving) {
+  AgentOptions options = Options({});
+  options.exit_when_idle = absl::Seconds(5);
+  StartAgent(options, nullptr, FakeSeams(nullptr));
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Seconds(1),
+                           [this] { return connections_.Attempts().size() >= 20; }));
+  EXPECT_EQ(RunReturned(absl::Milliseconds(200)), absl::InfinitePast());
+  EXPECT_FALSE(agent_->LeftIdle());
 }
 
 }  // namespace

@@ -1,0 +1,261 @@
+// LeaderLease against a real PostgreSQL (initdb'd per test binary); the lease
+// table comes from the store's migration, as in tallyd.
+#include "server/ha/leader_lease.h"
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/ha/await_lease.h"
+#include "server/store/postgres_job_store.h"
+#include "server/store/testing/postgres_server.h"
+
+namespace tally::ha {
+namespace {
+
+using ::testing::HasSubstr;
+
+store::JobRecord NewJob() {
+  store::JobRecord r;
+  r.mutable_job()->set_state(tally::v1::JOB_STATE_QUEUED);
+  r.mutable_job()->mutable_create_time()->set_seconds(1000);
+  return r;
+}
+
+tally::v1::JobEvent Submitted() {
+  tally::v1::JobEvent e;
+  e.set_type("submitted");
+  e.set_state(tally::v1::JOB_STATE_QUEUED);
+  return e;
+}
+
+class LeaderLeaseTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto server = store::testing::PostgresServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = server->release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    auto dsn = server_->CreateDatabase();
+    ASSERT_TRUE(dsn.ok()) << dsn.status();
+    dsn_ = *dsn;
+    // The store's migration creates tally_lease and its row.
+    auto store = store::PostgresJobStore::Open(dsn_);
+    ASSERT_TRUE(store.ok()) << store.status();
+  }
+
+  static store::testing::PostgresServer* server_;
+  std::string dsn_;
+};
+
+store::testing::PostgresServer* LeaderLeaseTest::server_ = nullptr;
+
+TEST_F(LeaderLeaseTest, FirstHolderAcquiresEpochOne) {
+  LeaderLease a(dsn_, "a:1", absl::Seconds(30));
+  auto epoch = a.TryAcquire();
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  ASSERT_TRUE(epoch->has_value());
+  EXPECT_EQ(**epoch, 1);
+  auto state = a.Read();
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->holder, "a:1");
+  EXPECT_EQ(state->epoch, 1);
+  EXPECT_TRUE(state->valid);
+  EXPECT_EQ(state->Describe(), "a:1 (epoch 1)");
+}
+
+TEST_F(LeaderLeaseTest, SecondHolderRefusedWhileValid) {
+  LeaderLease a(dsn_, "a:1", absl::Seconds(30));
+  LeaderLease b(dsn_, "b:2", absl::Seconds(30));
+  ASSERT_TRUE(a.TryAcquire().ok());
+  auto epoch = b.TryAcquire();
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  EXPECT_FALSE(epoch->has_value());
+  // The holder keeps renewing.
+  EXPECT_TRUE(a.Renew(1).ok());
+  EXPECT_FALSE(b.TryAcquire()->has_value());
+  EXPECT_EQ(b.Read()->holder, "a:1");
+}
+
+TEST_F(LeaderLeaseTest, TakeoverAfterExpiryBumpsEpochAndOldRenewFails) {
+  LeaderLease a(dsn_, "a:1", absl::Milliseconds(300));
+  LeaderLease b(dsn_, "b:2", absl::Milliseconds(300));
+  auto first = a.TryAcquire();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_FALSE(b.Read()->valid);
+  auto second = b.TryAcquire();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(second->has_value());
+  EXPECT_EQ(**second, **first + 1);
+  absl::Status renew = a.Renew(**first);
+  EXPECT_TRUE(absl::IsFailedPrecondition(renew)) << renew;
+  EXPECT_THAT(renew.message(), HasSubstr("another tallyd took over"));
+  // Releasing a lost epoch does not touch the new holder's lease.
+  EXPECT_TRUE(a.Release(**first).ok());
+  EXPECT_TRUE(a.Read()->valid);
+  EXPECT_EQ(a.Read()->holder, "b:2");
+}
+
+TEST_F(LeaderLeaseTest, ReleaseLetsAStandbyTakeOverAtOnce) {
+  LeaderLease a(dsn_, "a:1", absl::Seconds(60));
+  LeaderLease b(dsn_, "b:2", absl::Seconds(60));
+  auto first = a.TryAcquire();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  ASSERT_TRUE(a.Release(**first).ok());
+  auto second = b.TryAcquire();
+  ASSERT_TRUE(second.ok() && second->has_value());
+  EXPECT_EQ(**second, 2);
+}
+
+TEST_F(LeaderLeaseTest, FencedStoreRefusesWritesAfterTakeover) {
+  LeaderLease a(dsn_, "a:1", absl::Milliseconds(300));
+  LeaderLease b(dsn_, "b:2", absl::Seconds(60));
+  auto first = a.TryAcquire();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  auto old_leader = store::PostgresJobStore::Open(dsn_);
+  ASSERT_TRUE(old_leader.ok());
+  (*old_leader)->SetFencingEpoch(**first);
+  ASSERT_TRUE((*old_leader)->CreateJob(NewJob(), Submitted()).ok());
+  absl::SleepFor(absl::Milliseconds(400));
+  ASSERT_TRUE(b.TryAcquire()->has_value());
+  auto refused = (*old_leader)->CreateJob(NewJob(), Submitted());
+  EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+  EXPECT_TRUE((*old_leader)->MustRestart());
+  auto reader = store::PostgresJobStore::Open(dsn_);
+  ASSERT_TRUE(reader.ok());
+  auto jobs = (*reader)->ListJobs({});
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->size(), 1u);
+}
+
+TEST_F(LeaderLeaseTest, KeeperRenewsAndReportsLossOnce) {
+  LeaderLease a(dsn_, "a:1", absl::Milliseconds(600));
+  const auto sent = std::chrono::steady_clock::now();
+  auto epoch = a.TryAcquire();
+  ASSERT_TRUE(epoch.ok() && epoch->has_value());
+  std::atomic<int> lost{0};
+  std::string why;
+  absl::Notification done;
+  LeaseKeeper::Options options;
+  options.lease_timeout = absl::Milliseconds(600);
+  options.on_lost = [&](const std::string& w) {
+    why = w;
+    lost.fetch_add(1);
+    done.Notify();
+  };
+  LeaseKeeper keeper(&a, **epoch, sent, options);
+  // Renewed for several lease lengths: nobody else can take it.
+  LeaderLease b(dsn_, "b:2", absl::Seconds(60));
+  for (int i = 0; i < 6; ++i) {
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_FALSE(b.TryAcquire()->has_value());
+  }
+  EXPECT_EQ(lost.load(), 0);
+  // Another holder bumps the epoch behind its back (an operator, or a
+  // takeover after a partition): the next renewal finds the lease lost.
+  LeaderLease admin(dsn_, "admin", absl::Seconds(60));
+  ASSERT_TRUE(admin.Release(**epoch).ok());
+  ASSERT_TRUE(b.TryAcquire()->has_value());
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  keeper.Stop();
+  EXPECT_EQ(lost.load(), 1);
+  EXPECT_THAT(why, HasSubstr("another tallyd took over"));
+}
+
+TEST_F(LeaderLeaseTest, KeeperGivesUpWhenTheStoreMustRestart) {
+  LeaderLease a(dsn_, "a:1", absl::Seconds(60));
+  auto epoch = a.TryAcquire();
+  ASSERT_TRUE(epoch.ok() && epoch->has_value());
+  std::atomic<bool> must_restart{false};
+  absl::Notification done;
+  std::string why;
+  LeaseKeeper::Options options;
+  options.lease_timeout = absl::Seconds(60);
+  options.must_restart = [&] { return must_restart.load(); };
+  options.on_lost = [&](const std::string& w) {
+    why = w;
+    done.Notify();
+  };
+  LeaseKeeper keeper(&a, **epoch, std::chrono::steady_clock::now(), options);
+  must_restart.store(true);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_THAT(why, HasSubstr("recovered from the database"));
+}
+
+TEST_F(LeaderLeaseTest, KeeperGivesUpWhenRenewalsFail) {
+  // A lease on a database that stops answering: renewals fail, and after
+  // lease_timeout the keeper reports the loss even though nothing said so.
+  LeaderLease a(dsn_, "a:1", absl::Milliseconds(600));
+  auto epoch = a.TryAcquire();
+  ASSERT_TRUE(epoch.ok() && epoch->has_value());
+  LeaderLease broken("host=127.0.0.1 port=1 dbname=x connect_timeout=1", "a:1",
+                     absl::Milliseconds(600));
+  absl::Notification done;
+  std::string why;
+  LeaseKeeper::Options options;
+  options.lease_timeout = absl::Milliseconds(600);
+  options.on_lost = [&](const std::string& w) {
+    why = w;
+    done.Notify();
+  };
+  LeaseKeeper keeper(&broken, **epoch, std::chrono::steady_clock::now(), options);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_THAT(why, HasSubstr("was not renewed"));
+}
+
+TEST_F(LeaderLeaseTest, AwaitLeaseNamesTheLeaderThenTakesOver) {
+  LeaderLease a(dsn_, "a:1", absl::Seconds(60));
+  auto first = a.TryAcquire();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  LeaderLease b(dsn_, "b:2", absl::Seconds(60));
+  std::vector<std::string> leaders;
+  int waits = 0;
+  AwaitOptions options;
+  options.poll_interval = absl::Milliseconds(10);
+  options.on_leader = [&](const std::string& l) { leaders.push_back(l); };
+  options.wait = [&](absl::Duration) {
+    if (++waits == 3) EXPECT_TRUE(a.Release(**first).ok());
+    return waits < 10;
+  };
+  auto acquired = AwaitLease(&b, options);
+  ASSERT_TRUE(acquired.ok()) << acquired.status();
+  ASSERT_TRUE(acquired->has_value());
+  EXPECT_EQ((*acquired)->epoch, 2);
+  EXPECT_EQ(waits, 3);
+  ASSERT_FALSE(leaders.empty());
+  EXPECT_EQ(leaders.front(), "a:1 (epoch 1)");
+}
+
+TEST_F(LeaderLeaseTest, AwaitLeaseStopsWhenTold) {
+  LeaderLease a(dsn_, "a:1", absl::Seconds(60));
+  ASSERT_TRUE(a.TryAcquire()->has_value());
+  LeaderLease b(dsn_, "b:2", absl::Seconds(60));
+  AwaitOptions options;
+  options.wait = [](absl::Duration) { return false; };
+  auto acquired = AwaitLease(&b, options);
+  ASSERT_TRUE(acquired.ok());
+  EXPECT_FALSE(acquired->has_value());
+}
+
+TEST_F(LeaderLeaseTest, MissingTableIsFailedPrecondition) {
+  // A database the store has not migrated yet.
+  auto dsn = server_->CreateDatabase();
+  ASSERT_TRUE(dsn.ok());
+  LeaderLease a(*dsn, "a:1", absl::Seconds(60));
+  auto epoch = a.TryAcquire();
+  EXPECT_TRUE(absl::IsFailedPrecondition(epoch.status())) << epoch.status();
+  EXPECT_THAT(epoch.status().message(), HasSubstr("tally_lease"));
+}
+
+}  // namespace
+}  // namespace tally::ha
