@@ -108,6 +108,10 @@ ABSL_FLAG(double, testonly_fp8_overflow_fraction, 0,
           "fraction (0 to 1) of each FP8 linear's input values is pushed beyond FP8's range "
           "after scaling, so it is clamped and counted as an overflow; a run whose "
           "overflows pass 1% of its values for a few steps fails. 0: off");
+ABSL_FLAG(std::string, testonly_fp8_grouped_off, "",
+          "TESTS ONLY, never in production: in FP8 jobs, grouped expert products are turned "
+          "off from the start with this reason, as when CUDA refuses them, and every progress "
+          "report says so (tallyd records a warning event). Empty: off");
 ABSL_FLAG(int, testonly_moe_collapse_expert, -1,
           "TESTS ONLY, never in production: in MoE jobs, every token of every MoE layer is "
           "routed to this expert (as one of its top-k), a forced routing collapse; an "
@@ -238,6 +242,11 @@ int main(int argc, char** argv) {
     spdlog::error("--testonly_fp8_overflow_fraction: must be between 0 and 1, got {}",
                   runner.test_fp8_overflow_fraction);
     return 2;
+  }
+  runner.test_fp8_grouped_off = absl::GetFlag(FLAGS_testonly_fp8_grouped_off);
+  if (!runner.test_fp8_grouped_off.empty()) {
+    spdlog::warn("tally-worker: test-only knob set (--testonly_fp8_grouped_off): grouped FP8 "
+                 "expert products are off in every job");
   }
   runner.test_moe_forced_expert = absl::GetFlag(FLAGS_testonly_moe_collapse_expert);
   if (runner.test_moe_forced_expert < -1) {

@@ -1466,6 +1466,17 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
       return Execute(id, std::move(plan));
     }
   }
+  if (!p.fp8_grouped_off().empty() && j.fp8_grouped_off_attempt() != p.attempt()) {
+    // Once per attempt: the worker's products got slower, not wrong.
+    Plan plan = NewPlan(job, now);
+    plan.rec.mutable_job()->set_fp8_grouped_off_attempt(p.attempt());
+    AddEvent(plan, "warning",
+             absl::StrCat("FP8 grouped expert products turned off for attempt ", p.attempt(),
+                          ": ", QuoteForMessage(p.fp8_grouped_off(), 512)),
+             "the experts run one by one in FP8 (same results, slower); the reason names "
+             "what refused them (the worker's GPU, CUDA or PyTorch)");
+    return Execute(id, std::move(plan));
+  }
   if (now - job.last_progress_event < options_.progress_event_interval) {
     job_metrics_.Update(j, accrued);
     return absl::OkStatus();
@@ -1523,6 +1534,11 @@ absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
       if (p.padding_tokens() < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "progress.padding_tokens: must not be negative, got ", p.padding_tokens()));
+      }
+      if (p.fp8_grouped_off().size() > 4096) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("progress.fp8_grouped_off: at most 4096 bytes, got ",
+                         p.fp8_grouped_off().size()));
       }
       if (p.fp8_values() < 0) {
         return absl::InvalidArgumentError(

@@ -773,6 +773,58 @@ TEST_F(SchedulerTest, RoutingCollapseWithTopTwoOfFourExpertsWarns) {
   EXPECT_EQ(v["tally_job_moe_idle_experts,layer=0,tally_job=" + job], 1);
 }
 
+TEST_F(SchedulerTest, GroupedFp8TurnedOffIsOneWarningPerAttemptKeptAcrossARestart) {
+  auto spec = Spec();
+  spec.mutable_model()->mutable_moe()->set_num_experts(4);
+  spec.mutable_model()->mutable_moe()->set_top_k(2);
+  spec.mutable_precision()->set_compute(tally::v1::PRECISION_FP8);
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  const std::string job = "jobs/" + std::to_string(id);
+  auto progress = [&](int64_t step, const std::string& off) {
+    tally::v1::WorkerMessage p;
+    p.mutable_progress()->set_job(job);
+    p.mutable_progress()->set_attempt(1);
+    p.mutable_progress()->set_step(step);
+    p.mutable_progress()->set_trained(true);
+    p.mutable_progress()->set_fp8_product_fraction(1);
+    p.mutable_progress()->set_fp8_grouped_off(off);
+    return sched_->OnMessage("w1", p);
+  };
+  auto warnings = [&] {
+    std::vector<std::string> out;
+    const auto events = *store_.ListEvents(id, 0, 1000);
+    for (const auto& e : events) {
+      if (e.type() == "warning") out.push_back(e.reason());
+    }
+    return out;
+  };
+  ASSERT_TRUE(progress(1, "").ok());
+  EXPECT_TRUE(warnings().empty()) << "nothing while grouped products are on";
+  ASSERT_TRUE(progress(2, "at::_scaled_grouped_mm refused: \x1b[31mno kernel\n").ok());
+  ASSERT_TRUE(progress(3, "at::_scaled_grouped_mm refused: \x1b[31mno kernel\n").ok());
+  std::vector<std::string> w = warnings();
+  ASSERT_EQ(w.size(), 1u) << "once per attempt, not once per report";
+  EXPECT_THAT(w[0], ::testing::HasSubstr("FP8 grouped expert products turned off for attempt 1"));
+  EXPECT_THAT(w[0], ::testing::HasSubstr("at::_scaled_grouped_mm refused"));
+  EXPECT_EQ(w[0].find('\x1b'), std::string::npos) << "a worker's text is escaped";
+  EXPECT_EQ(w[0].find('\n'), std::string::npos);
+  EXPECT_EQ(Job(id).fp8_grouped_off_attempt(), 1);
+  // Committed with the event: a restarted tallyd does not record it again.
+  sched_ = NewScheduler();
+  ASSERT_TRUE(sched_->Recover().ok());
+  auto hello = Hello("w1");
+  hello.add_running()->set_job(job);
+  hello.mutable_running(0)->set_attempt(1);
+  ASSERT_TRUE(sched_->OnHello(hello).ok());
+  ASSERT_TRUE(progress(4, "at::_scaled_grouped_mm refused: no kernel").ok());
+  EXPECT_EQ(warnings().size(), 1u);
+  // A worker cannot flood the store: an oversized reason is refused.
+  EXPECT_TRUE(absl::IsInvalidArgument(progress(5, std::string(5000, 'x'))));
+  EXPECT_EQ(warnings().size(), 1u);
+}
+
 }  // namespace
 }  // namespace tally::sched
 

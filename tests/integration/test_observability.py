@@ -37,11 +37,13 @@ RULES = os.path.join(DEPLOY, "prometheus", "alerts.yaml")
 RULE_TESTS = os.path.join(DEPLOY, "prometheus", "alerts_test.yaml")
 README = os.path.join(ROOT, "README.md")
 # A worker whose test-only flags damage every job it runs: a fraction of each
-# FP8 linear's inputs overflows, and every token is routed to expert 0. Its
-# own GPU type keeps every other job off it.
+# FP8 linear's inputs overflows, every token is routed to expert 0, and
+# grouped FP8 expert products are off (as where CUDA refuses them). Its own
+# GPU type keeps every other job off it.
 FORCED_GPU_TYPE = "cpu-forced"
 FORCED_WORKER_ARGS = ["--gpu_type=" + FORCED_GPU_TYPE, "--testonly_fp8_overflow_fraction=0.01",
-                      "--testonly_moe_collapse_expert=0"]
+                      "--testonly_moe_collapse_expert=0",
+                      "--testonly_fp8_grouped_off=refused by the test"]
 
 
 def readme_metrics():
@@ -313,6 +315,14 @@ class PrometheusTest(ClusterTest):
                           jobs_pb2.JOB_STATE_EARLY_STOPPED}, timeout=60)
         self.assertEqual(forced_done.state, jobs_pb2.JOB_STATE_SUCCEEDED,
                          forced_done.state_reason)
+        # Grouped FP8 products turned off: one warning event for the attempt,
+        # naming the worker's reason.
+        grouped_off = [e.reason for e in self.events(forced.name)
+                       if e.type == "warning" and "FP8 grouped" in e.reason]
+        self.assertEqual(len(grouped_off), 1, grouped_off)
+        self.assertIn("turned off for attempt 1", grouped_off[0])
+        self.assertIn("refused by the test", grouped_off[0])
+        self.assertEqual(self.get(forced.name).fp8_grouped_off_attempt, 1)
 
         # After they ended: final values, with the terminal state.
         wait_for(lambda: self.value('tally_job_info{tally_job="%s",state="budget_exhausted"}'

@@ -64,6 +64,7 @@ class ReportingEvents final : public train::TrainEvents {
       p.set_fp8_underflows(fp8_underflows_);
       p.set_fp8_values(fp8_values_);
       p.set_fp8_product_fraction(m.fp8_product_fraction);
+      p.set_fp8_grouped_off(m.fp8_grouped_off);
       for (const auto& [group, amax] : m.fp8_amax) (*p.mutable_fp8_amax())[group] = amax;
     }
     reporter_->Progress(p);
@@ -160,6 +161,7 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   }
   config->collective_timeout_seconds = options_.collective_timeout_seconds;
   config->test_fp8_overflow_fraction = options_.test_fp8_overflow_fraction;
+  config->test_fp8_grouped_off = options_.test_fp8_grouped_off;
   config->test_moe_forced_expert = options_.test_moe_forced_expert;
   config->test_preempt_checkpoint_delay_seconds = options_.test_preempt_checkpoint_delay_seconds;
   ReportingEvents events(assignment, reporter);

@@ -32,10 +32,11 @@ struct TrainerRunnerOptions {
   double peak_flops = 0;
   std::string rendezvous_local_host = "127.0.0.1";  // this worker's address for Gloo
   double collective_timeout_seconds = 120;
-  // Tests only: forced FP8 overflows and MoE routing collapse in every
-  // assignment, and a delay before every preemption's checkpoint
+  // Tests only: forced FP8 overflows, grouped FP8 expert products turned
+  // off and MoE routing collapse in every assignment, and a delay before every preemption's checkpoint
   // (train::TrainConfig's test_* fields); off by default.
   double test_fp8_overflow_fraction = 0;
+  std::string test_fp8_grouped_off;
   int64_t test_moe_forced_expert = -1;
   double test_preempt_checkpoint_delay_seconds = 0;
 };

@@ -211,6 +211,7 @@ TEST_F(TrainerRunnerTest, Fp8ReportsCarryValuesCastAndOverflowsSinceTheAttemptSt
   TrainerRunnerOptions o;
   o.checkpoint_dir = *dir_ + "/ckpt-fp8";
   o.test_fp8_overflow_fraction = 0.01;  // the test-only knob reaches the trainer
+  o.test_fp8_grouped_off = "refused by the test";
   TrainerRunner runner(o);
   tally::v1::Assignment a = Assignment();
   a.mutable_spec()->mutable_precision()->set_compute(tally::v1::PRECISION_FP8);
@@ -224,6 +225,7 @@ TEST_F(TrainerRunnerTest, Fp8ReportsCarryValuesCastAndOverflowsSinceTheAttemptSt
     SCOPED_TRACE(absl::StrCat("step ", p[i].step()));
     EXPECT_GT(p[i].fp8_overflows(), 0);
     EXPECT_LT(p[i].fp8_overflows(), p[i].fp8_values() / 100);
+    EXPECT_EQ(p[i].fp8_grouped_off(), "refused by the test");
     if (i == 0) continue;
     // Cumulative: each report adds the step's counts to the previous one's.
     EXPECT_GT(p[i].fp8_values(), p[i - 1].fp8_values());

@@ -692,6 +692,7 @@ void Run::BuildModel() {
     rc.margin = c_.fp8_margin;
     rc.test_overflow_fraction = c_.test_fp8_overflow_fraction;
     fp8_ = std::make_unique<precision::Fp8Linears>(rc);
+    if (!c_.test_fp8_grouped_off.empty()) fp8_->TurnGroupedOff(c_.test_fp8_grouped_off);
     model_->SetLinearOverride(fp8_.get());
   }
 }
@@ -956,6 +957,7 @@ std::optional<TrainResult> Run::ApplyStep(const StepTotals& t, NonFiniteGuard* g
   }
   if (fp8_) {
     fp8_->OnOptimizerStep();
+    m->fp8_grouped_off = fp8_->grouped_off();
     const Fp8Health h = Fp8Report(t.fp8, m);
     if (fp8_guard->Observe(h.good())) {
       return Fail(absl::StrFormat("FP8 statistics went bad for %d steps in a row (step %d: "

@@ -148,7 +148,11 @@ struct TrainConfig {
   // - Preemptions (StopKind::kPreempt): seconds every rank sleeps before
   //   the preemption's checkpoint (only that one), so that a test can make
   //   it miss the worker's deadline. 0: off.
+  // - FP8 MoE runs: grouped expert products are turned off from the start
+  //   with this reason, as when CUDA refuses them (StepMetrics::
+  //   fp8_grouped_off then carries it). Empty: off.
   double test_fp8_overflow_fraction = 0;
+  std::string test_fp8_grouped_off;
   int64_t test_moe_forced_expert = -1;
   double test_preempt_checkpoint_delay_seconds = 0;
 
@@ -207,6 +211,9 @@ struct StepMetrics {
   int64_t fp8_values = 0;          // values cast to FP8 (the two above among them)
   double fp8_product_fraction = 0; // matrix products computed in FP8
   std::vector<std::pair<std::string, double>> fp8_amax;  // per tensor group
+  // FP8 runs: why grouped expert products were turned off for this run (the
+  // experts then run one by one); empty while they are on.
+  std::string fp8_grouped_off;
 };
 
 struct EvalMetrics {

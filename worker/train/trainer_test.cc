@@ -703,6 +703,7 @@ TEST_F(TrainerTest, TestKnobsForceOverflowsAndACollapseAndValuesCastAreCounted) 
   TrainConfig forced = c;
   forced.test_fp8_overflow_fraction = 0.01;
   forced.test_moe_forced_expert = 0;
+  forced.test_fp8_grouped_off = "refused by the test";
   Recorder f;
   r = Train(forced, &f, nullptr);
   ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
@@ -722,6 +723,9 @@ TEST_F(TrainerTest, TestKnobsForceOverflowsAndACollapseAndValuesCastAreCounted) 
     EXPECT_LT(fraction, 0.006);
     for (const auto& layer : m.moe) EXPECT_EQ(layer.tokens_per_expert[0], m.step_tokens);
     EXPECT_DOUBLE_EQ(m.moe_max_over_mean_load, 2.0);  // E/k: the most there is
+    // Every step says why grouped expert products are off; none while on.
+    EXPECT_EQ(m.fp8_grouped_off, "refused by the test");
+    EXPECT_EQ(p.fp8_grouped_off, "");
   }
   EXPECT_LT(plain.steps.back().moe_max_over_mean_load, 2.0);
 
