@@ -86,13 +86,13 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   if (c.fp8) {
     switch (spec.precision().fp8_recipe()) {
       case tally::v1::FP8_RECIPE_CURRENT:
-        c.fp8_recipe = train::Fp8Recipe::kCurrent;
+        c.fp8_recipe = precision::Recipe::kCurrent;
         break;
       case tally::v1::FP8_RECIPE_ROWWISE:
-        c.fp8_recipe = train::Fp8Recipe::kRowwise;
+        c.fp8_recipe = precision::Recipe::kRowwise;
         break;
       default:
-        c.fp8_recipe = train::Fp8Recipe::kDelayed;
+        c.fp8_recipe = precision::Recipe::kDelayed;
     }
     c.amax_history_len = spec.precision().amax_history_len();
     c.fp8_margin = spec.precision().fp8_margin();

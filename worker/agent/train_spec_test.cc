@@ -40,7 +40,7 @@ TEST(TrainSpecTest, RefusesWhatThisTrainerCannotDoNamingTheField) {
   auto rowwise = TrainConfigFromSpec(
       Spec("precision: {compute: fp8, fp8_recipe: rowwise}\n"), cpu);
   ASSERT_TRUE(rowwise.ok()) << rowwise.status();
-  EXPECT_EQ(rowwise->fp8_recipe, train::Fp8Recipe::kRowwise);
+  EXPECT_EQ(rowwise->fp8_recipe, precision::Recipe::kRowwise);
   auto bf16 = TrainConfigFromSpec(Spec("precision: {compute: bf16}\n"), cpu);
   EXPECT_NE(bf16.status().message().find("CUDA"), std::string::npos);
   // A rank of a multi-GPU job needs to know where the ranks meet.
@@ -67,11 +67,11 @@ TEST(TrainSpecTest, Fp8MapsItsRecipe) {
       DeviceOptions{});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->fp8);
-  EXPECT_EQ(c->fp8_recipe, train::Fp8Recipe::kCurrent);
+  EXPECT_EQ(c->fp8_recipe, precision::Recipe::kCurrent);
   EXPECT_EQ(c->amax_history_len, 4);
   EXPECT_EQ(c->fp8_margin, 1);
   auto d = TrainConfigFromSpec(Spec("precision: {compute: fp8}\n"), DeviceOptions{});
-  EXPECT_EQ(d->fp8_recipe, train::Fp8Recipe::kDelayed);
+  EXPECT_EQ(d->fp8_recipe, precision::Recipe::kDelayed);
   EXPECT_EQ(d->amax_history_len, 16);  // the spec's default
 }
 

@@ -20,16 +20,13 @@
 #include <vector>
 
 #include "worker/precision/quantize.h"
+#include "worker/precision/recipe.h"
 
 namespace tally::precision {
 
 // max / (amax x 2^margin); `previous` when amax is zero or not finite.
 double ScaleForAmax(double amax, Fp8Format format, int margin, double previous);
 
-// kRowwise: current scaling per row instead of per tensor (each token's
-// input row, each weight's output row; the backward pass rescales along
-// the other axis where a product needs it), as torchao's row-wise recipe.
-enum class Recipe { kDelayed, kCurrent, kRowwise };
 
 struct RecipeConfig {
   Recipe recipe = Recipe::kDelayed;

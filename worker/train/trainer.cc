@@ -86,7 +86,7 @@ absl::Status TrainConfig::Validate() const {
   need(test_fp8_overflow_fraction >= 0 && test_fp8_overflow_fraction <= 1,
        absl::StrCat("test_fp8_overflow_fraction: must be between 0 and 1, got ",
                     test_fp8_overflow_fraction));
-  need(!fp8 || test_fp8_overflow_fraction == 0 || fp8_recipe != Fp8Recipe::kRowwise,
+  need(!fp8 || test_fp8_overflow_fraction == 0 || fp8_recipe != precision::Recipe::kRowwise,
        "test_fp8_overflow_fraction: cannot force overflows with the rowwise recipe (each row "
        "is scaled from its own values); use the delayed or current recipe");
   need(test_preempt_checkpoint_delay_seconds >= 0 &&
@@ -231,8 +231,8 @@ std::string Run::Fingerprint() const {
                          c_.moe_capacity_factor)
           : "",
       c_.fp8 ? absl::StrCat(" fp8=",
-                            c_.fp8_recipe == Fp8Recipe::kDelayed   ? "delayed"
-                            : c_.fp8_recipe == Fp8Recipe::kCurrent ? "current"
+                            c_.fp8_recipe == precision::Recipe::kDelayed   ? "delayed"
+                            : c_.fp8_recipe == precision::Recipe::kCurrent ? "current"
                                                                    : "rowwise",
                             "/", c_.amax_history_len, "/", c_.fp8_margin)
              : "");
@@ -685,9 +685,7 @@ void Run::BuildModel() {
   opt_ = std::make_unique<AdamW>(&model_->parameters(), adamw);
   if (c_.fp8) {
     precision::RecipeConfig rc;
-    rc.recipe = c_.fp8_recipe == Fp8Recipe::kDelayed   ? precision::Recipe::kDelayed
-                : c_.fp8_recipe == Fp8Recipe::kCurrent ? precision::Recipe::kCurrent
-                                                       : precision::Recipe::kRowwise;
+    rc.recipe = c_.fp8_recipe;
     rc.history_len = c_.amax_history_len;
     rc.margin = c_.fp8_margin;
     rc.test_overflow_fraction = c_.test_fp8_overflow_fraction;

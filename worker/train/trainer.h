@@ -65,11 +65,10 @@
 
 #include "absl/status/status.h"
 #include "worker/data/packer.h"
+#include "worker/precision/recipe.h"
 #include "worker/train/stop.h"
 
 namespace tally::train {
-
-enum class Fp8Recipe { kDelayed, kCurrent, kRowwise };
 
 struct TrainConfig {
   // Model.
@@ -114,7 +113,7 @@ struct TrainConfig {
   // Precision: FP32 on CPU and BF16 autocast on CUDA, or FP8 linears
   // (worker/precision/fp8.h; emulated on CPU) on top of that.
   bool fp8 = false;
-  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;
+  precision::Recipe fp8_recipe = precision::Recipe::kDelayed;
   int amax_history_len = 16;
   int fp8_margin = 0;
   // Where and how.

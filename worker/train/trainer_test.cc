@@ -185,7 +185,7 @@ TEST_F(TrainerTest, Fp8TrainsWithinOnePointFivePercentOfFp32) {
                "TrainerTest.Tiny() with fp8 (delayed, history 16), fortunes, one thread, CPU "
                "emulation");
 
-  for (Fp8Recipe recipe : {Fp8Recipe::kCurrent, Fp8Recipe::kRowwise}) {
+  for (precision::Recipe recipe : {precision::Recipe::kCurrent, precision::Recipe::kRowwise}) {
     TrainConfig other = fp8;
     other.fp8_recipe = recipe;
     Recorder c;
@@ -734,7 +734,7 @@ TEST_F(TrainerTest, TestKnobsForceOverflowsAndACollapseAndValuesCastAreCounted) 
   r = Train(bad, nullptr, nullptr);
   EXPECT_NE(r.reason.find("test_moe_forced_expert"), std::string::npos) << r.reason;
   bad = forced;
-  bad.fp8_recipe = Fp8Recipe::kRowwise;
+  bad.fp8_recipe = precision::Recipe::kRowwise;
   r = Train(bad, nullptr, nullptr);
   EXPECT_NE(r.reason.find("test_fp8_overflow_fraction"), std::string::npos) << r.reason;
   bad.test_fp8_overflow_fraction = 1.5;
