@@ -2,8 +2,9 @@
 
 #include <libpq-fe.h>
 
+#include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -19,15 +20,31 @@ absl::StatusOr<std::string> FindDsn(const DsnSources& sources) {
   }
   if (!sources.flag.empty()) return sources.flag;
   if (!sources.file_flag.empty()) {
-    std::ifstream in(sources.file_flag);
+    std::error_code ec;
+    if (std::filesystem::is_directory(sources.file_flag, ec)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--postgres_dsn_file: ", sources.file_flag,
+                       " is a folder; name the file in it that holds the connection string "
+                       "(a Secret mounted as a folder has one file per key, e.g. .../dsn)"));
+    }
+    std::ifstream in(sources.file_flag, std::ios::binary);
     if (!in) {
       return absl::NotFoundError(absl::StrCat("--postgres_dsn_file: cannot read ",
                                               sources.file_flag,
                                               " (does it exist and is it readable?)"));
     }
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string dsn(absl::StripTrailingAsciiWhitespace(text.str()));
+    // A connection string is short: read a bounded amount, so a wrong path
+    // (a device, a log) fails at once instead of filling memory.
+    constexpr size_t kMaxBytes = 64 * 1024;
+    std::string text(kMaxBytes + 1, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in.gcount()));
+    if (text.size() > kMaxBytes) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--postgres_dsn_file: ", sources.file_flag, " holds more than ",
+                       kMaxBytes, " bytes; it should hold only a libpq connection string"));
+    }
+    std::string dsn(absl::StripTrailingAsciiWhitespace(text));
     if (dsn.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--postgres_dsn_file: ", sources.file_flag,

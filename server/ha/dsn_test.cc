@@ -82,6 +82,12 @@ TEST(ResolveDsnTest, MissingOrEmptyFileNamesIt) {
   EXPECT_TRUE(absl::IsFailedPrecondition(empty.status()));
   EXPECT_THAT(empty.status().message(), HasSubstr(path));
   std::remove(path.c_str());
+  auto folder = ResolveDsn({.flag = "", .file_flag = "/tmp", .env = ""});
+  EXPECT_TRUE(absl::IsFailedPrecondition(folder.status()));
+  EXPECT_THAT(folder.status().message(), HasSubstr("is a folder"));
+  auto endless = ResolveDsn({.flag = "", .file_flag = "/dev/zero", .env = ""});
+  EXPECT_TRUE(absl::IsFailedPrecondition(endless.status()));
+  EXPECT_THAT(endless.status().message(), HasSubstr("more than 65536 bytes"));
 }
 
 TEST(RedactDsnTest, KeywordFormDropsThePassword) {
