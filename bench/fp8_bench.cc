@@ -101,15 +101,15 @@ int main(int argc, char** argv) {
             << "\n| precision | ms/step | useful tokens/s | final train loss |\n|---|---|---|---|\n";
   for (bool fp8 : {false, true}) {
     tally::train::TrainConfig c;
-    c.train_path = train_path;
-    c.num_layers = 2;
-    c.d_model = 256;
-    c.num_heads = 8;
-    c.seq_len = 512;
+    c.data.train_path = train_path;
+    c.model.num_layers = 2;
+    c.model.d_model = 256;
+    c.model.num_heads = 8;
+    c.data.seq_len = 512;
     c.micro_batch_rows = 8;
     c.max_steps = absl::GetFlag(FLAGS_steps);
-    c.lr = 3e-3;
-    c.warmup_steps = 2;
+    c.optimizer.lr = 3e-3;
+    c.optimizer.warmup_steps = 2;
     c.seed = 1;
     c.device = device;
     c.fp8 = fp8;

@@ -52,27 +52,27 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_dense)) models.erase(models.begin());
   for (int experts : models) {
     tally::train::TrainConfig c;
-    c.train_path = absl::GetFlag(FLAGS_train_path);
+    c.data.train_path = absl::GetFlag(FLAGS_train_path);
     c.device = absl::GetFlag(FLAGS_device);
-    c.num_layers = 2;
-    c.d_model = 128;
-    c.num_heads = 4;
-    c.seq_len = 512;
+    c.model.num_layers = 2;
+    c.model.d_model = 128;
+    c.model.num_heads = 4;
+    c.data.seq_len = 512;
     c.micro_batch_rows = 8;
     c.max_steps = steps;
-    c.lr = 3e-3;
-    c.min_lr = 3e-4;
-    c.warmup_steps = 10;
-    c.grad_clip = 1.0;
+    c.optimizer.lr = 3e-3;
+    c.optimizer.min_lr = 3e-4;
+    c.optimizer.warmup_steps = 10;
+    c.optimizer.grad_clip = 1.0;
     c.eval_interval_steps = steps;
     c.eval_tokens = 65536;
     c.seed = 1;
-    c.moe_num_experts = experts;
-    c.moe_top_k = experts ? absl::GetFlag(FLAGS_top_k) : 1;
-    c.d_ff = experts ? 352 / c.moe_top_k : 352;  // 352: SwiGLU's width at d_model 128
-    c.moe_aux_loss_coef = absl::GetFlag(FLAGS_aux_loss_coef);
-    c.moe_bias_balancing = absl::GetFlag(FLAGS_bias_balancing);
-    c.moe_bias_rate = absl::GetFlag(FLAGS_bias_rate);
+    c.model.moe.num_experts = experts;
+    c.model.moe.top_k = experts ? absl::GetFlag(FLAGS_top_k) : 1;
+    c.model.d_ff = experts ? 352 / c.model.moe.top_k : 352;  // 352: SwiGLU's width at d_model 128
+    c.optimizer.moe_aux_loss_coef = absl::GetFlag(FLAGS_aux_loss_coef);
+    c.optimizer.moe_bias_balancing = absl::GetFlag(FLAGS_bias_balancing);
+    c.optimizer.moe_bias_rate = absl::GetFlag(FLAGS_bias_rate);
     struct Tally : tally::train::TrainEvents {
       void OnStart(const tally::train::RunInfo& i) override { info = i; }
       void OnStep(const tally::train::StepMetrics& m) override {
@@ -98,9 +98,9 @@ int main(int argc, char** argv) {
     }
     std::cout << absl::StrFormat(
         "| %s | %d | %d | %.3g | %.4f | %.0f | %s | %s |\n",
-        experts ? absl::StrFormat("MoE %d experts of width %d, top-%d", experts, c.d_ff,
-                                  c.moe_top_k)
-                : absl::StrFormat("dense, width %d", c.d_ff),
+        experts ? absl::StrFormat("MoE %d experts of width %d, top-%d", experts, c.model.d_ff,
+                                  c.model.moe.top_k)
+                : absl::StrFormat("dense, width %d", c.model.d_ff),
         t.info.num_parameters, t.info.num_active_parameters, t.info.flops_per_token, t.val,
         t.tokens / t.seconds, t.n ? absl::StrFormat("%.3f", t.load_sum / t.n) : "-",
         t.n ? absl::StrFormat("%.3f", t.entropy_sum / t.n) : "-");

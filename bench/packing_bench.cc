@@ -66,18 +66,18 @@ int main(int argc, char** argv) {
   double packed_rate = 0;
   for (auto mode : modes) {
     tally::train::TrainConfig c;
-    c.train_path = absl::GetFlag(FLAGS_train_path);
-    c.num_layers = absl::GetFlag(FLAGS_layers);
-    c.d_model = absl::GetFlag(FLAGS_d_model);
-    c.num_heads = c.d_model / 32;
-    c.seq_len = absl::GetFlag(FLAGS_seq_len);
+    c.data.train_path = absl::GetFlag(FLAGS_train_path);
+    c.model.num_layers = absl::GetFlag(FLAGS_layers);
+    c.model.d_model = absl::GetFlag(FLAGS_d_model);
+    c.model.num_heads = c.model.d_model / 32;
+    c.data.seq_len = absl::GetFlag(FLAGS_seq_len);
     c.micro_batch_rows = absl::GetFlag(FLAGS_rows);
     c.max_steps = absl::GetFlag(FLAGS_steps);
-    c.packing = mode;
-    c.lr = 3e-3;
-    c.min_lr = 3e-4;
-    c.warmup_steps = 5;
-    c.grad_clip = 1.0;
+    c.data.packing = mode;
+    c.optimizer.lr = 3e-3;
+    c.optimizer.min_lr = 3e-4;
+    c.optimizer.warmup_steps = 5;
+    c.optimizer.grad_clip = 1.0;
     c.eval_interval_steps = c.max_steps;  // at step 0 and at the end
     c.eval_tokens = 32768;
     c.seed = 1;

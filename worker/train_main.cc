@@ -129,11 +129,11 @@ int main(int argc, char** argv) {
   device.device = absl::GetFlag(FLAGS_device);
   device.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   device.peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
-  device.rank = absl::GetFlag(FLAGS_rank);
-  device.world_size = absl::GetFlag(FLAGS_world_size);
-  device.rendezvous = absl::GetFlag(FLAGS_rendezvous);
-  device.rendezvous_prefix = "tally-train";
-  device.rendezvous_local_host = absl::GetFlag(FLAGS_rendezvous_host);
+  device.parallel.rank = absl::GetFlag(FLAGS_rank);
+  device.parallel.world_size = absl::GetFlag(FLAGS_world_size);
+  device.parallel.rendezvous = absl::GetFlag(FLAGS_rendezvous);
+  device.parallel.rendezvous_prefix = "tally-train";
+  device.parallel.rendezvous_local_host = absl::GetFlag(FLAGS_rendezvous_host);
   auto config = tally::worker::TrainConfigFromSpec(*spec, device);
   if (!config.ok()) {
     std::cerr << "tally-train: " << path << ": " << config.status().message() << "\n";

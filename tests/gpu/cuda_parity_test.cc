@@ -297,16 +297,16 @@ std::string WriteCorpus() {
 
 train::TrainConfig CudaConfig(const std::string& train_path) {
   train::TrainConfig c;
-  c.train_path = train_path;
+  c.data.train_path = train_path;
   c.device = "cuda:0";
-  c.num_layers = 2;
-  c.d_model = 128;
-  c.num_heads = 4;
-  c.seq_len = 512;
+  c.model.num_layers = 2;
+  c.model.d_model = 128;
+  c.model.num_heads = 4;
+  c.data.seq_len = 512;
   c.micro_batch_rows = 8;
   c.max_steps = 30;
-  c.lr = 3e-3;
-  c.warmup_steps = 5;
+  c.optimizer.lr = 3e-3;
+  c.optimizer.warmup_steps = 5;
   c.eval_interval_steps = 30;
   return c;
 }
@@ -338,12 +338,12 @@ TEST(CudaParity, OneRankNcclGroupTrains) {
   const std::string path = WriteCorpus();
   ASSERT_FALSE(path.empty());
   train::TrainConfig c = CudaConfig(path);
-  c.global_batch_tokens = 2 * c.seq_len * c.micro_batch_rows;
-  c.param_check_interval_steps = 10;
+  c.global_batch_tokens = 2 * c.data.seq_len * c.micro_batch_rows;
+  c.parallel.param_check_interval_steps = 10;
   Losses plain, nccl;
   ASSERT_EQ(train::Train(c, &plain, nullptr).outcome, train::TrainResult::Outcome::kSucceeded);
-  c.rendezvous = "127.0.0.1:29651";
-  c.rendezvous_prefix = "gpu-test";
+  c.parallel.rendezvous = "127.0.0.1:29651";
+  c.parallel.rendezvous_prefix = "gpu-test";
   const train::TrainResult r = train::Train(c, &nccl, nullptr);
   ASSERT_EQ(r.outcome, train::TrainResult::Outcome::kSucceeded) << r.reason;
   EXPECT_EQ(nccl.info.backend, "nccl");

@@ -68,17 +68,17 @@ int main(int argc, char** argv) {
   bool header = false;
   for (const bool fp8 : {false, true}) {
     tally::train::TrainConfig c;
-    c.train_path = absl::GetFlag(FLAGS_train_path);
+    c.data.train_path = absl::GetFlag(FLAGS_train_path);
     c.device = device;
-    c.num_layers = absl::GetFlag(FLAGS_layers);
-    c.d_model = d_model;
-    c.num_heads = d_model >= 128 ? d_model / 128 : 1;
-    c.seq_len = absl::GetFlag(FLAGS_seq_len);
+    c.model.num_layers = absl::GetFlag(FLAGS_layers);
+    c.model.d_model = d_model;
+    c.model.num_heads = d_model >= 128 ? d_model / 128 : 1;
+    c.data.seq_len = absl::GetFlag(FLAGS_seq_len);
     c.micro_batch_rows = absl::GetFlag(FLAGS_rows);
     c.max_steps = steps;
-    c.lr = 3e-4;
-    c.warmup_steps = 2;
-    c.grad_clip = 1.0;
+    c.optimizer.lr = 3e-4;
+    c.optimizer.warmup_steps = 2;
+    c.optimizer.grad_clip = 1.0;
     c.seed = 1;
     c.fp8 = fp8;
     c.peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
@@ -94,8 +94,9 @@ int main(int argc, char** argv) {
           "steps %d-%d timed; MFU against %.0f TFLOP/s, %.2f GFLOP per token\n"
           "| precision | ms/step | useful tokens/s | MFU | final train loss |\n"
           "|---|---|---|---|---|\n",
-          t.info.num_parameters / 1e9, c.num_layers, d_model, c.micro_batch_rows, c.seq_len,
-          device, skip + 1, steps, absl::GetFlag(FLAGS_peak_tflops), t.info.flops_per_token / 1e9);
+          t.info.num_parameters / 1e9, c.model.num_layers, d_model, c.micro_batch_rows,
+          c.data.seq_len, device, skip + 1, steps, absl::GetFlag(FLAGS_peak_tflops),
+          t.info.flops_per_token / 1e9);
       header = true;
     }
     std::cout << absl::StrFormat("| %s | %.1f | %.0f | %.1f%% | %.4f |\n", fp8 ? "FP8" : "BF16",

@@ -31,49 +31,50 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
         "use PRECISION_BF16 or leave it unset");
   }
   train::TrainConfig c;
+  c.parallel = device.parallel;
   const auto& m = spec.model();
-  c.num_layers = m.num_layers();
-  c.d_model = m.d_model();
-  c.num_heads = m.num_heads();
-  c.d_ff = m.d_ff();
-  c.vocab_size = m.vocab_size();
+  c.model.num_layers = m.num_layers();
+  c.model.d_model = m.d_model();
+  c.model.num_heads = m.num_heads();
+  c.model.d_ff = m.d_ff();
+  c.model.vocab_size = m.vocab_size();
   const auto& moe = m.moe();
-  c.moe_num_experts = moe.num_experts();
-  if (c.moe_num_experts > 0) {
-    c.moe_top_k = moe.top_k();
-    c.moe_every_n_layers = moe.every_n_layers();
-    c.moe_shared_expert = moe.shared_expert();
-    c.moe_sigmoid_router = moe.router() == "sigmoid";
-    c.moe_capacity_factor = moe.capacity_factor();
-    c.moe_expert_parallel = moe.expert_parallel();
-    c.moe_aux_loss_coef = moe.aux_loss_coef();
-    c.moe_z_loss_coef = moe.z_loss_coef();
-    c.moe_bias_balancing = moe.bias_balancing();
+  c.model.moe.num_experts = moe.num_experts();
+  if (c.model.moe.num_experts > 0) {
+    c.model.moe.top_k = moe.top_k();
+    c.model.moe.every_n_layers = moe.every_n_layers();
+    c.model.moe.shared_expert = moe.shared_expert();
+    c.model.moe.sigmoid_router = moe.router() == "sigmoid";
+    c.model.moe.capacity_factor = moe.capacity_factor();
+    c.parallel.expert_parallel = moe.expert_parallel();
+    c.optimizer.moe_aux_loss_coef = moe.aux_loss_coef();
+    c.optimizer.moe_z_loss_coef = moe.z_loss_coef();
+    c.optimizer.moe_bias_balancing = moe.bias_balancing();
   }
   const auto& d = spec.data();
-  c.train_path = d.train_path();
-  c.val_path = d.val_path();
+  c.data.train_path = d.train_path();
+  c.data.val_path = d.val_path();
   switch (d.packing()) {
     case tally::v1::PACKING_MODE_PAD_TO_SEQ_LEN:
-      c.packing = data::PackingMode::kPadToSeqLen;
+      c.data.packing = data::PackingMode::kPadToSeqLen;
       break;
     case tally::v1::PACKING_MODE_PAD_TO_LONGEST:
-      c.packing = data::PackingMode::kPadToLongest;
+      c.data.packing = data::PackingMode::kPadToLongest;
       break;
     default:
-      c.packing = data::PackingMode::kPacked;
+      c.data.packing = data::PackingMode::kPacked;
   }
-  c.seq_len = d.seq_len();
-  c.shuffle_window = d.shuffle_window();
+  c.data.seq_len = d.seq_len();
+  c.data.shuffle_window = d.shuffle_window();
   const auto& o = spec.optimizer();
-  c.lr = o.lr();
-  c.min_lr = o.min_lr();
-  c.weight_decay = o.weight_decay();
-  c.beta1 = o.beta1();
-  c.beta2 = o.beta2();
-  c.eps = o.eps();
-  c.grad_clip = o.grad_clip();
-  c.warmup_steps = o.warmup_steps();
+  c.optimizer.lr = o.lr();
+  c.optimizer.min_lr = o.min_lr();
+  c.optimizer.weight_decay = o.weight_decay();
+  c.optimizer.beta1 = o.beta1();
+  c.optimizer.beta2 = o.beta2();
+  c.optimizer.eps = o.eps();
+  c.optimizer.grad_clip = o.grad_clip();
+  c.optimizer.warmup_steps = o.warmup_steps();
   const auto& t = spec.training();
   c.max_steps = t.max_steps();
   c.global_batch_tokens = t.global_batch_tokens();
@@ -86,25 +87,20 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   if (c.fp8) {
     switch (spec.precision().fp8_recipe()) {
       case tally::v1::FP8_RECIPE_CURRENT:
-        c.fp8_recipe = precision::Recipe::kCurrent;
+        c.fp8_recipe.recipe = precision::Recipe::kCurrent;
         break;
       case tally::v1::FP8_RECIPE_ROWWISE:
-        c.fp8_recipe = precision::Recipe::kRowwise;
+        c.fp8_recipe.recipe = precision::Recipe::kRowwise;
         break;
       default:
-        c.fp8_recipe = precision::Recipe::kDelayed;
+        c.fp8_recipe.recipe = precision::Recipe::kDelayed;
     }
-    c.amax_history_len = spec.precision().amax_history_len();
-    c.fp8_margin = spec.precision().fp8_margin();
+    c.fp8_recipe.history_len = spec.precision().amax_history_len();
+    c.fp8_recipe.margin = spec.precision().fp8_margin();
   }
   c.device = device.device;
   c.checkpoint_dir = device.checkpoint_dir;
   c.peak_flops = device.peak_flops;
-  c.rank = device.rank;
-  c.world_size = device.world_size;
-  c.rendezvous = device.rendezvous;
-  c.rendezvous_prefix = device.rendezvous_prefix;
-  c.rendezvous_local_host = device.rendezvous_local_host;
   if (absl::Status s = c.Validate(); !s.ok()) return s;
   return c;
 }

@@ -16,12 +16,9 @@ struct DeviceOptions {
   std::string checkpoint_dir;   // this job's directory
   double peak_flops = 0;
   // Data parallel: this process's rank of world_size (tallyd's assignment,
-  // or tally-train's flags), and where the ranks meet.
-  int rank = 0;
-  int world_size = 1;
-  std::string rendezvous;         // host:port of rank 0's store
-  std::string rendezvous_prefix;
-  std::string rendezvous_local_host = "127.0.0.1";
+  // or tally-train's flags), where the ranks meet and the collectives'
+  // settings; the spec adds expert_parallel.
+  train::ParallelConfig parallel;
 };
 
 // Applies the spec's defaults and validation, then maps it. InvalidArgument,

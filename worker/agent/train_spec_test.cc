@@ -22,14 +22,14 @@ TEST(TrainSpecTest, MapsEveryFieldWithDefaults) {
   d.checkpoint_dir = "/ckpt/job-1";
   auto c = TrainConfigFromSpec(Spec(), d);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->num_layers, 2);
-  EXPECT_EQ(c->d_model, 64);
-  EXPECT_EQ(c->packing, data::PackingMode::kPadToLongest);
-  EXPECT_EQ(c->seq_len, 128);
-  EXPECT_EQ(c->shuffle_window, 1024);  // default
+  EXPECT_EQ(c->model.num_layers, 2);
+  EXPECT_EQ(c->model.d_model, 64);
+  EXPECT_EQ(c->data.packing, data::PackingMode::kPadToLongest);
+  EXPECT_EQ(c->data.seq_len, 128);
+  EXPECT_EQ(c->data.shuffle_window, 1024);  // default
   EXPECT_EQ(c->global_batch_tokens, 1024);
   EXPECT_EQ(c->micro_batch_rows, 4);
-  EXPECT_DOUBLE_EQ(c->beta2, 0.95);  // default
+  EXPECT_DOUBLE_EQ(c->optimizer.beta2, 0.95);  // default
   EXPECT_EQ(c->seed, 3u);
   EXPECT_EQ(c->checkpoint_dir, "/ckpt/job-1");
   EXPECT_EQ(c->device, "cpu");
@@ -40,21 +40,21 @@ TEST(TrainSpecTest, RefusesWhatThisTrainerCannotDoNamingTheField) {
   auto rowwise = TrainConfigFromSpec(
       Spec("precision: {compute: fp8, fp8_recipe: rowwise}\n"), cpu);
   ASSERT_TRUE(rowwise.ok()) << rowwise.status();
-  EXPECT_EQ(rowwise->fp8_recipe, precision::Recipe::kRowwise);
+  EXPECT_EQ(rowwise->fp8_recipe.recipe, precision::Recipe::kRowwise);
   auto bf16 = TrainConfigFromSpec(Spec("precision: {compute: bf16}\n"), cpu);
   EXPECT_NE(bf16.status().message().find("CUDA"), std::string::npos);
   // A rank of a multi-GPU job needs to know where the ranks meet.
   DeviceOptions rank1 = cpu;
-  rank1.rank = 1;
-  rank1.world_size = 2;
+  rank1.parallel.rank = 1;
+  rank1.parallel.world_size = 2;
   auto lost = TrainConfigFromSpec(Spec("resources: {gpu_count: 2}\n"), rank1);
   EXPECT_NE(lost.status().message().find("rendezvous"), std::string::npos) << lost.status();
-  rank1.rendezvous = "10.0.0.5:29500";
+  rank1.parallel.rendezvous = "10.0.0.5:29500";
   auto two = TrainConfigFromSpec(Spec("resources: {gpu_count: 2}\n"), rank1);
   ASSERT_TRUE(two.ok()) << two.status();
-  EXPECT_EQ(two->world_size, 2);
-  EXPECT_EQ(two->rank, 1);
-  EXPECT_EQ(two->global_batch_tokens % (2 * two->seq_len * two->micro_batch_rows), 0);
+  EXPECT_EQ(two->parallel.world_size, 2);
+  EXPECT_EQ(two->parallel.rank, 1);
+  EXPECT_EQ(two->global_batch_tokens % (2 * two->data.seq_len * two->micro_batch_rows), 0);
   tally::v1::JobSpec bad = Spec();
   bad.mutable_model()->set_num_heads(5);
   EXPECT_NE(TrainConfigFromSpec(bad, cpu).status().message().find("spec.model.num_heads"),
@@ -67,12 +67,12 @@ TEST(TrainSpecTest, Fp8MapsItsRecipe) {
       DeviceOptions{});
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->fp8);
-  EXPECT_EQ(c->fp8_recipe, precision::Recipe::kCurrent);
-  EXPECT_EQ(c->amax_history_len, 4);
-  EXPECT_EQ(c->fp8_margin, 1);
+  EXPECT_EQ(c->fp8_recipe.recipe, precision::Recipe::kCurrent);
+  EXPECT_EQ(c->fp8_recipe.history_len, 4);
+  EXPECT_EQ(c->fp8_recipe.margin, 1);
   auto d = TrainConfigFromSpec(Spec("precision: {compute: fp8}\n"), DeviceOptions{});
-  EXPECT_EQ(d->fp8_recipe, precision::Recipe::kDelayed);
-  EXPECT_EQ(d->amax_history_len, 16);  // the spec's default
+  EXPECT_EQ(d->fp8_recipe.recipe, precision::Recipe::kDelayed);
+  EXPECT_EQ(d->fp8_recipe.history_len, 16);  // the spec's default
 }
 
 TEST(TrainSpecTest, MoeMapsEveryField) {
@@ -84,14 +84,14 @@ TEST(TrainSpecTest, MoeMapsEveryField) {
                   .ok());
   auto c = TrainConfigFromSpec(spec, DeviceOptions{});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->moe_num_experts, 8);
-  EXPECT_EQ(c->moe_top_k, 2);
-  EXPECT_EQ(c->moe_every_n_layers, 2);
-  EXPECT_TRUE(c->moe_shared_expert);
-  EXPECT_TRUE(c->moe_sigmoid_router);
-  EXPECT_DOUBLE_EQ(c->moe_capacity_factor, 1.25);
-  EXPECT_DOUBLE_EQ(c->moe_aux_loss_coef, 0.01);
-  EXPECT_TRUE(c->moe_bias_balancing);
+  EXPECT_EQ(c->model.moe.num_experts, 8);
+  EXPECT_EQ(c->model.moe.top_k, 2);
+  EXPECT_EQ(c->model.moe.every_n_layers, 2);
+  EXPECT_TRUE(c->model.moe.shared_expert);
+  EXPECT_TRUE(c->model.moe.sigmoid_router);
+  EXPECT_DOUBLE_EQ(c->model.moe.capacity_factor, 1.25);
+  EXPECT_DOUBLE_EQ(c->optimizer.moe_aux_loss_coef, 0.01);
+  EXPECT_TRUE(c->optimizer.moe_bias_balancing);
 }
 
 TEST(TrainSpecTest, PeakFlops) {

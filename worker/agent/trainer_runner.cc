@@ -129,23 +129,24 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   device.device = options_.device;
   device.checkpoint_dir = *job_dir;
   device.peak_flops = options_.peak_flops;
-  device.rank = assignment.rank();
-  device.world_size = std::max(1, assignment.world_size());
-  device.rendezvous = assignment.rendezvous();
-  device.rendezvous_prefix = assignment.rendezvous_prefix();
-  device.rendezvous_local_host = options_.rendezvous_local_host;
+  device.parallel.rank = assignment.rank();
+  device.parallel.world_size = std::max(1, assignment.world_size());
+  device.parallel.rendezvous = assignment.rendezvous();
+  device.parallel.rendezvous_prefix = assignment.rendezvous_prefix();
+  device.parallel.rendezvous_local_host = options_.rendezvous_local_host;
   auto config = TrainConfigFromSpec(assignment.spec(), device);
   if (!config.ok()) return refuse(config.status());
-  if (absl::Status s = options_.data_roots.CheckDataset("spec.data.train_path", config->train_path);
+  if (absl::Status s =
+          options_.data_roots.CheckDataset("spec.data.train_path", config->data.train_path);
       !s.ok()) {
     return refuse(s);
   }
   if (config->eval_interval_steps > 0) {  // the trainer opens the validation split
-    const bool beside = config->val_path.empty();
+    const bool beside = config->data.val_path.empty();
     if (absl::Status s = options_.data_roots.CheckDataset(
             beside ? "spec.data.val_path (empty: the split beside train_path)"
                    : "spec.data.val_path",
-            beside ? data::ValidationPrefixFor(config->train_path) : config->val_path);
+            beside ? data::ValidationPrefixFor(config->data.train_path) : config->data.val_path);
         !s.ok()) {
       return refuse(s);
     }
@@ -159,10 +160,10 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
     config->resume_path = assignment.resume_from().path();
     config->resume_sha256 = assignment.resume_from().sha256();
   }
-  config->collective_timeout_seconds = options_.collective_timeout_seconds;
-  config->test_fp8_overflow_fraction = options_.test_fp8_overflow_fraction;
+  config->parallel.collective_timeout_seconds = options_.collective_timeout_seconds;
+  config->fp8_recipe.test_overflow_fraction = options_.test_fp8_overflow_fraction;
   config->test_fp8_grouped_off = options_.test_fp8_grouped_off;
-  config->test_moe_forced_expert = options_.test_moe_forced_expert;
+  config->model.moe.test_forced_expert = options_.test_moe_forced_expert;
   config->test_preempt_checkpoint_delay_seconds = options_.test_preempt_checkpoint_delay_seconds;
   ReportingEvents events(assignment, reporter);
   const train::TrainResult result = train::Train(*config, &events, stop);

@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/model/config.h"
+
 namespace tally::model {
 
 class LinearOverride;
@@ -67,25 +69,6 @@ class ExpertExchange {
 at::Tensor AllToAllWithGrad(const at::Tensor& x, ExpertExchange* exchange,
                             const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
 
-struct MoeConfig {
-  int64_t num_experts = 0;  // 0: dense
-  int64_t top_k = 1;
-  int64_t every_n_layers = 1;
-  bool shared_expert = false;
-  bool sigmoid_router = false;  // false: softmax
-  double capacity_factor = 0;   // 0: dropless
-  // Expert products: one grouped product per weight over all experts
-  // (at::_grouped_mm; BF16 on CUDA) instead of a loop over experts. With a
-  // LinearOverride (FP8), where its Groups() says so, through its
-  // GroupedLinear (at::_scaled_grouped_mm); elsewhere the loop.
-  bool grouped_mm = true;
-  // Rows of each expert's group padded to a multiple of this (zero rows) for
-  // the grouped product; 0: what the device needs (16 on CUDA, 1 on CPU).
-  int64_t group_align = 0;
-  // Tests only: every token is routed to this expert (as one of its top-k)
-  // whatever the scores, a forced routing collapse. -1: off.
-  int64_t test_forced_expert = -1;
-};
 
 struct MoeStats {
   std::vector<int64_t> tokens_per_expert;  // assignments kept, per expert

@@ -32,16 +32,6 @@
 
 namespace tally::model {
 
-struct ModelConfig {
-  int64_t num_layers = 2;
-  int64_t d_model = 64;
-  int64_t num_heads = 4;
-  int64_t d_ff = 0;  // 0: SwiGLU's 8/3 * d_model, rounded up to a multiple of 32
-  int64_t vocab_size = 258;
-  double rope_theta = 10000.0;
-  double norm_eps = 1e-5;
-  MoeConfig moe;  // num_experts 0: every feed-forward block is dense
-};
 
 enum class AttentionKernel {
   kMaskedSdpa,    // block-diagonal causal mask + scaled_dot_product_attention

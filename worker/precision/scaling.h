@@ -28,29 +28,6 @@ namespace tally::precision {
 double ScaleForAmax(double amax, Fp8Format format, int margin, double previous);
 
 
-struct RecipeConfig {
-  Recipe recipe = Recipe::kDelayed;
-  int history_len = 16;
-  int margin = 0;
-  bool history_max = true;  // false: the most recent amax
-  // MoE expert products (per-tensor recipes): on CUDA each weight's forward
-  // product over all experts is one at::_scaled_grouped_mm (E4M3 operands,
-  // each expert's per-tensor scales spread over its rows and output
-  // channels); the backward pass runs each expert's two products with
-  // _scaled_mm. The first grouped product of a run is checked against the
-  // per-expert products, and a mismatch or a refusal turns grouping off
-  // for the run (grouped_off()). false: a loop over experts throughout.
-  bool grouped_experts = true;
-  // Tests: the grouped path on CPU too, the grouped product emulated in
-  // FP32 from the same FP8 operands and scales.
-  bool grouped_on_cpu = false;
-  // Tests only (forced overflows, per-tensor recipes): in training passes,
-  // this fraction of each linear's input values (every round(1/f)-th) is
-  // set beyond the format's range once the input's scale is chosen (amax
-  // histories never see it), so it is clamped and counted as an overflow.
-  // 0: off.
-  double test_overflow_fraction = 0;
-};
 
 // One tensor's scaling state.
 class TensorScaling {

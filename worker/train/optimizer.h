@@ -19,7 +19,7 @@
 
 namespace tally::train {
 
-// TrainConfig's optimizer fields of the same names.
+// OptimizerConfig's (trainer.h) fields of the same names.
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
 };

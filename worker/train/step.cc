@@ -44,8 +44,8 @@ StepBatch NextStepBatch(const TrainConfig& c, int64_t micro_per_step,
     for (const data::Row& r : next) {
       for (const data::Segment& seg : r.segments) b.targets += std::max<int32_t>(0, seg.length - 1);
     }
-    if (i % c.world_size != c.rank) continue;
-    b.micro.push_back(data::BuildMicroBatch(train, next, c.seq_len, c.packing));
+    if (i % c.parallel.world_size != c.parallel.rank) continue;
+    b.micro.push_back(data::BuildMicroBatch(train, next, c.data.seq_len, c.data.packing));
     b.real_tokens += b.micro.back().real_tokens;
     b.padding_tokens += b.micro.back().padding_tokens;
   }
@@ -71,7 +71,8 @@ std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_pe
     if (l.aux.defined()) {
       // The MoE losses are means already: one share per micro-batch.
       const double share = 1.0 / static_cast<double>(micro_per_step);
-      loss = loss + (c.moe_aux_loss_coef * share) * l.aux + (c.moe_z_loss_coef * share) * l.z;
+      loss = loss + (c.optimizer.moe_aux_loss_coef * share) * l.aux +
+             (c.optimizer.moe_z_loss_coef * share) * l.z;
       aux_acc = aux_acc + l.aux.detach().to(at::kDouble) * share;
       for (const auto& ls : l.moe) {
         dist::MoeLayerLoad& load = t.moe[ls.layer];

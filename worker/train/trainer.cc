@@ -45,58 +45,66 @@ absl::Status TrainConfig::Validate() const {
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) problems.push_back(what);
   };
-  need(num_layers >= 1, "num_layers: must be >= 1");
-  need(d_model >= 2 && num_heads >= 1 && d_model % num_heads == 0 &&
-           (d_model / num_heads) % 2 == 0,
-       "num_heads: must divide d_model into an even head size");
-  need(vocab_size == 0 || vocab_size >= data::ByteTokenizer::kVocabSize,
-       absl::StrCat("vocab_size: must be 0 or >= ", data::ByteTokenizer::kVocabSize,
+  const model::MoeConfig& moe = model.moe;
+  need(model.num_layers >= 1, "model.num_layers: must be >= 1");
+  need(model.d_model >= 2 && model.num_heads >= 1 && model.d_model % model.num_heads == 0 &&
+           (model.d_model / model.num_heads) % 2 == 0,
+       "model.num_heads: must divide model.d_model into an even head size");
+  need(model.vocab_size == 0 || model.vocab_size >= data::ByteTokenizer::kVocabSize,
+       absl::StrCat("model.vocab_size: must be 0 or >= ", data::ByteTokenizer::kVocabSize,
                     " (the byte tokenizer's)"));
-  need(!train_path.empty(), "train_path: is required");
-  need(seq_len >= 2, "seq_len: must be >= 2");
+  need(!data.train_path.empty(), "data.train_path: is required");
+  need(data.seq_len >= 2, "data.seq_len: must be >= 2");
   need(micro_batch_rows >= 1, "micro_batch_rows: must be >= 1");
-  const int64_t micro_tokens = int64_t{seq_len} * micro_batch_rows;
+  const int64_t micro_tokens = int64_t{data.seq_len} * micro_batch_rows;
   need(global_batch_tokens == 0 || global_batch_tokens % micro_tokens == 0,
-       "global_batch_tokens: must be a multiple of seq_len * micro_batch_rows");
+       "global_batch_tokens: must be a multiple of data.seq_len * micro_batch_rows");
   need(max_steps >= 1, "max_steps: must be >= 1");
-  need(lr > 0 && std::isfinite(lr), "lr: must be a positive number");
+  need(optimizer.lr > 0 && std::isfinite(optimizer.lr),
+       "optimizer.lr: must be a positive number");
   need(device == "cpu" || device.rfind("cuda", 0) == 0, "device: must be cpu or cuda:N");
   need(max_nonfinite_steps >= 1, "max_nonfinite_steps: must be >= 1");
-  need(moe_num_experts == 0 || (moe_top_k >= 1 && moe_top_k <= moe_num_experts),
-       "moe_top_k: must be between 1 and moe_num_experts");
-  need(!fp8 || (amax_history_len >= 1 && amax_history_len <= 1024),
-       "amax_history_len: must be between 1 and 1024");
-  need(!fp8 || (fp8_margin >= 0 && fp8_margin <= 8), "fp8_margin: must be between 0 and 8");
-  need(world_size >= 1 && rank >= 0 && rank < world_size,
-       absl::StrCat("rank: ", rank, " is not in a world of size ", world_size));
-  need(world_size == 1 || !rendezvous.empty(),
-       "rendezvous: is required with more than one rank (host:port of rank 0's store)");
+  need(moe.num_experts == 0 || (moe.top_k >= 1 && moe.top_k <= moe.num_experts),
+       "model.moe.top_k: must be between 1 and model.moe.num_experts");
+  need(!fp8 || (fp8_recipe.history_len >= 1 && fp8_recipe.history_len <= 1024),
+       "fp8_recipe.history_len: must be between 1 and 1024");
+  need(!fp8 || (fp8_recipe.margin >= 0 && fp8_recipe.margin <= 8),
+       "fp8_recipe.margin: must be between 0 and 8");
+  const int world = parallel.world_size;
+  need(world >= 1 && parallel.rank >= 0 && parallel.rank < world,
+       absl::StrCat("parallel.rank: ", parallel.rank, " is not in a world of size ", world));
+  need(world == 1 || !parallel.rendezvous.empty(),
+       "parallel.rendezvous: is required with more than one rank (host:port of rank 0's "
+       "store)");
   const int64_t micro_per_step =
       global_batch_tokens > 0 && micro_tokens > 0 ? global_batch_tokens / micro_tokens : 1;
-  need(world_size <= 1 || micro_per_step % world_size == 0,
-       absl::StrCat("global_batch_tokens: with ", world_size,
-                    " ranks it must be a multiple of seq_len * micro_batch_rows * ", world_size,
-                    " (", micro_tokens * std::max(1, world_size), "), so every rank gets the "
+  need(world <= 1 || micro_per_step % world == 0,
+       absl::StrCat("global_batch_tokens: with ", world,
+                    " ranks it must be a multiple of data.seq_len * micro_batch_rows * ", world,
+                    " (", micro_tokens * std::max(1, world), "), so every rank gets the "
                     "same number of micro-batches"));
-  need(collective_timeout_seconds > 0, "collective_timeout_seconds: must be > 0");
-  need(!moe_expert_parallel || world_size <= 1 ||
-           (moe_num_experts > 0 && moe_num_experts % world_size == 0),
-       absl::StrCat("moe_expert_parallel: num_experts (", moe_num_experts,
-                    ") must be a multiple of the number of ranks (", world_size, ")"));
-  need(test_fp8_overflow_fraction >= 0 && test_fp8_overflow_fraction <= 1,
-       absl::StrCat("test_fp8_overflow_fraction: must be between 0 and 1, got ",
-                    test_fp8_overflow_fraction));
-  need(!fp8 || test_fp8_overflow_fraction == 0 || fp8_recipe != precision::Recipe::kRowwise,
-       "test_fp8_overflow_fraction: cannot force overflows with the rowwise recipe (each row "
-       "is scaled from its own values); use the delayed or current recipe");
+  need(parallel.collective_timeout_seconds > 0,
+       "parallel.collective_timeout_seconds: must be > 0");
+  need(!parallel.expert_parallel || world <= 1 ||
+           (moe.num_experts > 0 && moe.num_experts % world == 0),
+       absl::StrCat("parallel.expert_parallel: model.moe.num_experts (", moe.num_experts,
+                    ") must be a multiple of the number of ranks (", world, ")"));
+  const double overflow = fp8_recipe.test_overflow_fraction;
+  need(overflow >= 0 && overflow <= 1,
+       absl::StrCat("fp8_recipe.test_overflow_fraction: must be between 0 and 1, got ",
+                    overflow));
+  need(!fp8 || overflow == 0 || fp8_recipe.recipe != precision::Recipe::kRowwise,
+       "fp8_recipe.test_overflow_fraction: cannot force overflows with the rowwise recipe "
+       "(each row is scaled from its own values); use the delayed or current recipe");
   need(test_preempt_checkpoint_delay_seconds >= 0 &&
            std::isfinite(test_preempt_checkpoint_delay_seconds),
        absl::StrCat("test_preempt_checkpoint_delay_seconds: must be a number >= 0 (0: off), got ",
                     test_preempt_checkpoint_delay_seconds));
-  need(test_moe_forced_expert >= -1 &&
-           (moe_num_experts == 0 || test_moe_forced_expert < moe_num_experts),
-       absl::StrCat("test_moe_forced_expert: must be -1 (off) or an expert below "
-                    "moe_num_experts (", moe_num_experts, "), got ", test_moe_forced_expert));
+  need(moe.test_forced_expert >= -1 &&
+           (moe.num_experts == 0 || moe.test_forced_expert < moe.num_experts),
+       absl::StrCat("model.moe.test_forced_expert: must be -1 (off) or an expert below "
+                    "model.moe.num_experts (", moe.num_experts, "), got ",
+                    moe.test_forced_expert));
   if (problems.empty()) return absl::OkStatus();
   std::string msg;
   for (const auto& p : problems) absl::StrAppend(&msg, msg.empty() ? "" : "; ", p);
@@ -131,7 +139,8 @@ class Run {
   std::optional<TrainResult> JoinGroup();
   RunInfo Info() const;
   bool expert_parallel() const {
-    return c_.moe_expert_parallel && c_.moe_num_experts > 0 && c_.world_size > 1;
+    return c_.parallel.expert_parallel && c_.model.moe.num_experts > 0 &&
+           c_.parallel.world_size > 1;
   }
 
   // One step: its batch, forward and backward, the sum over ranks, the
@@ -176,7 +185,7 @@ class Run {
   // failure to report otherwise.
   std::optional<TrainResult> CheckpointOnAllRanks();
   EvalMetrics Evaluate();
-  bool lead() const { return c_.rank == 0; }
+  bool lead() const { return c_.parallel.rank == 0; }
   // Sums `v` over the ranks (a no-op with one rank).
   void SumOverRanks(std::vector<double>* v);
   // FailedPrecondition naming the first parameter whose value differs
@@ -220,21 +229,21 @@ class Run {
 
 std::string Run::Fingerprint() const {
   return absl::StrCat(
-      "layers=", c_.num_layers, " d_model=", c_.d_model, " heads=", c_.num_heads,
+      "layers=", c_.model.num_layers, " d_model=", c_.model.d_model, " heads=", c_.model.num_heads,
       " d_ff=", model_->config().d_ff, " vocab=", model_->config().vocab_size,
-      " seq_len=", c_.seq_len, " packing=", data::PackingModeName(c_.packing),
+      " seq_len=", c_.data.seq_len, " packing=", data::PackingModeName(c_.data.packing),
       " seed=", c_.seed,
-      c_.moe_num_experts > 0
-          ? absl::StrCat(" moe=", c_.moe_num_experts, "x", c_.moe_top_k, "/every",
-                         c_.moe_every_n_layers, c_.moe_shared_expert ? "/shared" : "",
-                         c_.moe_sigmoid_router ? "/sigmoid" : "/softmax", "/cap",
-                         c_.moe_capacity_factor)
+      c_.model.moe.num_experts > 0
+          ? absl::StrCat(" moe=", c_.model.moe.num_experts, "x", c_.model.moe.top_k, "/every",
+                         c_.model.moe.every_n_layers, c_.model.moe.shared_expert ? "/shared" : "",
+                         c_.model.moe.sigmoid_router ? "/sigmoid" : "/softmax", "/cap",
+                         c_.model.moe.capacity_factor)
           : "",
       c_.fp8 ? absl::StrCat(" fp8=",
-                            c_.fp8_recipe == precision::Recipe::kDelayed   ? "delayed"
-                            : c_.fp8_recipe == precision::Recipe::kCurrent ? "current"
+                            c_.fp8_recipe.recipe == precision::Recipe::kDelayed   ? "delayed"
+                            : c_.fp8_recipe.recipe == precision::Recipe::kCurrent ? "current"
                                                                    : "rowwise",
-                            "/", c_.amax_history_len, "/", c_.fp8_margin)
+                            "/", c_.fp8_recipe.history_len, "/", c_.fp8_recipe.margin)
              : "");
 }
 
@@ -249,16 +258,17 @@ EvalMetrics Run::Evaluate() {
   // busiest (they exchange tokens in each), discarding the extra ones.
   const size_t rows = static_cast<size_t>(c_.micro_batch_rows);
   const size_t chunks = (eval_rows_.size() + rows - 1) / rows;
-  const size_t W = static_cast<size_t>(c_.world_size);
+  const size_t W = static_cast<size_t>(c_.parallel.world_size);
   const size_t passes = exchange_ ? (chunks + W - 1) / W : chunks;
   for (size_t t = 0; t < passes; ++t) {
-    const size_t chunk = exchange_ ? t * W + c_.rank : t;
-    if (!exchange_ && chunk % W != static_cast<size_t>(c_.rank)) continue;  // another rank's
+    const size_t chunk = exchange_ ? t * W + c_.parallel.rank : t;
+    // Another rank's chunk.
+    if (!exchange_ && chunk % W != static_cast<size_t>(c_.parallel.rank)) continue;
     const bool extra = chunk >= chunks;
     const size_t i = (extra ? 0 : chunk) * rows;
     const size_t n = std::min(rows, eval_rows_.size() - i);
     const data::MicroBatch mb = data::BuildMicroBatch(
-        *val_, absl::MakeConstSpan(eval_rows_).subspan(i, n), c_.seq_len,
+        *val_, absl::MakeConstSpan(eval_rows_).subspan(i, n), c_.data.seq_len,
         data::PackingMode::kPacked);
     const double loss = LossSum(*model_, ToDevice(mb, device_), kernel_).ce_sum.item<double>();
     if (extra) continue;
@@ -329,7 +339,7 @@ std::map<size_t, std::array<at::Tensor, 3>> Run::GatherShards() {
   }
   if (sharded.empty() || !group_) return whole;
   at::NoGradGuard no_grad;
-  const int W = c_.world_size;
+  const int W = c_.parallel.world_size;
   auto local = [&](size_t i, int k) -> at::Tensor {  // value, m, v
     return k == 0 ? params[i].value.detach() : k == 1 ? opt_->m()[i] : opt_->v()[i];
   };
@@ -350,7 +360,7 @@ std::map<size_t, std::array<at::Tensor, 3>> Run::GatherShards() {
     for (size_t i : sharded) {
       for (int k = 0; k < 3; ++k) {
         const at::Tensor t = local(i, k);
-        at::Tensor block = j == c_.rank ? t : at::empty_like(t);  // the root only sends
+        at::Tensor block = j == c_.parallel.rank ? t : at::empty_like(t);  // the root only sends
         group_->Broadcast({block}, j);
         if (lead()) whole[i][k].narrow(0, j * t.size(0), t.size(0)).copy_(block);
       }
@@ -469,7 +479,7 @@ absl::Status Run::CheckCheckpoint(const nlohmann::json& meta,
   if (tokens < step) {
     return invalid("tokens is ", tokens, " after ", step, " steps (expected at least one a step)");
   }
-  const int64_t micro_tokens = int64_t{c_.seq_len} * c_.micro_batch_rows;
+  const int64_t micro_tokens = int64_t{c_.data.seq_len} * c_.micro_batch_rows;
   const int64_t slots_per_step =
       c_.global_batch_tokens > 0 ? c_.global_batch_tokens : micro_tokens;
   if (tokens > step * slots_per_step || padding > step * slots_per_step - tokens) {
@@ -505,7 +515,7 @@ absl::Status Run::CheckCheckpoint(const nlohmann::json& meta,
   const auto& params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     std::vector<int64_t> shape = params[i].value.sizes().vec();
-    if (params[i].sharded && !shape.empty()) shape[0] *= c_.world_size;
+    if (params[i].sharded && !shape.empty()) shape[0] *= c_.parallel.world_size;
     const at::ScalarType dtype = params[i].value.scalar_type();
     want["model." + params[i].name] = {shape, dtype, false};
     want["adamw.m." + params[i].name] = {shape, opt_->m()[i].scalar_type(), false};
@@ -540,7 +550,7 @@ absl::Status Run::CheckCheckpoint(const nlohmann::json& meta,
   if (fp8_) {
     for (const std::string& site : model_->LinearSites()) sites.insert(site);
   }
-  const int64_t history = c_.amax_history_len;
+  const int64_t history = c_.fp8_recipe.history_len;
   for (const auto& [name, t] : tensors) {
     if (want.count(name)) continue;
     if (!fp8_ || name.rfind("fp8.", 0) != 0) {
@@ -611,7 +621,7 @@ absl::Status Run::LoadCheckpoint() {
                                std::pair{"adamw.v.", opt_->v()[i]}}) {
       at::Tensor src = by_name.at(prefix + params[i].name);
       if (params[i].sharded) {
-        src = src.narrow(0, c_.rank * dst.size(0), dst.size(0));  // this rank's experts
+        src = src.narrow(0, c_.parallel.rank * dst.size(0), dst.size(0));  // this rank's experts
       }
       dst.copy_(src);
     }
@@ -632,17 +642,17 @@ absl::Status Run::LoadCheckpoint() {
 }
 
 std::optional<TrainResult> Run::OpenData() {
-  auto train = data::Dataset::Open(c_.train_path, c_.vocab_size);
+  auto train = data::Dataset::Open(c_.data.train_path, c_.model.vocab_size);
   if (!train.ok()) return Fail("data.train_path: " + std::string(train.status().message()), false);
   train_ = std::move(*train);
   const std::string val_path =
-      c_.val_path.empty() ? data::ValidationPrefixFor(c_.train_path) : c_.val_path;
+      c_.data.val_path.empty() ? data::ValidationPrefixFor(c_.data.train_path) : c_.data.val_path;
   if (c_.eval_interval_steps > 0) {
-    auto val = data::Dataset::Open(val_path, c_.vocab_size);
+    auto val = data::Dataset::Open(val_path, c_.model.vocab_size);
     if (!val.ok()) return Fail("data.val_path: " + std::string(val.status().message()), false);
     val_ = std::move(*val);
     data::PackOptions eval_opts;
-    eval_opts.seq_len = c_.seq_len;
+    eval_opts.seq_len = c_.data.seq_len;
     eval_opts.shuffle = false;
     int64_t taken = 0;
     for (data::Row& r : data::PlanEpoch(val_->DocLengths(), eval_opts, 0)) {
@@ -652,60 +662,45 @@ std::optional<TrainResult> Run::OpenData() {
     }
   }
   data::PackOptions pack;
-  pack.seq_len = c_.seq_len;
-  pack.shuffle_window = c_.shuffle_window;
+  pack.seq_len = c_.data.seq_len;
+  pack.shuffle_window = c_.data.shuffle_window;
   pack.seed = c_.seed;
-  pack.mode = c_.packing;
+  pack.mode = c_.data.packing;
   rows_ = std::make_unique<data::RowStream>(train_.get(), pack);
   return std::nullopt;
 }
 
 void Run::BuildModel() {
-  model::ModelConfig mc;
-  mc.num_layers = c_.num_layers;
-  mc.d_model = c_.d_model;
-  mc.num_heads = c_.num_heads;
-  mc.d_ff = c_.d_ff;
-  mc.vocab_size = c_.vocab_size ? c_.vocab_size : data::ByteTokenizer::kVocabSize;
-  mc.moe.num_experts = c_.moe_num_experts;
-  mc.moe.top_k = c_.moe_top_k;
-  mc.moe.every_n_layers = std::max<int64_t>(1, c_.moe_every_n_layers);
-  mc.moe.shared_expert = c_.moe_shared_expert;
-  mc.moe.sigmoid_router = c_.moe_sigmoid_router;
-  mc.moe.capacity_factor = c_.moe_capacity_factor;
-  mc.moe.test_forced_expert = c_.test_moe_forced_expert;
+  model::ModelConfig mc = c_.model;
+  if (mc.vocab_size == 0) mc.vocab_size = data::ByteTokenizer::kVocabSize;
+  mc.moe.every_n_layers = std::max<int64_t>(1, mc.moe.every_n_layers);
   model_ = std::make_unique<model::Transformer>(mc, c_.seed, device_);
   // Each rank holds, updates and keeps optimizer state for its own experts.
-  if (expert_parallel()) model_->ShardExperts(c_.rank, c_.world_size);
+  if (expert_parallel()) model_->ShardExperts(c_.parallel.rank, c_.parallel.world_size);
   AdamWOptions adamw;
-  adamw.beta1 = c_.beta1;
-  adamw.beta2 = c_.beta2;
-  adamw.eps = c_.eps;
-  adamw.weight_decay = c_.weight_decay;
+  adamw.beta1 = c_.optimizer.beta1;
+  adamw.beta2 = c_.optimizer.beta2;
+  adamw.eps = c_.optimizer.eps;
+  adamw.weight_decay = c_.optimizer.weight_decay;
   opt_ = std::make_unique<AdamW>(&model_->parameters(), adamw);
   if (c_.fp8) {
-    precision::RecipeConfig rc;
-    rc.recipe = c_.fp8_recipe;
-    rc.history_len = c_.amax_history_len;
-    rc.margin = c_.fp8_margin;
-    rc.test_overflow_fraction = c_.test_fp8_overflow_fraction;
-    fp8_ = std::make_unique<precision::Fp8Linears>(rc);
+    fp8_ = std::make_unique<precision::Fp8Linears>(c_.fp8_recipe);
     if (!c_.test_fp8_grouped_off.empty()) fp8_->TurnGroupedOff(c_.test_fp8_grouped_off);
     model_->SetLinearOverride(fp8_.get());
   }
 }
 
 std::optional<TrainResult> Run::JoinGroup() {
-  if (c_.world_size <= 1 && c_.rendezvous.empty()) return std::nullopt;
+  if (c_.parallel.world_size <= 1 && c_.parallel.rendezvous.empty()) return std::nullopt;
   // (One rank with a rendezvous still joins a group.)
   dist::GroupOptions g;
-  g.rank = c_.rank;
-  g.world_size = c_.world_size;
-  g.store_address = c_.rendezvous;
-  g.prefix = c_.rendezvous_prefix;
-  g.local_host = c_.rendezvous_local_host;
+  g.rank = c_.parallel.rank;
+  g.world_size = c_.parallel.world_size;
+  g.store_address = c_.parallel.rendezvous;
+  g.prefix = c_.parallel.rendezvous_prefix;
+  g.local_host = c_.parallel.rendezvous_local_host;
   g.device = c_.device;
-  g.timeout_seconds = c_.collective_timeout_seconds;
+  g.timeout_seconds = c_.parallel.collective_timeout_seconds;
   auto group = dist::Group::Create(g);
   if (!group.ok()) return Fail("rendezvous: " + std::string(group.status().message()), true);
   group_ = std::move(*group);
@@ -715,7 +710,8 @@ std::optional<TrainResult> Run::JoinGroup() {
   for (const auto& p : model_->parameters()) {
     if (!p.sharded) values.push_back(p.value);
   }
-  sync_ = std::make_unique<dist::GradientSync>(group_.get(), std::move(values), c_.bucket_bytes);
+  sync_ = std::make_unique<dist::GradientSync>(group_.get(), std::move(values),
+                                               c_.parallel.bucket_bytes);
   if (expert_parallel()) {
     // Its own group: expert all-to-alls run inside the backward pass, beside
     // the gradient buckets, and the two need no common order.
@@ -741,7 +737,7 @@ RunInfo Run::Info() const {
   info.num_resident_parameters = model_->num_resident_parameters();
   info.num_embedding_parameters = model_->num_embedding_parameters();
   info.num_active_parameters = model_->num_active_parameters();
-  info.flops_per_token = model_->TrainingFlopsPerToken(c_.seq_len);
+  info.flops_per_token = model_->TrainingFlopsPerToken(c_.data.seq_len);
   info.micro_batches_per_step = micro_per_step_;
   info.start_step = state_.step;
   info.train_docs = train_->num_docs();
@@ -750,7 +746,7 @@ RunInfo Run::Info() const {
   info.device = c_.device;
   info.attention = kernel_ == model::AttentionKernel::kVarlenFlash ? "varlen flash"
                                                                     : "block-diagonal mask";
-  info.world_size = c_.world_size;
+  info.world_size = c_.parallel.world_size;
   info.backend = group_ ? group_->backend() : "";
   info.expert_parallel = exchange_ != nullptr;
   return info;
@@ -771,7 +767,7 @@ TrainResult Run::Go() {
     }
   }
   if (auto failed = JoinGroup()) return *failed;
-  const int64_t micro_tokens = int64_t{c_.seq_len} * c_.micro_batch_rows;
+  const int64_t micro_tokens = int64_t{c_.data.seq_len} * c_.micro_batch_rows;
   micro_per_step_ = c_.global_batch_tokens > 0 ? c_.global_batch_tokens / micro_tokens : 1;
   const RunInfo info = Info();
   flops_per_token_ = info.flops_per_token;
@@ -832,7 +828,8 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
   m.moe_aux_loss = t.aux_loss_sum;
   ReportMoeLoads(t.moe, &m);
   m.step = state_.step + 1;
-  m.lr = LearningRate(m.step, c_.lr, c_.min_lr, c_.warmup_steps, c_.max_steps);
+  m.lr = LearningRate(m.step, c_.optimizer.lr, c_.optimizer.min_lr, c_.optimizer.warmup_steps,
+                      c_.max_steps);
   m.train_loss = t.loss_sum / static_cast<double>(std::max<int64_t>(1, batch.targets));
   if (auto failed = ApplyStep(t, guard, fp8_guard, &m)) return failed;
   state_.AdvanceStep(t.real_tokens, t.padding_tokens);
@@ -845,7 +842,7 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
   m.useful_tokens_per_second = m.step_seconds > 0 ? real / m.step_seconds : 0;
   m.padding_fraction = static_cast<double>(padding) / static_cast<double>(real + padding);
   if (c_.peak_flops > 0 && m.step_seconds > 0) {
-    m.mfu = flops_per_token_ * real / m.step_seconds / (c_.peak_flops * c_.world_size);
+    m.mfu = flops_per_token_ * real / m.step_seconds / (c_.peak_flops * c_.parallel.world_size);
   }
   report->OnStep(m);
   return AfterStep(end, report);
@@ -880,7 +877,7 @@ absl::StatusOr<dist::StepEnd> Run::ReduceStep(StepTotals* t) {
   const auto biases = model_->expert_biases();
   for (const auto& [layer, bias] : biases) {
     dist::MoeLayerLoad& load = t->moe[layer];
-    load.tokens_per_expert.resize(c_.moe_num_experts, 0);
+    load.tokens_per_expert.resize(c_.model.moe.num_experts, 0);
     local.moe_layers.push_back(load);
   }
   std::vector<double> packed = dist::PackStepSums(local);
@@ -943,14 +940,14 @@ std::optional<TrainResult> Run::ApplyStep(const StepTotals& t, NonFiniteGuard* g
                 false);
   }
   if (finite) {
-    ClipGradients(&params, m->grad_norm, c_.grad_clip);
+    ClipGradients(&params, m->grad_norm, c_.optimizer.grad_clip);
     opt_->Step(m->lr);
   }
   m->skipped = !finite;
-  if (c_.moe_bias_balancing) {
+  if (c_.optimizer.moe_bias_balancing) {
     auto biases = model_->expert_biases();
     for (size_t i = 0; i < biases.size() && i < m->moe.size(); ++i) {
-      model::NudgeBias(biases[i].second, m->moe[i].tokens_per_expert, c_.moe_bias_rate);
+      model::NudgeBias(biases[i].second, m->moe[i].tokens_per_expert, c_.optimizer.moe_bias_rate);
     }
   }
   if (fp8_) {
@@ -986,8 +983,8 @@ std::optional<TrainResult> Run::AfterStep(dist::StepEnd end, TrainEvents* report
                            last);
   if (checkpoint) {
     if (auto failed = CheckpointOnAllRanks()) return *failed;
-  } else if (group_ && c_.param_check_interval_steps > 0 &&
-             state_.step % c_.param_check_interval_steps == 0) {
+  } else if (group_ && c_.parallel.param_check_interval_steps > 0 &&
+             state_.step % c_.parallel.param_check_interval_steps == 0) {
     if (absl::Status s = CheckParametersAgree(); !s.ok()) {
       return Fail(absl::StrCat(s.message(), "; resuming from the last checkpoint re-syncs them"),
                   true);
@@ -1090,7 +1087,7 @@ TrainResult Train(const TrainConfig& config, TrainEvents* events, const StopFlag
                   "; lower training.micro_batch_rows or data.seq_len");
   } catch (const c10::Error& e) {
     const std::string what = FirstLine(e.what_without_backtrace());
-    if (config.world_size > 1 && what.find(" failed on rank ") != std::string::npos) {
+    if (config.parallel.world_size > 1 && what.find(" failed on rank ") != std::string::npos) {
       // A collective inside the backward pass (expert all-to-all) comes
       // back through autograd's own error.
       TrainResult r = failed("a rank was lost: " + what);

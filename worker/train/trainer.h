@@ -65,69 +65,44 @@
 
 #include "absl/status/status.h"
 #include "worker/data/packer.h"
+#include "worker/model/config.h"
 #include "worker/precision/recipe.h"
 #include "worker/train/stop.h"
 
 namespace tally::train {
 
-struct TrainConfig {
-  // Model.
-  int64_t num_layers = 2;
-  int64_t d_model = 64;
-  int64_t num_heads = 4;
-  int64_t d_ff = 0;        // 0: SwiGLU default
-  int64_t vocab_size = 0;  // 0: the tokenizer's (258)
-  // Data.
+// The parts of a TrainConfig. The model's shape is model::ModelConfig and
+// the FP8 recipe precision::RecipeConfig, the structs the model and the FP8
+// converter take as they are, so a knob is copied once: JobSpec ->
+// TrainConfig (worker/agent/train_spec.h, for tally-worker and tally-train).
+struct DataConfig {
   std::string train_path;  // dataset prefix written by tally-prep
   std::string val_path;    // empty: the "val" split beside train_path
   data::PackingMode packing = data::PackingMode::kPacked;
   int32_t seq_len = 256;
   int32_t shuffle_window = 1024;
-  // Optimizer.
+};
+
+struct OptimizerConfig {
   double lr = 3e-4, min_lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 0;  // 0: no clipping
   int64_t warmup_steps = 0;
-  // Loop.
-  int64_t max_steps = 100;
-  int64_t global_batch_tokens = 0;  // 0: one micro-batch per step
-  int32_t micro_batch_rows = 8;
-  int64_t eval_interval_steps = 0;  // 0: no evaluation
-  int64_t eval_tokens = 0;          // 0: the whole validation split
-  int64_t checkpoint_interval_steps = 0;  // 0: only at the end
-  uint64_t seed = 0;
-  // Mixture-of-Experts (worker/model/moe.h); 0 experts: dense.
-  int64_t moe_num_experts = 0;
-  int64_t moe_top_k = 1;
-  int64_t moe_every_n_layers = 1;
-  bool moe_shared_expert = false;
-  bool moe_sigmoid_router = false;
-  double moe_capacity_factor = 0;  // 0: dropless
-  double moe_aux_loss_coef = 0;    // Switch load-balancing loss
+  // MoE load balancing: the Switch load-balancing loss and the router
+  // z-loss (added to the loss with these weights), and auxiliary-loss-free
+  // balancing (each expert's routing bias nudged toward balance at this
+  // rate after every step).
+  double moe_aux_loss_coef = 0;
   double moe_z_loss_coef = 0;
-  bool moe_bias_balancing = false; // auxiliary-loss-free balancing
+  bool moe_bias_balancing = false;
   double moe_bias_rate = 1e-3;
-  // With several ranks: each computes only its block of experts, over every
-  // rank's tokens for them (moe.h, ExpertExchange); moe_num_experts must be
-  // a multiple of world_size.
-  bool moe_expert_parallel = false;
-  // Precision: FP32 on CPU and BF16 autocast on CUDA, or FP8 linears
-  // (worker/precision/fp8.h; emulated on CPU) on top of that.
-  bool fp8 = false;
-  precision::Recipe fp8_recipe = precision::Recipe::kDelayed;
-  int amax_history_len = 16;
-  int fp8_margin = 0;
-  // Where and how.
-  std::string device = "cpu";       // "cpu" or "cuda:N"
-  std::string checkpoint_dir;       // empty: no checkpoints
-  std::string resume_path;          // a checkpoint to continue from
-  std::string resume_sha256;        // checked when not empty
-  double peak_flops = 0;            // per device, for MFU; 0: not reported
-  int max_nonfinite_steps = 3;      // consecutive NaN/Inf steps before failing
-  // Data parallel (worker/dist): world_size ranks each compute every
-  // world_size-th micro-batch of a step, gradients are summed over the ranks
-  // before the (identical) optimizer step, so a step is the same step a
-  // single process takes over the same global batch. One rank without a
-  // rendezvous: no process group.
+};
+
+// Data parallel (worker/dist): world_size ranks each compute every
+// world_size-th micro-batch of a step, gradients are summed over the ranks
+// before the (identical) optimizer step, so a step is the same step a
+// single process takes over the same global batch. One rank without a
+// rendezvous: no process group.
+struct ParallelConfig {
   int rank = 0;
   int world_size = 1;
   std::string rendezvous;            // host:port of rank 0's c10d store
@@ -136,23 +111,49 @@ struct TrainConfig {
   double collective_timeout_seconds = 120;
   int64_t param_check_interval_steps = 50;  // parameters compared across ranks
   int64_t bucket_bytes = 25 << 20;          // gradient all-reduce buckets
+  // Expert parallelism: each rank computes only its block of experts, over
+  // every rank's tokens for them (model/moe.h, ExpertExchange); the model's
+  // moe.num_experts must be a multiple of world_size.
+  bool expert_parallel = false;
+};
+
+struct TrainConfig {
+  // The model; vocab_size 0: the tokenizer's (258), moe.num_experts 0:
+  // dense.
+  model::ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  // Loop.
+  int64_t max_steps = 100;
+  int64_t global_batch_tokens = 0;  // 0: one micro-batch per step
+  int32_t micro_batch_rows = 8;
+  int64_t eval_interval_steps = 0;  // 0: no evaluation
+  int64_t eval_tokens = 0;          // 0: the whole validation split
+  int64_t checkpoint_interval_steps = 0;  // 0: only at the end
+  uint64_t seed = 0;
+  // Precision: FP32 on CPU and BF16 autocast on CUDA, or FP8 linears
+  // (worker/precision; emulated on CPU) on top of that, under fp8_recipe.
+  bool fp8 = false;
+  precision::RecipeConfig fp8_recipe;
+  ParallelConfig parallel;
+  // Where and how.
+  std::string device = "cpu";       // "cpu" or "cuda:N"
+  std::string checkpoint_dir;       // empty: no checkpoints
+  std::string resume_path;          // a checkpoint to continue from
+  std::string resume_sha256;        // checked when not empty
+  double peak_flops = 0;            // per device, for MFU; 0: not reported
+  int max_nonfinite_steps = 3;      // consecutive NaN/Inf steps before failing
   // Tests only (tally-worker's --testonly_* flags), off by default. They
-  // damage training on purpose, so that alerts can be seen to fire:
-  // - FP8 runs (per-tensor recipes): this fraction of every FP8 linear's
-  //   input values is pushed beyond the format's range once its scale is
-  //   chosen, so it is clamped and counted as an overflow. 0: off.
-  // - MoE runs: every MoE layer routes every token to this expert (as one
-  //   of its top-k), whatever the router scores. -1: off.
-  // Dense or non-FP8 runs ignore the knob that does not apply to them.
+  // damage training on purpose, so that alerts can be seen to fire (with
+  // fp8_recipe.test_overflow_fraction and model.moe.test_forced_expert):
   // - Preemptions (StopKind::kPreempt): seconds every rank sleeps before
   //   the preemption's checkpoint (only that one), so that a test can make
   //   it miss the worker's deadline. 0: off.
   // - FP8 MoE runs: grouped expert products are turned off from the start
   //   with this reason, as when CUDA refuses them (StepMetrics::
   //   fp8_grouped_off then carries it). Empty: off.
-  double test_fp8_overflow_fraction = 0;
+  // Dense or non-FP8 runs ignore the knob that does not apply to them.
   std::string test_fp8_grouped_off;
-  int64_t test_moe_forced_expert = -1;
   double test_preempt_checkpoint_delay_seconds = 0;
 
   // InvalidArgument naming the field, for anything Train() cannot run.

@@ -84,18 +84,18 @@ class TrainerTest : public ::testing::Test {
 
   static TrainConfig Tiny() {
     TrainConfig c;
-    c.num_layers = 2;
-    c.d_model = 32;
-    c.num_heads = 2;
-    c.train_path = g_dir + "/train";
-    c.seq_len = 128;
+    c.model.num_layers = 2;
+    c.model.d_model = 32;
+    c.model.num_heads = 2;
+    c.data.train_path = g_dir + "/train";
+    c.data.seq_len = 128;
     c.micro_batch_rows = 4;
     c.global_batch_tokens = 1024;  // two micro-batches a step
     c.max_steps = 30;
-    c.lr = 3e-3;
-    c.warmup_steps = 3;
-    c.grad_clip = 1.0;
-    c.weight_decay = 0.1;
+    c.optimizer.lr = 3e-3;
+    c.optimizer.warmup_steps = 3;
+    c.optimizer.grad_clip = 1.0;
+    c.optimizer.weight_decay = 0.1;
     c.eval_interval_steps = 4;
     c.eval_tokens = 4096;
     c.seed = 1;
@@ -187,7 +187,7 @@ TEST_F(TrainerTest, Fp8TrainsWithinOnePointFivePercentOfFp32) {
 
   for (precision::Recipe recipe : {precision::Recipe::kCurrent, precision::Recipe::kRowwise}) {
     TrainConfig other = fp8;
-    other.fp8_recipe = recipe;
+    other.fp8_recipe.recipe = recipe;
     Recorder c;
     ASSERT_EQ(Train(other, &c, nullptr).outcome, TrainResult::Outcome::kSucceeded);
     EXPECT_LT(std::abs(c.evals.back().val_loss - v32) / v32, 0.015);
@@ -222,11 +222,11 @@ TEST_F(TrainerTest, Fp8ResumeRestoresTheScalingState) {
 
 TEST_F(TrainerTest, MoeTrainsBalancesAndResumesExactly) {
   TrainConfig c = Tiny();
-  c.moe_num_experts = 4;
-  c.moe_top_k = 2;
-  c.moe_aux_loss_coef = 0.01;
-  c.moe_z_loss_coef = 1e-3;
-  c.moe_bias_balancing = true;
+  c.model.moe.num_experts = 4;
+  c.model.moe.top_k = 2;
+  c.optimizer.moe_aux_loss_coef = 0.01;
+  c.optimizer.moe_z_loss_coef = 1e-3;
+  c.optimizer.moe_bias_balancing = true;
   c.max_steps = 16;
   c.checkpoint_dir = NewDir("moe");
   c.checkpoint_interval_steps = 8;
@@ -302,7 +302,7 @@ TEST_F(TrainerTest, ResumeContinuesTheSameLossCurve) {
 TEST_F(TrainerTest, PaddedBaselinesComputeTheSameRowsWithPadding) {
   for (auto mode : {data::PackingMode::kPadToSeqLen, data::PackingMode::kPadToLongest}) {
     TrainConfig c = Tiny();
-    c.packing = mode;
+    c.data.packing = mode;
     c.max_steps = 3;
     c.eval_interval_steps = 0;
     Recorder r;
@@ -692,8 +692,8 @@ TEST_F(TrainerTest, ResumeChecksTheFp8ScalingState) {
 
 TEST_F(TrainerTest, TestKnobsForceOverflowsAndACollapseAndValuesCastAreCounted) {
   TrainConfig c = Tiny();
-  c.moe_num_experts = 4;
-  c.moe_top_k = 2;
+  c.model.moe.num_experts = 4;
+  c.model.moe.top_k = 2;
   c.fp8 = true;
   c.max_steps = 4;
   c.eval_interval_steps = 0;
@@ -701,8 +701,8 @@ TEST_F(TrainerTest, TestKnobsForceOverflowsAndACollapseAndValuesCastAreCounted) 
   TrainResult r = Train(c, &plain, nullptr);
   ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
   TrainConfig forced = c;
-  forced.test_fp8_overflow_fraction = 0.01;
-  forced.test_moe_forced_expert = 0;
+  forced.fp8_recipe.test_overflow_fraction = 0.01;
+  forced.model.moe.test_forced_expert = 0;
   forced.test_fp8_grouped_off = "refused by the test";
   Recorder f;
   r = Train(forced, &f, nullptr);
@@ -730,27 +730,27 @@ TEST_F(TrainerTest, TestKnobsForceOverflowsAndACollapseAndValuesCastAreCounted) 
   EXPECT_LT(plain.steps.back().moe_max_over_mean_load, 2.0);
 
   TrainConfig bad = forced;
-  bad.test_moe_forced_expert = 4;
+  bad.model.moe.test_forced_expert = 4;
   r = Train(bad, nullptr, nullptr);
-  EXPECT_NE(r.reason.find("test_moe_forced_expert"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("model.moe.test_forced_expert"), std::string::npos) << r.reason;
   bad = forced;
-  bad.fp8_recipe = precision::Recipe::kRowwise;
+  bad.fp8_recipe.recipe = precision::Recipe::kRowwise;
   r = Train(bad, nullptr, nullptr);
-  EXPECT_NE(r.reason.find("test_fp8_overflow_fraction"), std::string::npos) << r.reason;
-  bad.test_fp8_overflow_fraction = 1.5;
+  EXPECT_NE(r.reason.find("fp8_recipe.test_overflow_fraction"), std::string::npos) << r.reason;
+  bad.fp8_recipe.test_overflow_fraction = 1.5;
   r = Train(bad, nullptr, nullptr);
   EXPECT_NE(r.reason.find("between 0 and 1"), std::string::npos) << r.reason;
   // Knobs that do not apply to a job are ignored: a dense FP32 run.
   TrainConfig dense = Tiny();
   dense.max_steps = 2;
-  dense.test_fp8_overflow_fraction = 0.01;
-  dense.test_moe_forced_expert = 3;
+  dense.fp8_recipe.test_overflow_fraction = 0.01;
+  dense.model.moe.test_forced_expert = 3;
   EXPECT_EQ(Train(dense, nullptr, nullptr).outcome, TrainResult::Outcome::kSucceeded);
 }
 
 TEST_F(TrainerTest, FailuresSayWhy) {
   TrainConfig missing = Tiny();
-  missing.train_path = g_dir + "/nope/train";
+  missing.data.train_path = g_dir + "/nope/train";
   TrainResult r = Train(missing, nullptr, nullptr);
   EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
   EXPECT_NE(r.reason.find("data.train_path"), std::string::npos) << r.reason;
@@ -768,13 +768,13 @@ TEST_F(TrainerTest, FailuresSayWhy) {
   EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
   EXPECT_NE(r.reason.find("tallyd recorded"), std::string::npos) << r.reason;
   TrainConfig other_model = Tiny();
-  other_model.d_model = 64;
+  other_model.model.d_model = 64;
   other_model.resume_path = a.checkpoints.back().path;
   r = Train(other_model, nullptr, nullptr);
   EXPECT_NE(r.reason.find("different job"), std::string::npos) << r.reason;
 
   TrainConfig bad = Tiny();
-  bad.num_heads = 3;
+  bad.model.num_heads = 3;
   r = Train(bad, nullptr, nullptr);
   EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
   EXPECT_NE(r.reason.find("num_heads"), std::string::npos) << r.reason;
@@ -798,11 +798,11 @@ std::vector<std::unique_ptr<RankRun>> TrainRanks(const std::vector<TrainConfig>&
   for (size_t r = 0; r < configs.size(); ++r) {
     runs.push_back(std::make_unique<RankRun>());
     runs.back()->config = configs[r];
-    runs.back()->config.rank = static_cast<int>(r);
-    runs.back()->config.world_size = static_cast<int>(configs.size());
-    runs.back()->config.rendezvous = address;
-    runs.back()->config.rendezvous_prefix = "test";
-    runs.back()->config.collective_timeout_seconds = 30;
+    runs.back()->config.parallel.rank = static_cast<int>(r);
+    runs.back()->config.parallel.world_size = static_cast<int>(configs.size());
+    runs.back()->config.parallel.rendezvous = address;
+    runs.back()->config.parallel.rendezvous_prefix = "test";
+    runs.back()->config.parallel.collective_timeout_seconds = 30;
     runs.back()->events.stop = &runs.back()->stop;
     if (r < requested.size()) runs.back()->stop.Request(requested[r]);
   }
@@ -838,7 +838,7 @@ TEST_F(TrainerTest, TwoRanksTakeTheStepsOfOneProcess) {
   Recorder one;
   ASSERT_EQ(Train(c, &one, nullptr).outcome, TrainResult::Outcome::kSucceeded);
   c.checkpoint_dir = NewDir("dp-two");
-  c.param_check_interval_steps = 5;
+  c.parallel.param_check_interval_steps = 5;
   auto ranks = TrainRanks({c, c});
   for (const auto& r : ranks) {
     ASSERT_EQ(r->result.outcome, TrainResult::Outcome::kSucceeded) << r->result.reason;
@@ -868,14 +868,14 @@ TEST_F(TrainerTest, TwoRanksWithMoeAndFp8) {
   TrainConfig c = Tiny();
   c.max_steps = 10;
   c.global_batch_tokens = 2048;  // four micro-batches, two per rank
-  c.moe_num_experts = 4;
-  c.moe_top_k = 2;
-  c.moe_aux_loss_coef = 0.01;
-  c.moe_bias_balancing = true;
+  c.model.moe.num_experts = 4;
+  c.model.moe.top_k = 2;
+  c.optimizer.moe_aux_loss_coef = 0.01;
+  c.optimizer.moe_bias_balancing = true;
   c.fp8 = true;
   Recorder one;
   ASSERT_EQ(Train(c, &one, nullptr).outcome, TrainResult::Outcome::kSucceeded);
-  c.param_check_interval_steps = 1;  // biases and FP8 scales must agree too
+  c.parallel.param_check_interval_steps = 1;  // biases and FP8 scales must agree too
   auto ranks = TrainRanks({c, c});
   for (const auto& r : ranks) {
     ASSERT_EQ(r->result.outcome, TrainResult::Outcome::kSucceeded) << r->result.reason;
@@ -894,17 +894,17 @@ TEST_F(TrainerTest, ExpertParallelRanksTakeTheStepsOfOneProcess) {
   c.max_steps = 10;
   c.global_batch_tokens = 2048;
   c.eval_tokens = 4800;  // an uneven number of chunks for two ranks
-  c.moe_num_experts = 4;
-  c.moe_top_k = 2;
-  c.moe_aux_loss_coef = 0.01;
-  c.moe_bias_balancing = true;
-  c.moe_capacity_factor = 1.25;  // drops are decided per rank and micro-batch
+  c.model.moe.num_experts = 4;
+  c.model.moe.top_k = 2;
+  c.optimizer.moe_aux_loss_coef = 0.01;
+  c.optimizer.moe_bias_balancing = true;
+  c.model.moe.capacity_factor = 1.25;  // drops are decided per rank and micro-batch
   c.checkpoint_dir = NewDir("ep-one");
   c.checkpoint_interval_steps = 5;
   Recorder one;
   ASSERT_EQ(Train(c, &one, nullptr).outcome, TrainResult::Outcome::kSucceeded);
-  c.moe_expert_parallel = true;
-  c.param_check_interval_steps = 1;
+  c.parallel.expert_parallel = true;
+  c.parallel.param_check_interval_steps = 1;
   std::string sharded_checkpoint;  // step 5 of the FP32 run
   for (bool fp8 : {false, true}) {
     c.fp8 = fp8;
@@ -912,7 +912,7 @@ TEST_F(TrainerTest, ExpertParallelRanksTakeTheStepsOfOneProcess) {
     Recorder reference;
     if (fp8) {
       TrainConfig single = c;
-      single.moe_expert_parallel = false;
+      single.parallel.expert_parallel = false;
       ASSERT_EQ(Train(single, &reference, nullptr).outcome, TrainResult::Outcome::kSucceeded);
     }
     auto ranks = TrainRanks({c, c});
@@ -943,7 +943,7 @@ TEST_F(TrainerTest, ExpertParallelRanksTakeTheStepsOfOneProcess) {
   // Checkpoints hold the whole model, so either side resumes the other's.
   TrainConfig single = c;
   single.fp8 = false;
-  single.moe_expert_parallel = false;
+  single.parallel.expert_parallel = false;
   single.checkpoint_dir = NewDir("ep-single-resumed");
   single.resume_path = sharded_checkpoint;
   Recorder rest;
@@ -972,10 +972,10 @@ TEST_F(TrainerTest, RanksStopTogether) {
   RankRun r0, r1;
   for (auto* r : {&r0, &r1}) {
     r->config = c;
-    r->config.world_size = 2;
-    r->config.rendezvous = address;
+    r->config.parallel.world_size = 2;
+    r->config.parallel.rendezvous = address;
   }
-  r1.config.rank = 1;
+  r1.config.parallel.rank = 1;
   std::thread t0([&] { r0.result = Train(r0.config, &r0.events, &r0.stop); });
   std::thread t1([&] {
     // Rank 1 reports nothing, so stop it from rank 0's reports.
@@ -1005,10 +1005,10 @@ TEST_F(TrainerTest, RanksStopTogetherKeepingTheState) {
   RankRun r0, r1;
   for (auto* r : {&r0, &r1}) {
     r->config = c;
-    r->config.world_size = 2;
-    r->config.rendezvous = address;
+    r->config.parallel.world_size = 2;
+    r->config.parallel.rendezvous = address;
   }
-  r1.config.rank = 1;
+  r1.config.parallel.rank = 1;
   r1.stop.Request(StopKind::kKeepState);
   r0.stop.Request(StopKind::kNow);
   std::thread t0([&] { r0.result = Train(r0.config, &r0.events, &r0.stop); });
@@ -1093,15 +1093,15 @@ TEST_F(TrainerTest, ALostRankFailsTheOthersRetryably) {
   // Rank 1 joins the group and leaves at once, as a killed process would
   // (its connections close): rank 0's first collective fails.
   TrainConfig c = Tiny();
-  c.world_size = 2;
-  c.rendezvous = absl::StrCat("127.0.0.1:", dist::FreeLoopbackPort());
-  c.rendezvous_prefix = "lost";
+  c.parallel.world_size = 2;
+  c.parallel.rendezvous = absl::StrCat("127.0.0.1:", dist::FreeLoopbackPort());
+  c.parallel.rendezvous_prefix = "lost";
   std::thread leaver([&] {
     dist::GroupOptions o;
     o.rank = 1;
     o.world_size = 2;
-    o.store_address = c.rendezvous;
-    o.prefix = c.rendezvous_prefix;
+    o.store_address = c.parallel.rendezvous;
+    o.prefix = c.parallel.rendezvous_prefix;
     auto g = dist::Group::Create(o);
     EXPECT_TRUE(g.ok()) << g.status();
   });
@@ -1114,17 +1114,17 @@ TEST_F(TrainerTest, ALostRankFailsTheOthersRetryably) {
 
 TEST_F(TrainerTest, DataParallelConfigErrorsNameTheField) {
   TrainConfig c = Tiny();
-  c.world_size = 3;  // two micro-batches a step do not split three ways
-  c.rendezvous = "127.0.0.1:1";
+  c.parallel.world_size = 3;  // two micro-batches a step do not split three ways
+  c.parallel.rendezvous = "127.0.0.1:1";
   TrainResult r = Train(c, nullptr, nullptr);
   EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
   EXPECT_NE(r.reason.find("global_batch_tokens"), std::string::npos) << r.reason;
-  c.world_size = 2;
-  c.rendezvous.clear();
+  c.parallel.world_size = 2;
+  c.parallel.rendezvous.clear();
   r = Train(c, nullptr, nullptr);
   EXPECT_NE(r.reason.find("rendezvous"), std::string::npos) << r.reason;
-  c.rendezvous = "127.0.0.1:1";
-  c.collective_timeout_seconds = 1;
+  c.parallel.rendezvous = "127.0.0.1:1";
+  c.parallel.collective_timeout_seconds = 1;
   r = Train(c, nullptr, nullptr);  // rank 0 cannot bind port 1 (or nobody joins)
   EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
   EXPECT_NE(r.reason.find("rendezvous"), std::string::npos) << r.reason;

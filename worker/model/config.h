@@ -1,0 +1,44 @@
+// The model's shape, apart from the code that builds it, so that a training
+// configuration can hold one without ATen: ModelConfig (transformer.h) and
+// its Mixture-of-Experts part, MoeConfig (moe.h).
+#ifndef TALLY_WORKER_MODEL_CONFIG_H_
+#define TALLY_WORKER_MODEL_CONFIG_H_
+
+#include <cstdint>
+
+namespace tally::model {
+
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: dense
+  int64_t top_k = 1;
+  int64_t every_n_layers = 1;
+  bool shared_expert = false;
+  bool sigmoid_router = false;  // false: softmax
+  double capacity_factor = 0;   // 0: dropless
+  // Expert products: one grouped product per weight over all experts
+  // (at::_grouped_mm; BF16 on CUDA) instead of a loop over experts. With a
+  // LinearOverride (FP8), where its Groups() says so, through its
+  // GroupedLinear (at::_scaled_grouped_mm); elsewhere the loop.
+  bool grouped_mm = true;
+  // Rows of each expert's group padded to a multiple of this (zero rows) for
+  // the grouped product; 0: what the device needs (16 on CUDA, 1 on CPU).
+  int64_t group_align = 0;
+  // Tests only: every token is routed to this expert (as one of its top-k)
+  // whatever the scores, a forced routing collapse. -1: off.
+  int64_t test_forced_expert = -1;
+};
+
+struct ModelConfig {
+  int64_t num_layers = 2;
+  int64_t d_model = 64;
+  int64_t num_heads = 4;
+  int64_t d_ff = 0;  // 0: SwiGLU's 8/3 * d_model, rounded up to a multiple of 32
+  int64_t vocab_size = 258;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  MoeConfig moe;  // num_experts 0: every feed-forward block is dense
+};
+
+}  // namespace tally::model
+
+#endif  // TALLY_WORKER_MODEL_CONFIG_H_
