@@ -7,10 +7,11 @@
 
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <vector>
 
-#include "worker/dist/expert_exchange.h"
+#include "worker/dist/expert_parallel.h"
 #include "worker/dist/on_ranks.h"
 #include "worker/model/transformer.h"
 
@@ -38,7 +39,7 @@ struct Result {
 };
 
 // run(rank, exchange) on two ranks.
-void OnTwoRanks(const std::function<Result(int, model::ExpertExchange*)>& run, Result* split) {
+void OnTwoRanks(const std::function<Result(int, ExpertExchange*)>& run, Result* split) {
   OnRanks(2, [&](Group& g) {
     GroupExchange ex(&g);
     split[g.rank()] = run(g.rank(), &ex);
@@ -59,13 +60,15 @@ class ExpertParallelTest : public ::testing::Test {
   }
   // One rank's MoE block: with `linear` (the loop over experts) or without
   // (grouped products); with `shard`, the rank holds only its own experts.
-  Result Run(int rank, model::ExpertExchange* ex, model::LinearOverride* linear, bool shard) {
+  Result Run(int rank, ExpertExchange* ex, model::LinearOverride* linear, bool shard) {
     std::vector<at::Tensor> p = {router_.clone()};
     for (const at::Tensor& w : w_) p.push_back(shard ? w.narrow(0, 2 * rank, 2).clone() : w.clone());
     for (auto& t : p) t.set_requires_grad(true);
     at::Tensor x = tokens_[rank].clone().set_requires_grad(true);
-    model::MoeOutput out =
-        model::MoeForward(x, {}, p[0], {}, p[1], p[2], p[3], c_, linear, "l.", ex);
+    std::optional<ExpertParallel> hook;
+    if (ex != nullptr) hook.emplace(ex);
+    model::MoeOutput out = model::MoeForward(x, {}, p[0], {}, p[1], p[2], p[3], c_, linear, "l.",
+                                             hook ? &*hook : nullptr);
     (out.y_ND * at::arange(D, at::kFloat)).sum().backward();
     Result r{out.y_ND.detach(), x.grad(), p[1].grad(), p[0].grad(), {}};
     if (!r.dw1.defined()) r.dw1 = at::zeros_like(p[1]);
@@ -77,7 +80,7 @@ class ExpertParallelTest : public ::testing::Test {
 };
 
 TEST_F(ExpertParallelTest, MatchesOneProcessAndSplitsTheExperts) {
-  auto run = [&](int rank, model::ExpertExchange* ex) {
+  auto run = [&](int rank, ExpertExchange* ex) {
     Recording rec;
     Result r = Run(rank, ex, &rec, /*shard=*/false);
     r.sites = rec.sites();
@@ -108,7 +111,7 @@ TEST_F(ExpertParallelTest, ShardedWeightsWithGroupedProducts) {
   // over both ranks' rows for them.
   Result alone[2] = {Run(0, nullptr, nullptr, false), Run(1, nullptr, nullptr, false)};
   Result split[2];
-  OnTwoRanks([&](int rank, model::ExpertExchange* ex) { return Run(rank, ex, nullptr, true); },
+  OnTwoRanks([&](int rank, ExpertExchange* ex) { return Run(rank, ex, nullptr, true); },
              split);
   const at::Tensor dw1 = alone[0].dw1 + alone[1].dw1;
   for (int rank = 0; rank < 2; ++rank) {
@@ -123,7 +126,7 @@ TEST_F(ExpertParallelTest, ShardedWeightsWithGroupedProducts) {
 
 // One rank that gets back exactly the rows it sends, and remembers what each
 // exchange was handed.
-class LoopbackExchange final : public model::ExpertExchange {
+class LoopbackExchange final : public ExpertExchange {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -155,7 +158,7 @@ TEST(AllToAllWithGradTest, UndefinedGradientSendsZerosLikeTheInput) {
     SCOPED_TRACE(c10::toString(dtype));
     LoopbackExchange ex;
     at::Tensor x = at::randn({5, 3}).to(dtype).set_requires_grad(true);
-    at::Tensor y = model::AllToAllWithGrad(x, &ex, {5}, {5});
+    at::Tensor y = AllToAllWithGrad(x, &ex, {5}, {5});
     NoGradientBack::apply(y).to(at::kFloat).sum().backward();
     ASSERT_EQ(ex.handed.size(), 2u);  // forward, then backward
     const at::Tensor& back = ex.handed[1];
@@ -173,7 +176,7 @@ TEST(AllToAllWithGradTest, GradientGoesBackAlongTheSameRoutes) {
   LoopbackExchange ex;
   at::Tensor x = at::randn({4, 2}, at::kDouble).set_requires_grad(true);
   at::Tensor w = at::randn({4, 2}, at::kDouble);
-  (model::AllToAllWithGrad(x, &ex, {4}, {4}) * w).sum().backward();
+  (AllToAllWithGrad(x, &ex, {4}, {4}) * w).sum().backward();
   ASSERT_EQ(ex.handed.size(), 2u);
   EXPECT_TRUE(at::equal(ex.handed[1], w));
   EXPECT_TRUE(at::equal(x.grad(), w));

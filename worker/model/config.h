@@ -17,8 +17,9 @@ struct MoeConfig {
   double capacity_factor = 0;   // 0: dropless
   // Expert products: one grouped product per weight over all experts
   // (at::_grouped_mm; BF16 on CUDA) instead of a loop over experts. With a
-  // LinearOverride (FP8), where its Groups() says so, through its
-  // GroupedLinear (at::_scaled_grouped_mm); elsewhere the loop.
+  // LinearOverride that is a GroupedLinearOverride (FP8), where its Groups()
+  // says so, through its GroupedLinear (at::_scaled_grouped_mm); elsewhere
+  // the loop.
   bool grouped_mm = true;
   // Rows of each expert's group padded to a multiple of this (zero rows) for
   // the grouped product; 0: what the device needs (16 on CUDA, 1 on CPU).

@@ -1,7 +1,6 @@
 #include "worker/model/moe.h"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
@@ -60,43 +59,11 @@ at::Tensor RunExpert(const at::Tensor& x, const at::Tensor& w1, const at::Tensor
   return ExpertLinear(h, w2, linear, site + "w2");
 }
 
-// All-to-all as an autograd function: the gradient goes back along the same
-// routes, the splits swapped.
-struct AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            int64_t exchange, std::vector<int64_t> send,
-                            std::vector<int64_t> recv) {
-    // An undefined output gradient reaches backward as is, which builds the
-    // zeros itself (shaped like the rows received, like the input otherwise).
-    ctx->set_materialize_grads(false);
-    ctx->saved_data["exchange"] = exchange;
-    ctx->saved_data["send"] = send;
-    ctx->saved_data["recv"] = recv;
-    ctx->saved_data["cols"] = x.size(1);
-    ctx->saved_data["dtype"] = x.scalar_type();
-    ctx->saved_data["device"] = x.device();
-    return reinterpret_cast<ExpertExchange*>(exchange)->AllToAll(x.contiguous(), send, recv);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* exchange = reinterpret_cast<ExpertExchange*>(ctx->saved_data["exchange"].toInt());
-    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
-    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
-    at::Tensor g = grads[0];
-    if (!g.defined()) {  // every rank must still join the exchange
-      int64_t rows = 0;
-      for (int64_t n : recv) rows += n;
-      // On the input's device and in its dtype: autograd refuses a gradient
-      // on another device, and the exchange sends what every rank expects.
-      g = at::zeros({rows, ctx->saved_data["cols"].toInt()},
-                    at::TensorOptions()
-                        .dtype(ctx->saved_data["dtype"].toScalarType())
-                        .device(ctx->saved_data["device"].toDevice()));
-    }
-    g = g.contiguous();
-    return {exchange->AllToAll(g, recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
+// Whether `g` (an override's grouped products, if it has them) takes both
+// shapes of an expert's products.
+bool GroupsBoth(const GroupedLinearOverride* g, const at::Tensor& x, int64_t D, int64_t F) {
+  return g != nullptr && g->Groups(x, F, D) && g->Groups(x, D, F);
+}
 
 // The grouped product wants rows of 16 bytes' multiples (both d_model and
 // the expert width, in the dtype it runs in); other shapes take the loop.
@@ -106,11 +73,6 @@ bool GroupedShapesFit(int64_t D, int64_t F, bool cuda) {
 }
 
 }  // namespace
-
-at::Tensor AllToAllWithGrad(const at::Tensor& x, ExpertExchange* exchange,
-                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
-  return AllToAllFunction::apply(x, reinterpret_cast<int64_t>(exchange), send, recv);
-}
 
 std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t align,
                                      std::vector<int64_t>* starts) {
@@ -169,7 +131,10 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
       for (size_t e = 0; e < counts.size(); ++e) {
         sites.push_back(prefix + "experts." + std::to_string(first_expert + e) + "." + name);
       }
-      return linear->GroupedLinear(a, counts, ends, w, sites).to(dtype);
+      // MoeForward chose grouped products: the override takes them.
+      return dynamic_cast<GroupedLinearOverride&>(*linear)
+          .GroupedLinear(a, counts, ends, w, sites)
+          .to(dtype);
     }
     return at::_grouped_mm(a, w.to(dtype).transpose(1, 2), offs);
   };
@@ -179,80 +144,32 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
   return ys.to(rows_SD.scalar_type());
 }
 
-// The expert-parallel middle of MoeForward: `rows_SD` are this rank's kept
-// assignments' inputs sorted by expert, counts[e] per expert; returns the
-// experts' outputs for them, in the same order. With `grouped`, this rank's
-// experts run as GroupedExperts over every rank's rows for them.
-at::Tensor ExpertsAcrossRanks(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
-                              const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
-                              const at::Tensor& w2_EDF, const MoeConfig& c, bool grouped,
-                              LinearOverride* linear, const std::string& prefix,
-                              ExpertExchange* ex) {
-  const int W = ex->size(), me = ex->rank();
-  const int64_t E = static_cast<int64_t>(counts.size()), M = E / W;  // M experts per rank
-  // Counts first: rank j learns how many rows of each of its experts every
-  // rank sends (a plain all-to-all of M counts per pair).
-  at::Tensor mine = at::tensor(counts, at::kLong).to(at::kDouble).reshape({E, 1});
-  at::Tensor theirs =
-      ex->AllToAll(mine, std::vector<int64_t>(W, M), std::vector<int64_t>(W, M)).to(at::kCPU);
-  std::vector<int64_t> send(W, 0), recv(W, 0);
-  std::vector<std::vector<int64_t>> from(W, std::vector<int64_t>(M));  // [source][local expert]
-  for (int j = 0; j < W; ++j) {
-    for (int64_t m = 0; m < M; ++m) {
-      send[j] += counts[j * M + m];
-      from[j][m] = static_cast<int64_t>(theirs[j * M + m][0].item<double>());
-      recv[j] += from[j][m];
-    }
-  }
-  const int64_t ex_id = reinterpret_cast<int64_t>(ex);
-  at::Tensor in_RD = AllToAllFunction::apply(rows_SD, ex_id, send, recv);
-  // Received rows are grouped by source rank, each sorted by expert. `out`
-  // starts as in x 0 so the backward always reaches the dispatch all-to-all,
-  // even on a rank that received nothing (every rank must join it).
-  at::Tensor out_RD = in_RD * 0;
-  std::vector<int64_t> source_start(W, 0);
-  for (int j = 1; j < W; ++j) source_start[j] = source_start[j - 1] + recv[j - 1];
-  // The received rows in expert order: local expert m's rows from every
-  // source in turn. Each (m, source) segment is a run of consecutive rows,
-  // so the order is built on the device from M x W shifts.
-  std::vector<int64_t> shift, length, local_counts(M, 0);
-  int64_t placed = 0;
-  for (int64_t m = 0; m < M; ++m) {
-    for (int j = 0; j < W; ++j) {
-      int64_t at_row = source_start[j];
-      for (int64_t k = 0; k < m; ++k) at_row += from[j][k];
-      shift.push_back(at_row - placed);
-      length.push_back(from[j][m]);
-      placed += from[j][m];
-      local_counts[m] += from[j][m];
-    }
-  }
-  if (placed == 0) return AllToAllFunction::apply(out_RD, ex_id, recv, send);
-  const at::Device device = in_RD.device();
-  at::Tensor order = at::arange(placed, at::TensorOptions().dtype(at::kLong).device(device)) +
-                     at::repeat_interleave(at::tensor(shift, at::kLong).to(device),
-                                           at::tensor(length, at::kLong).to(device), 0, placed);
-  // The weights hold every expert, or (sharded) this rank's block only.
-  const bool all_here = w1_EFD.size(0) == E;
+// The experts first_expert .. first_expert + counts.size() - 1 over rows_SD
+// (sorted by expert, counts[m] rows for each), with weights holding every
+// expert or just that block: grouped products or a loop. What an
+// ExpertsHook computes here.
+at::Tensor LocalExperts(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
+                        int64_t first_expert, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
+                        const at::Tensor& w2_EDF, int64_t E, const MoeConfig& c, bool grouped,
+                        LinearOverride* linear, const std::string& prefix) {
+  const int64_t M = static_cast<int64_t>(counts.size());
+  auto block = [&](const at::Tensor& w) {
+    return w.size(0) == E ? w.narrow(0, first_expert, M) : w;
+  };
   if (grouped) {
-    auto block = [&](const at::Tensor& w) { return all_here ? w.narrow(0, me * M, M) : w; };
-    at::Tensor ye = GroupedExperts(in_RD.index_select(0, order), local_counts, block(w1_EFD),
-                                   block(w3_EFD), block(w2_EDF), c, linear, prefix, me * M);
-    out_RD = out_RD.index_add(0, order, ye.to(out_RD.scalar_type()));
-    return AllToAllFunction::apply(out_RD, ex_id, recv, send);
+    return GroupedExperts(rows_SD, counts, block(w1_EFD), block(w3_EFD), block(w2_EDF), c,
+                          linear, prefix, first_expert);
   }
-  int64_t first = 0;
+  const at::Tensor w1 = block(w1_EFD), w3 = block(w3_EFD), w2 = block(w2_EDF);
+  std::vector<at::Tensor> out;
+  int64_t start = 0;
   for (int64_t m = 0; m < M; ++m) {
-    if (local_counts[m] == 0) continue;
-    const int64_t e = me * M + m;
-    const int64_t w = all_here ? e : m;
-    at::Tensor rows = order.narrow(0, first, local_counts[m]);
-    first += local_counts[m];
-    at::Tensor ye = RunExpert(in_RD.index_select(0, rows), w1_EFD[w], w3_EFD[w], w2_EDF[w],
-                              linear, prefix + "experts." + std::to_string(e) + ".");
-    out_RD = out_RD.index_add(0, rows, ye.to(out_RD.scalar_type()));
+    if (counts[m] == 0) continue;
+    out.push_back(RunExpert(rows_SD.narrow(0, start, counts[m]), w1[m], w3[m], w2[m], linear,
+                            prefix + "experts." + std::to_string(first_expert + m) + "."));
+    start += counts[m];
   }
-  return AllToAllFunction::apply(out_RD, ex_id, recv, send);
+  return at::cat(out);
 }
 
 }  // namespace
@@ -260,7 +177,7 @@ at::Tensor ExpertsAcrossRanks(const at::Tensor& rows_SD, const std::vector<int64
 MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at::Tensor& router_ED,
                      const at::Tensor& bias_E, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
                      const at::Tensor& w2_EDF, const MoeConfig& c, LinearOverride* linear,
-                     const std::string& prefix, ExpertExchange* exchange) {
+                     const std::string& prefix, ExpertsHook* experts) {
   const int64_t N = x_ND.size(0), E = router_ED.size(0), K = c.top_k;
   Routing r = Route(x_ND, router_ED, bias_E, c);
   at::Tensor real = real_N.defined() ? real_N.to(at::kBool) : at::ones({N}, x_ND.options().dtype(at::kBool));
@@ -281,26 +198,34 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
   for (int64_t n : counts) kept += n;
 
   at::Tensor y_ND = at::zeros_like(x_ND);
-  const bool across_ranks = exchange != nullptr && exchange->size() > 1;
-  TORCH_CHECK(w1_EFD.size(0) == E || (across_ranks && w1_EFD.size(0) * exchange->size() == E),
+  const bool across_ranks = experts != nullptr && experts->ranks() > 1;
+  TORCH_CHECK(w1_EFD.size(0) == E || (across_ranks && w1_EFD.size(0) * experts->ranks() == E),
               "MoeForward: ", w1_EFD.size(0), " experts' weights here for ", E,
-              " experts, and no expert exchange that holds the rest");
+              " experts, and no experts hook that holds the rest");
   const int64_t D = x_ND.size(1), F = w1_EFD.size(1);
   const bool grouped =
       c.grouped_mm && (linear == nullptr
                            ? GroupedShapesFit(D, F, x_ND.is_cuda())
-                           : linear->Groups(x_ND, F, D) && linear->Groups(x_ND, D, F));
+                           : GroupsBoth(dynamic_cast<GroupedLinearOverride*>(linear), x_ND,
+                                        D, F));
   // (With no kept assignment at all, the loop below has nothing to do; the
-  // exchange must still run, as every rank joins it.)
+  // hook must still run, as every rank joins its exchanges.)
   if (across_ranks || (grouped && kept > 0)) {
     // All kept assignments at once, sorted by expert.
     at::Tensor idx = order.narrow(0, 0, kept);
     at::Tensor tok = token_A.index_select(0, idx);
     at::Tensor xs = x_ND.index_select(0, tok);
-    at::Tensor ye = across_ranks ? ExpertsAcrossRanks(xs, counts, w1_EFD, w3_EFD, w2_EDF, c,
-                                                      grouped, linear, prefix, exchange)
-                                 : GroupedExperts(xs, counts, w1_EFD, w3_EFD, w2_EDF, c,
-                                                  linear, prefix);
+    at::Tensor ye;
+    if (across_ranks) {
+      ye = experts->Run(xs, counts,
+                        [&](const at::Tensor& rows_SD, const std::vector<int64_t>& block,
+                            int64_t first) {
+                          return LocalExperts(rows_SD, block, first, w1_EFD, w3_EFD, w2_EDF, E,
+                                              c, grouped, linear, prefix);
+                        });
+    } else {
+      ye = GroupedExperts(xs, counts, w1_EFD, w3_EFD, w2_EDF, c, linear, prefix);
+    }
     ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
     y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
   } else {

@@ -15,9 +15,10 @@
 // every dtype), and each weight runs as one grouped product over all experts
 // (at::_grouped_mm with int32 group ends; BF16 on CUDA, FP32 on CPU); the
 // results are gathered back and combined with their gates. With FP8 (a
-// LinearOverride) the override's GroupedLinear takes each weight's grouped
-// product where its Groups() allows (at::_scaled_grouped_mm on CUDA), and
-// each expert runs once over its tokens in a loop elsewhere.
+// LinearOverride that is also a GroupedLinearOverride) the override's
+// GroupedLinear takes each weight's grouped product where its Groups()
+// allows (at::_scaled_grouped_mm on CUDA), and each expert runs once over
+// its tokens in a loop elsewhere.
 // An expert that gets no tokens has an empty group or is skipped: its
 // weights get a zero gradient or none, never NaN. With a capacity factor, an expert takes at most
 // ceil(factor x N x k / E) tokens, in token order, and the rest are dropped
@@ -35,6 +36,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,30 +46,47 @@ namespace tally::model {
 
 class LinearOverride;
 
-// Expert parallelism: E experts dealt to `size()` ranks in contiguous blocks
-// (rank r computes experts [r·E/W, (r+1)·E/W)); every rank routes its own
-// tokens, sends each assignment to its expert's rank and gets the results
-// back, by all-to-all. The weights stay replicated (the trainer sums expert
-// gradients over ranks like any other, so every replica takes the owner's
-// update); what is split is the experts' compute.
-class ExpertExchange {
+// A LinearOverride that also takes the experts' grouped products (FP8:
+// at::_scaled_grouped_mm) implements this too; MoeForward then uses it
+// where Groups() says so, and otherwise runs the experts in a loop of the
+// override's Linear.
+class GroupedLinearOverride {
  public:
-  virtual ~ExpertExchange() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  // Rows of `x`: the first send[0] go to rank 0, the next send[1] to rank
-  // 1, ...; returns the rows received, recv[j] from rank j, in rank order.
-  // Every rank calls it the same number of times, in the same order.
-  virtual at::Tensor AllToAll(const at::Tensor& x, const std::vector<int64_t>& send,
-                              const std::vector<int64_t>& recv) = 0;
+  virtual ~GroupedLinearOverride() = default;
+  // Whether GroupedLinear takes every expert's product at once for inputs
+  // like x with weights [E, out, in].
+  virtual bool Groups(const at::Tensor& x, int64_t out, int64_t in) const = 0;
+  // x_RI holds the experts' rows group after group: expert e's counts[e]
+  // rows start where group e - 1 ends (ends[e - 1]), and the rest of its
+  // group, up to ends[e], is zero padding. w_EOI: one weight per expert;
+  // sites[e] names expert e's. Returns y_RO (padding rows zero).
+  virtual at::Tensor GroupedLinear(const at::Tensor& x_RI, const std::vector<int64_t>& counts,
+                                   const std::vector<int64_t>& ends, const at::Tensor& w_EOI,
+                                   const std::vector<std::string>& sites) = 0;
 };
 
-// ExpertExchange::AllToAll as an autograd function: the gradient goes back
-// along the same routes, the splits swapped, and every rank joins that
-// exchange even when its output got no gradient (it then sends zeros on
-// x's device, in x's dtype). MoeForward's collectives; exposed for tests.
-at::Tensor AllToAllWithGrad(const at::Tensor& x, ExpertExchange* exchange,
-                            const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
+// The experts hook: what computes the experts' outputs for a layer's kept
+// assignments. MoeForward runs every expert here by default; a hook wraps
+// that from outside the model (dist/expert_parallel.h spreads the experts
+// over ranks), so the model itself knows no parallelism.
+class ExpertsHook {
+ public:
+  // Computes a block of consecutive experts held here: rows_SD sorted by
+  // expert, counts[m] rows for expert first_expert + m (counts.size()
+  // experts); their outputs in the same order.
+  using LocalExperts = std::function<at::Tensor(
+      const at::Tensor& rows_SD, const std::vector<int64_t>& counts, int64_t first_expert)>;
+  virtual ~ExpertsHook() = default;
+  // How many processes the experts are spread over (1: all here). With
+  // more, the expert weights here may hold every expert or only this
+  // process's block of E / ranks().
+  virtual int ranks() const = 0;
+  // rows_SD: this process's kept assignments' inputs sorted by expert,
+  // counts[e] for each of the E experts. Returns the experts' outputs for
+  // them, in the same order, computing this process's share with `local`.
+  virtual at::Tensor Run(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
+                         const LocalExperts& local) = 0;
+};
 
 
 struct MoeStats {
@@ -99,14 +118,12 @@ Routing Route(const at::Tensor& x_ND, const at::Tensor& router_ED, const at::Ten
 // x_ND: tokens; real_N: bool, false for padding (excluded from routing
 // statistics and losses; padding still flows through, with its output 0).
 // `linear` may be nullptr (at::linear); sites are prefix + "experts.E.w1" etc.
-// With `exchange` (E a multiple of its size), this rank computes only its
-// block of experts, over every rank's tokens for them; the collectives run
-// in the forward pass and again in the backward pass. The expert weights
-// then hold every expert or only this rank's block (E / size of them).
+// With `experts` (a hook over several ranks), the kept assignments go to it
+// and it computes this rank's block through the model's own expert code.
 MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at::Tensor& router_ED,
                      const at::Tensor& bias_E, const at::Tensor& w1_EFD, const at::Tensor& w3_EFD,
                      const at::Tensor& w2_EDF, const MoeConfig& config, LinearOverride* linear,
-                     const std::string& prefix, ExpertExchange* exchange = nullptr);
+                     const std::string& prefix, ExpertsHook* experts = nullptr);
 
 // Cumulative group ends after padding each count to a multiple of `align`
 // (the offsets a grouped product takes); `starts` gets each group's first

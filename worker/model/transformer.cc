@@ -84,11 +84,6 @@ Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device de
   head_VD_ = add("head", normal({V, D}, 0.02), true);
 }
 
-at::Tensor LinearOverride::GroupedLinear(const at::Tensor&, const std::vector<int64_t>&,
-                                         const std::vector<int64_t>&, const at::Tensor&,
-                                         const std::vector<std::string>&) {
-  TORCH_CHECK(false, "GroupedLinear called where Groups() said no");
-}
 
 at::Tensor Transformer::Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
                                const char* name) const {
@@ -235,7 +230,7 @@ ForwardOutput Transformer::Run(const ModelInput& in, AttentionKernel kernel) con
     MoeOutput moe = MoeForward(
         h_BTD.reshape({B * T, -1}), in.real_BT.defined() ? in.real_BT.reshape({-1}) : at::Tensor(),
         layer.router_ED, layer.bias_E, layer.w1_EFD, layer.w3_EFD, layer.w2_EDF, config_.moe,
-        linear_, layer.prefix, exchange_);
+        linear_, layer.prefix, experts_);
     at::Tensor y_BTD = moe.y_ND.reshape({B, T, -1});
     if (config_.moe.shared_expert) y_BTD = y_BTD + SwiGlu(h_BTD, layer);
     x_BTD = x_BTD + y_BTD;

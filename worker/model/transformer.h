@@ -67,16 +67,6 @@ class LinearOverride {
   virtual ~LinearOverride() = default;
   virtual at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
                             const std::string& site) = 0;
-  // Whether GroupedLinear takes every expert's product at once for inputs
-  // like x with weights [E, out, in]; otherwise the MoE loops over experts.
-  virtual bool Groups(const at::Tensor& x, int64_t out, int64_t in) const { return false; }
-  // x_RI holds the experts' rows group after group: expert e's counts[e]
-  // rows start where group e - 1 ends (ends[e - 1]), and the rest of its
-  // group, up to ends[e], is zero padding. w_EOI: one weight per expert;
-  // sites[e] names expert e's. Returns y_RO (padding rows zero).
-  virtual at::Tensor GroupedLinear(const at::Tensor& x_RI, const std::vector<int64_t>& counts,
-                                   const std::vector<int64_t>& ends, const at::Tensor& w_EOI,
-                                   const std::vector<std::string>& sites);
 };
 
 struct Parameter {
@@ -104,8 +94,9 @@ class Transformer {
 
   // Not owned; nullptr restores at::linear.
   void SetLinearOverride(LinearOverride* linear) { linear_ = linear; }
-  // Expert parallelism for the MoE layers (moe.h); nullptr: every expert here.
-  void SetExpertExchange(ExpertExchange* exchange) { exchange_ = exchange; }
+  // The MoE layers' experts hook (moe.h; e.g. dist/expert_parallel.h);
+  // nullptr: every expert here. Not owned.
+  void SetExpertsHook(ExpertsHook* experts) { experts_ = experts; }
   // Keeps only rank's block of num_experts / ranks experts of every MoE
   // layer (the ones it computes under expert parallelism), as initialised
   // for the whole model; their parameters become `sharded`. Call before the
@@ -149,7 +140,7 @@ class Transformer {
   std::vector<Layer> layers_;
   std::vector<Parameter> params_;
   LinearOverride* linear_ = nullptr;
-  ExpertExchange* exchange_ = nullptr;
+  ExpertsHook* experts_ = nullptr;
   int expert_ranks_ = 1;
 };
 

@@ -28,8 +28,9 @@
 namespace tally::precision {
 
 // FP8 for a built model's block linears and expert products, installed as
-// its model::LinearOverride.
-class Fp8Linears final : public model::LinearOverride {
+// its model::LinearOverride (and, for the experts' grouped products, its
+// model::GroupedLinearOverride).
+class Fp8Linears final : public model::LinearOverride, public model::GroupedLinearOverride {
  public:
   explicit Fp8Linears(RecipeConfig config);
   ~Fp8Linears() override;

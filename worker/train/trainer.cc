@@ -26,7 +26,7 @@
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
-#include "worker/dist/expert_exchange.h"
+#include "worker/dist/expert_parallel.h"
 #include "worker/dist/grad_sync.h"
 #include "worker/dist/group.h"
 #include "worker/dist/step_reduce.h"
@@ -221,7 +221,8 @@ class Run {
   std::unique_ptr<dist::Group> group_;  // null with one rank
   std::unique_ptr<dist::GradientSync> sync_;  // with group_
   std::unique_ptr<dist::Group> expert_group_;    // expert parallelism
-  std::unique_ptr<model::ExpertExchange> exchange_;
+  std::unique_ptr<dist::ExpertExchange> exchange_;
+  std::unique_ptr<dist::ExpertParallel> experts_;
   TrainState state_;
   int64_t micro_per_step_ = 1;
   double flops_per_token_ = 0;
@@ -719,7 +720,8 @@ std::optional<TrainResult> Run::JoinGroup() {
     if (!experts.ok()) return Fail("rendezvous: " + std::string(experts.status().message()), true);
     expert_group_ = std::move(*experts);
     exchange_ = std::make_unique<dist::GroupExchange>(expert_group_.get());
-    model_->SetExpertExchange(exchange_.get());
+    experts_ = std::make_unique<dist::ExpertParallel>(exchange_.get());
+    model_->SetExpertsHook(experts_.get());
   }
   // Every rank holds every FP8 layer, so their amax vectors line up.
   if (fp8_) fp8_->Declare(model_->LinearSites());

@@ -112,7 +112,7 @@ struct ParallelConfig {
   int64_t param_check_interval_steps = 50;  // parameters compared across ranks
   int64_t bucket_bytes = 25 << 20;          // gradient all-reduce buckets
   // Expert parallelism: each rank computes only its block of experts, over
-  // every rank's tokens for them (model/moe.h, ExpertExchange); the model's
+  // every rank's tokens for them (dist/expert_parallel.h); the model's
   // moe.num_experts must be a multiple of world_size.
   bool expert_parallel = false;
 };
