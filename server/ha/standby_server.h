@@ -53,7 +53,9 @@ class StandbyServer {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   mutable absl::Mutex mu_;
-  std::string leader_ ABSL_GUARDED_BY(mu_) = "unknown (no valid lease)";
+  // Until the first read of the lease row.
+  std::string leader_ ABSL_GUARDED_BY(mu_) =
+      "not known yet (this tallyd is still reading the lease)";
 };
 
 }  // namespace tally::ha

@@ -91,6 +91,16 @@ class HaTest(DatabaseTestCase):
         a = self.start_tallyd(lease, extra)
         self.wait_leader(a)
         b = self.start_tallyd(lease, extra)
+
+        def names_the_leader():
+            try:
+                self.get(b, "jobs/1")
+            except grpc.RpcError as e:
+                return a.grpc_addr in (e.details() or "")
+            return False
+        # B serves its refusals from the start; it names A once it has read
+        # the lease row.
+        wait_for(names_the_leader, timeout=30, what="the standby to read the lease")
         return a, b
 
     def sql(self, query):

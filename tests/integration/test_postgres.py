@@ -296,10 +296,17 @@ class PostgresRestartTest(DatabaseTestCase):
                                        "--lease_timeout=" + LEASE])
         try:
             self.assertFalse(standby.ready())
-            with self.assertRaises(grpc.RpcError) as refused:
-                standby.jobs.GetJob(jobs_pb2.GetJobRequest(name="jobs/1"), timeout=10)
-            self.assertEqual(refused.exception.code(), grpc.StatusCode.UNAVAILABLE)
-            self.assertIn(self.tallyd.grpc_addr, refused.exception.details())
+
+            def refusal():
+                with self.assertRaises(grpc.RpcError) as refused:
+                    standby.jobs.GetJob(jobs_pb2.GetJobRequest(name="jobs/1"), timeout=10)
+                self.assertEqual(refused.exception.code(), grpc.StatusCode.UNAVAILABLE)
+                return refused.exception.details()
+            # Named once the standby has read the lease (it serves its
+            # refusals from the start, naming no leader until then).
+            details = wait_for(lambda: (lambda d: d if self.tallyd.grpc_addr in d else None)(
+                refusal()), timeout=30, what="the standby to name the leader")
+            self.assertIn("this tallyd is a standby", details)
 
             dead = "127.0.0.1:%d" % free_port()
             controllers = ",".join([dead, standby.grpc_addr, self.tallyd.grpc_addr])
