@@ -15,25 +15,17 @@
 #include "server/ha/await_lease.h"
 #include "server/store/postgres_job_store.h"
 #include "server/store/testing/postgres_server.h"
+#include "server/store/testing/records.h"
 
 namespace tally::ha {
 namespace {
 
+using ::tally::store::testing::NewJob;
+using ::tally::store::testing::Submitted;
+
 using ::testing::HasSubstr;
 
-store::JobRecord NewJob() {
-  store::JobRecord r;
-  r.mutable_job()->set_state(tally::v1::JOB_STATE_QUEUED);
-  r.mutable_job()->mutable_create_time()->set_seconds(1000);
-  return r;
-}
 
-tally::v1::JobEvent Submitted() {
-  tally::v1::JobEvent e;
-  e.set_type("submitted");
-  e.set_state(tally::v1::JOB_STATE_QUEUED);
-  return e;
-}
 
 class LeaderLeaseTest : public ::testing::Test {
  protected:

@@ -70,12 +70,14 @@ bool CapacityMatches(const std::string& job_capacity, const std::string& worker_
   return false;
 }
 
+bool OfferedBefore(const QueuedJob& a, const QueuedJob& b) {
+  if (a.priority != b.priority) return a.priority > b.priority;
+  if (a.create_time != b.create_time) return a.create_time < b.create_time;
+  return a.id < b.id;
+}
+
 std::vector<Placement> PlaceJobs(std::vector<QueuedJob> jobs, std::vector<WorkerSlots> workers) {
-  std::sort(jobs.begin(), jobs.end(), [](const QueuedJob& a, const QueuedJob& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    if (a.create_time != b.create_time) return a.create_time < b.create_time;
-    return a.id < b.id;
-  });
+  std::sort(jobs.begin(), jobs.end(), OfferedBefore);
   // Workers with free slots by GPU type, in a stable worker order.
   std::sort(workers.begin(), workers.end(),
             [](const WorkerSlots& a, const WorkerSlots& b) { return a.worker_id < b.worker_id; });

@@ -40,6 +40,10 @@ struct QueuedJob {
   std::vector<int> smaller_counts;
 };
 
+// The order jobs are offered to placement: higher priority first, then the
+// older, then the lower id.
+bool OfferedBefore(const QueuedJob& a, const QueuedJob& b);
+
 struct WorkerSlots {
   std::string worker_id;
   std::string gpu_type;

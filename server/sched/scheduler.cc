@@ -1982,21 +1982,7 @@ absl::Status Scheduler::Tick() {
   // 3. Start what fits. With a tenant's max_gpus, its jobs are offered to
   // the placement in priority, then submission, order while they fit under
   // it; past it, a job waits and says why.
-  std::vector<policy::QueuedJob> queued;
-  for (const auto& [id, job] : active_) {
-    if (job.rec.job().state() != tally::v1::JOB_STATE_QUEUED) continue;
-    const auto& spec = job.rec.job().spec();
-    queued.push_back({id, spec.priority(), FromProto(job.rec.job().create_time()),
-                      spec.resources().gpu_type(), spec.resources().gpu_count(),
-                      spec.resources().capacity()});
-    if (job.rec.job().preemption().count() > 0 && spec.resources().gpu_count() > 1) {
-      // A preempted job resumes at any world size its micro-batches allow
-      // rather than wait for all its slots (its checkpoint holds the whole
-      // model).
-      std::vector<int> sizes = AllowedWorldSizes(spec);
-      queued.back().smaller_counts.assign(sizes.begin() + 1, sizes.end());
-    }
-  }
+  std::vector<policy::QueuedJob> queued = QueuedJobs();
   // While a job waits for the slots its preemptions free (until every
   // victim rank's slot is released, not only until the victims requeue),
   // nothing of lower priority that could use them starts on its GPU type:
@@ -2051,44 +2037,7 @@ absl::Status Scheduler::Tick() {
                  queued.end());
   }
   std::vector<std::pair<int64_t, std::string>> over_quota;
-  if (!options_.quotas.empty() && !queued.empty()) {
-    std::stable_sort(queued.begin(), queued.end(),
-                     [](const policy::QueuedJob& a, const policy::QueuedJob& b) {
-                       if (a.priority != b.priority) return a.priority > b.priority;
-                       return a.create_time < b.create_time;
-                     });
-    std::map<std::string, int64_t> in_use = TenantGpusInUse();
-    std::vector<policy::QueuedJob> offered;
-    for (policy::QueuedJob& q : queued) {
-      const tally::v1::Job& j = active_.at(q.id).rec.job();
-      auto quota = options_.quotas.find(j.tenant());
-      if (quota == options_.quotas.end()) {
-        offered.push_back(std::move(q));
-        continue;
-      }
-      // A tenant at a dollar cap starts nothing new. The reasons name the
-      // limit, not the moving figures, so a job says it once.
-      if (std::optional<ledger::QuotaStop> cap =
-              ledger::CheckDollarQuota(j.tenant(), options_.quotas, spend_, now)) {
-        over_quota.emplace_back(q.id, absl::StrCat("waiting: tenant ", j.tenant(),
-                                                   " is at its ", cap->limit, " (", cap->detail,
-                                                   ")"));
-        continue;
-      }
-      if (quota->second.max_gpus > 0) {
-        int64_t& used = in_use[j.tenant()];
-        if (used + q.gpu_count > quota->second.max_gpus) {
-          over_quota.emplace_back(
-              q.id, absl::StrCat("waiting: tenant ", j.tenant(), " is at its max_gpus ",
-                                 quota->second.max_gpus, " (this job needs ", q.gpu_count, ")"));
-          continue;
-        }
-        used += q.gpu_count;
-      }
-      offered.push_back(std::move(q));
-    }
-    queued = std::move(offered);
-  }
+  queued = OfferUnderQuotas(std::move(queued), now, &over_quota);
   // A job held back by its tenant's quota says so (once, not every tick).
   for (const auto& [id, why] : over_quota) {
     const ActiveJob& job = active_.at(id);
@@ -2166,11 +2115,7 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
     capacity.emplace_back(id, Placeable(ws, now) ? ws.rec.capacity() : "unavailable");
   }
   std::vector<policy::QueuedJob> order = waiting;
-  std::stable_sort(order.begin(), order.end(),
-                   [](const policy::QueuedJob& a, const policy::QueuedJob& b) {
-                     if (a.priority != b.priority) return a.priority > b.priority;
-                     return a.create_time < b.create_time;
-                   });
+  std::stable_sort(order.begin(), order.end(), policy::OfferedBefore);
   policy::PreemptionOptions options;
   options.min_runtime = options_.min_runtime_before_preemption;
   // Bounded work per pass: the first few waiting jobs of each GPU type.
@@ -2361,48 +2306,81 @@ int64_t Scheduler::QueueDepth() const {
   return n;
 }
 
+std::vector<policy::QueuedJob> Scheduler::QueuedJobs() const {
+  std::vector<policy::QueuedJob> queued;
+  for (const auto& [id, job] : active_) {
+    if (job.rec.job().state() != tally::v1::JOB_STATE_QUEUED) continue;
+    const auto& spec = job.rec.job().spec();
+    queued.push_back({id, spec.priority(), FromProto(job.rec.job().create_time()),
+                      spec.resources().gpu_type(), spec.resources().gpu_count(),
+                      spec.resources().capacity()});
+    if (job.rec.job().preemption().count() > 0 && spec.resources().gpu_count() > 1) {
+      // A preempted job resumes at any world size its micro-batches allow
+      // rather than wait for all its slots (its checkpoint holds the whole
+      // model).
+      std::vector<int> sizes = AllowedWorldSizes(spec);
+      queued.back().smaller_counts.assign(sizes.begin() + 1, sizes.end());
+    }
+  }
+  return queued;
+}
+
+std::vector<policy::QueuedJob> Scheduler::OfferUnderQuotas(
+    std::vector<policy::QueuedJob> queued, absl::Time now,
+    std::vector<std::pair<int64_t, std::string>>* held) const {
+  if (options_.quotas.empty() || queued.empty()) return queued;
+  std::stable_sort(queued.begin(), queued.end(), policy::OfferedBefore);
+  std::map<std::string, int64_t> in_use = TenantGpusInUse();
+  std::vector<policy::QueuedJob> offered;
+  for (policy::QueuedJob& q : queued) {
+    const tally::v1::Job& j = active_.at(q.id).rec.job();
+    auto quota = options_.quotas.find(j.tenant());
+    if (quota == options_.quotas.end()) {
+      offered.push_back(std::move(q));
+      continue;
+    }
+    // A tenant at a dollar cap starts nothing new. The reasons name the
+    // limit, not the moving figures, so a job says it once.
+    if (std::optional<ledger::QuotaStop> cap =
+            ledger::CheckDollarQuota(j.tenant(), options_.quotas, spend_, now)) {
+      if (held != nullptr) {
+        held->emplace_back(q.id, absl::StrCat("waiting: tenant ", j.tenant(), " is at its ",
+                                              cap->limit, " (", cap->detail, ")"));
+      }
+      continue;
+    }
+    if (quota->second.max_gpus > 0) {
+      int64_t& used = in_use[j.tenant()];
+      if (used + q.gpu_count > quota->second.max_gpus) {
+        if (held != nullptr) {
+          held->emplace_back(q.id, absl::StrCat("waiting: tenant ", j.tenant(),
+                                                " is at its max_gpus ", quota->second.max_gpus,
+                                                " (this job needs ", q.gpu_count, ")"));
+        }
+        continue;
+      }
+      used += q.gpu_count;
+    }
+    offered.push_back(std::move(q));
+  }
+  return offered;
+}
+
 std::map<std::string, int64_t> Scheduler::GpusWanted() const {
   std::map<std::string, int64_t> wanted;
   for (const auto& [type, price] : ledger_.prices().usd_per_gpu_hour) wanted[type];
   for (const auto& [id, ws] : workers_) {
     if (!ws.rec.gpu_type().empty()) wanted[ws.rec.gpu_type()];
   }
-  std::vector<const ActiveJob*> queued;
   for (const auto& [id, job] : active_) {
     const tally::v1::Job& j = job.rec.job();
-    const std::string& type = j.spec().resources().gpu_type();
-    if (j.state() == tally::v1::JOB_STATE_RUNNING) {
-      wanted[type] += job.attempt ? job.attempt->worker_ids_size()
-                                  : j.spec().resources().gpu_count();
-    } else if (j.state() == tally::v1::JOB_STATE_QUEUED) {
-      queued.push_back(&job);
-    }
+    if (j.state() != tally::v1::JOB_STATE_RUNNING) continue;
+    wanted[j.spec().resources().gpu_type()] +=
+        job.attempt ? job.attempt->worker_ids_size() : j.spec().resources().gpu_count();
   }
-  // Tenant quotas, judged as Tick offers jobs: priority, then submission
-  // order, against what the tenant's running jobs hold.
-  std::stable_sort(queued.begin(), queued.end(), [](const ActiveJob* a, const ActiveJob* b) {
-    const tally::v1::Job& x = a->rec.job();
-    const tally::v1::Job& y = b->rec.job();
-    if (x.spec().priority() != y.spec().priority()) {
-      return x.spec().priority() > y.spec().priority();
-    }
-    return FromProto(x.create_time()) < FromProto(y.create_time());
-  });
-  const absl::Time now = clock_->Now();
-  std::map<std::string, int64_t> in_use = TenantGpusInUse();
-  for (const ActiveJob* job : queued) {
-    const tally::v1::Job& j = job->rec.job();
-    const int64_t gpus = j.spec().resources().gpu_count();
-    auto quota = options_.quotas.find(j.tenant());
-    if (quota != options_.quotas.end()) {
-      if (ledger::CheckDollarQuota(j.tenant(), options_.quotas, spend_, now)) continue;
-      if (quota->second.max_gpus > 0) {
-        int64_t& used = in_use[j.tenant()];
-        if (used + gpus > quota->second.max_gpus) continue;
-        used += gpus;
-      }
-    }
-    wanted[j.spec().resources().gpu_type()] += gpus;
+  // The queued jobs Tick would offer to placement under the tenants' quotas.
+  for (const policy::QueuedJob& q : OfferUnderQuotas(QueuedJobs(), clock_->Now(), nullptr)) {
+    wanted[q.gpu_type] += q.gpu_count;
   }
   return wanted;
 }

@@ -246,6 +246,15 @@ class Scheduler {
   void AddObserver(CommitObserver* observer) { observers_.push_back(observer); }
 
  private:
+  // The queued jobs, as placement takes them.
+  std::vector<policy::QueuedJob> QueuedJobs() const;
+  // Of `queued`, those offered to placement under the tenants' quotas
+  // (config's tenants: a dollar cap reached, or max_gpus in priority, then
+  // submission, order); `held` (may be null) gets the others with why they
+  // wait. Without quotas: `queued` as it is.
+  std::vector<policy::QueuedJob> OfferUnderQuotas(
+      std::vector<policy::QueuedJob> queued, absl::Time now,
+      std::vector<std::pair<int64_t, std::string>>* held) const;
   using AttemptKey = std::pair<int64_t, int32_t>;  // (job id, attempt)
 
   struct ActiveJob {

@@ -19,9 +19,13 @@
 #include "gtest/gtest.h"
 #include "server/store/testing/postgres_server.h"
 #include "server/store/testing/postgres_test_environment.h"
+#include "server/store/testing/records.h"
 
 namespace tally::store {
 namespace {
+
+using ::tally::store::testing::NewJob;
+using ::tally::store::testing::Submitted;
 
 using ::testing::HasSubstr;
 using testing::PostgresServer;
@@ -29,21 +33,7 @@ using testing::PostgresTestEnvironment;
 
 const bool kPostgresEnvironment = testing::RegisterPostgresTestEnvironment();
 
-JobRecord NewJob(const std::string& request_id = "", int layers = 2) {
-  JobRecord r;
-  r.mutable_job()->set_state(tally::v1::JOB_STATE_QUEUED);
-  r.mutable_job()->set_request_id(request_id);
-  r.mutable_job()->mutable_spec()->mutable_model()->set_num_layers(layers);
-  r.mutable_job()->mutable_create_time()->set_seconds(1000);
-  return r;
-}
 
-tally::v1::JobEvent Submitted() {
-  tally::v1::JobEvent e;
-  e.set_type("submitted");
-  e.set_state(tally::v1::JOB_STATE_QUEUED);
-  return e;
-}
 
 // A second, plain libpq connection: the other tallyd, or an operator.
 class Sql {

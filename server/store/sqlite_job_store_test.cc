@@ -18,9 +18,13 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/store/testing/records.h"
 
 namespace tally::store {
 namespace {
+
+using ::tally::store::testing::NewJob;
+using ::tally::store::testing::Submitted;
 
 std::string TempDbPath() {
   static int n = 0;
@@ -33,23 +37,7 @@ std::string TempDbPath() {
   return (std::filesystem::path(dir) / ("db" + std::to_string(n++) + ".sqlite")).string();
 }
 
-JobRecord NewJob(const std::string& request_id = "", int layers = 2,
-                 const std::string& tenant = "") {
-  JobRecord r;
-  r.mutable_job()->set_state(tally::v1::JOB_STATE_QUEUED);
-  r.mutable_job()->set_request_id(request_id);
-  r.mutable_job()->set_tenant(tenant);
-  r.mutable_job()->mutable_spec()->mutable_model()->set_num_layers(layers);
-  r.mutable_job()->mutable_create_time()->set_seconds(1000);
-  return r;
-}
 
-tally::v1::JobEvent Submitted() {
-  tally::v1::JobEvent e;
-  e.set_type("submitted");
-  e.set_state(tally::v1::JOB_STATE_QUEUED);
-  return e;
-}
 
 std::unique_ptr<SqliteJobStore> OpenStore(const std::string& path) {
   auto s = SqliteJobStore::Open(path);

@@ -11,6 +11,7 @@ file would be. Such a tallyd leads only once it holds the lease
 Unset, or sqlite, keeps the default store."""
 
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -101,6 +102,31 @@ def parse_exposition(text):
         key, value = line.rsplit(" ", 1)
         series[key] = float(value)
     return series
+
+
+def metric_value(text, name, **labels):
+    """The value of the first series of `name` in exposition `text` whose
+    labels include `labels`; None when there is none."""
+    for key, value in parse_exposition(text).items():
+        n, _, rest = key.partition("{")
+        have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if n == name and all(have.get(k) == v for k, v in labels.items()):
+            return value
+    return None
+
+
+def events_so_far(jobs, name):
+    """The job's events up to its latest now, from a Jobs stub (a watch cut
+    short there)."""
+    job = jobs.GetJob(jobs_pb2.GetJobRequest(name=name), timeout=10)
+    out = []
+    stream = jobs.WatchJob(jobs_pb2.WatchJobRequest(name=name), timeout=30)
+    for e in stream:
+        out.append(e)
+        if e.sequence >= job.last_event_sequence:
+            break
+    stream.cancel()
+    return out
 
 
 def _read(path):
@@ -378,6 +404,9 @@ class ClusterTest(unittest.TestCase):
         return wait_for(lambda: (lambda j: j if j.state in states else None)(self.get(name)),
                         timeout=timeout,
                         what="%s to reach %s" % (name, [jobs_pb2.JobState.Name(s) for s in states]))
+
+    def metric(self, name, **labels):
+        return metric_value(self.tallyd.scrape(), name, **labels)
 
     def events(self, name, after=0):
         return list(self.tallyd.jobs.WatchJob(

@@ -114,15 +114,7 @@ class HaTest(DatabaseTestCase):
         return t.jobs.GetJob(jobs_pb2.GetJobRequest(name=name), timeout=10)
 
     def events_so_far(self, t, name):
-        job = self.get(t, name)
-        out = []
-        stream = t.jobs.WatchJob(jobs_pb2.WatchJobRequest(name=name), timeout=30)
-        for e in stream:
-            out.append(e)
-            if e.sequence >= job.last_event_sequence:
-                break
-        stream.cancel()
-        return out
+        return harness.events_so_far(t.jobs, name)
 
     def wait_state(self, t, name, state, timeout=60):
         return wait_for(lambda: (lambda j: j if j.state == state else None)(self.get(t, name)),

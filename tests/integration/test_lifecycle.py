@@ -7,7 +7,7 @@ import signal
 import unittest
 
 import grpc
-from harness import ClusterTest, Tallyd, jobs_pb2, spec, wait_for
+from harness import ClusterTest, Tallyd, events_so_far, jobs_pb2, spec, wait_for
 
 
 class LifecycleTest(ClusterTest):
@@ -74,15 +74,7 @@ class LifecycleTest(ClusterTest):
             self.assertEqual(self.wait_state(n, jobs_pb2.JOB_STATE_SUCCEEDED, timeout=60).attempt, 1)
 
     def events_so_far(self, name):
-        job = self.get(name)
-        out = []
-        stream = self.tallyd.jobs.WatchJob(jobs_pb2.WatchJobRequest(name=name))
-        for e in stream:
-            out.append(e)
-            if e.sequence >= job.last_event_sequence:
-                break
-        stream.cancel()
-        return out
+        return events_so_far(self.tallyd.jobs, name)
 
     def test_worker_killed_mid_job_moves_to_another_worker(self):
         a = self.add_worker("a")

@@ -16,7 +16,7 @@ import unittest
 
 import grpc
 from google.protobuf import json_format
-from harness import ClusterTest, Tallyd, jobs_pb2, parse_exposition, spec, wait_for
+from harness import ClusterTest, Tallyd, jobs_pb2, spec, wait_for
 
 RESUME_RE = re.compile(r"resuming from step (\d+)")
 
@@ -68,14 +68,6 @@ class PreemptionTest(ClusterTest):
         return [int(m.group(1)) if m else 0
                 for m in (RESUME_RE.search(e.detail) for e in self.events(name)
                           if e.type == "started")]
-
-    def metric(self, name, **labels):
-        for key, value in parse_exposition(self.tallyd.scrape()).items():
-            n, _, rest = key.partition("{")
-            have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
-            if n == name and all(have.get(k) == v for k, v in labels.items()):
-                return value
-        return None
 
     def assert_same_curve(self, got, want):
         """The preempted job's evaluations are the uninterrupted run's, step

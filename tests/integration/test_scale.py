@@ -7,25 +7,16 @@ many workers sit idle (tally_workers_idle), which is what an autoscaler
 exiting 0 after telling tallyd (a notice, cause idle), never while the job
 runs."""
 
-import re
 import subprocess
 import time
 import unittest
 
-from harness import WORKER, ClusterTest, jobs_pb2, parse_exposition, spec, wait_for
+from harness import WORKER, ClusterTest, jobs_pb2, spec, wait_for
 
 IDLE_SECONDS = 2.0
 
 
 class ScaleTest(ClusterTest):
-
-    def metric(self, name, **labels):
-        for key, value in parse_exposition(self.tallyd.scrape()).items():
-            n, _, rest = key.partition("{")
-            have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
-            if n == name and all(have.get(k) == v for k, v in labels.items()):
-                return value
-        return None
 
     def wait_gauges(self, wanted, idle, what):
         """Waits (tallyd refreshes its gauges every tick) until
