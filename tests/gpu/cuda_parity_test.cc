@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -140,17 +141,39 @@ struct MoeLayerCase {
     w3 = at::randn({E, F, D}) * 0.02;
     w2 = at::randn({E, D, F}) * 0.02;
   }
-  // Forward and backward on `dev`: the output, dx and dw1, on the host.
+  // The layer's tensors on `dev`, copied once (timing leaves the copies out).
+  struct OnDevice {
+    at::Tensor x, router, w1, w3, w2;
+  };
+  OnDevice To(at::Device dev) const {
+    auto copy = [&](const at::Tensor& t) { return t.to(dev, false, /*copy=*/true); };
+    return {copy(x), copy(router), copy(w1), copy(w3), copy(w2)};
+  }
+  // Forward and backward on d's device: the output, dx and dw1 there. Fresh
+  // leaves over d's storage each call (no copy), so gradients never add up.
+  std::vector<at::Tensor> Step(const model::MoeConfig& c, const OnDevice& d,
+                               model::LinearOverride* linear) const {
+    auto leaf = [](const at::Tensor& t) {
+      at::Tensor l = t.detach();
+      l.set_requires_grad(true);
+      return l;
+    };
+    at::Tensor x_ = leaf(d.x), w1_ = leaf(d.w1), w2_ = leaf(d.w2);
+    model::MoeOutput o =
+        model::MoeForward(x_, {}, d.router, {}, w1_, d.w3, w2_, c, linear, "layers.0.");
+    o.y_ND.to(at::kFloat).square().sum().backward();
+    return {o.y_ND, x_.grad(), w1_.grad()};
+  }
+  // Step on `dev`, the results on the host in FP32.
   std::vector<at::Tensor> Run(const model::MoeConfig& c, at::Device dev,
                               model::LinearOverride* linear) const {
-    std::vector<at::Tensor> p = {x.to(dev).set_requires_grad(true), router.to(dev),
-                                 w1.to(dev).set_requires_grad(true), w3.to(dev),
-                                 w2.to(dev).set_requires_grad(true)};
-    model::MoeOutput o =
-        model::MoeForward(p[0], {}, p[1], {}, p[2], p[3], p[4], c, linear, "layers.0.");
-    o.y_ND.to(at::kFloat).square().sum().backward();
-    return {o.y_ND.to(at::kCPU, at::kFloat), p[0].grad().to(at::kCPU), p[2].grad().to(at::kCPU)};
+    std::vector<at::Tensor> out = Step(c, To(dev), linear);
+    for (at::Tensor& t : out) t = t.to(at::kCPU, at::kFloat);
+    return out;
   }
+  // Milliseconds per Step on the device, inputs already there.
+  double TimeOn(at::Device dev, const model::MoeConfig& c,
+                const std::function<model::LinearOverride*()>& linear) const;
   std::string Shape() const {
     return absl::StrCat(N, " tokens, ", E, " experts ", D, "x", F);
   }
@@ -170,12 +193,22 @@ void ExpectClose(const std::vector<at::Tensor>& got, const std::vector<at::Tenso
 }
 
 // Milliseconds per call of `f`, over 10 calls after a warm-up.
+// (f must leave nothing queued on the device that it did not wait for.)
 double MsPerCall(const std::function<void()>& f) {
   f();
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < 10; ++r) f();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
          10;
+}
+
+double MoeLayerCase::TimeOn(at::Device dev, const model::MoeConfig& c,
+                            const std::function<model::LinearOverride*()>& linear) const {
+  const OnDevice d = To(dev);
+  return MsPerCall([&] {
+    // A one-element read waits for everything queued before it.
+    Step(c, d, linear())[2].sum().item<float>();
+  });
 }
 
 // The grouped expert path (at::_grouped_mm, BF16) against the CPU FP32
@@ -193,8 +226,8 @@ TEST(CudaParity, GroupedExpertsMatchTheCpuAndBeatTheLoop) {
                   "grouped experts on CUDA vs CPU");
       continue;
     }
-    const double grouped = MsPerCall([&] { m.Run(m.config, cuda, nullptr); });
-    const double looped = MsPerCall([&] { m.Run(loop, cuda, nullptr); });
+    const double grouped = m.TimeOn(cuda, m.config, [] { return nullptr; });
+    const double looped = m.TimeOn(cuda, loop, [] { return nullptr; });
     std::cout << "MoE layer fwd+bwd, " << m.Shape() << ": grouped " << grouped << " ms, loop "
               << looped << " ms\n";
   }
@@ -263,9 +296,10 @@ TEST(CudaParity, Fp8GroupedExpertsMatchTheCpuAndBeatTheLoop) {
     }
     double ms[2];
     for (const bool grouped : {true, false}) {
-      ms[grouped ? 0 : 1] = MsPerCall([&] {
-        precision::Fp8Linears fp8(recipe(grouped));
-        m.Run(m.config, cuda, &fp8);
+      std::unique_ptr<precision::Fp8Linears> fp8;
+      ms[grouped ? 0 : 1] = m.TimeOn(cuda, m.config, [&] {
+        fp8 = std::make_unique<precision::Fp8Linears>(recipe(grouped));
+        return fp8.get();
       });
     }
     std::cout << "FP8 MoE layer fwd+bwd, " << m.Shape() << ": grouped forward " << ms[0]

@@ -244,6 +244,9 @@ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$NVCC" \
   -DCMAKE_PREFIX_PATH="$PREFIX/usr;$TORCH_CMAKE" \
   -DOPENSSL_ROOT_DIR="$PREFIX/usr" \
+  -DOPENSSL_INCLUDE_DIR="$PREFIX/usr/include" \
+  -DOPENSSL_CRYPTO_LIBRARY="$PREFIX/usr/lib/x86_64-linux-gnu/libcrypto.so" \
+  -DOPENSSL_SSL_LIBRARY="$PREFIX/usr/lib/x86_64-linux-gnu/libssl.so" \
   -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
   >"$OUT/configure.log" 2>&1
 rc=$?
