@@ -75,8 +75,11 @@ int main(int argc, char** argv) {
     bin_bytes = (*ds)->bin_bytes();
     idx_bytes = (*ds)->idx_bytes();
     start = std::chrono::steady_clock::now();
-    const uint16_t max_id =
-        tally::data::MaxTokenId((*ds)->doc(0), static_cast<size_t>((*ds)->num_tokens()));
+    const size_t n = static_cast<size_t>((*ds)->num_tokens());
+    const int64_t max_id =
+        (*ds)->metadata().token_bytes == 4
+            ? tally::data::MaxTokenId(static_cast<const uint32_t*>((*ds)->token_data()), n)
+            : tally::data::MaxTokenId(static_cast<const uint16_t*>((*ds)->token_data()), n);
     range_s = std::min(range_s, Seconds(start));
     if (max_id >= (*ds)->metadata().vocab_size) return 1;
     start = std::chrono::steady_clock::now();

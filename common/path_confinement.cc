@@ -98,6 +98,11 @@ std::string DataRoots::Describe() const {
 }
 
 absl::Status DataRoots::CheckDataset(absl::string_view field, const std::string& prefix) const {
+  return CheckFiles(field, prefix, DatasetFiles(prefix));
+}
+
+absl::Status DataRoots::CheckFiles(absl::string_view field, const std::string& prefix,
+                                   const std::vector<std::string>& files) const {
   if (!confining()) return absl::OkStatus();
   const std::string quoted = absl::StrCat("\"", EscapeUnprintable(prefix), "\"");
   auto inside = [&](const fs::path& p) {
@@ -121,7 +126,7 @@ absl::Status DataRoots::CheckDataset(absl::string_view field, const std::string&
   if (!inside(*resolved_prefix)) return refuse("", *resolved_prefix);
   // The files beside the prefix: this catches a prefix that is a root
   // itself (its files are in the folder above) and a file that is a link out.
-  for (const std::string& file : DatasetFiles(prefix)) {
+  for (const std::string& file : files) {
     absl::StatusOr<fs::path> resolved = ResolvePath(file, base_);
     if (!resolved.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(field, " ", quoted, " (its file ",
@@ -131,6 +136,22 @@ absl::Status DataRoots::CheckDataset(absl::string_view field, const std::string&
     if (!inside(*resolved)) {
       return refuse(absl::StrCat(" (its file ", EscapeUnprintable(file), ")"), *resolved);
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataRoots::CheckInitFrom(absl::string_view field_prefix, const std::string& hf,
+                                      const std::string& checkpoint) const {
+  if (!hf.empty()) {
+    if (absl::Status s = CheckFiles(absl::StrCat(field_prefix, "model.init_from.hf"), hf,
+                                    {hf + "/config.json", hf + "/model.safetensors"});
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!checkpoint.empty()) {
+    return CheckFiles(absl::StrCat(field_prefix, "model.init_from.checkpoint"), checkpoint,
+                      {checkpoint});
   }
   return absl::OkStatus();
 }

@@ -76,6 +76,18 @@ class DataRoots {
   // path cannot be resolved. Opens no file.
   absl::Status CheckDataset(absl::string_view field, const std::string& prefix) const;
 
+  // The same check for a path and the files read through it: `path`
+  // itself and each of `files` (e.g. a model folder and its config.json and
+  // model.safetensors; a checkpoint file alone).
+  absl::Status CheckFiles(absl::string_view field, const std::string& path,
+                          const std::vector<std::string>& files) const;
+
+  // CheckFiles for a JobSpec's model.init_from (hf: the folder, its
+  // config.json and model.safetensors; checkpoint: the file), naming
+  // `field_prefix` + "model.init_from.hf" or ".checkpoint". OK when unset.
+  absl::Status CheckInitFrom(absl::string_view field_prefix, const std::string& hf,
+                             const std::string& checkpoint) const;
+
  private:
   std::vector<std::filesystem::path> roots_;
   std::filesystem::path base_;

@@ -233,6 +233,22 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     }
   }
   p.Range("model.d_ff", model.d_ff(), 0, 1 << 20);
+  const auto& init = model.init_from();
+  if (!init.hf().empty() && !init.checkpoint().empty()) {
+    p.Add("model.init_from",
+          "name a Hugging Face folder (hf) or a Tally checkpoint "
+          "(checkpoint), not both");
+  }
+  for (const auto& [field, path] :
+       {std::pair<const char*, const std::string*>{"model.init_from.hf", &init.hf()},
+        std::pair<const char*, const std::string*>{"model.init_from.checkpoint",
+                                                   &init.checkpoint()}}) {
+    if (path->size() > kMaxPathBytes) {
+      p.Add(field, absl::StrCat("must be at most ", kMaxPathBytes, " bytes"));
+    } else if (path->find('\0') != std::string::npos) {
+      p.Add(field, "must not contain a NUL byte");
+    }
+  }
   p.Range("model.vocab_size", model.vocab_size(), 0, 1 << 22);
   const auto& moe = model.moe();
   p.Range("model.moe.num_experts", moe.num_experts(), 0, 1024);

@@ -125,6 +125,17 @@ INSTANTIATE_TEST_SUITE_P(
                       tally::v1::FP8_RECIPE_CURRENT);
                 },
                 "precision.fp8_recipe"},
+        BadCase{"init_from_both",
+                [](JobSpec* s) {
+                  s->mutable_model()->mutable_init_from()->set_hf("hf");
+                  s->mutable_model()->mutable_init_from()->set_checkpoint("a.ckpt");
+                },
+                "model.init_from"},
+        BadCase{"init_from_long_path",
+                [](JobSpec* s) {
+                  s->mutable_model()->mutable_init_from()->set_hf(std::string(5000, 'a'));
+                },
+                "model.init_from.hf"},
         BadCase{"no_train_path",
                 [](JobSpec* s) { s->mutable_data()->clear_train_path(); },
                 "data.train_path"},

@@ -1,5 +1,7 @@
 // Fuzzes tally-prep's corpus readers (worker/data/corpus.h): the text readers
-// (one document per file, separator lines, blank lines) and the JSONL reader.
+// (one document per file, separator lines, blank lines), the JSONL reader, and
+// (for JSONL inputs) the pre-tokenized reader over the same bytes, whose ids
+// must all lie below the vocabulary (bit 4 of byte 0 picks 300 or 70,000).
 //
 // Input: byte 0 picks the format (low two bits) and, for JSONL, the field
 // name; the rest is the file's contents. Each document handed to the sink
@@ -78,6 +80,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (tally::data::FindInvalidUtf8(contents) == absl::string_view::npos &&
       options.format != tally::data::CorpusFormat::kJsonl && !s.ok()) {
     Fail("a valid UTF-8 text corpus is rejected: " + s.ToString());
+  }
+  if (options.format == tally::data::CorpusFormat::kJsonl) {
+    const int64_t vocab = (data[0] & 16) ? 70000 : 300;
+    last_line = 0;
+    const absl::Status ids = tally::data::ReadTokenIdsFile(
+        path, options, vocab,
+        [&](absl::Span<const uint32_t> tokens, const tally::data::DocumentSource& where) {
+          if (tokens.empty()) Fail("an empty pre-tokenized document");
+          for (uint32_t t : tokens) {
+            if (t >= vocab) Fail(absl::StrCat("token id ", t, " past the vocabulary ", vocab));
+          }
+          if (where.first_line <= last_line || where.first_line > num_lines) {
+            Fail(absl::StrCat("pre-tokenized document at line ", where.first_line));
+          }
+          last_line = where.first_line;
+          return absl::OkStatus();
+        });
+    if (!ids.ok() && (ids.code() != absl::StatusCode::kInvalidArgument || ids.message().empty())) {
+      Fail("bad pre-tokenized input is not INVALID_ARGUMENT with a message: " + ids.ToString());
+    }
   }
   return 0;
 }

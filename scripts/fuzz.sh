@@ -23,7 +23,7 @@ case "$FUZZ_BUILD_DIR" in /*) ;; *) FUZZ_BUILD_DIR=$ROOT/$FUZZ_BUILD_DIR ;; esac
 CACHE_DIR=${TALLY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tally}
 LIBTORCH_DIR=${LIBTORCH_DIR:-$CACHE_DIR/libtorch-2.11.0/torch}
 ALL_TARGETS="spec_fuzz experiment_fuzz corpus_fuzz dataset_fuzz checkpoint_fuzz scheduler_fuzz
-             auth_tokens_fuzz jwt_fuzz controller_list_fuzz"
+             auth_tokens_fuzz jwt_fuzz controller_list_fuzz safetensors_fuzz"
 TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
 SANITIZE="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 JOBS=${JOBS:-$(nproc)}

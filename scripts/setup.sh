@@ -23,6 +23,8 @@ PACKAGES=(
   libpython3.11-minimal libpython3.11-stdlib   # bench/corpus2.sh: the second corpus
   clang libclang-rt-dev   # the libFuzzer targets (scripts/fuzz.sh): libFuzzer, ASan, UBSan
   postgresql libpq-dev   # --store=postgres; its tests start a throwaway PostgreSQL 15
+  libsentencepiece-dev   # tally-prep --tokenizer=sentencepiece:PATH and train-tokenizer
+  python3-numpy   # tests/integration/hf_reference.py: the exported model, checked without transformers
 )
 
 missing=()

@@ -3,6 +3,8 @@
 // by document, deterministically (a hash of the document's text and --seed).
 // `tally-prep verify DIR|PREFIX` re-checks a prepared dataset: the structure,
 // the token ids and the SHA-256 of its files recorded at prep time.
+// `tally-prep train-tokenizer --vocab_size=N --out=tok.model FILES...` trains
+// a SentencePiece model on a corpus, for --tokenizer=sentencepiece:tok.model.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -18,11 +20,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/corpus.h"
 #include "worker/data/dataset.h"
+#include "worker/data/sentencepiece.h"
 #include "worker/data/tokenizer.h"
 
 ABSL_FLAG(std::string, out, "", "output directory (created if missing)");
@@ -32,7 +36,22 @@ ABSL_FLAG(std::string, split, "separator",
           "--separator, as in fortune files), blank (blank lines) or file (one "
           "document per file)");
 ABSL_FLAG(std::string, separator, "%", "document separator line for --split=separator");
-ABSL_FLAG(std::string, field, "text", "JSONL field holding the document text");
+ABSL_FLAG(std::string, field, "text",
+          "JSONL field holding the document: its text, or (with --vocab_size) an array of "
+          "token ids, e.g. --field=input_ids");
+ABSL_FLAG(std::string, tokenizer, "byte",
+          "byte (the 258-symbol byte vocabulary) or sentencepiece:PATH (a SentencePiece "
+          "tokenizer.model: Llama 2, Mistral, Gemma, or one from train-tokenizer)");
+ABSL_FLAG(int64_t, vocab_size, 0,
+          "pre-tokenized input: --format=jsonl whose --field holds token ids, each below this; "
+          "train-tokenizer: the vocabulary to learn");
+ABSL_FLAG(std::string, bos, "none",
+          "pre-tokenized input: the BOS id, put before each document that does not start "
+          "with it, or none");
+ABSL_FLAG(std::string, eos, "none",
+          "pre-tokenized input: the EOS id, put after each document that does not end with "
+          "it, or none");
+ABSL_FLAG(std::string, model_type, "bpe", "train-tokenizer: bpe or unigram");
 ABSL_FLAG(double, val_fraction, 0.05, "fraction of documents held out for validation");
 ABSL_FLAG(uint64_t, seed, 0, "changes which documents are held out");
 ABSL_FLAG(int64_t, max_line_bytes, int64_t{64} << 20,
@@ -73,6 +92,62 @@ bool IsDirectory(const std::string& path) {
 
 bool HasDatasetFiles(const std::string& prefix) {
   return Exists(prefix + ".json") || Exists(prefix + ".idx") || Exists(prefix + ".bin");
+}
+
+// --bos / --eos: an id below vocab_size, or none (-1).
+bool ParseSpecial(const std::string& flag, const std::string& value, int64_t vocab, int64_t* out,
+                  std::string* error) {
+  if (value == "none" || value.empty()) {
+    *out = -1;
+    return true;
+  }
+  if (!absl::SimpleAtoi(value, out) || *out < 0 || *out >= vocab) {
+    *error = absl::StrCat("--", flag, ": must be a token id below --vocab_size (", vocab,
+                          ") or none, got \"", value, "\"");
+    return false;
+  }
+  return true;
+}
+
+tally::data::CorpusOptions CorpusOptionsOrDie(int* code, std::string* error);
+
+// `tally-prep train-tokenizer --vocab_size=N --out=tok.model FILES...`.
+int TrainTokenizer(const std::vector<std::string>& files) {
+  if (files.empty()) return Fail("train-tokenizer: no input files: give one or more corpora", 2);
+  tally::data::TrainTokenizerOptions options;
+  options.out = absl::GetFlag(FLAGS_out);
+  options.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  options.model_type = absl::GetFlag(FLAGS_model_type);
+  if (options.out.empty()) return Fail("train-tokenizer: --out=FILE.model is required", 2);
+  if (options.vocab_size < 16 || options.vocab_size > 1000000) {
+    return Fail(absl::StrCat("train-tokenizer: --vocab_size: must be between 16 and 1000000, "
+                             "got ",
+                             options.vocab_size),
+                2);
+  }
+  int code = 0;
+  std::string error;
+  tally::data::CorpusOptions corpus = CorpusOptionsOrDie(&code, &error);
+  if (code != 0) return Fail(error, code);
+  std::vector<std::string> docs;
+  for (const std::string& path : files) {
+    absl::Status s = tally::data::ReadCorpusFile(
+        path, corpus, [&](absl::string_view text, const tally::data::DocumentSource&) {
+          docs.emplace_back(text);
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Fail(std::string(s.message()), 2);
+  }
+  if (absl::Status s = tally::data::TrainSentencePiece(docs, options); !s.ok()) {
+    return Fail("train-tokenizer: " + std::string(s.message()));
+  }
+  auto check = tally::data::SentencePieceTokenizer::Load(options.out);
+  if (!check.ok()) return Fail("train-tokenizer: " + std::string(check.status().message()));
+  std::cout << "tally-prep: trained a " << options.model_type << " SentencePiece model of "
+            << (*check)->record().vocab_size << " pieces on " << docs.size()
+            << " documents: " << options.out << " (use --tokenizer=sentencepiece:" << options.out
+            << ")\n";
+  return 0;
 }
 
 // `tally-prep verify PATH`: PATH is the --out directory (its train and val
@@ -134,12 +209,52 @@ int Verify(const std::vector<std::string>& args) {
   return 0;
 }
 
+// --format, --split, --separator, --field and the limits as CorpusOptions;
+// *code 2 and *error on a bad flag.
+tally::data::CorpusOptions CorpusOptionsOrDie(int* code, std::string* error) {
+  tally::data::CorpusOptions options;
+  const std::string format = absl::GetFlag(FLAGS_format);
+  const std::string split = absl::GetFlag(FLAGS_split);
+  auto bad = [&](const std::string& e) {
+    *code = 2;
+    *error = e;
+    return options;
+  };
+  if (format == "jsonl") {
+    options.format = tally::data::CorpusFormat::kJsonl;
+    options.field = absl::GetFlag(FLAGS_field);
+  } else if (format != "text") {
+    return bad("--format: must be text or jsonl, got \"" + format + "\"");
+  } else if (split == "separator") {
+    options.format = tally::data::CorpusFormat::kTextSeparator;
+    options.separator = absl::GetFlag(FLAGS_separator);
+    if (options.separator.empty()) return bad("--separator: must not be empty");
+  } else if (split == "blank") {
+    options.format = tally::data::CorpusFormat::kTextBlankLine;
+  } else if (split == "file") {
+    options.format = tally::data::CorpusFormat::kTextFile;
+  } else {
+    return bad("--split: must be separator, blank or file, got \"" + split + "\"");
+  }
+  options.max_line_bytes = absl::GetFlag(FLAGS_max_line_bytes);
+  options.max_doc_bytes = absl::GetFlag(FLAGS_max_doc_bytes);
+  if (options.max_line_bytes < 1 || options.max_doc_bytes < 1) {
+    return bad("--max_line_bytes and --max_doc_bytes: must be positive");
+  }
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tally-prep: tokenize corpora into a tally dataset.\n\nUsage: tally-prep "
-      "--out=DIR [--format=text|jsonl] [--split=separator|blank|file] FILE...\n"
+      "--out=DIR [--format=text|jsonl] [--split=separator|blank|file] "
+      "[--tokenizer=byte|sentencepiece:PATH] FILE...\n"
+      "       tally-prep --out=DIR --format=jsonl --field=input_ids --vocab_size=N "
+      "[--bos=ID] [--eos=ID] FILE...   (pre-tokenized)\n"
+      "       tally-prep train-tokenizer --vocab_size=N --out=tok.model "
+      "[--model_type=bpe|unigram] FILE...\n"
       "       tally-prep verify DIR|DIR/train\n"
       "Writes DIR/train.{bin,idx,json} and DIR/val.{bin,idx,json}; a job spec "
       "names DIR/train as data.train_path. verify re-checks a written dataset "
@@ -150,32 +265,59 @@ int main(int argc, char** argv) {
   if (!inputs.empty() && inputs[0] == "verify") {
     return Verify(std::vector<std::string>(inputs.begin() + 1, inputs.end()));
   }
+  if (!inputs.empty() && inputs[0] == "train-tokenizer") {
+    return TrainTokenizer(std::vector<std::string>(inputs.begin() + 1, inputs.end()));
+  }
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) return Fail("--out is required: the dataset directory to write", 2);
   if (inputs.empty()) return Fail("no input files: give one or more corpus files", 2);
-  tally::data::CorpusOptions options;
+  int code = 0;
+  std::string error;
+  const tally::data::CorpusOptions options = CorpusOptionsOrDie(&code, &error);
+  if (code != 0) return Fail(error, code);
   const std::string format = absl::GetFlag(FLAGS_format);
-  const std::string split = absl::GetFlag(FLAGS_split);
-  if (format == "jsonl") {
-    options.format = tally::data::CorpusFormat::kJsonl;
-    options.field = absl::GetFlag(FLAGS_field);
-  } else if (format != "text") {
-    return Fail("--format: must be text or jsonl, got \"" + format + "\"", 2);
-  } else if (split == "separator") {
-    options.format = tally::data::CorpusFormat::kTextSeparator;
-    options.separator = absl::GetFlag(FLAGS_separator);
-    if (options.separator.empty()) return Fail("--separator: must not be empty", 2);
-  } else if (split == "blank") {
-    options.format = tally::data::CorpusFormat::kTextBlankLine;
-  } else if (split == "file") {
-    options.format = tally::data::CorpusFormat::kTextFile;
-  } else {
-    return Fail("--split: must be separator, blank or file, got \"" + split + "\"", 2);
-  }
-  options.max_line_bytes = absl::GetFlag(FLAGS_max_line_bytes);
-  options.max_doc_bytes = absl::GetFlag(FLAGS_max_doc_bytes);
-  if (options.max_line_bytes < 1 || options.max_doc_bytes < 1) {
-    return Fail("--max_line_bytes and --max_doc_bytes: must be positive", 2);
+  // The tokenizer: bytes, a SentencePiece model, or ids already in the input.
+  const int64_t vocab = absl::GetFlag(FLAGS_vocab_size);
+  const std::string tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  const bool pretokenized = vocab != 0;
+  tally::data::TokenizerRecord record;
+  std::unique_ptr<tally::data::SentencePieceTokenizer> spm;
+  if (pretokenized) {
+    if (format != "jsonl") {
+      return Fail(
+          "--vocab_size: pre-tokenized input is read from JSONL (--format=jsonl "
+          "--field=input_ids)",
+          2);
+    }
+    if (tokenizer != "byte") {
+      return Fail(
+          "--tokenizer: pre-tokenized input (--vocab_size) is not tokenized again; "
+          "drop --tokenizer",
+          2);
+    }
+    if (vocab < 2 || vocab > tally::data::kMaxVocab) {
+      return Fail(absl::StrCat("--vocab_size: must be between 2 and ", tally::data::kMaxVocab,
+                               ", got ", vocab),
+                  2);
+    }
+    record.kind = "pretokenized";
+    record.vocab_size = vocab;
+    if (!ParseSpecial("bos", absl::GetFlag(FLAGS_bos), vocab, &record.bos, &error) ||
+        !ParseSpecial("eos", absl::GetFlag(FLAGS_eos), vocab, &record.eos, &error)) {
+      return Fail(error, 2);
+    }
+  } else if (absl::GetFlag(FLAGS_bos) != "none" || absl::GetFlag(FLAGS_eos) != "none") {
+    return Fail(
+        "--bos/--eos: only for pre-tokenized input (with --vocab_size); a tokenizer "
+        "brings its own",
+        2);
+  } else if (absl::StartsWith(tokenizer, "sentencepiece:")) {
+    auto loaded = tally::data::SentencePieceTokenizer::Load(tokenizer.substr(14));
+    if (!loaded.ok()) return Fail("--tokenizer: " + std::string(loaded.status().message()), 2);
+    spm = *std::move(loaded);
+    record = spm->record();
+  } else if (tokenizer != "byte") {
+    return Fail("--tokenizer: must be byte or sentencepiece:PATH, got \"" + tokenizer + "\"", 2);
   }
   const double val_fraction = absl::GetFlag(FLAGS_val_fraction);
   if (!(val_fraction > 0 && val_fraction < 1)) {
@@ -186,24 +328,57 @@ int main(int argc, char** argv) {
     return Fail("cannot create --out directory " + out);
   }
 
-  auto train = tally::data::DatasetWriter::Create(out + "/train");
+  auto train = tally::data::DatasetWriter::Create(out + "/train", record);
   if (!train.ok()) return Fail(std::string(train.status().message()));
-  auto val = tally::data::DatasetWriter::Create(out + "/val");
+  auto val = tally::data::DatasetWriter::Create(out + "/val", record);
   if (!val.ok()) return Fail(std::string(val.status().message()));
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const uint64_t threshold = static_cast<uint64_t>(val_fraction * 1e9);
-  std::vector<uint16_t> tokens;
+  std::vector<uint16_t> bytes;
+  std::vector<uint32_t> tokens;
   int64_t text_bytes = 0;
+  auto where = [](const tally::data::DocumentSource& at) {
+    return absl::StrCat(*at.file, ":", at.first_line, ": ");
+  };
   for (const std::string& path : inputs) {
-    absl::Status s = tally::data::ReadCorpusFile(
-        path, options,
-        [&](absl::string_view text, const tally::data::DocumentSource&) {
-          tokens.clear();
-          tally::data::ByteTokenizer::Encode(text, &tokens);
-          text_bytes += static_cast<int64_t>(text.size());
-          auto& w = Fnv1a(text, seed) % 1000000000ULL < threshold ? *val : *train;
-          return w->Add(tokens);
-        });
+    absl::Status s;
+    if (pretokenized) {
+      s = tally::data::ReadTokenIdsFile(
+          path, options, vocab,
+          [&](absl::Span<const uint32_t> ids, const tally::data::DocumentSource& at) {
+            tokens.clear();
+            if (record.bos >= 0 && ids.front() != static_cast<uint32_t>(record.bos)) {
+              tokens.push_back(static_cast<uint32_t>(record.bos));
+            }
+            tokens.insert(tokens.end(), ids.begin(), ids.end());
+            if (record.eos >= 0 && ids.back() != static_cast<uint32_t>(record.eos)) {
+              tokens.push_back(static_cast<uint32_t>(record.eos));
+            }
+            const absl::string_view key(reinterpret_cast<const char*>(tokens.data()),
+                                        tokens.size() * sizeof(uint32_t));
+            auto& w = Fnv1a(key, seed) % 1000000000ULL < threshold ? *val : *train;
+            absl::Status added = w->Add(tokens, 0);
+            return added.ok()
+                       ? added
+                       : absl::InvalidArgumentError(where(at) + std::string(added.message()));
+          });
+    } else {
+      s = tally::data::ReadCorpusFile(
+          path, options, [&](absl::string_view text, const tally::data::DocumentSource& at) {
+            text_bytes += static_cast<int64_t>(text.size());
+            auto& w = Fnv1a(text, seed) % 1000000000ULL < threshold ? *val : *train;
+            if (spm == nullptr) {
+              bytes.clear();
+              tally::data::ByteTokenizer::Encode(text, &bytes);
+              return w->Add(bytes);
+            }
+            tokens.clear();
+            if (absl::Status e = spm->Encode(text, &tokens); !e.ok()) {
+              return absl::InvalidArgumentError(where(at) + std::string(e.message()));
+            }
+            return w->Add(tokens, static_cast<int64_t>(text.size()));
+          });
+    }
     if (!s.ok()) return Fail(std::string(s.message()), 2);
   }
   if ((*train)->num_docs() + (*val)->num_docs() == 0) {
@@ -219,7 +394,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> recorded(
       inputs.begin(), inputs.begin() + std::min(inputs.size(), kMaxRecordedSources));
   nlohmann::json extra = {{"sources", recorded}, {"num_sources", inputs.size()},
-                          {"format", format}, {"val_fraction", val_fraction}, {"seed", seed}};
+                          {"format", format},    {"val_fraction", val_fraction},
+                          {"seed", seed},        {"field", format == "jsonl" ? options.field : ""}};
   for (auto& [writer, split_name] : {std::pair{train->get(), "train"},
                                       std::pair{val->get(), "val"}}) {
     extra["split"] = split_name;
@@ -227,7 +403,12 @@ int main(int argc, char** argv) {
   }
   std::cout << "tally-prep: " << out << "/train: " << (*train)->num_docs() << " documents, "
             << (*train)->num_tokens() << " tokens; " << out << "/val: " << (*val)->num_docs()
-            << " documents, " << (*val)->num_tokens() << " tokens (" << text_bytes
-            << " bytes of text)\n";
+            << " documents, " << (*val)->num_tokens() << " tokens; tokenizer " << record.kind
+            << ", vocabulary " << record.vocab_size;
+  if (pretokenized) {
+    std::cout << " (pre-tokenized)\n";
+  } else {
+    std::cout << " (" << text_bytes << " bytes of text)\n";
+  }
   return 0;
 }

@@ -750,19 +750,47 @@ int Checkpoints(Client& c, const std::string& name) {
     std::cout << Json(resp) << "\n";
     return kOk;
   }
-  std::cout << absl::StrFormat("%-7s %-8s %-10s %-9s %-10s %-10s %-12s %s\n", "ATTEMPT",
-                               "STEP", "TOKENS", "VAL_LOSS", "COST_USD", "SINCE_USD",
+  // The best: the lowest validation loss (0: not evaluated); with none
+  // evaluated, the latest.
+  int best = -1;
+  for (int i = 0; i < resp.checkpoints_size(); ++i) {
+    const auto& ck = resp.checkpoints(i);
+    if (ck.val_loss() != 0 && (best < 0 || resp.checkpoints(best).val_loss() == 0 ||
+                               ck.val_loss() < resp.checkpoints(best).val_loss())) {
+      best = i;
+    } else if (best < 0 || (resp.checkpoints(best).val_loss() == 0 && ck.val_loss() == 0 &&
+                            ck.step() >= resp.checkpoints(best).step())) {
+      best = i;
+    }
+  }
+  std::cout << absl::StrFormat("%-5s %-7s %-8s %-10s %-9s %-10s %-10s %-12s %s\n", "BEST",
+                               "ATTEMPT", "STEP", "TOKENS", "VAL_LOSS", "COST_USD", "SINCE_USD",
                                "USD_PER_GAIN", "PATH");
-  for (const auto& ck : resp.checkpoints()) {
+  for (int i = 0; i < resp.checkpoints_size(); ++i) {
+    const auto& ck = resp.checkpoints(i);
     // 0 means no evaluation at the checkpoint's step, or no gain.
     const std::string val =
         ck.val_loss() != 0 ? absl::StrFormat("%.4f", ck.val_loss()) : std::string("-");
     const std::string per_gain = ck.usd_per_val_loss_improvement() != 0
                                      ? absl::StrFormat("%.6f", ck.usd_per_val_loss_improvement())
                                      : std::string("-");
-    std::cout << absl::StrFormat("%-7d %-8d %-10d %-9s %-10.6f %-10.6f %-12s %s\n",
-                                 ck.attempt(), ck.step(), ck.tokens(), val, ck.cost_usd(),
-                                 ck.cost_since_previous_usd(), per_gain, Safe(ck.path()));
+    std::cout << absl::StrFormat("%-5s %-7d %-8d %-10d %-9s %-10.6f %-10.6f %-12s %s\n",
+                                 i == best ? "*" : "", ck.attempt(), ck.step(), ck.tokens(), val,
+                                 ck.cost_usd(), ck.cost_since_previous_usd(), per_gain,
+                                 Safe(ck.path()));
+  }
+  if (best >= 0) {
+    const auto& b = resp.checkpoints(best);
+    const std::string job = NormalizeName(name);
+    std::cout << "\nbest: step " << b.step()
+              << (b.val_loss() != 0 ? absl::StrFormat(" (val loss %.4f)", b.val_loss())
+                                    : std::string(" (latest; none evaluated)"))
+              << ", $" << absl::StrFormat("%.6f", b.cost_usd()) << "\n"
+              << "export it as a Hugging Face model:\n  tally-export --job=" << Safe(job)
+              << " --which=best --out=DIR\n  (or tally-export --checkpoint=" << Safe(b.path())
+              << " --out=DIR)\n";
+  } else {
+    std::cout << "no checkpoints yet\n";
   }
   return kOk;
 }

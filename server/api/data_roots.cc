@@ -30,6 +30,10 @@ absl::Status DataRoots::CheckJobSpec(const tally::v1::JobSpec& spec,
       return absl::InvalidArgumentError(absl::StrCat(context, s.message()));
     }
   }
+  const auto& init = spec.model().init_from();
+  if (absl::Status s = CheckInitFrom("spec.", init.hf(), init.checkpoint()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(context, s.message()));
+  }
   return absl::OkStatus();
 }
 

@@ -21,4 +21,10 @@ B=${BUILD_DIR:-build}
 if [ "$B" != build ] && [ ! -e build/demo/fortunes/train.idx ]; then
   mkdir -p build/demo && cp -r "$B/demo/fortunes" build/demo/
 fi
-du -sh tests/gpu/.debs build/demo/fortunes
+# The transformers check (tests/gpu/hf_check.py) reads build/hfcheck: made
+# where the tools are built (make build); carry it too.
+if [ -x "$B/worker/tally-export" ] && [ -x "$B/worker/tally-forward" ] &&
+   [ -x "$B/worker/tally-train" ]; then
+  BUILD_DIR=$B tests/gpu/make-hf-check.sh >/dev/null
+fi
+du -sh tests/gpu/.debs build/demo/fortunes build/hfcheck 2>/dev/null

@@ -358,6 +358,22 @@ else
   run_test cuda_parity_test 45 200 tests/gpu/cuda_parity_test
 fi
 
+# ---- Tally's Hugging Face exports, loaded by transformers ----------------------
+# build/hfcheck comes from tests/gpu/make-hf-check.sh (run where Tally is
+# built; carry build/hfcheck). Skipped without it or without transformers.
+HF_CHECK=$ROOT/build/hfcheck
+if [ -f "$HF_CHECK/logits.json" ] &&
+   timeout 60 "$PY" -c 'import transformers, sentencepiece' >/dev/null 2>&1; then
+  step hf_transformers 20 120 "$PY" tests/gpu/hf_check.py "$HF_CHECK"
+  if [ "$STEP_RC" = 0 ]; then
+    record hf_transformers ok "$STEP_S" "$(grep -c '^ok' "$OUT/hf_transformers.log") checks (hf_transformers.log)"
+  elif [ "$STEP_RC" != 124 ] && [ "$STEP_RC" != 125 ]; then
+    record hf_transformers FAIL "$STEP_S" "$(grep -m1 '^FAIL' "$OUT/hf_transformers.log" | cut -c1-120 | sed 's/|/\//g')"
+  fi
+else
+  record hf_transformers skip 0 "no build/hfcheck (tests/gpu/make-hf-check.sh) or no transformers in $PY"
+fi
+
 # ---- the numbers, for the README's GPU table ---------------------------------
 write_results() {
 {
@@ -366,6 +382,8 @@ write_results() {
   echo "${GPU:-no GPU}; nvcc $NVCC_VERSION; torch $TV; QUICK=$QUICK"
   echo; echo "## CUDA parity"; echo
   grep -hE "max diff|max \||CUDA training|NCCL|MoE layer" "$OUT/cuda_parity_test.log" 2>/dev/null | sed 's/^/    /'
+  echo; echo "## Hugging Face exports in transformers"; echo
+  grep -hE "^(ok|FAIL) " "$OUT/hf_transformers.log" 2>/dev/null | sed 's/^/    /'
   for b in step_bench packing_bench fp8_bench; do
     echo; echo "## $b"; echo
     grep -v '^==' "$OUT/$b.log" 2>/dev/null

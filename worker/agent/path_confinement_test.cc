@@ -59,6 +59,27 @@ TEST_F(PathConfinementTest, APathInsideARootIsAllowed) {
   EXPECT_TRUE(roots.CheckDataset("spec.data.train_path", T("data/corpus/missing")).ok());
 }
 
+// model.init_from: a Hugging Face folder's files, or a checkpoint, are
+// confined like datasets; a symlink out of the root is caught at the file.
+TEST_F(PathConfinementTest, InitFromPathsAreConfined) {
+  DataRoots roots = Roots({T("data")});
+  fs::create_directories(tmp_ / "data/hf");
+  Touch(T("data/hf/config.json"));
+  fs::create_symlink(T("elsewhere/train.bin"), T("data/hf/model.safetensors"));
+  absl::Status s = roots.CheckInitFrom("spec.", T("data/hf"), "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("spec.model.init_from.hf"), HasSubstr("model.safetensors")));
+  fs::remove(T("data/hf/model.safetensors"));
+  Touch(T("data/hf/model.safetensors"));
+  EXPECT_TRUE(roots.CheckInitFrom("spec.", T("data/hf"), "").ok());
+  EXPECT_TRUE(roots.CheckInitFrom("spec.", "", T("data/a.ckpt")).ok());
+  s = roots.CheckInitFrom("spec.", "", T("elsewhere/a.ckpt"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(), HasSubstr("spec.model.init_from.checkpoint"));
+  EXPECT_TRUE(roots.CheckInitFrom("spec.", "", "").ok());
+}
+
 TEST_F(PathConfinementTest, DotDotOutOfTheRootIsRefusedNamingFieldPathResolutionAndRoots) {
   DataRoots roots = Roots({T("data"), T("data2")});
   const std::string given = T("data/corpus/../../elsewhere/train");

@@ -38,6 +38,8 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   c.model.num_heads = m.num_heads();
   c.model.d_ff = m.d_ff();
   c.model.vocab_size = m.vocab_size();
+  c.init_from_hf = m.init_from().hf();
+  c.init_from_checkpoint = m.init_from().checkpoint();
   const auto& moe = m.moe();
   c.model.moe.num_experts = moe.num_experts();
   if (c.model.moe.num_experts > 0) {

@@ -141,6 +141,11 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
       !s.ok()) {
     return refuse(s);
   }
+  if (absl::Status s = options_.data_roots.CheckInitFrom("spec.", config->init_from_hf,
+                                                         config->init_from_checkpoint);
+      !s.ok()) {
+    return refuse(s);
+  }
   if (config->eval_interval_steps > 0) {  // the trainer opens the validation split
     const bool beside = config->data.val_path.empty();
     if (absl::Status s = options_.data_roots.CheckDataset(

@@ -36,13 +36,13 @@ MicroBatch BuildMicroBatch(const Dataset& dataset, absl::Span<const Row> rows,
     size_t at = static_cast<size_t>(r) * b.width;
     const size_t row_end = at + b.width;
     for (const Segment& s : rows[r].segments) {
-      const uint16_t* tok = dataset.doc(s.doc) + s.begin;
       for (int32_t i = 0; i < s.length; ++i) {
-        b.tokens[at + i] = tok[i];
+        b.tokens[at + i] = dataset.token(s.doc, s.begin + i);
         if (i + 1 < s.length) {
-          b.targets[at + i] = tok[i + 1];
+          const uint32_t next = dataset.token(s.doc, s.begin + i + 1);
+          b.targets[at + i] = next;
           ++b.num_targets;
-          if (!ByteTokenizer::IsSpecial(tok[i + 1])) ++b.target_bytes;
+          if (!dataset.IsSpecial(next)) ++b.text_targets;
         }
       }
       add_segment(at, s.length);

@@ -35,7 +35,7 @@ struct MicroBatch {
   int64_t real_tokens = 0;          // document tokens
   int64_t padding_tokens = 0;       // B*T - real_tokens
   int64_t num_targets = 0;          // positions with a target
-  int64_t target_bytes = 0;         // targets that are text bytes (not BOS/EOS)
+  int64_t text_targets = 0;         // targets that are text (not BOS/EOS)
 };
 
 MicroBatch BuildMicroBatch(const Dataset& dataset, absl::Span<const Row> rows,

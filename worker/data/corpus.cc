@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -162,24 +163,26 @@ absl::Status CheckOptions(const CorpusOptions& options) {
   return absl::OkStatus();
 }
 
-absl::Status ReadJsonlLine(const std::string& line, int64_t line_no, const std::string& path,
-                           const CorpusOptions& options, const DocumentSink& sink) {
-  if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();
+// A JSONL line's object with only its `field` built (other members, and
+// anything nested below the field unless `keep_nested`, are parsed but not
+// built); a null json for a blank line.
+absl::StatusOr<nlohmann::json> ParseJsonlLine(const std::string& line, int64_t line_no,
+                                              const std::string& path, const std::string& field,
+                                              bool keep_nested) {
+  if (absl::StripAsciiWhitespace(line).empty()) return nlohmann::json();
   if (JsonNestsDeeperThan(line, kMaxJsonlDepth)) {
     return absl::InvalidArgumentError(absl::StrCat(
         Where(path, line_no), ": JSON nested deeper than ", kMaxJsonlDepth, " levels"));
   }
-  // Only the top-level object and its `field` are kept: other members, and
-  // anything nested, are parsed but not built.
   const nlohmann::json::parser_callback_t keep_field =
       [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
         if (depth == 0) return true;
         if (event == nlohmann::json::parse_event_t::key && depth == 1) {
-          return parsed.is_string() && parsed.get_ref<const std::string&>() == options.field;
+          return parsed.is_string() && parsed.get_ref<const std::string&>() == field;
         }
-        return depth == 1;
+        return keep_nested || depth == 1;
       };
-  const nlohmann::json j = nlohmann::json::parse(line, keep_field, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(line, keep_field, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(path, line_no), ": not a valid JSON line"));
@@ -188,7 +191,22 @@ absl::Status ReadJsonlLine(const std::string& line, int64_t line_no, const std::
     return absl::InvalidArgumentError(absl::StrCat(
         Where(path, line_no), ": expected a JSON object, got ", j.type_name()));
   }
+  return j;
+}
+
+absl::Status ReadJsonlLine(const std::string& line, int64_t line_no, const std::string& path,
+                           const CorpusOptions& options, const DocumentSink& sink) {
+  absl::StatusOr<nlohmann::json> parsed =
+      ParseJsonlLine(line, line_no, path, options.field, /*keep_nested=*/false);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->is_null()) return absl::OkStatus();
+  const nlohmann::json& j = *parsed;
   auto it = j.find(options.field);
+  if (it != j.end() && it->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(path, line_no), ": field \"", options.field,
+        "\" holds an array: for pre-tokenized input give --vocab_size (and --bos/--eos)"));
+  }
   if (it == j.end() || !it->is_string()) {
     return absl::InvalidArgumentError(absl::StrCat(Where(path, line_no), ": no string field \"",
                                                    options.field,
@@ -210,8 +228,46 @@ absl::Status ReadJsonlLine(const std::string& line, int64_t line_no, const std::
   return sink(text, DocumentSource{&path, line_no});
 }
 
-absl::Status ReadCorpus(ByteSource source, const std::string& path,
-                        const CorpusOptions& options, const DocumentSink& sink) {
+// A line of pre-tokenized JSONL: `field` holds an array of ids.
+absl::Status ReadJsonlIdsLine(const std::string& line, int64_t line_no, const std::string& path,
+                              const CorpusOptions& options, int64_t vocab_size,
+                              const TokenIdsSink& sink, std::vector<uint32_t>* ids) {
+  absl::StatusOr<nlohmann::json> parsed =
+      ParseJsonlLine(line, line_no, path, options.field, /*keep_nested=*/true);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->is_null()) return absl::OkStatus();
+  const nlohmann::json& j = *parsed;
+  auto it = j.find(options.field);
+  if (it == j.end() || !it->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(path, line_no), ": no field \"", options.field,
+        "\" holding an array of token ids (choose the field with --field; text is read "
+        "without --vocab_size)"));
+  }
+  ids->clear();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const nlohmann::json& v = (*it)[i];
+    if (!v.is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(path, line_no), ": \"", options.field,
+                                                     "\"[", i, "] is ", v.dump().substr(0, 32),
+                                                     ", not an integer token id"));
+    }
+    const bool negative = v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0;
+    if (negative || v.get<uint64_t>() >= static_cast<uint64_t>(vocab_size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(path, line_no), ": \"", options.field, "\"[", i, "] is ", v.dump(),
+                       ", outside the vocabulary [0, ", vocab_size, ") (check --vocab_size)"));
+    }
+    ids->push_back(static_cast<uint32_t>(v.get<uint64_t>()));
+  }
+  if (ids->empty()) return absl::OkStatus();
+  return sink(*ids, DocumentSource{&path, line_no});
+}
+
+absl::Status ReadCorpus(ByteSource source, const std::string& path, const CorpusOptions& options,
+                        const DocumentSink& sink, const TokenIdsSink* ids_sink = nullptr,
+                        int64_t vocab_size = 0) {
+  std::vector<uint32_t> ids;
   if (auto s = CheckOptions(options); !s.ok()) return s;
   LineReader lines(std::move(source), path, options.max_line_bytes);
   DocBuilder doc(path, options.max_doc_bytes);
@@ -242,7 +298,9 @@ absl::Status ReadCorpus(ByteSource source, const std::string& path,
                                                      : doc.AddLine(line, line_no);
         break;
       case CorpusFormat::kJsonl:
-        s = ReadJsonlLine(line, line_no, path, options, sink);
+        s = ids_sink != nullptr
+                ? ReadJsonlIdsLine(line, line_no, path, options, vocab_size, *ids_sink, &ids)
+                : ReadJsonlLine(line, line_no, path, options, sink);
         break;
     }
     if (!s.ok()) return s;
@@ -250,10 +308,9 @@ absl::Status ReadCorpus(ByteSource source, const std::string& path,
   return doc.Flush(sink);
 }
 
-}  // namespace
-
-absl::Status ReadCorpusFile(const std::string& path, const CorpusOptions& options,
-                            const DocumentSink& sink) {
+// Opens `path` and runs `read` over its bytes (ReadCorpus's source).
+absl::Status WithFile(const std::string& path,
+                      const std::function<absl::Status(ByteSource)>& read) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) {
     if (errno == ENOENT) return absl::NotFoundError(path + ": no such file");
@@ -261,28 +318,57 @@ absl::Status ReadCorpusFile(const std::string& path, const CorpusOptions& option
         absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   }
   std::unique_ptr<FILE, int (*)(FILE*)> closer(f, &std::fclose);
-  return ReadCorpus(
-      [&](char* buf, size_t cap) -> absl::StatusOr<size_t> {
-        const size_t n = std::fread(buf, 1, cap, f);
-        if (n == 0 && std::ferror(f)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ": cannot read: ", std::strerror(errno)));
-        }
-        return n;
-      },
-      path, options, sink);
+  return read([&](char* buf, size_t cap) -> absl::StatusOr<size_t> {
+    const size_t n = std::fread(buf, 1, cap, f);
+    if (n == 0 && std::ferror(f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": cannot read: ", std::strerror(errno)));
+    }
+    return n;
+  });
+}
+
+// `bytes` as ReadCorpus's source.
+ByteSource FromBytes(absl::string_view bytes) {
+  return [bytes](char* buf, size_t cap) mutable -> absl::StatusOr<size_t> {
+    const size_t n = std::min(cap, bytes.size());
+    std::memcpy(buf, bytes.data(), n);
+    bytes.remove_prefix(n);
+    return n;
+  };
+}
+
+absl::Status NeedJsonl(const CorpusOptions& options) {
+  if (options.format == CorpusFormat::kJsonl) return absl::OkStatus();
+  return absl::InvalidArgumentError("pre-tokenized input is read from JSONL (--format=jsonl)");
+}
+
+}  // namespace
+
+absl::Status ReadCorpusFile(const std::string& path, const CorpusOptions& options,
+                            const DocumentSink& sink) {
+  return WithFile(
+      path, [&](ByteSource source) { return ReadCorpus(std::move(source), path, options, sink); });
 }
 
 absl::Status ReadCorpusBytes(absl::string_view bytes, const std::string& name,
                              const CorpusOptions& options, const DocumentSink& sink) {
-  return ReadCorpus(
-      [&](char* buf, size_t cap) -> absl::StatusOr<size_t> {
-        const size_t n = std::min(cap, bytes.size());
-        std::memcpy(buf, bytes.data(), n);
-        bytes.remove_prefix(n);
-        return n;
-      },
-      name, options, sink);
+  return ReadCorpus(FromBytes(bytes), name, options, sink);
+}
+
+absl::Status ReadTokenIdsFile(const std::string& path, const CorpusOptions& options,
+                              int64_t vocab_size, const TokenIdsSink& sink) {
+  if (absl::Status s = NeedJsonl(options); !s.ok()) return s;
+  return WithFile(path, [&](ByteSource source) {
+    return ReadCorpus(std::move(source), path, options, {}, &sink, vocab_size);
+  });
+}
+
+absl::Status ReadTokenIdsBytes(absl::string_view bytes, const std::string& name,
+                               const CorpusOptions& options, int64_t vocab_size,
+                               const TokenIdsSink& sink) {
+  if (absl::Status s = NeedJsonl(options); !s.ok()) return s;
+  return ReadCorpus(FromBytes(bytes), name, options, {}, &sink, vocab_size);
 }
 
 }  // namespace tally::data

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace tally::data {
 
@@ -40,6 +41,10 @@ struct DocumentSource {
 using DocumentSink =
     std::function<absl::Status(absl::string_view text, const DocumentSource& where)>;
 
+// Pre-tokenized documents: the ids of a JSONL line's `field`.
+using TokenIdsSink =
+    std::function<absl::Status(absl::Span<const uint32_t> ids, const DocumentSource& where)>;
+
 // Reads one file and calls `sink` for each non-empty document (surrounding
 // blank lines trimmed). Stops at the first error, from the file or the sink.
 // InvalidArgument for bad input (undecodable UTF-8, bad JSON, a missing or
@@ -52,6 +57,20 @@ absl::Status ReadCorpusFile(const std::string& path, const CorpusOptions& option
 // ReadCorpusFile over bytes in memory; `name` stands for the file in errors.
 absl::Status ReadCorpusBytes(absl::string_view bytes, const std::string& name,
                              const CorpusOptions& options, const DocumentSink& sink);
+
+// Reads a JSONL file of pre-tokenized documents (options.format kJsonl):
+// each line's `field` is an array of integer ids, each in [0, vocab_size);
+// an empty array is skipped. InvalidArgument naming the file, the line and
+// (for a bad id) its position in the array and the fix: a field missing or
+// not an array of integers, an id out of range, or what ReadCorpusFile
+// refuses in a line.
+absl::Status ReadTokenIdsFile(const std::string& path, const CorpusOptions& options,
+                              int64_t vocab_size, const TokenIdsSink& sink);
+
+// ReadTokenIdsFile over bytes in memory.
+absl::Status ReadTokenIdsBytes(absl::string_view bytes, const std::string& name,
+                               const CorpusOptions& options, int64_t vocab_size,
+                               const TokenIdsSink& sink);
 
 // The offset of the first byte that is not part of valid UTF-8, or npos.
 size_t FindInvalidUtf8(absl::string_view s);

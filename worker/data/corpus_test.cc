@@ -7,10 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tally::data {
 namespace {
+
+using ::testing::HasSubstr;
 
 std::string WriteTemp(const std::string& content) {
   char path[] = "/tmp/tally_corpus_XXXXXX";
@@ -170,6 +173,48 @@ TEST(CorpusTest, Utf8Validation) {
   EXPECT_EQ(FindInvalidUtf8("\xc0\xaf"), 0u);        // overlong
   EXPECT_EQ(FindInvalidUtf8("x\xed\xa0\x80"), 1u);   // surrogate
   EXPECT_EQ(FindInvalidUtf8("\x80"), 0u);            // stray continuation
+}
+
+TEST(CorpusTest, TokenIdsAreReadAndCheckedAgainstTheVocabulary) {
+  CorpusOptions o;
+  o.format = CorpusFormat::kJsonl;
+  o.field = "input_ids";
+  std::vector<std::vector<uint32_t>> docs;
+  auto collect = [&](absl::Span<const uint32_t> ids, const DocumentSource&) {
+    docs.emplace_back(ids.begin(), ids.end());
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(ReadTokenIdsBytes("{\"input_ids\": [1, 2, 99], \"text\": \"x\"}\n\n"
+                                "{\"input_ids\": []}\n{\"input_ids\": [0]}\n",
+                                "ids.jsonl", o, 100, collect)
+                  .ok());
+  ASSERT_EQ(docs.size(), 2u);  // the empty array is skipped
+  EXPECT_EQ(docs[0], (std::vector<uint32_t>{1, 2, 99}));
+  struct Case {
+    const char* input;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{"{\"input_ids\": [1, 100]}", "ids.jsonl:1: \"input_ids\"[1] is 100, outside"},
+           Case{"{\"input_ids\": [3]}\n{\"input_ids\": [-1]}",
+                "ids.jsonl:2: \"input_ids\"[0] is -1"},
+           Case{"{\"input_ids\": [1.5]}", "not an integer token id"},
+           Case{"{\"input_ids\": [true]}", "not an integer token id"},
+           Case{"{\"input_ids\": [18446744073709551615]}", "outside the vocabulary"},
+           Case{"{\"input_ids\": \"1 2\"}", "holding an array of token ids"},
+           Case{"[1, 2]", "expected a JSON object"},
+           Case{"{\"input_ids\": [[1]]}", "not an integer token id"},
+       }) {
+    const absl::Status s = ReadTokenIdsBytes(c.input, "ids.jsonl", o, 100, collect);
+    ASSERT_FALSE(s.ok()) << c.input;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.input;
+  }
+  // Read as text, an array of ids says what to do.
+  const absl::Status s =
+      ReadCorpusBytes("{\"input_ids\": [1]}", "ids.jsonl", o,
+                      [](absl::string_view, const DocumentSource&) { return absl::OkStatus(); });
+  EXPECT_THAT(std::string(s.message()), HasSubstr("give --vocab_size"));
 }
 
 }  // namespace

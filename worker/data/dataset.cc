@@ -22,7 +22,7 @@ namespace tally::data {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'A', 'L', 'L', 'Y', 'I', 'D', 'X'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // written; 1 is read too
 constexpr size_t kHeaderSize = 8 + 4 + 4 + 8;
 constexpr char kFormat[] = "tally-indexed-dataset";
 constexpr int kMaxMetadataDepth = 8;
@@ -149,21 +149,27 @@ std::string Sha256Hex(const void* data, size_t n) {
   return sha.HexDigest();
 }
 
-uint16_t MaxTokenId(const uint16_t* tokens, size_t n) {
+namespace {
+template <typename T>
+T MaxOf(const T* tokens, size_t n) {
   // The inner loop has a constant trip count and no branch, so GCC and Clang
-  // vectorise it at -O2 (pmaxuw / umax) without a scalar epilogue.
+  // vectorise it at -O2 (pmaxuw/pmaxud / umax) without a scalar epilogue.
   constexpr size_t kBlock = 4096;
-  uint16_t max_id = 0;
+  T max_id = 0;
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    const uint16_t* block = tokens + i;
-    uint16_t m = 0;
+    const T* block = tokens + i;
+    T m = 0;
     for (size_t j = 0; j < kBlock; ++j) m = block[j] > m ? block[j] : m;
     max_id = std::max(max_id, m);
   }
   for (; i < n; ++i) max_id = std::max(max_id, tokens[i]);
   return max_id;
 }
+}  // namespace
+
+uint16_t MaxTokenId(const uint16_t* tokens, size_t n) { return MaxOf(tokens, n); }
+uint32_t MaxTokenId(const uint32_t* tokens, size_t n) { return MaxOf(tokens, n); }
 
 std::string ValidationPrefixFor(const std::string& train_prefix) {
   const size_t slash = train_prefix.rfind('/');
@@ -228,35 +234,77 @@ absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
   }
   int64_t version = 0;
   if (auto s = int_field("version", &version); !s.ok()) return s;
-  if (version != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": \"version\" ", version, " is not supported (this build reads version 1)"));
+  if (version != 1 && version != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": \"version\" ", version,
+                     " is not supported (this build reads versions 1 and 2); use a newer tally"));
   }
   DatasetMetadata m;
+  m.version = version;
   if (auto s = string_field("tokenizer", &m.tokenizer); !s.ok()) return s;
-  for (auto [key, out] : {std::pair{"vocab_size", &m.vocab_size}, std::pair{"bos", &m.bos},
-                          std::pair{"eos", &m.eos}, std::pair{"num_docs", &m.num_docs},
-                          std::pair{"num_tokens", &m.num_tokens},
-                          std::pair{"max_doc_tokens", &m.max_doc_tokens}}) {
+  for (auto [key, out] :
+       {std::pair{"vocab_size", &m.vocab_size}, std::pair{"num_docs", &m.num_docs},
+        std::pair{"num_tokens", &m.num_tokens}, std::pair{"max_doc_tokens", &m.max_doc_tokens}}) {
     if (auto s = int_field(key, out); !s.ok()) return s;
   }
   if (auto s = int_field("token_bytes", &m.token_bytes, /*fallback=*/2); !s.ok()) return s;
-
-  if (m.tokenizer != ByteTokenizer::kName) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": tokenizer \"", m.tokenizer, "\" is not supported (this build knows \"",
-        ByteTokenizer::kName, "\"); prepare the data with tally-prep"));
+  // BOS and EOS: ids, or -1 for none (version 2).
+  for (auto [key, out] : {std::pair{"bos", &m.bos}, std::pair{"eos", &m.eos}}) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer()) {
+      return damaged(absl::StrCat("\"", key, "\" is missing or not an integer"));
+    }
+    *out = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{1} << 40 ? int64_t{1} << 40
+                                                                               : it->get<int64_t>();
+    if (*out < -1 || (version == 1 && *out < 0) || *out >= m.vocab_size) {
+      return damaged(absl::StrCat("\"", key, "\" is ", *out, ", not an id below \"vocab_size\" ",
+                                  m.vocab_size, version == 1 ? "" : " or -1 (none)"));
+    }
   }
-  if (m.vocab_size != ByteTokenizer::kVocabSize || m.bos != ByteTokenizer::kBos ||
-      m.eos != ByteTokenizer::kEos) {
+  if (version >= 2) {
+    for (auto [key, out] :
+         {std::pair{"text_bytes", &m.text_bytes}, std::pair{"text_tokens", &m.text_tokens}}) {
+      if (auto s = int_field(key, out, /*fallback=*/0); !s.ok()) return s;
+    }
+  }
+
+  const bool byte = m.tokenizer == ByteTokenizer::kName;
+  if (!byte &&
+      (version == 1 || (m.tokenizer != "sentencepiece" && m.tokenizer != "pretokenized"))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tokenizer \"", m.tokenizer.substr(0, 64),
+                     "\" is not supported (this build reads byte, sentencepiece and pretokenized); "
+                     "prepare the data with tally-prep"));
+  }
+  if (byte && (m.vocab_size != ByteTokenizer::kVocabSize || m.bos != ByteTokenizer::kBos ||
+               m.eos != ByteTokenizer::kEos)) {
     return damaged(absl::StrCat("\"vocab_size\" ", m.vocab_size, ", \"bos\" ", m.bos,
                                 ", \"eos\" ", m.eos, " do not match the ", ByteTokenizer::kName,
                                 " tokenizer's ", ByteTokenizer::kVocabSize, ", ",
                                 ByteTokenizer::kBos, ", ", ByteTokenizer::kEos));
   }
-  if (m.token_bytes != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": \"token_bytes\" ", m.token_bytes, " is not supported (this build reads 2)"));
+  if (m.vocab_size < 1 || m.vocab_size > kMaxVocab) {
+    return damaged(
+        absl::StrCat("\"vocab_size\" ", m.vocab_size, " is not between 1 and ", kMaxVocab));
+  }
+  if (m.token_bytes != 2 && !(version >= 2 && m.token_bytes == 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": \"token_bytes\" ", m.token_bytes,
+                                                   " is not supported (this build reads 2",
+                                                   version >= 2 ? " and 4" : " in version 1", ")"));
+  }
+  if (m.token_bytes == 2 && m.vocab_size > kMaxTwoByteVocab) {
+    return damaged(
+        absl::StrCat("\"vocab_size\" ", m.vocab_size, " does not fit \"token_bytes\" 2"));
+  }
+  if (m.tokenizer == "sentencepiece") {
+    auto it = j.find("tokenizer_model");
+    if (it == j.end() || !it->is_object() || !it->contains("path") || !(*it)["path"].is_string() ||
+        !it->contains("sha256") || !(*it)["sha256"].is_string() ||
+        !IsSha256Hex((*it)["sha256"].get<std::string>())) {
+      return damaged("\"tokenizer_model\" must name the SentencePiece model's path and sha256");
+    }
+    m.tokenizer_model_path = (*it)["path"].get<std::string>();
+    m.tokenizer_model_sha256 = (*it)["sha256"].get<std::string>();
   }
   if (m.num_docs < 1) return damaged("\"num_docs\" is 0: the dataset has no documents");
   if (m.num_tokens < m.num_docs) {
@@ -281,12 +329,22 @@ absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
   return m;
 }
 
-DatasetWriter::DatasetWriter(std::string prefix)
-    : prefix_(std::move(prefix)), bin_sha_(std::make_unique<Sha256Hasher>()) {}
+DatasetWriter::DatasetWriter(std::string prefix, TokenizerRecord tokenizer)
+    : prefix_(std::move(prefix)),
+      tokenizer_(std::move(tokenizer)),
+      token_bytes_(tokenizer_.vocab_size > kMaxTwoByteVocab ? 4 : 2),
+      bin_sha_(std::make_unique<Sha256Hasher>()) {}
 
-absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(
-    std::string prefix) {
-  std::unique_ptr<DatasetWriter> w(new DatasetWriter(std::move(prefix)));
+absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(std::string prefix,
+                                                                     TokenizerRecord tokenizer) {
+  if (tokenizer.vocab_size < 1 || tokenizer.vocab_size > kMaxVocab || tokenizer.bos < -1 ||
+      tokenizer.bos >= tokenizer.vocab_size || tokenizer.eos < -1 ||
+      tokenizer.eos >= tokenizer.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer: vocab_size ", tokenizer.vocab_size, " must be 1..", kMaxVocab,
+                     " and bos/eos (", tokenizer.bos, ", ", tokenizer.eos, ") ids below it or -1"));
+  }
+  std::unique_ptr<DatasetWriter> w(new DatasetWriter(std::move(prefix), std::move(tokenizer)));
   w->bin_ = std::fopen((w->prefix_ + ".bin.tmp").c_str(), "wb");
   if (!w->bin_) return Errno("creating " + w->prefix_ + ".bin.tmp");
   w->idx_ = std::fopen((w->prefix_ + ".idx.tmp").c_str(), "wb");
@@ -305,13 +363,34 @@ DatasetWriter::~DatasetWriter() {
 }
 
 absl::Status DatasetWriter::Add(absl::Span<const uint16_t> tokens) {
+  std::vector<uint32_t> wide(tokens.begin(), tokens.end());
+  int64_t text = 0;
+  for (uint16_t t : tokens) text += ByteTokenizer::IsSpecial(t) ? 0 : 1;
+  return Add(wide, text);
+}
+
+absl::Status DatasetWriter::Add(absl::Span<const uint32_t> tokens, int64_t text_bytes) {
   if (tokens.empty()) return absl::InvalidArgumentError("empty document");
   if (!bin_) return absl::FailedPreconditionError(prefix_ + ": Add after Finish");
-  if (auto s = WriteAll(bin_, tokens.data(), tokens.size() * 2, prefix_ + ".bin");
-      !s.ok()) {
-    return s;
+  int64_t text_tokens = 0;
+  for (uint32_t t : tokens) {
+    if (static_cast<int64_t>(t) >= tokenizer_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is outside the ",
+                                                     tokenizer_.vocab_size, "-token vocabulary"));
+    }
+    text_tokens +=
+        static_cast<int64_t>(t) != tokenizer_.bos && static_cast<int64_t>(t) != tokenizer_.eos;
   }
-  bin_sha_->Update(tokens.data(), tokens.size() * 2);
+  const void* bytes = tokens.data();
+  if (token_bytes_ == 2) {
+    narrow_.assign(tokens.begin(), tokens.end());
+    bytes = narrow_.data();
+  }
+  const size_t n = tokens.size() * static_cast<size_t>(token_bytes_);
+  if (auto s = WriteAll(bin_, bytes, n, prefix_ + ".bin"); !s.ok()) return s;
+  bin_sha_->Update(bytes, n);
+  text_bytes_ += text_bytes;
+  text_tokens_ += text_tokens;
   num_tokens_ += static_cast<int64_t>(tokens.size());
   const uint64_t offset = static_cast<uint64_t>(num_tokens_);
   if (auto s = WriteAll(idx_, &offset, sizeof(offset), prefix_ + ".idx"); !s.ok()) {
@@ -337,7 +416,7 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
   }
   char header[kHeaderSize];
   std::memcpy(header, kMagic, 8);
-  const uint32_t token_bytes = 2;
+  const uint32_t token_bytes = static_cast<uint32_t>(token_bytes_);
   const uint64_t num_docs = static_cast<uint64_t>(num_docs_);
   std::memcpy(header + 8, &kVersion, 4);
   std::memcpy(header + 12, &token_bytes, 4);
@@ -369,18 +448,26 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
   }
   nlohmann::ordered_json meta = {
       {"format", kFormat},
-      {"version", 1},
-      {"tokenizer", ByteTokenizer::kName},
-      {"vocab_size", ByteTokenizer::kVocabSize},
-      {"bos", ByteTokenizer::kBos},
-      {"eos", ByteTokenizer::kEos},
+      {"version", kVersion},
+      {"tokenizer", tokenizer_.kind},
+  };
+  if (!tokenizer_.model_path.empty()) {
+    meta["tokenizer_model"] = {{"path", tokenizer_.model_path},
+                               {"sha256", tokenizer_.model_sha256}};
+  }
+  meta.update(nlohmann::ordered_json{
+      {"vocab_size", tokenizer_.vocab_size},
+      {"bos", tokenizer_.bos},
+      {"eos", tokenizer_.eos},
       {"token_bytes", token_bytes},
+      {"text_bytes", text_bytes_},
+      {"text_tokens", text_tokens_},
       {"num_docs", num_docs_},
       {"num_tokens", num_tokens_},
       {"max_doc_tokens", max_len_},
       {"doc_tokens_histogram_log2", hist},
       {"content_sha256", {{"bin", bin_sha_->HexDigest()}, {"idx", idx_sha.HexDigest()}}},
-  };
+  });
   if (!extra.is_null()) meta["extra"] = extra;
   const std::string json = meta.dump(2) + "\n";
   FILE* out = std::fopen((prefix_ + ".json.tmp").c_str(), "wb");
@@ -406,12 +493,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& prefix
   absl::StatusOr<DatasetMetadata> meta = ParseDatasetMetadata(*json, json_path);
   if (!meta.ok()) return meta.status();
   d->meta_ = *std::move(meta);
-  if (model_vocab_size > 0 && d->meta_.vocab_size > model_vocab_size) {
+  if (model_vocab_size > 0 && d->meta_.vocab_size != model_vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix, ": the dataset's vocabulary has ", d->meta_.vocab_size, " tokens (tokenizer ",
-        d->meta_.tokenizer, "), more than the model's vocab_size of ", model_vocab_size,
-        ": set model.vocab_size to at least ", d->meta_.vocab_size, " (or 0 to take it from "
-        "the dataset)"));
+        d->meta_.tokenizer, "), the model's vocab_size of ", model_vocab_size,
+        " differs: set model.vocab_size to ", d->meta_.vocab_size,
+        " (or 0 to take it from the dataset), or tokenize the data with the model's tokenizer"));
   }
   auto idx = MapFile(prefix + ".idx");
   if (!idx.ok()) return idx.status();
@@ -440,9 +527,9 @@ absl::Status Dataset::CheckIndex() {
   std::memcpy(&version, h + 8, 4);
   std::memcpy(&token_bytes, h + 12, 4);
   std::memcpy(&num_docs, h + 16, 8);
-  if (version != kVersion) {
+  if (version != 1 && version != 2) {
     return damaged(idx_path, absl::StrCat("index version ", version,
-                                          " is not supported (this build reads ", kVersion, ")"));
+                                          " is not supported (this build reads 1 and 2)"));
   }
   if (token_bytes != static_cast<uint64_t>(meta_.token_bytes)) {
     return damaged(idx_path, absl::StrCat("header says ", token_bytes, "-byte tokens, ",
@@ -462,14 +549,19 @@ absl::Status Dataset::CheckIndex() {
   // Before the offsets are scanned: the .json bounds num_docs by num_tokens,
   // so the scan costs at most what the .bin holds.
   const uint64_t num_tokens = static_cast<uint64_t>(meta_.num_tokens);
-  if (bin_size_ % 2 != 0 || bin_size_ / 2 != num_tokens) {
-    return damaged(prefix_ + ".bin", absl::StrCat(bin_size_, " bytes, but ", prefix_,
-                                                  ".json describes ", num_tokens,
-                                                  " 2-byte tokens"));
+  const uint64_t width = static_cast<uint64_t>(meta_.token_bytes);
+  if (bin_size_ % width != 0 || bin_size_ / width != num_tokens) {
+    return damaged(prefix_ + ".bin",
+                   absl::StrCat(bin_size_, " bytes, but ", prefix_, ".json describes ", num_tokens,
+                                " ", width, "-byte tokens"));
   }
   offsets_ = reinterpret_cast<const uint64_t*>(h + kHeaderSize);
   num_docs_ = static_cast<int64_t>(num_docs);
-  tokens_ = static_cast<const uint16_t*>(bin_map_);
+  if (width == 4) {
+    tokens32_ = static_cast<const uint32_t*>(bin_map_);
+  } else {
+    tokens16_ = static_cast<const uint16_t*>(bin_map_);
+  }
   if (offsets_[0] != 0) {
     return damaged(idx_path, absl::StrCat("the first offset is ", offsets_[0], ", not 0"));
   }
@@ -499,21 +591,22 @@ absl::Status Dataset::CheckIndex() {
 }
 
 absl::Status Dataset::CheckTokenRange() const {
-  const size_t n = bin_size_ / 2;
+  const size_t n = static_cast<size_t>(meta_.num_tokens);
   if (n == 0) return absl::OkStatus();
   ::madvise(bin_map_, bin_size_, MADV_SEQUENTIAL);
-  const uint16_t max_id = MaxTokenId(tokens_, n);
+  const int64_t max_id = tokens32_ != nullptr ? MaxTokenId(tokens32_, n) : MaxTokenId(tokens16_, n);
   ::madvise(bin_map_, bin_size_, MADV_NORMAL);
   if (max_id < meta_.vocab_size) return absl::OkStatus();
-  const uint16_t* bad = std::find_if(tokens_, tokens_ + n, [&](uint16_t t) {
-    return t >= meta_.vocab_size;
-  });
-  const uint64_t pos = static_cast<uint64_t>(bad - tokens_);
+  uint64_t pos = 0;
+  while (pos < n && (tokens32_ != nullptr ? tokens32_[pos] : tokens16_[pos]) < meta_.vocab_size) {
+    ++pos;
+  }
+  const int64_t bad = tokens32_ != nullptr ? tokens32_[pos] : tokens16_[pos];
   const int64_t doc = std::upper_bound(offsets_, offsets_ + num_docs_ + 1, pos) - offsets_ - 1;
-  return absl::DataLossError(absl::StrCat(
-      prefix_, ".bin: token id ", *bad, " at token ", pos, " (document ", doc,
-      ") is outside the vocabulary of ", meta_.vocab_size, " (tokenizer ", meta_.tokenizer,
-      "); the file is damaged: ", kRerun));
+  return absl::DataLossError(absl::StrCat(prefix_, ".bin: token id ", bad, " at token ", pos,
+                                          " (document ", doc, ") is outside the vocabulary of ",
+                                          meta_.vocab_size, " (tokenizer ", meta_.tokenizer,
+                                          "); the file is damaged: ", kRerun));
 }
 
 absl::Status Dataset::VerifyContentHash() const {
@@ -539,6 +632,12 @@ absl::Status Dataset::VerifyContentHash() const {
 Dataset::~Dataset() {
   if (bin_map_) ::munmap(bin_map_, bin_size_);
   if (idx_map_) ::munmap(idx_map_, idx_size_);
+}
+
+double Dataset::bytes_per_text_token() const {
+  if (meta_.version < 2) return 1.0;  // byte tokenizer: one byte a token
+  if (meta_.text_bytes <= 0 || meta_.text_tokens <= 0) return 0;
+  return static_cast<double>(meta_.text_bytes) / static_cast<double>(meta_.text_tokens);
 }
 
 std::vector<int64_t> Dataset::DocLengths() const {

@@ -1,17 +1,25 @@
 // An indexed token dataset: PREFIX.bin holds every document's tokens back to
-// back (uint16, little-endian); PREFIX.idx holds a header and the token offset
-// of each document (num_docs + 1 uint64 values); PREFIX.json holds metadata
-// (tokenizer, vocabulary, counts, a length histogram, the SHA-256 of .bin and
-// .idx, sources). tally-prep writes it with DatasetWriter; the trainer reads
-// it memory-mapped with Dataset.
+// back (little-endian, 2 or 4 bytes each); PREFIX.idx holds a header and the
+// token offset of each document (num_docs + 1 uint64 values); PREFIX.json
+// holds metadata (tokenizer, vocabulary, counts, a length histogram, the
+// SHA-256 of .bin and .idx, sources). tally-prep writes it with
+// DatasetWriter; the trainer reads it memory-mapped with Dataset.
 //
-// .idx layout: "TALLYIDX" (8 bytes), uint32 version (1), uint32 bytes per
-// token (2), uint64 num_docs, uint64 offsets[num_docs + 1].
+// .idx layout: "TALLYIDX" (8 bytes), uint32 version (1 or 2), uint32 bytes
+// per token (2; version 2 also 4), uint64 num_docs, uint64 offsets[num_docs +
+// 1].
 //
-// .json members read back by Dataset::Open (others are informational):
-//   "format": "tally-indexed-dataset", "version": 1,
-//   "tokenizer": "byte", "vocab_size": 258, "bos": 256, "eos": 257,
-//   "token_bytes": 2 (absent in older datasets: 2),
+// Format version 2 (what tally-prep writes) records the tokenizer and grows
+// the token width to 4 bytes when the vocabulary does not fit in 2; version 1
+// (byte tokenizer, 2-byte tokens) still opens. .json members read back by
+// Dataset::Open (others are informational):
+//   "format": "tally-indexed-dataset", "version": 1 or 2,
+//   "tokenizer": "byte" | "sentencepiece" | "pretokenized" (v1: "byte"),
+//   "tokenizer_model": {"path", "sha256"} (sentencepiece: the model file),
+//   "vocab_size", "bos", "eos" (-1: none; v2 only),
+//   "token_bytes": 2 or 4 (absent in older datasets: 2),
+//   "text_bytes", "text_tokens": bytes of text and tokens other than BOS/EOS
+//   (v2; absent or 0 when there was no text, as with pre-tokenized input),
 //   "num_docs", "num_tokens", "max_doc_tokens",
 //   "content_sha256": {"bin": HEX, "idx": HEX} (absent in older datasets;
 //   the same digests `sha256sum PREFIX.bin PREFIX.idx` prints).
@@ -37,12 +45,35 @@ inline constexpr int64_t kMaxMetadataBytes = 8 << 20;
 
 // What PREFIX.json says about its dataset, validated on its own (not yet
 // against the files).
+// What a dataset was tokenized with: recorded in PREFIX.json and carried
+// into checkpoints, so that a resume or an export with another tokenizer is
+// refused.
+struct TokenizerRecord {
+  std::string kind = "byte";  // "byte", "sentencepiece" or "pretokenized"
+  int64_t vocab_size = 258;
+  int64_t bos = 256, eos = 257;  // -1: none
+  std::string model_path;        // sentencepiece: the model file tally-prep read
+  std::string model_sha256;      // and its SHA-256
+};
+
+// Tokens wider than 2 bytes once the vocabulary has more than this many ids.
+inline constexpr int64_t kMaxTwoByteVocab = 65536;
+// The largest vocabulary a dataset may have.
+inline constexpr int64_t kMaxVocab = int64_t{1} << 31;
+
 struct DatasetMetadata {
-  std::string tokenizer;  // "byte": the only kind this build reads
+  std::string tokenizer;  // "byte", "sentencepiece" or "pretokenized"
   int64_t vocab_size = 0;
-  int64_t bos = 0;
-  int64_t eos = 0;
+  int64_t bos = -1;  // -1: none
+  int64_t eos = -1;
+  std::string tokenizer_model_path;    // sentencepiece
+  std::string tokenizer_model_sha256;  // sentencepiece
+  int64_t version = 0;
   int64_t token_bytes = 0;
+  // Bytes of text and the tokens other than BOS/EOS they became (0 when
+  // unknown): bits per byte = bits per such token * text_tokens / text_bytes.
+  int64_t text_bytes = 0;
+  int64_t text_tokens = 0;
   int64_t num_docs = 0;
   int64_t num_tokens = 0;
   int64_t max_doc_tokens = 0;
@@ -70,10 +101,18 @@ class Sha256Hasher;  // defined in dataset.cc
 // Not thread-safe.
 class DatasetWriter {
  public:
-  static absl::StatusOr<std::unique_ptr<DatasetWriter>> Create(std::string prefix);
+  // `tokenizer` decides the token width (2 bytes while vocab_size fits) and
+  // is recorded in the .json.
+  static absl::StatusOr<std::unique_ptr<DatasetWriter>> Create(
+      std::string prefix, TokenizerRecord tokenizer = TokenizerRecord());
   ~DatasetWriter();
 
+  // A document of the byte tokenizer (its text bytes are its non-special
+  // tokens).
   absl::Status Add(absl::Span<const uint16_t> tokens);
+  // A document of any tokenizer: ids below vocab_size, `text_bytes` the
+  // length of the text it came from (0: none, as for pre-tokenized input).
+  absl::Status Add(absl::Span<const uint32_t> tokens, int64_t text_bytes);
   // `extra_json` is a JSON object whose members are recorded under "extra".
   absl::Status Finish(const std::string& extra_json);
 
@@ -81,8 +120,13 @@ class DatasetWriter {
   int64_t num_tokens() const { return num_tokens_; }
 
  private:
-  explicit DatasetWriter(std::string prefix);
+  DatasetWriter(std::string prefix, TokenizerRecord tokenizer);
   std::string prefix_;
+  TokenizerRecord tokenizer_;
+  int token_bytes_ = 2;
+  int64_t text_bytes_ = 0;
+  int64_t text_tokens_ = 0;
+  std::vector<uint16_t> narrow_;  // scratch for 2-byte tokens
   FILE* bin_ = nullptr;
   FILE* idx_ = nullptr;
   std::unique_ptr<Sha256Hasher> bin_sha_;
@@ -128,7 +172,20 @@ class Dataset {
   int64_t num_docs() const { return num_docs_; }
   int64_t num_tokens() const { return offsets_[num_docs_]; }
   int64_t doc_length(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }
-  const uint16_t* doc(int64_t i) const { return tokens_ + offsets_[i]; }
+  // Token `j` of document `i`.
+  uint32_t token(int64_t i, int64_t j) const {
+    const uint64_t at = offsets_[i] + static_cast<uint64_t>(j);
+    return tokens32_ != nullptr ? tokens32_[at] : tokens16_[at];
+  }
+  // Whether `t` is this dataset's BOS or EOS (not text).
+  bool IsSpecial(uint32_t t) const {
+    return static_cast<int64_t>(t) == meta_.bos || static_cast<int64_t>(t) == meta_.eos;
+  }
+  // Bytes of text per token that is not BOS/EOS (1 for the byte tokenizer);
+  // 0 when the dataset does not know (pre-tokenized input).
+  double bytes_per_text_token() const;
+  // The mapped .bin: num_tokens() tokens of metadata().token_bytes each.
+  const void* token_data() const { return bin_map_; }
   std::vector<int64_t> DocLengths() const;
   const std::string& prefix() const { return prefix_; }
   const DatasetMetadata& metadata() const { return meta_; }
@@ -145,7 +202,8 @@ class Dataset {
   size_t bin_size_ = 0;
   void* idx_map_ = nullptr;
   size_t idx_size_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  const uint16_t* tokens16_ = nullptr;  // 2-byte tokens
+  const uint32_t* tokens32_ = nullptr;  // 4-byte tokens
   const uint64_t* offsets_ = nullptr;
   int64_t num_docs_ = 0;
 };
@@ -154,6 +212,7 @@ class Dataset {
 // over fixed-size blocks, which the compiler turns into SIMD max instructions;
 // this is the range check Dataset::Open runs over the whole .bin.
 uint16_t MaxTokenId(const uint16_t* tokens, size_t n);
+uint32_t MaxTokenId(const uint32_t* tokens, size_t n);
 
 // Lower-case hex SHA-256 of `n` bytes.
 std::string Sha256Hex(const void* data, size_t n);

@@ -89,9 +89,11 @@ TEST(DatasetTest, RoundTripsDocumentsAndMetadata) {
   for (int i = 0; i < 4; ++i) {
     const int64_t len = (*ds)->doc_length(i);
     EXPECT_EQ(len, static_cast<int64_t>(docs[i].size()) + 2);
-    EXPECT_EQ((*ds)->doc(i)[0], ByteTokenizer::kBos);
-    EXPECT_EQ((*ds)->doc(i)[len - 1], ByteTokenizer::kEos);
-    EXPECT_EQ(ByteTokenizer::Decode((*ds)->doc(i), len), docs[i]);
+    EXPECT_EQ((*ds)->token(i, 0), ByteTokenizer::kBos);
+    EXPECT_EQ((*ds)->token(i, len - 1), ByteTokenizer::kEos);
+    std::vector<uint16_t> toks;
+    for (int64_t j = 0; j < len; ++j) toks.push_back(static_cast<uint16_t>((*ds)->token(i, j)));
+    EXPECT_EQ(ByteTokenizer::Decode(toks.data(), len), docs[i]);
     total += len;
   }
   EXPECT_EQ((*ds)->num_tokens(), total);
@@ -148,37 +150,40 @@ TEST(DatasetTest, MetadataIsValidated) {
     const char* message;
   };
   const std::vector<Case> cases = {
-      {"vocab_size", [](nlohmann::json& j) { j["vocab_size"] = 10; },
-       absl::StatusCode::kDataLoss, "\"vocab_size\" 10"},
+      {"vocab_size", [](nlohmann::json& j) { j["vocab_size"] = 10; }, absl::StatusCode::kDataLoss,
+       "\"vocab_size\" 10"},
       {"tokenizer", [](nlohmann::json& j) { j["tokenizer"] = "gpt2"; },
        absl::StatusCode::kInvalidArgument, "tokenizer \"gpt2\" is not supported"},
       {"format", [](nlohmann::json& j) { j["format"] = "npy"; }, absl::StatusCode::kDataLoss,
        "\"format\" is \"npy\""},
-      {"version", [](nlohmann::json& j) { j["version"] = 2; },
-       absl::StatusCode::kInvalidArgument, "\"version\" 2 is not supported"},
+      {"version", [](nlohmann::json& j) { j["version"] = 3; }, absl::StatusCode::kInvalidArgument,
+       "\"version\" 3 is not supported"},
       {"no version", [](nlohmann::json& j) { j.erase("version"); }, absl::StatusCode::kDataLoss,
        "\"version\" is missing"},
-      {"string count", [](nlohmann::json& j) { j["num_docs"] = "5"; },
-       absl::StatusCode::kDataLoss, "\"num_docs\" is missing or not an integer"},
-      {"float count", [](nlohmann::json& j) { j["num_tokens"] = 1.5; },
-       absl::StatusCode::kDataLoss, "\"num_tokens\" is missing or not an integer"},
-      {"negative", [](nlohmann::json& j) { j["max_doc_tokens"] = -1; },
-       absl::StatusCode::kDataLoss, "\"max_doc_tokens\" is negative"},
+      {"string count", [](nlohmann::json& j) { j["num_docs"] = "5"; }, absl::StatusCode::kDataLoss,
+       "\"num_docs\" is missing or not an integer"},
+      {"float count", [](nlohmann::json& j) { j["num_tokens"] = 1.5; }, absl::StatusCode::kDataLoss,
+       "\"num_tokens\" is missing or not an integer"},
+      {"negative", [](nlohmann::json& j) { j["max_doc_tokens"] = -1; }, absl::StatusCode::kDataLoss,
+       "\"max_doc_tokens\" is negative"},
       {"huge", [](nlohmann::json& j) { j["num_tokens"] = uint64_t{1} << 63; },
        absl::StatusCode::kDataLoss, "out of range"},
-      {"token_bytes", [](nlohmann::json& j) { j["token_bytes"] = 4; },
-       absl::StatusCode::kInvalidArgument, "\"token_bytes\" 4"},
+      {"token_bytes", [](nlohmann::json& j) { j["token_bytes"] = 3; },
+       absl::StatusCode::kInvalidArgument, "\"token_bytes\" 3"},
       {"no docs", [](nlohmann::json& j) { j["num_docs"] = 0; }, absl::StatusCode::kDataLoss,
        "no documents"},
-      {"num_docs vs idx", [](nlohmann::json& j) { j["num_docs"] = 4; },
-       absl::StatusCode::kDataLoss, "header says 5 documents, "},
+      {"num_docs vs idx", [](nlohmann::json& j) { j["num_docs"] = 4; }, absl::StatusCode::kDataLoss,
+       "header says 5 documents, "},
       {"num_tokens vs idx", [](nlohmann::json& j) { j["num_tokens"] = 34; },
        absl::StatusCode::kDataLoss, "train.bin: 70 bytes, but"},
       {"max_doc_tokens", [](nlohmann::json& j) { j["max_doc_tokens"] = 6; },
        absl::StatusCode::kDataLoss, "the longest document has 7 tokens"},
       {"hash", [](nlohmann::json& j) { j["content_sha256"]["bin"] = "xyz"; },
        absl::StatusCode::kDataLoss, "\"content_sha256\".\"bin\""},
-      {"not an object", [](nlohmann::json& j) { j = nlohmann::json::array({1, 2}); },
+      {"not an object",
+       [](nlohmann::json& j) {
+         j = nlohmann::json::array({1, 2});
+       },
        absl::StatusCode::kDataLoss, "expected a JSON object, got array"},
   };
   for (const Case& c : cases) {
@@ -222,14 +227,15 @@ TEST(DatasetTest, FifoIsRefusedWithoutBlocking) {
   EXPECT_THAT(ds.status().message(), HasSubstr("not a regular file"));
 }
 
-TEST(DatasetTest, VocabularyMustFitTheModel) {
+TEST(DatasetTest, VocabularyMustBeTheModels) {
   const std::string prefix = WriteDataset("train");
   auto small = Dataset::Open(prefix, /*model_vocab_size=*/100);
   EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(small.status().message(), HasSubstr("vocabulary has 258 tokens"));
   EXPECT_THAT(small.status().message(), HasSubstr("model's vocab_size of 100"));
   EXPECT_TRUE(Dataset::Open(prefix, 258).ok());
-  EXPECT_TRUE(Dataset::Open(prefix, 512).ok());
+  // A larger one too: the model would learn ids no data holds.
+  EXPECT_FALSE(Dataset::Open(prefix, 512).ok());
 }
 
 TEST(DatasetTest, OutOfVocabularyTokenIsFoundAtOpen) {
@@ -361,6 +367,106 @@ TEST(DatasetTest, MetadataParserSurvivesEveryTruncationAndFlip) {
 TEST(DatasetTest, ValidationPrefixIsBesideTrain) {
   EXPECT_EQ(ValidationPrefixFor("data/fortunes/train"), "data/fortunes/val");
   EXPECT_EQ(ValidationPrefixFor("train"), "val");
+}
+
+// Format version 1 (what tally-prep wrote before tokenizers were recorded):
+// still opens, as the byte tokenizer with 2-byte tokens.
+TEST(DatasetTest, VersionOneDatasetsStillOpen) {
+  const std::string prefix = WriteDataset("v1");
+  EditJson(prefix, [](nlohmann::json& j) {
+    j["version"] = 1;
+    j.erase("text_bytes");
+    j.erase("text_tokens");
+  });
+  const uint32_t one = 1;
+  Patch(prefix + ".idx", 8, &one, 4);
+  auto ds = Dataset::Open(prefix, 258);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->metadata().version, 1);
+  EXPECT_EQ((*ds)->bytes_per_text_token(), 1.0);
+  EXPECT_EQ((*ds)->token(0, 0), ByteTokenizer::kBos);
+  // Version 1 knows no other token width.
+  EditJson(prefix, [](nlohmann::json& j) { j["token_bytes"] = 4; });
+  auto wide = Dataset::Open(prefix);
+  ASSERT_FALSE(wide.ok());
+  EXPECT_THAT(wide.status().message(), HasSubstr("\"token_bytes\" 4 is not supported"));
+}
+
+TEST(DatasetTest, LargeVocabulariesUseFourByteTokens) {
+  const std::string prefix = TempPrefix("wide");
+  TokenizerRecord tok;
+  tok.kind = "pretokenized";
+  tok.vocab_size = 100000;
+  tok.bos = 99998;
+  tok.eos = -1;
+  {
+    auto w = DatasetWriter::Create(prefix, tok);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const std::vector<uint32_t> a = {99998, 70000, 5, 99999}, b = {99998, 1};
+    ASSERT_TRUE((*w)->Add(a, 0).ok());
+    ASSERT_TRUE((*w)->Add(b, 0).ok());
+    const std::vector<uint32_t> bad = {100000};
+    EXPECT_THAT((*w)->Add(bad, 0).message(), HasSubstr("outside the 100000-token vocabulary"));
+    ASSERT_TRUE((*w)->Finish("").ok());
+  }
+  struct stat st;
+  ASSERT_EQ(::stat((prefix + ".bin").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 6 * 4);
+  auto ds = Dataset::Open(prefix, 100000);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const DatasetMetadata& m = (*ds)->metadata();
+  EXPECT_EQ(m.token_bytes, 4);
+  EXPECT_EQ(m.bos, 99998);
+  EXPECT_EQ(m.eos, -1);
+  EXPECT_EQ((*ds)->token(0, 1), 70000u);
+  EXPECT_EQ((*ds)->token(0, 3), 99999u);
+  EXPECT_TRUE((*ds)->IsSpecial(99998));
+  EXPECT_FALSE((*ds)->IsSpecial(99999));
+  EXPECT_EQ((*ds)->bytes_per_text_token(), 0);  // no text: unknown
+  EXPECT_TRUE((*ds)->VerifyContentHash().ok());
+  // A token past the vocabulary is found in 4-byte tokens too.
+  const uint32_t big = 100001;
+  Patch(prefix + ".bin", 8, &big, 4);
+  EditJson(prefix, [](nlohmann::json& j) { j.erase("content_sha256"); });
+  auto damaged = Dataset::Open(prefix);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_THAT(damaged.status().message(), HasSubstr("token id 100001 at token 2"));
+}
+
+TEST(DatasetTest, AModelOfAnotherVocabularyIsRefusedNamingBoth) {
+  const std::string prefix = WriteDataset("vocab");
+  auto ds = Dataset::Open(prefix, 32000);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_THAT(ds.status().message(), HasSubstr("vocabulary has 258 tokens"));
+  EXPECT_THAT(ds.status().message(), HasSubstr("the model's vocab_size of 32000 differs"));
+}
+
+TEST(DatasetTest, TextBytesPerTokenAreRecorded) {
+  const std::string prefix = TempPrefix("spm");
+  TokenizerRecord tok;
+  tok.kind = "sentencepiece";
+  tok.vocab_size = 500;
+  tok.bos = 1;
+  tok.eos = 2;
+  tok.model_path = "tok.model";
+  tok.model_sha256 = std::string(64, 'a');
+  {
+    auto w = DatasetWriter::Create(prefix, tok);
+    ASSERT_TRUE(w.ok());
+    const std::vector<uint32_t> doc = {1, 300, 301, 302, 2};  // 3 pieces of 12 bytes
+    ASSERT_TRUE((*w)->Add(doc, 12).ok());
+    ASSERT_TRUE((*w)->Finish("").ok());
+  }
+  auto ds = Dataset::Open(prefix);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->metadata().text_bytes, 12);
+  EXPECT_EQ((*ds)->metadata().text_tokens, 3);
+  EXPECT_EQ((*ds)->bytes_per_text_token(), 4.0);
+  EXPECT_EQ((*ds)->metadata().tokenizer_model_sha256, std::string(64, 'a'));
+  EditJson(prefix, [](nlohmann::json& j) { j.erase("tokenizer_model"); });
+  auto bad = Dataset::Open(prefix);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("tokenizer_model"));
 }
 
 }  // namespace

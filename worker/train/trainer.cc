@@ -34,6 +34,7 @@
 #include "worker/precision/fp8.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/lr_schedule.h"
+#include "worker/train/model_io.h"
 #include "worker/train/optimizer.h"
 #include "worker/train/step.h"
 #include "worker/train/train_state.h"
@@ -46,13 +47,15 @@ absl::Status TrainConfig::Validate() const {
     if (!ok) problems.push_back(what);
   };
   const model::MoeConfig& moe = model.moe;
+  need(init_from_hf.empty() || init_from_checkpoint.empty(),
+       "model.init_from: name a Hugging Face folder (hf) or a checkpoint, not both");
   need(model.num_layers >= 1, "model.num_layers: must be >= 1");
   need(model.d_model >= 2 && model.num_heads >= 1 && model.d_model % model.num_heads == 0 &&
            (model.d_model / model.num_heads) % 2 == 0,
        "model.num_heads: must divide model.d_model into an even head size");
-  need(model.vocab_size == 0 || model.vocab_size >= data::ByteTokenizer::kVocabSize,
-       absl::StrCat("model.vocab_size: must be 0 or >= ", data::ByteTokenizer::kVocabSize,
-                    " (the byte tokenizer's)"));
+  need(model.vocab_size == 0 || (model.vocab_size >= 2 && model.vocab_size <= data::kMaxVocab),
+       absl::StrCat("model.vocab_size: must be 0 (the dataset's) or between 2 and ",
+                    data::kMaxVocab));
   need(!data.train_path.empty(), "data.train_path: is required");
   need(data.seq_len >= 2, "data.seq_len: must be >= 2");
   need(micro_batch_rows >= 1, "micro_batch_rows: must be >= 1");
@@ -197,6 +200,12 @@ class Run {
   std::map<size_t, std::array<at::Tensor, 3>> GatherShards();
   absl::Status SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3>>& whole);
   absl::Status LoadCheckpoint();
+  // Copies model.init_from's weights into the model (a fresh run).
+  absl::Status LoadInitialWeights(const InitialWeights& w);
+  // The training data's tokenizer as checkpoints record it, and a check
+  // that `theirs` (a checkpoint's record) is the same.
+  nlohmann::json TokenizerJson() const;
+  absl::Status CheckTokenizer(const nlohmann::json& theirs, const std::string& source) const;
   // Everything in a checkpoint's metadata and tensors that LoadCheckpoint
   // uses, checked against this run before anything is loaded. Moves the data
   // cursor to the checkpoint's epoch (to count its rows).
@@ -207,7 +216,7 @@ class Run {
   absl::Status CheckFingerprint(const std::string& theirs) const;
   std::string Fingerprint() const;
 
-  const TrainConfig& c_;
+  TrainConfig c_;  // a copy: model.init_from completes its model
   TrainEvents* events_;
   const StopFlag* stop_;
   at::Device device_;
@@ -253,7 +262,7 @@ EvalMetrics Run::Evaluate() {
   // Evaluation computes like training but never moves the FP8 scales.
   if (fp8_) fp8_->SetTraining(false);
   double loss_sum = 0;
-  int64_t targets = 0, target_bytes = 0;
+  int64_t targets = 0, text_targets = 0;
   // Chunks of micro_batch_rows rows, dealt round-robin to the ranks. With
   // expert parallelism every rank runs as many forward passes as the
   // busiest (they exchange tokens in each), discarding the extra ones.
@@ -275,20 +284,24 @@ EvalMetrics Run::Evaluate() {
     if (extra) continue;
     loss_sum += loss;
     targets += mb.num_targets;
-    target_bytes += mb.target_bytes;
+    text_targets += mb.text_targets;
   }
   std::vector<double> sums = {loss_sum, static_cast<double>(targets),
-                              static_cast<double>(target_bytes)};
+                              static_cast<double>(text_targets)};
   SumOverRanks(&sums);
   loss_sum = sums[0];
   targets = static_cast<int64_t>(sums[1]);
-  target_bytes = static_cast<int64_t>(sums[2]);
+  text_targets = static_cast<int64_t>(sums[2]);
   EvalMetrics e;
   e.step = state_.step;
   e.tokens = state_.tokens;
   e.target_tokens = targets;
   e.val_loss = targets ? loss_sum / targets : 0;
-  e.bits_per_byte = target_bytes ? loss_sum / std::log(2.0) / target_bytes : 0;
+  // Bits per byte of text whatever the tokenizer: the text targets stand
+  // for the bytes of text they were prepared from (tally-prep records the
+  // ratio; 1 for the byte tokenizer, unknown for pre-tokenized input).
+  const double target_bytes = static_cast<double>(text_targets) * val_->bytes_per_text_token();
+  e.bits_per_byte = target_bytes > 0 ? loss_sum / std::log(2.0) / target_bytes : 0;
   state_.last_eval_step = state_.step;
   if (fp8_) fp8_->SetTraining(true);
   return e;
@@ -380,8 +393,11 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
   const std::string path =
       absl::StrFormat("%s/step-%08d.ckpt", c_.checkpoint_dir, state_.step);
   CheckpointData data;
-  data.metadata_json =
-      CheckpointMetadata(state_, opt_->step(), rows_->cursor(), Fingerprint()).dump();
+  nlohmann::json meta = CheckpointMetadata(state_, opt_->step(), rows_->cursor(), Fingerprint());
+  meta["model"] = ModelConfigJson(model_->config());
+  meta["seq_len"] = c_.data.seq_len;
+  meta["tokenizer"] = TokenizerJson();
+  data.metadata_json = meta.dump();
   auto& params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     // Checkpoints hold the whole model: any world size resumes from them.
@@ -458,6 +474,10 @@ absl::Status Run::CheckCheckpoint(const nlohmann::json& meta,
     return invalid("metadata field fingerprint is missing or not a string");
   }
   RETURN_IF_ERROR(CheckFingerprint(fp->get<std::string>()));
+  if (auto tok = meta.find("tokenizer"); tok != meta.end()) {
+    if (!tok->is_object()) return invalid("metadata field tokenizer is not an object");
+    RETURN_IF_ERROR(CheckTokenizer(*tok, "the checkpoint"));
+  }
 
   ASSIGN_OR_RETURN(const int64_t step, MetadataInt(meta, "step"));
   ASSIGN_OR_RETURN(const int64_t tokens, MetadataInt(meta, "tokens"));
@@ -642,6 +662,62 @@ absl::Status Run::LoadCheckpoint() {
   return absl::OkStatus();
 }
 
+absl::Status Run::LoadInitialWeights(const InitialWeights& w) {
+  if (w.tokenizer.is_object()) {
+    if (absl::Status s = CheckTokenizer(w.tokenizer, w.source); !s.ok()) return s;
+  }
+  at::NoGradGuard no_grad;
+  for (auto& p : model_->parameters()) {
+    auto it = w.parameters.find(p.name);
+    if (it == w.parameters.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(w.source, " has no weights for ", p.name));
+    }
+    at::Tensor src = it->second;
+    if (p.sharded) src = src.narrow(0, c_.parallel.rank * p.value.size(0), p.value.size(0));
+    if (src.sizes() != p.value.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(w.source, ": ", p.name, " is ",
+                                                     c10::str(src.sizes()), ", the model's is ",
+                                                     c10::str(p.value.sizes())));
+    }
+    if (!at::isfinite(src).all().item<bool>()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(w.source, ": ", p.name, " holds NaN or infinite values"));
+    }
+    p.value.copy_(src);
+  }
+  for (auto& [layer, bias] : model_->expert_biases()) {
+    auto it = w.biases.find(layer);
+    if (it != w.biases.end() && it->second.sizes() == bias.sizes()) bias.copy_(it->second);
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json Run::TokenizerJson() const {
+  const data::DatasetMetadata& m = train_->metadata();
+  nlohmann::json t = {
+      {"kind", m.tokenizer}, {"vocab_size", m.vocab_size}, {"bos", m.bos}, {"eos", m.eos}};
+  if (!m.tokenizer_model_sha256.empty()) {
+    t["model_path"] = m.tokenizer_model_path;
+    t["model_sha256"] = m.tokenizer_model_sha256;
+  }
+  return t;
+}
+
+absl::Status Run::CheckTokenizer(const nlohmann::json& theirs, const std::string& source) const {
+  const nlohmann::json ours = TokenizerJson();
+  for (const char* key : {"kind", "vocab_size", "bos", "eos", "model_sha256"}) {
+    auto it = theirs.find(key);
+    const auto mine = ours.find(key);
+    if ((it == theirs.end()) != (mine == ours.end()) || (it != theirs.end() && *it != *mine)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(source, " was trained with tokenizer ", theirs.dump().substr(0, 256),
+                       ", this job's data.train_path with ", ours.dump(), " (", key,
+                       " differs): tokenize the data with the model's tokenizer"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::optional<TrainResult> Run::OpenData() {
   auto train = data::Dataset::Open(c_.data.train_path, c_.model.vocab_size);
   if (!train.ok()) return Fail("data.train_path: " + std::string(train.status().message()), false);
@@ -649,7 +725,7 @@ std::optional<TrainResult> Run::OpenData() {
   const std::string val_path =
       c_.data.val_path.empty() ? data::ValidationPrefixFor(c_.data.train_path) : c_.data.val_path;
   if (c_.eval_interval_steps > 0) {
-    auto val = data::Dataset::Open(val_path, c_.model.vocab_size);
+    auto val = data::Dataset::Open(val_path, train_->metadata().vocab_size);
     if (!val.ok()) return Fail("data.val_path: " + std::string(val.status().message()), false);
     val_ = std::move(*val);
     data::PackOptions eval_opts;
@@ -673,7 +749,7 @@ std::optional<TrainResult> Run::OpenData() {
 
 void Run::BuildModel() {
   model::ModelConfig mc = c_.model;
-  if (mc.vocab_size == 0) mc.vocab_size = data::ByteTokenizer::kVocabSize;
+  if (mc.vocab_size == 0) mc.vocab_size = train_->metadata().vocab_size;
   mc.moe.every_n_layers = std::max<int64_t>(1, mc.moe.every_n_layers);
   model_ = std::make_unique<model::Transformer>(mc, c_.seed, device_);
   // Each rank holds, updates and keeps optimizer state for its own experts.
@@ -761,8 +837,25 @@ TrainResult Run::Go() {
     at::autocast::set_autocast_enabled(at::kCUDA, true);
     at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
   }
+  std::optional<InitialWeights> init;
+  if (!c_.init_from_hf.empty() || !c_.init_from_checkpoint.empty()) {
+    // The shape first (the data's vocabulary is checked against it), the
+    // weights once the model exists; a resume takes its own weights.
+    auto w = ReadInitialWeights(c_.init_from_hf, c_.init_from_checkpoint);
+    if (!w.ok()) return Fail("model.init_from: " + std::string(w.status().message()), false);
+    if (absl::Status s = ReconcileModel(w->config, w->source, &c_.model); !s.ok()) {
+      return Fail(std::string(s.message()), false);
+    }
+    init = *std::move(w);
+  }
   if (auto failed = OpenData()) return *failed;
   BuildModel();
+  if (init && c_.resume_path.empty()) {
+    if (absl::Status s = LoadInitialWeights(*init); !s.ok()) {
+      return Fail("model.init_from: " + std::string(s.message()), false);
+    }
+  }
+  init.reset();
   if (!c_.resume_path.empty()) {
     if (absl::Status s = LoadCheckpoint(); !s.ok()) {
       return Fail("resume: " + std::string(s.message()), false);

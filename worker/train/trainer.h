@@ -139,6 +139,12 @@ struct TrainConfig {
   // Where and how.
   std::string device = "cpu";       // "cpu" or "cuda:N"
   std::string checkpoint_dir;       // empty: no checkpoints
+  // model.init_from: the weights a fresh run starts from (fine-tuning), a
+  // Hugging Face folder (config.json + model.safetensors) or a Tally
+  // checkpoint; at most one. The model's shape is taken from there: a field
+  // `model` states differently fails the run naming it (train/model_io.h).
+  std::string init_from_hf;
+  std::string init_from_checkpoint;
   std::string resume_path;          // a checkpoint to continue from
   std::string resume_sha256;        // checked when not empty
   double peak_flops = 0;            // per device, for MFU; 0: not reported

@@ -1,0 +1,90 @@
+// A trained model in and out of Tally: the model a checkpoint holds, its
+// export as a Hugging Face folder (tally-export), and the weights a job
+// starts from (model.init_from: a Hugging Face folder or a Tally
+// checkpoint).
+//
+// Checkpoints record the model they hold in their metadata: "model" (the
+// ModelConfig, ModelConfigJson), "seq_len", and "tokenizer" ({"kind",
+// "vocab_size", "bos", "eos"} from the dataset trained on). Checkpoints
+// written before those fields existed are read from their "fingerprint"
+// (layers, d_model, heads, d_ff, vocab, seq_len, moe), with RoPE theta and
+// norm epsilon at the defaults they were trained with, and the byte
+// tokenizer.
+#ifndef TALLY_WORKER_TRAIN_MODEL_IO_H_
+#define TALLY_WORKER_TRAIN_MODEL_IO_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/config.h"
+#include "worker/model/hf.h"
+
+namespace tally::train {
+
+nlohmann::json ModelConfigJson(const model::ModelConfig& c);
+
+// The model a checkpoint's metadata describes ("model", else the
+// fingerprint). InvalidArgument naming the field when neither can be read.
+absl::StatusOr<model::ModelConfig> ModelConfigFromMetadata(const nlohmann::json& meta);
+
+struct CheckpointModel {
+  std::string path;
+  model::ModelConfig config;
+  int64_t seq_len = 0;
+  int64_t step = 0;
+  nlohmann::json tokenizer;                      // {"kind", "vocab_size", "bos", "eos"}
+  std::map<std::string, at::Tensor> parameters;  // by Transformer parameter name
+  std::map<int64_t, at::Tensor> biases;          // MoE selection biases by layer
+};
+
+// Reads and verifies a checkpoint (train/checkpoint.h) and takes the model
+// out of it: its config, tokenizer and parameters (optimizer and FP8 state
+// are left). InvalidArgument naming the field or tensor when the checkpoint
+// holds no model Tally can rebuild.
+absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& path,
+                                                    const std::string& expected_sha256 = "");
+
+// What ExportHf wrote.
+struct ExportSummary {
+  std::string architecture;  // "LlamaForCausalLM" or "MixtralForCausalLM"
+  int64_t tensors = 0;
+  int64_t parameters = 0;
+  int64_t bytes = 0;  // of model.safetensors
+};
+
+// Writes `out_dir` (created if missing): config.json, model.safetensors,
+// generation_config.json, and the tokenizer (the byte vocabulary as
+// tokenizer.json, tokenizer_config.json and special_tokens_map.json).
+// FailedPrecondition naming the feature for a model neither Hugging Face
+// class can express (model/hf.h).
+absl::StatusOr<ExportSummary> ExportHf(const CheckpointModel& m, const std::string& out_dir,
+                                       const model::HfExportOptions& options);
+
+// The weights model.init_from names: a Hugging Face folder or a Tally
+// checkpoint.
+struct InitialWeights {
+  std::string source;  // "DIR/config.json" or the checkpoint's path, for errors
+  model::ModelConfig config;
+  nlohmann::json tokenizer;  // null when the source records none
+  std::map<std::string, at::Tensor> parameters;
+  std::map<int64_t, at::Tensor> biases;
+};
+absl::StatusOr<InitialWeights> ReadInitialWeights(const std::string& hf_dir,
+                                                  const std::string& checkpoint);
+
+// Makes `spec` (the job's model) the model `theirs` describes: fields the
+// spec leaves unset (d_ff 0, vocab_size 0) and those it cannot state
+// (rope_theta, norm_eps) are taken from it; a field the spec states
+// differently is FailedPrecondition naming the spec field, both values and
+// `source`.
+absl::Status ReconcileModel(const model::ModelConfig& theirs, const std::string& source,
+                            model::ModelConfig* spec);
+
+}  // namespace tally::train
+
+#endif  // TALLY_WORKER_TRAIN_MODEL_IO_H_
