@@ -109,7 +109,7 @@ bool ParseSpecial(const std::string& flag, const std::string& value, int64_t voc
   return true;
 }
 
-tally::data::CorpusOptions CorpusOptionsOrDie(int* code, std::string* error);
+tally::data::CorpusOptions CorpusOptionsFromFlags(int* code, std::string* error);
 
 // `tally-prep train-tokenizer --vocab_size=N --out=tok.model FILES...`.
 int TrainTokenizer(const std::vector<std::string>& files) {
@@ -127,16 +127,29 @@ int TrainTokenizer(const std::vector<std::string>& files) {
   }
   int code = 0;
   std::string error;
-  tally::data::CorpusOptions corpus = CorpusOptionsOrDie(&code, &error);
+  tally::data::CorpusOptions corpus = CorpusOptionsFromFlags(&code, &error);
   if (code != 0) return Fail(error, code);
+  // The trainer samples its sentences; memory stays bounded: documents past
+  // the first kMaxTokenizerText bytes are read (and checked) but not kept.
+  constexpr int64_t kMaxTokenizerText = int64_t{1} << 30;
   std::vector<std::string> docs;
+  int64_t kept = 0, skipped = 0;
   for (const std::string& path : files) {
     absl::Status s = tally::data::ReadCorpusFile(
         path, corpus, [&](absl::string_view text, const tally::data::DocumentSource&) {
-          docs.emplace_back(text);
+          if (kept + static_cast<int64_t>(text.size()) > kMaxTokenizerText) {
+            ++skipped;
+          } else {
+            kept += static_cast<int64_t>(text.size());
+            docs.emplace_back(text);
+          }
           return absl::OkStatus();
         });
     if (!s.ok()) return Fail(std::string(s.message()), 2);
+  }
+  if (skipped > 0) {
+    std::cerr << "tally-prep: train-tokenizer: trained on the first " << docs.size()
+              << " documents (" << kept << " bytes); " << skipped << " more were not used\n";
   }
   if (absl::Status s = tally::data::TrainSentencePiece(docs, options); !s.ok()) {
     return Fail("train-tokenizer: " + std::string(s.message()));
@@ -211,7 +224,7 @@ int Verify(const std::vector<std::string>& args) {
 
 // --format, --split, --separator, --field and the limits as CorpusOptions;
 // *code 2 and *error on a bad flag.
-tally::data::CorpusOptions CorpusOptionsOrDie(int* code, std::string* error) {
+tally::data::CorpusOptions CorpusOptionsFromFlags(int* code, std::string* error) {
   tally::data::CorpusOptions options;
   const std::string format = absl::GetFlag(FLAGS_format);
   const std::string split = absl::GetFlag(FLAGS_split);
@@ -273,7 +286,7 @@ int main(int argc, char** argv) {
   if (inputs.empty()) return Fail("no input files: give one or more corpus files", 2);
   int code = 0;
   std::string error;
-  const tally::data::CorpusOptions options = CorpusOptionsOrDie(&code, &error);
+  const tally::data::CorpusOptions options = CorpusOptionsFromFlags(&code, &error);
   if (code != 0) return Fail(error, code);
   const std::string format = absl::GetFlag(FLAGS_format);
   // The tokenizer: bytes, a SentencePiece model, or ids already in the input.

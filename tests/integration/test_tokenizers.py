@@ -125,7 +125,13 @@ class TokenizersTest(unittest.TestCase):
         train(d, os.path.join(self.spm_data, "train"), steps=2)
         ckpt = os.path.join(d, "step-00000002.ckpt")
         out = os.path.join(self.dir, "hf_spm")
+        # A folder that held a byte-tokenizer export: its tokenizer.json would
+        # win over tokenizer.model in a loader, so it must go.
+        os.makedirs(out)
+        with open(os.path.join(out, "tokenizer.json"), "w") as f:
+            f.write("{}")
         run([EXPORT, "--checkpoint=" + ckpt, "--out=" + out])
+        self.assertFalse(os.path.exists(os.path.join(out, "tokenizer.json")))
         self.assertEqual(sha256(os.path.join(out, "tokenizer.model")), sha256(self.model))
         tc = read_json(os.path.join(out, "tokenizer_config.json"))
         self.assertEqual(tc["tokenizer_class"], "LlamaTokenizer")

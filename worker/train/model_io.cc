@@ -387,6 +387,12 @@ absl::StatusOr<ExportSummary> ExportHf(const CheckpointModel& m, const std::stri
   if (auto s = WriteText(out_dir + "/generation_config.json", gen.dump(2) + "\n"); !s.ok()) {
     return s;
   }
+  // A folder exported into before may hold another tokenizer's files, which
+  // a loader would prefer (tokenizer.json over tokenizer.model): remove them.
+  for (const char* stale : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                            "special_tokens_map.json"}) {
+    std::filesystem::remove(out_dir + "/" + stale, ec);
+  }
   if (kind == data::ByteTokenizer::kName) {
     if (auto s = WriteByteTokenizer(out_dir, m.seq_len > 0 ? m.seq_len : 2048); !s.ok()) return s;
   } else if (kind == "sentencepiece") {
