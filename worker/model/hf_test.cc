@@ -257,5 +257,24 @@ TEST(Hf, MissingMisshapenAndExtraTensorsAreNamed) {
   EXPECT_TRUE(at::equal(t->at("head"), t->at("embed")));
 }
 
+// ParameterShapes must list what the constructor builds, in its order.
+TEST(Hf, ParameterShapesAreTheConstructorsParameters) {
+  for (const int64_t experts : {0, 4}) {
+    for (const bool shared : {false, true}) {
+      ModelConfig c = Small(experts);
+      c.num_layers = 3;
+      c.moe.every_n_layers = 2;
+      c.moe.shared_expert = shared;
+      Transformer m(c, 1, at::kCPU);
+      const auto shapes = ParameterShapes(c);
+      ASSERT_EQ(shapes.size(), m.parameters().size());
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        EXPECT_EQ(shapes[i].first, m.parameters()[i].name);
+        EXPECT_EQ(shapes[i].second, m.parameters()[i].value.sizes().vec()) << shapes[i].first;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tally::model

@@ -84,6 +84,35 @@ Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device de
   head_VD_ = add("head", normal({V, D}, 0.02), true);
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(
+    const ModelConfig& config) {
+  const int64_t D = config.d_model, F = tally::ResolveDff(config.d_model, config.d_ff),
+                V = config.vocab_size, E = config.moe.num_experts;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out = {{"embed", {V, D}}};
+  const int64_t every = std::max<int64_t>(1, config.moe.every_n_layers);
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    out.push_back({p + "attn_norm", {D}});
+    out.push_back({p + "wqkv", {3 * D, D}});
+    out.push_back({p + "wo", {D, D}});
+    out.push_back({p + "ffn_norm", {D}});
+    const bool moe = E > 0 && (l % every) == every - 1;
+    if (moe) {
+      out.push_back({p + "router", {E, D}});
+      out.push_back({p + "experts.w1", {E, F, D}});
+      out.push_back({p + "experts.w3", {E, F, D}});
+      out.push_back({p + "experts.w2", {E, D, F}});
+    }
+    if (!moe || config.moe.shared_expert) {
+      out.push_back({p + "w1", {F, D}});
+      out.push_back({p + "w3", {F, D}});
+      out.push_back({p + "w2", {D, F}});
+    }
+  }
+  out.push_back({"final_norm", {D}});
+  out.push_back({"head", {V, D}});
+  return out;
+}
 
 at::Tensor Transformer::Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
                                const char* name) const {

@@ -144,6 +144,12 @@ class Transformer {
   int expert_ranks_ = 1;
 };
 
+// The name and shape of every parameter a Transformer of `config` has, in
+// the order parameters() lists them, without building it (to check weights
+// from a file before a model of their claimed size is allocated).
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(
+    const ModelConfig& config);
+
 // The block-diagonal causal mask [B, 1, T, T]: query i sees key j when j <= i
 // and both are in the same segment.
 at::Tensor BlockCausalMask(const at::Tensor& segments_BT);

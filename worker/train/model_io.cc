@@ -9,12 +9,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/model_flops.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
 #include "worker/model/safetensors.h"
+#include "worker/model/transformer.h"
 #include "worker/train/checkpoint.h"
 
 namespace tally::train {
@@ -320,7 +322,22 @@ absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& path,
       m.biases[layer] = t;
     }
   }
-  // The shapes against the config: a Transformer of it names every tensor.
+  // Every parameter of the config, of its shape, before anything of the
+  // config's size is built from it.
+  for (const auto& [name, shape] : model::ParameterShapes(m.config)) {
+    auto it = m.parameters.find(name);
+    if (it == m.parameters.end()) {
+      return in_file(
+          absl::InvalidArgumentError(absl::StrCat("tensor model.", name,
+                                                  " is missing for the model its metadata "
+                                                  "describes")));
+    }
+    if (it->second.sizes().vec() != shape) {
+      return in_file(absl::InvalidArgumentError(absl::StrCat(
+          "tensor model.", name, " is [", absl::StrJoin(it->second.sizes(), ", "),
+          "], the model its metadata describes has [", absl::StrJoin(shape, ", "), "]")));
+    }
+  }
   return m;
 }
 

@@ -1,9 +1,13 @@
 #include "worker/train/model_io.h"
 
+#include <unistd.h>
+
 #include <functional>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/model/transformer.h"
+#include "worker/train/checkpoint.h"
 
 namespace tally::train {
 namespace {
@@ -99,6 +103,39 @@ TEST(ModelIo, OlderCheckpointsAreReadFromTheirFingerprint) {
     EXPECT_FALSE(r.ok()) << bad.dump();
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+// A checkpoint whose metadata claims a larger model than its tensors hold is
+// refused before anything of the claimed size is built.
+TEST(ModelIo, CheckpointTensorsMustBeTheModelItsMetadataDescribes) {
+  char dir[] = "/tmp/tally_model_io_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  model::ModelConfig c = Shape();
+  c.vocab_size = 258;
+  model::Transformer m(c, 1, at::kCPU);
+  CheckpointData data;
+  for (const auto& p : m.parameters()) data.tensors.emplace_back("model." + p.name, p.value);
+  nlohmann::json meta = {{"step", 3}, {"model", ModelConfigJson(c)}};
+  data.metadata_json = meta.dump();
+  const std::string good = std::string(dir) + "/good.ckpt";
+  ASSERT_TRUE(WriteCheckpoint(good, data).ok());
+  auto read = ReadCheckpointModel(good);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->step, 3);
+  EXPECT_EQ(read->parameters.size(), m.parameters().size());
+  EXPECT_EQ(read->tokenizer["kind"], "byte");  // older checkpoints: the byte tokenizer
+
+  c.d_model = 4096;  // the same tensors, a claim 64x wider
+  meta["model"] = ModelConfigJson(c);
+  data.metadata_json = meta.dump();
+  const std::string big = std::string(dir) + "/big.ckpt";
+  ASSERT_TRUE(WriteCheckpoint(big, data).ok());
+  auto refused = ReadCheckpointModel(big);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("tensor model.embed is [258, 64], the model its metadata describes "
+                        "has [258, 4096]"));
 }
 
 }  // namespace
