@@ -21,10 +21,6 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) return s;
   const bool cuda = device.device != "cpu";
   const auto compute = spec.precision().compute();
-  if (compute == tally::v1::PRECISION_BF16 && !cuda) {
-    return absl::InvalidArgumentError(
-        "spec.precision.compute: BF16 needs a CUDA worker; CPU workers train in FP32");
-  }
   if (compute == tally::v1::PRECISION_FP32 && cuda) {
     return absl::InvalidArgumentError(
         "spec.precision.compute: CUDA workers train in BF16 with FP32 master weights; "
@@ -85,6 +81,9 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   c.eval_tokens = t.eval_tokens();
   c.checkpoint_interval_steps = t.checkpoint_interval_steps();
   c.seed = t.seed();
+  // CPU workers train in FP32 unless BF16 is asked for (autocast, as CUDA
+  // runs it); CUDA workers always compute in BF16.
+  c.bf16 = compute == tally::v1::PRECISION_BF16;
   c.fp8 = compute == tally::v1::PRECISION_FP8;
   if (c.fp8) {
     switch (spec.precision().fp8_recipe()) {

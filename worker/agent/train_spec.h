@@ -22,8 +22,9 @@ struct DeviceOptions {
 };
 
 // Applies the spec's defaults and validation, then maps it. InvalidArgument,
-// naming the spec field, for what this trainer cannot do (BF16 needs CUDA;
-// FP8 is emulated on CPU).
+// naming the spec field, for what this trainer cannot do (FP32 on CUDA:
+// CUDA workers compute in BF16). BF16 on a CPU worker is BF16 autocast, as
+// on CUDA; FP8 is emulated on CPU.
 absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
                                                        const DeviceOptions& device);
 

@@ -41,8 +41,17 @@ TEST(TrainSpecTest, RefusesWhatThisTrainerCannotDoNamingTheField) {
       Spec("precision: {compute: fp8, fp8_recipe: rowwise}\n"), cpu);
   ASSERT_TRUE(rowwise.ok()) << rowwise.status();
   EXPECT_EQ(rowwise->fp8_recipe.recipe, precision::Recipe::kRowwise);
+  // BF16 on a CPU worker: autocast, as on CUDA.
   auto bf16 = TrainConfigFromSpec(Spec("precision: {compute: bf16}\n"), cpu);
-  EXPECT_NE(bf16.status().message().find("CUDA"), std::string::npos);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_TRUE(bf16->bf16);
+  EXPECT_FALSE(bf16->fp8);
+  EXPECT_FALSE(TrainConfigFromSpec(Spec(), cpu)->bf16) << "CPU workers default to FP32";
+  DeviceOptions gpu = cpu;
+  gpu.device = "cuda:0";
+  auto fp32 = TrainConfigFromSpec(Spec("precision: {compute: fp32}\n"), gpu);
+  EXPECT_NE(fp32.status().message().find("spec.precision.compute"), std::string::npos)
+      << fp32.status();
   // A rank of a multi-GPU job needs to know where the ranks meet.
   DeviceOptions rank1 = cpu;
   rank1.parallel.rank = 1;

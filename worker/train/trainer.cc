@@ -1,7 +1,6 @@
 #include "worker/train/trainer.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
@@ -31,6 +30,7 @@
 #include "worker/dist/group.h"
 #include "worker/dist/step_reduce.h"
 #include "worker/model/transformer.h"
+#include "worker/precision/autocast.h"
 #include "worker/precision/fp8.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/lr_schedule.h"
@@ -69,6 +69,7 @@ absl::Status TrainConfig::Validate() const {
   need(max_nonfinite_steps >= 1, "max_nonfinite_steps: must be >= 1");
   need(moe.num_experts == 0 || (moe.top_k >= 1 && moe.top_k <= moe.num_experts),
        "model.moe.top_k: must be between 1 and model.moe.num_experts");
+  need(!(fp8 && bf16), "bf16: precision.compute is either BF16 or FP8, not both");
   need(!fp8 || (fp8_recipe.history_len >= 1 && fp8_recipe.history_len <= 1024),
        "fp8_recipe.history_len: must be between 1 and 1024");
   need(!fp8 || (fp8_recipe.margin >= 0 && fp8_recipe.margin <= 8),
@@ -220,6 +221,9 @@ class Run {
   TrainEvents* events_;
   const StopFlag* stop_;
   at::Device device_;
+  // BF16 autocast in steps and evaluations: always on CUDA, with `bf16` on
+  // the CPU.
+  bool autocast_ = device_.is_cuda() || c_.bf16;
   model::AttentionKernel kernel_ = model::AttentionKernel::kMaskedSdpa;
   std::unique_ptr<data::Dataset> train_, val_;
   std::unique_ptr<data::RowStream> rows_;
@@ -259,7 +263,9 @@ std::string Run::Fingerprint() const {
 
 EvalMetrics Run::Evaluate() {
   at::NoGradGuard no_grad;
-  // Evaluation computes like training but never moves the FP8 scales.
+  // Evaluation computes like training but never moves the FP8 scales; its
+  // autocast region reads the weights as they are now.
+  precision::AutocastRegion autocast(device_.type(), autocast_);
   if (fp8_) fp8_->SetTraining(false);
   double loss_sum = 0;
   int64_t targets = 0, text_targets = 0;
@@ -832,11 +838,7 @@ RunInfo Run::Info() const {
 
 TrainResult Run::Go() {
   if (absl::Status s = c_.Validate(); !s.ok()) return Fail(std::string(s.message()), false);
-  if (device_.is_cuda()) {
-    kernel_ = model::AttentionKernel::kVarlenFlash;
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  }
+  if (device_.is_cuda()) kernel_ = model::AttentionKernel::kVarlenFlash;
   std::optional<InitialWeights> init;
   if (!c_.init_from_hf.empty() || !c_.init_from_checkpoint.empty()) {
     // The shape first (the data's vocabulary is checked against it), the
@@ -905,9 +907,15 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
   const StepBatch batch = NextStepBatch(c_, micro_per_step_, *train_, rows_.get());
   // The ranks stop together, at the end of the step (ReduceStep); a stop
   // that keeps the state lets the step finish.
-  std::optional<StepTotals> totals =
-      ForwardBackward(c_, micro_per_step_, batch, {model_.get(), device_, kernel_, sync_.get()},
-                      [&] { return !group_ && stop_->requested() == StopKind::kNow; });
+  std::optional<StepTotals> totals;
+  {
+    // Every micro-batch of the step casts each weight once; the cache is
+    // cleared when the region ends, before the optimizer moves the weights.
+    precision::AutocastRegion autocast(device_.type(), autocast_);
+    totals = ForwardBackward(
+        c_, micro_per_step_, batch, {model_.get(), device_, kernel_, sync_.get()},
+        [&] { return !group_ && stop_->requested() == StopKind::kNow; });
+  }
   if (!totals) return Stopped();
   StepTotals& t = *totals;
   t.fp8 = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};

@@ -5,7 +5,9 @@
 // Loop: AdamW (no decay on embeddings and norms), warmup + cosine learning
 // rate, gradient accumulation over micro-batches to global_batch_tokens, the
 // loss a mean over every real target token of the step, grad-norm clipping;
-// FP32 on CPU, BF16 autocast on CUDA. Evaluation on the held-out split at
+// FP32 on CPU (or BF16 autocast with `bf16`), BF16 autocast on CUDA, scoped
+// to each step and each evaluation (precision/autocast.h) so that every step
+// computes with the current weights. Evaluation on the held-out split at
 // step 0, every eval_interval_steps and at the end. Checkpoints (model,
 // AdamW state and step, token counts, data cursor) every
 // checkpoint_interval_steps and at the end; resuming from one continues the
@@ -133,6 +135,9 @@ struct TrainConfig {
   uint64_t seed = 0;
   // Precision: FP32 on CPU and BF16 autocast on CUDA, or FP8 linears
   // (worker/precision; emulated on CPU) on top of that, under fp8_recipe.
+  // bf16: BF16 autocast on the CPU too (the CUDA path's numerics, so that
+  // CPU tests run it); CUDA always computes in BF16. Not with fp8.
+  bool bf16 = false;
   bool fp8 = false;
   precision::RecipeConfig fp8_recipe;
   ParallelConfig parallel;

@@ -195,6 +195,96 @@ TEST_F(TrainerTest, Fp8TrainsWithinOnePointFivePercentOfFp32) {
   }
 }
 
+// The validation loss a run reports after `steps` steps, and the one a
+// fresh run started from that step's checkpoint (model.init_from) reports
+// at its step 0: the trainer's evaluation reads the model's current
+// weights only if nothing (an autocast cast, an FP8 weight image) kept an
+// older copy of them.
+std::pair<double, double> LossAfterStepsAndOnReload(TrainConfig c, int64_t steps,
+                                                    const std::string& dir) {
+  c.max_steps = steps;
+  c.eval_interval_steps = steps;
+  c.checkpoint_dir = dir;
+  c.checkpoint_interval_steps = 0;  // the end's
+  Recorder a;
+  TrainResult ra = Train(c, &a, nullptr);
+  EXPECT_EQ(ra.outcome, TrainResult::Outcome::kSucceeded) << ra.reason;
+  if (a.checkpoints.empty() || a.evals.empty()) return {-1, -2};
+  TrainConfig reload = c;
+  reload.checkpoint_dir.clear();
+  reload.init_from_checkpoint = a.checkpoints.back().path;
+  reload.max_steps = 1;
+  reload.eval_interval_steps = 1;
+  Recorder b;
+  TrainResult rb = Train(reload, &b, nullptr);
+  EXPECT_EQ(rb.outcome, TrainResult::Outcome::kSucceeded) << rb.reason;
+  if (b.evals.empty()) return {a.evals.back().val_loss, -2};
+  EXPECT_EQ(a.evals.back().step, steps);
+  EXPECT_EQ(b.evals.front().step, 0);
+  return {a.evals.back().val_loss, b.evals.front().val_loss};
+}
+
+// precision.compute BF16 on the CPU is CUDA's autocast path, scoped per step
+// and per evaluation, so every step reads the weights the optimizer wrote;
+// FP8 casts each weight once per step (per-tensor recipes with a scale from
+// the tensor itself, so a fresh run computes the same scales). FP8 with
+// delayed scaling is checked by its resume test (the scales live in the
+// checkpoint, not in the weights).
+TEST_F(TrainerTest, EvaluationsReadTheCurrentWeightsInEveryPrecision) {
+  struct Case {
+    const char* name;
+    bool bf16, fp8;
+    precision::Recipe recipe;
+  };
+  for (const Case& k : {Case{"fp32", false, false, precision::Recipe::kDelayed},
+                        Case{"bf16", true, false, precision::Recipe::kDelayed},
+                        Case{"fp8-current", false, true, precision::Recipe::kCurrent},
+                        Case{"fp8-rowwise", false, true, precision::Recipe::kRowwise}}) {
+    TrainConfig c = Tiny();
+    c.bf16 = k.bf16;
+    c.fp8 = k.fp8;
+    c.fp8_recipe.recipe = k.recipe;
+    for (int64_t steps : {1, 3}) {
+      const auto [trained, reloaded] = LossAfterStepsAndOnReload(
+          c, steps, NewDir(absl::StrCat("reload-", k.name, "-", steps)));
+      EXPECT_EQ(trained, reloaded) << k.name << " after " << steps << " steps";
+    }
+  }
+}
+
+TEST_F(TrainerTest, Bf16OnTheCpuRoundsItsProducts) {
+  // BF16 is not FP32: the products round.
+  Recorder f32, b16;
+  TrainConfig short_run = Tiny();
+  short_run.max_steps = 2;
+  ASSERT_EQ(Train(short_run, &f32, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  short_run.bf16 = true;
+  ASSERT_EQ(Train(short_run, &b16, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  EXPECT_NE(f32.steps.back().train_loss, b16.steps.back().train_loss);
+  EXPECT_NEAR(f32.steps.back().train_loss, b16.steps.back().train_loss,
+              0.01 * f32.steps.back().train_loss);
+}
+
+TEST_F(TrainerTest, Bf16OnTheCpuTrainsWithinTwoPercentOfFp32) {
+  TrainConfig fp32 = Tiny();
+  fp32.max_steps = 40;
+  fp32.eval_interval_steps = 40;
+  TrainConfig bf16 = fp32;
+  bf16.bf16 = true;
+  Recorder a, b;
+  ASSERT_EQ(Train(fp32, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  TrainResult r = Train(bf16, &b, nullptr);
+  ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
+  const double v32 = a.evals.back().val_loss, v16 = b.evals.back().val_loss;
+  std::cout << "val loss at step 40 on the same rows: fp32 " << v32 << ", bf16 autocast " << v16
+            << " (" << 100 * (v16 - v32) / v32 << "%)\n";
+  EXPECT_LT(std::abs(v16 - v32) / v32, 0.02);
+  EXPECT_LT(v16, a.evals.front().val_loss - 1.0) << "it learns";
+  // Both precisions at once is a configuration error naming the field.
+  bf16.fp8 = true;
+  EXPECT_NE(Train(bf16, nullptr, nullptr).reason.find("bf16"), std::string::npos);
+}
+
 TEST_F(TrainerTest, Fp8ResumeRestoresTheScalingState) {
   TrainConfig full = Tiny();
   full.fp8 = true;
