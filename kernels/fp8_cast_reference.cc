@@ -1,3 +1,6 @@
+// The CPU definitions of kernels/fp8_cast.h. The conversion works on the
+// bit pattern (no frexp, no rounding-mode dependence), so the trainer's CPU
+// emulation can run it over whole tensors.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -5,58 +8,111 @@
 #include "kernels/fp8_cast.h"
 
 namespace tally::kernels {
+namespace {
 
-uint8_t FloatToE4M3(float x) {
-  if (std::isnan(x)) return 0x7f;
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  float a = std::fabs(x);
-  if (a >= 448.0f) return sign | 0x7e;  // saturate: 1.75 * 2^8
-  // Exponent bias 7; subnormals below 2^-6 step by 2^-9.
-  if (a < std::ldexp(1.0f, -6)) {
-    const float q = std::nearbyint(a / std::ldexp(1.0f, -9));  // ties to even (default mode)
-    return sign | static_cast<uint8_t>(q);  // q == 8 is the smallest normal, 0x08
-  }
-  int e;
-  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  // a = (1 + f/8) * 2^(e-1); f = round((2m - 1) * 8)
-  float f = std::nearbyint((2.0f * m - 1.0f) * 8.0f);
-  int exp = e - 1;
-  if (f == 8.0f) {  // rounded up to the next power of two
-    f = 0.0f;
-    ++exp;
-  }
-  const int biased = exp + 7;
-  if (biased > 15 || (biased == 15 && f > 6.0f)) return sign | 0x7e;
-  return sign | static_cast<uint8_t>((biased << 3) | static_cast<int>(f));
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
 }
 
-float E4M3ToFloat(uint8_t bits) {
+float Float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+struct Format {
+  int mantissa_bits;  // 3 or 2
+  int bias;           // 7 or 15
+  int max_exponent;   // unbiased exponent of the largest finite value
+  uint8_t max_code;   // its bits: 0x7e or 0x7b
+};
+
+constexpr Format FormatOf(Fp8Kind k) {
+  return k == Fp8Kind::kE4M3 ? Format{3, 7, 8, 0x7e} : Format{2, 15, 15, 0x7b};
+}
+
+float ReadSource(const void* x, SourceKind source, int64_t i) {
+  if (source == SourceKind::kFloat32) return static_cast<const float*>(x)[i];
+  return Float(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16);
+}
+
+}  // namespace
+
+uint8_t FloatToFp8(float x, Fp8Kind kind) {
+  const Format f = FormatOf(kind);
+  const uint32_t b = Bits(x);
+  const uint8_t sign = static_cast<uint8_t>((b >> 24) & 0x80);
+  const uint32_t a = b & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;  // NaN
+  const int e = static_cast<int>(a >> 23) - 127;  // FP32 denormals: -127, far below
+  if (e > f.max_exponent) return sign | f.max_code;
+  const int min_normal = 1 - f.bias;
+  if (e < min_normal) {
+    // Subnormal range: multiples of 2^(min_normal - M), rounded to nearest
+    // even. The scaling by a power of two is exact; q = 2^M is the smallest
+    // normal's code.
+    const float scaled = std::ldexp(Float(a), f.mantissa_bits - min_normal);
+    const float floor = std::floor(scaled);
+    const float rest = scaled - floor;
+    uint32_t q = static_cast<uint32_t>(floor);
+    if (rest > 0.5f || (rest == 0.5f && (q & 1))) ++q;
+    return sign | static_cast<uint8_t>(q);
+  }
+  // Normal: keep the top M mantissa bits, rounding the dropped ones to
+  // nearest even (a carry moves into the exponent, as it should).
+  const int drop = 23 - f.mantissa_bits;
+  const uint32_t rounded = (a + ((1u << (drop - 1)) - 1) + ((a >> drop) & 1)) >> drop;
+  const int exponent = static_cast<int>(rounded >> f.mantissa_bits) - 127 + f.bias;
+  const uint32_t code = (static_cast<uint32_t>(exponent) << f.mantissa_bits) |
+                        (rounded & ((1u << f.mantissa_bits) - 1));
+  return sign | static_cast<uint8_t>(std::min<uint32_t>(code, f.max_code));
+}
+
+float Fp8ToFloat(uint8_t bits, Fp8Kind kind) {
+  const Format f = FormatOf(kind);
   const float sign = (bits & 0x80) ? -1.0f : 1.0f;
-  const int exp = (bits >> 3) & 0xf, frac = bits & 0x7;
-  if (exp == 15 && frac == 7) return std::nanf("");
-  if (exp == 0) return sign * std::ldexp(static_cast<float>(frac), -9);
-  return sign * std::ldexp(1.0f + frac / 8.0f, exp - 7);
+  const int exp_bits = 7 - f.mantissa_bits;
+  const int exp = (bits >> f.mantissa_bits) & ((1 << exp_bits) - 1);
+  const int frac = bits & ((1 << f.mantissa_bits) - 1);
+  const float one = static_cast<float>(1 << f.mantissa_bits);
+  if (kind == Fp8Kind::kE4M3 && exp == 15 && frac == 7) return std::nanf("");
+  if (kind == Fp8Kind::kE5M2 && exp == 31) {
+    return frac == 0 ? sign * INFINITY : std::nanf("");
+  }
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(frac), 1 - f.bias - f.mantissa_bits);
+  return sign * std::ldexp(1.0f + frac / one, exp - f.bias);
 }
 
-void CastToE4M3Reference(const float* x, int64_t n, float scale, uint8_t* y, float* amax,
-                         uint64_t* counts) {
-  // The maximum of |x| taken on bit patterns, as the kernel does: with the
-  // sign cleared, every NaN orders above +Inf and +Inf above every finite
-  // value, so NaN propagates like ATen's max and the result is the same bits
-  // the kernel's atomicMax leaves.
-  uint32_t m = 0;
+void CastReference(const CastArgs& a) {
+  const int64_t n = a.rows * a.cols;
+  const float scale = a.scale != nullptr ? *a.scale : 1.0f;
+  const float bound = OverflowBound(a.format);
+  uint32_t max_bits = 0, finite_bits = 0;
+  uint64_t over = 0, under = 0;
+  const bool casts = a.out != nullptr || a.out_t != nullptr || a.counts != nullptr;
   for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &x[i], sizeof(bits));
-    m = std::max(m, bits & 0x7fffffffu);
-    const float s = x[i] * scale;
-    y[i] = FloatToE4M3(s);
-    if (counts != nullptr) {
-      counts[0] += std::fabs(s) > kE4M3OverflowBound;
-      counts[1] += x[i] != 0.0f && (y[i] & 0x7f) == 0;
-    }
+    const float v = ReadSource(a.x, a.source, i);
+    const uint32_t abs_bits = Bits(v) & 0x7fffffffu;
+    max_bits = std::max(max_bits, abs_bits);
+    if (abs_bits < 0x7f800000u) finite_bits = std::max(finite_bits, abs_bits);
+    if (!casts) continue;
+    const float s = v * scale;
+    const uint8_t q = FloatToFp8(s, a.format);
+    if (a.out != nullptr) a.out[i] = q;
+    if (a.out_t != nullptr) a.out_t[(i % a.cols) * a.rows + i / a.cols] = q;
+    over += std::fabs(s) > bound;  // NaN compares false, as in ATen
+    under += v != 0.0f && (q & 0x7f) == 0;
   }
-  std::memcpy(amax, &m, sizeof(m));
+  if (a.amax != nullptr) *a.amax = Float(std::max(Bits(*a.amax), max_bits));
+  if (a.amax_finite != nullptr) {
+    *a.amax_finite = Float(std::max(Bits(*a.amax_finite), finite_bits));
+  }
+  if (a.counts != nullptr) {
+    a.counts[0] += over;
+    a.counts[1] += under;
+  }
 }
 
 }  // namespace tally::kernels

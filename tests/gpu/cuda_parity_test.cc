@@ -247,15 +247,15 @@ TEST(CudaParity, Fp8LinearMatchesTheCpuEmulationWithTheFusedCast) {
     const at::Device d = dev == 0 ? at::Device(at::kCPU) : at::Device("cuda:0");
     precision::RecipeConfig rc;
     rc.recipe = precision::Recipe::kDelayed;
-    precision::Fp8Linears fp8(rc);
+    precision::Fp8Linears fp8(rc, d);
     outs[dev].push_back(fp8.Linear(x.to(d), w.to(d), "layers.0.wo").to(at::kCPU, at::kFloat));
-    fp8.OnOptimizerStep();
     fp8.TakeStats();
+    fp8.OnOptimizerStep();
     // The weight grew 4x since the history was taken: its cast clamps.
     outs[dev].push_back(
         fp8.Linear(x.to(d), (w * 4).to(d), "layers.0.wo").to(at::kCPU, at::kFloat));
     stats[dev] = fp8.TakeStats();
-    amax[dev] = fp8.StepAmax()[1];  // the weight's, for this step
+    amax[dev] = stats[dev].amax.at("attention.weight");  // this step's
   }
   for (size_t i = 0; i < outs[0].size(); ++i) {
     const double err =
@@ -286,7 +286,7 @@ TEST(CudaParity, Fp8GroupedExpertsMatchTheCpuAndBeatTheLoop) {
   for (const bool big : {false, true}) {
     const MoeLayerCase m(big, 21);
     if (!big) {
-      precision::Fp8Linears on_cpu(recipe(true)), on_gpu(recipe(true));
+      precision::Fp8Linears on_cpu(recipe(true)), on_gpu(recipe(true), cuda);
       const auto cpu = m.Run(m.config, at::kCPU, &on_cpu);
       const auto gpu = m.Run(m.config, cuda, &on_gpu);
       EXPECT_EQ(on_gpu.grouped_off(), "") << "the grouped product was turned off";
@@ -298,7 +298,7 @@ TEST(CudaParity, Fp8GroupedExpertsMatchTheCpuAndBeatTheLoop) {
     for (const bool grouped : {true, false}) {
       std::unique_ptr<precision::Fp8Linears> fp8;
       ms[grouped ? 0 : 1] = m.TimeOn(cuda, m.config, [&] {
-        fp8 = std::make_unique<precision::Fp8Linears>(recipe(grouped));
+        fp8 = std::make_unique<precision::Fp8Linears>(recipe(grouped), cuda);
         return fp8.get();
       });
     }

@@ -1,7 +1,11 @@
 #include "worker/precision/converter.h"
 
+#include <cmath>
 #include <iostream>
+#include <limits>
+#include <set>
 
+#include "absl/strings/str_cat.h"
 #include "worker/precision/grouped.h"
 #include "worker/precision/quantize.h"
 
@@ -9,28 +13,60 @@ namespace tally::precision {
 
 using internal::ReadHost;
 
-Fp8Linears::Fp8Linears(RecipeConfig config) : config_(config) {}
-Fp8Linears::~Fp8Linears() = default;
+namespace {
 
-Fp8Linears::Layer& Fp8Linears::LayerFor(const std::string& site) {
-  auto& slot = layers_[site];
-  if (!slot) slot = std::make_unique<Layer>(site, config_);
-  return *slot;
+bool FfnSite(const std::string& site) {
+  for (const char* w : {".w1", ".w2", ".w3"}) {
+    const size_t at = site.rfind(w);
+    if (at != std::string::npos && at + 3 == site.size()) return true;
+  }
+  return false;
 }
 
-at::Tensor Fp8Linears::Linear(const at::Tensor& x, const at::Tensor& w,
-                              const std::string& site) {
-  // The context outlives the autograd graph: it lives in the layer map.
-  Layer& layer = LayerFor(site);
-  auto& context = contexts_[site];
-  context = {&layer, &stats_, &training_, &config_};
-  return Fp8Linear(x, w, &context);
+}  // namespace
+
+Fp8Linears::Fp8Linears(RecipeConfig config, at::Device device)
+    : config_(config),
+      recipe_(MakeFp8Recipe(config)),
+      table_(config, device),
+      counts_(at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(device))) {}
+
+Fp8Linears::~Fp8Linears() = default;
+
+Fp8Layer& Fp8Linears::LayerFor(const std::string& site) {
+  auto& slot = layers_[site];
+  if (slot) return *slot;
+  slot = std::make_unique<Fp8Layer>();
+  Fp8Layer& layer = *slot;
+  layer.site = site;
+  layer.group = FfnSite(site) ? "ffn" : "attention";
+  auto add = [&](Fp8Format f, const char* which) {
+    groups_.push_back(layer.group + "." + which);
+    used_.push_back(false);
+    return table_.Add(f);
+  };
+  // w1 and w3 read the same h: one input entry for both, so its cast is
+  // made once (InputImage) and both layers' checkpoint entries hold it.
+  const bool w3 = site.size() >= 3 && site.compare(site.size() - 3, 3, ".w3") == 0;
+  if (w3) layer.x = LayerFor(site.substr(0, site.size() - 3) + ".w1").x;
+  if (layer.x < 0) layer.x = add(Fp8Format::kE4M3, "input");
+  layer.w = add(Fp8Format::kE4M3, "weight");
+  layer.g = add(Fp8Format::kE5M2, "grad");
+  return layer;
+}
+
+void Fp8Linears::Declare(const std::vector<std::string>& sites) {
+  for (const auto& site : sites) LayerFor(site);
+}
+
+at::Tensor Fp8Linears::Linear(const at::Tensor& x, const at::Tensor& w, const std::string& site) {
+  TORCH_CHECK(x.device() == table_.device(), "FP8 linear ", site, ": its scaling state is on ",
+              table_.device(), ", the input on ", x.device());
+  return Fp8Linear(x, w, &LayerFor(site), this);
 }
 
 bool Fp8Linears::Groups(const at::Tensor& x, int64_t out, int64_t in) const {
-  if (!config_.grouped_experts || config_.recipe == Recipe::kRowwise || !grouped_off_.empty()) {
-    return false;
-  }
+  if (!config_.grouped_experts || !recipe_->PerTensor() || !grouped_off_.empty()) return false;
   return x.is_cuda() ? out % 16 == 0 && in % 16 == 0 : config_.grouped_on_cpu;
 }
 
@@ -40,14 +76,9 @@ at::Tensor Fp8Linears::GroupedLinear(const at::Tensor& x_RI, const std::vector<i
   TORCH_CHECK(counts.size() == sites.size() && ends.size() == sites.size() &&
                   static_cast<int64_t>(sites.size()) == w_EOI.size(0),
               "GroupedLinear: ", sites.size(), " sites for ", w_EOI.size(0), " experts");
-  std::vector<Context*> contexts;
-  for (const std::string& site : sites) {
-    Layer& layer = LayerFor(site);
-    auto& context = contexts_[site];
-    context = {&layer, &stats_, &training_, &config_};
-    contexts.push_back(&context);
-  }
-  return Fp8GroupedLinear(x_RI, w_EOI, this, contexts, counts, ends);
+  std::vector<const Fp8Layer*> layers;
+  for (const std::string& site : sites) layers.push_back(&LayerFor(site));
+  return Fp8GroupedLinear(x_RI, w_EOI, this, layers, counts, ends);
 }
 
 void Fp8Linears::TurnGroupedOff(std::string why) {
@@ -57,101 +88,198 @@ void Fp8Linears::TurnGroupedOff(std::string why) {
             << "; the experts run one by one\n";
 }
 
-void Fp8Linears::ResolvePending() {
-  std::vector<TensorScaling*> which;
-  std::vector<at::Tensor> parts;
-  for (auto& [site, layer] : layers_) {
-    for (TensorScaling* t : {&layer->x, &layer->w, &layer->g}) {
-      if (!t->pending_last().defined()) continue;
-      which.push_back(t);
-      parts.push_back(t->pending_last());
-      parts.push_back(t->pending_step());
+void Fp8Linears::NoteUsed(int64_t t) { used_[t] = true; }
+
+Fp8Image Fp8Linears::Cast(int64_t t, const at::Tensor& x2, bool force_overflows) {
+  const bool record = training_;
+  bool cast_records = false;
+  Fp8Image image;
+  image.scale = recipe_->ScaleFor(&table_, t, x2, record, &cast_records);
+  at::Tensor source = x2;
+  if (force_overflows) {
+    // The amax histories never see the forced values: take the amax first.
+    if (cast_records) {
+      CastFp8(x2, {}, table_.format(t), false, false,
+              {table_.step_amax(t), table_.step_finite(t), {}});
+      cast_records = false;
     }
+    source = internal::ForceOverflows(x2, image.scale.scale, config_.test_overflow_fraction);
   }
-  if (parts.empty()) return;
-  const std::vector<double> v = ReadHost(at::stack(parts));
-  for (size_t i = 0; i < which.size(); ++i) which[i]->Resolve(v[2 * i], v[2 * i + 1]);
+  CastSinks sinks;
+  if (record) {
+    sinks.counts = counts_;
+    stats_.elements += x2.numel();
+    NoteUsed(t);
+  }
+  if (cast_records) {
+    sinks.amax = table_.step_amax(t);
+    sinks.amax_finite = table_.step_finite(t);
+  }
+  const bool cuda = x2.is_cuda();
+  Fp8Cast c = CastFp8(source, image.scale.scale, table_.format(t), true, cuda, sinks);
+  image.data = c.data;
+  image.data_t = c.data_t;
+  if (!cuda) image.dequantized = image.data.to(at::kFloat) / image.scale.scale;
+  return image;
 }
 
-void Fp8Linears::OnOptimizerStep() {
-  ResolvePending();
-  for (auto& [site, layer] : layers_) {
-    layer->x.Step();
-    layer->w.Step();
-    layer->g.Step();
+Fp8Image Fp8Linears::InputImage(const Fp8Layer& layer, const at::Tensor& x2) {
+  LastInput& last = last_input_[layer.x];
+  if (last.x2.defined() && last.x2.data_ptr() == x2.data_ptr() &&
+      last.x2.sizes() == x2.sizes() && last.x2.strides() == x2.strides() &&
+      last.x2.scalar_type() == x2.scalar_type() && last.version == x2._version()) {
+    return last.image;
   }
+  const bool force = training_ && config_.test_overflow_fraction > 0;
+  last = {x2, x2._version(), Cast(layer.x, x2, force)};
+  return last.image;
+}
+
+Fp8Image Fp8Linears::WeightImage(const Fp8Layer& layer, const at::Tensor& w) {
+  auto it = weights_.find(layer.w);
+  if (it != weights_.end()) {
+    const at::Tensor& cached = it->second.weight;
+    if (cached.data_ptr() == w.data_ptr() && cached.sizes() == w.sizes() &&
+        cached.strides() == w.strides() && it->second.version == w._version()) {
+      return it->second.image;
+    }
+  }
+  const at::Tensor wd = w.detach();
+  Fp8Image image = Cast(layer.w, wd, false);
+  weights_[layer.w] = {wd, w._version(), image};
+  return image;
+}
+
+Fp8Image Fp8Linears::GradImage(const Fp8Layer& layer, const at::Tensor& g2) {
+  return Cast(layer.g, g2, false);
+}
+
+void Fp8Linears::CountProducts(int64_t total, int64_t fp8, int64_t grouped) {
+  if (!training_) return;
+  stats_.total_products += total;
+  stats_.fp8_products += fp8;
+  stats_.grouped_products += grouped;
+}
+
+void Fp8Linears::AddRowwise(const QuantStats& q) {
+  if (!training_) return;
+  stats_.elements += q.elements;
+  if (q.pending.defined()) counts_.add_(q.pending.to(counts_.device()));
+}
+
+void Fp8Linears::ReportRowwiseAmax(const std::string& group, const at::Tensor& amax) {
+  if (!training_) return;
+  at::Tensor a = amax.detach().reshape({1}).to(at::kFloat);
+  auto it = rowwise_amax_.find(group);
+  rowwise_amax_[group] = it == rowwise_amax_.end() ? a : at::maximum(it->second, a);
+}
+
+void Fp8Linears::SetTraining(bool training) {
+  if (training == training_) return;
+  training_ = training;
+  // Casts made in one mode are not the other's (only training ones record).
+  weights_.clear();
+  last_input_.clear();
 }
 
 Fp8Stats Fp8Linears::TakeStats() {
   Fp8Stats out = std::move(stats_);
   stats_ = Fp8Stats{};
-  // Everything the step left on the device, in one read.
-  std::vector<at::Tensor> parts;
-  if (out.pending_counts.defined()) parts.push_back(out.pending_counts.to(at::kDouble));
-  for (const auto& [group, amax] : out.pending_amax) parts.push_back(amax.reshape({1}));
-  if (!parts.empty()) {
-    const std::vector<double> v = ReadHost(at::cat(parts));
-    size_t i = 0;
-    if (out.pending_counts.defined()) {
-      out.overflows += static_cast<int64_t>(v[i++]);
-      out.underflows += static_cast<int64_t>(v[i++]);
-    }
-    for (const auto& [group, amax] : out.pending_amax) out.amax[group] = v[i++];
+  last_input_.clear();
+  const int64_t T = table_.size();
+  // Everything the step left on the device, in one read: counts, every
+  // tensor's raw and finite amax, the row-wise amaxes.
+  std::vector<at::Tensor> parts = {counts_.to(at::kFloat), table_.step_amax(),
+                                   table_.step_finite()};
+  for (const auto& [group, amax] : rowwise_amax_) parts.push_back(amax);
+  const std::vector<double> v = ReadHost(at::cat(parts));
+  out.overflows += static_cast<int64_t>(v[0]);
+  out.underflows += static_cast<int64_t>(v[1]);
+  for (int64_t t = 0; t < T; ++t) {
+    if (!used_[t]) continue;
+    const double a = v[2 + t];
+    auto [it, fresh] = out.amax.emplace(groups_[t], a);
+    if (!fresh && !std::isnan(it->second) && (std::isnan(a) || a > it->second)) it->second = a;
   }
-  out.pending_counts = at::Tensor();
-  out.pending_amax.clear();
+  std::vector<double> finite(v.begin() + 2 + T, v.begin() + 2 + 2 * T);
+  table_.ObserveStep(finite);
+  size_t i = 2 + 2 * T;
+  for (const auto& [group, amax] : rowwise_amax_) out.amax[group] = v[i++];
+  rowwise_amax_.clear();
+  counts_.zero_();
+  std::fill(used_.begin(), used_.end(), false);
   return out;
 }
 
-void Fp8Linears::Declare(const std::vector<std::string>& sites) {
-  for (const auto& site : sites) LayerFor(site);
+void Fp8Linears::OnOptimizerStep() {
+  recipe_->OnOptimizerStep(&table_);
+  weights_.clear();
+  last_input_.clear();
 }
 
-std::vector<double> Fp8Linears::StepAmax() {
-  ResolvePending();
-  std::vector<double> out;
-  for (const auto& [site, layer] : layers_) {
-    out.push_back(layer->x.step_amax());
-    out.push_back(layer->w.step_amax());
-    out.push_back(layer->g.step_amax());
-  }
-  return out;
-}
-
-void Fp8Linears::SetStepAmax(const std::vector<double>& amax) {
-  size_t i = 0;
-  for (auto& [site, layer] : layers_) {
-    if (i + 3 > amax.size()) return;
-    layer->x.set_step_amax(amax[i++]);
-    layer->w.set_step_amax(amax[i++]);
-    layer->g.set_step_amax(amax[i++]);
-  }
-}
-
-std::vector<std::pair<std::string, at::Tensor>> Fp8Linears::State() const {
+std::vector<std::pair<std::string, at::Tensor>> Fp8Linears::State() {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  if (config_.recipe == Recipe::kRowwise) return out;  // nothing carries over
+  if (!recipe_->KeepsState() || layers_.empty()) return out;
+  const std::vector<at::Tensor> state = table_.State();
   for (const auto& [site, layer] : layers_) {
-    out.emplace_back("fp8." + site + ".input", layer->x.State());
-    out.emplace_back("fp8." + site + ".weight", layer->w.State());
-    out.emplace_back("fp8." + site + ".grad", layer->g.State());
+    out.emplace_back("fp8." + site + ".input", state[layer->x]);
+    out.emplace_back("fp8." + site + ".weight", state[layer->w]);
+    out.emplace_back("fp8." + site + ".grad", state[layer->g]);
   }
   return out;
 }
 
-bool Fp8Linears::LoadState(const std::map<std::string, at::Tensor>& tensors,
-                           std::string* missing) {
+namespace {
+
+// "fp8.<site>.<which>" split; false when it is not of that form.
+bool SplitStateName(const std::string& name, std::string* site, std::string* which) {
+  if (name.rfind("fp8.", 0) != 0) return false;
+  const size_t dot = name.rfind('.');
+  if (dot <= 4) return false;
+  *site = name.substr(4, dot - 4);
+  *which = name.substr(dot + 1);
+  return *which == "input" || *which == "weight" || *which == "grad";
+}
+
+}  // namespace
+
+absl::Status Fp8Linears::CheckState(const std::map<std::string, at::Tensor>& tensors,
+                                    const std::vector<std::string>& sites, int64_t step) const {
+  const std::set<std::string> known(sites.begin(), sites.end());
   for (const auto& [name, t] : tensors) {
+    std::string site, which;
+    if (!SplitStateName(name, &site, &which) || !known.count(site)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", name, " is not FP8 scaling state of this model (expected fp8.",
+          "<layer site>.{input,weight,grad})"));
+    }
+    const std::string problem = table_.Check(t, step);
+    if (!problem.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("FP8 scaling state ", name,
+                                                     problem.rfind("is ", 0) == 0 ? " " : ": ",
+                                                     problem));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Fp8Linears::LoadState(const std::map<std::string, at::Tensor>& tensors, std::string* bad) {
+  for (const auto& [name, t] : tensors) {
+    std::string site, which;
     if (name.rfind("fp8.", 0) != 0) continue;
-    const size_t dot = name.rfind('.');
-    const std::string site = name.substr(4, dot - 4), which = name.substr(dot + 1);
-    Layer& layer = LayerFor(site);
-    TensorScaling* s = which == "input" ? &layer.x : which == "weight" ? &layer.w : &layer.g;
-    if (!s->LoadState(t)) {
-      *missing = name;
+    if (!SplitStateName(name, &site, &which)) {
+      *bad = name;
+      return false;
+    }
+    const Fp8Layer& layer = LayerFor(site);
+    const int64_t entry = which == "input" ? layer.x : which == "weight" ? layer.w : layer.g;
+    if (!table_.LoadState(entry, t)) {
+      *bad = name;
       return false;
     }
   }
+  weights_.clear();
+  last_input_.clear();
   return true;
 }
 

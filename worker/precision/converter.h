@@ -1,11 +1,16 @@
 // The FP8 converter: applies FP8 to a built model by swapping itself in for
 // the transformer's block linears (attention projections and feed-forward
 // weights) through model::LinearOverride, and for the MoE experts' products
-// through its grouped hook (grouped.h). It owns each site's scaling state
-// (Fp8Layer, linear.h), created on first use, advances the amax histories
-// once per optimizer step, collects the statistics of every FP8 product and
-// carries the scaling state through checkpoints and across data-parallel
-// ranks (torchtitan's Float8LinearConverter).
+// through its grouped hook (grouped.h). It owns the recipe (fp8_recipe.h),
+// every FP8 tensor's scaling state (a ScalingTable on the model's device),
+// the casts (each tensor's FP8 image: a weight's once per optimizer step, a
+// shared input once), the statistics of every FP8 product, and carries the
+// scaling state through checkpoints and across data-parallel ranks
+// (torchtitan's Float8LinearConverter).
+//
+// Host reads: none while a step's products run; one per step for the
+// statistics (TakeStats), none when the histories advance (OnOptimizerStep
+// after TakeStats), one per checkpoint (State).
 //
 // Not thread-safe: one trainer owns it. Embeddings, norms, softmax and the
 // output head never come here.
@@ -21,7 +26,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "worker/model/transformer.h"
+#include "worker/precision/fp8_recipe.h"
 #include "worker/precision/linear.h"
 #include "worker/precision/scaling.h"
 
@@ -32,7 +39,8 @@ namespace tally::precision {
 // model::GroupedLinearOverride).
 class Fp8Linears final : public model::LinearOverride, public model::GroupedLinearOverride {
  public:
-  explicit Fp8Linears(RecipeConfig config);
+  // The scaling state lives on `device` (the model's).
+  explicit Fp8Linears(RecipeConfig config, at::Device device = at::kCPU);
   ~Fp8Linears() override;
   at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const std::string& site) override;
   bool Groups(const at::Tensor& x, int64_t out, int64_t in) const override;
@@ -44,35 +52,83 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
   void TurnGroupedOff(std::string why);
   // True the first time only: that grouped product gets checked.
   bool FirstGroupedProduct() { return !std::exchange(grouped_checked_, true); }
-  // Advances every tensor's amax history; call once per optimizer step.
+  // Once per optimizer step: the recipe advances every tensor's scaling
+  // (delayed: one kernel over every history) and the weights' FP8 images
+  // are dropped (the weights are about to move).
   void OnOptimizerStep();
   // false while evaluating: products still run in FP8, but nothing is
   // recorded (amax, statistics).
-  void SetTraining(bool training) { training_ = training; }
-  // Statistics since the previous call (one read from the device).
-  Fp8Stats TakeStats();
-  // Data parallel: creates the layers of every site up front, so every rank
-  // holds the same layers whichever sites its batches reached (an expert
-  // with no tokens is never called); then the step's amax of every tensor,
-  // in one fixed order, and back.
+  void SetTraining(bool training);
+  // Creates the layers of these sites now (a model's LinearSites(), before
+  // its first step), so every rank holds the same scaling state in the same
+  // order whichever sites its batches reached; a site first seen later is
+  // added then.
   void Declare(const std::vector<std::string>& sites);
-  std::vector<double> StepAmax();
-  void SetStepAmax(const std::vector<double>& amax);
-  // Scaling state for checkpoints: (name, tensor) pairs, and back.
-  std::vector<std::pair<std::string, at::Tensor>> State() const;
-  bool LoadState(const std::map<std::string, at::Tensor>& tensors, std::string* missing);
+  // Data parallel: every tensor's finite step amax, to be replaced in place
+  // by its maximum over the ranks before TakeStats.
+  at::Tensor& StepAmaxToReduce() { return table_.step_finite(); }
+  // Statistics since the previous call, in one read from the device; the
+  // delayed recipe learns from it which tensors now have a history.
+  Fp8Stats TakeStats();
+  // Scaling state for checkpoints: ("fp8.<site>.{input,weight,grad}",
+  // Double [history_len + 3]) pairs in one read, and back; empty for a
+  // recipe that keeps none.
+  std::vector<std::pair<std::string, at::Tensor>> State();
+  // Checks a checkpoint's "fp8.*" tensors against this model's sites and
+  // recipe (names, shapes, values, steps at most `step`) before anything is
+  // loaded: InvalidArgument naming the tensor.
+  absl::Status CheckState(const std::map<std::string, at::Tensor>& tensors,
+                          const std::vector<std::string>& sites, int64_t step) const;
+  bool LoadState(const std::map<std::string, at::Tensor>& tensors, std::string* bad);
 
-  using Layer = Fp8Layer;
-  using Context = Fp8Context;
+  const RecipeConfig& config() const { return config_; }
+  bool training() const { return training_; }
+
+  // For the products (linear.cc, grouped.cc, rowwise_recipe.cc) only.
+  Fp8Layer& LayerFor(const std::string& site);
+  // x2's image as input of `layer` (E4M3): the last input's when x2 is it
+  // (the same tensor, unchanged, for the same entry), else a new cast.
+  // `transposed`: the CUDA weight gradient reads it.
+  Fp8Image InputImage(const Fp8Layer& layer, const at::Tensor& x2);
+  // w's image (E4M3, row-major and transposed), cast at its first use in an
+  // optimizer step and reused until the next.
+  Fp8Image WeightImage(const Fp8Layer& layer, const at::Tensor& w);
+  // An output gradient's image (E5M2, row-major and transposed).
+  Fp8Image GradImage(const Fp8Layer& layer, const at::Tensor& g2);
+  // Adds to the step's statistics (no-ops while evaluating): products, and
+  // device counts and amax from a row-wise cast.
+  void CountProducts(int64_t total, int64_t fp8, int64_t grouped = 0);
+  void AddRowwise(const QuantStats& q);
+  void ReportRowwiseAmax(const std::string& group, const at::Tensor& amax);
 
  private:
-  Layer& LayerFor(const std::string& site);
-  // Reads every tensor's amax still on the device, all in one go.
-  void ResolvePending();
+  // One cast of x2 for table entry t: rows/transposed as the products need.
+  Fp8Image Cast(int64_t t, const at::Tensor& x2, bool force_overflows);
+  void NoteUsed(int64_t t);
   RecipeConfig config_;
-  std::map<std::string, std::unique_ptr<Layer>> layers_;
-  std::map<std::string, Context> contexts_;  // stable addresses for autograd
-  Fp8Stats stats_;
+  std::unique_ptr<Fp8Recipe> recipe_;
+  ScalingTable table_;
+  std::map<std::string, std::unique_ptr<Fp8Layer>> layers_;  // stable addresses
+  std::vector<std::string> groups_;  // by table entry: "ffn.input", ...
+  std::vector<bool> used_;           // by table entry, this step
+  // Counts of every cast this step, [clamped, flushed], on the device.
+  at::Tensor counts_;
+  Fp8Stats stats_;  // the host-side counts
+  std::map<std::string, at::Tensor> rowwise_amax_;
+  struct CachedWeight {
+    at::Tensor weight;  // kept, so its address is not reused
+    uint32_t version = 0;
+    Fp8Image image;
+  };
+  std::map<int64_t, CachedWeight> weights_;  // by weight entry
+  // By input entry, the latest input cast (so w3 reuses its w1's, and each
+  // expert's w3 its w1's): dropped when the step's statistics are taken.
+  struct LastInput {
+    at::Tensor x2;
+    uint32_t version = 0;
+    Fp8Image image;
+  };
+  std::map<int64_t, LastInput> last_input_;
   bool training_ = true;
   std::string grouped_off_;
   bool grouped_checked_ = false;

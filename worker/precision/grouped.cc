@@ -11,14 +11,6 @@
 namespace tally::precision {
 namespace {
 
-using Context = Fp8Context;
-using internal::Account;
-using internal::ForceOverflows;
-using internal::QuantizeScaledLater;
-using internal::ReportAmax;
-using internal::TensorwiseBackward;
-using internal::WeightE4M3;
-
 // The grouped product of per-expert FP8 operands: x8 [R, I] E4M3 with a
 // dequantising scale per row (sa_R), w8 [E, O, I] E4M3 with one per output
 // row of each expert (sb_EO); group e is rows [ends[e - 1], ends[e]). CUDA:
@@ -31,8 +23,11 @@ at::Tensor ScaledGroupedMm(const at::Tensor& x8, const at::Tensor& sa_R, const a
                      x8.options().dtype(x8.is_cuda() ? at::kBFloat16 : at::kFloat));
   }
   if (x8.is_cuda()) {
+    // Group ends from the host: they are the host's already (the MoE layer
+    // computed them), and a non-blocking copy from pinned memory does not
+    // wait for the device.
     std::vector<int32_t> ends32(ends.begin(), ends.end());
-    at::Tensor offs = at::tensor(ends32, at::kInt).to(x8.device());
+    at::Tensor offs = at::tensor(ends32, at::kInt).pin_memory().to(x8.device(), true);
     // The second operand column-major per group: w8 is [E, O, I] row-major,
     // so its transpose [E, I, O] is.
     return at::_scaled_grouped_mm(x8, w8.transpose(1, 2), sa_R, sb_EO, offs, {}, {},
@@ -54,18 +49,14 @@ at::Tensor ScaledGroupedMm(const at::Tensor& x8, const at::Tensor& sa_R, const a
 
 // The same product expert by expert with per-tensor _scaled_mm (CUDA): what
 // the grouped one must match, and where it falls back.
-at::Tensor PerExpertScaledMm(const at::Tensor& x8, const std::vector<double>& sx,
-                             const at::Tensor& w8, const std::vector<double>& sw,
-                             const std::vector<int64_t>& ends) {
-  at::Tensor y = at::zeros({x8.size(0), w8.size(1)}, x8.options().dtype(at::kBFloat16));
-  auto inv = [&](double s) { return at::tensor(1.0 / s, x8.options().dtype(at::kFloat)); };
+at::Tensor PerExpertScaledMm(const std::vector<Fp8Image>& x, const std::vector<Fp8Image>& w,
+                             const std::vector<int64_t>& ends, int64_t R, int64_t O,
+                             const at::TensorOptions& options) {
+  at::Tensor y = at::zeros({R, O}, options.dtype(at::kBFloat16));
   int64_t start = 0;
   for (size_t e = 0; e < ends.size(); ++e) {
-    const int64_t n = ends[e] - start;
-    if (n > 0 && sx[e] > 0) {
-      y.narrow(0, start, n)
-          .copy_(at::_scaled_mm(x8.narrow(0, start, n), w8[e].t(), inv(sx[e]), inv(sw[e]), {}, {},
-                                at::kBFloat16));
+    if (x[e].data.defined()) {
+      y.narrow(0, start, x[e].data.size(0)).copy_(internal::ForwardProduct(x[e], w[e]));
     }
     start = ends[e];
   }
@@ -74,63 +65,56 @@ at::Tensor PerExpertScaledMm(const at::Tensor& x8, const std::vector<double>& sx
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+c10::List<at::Tensor> ListOf(const std::vector<at::Tensor>& v) {
+  c10::List<at::Tensor> l;
+  for (const at::Tensor& t : v) l.push_back(t.defined() ? t : at::empty({0}));
+  return l;
+}
+
 // Every expert's product for one weight: forward grouped, backward expert by
-// expert. contexts[e] is expert e's (its site's scaling state).
+// expert. layers[e] is expert e's.
 class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_RI,
                             const at::Tensor& w_EOI, int64_t linears,
-                            std::vector<int64_t> contexts, std::vector<int64_t> counts,
+                            std::vector<int64_t> layers, std::vector<int64_t> counts,
                             std::vector<int64_t> ends) {
     auto* self = reinterpret_cast<Fp8Linears*>(linears);
     const int64_t E = w_EOI.size(0), R = x_RI.size(0), O = w_EOI.size(1), I = w_EOI.size(2);
-    auto* first = reinterpret_cast<Context*>(contexts[0]);
-    const bool record = *first->training;
-    Fp8Stats scratch;
-    Fp8Stats* stats = record ? first->stats : &scratch;
+    const bool cuda = x_RI.is_cuda();
     // FP8 bytes (0 is +0 in E4M3: padding and idle experts stay zero).
     at::Tensor x8 = at::zeros({R, I}, x_RI.options().dtype(at::kByte));
     at::Tensor w8 = at::zeros({E, O, I}, w_EOI.options().dtype(at::kByte));
-    std::vector<float> sa(R, 1.0f), sb(E, 1.0f);
-    std::vector<double> sx(E, 0.0), sw(E, 0.0);
+    const auto f32 = x_RI.options().dtype(at::kFloat);
+    std::vector<at::Tensor> sa_parts, sb_parts;
+    std::vector<Fp8Image> xs(E), ws(E);
     int64_t start = 0;
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t n = counts[e];
-      if (n > 0) {
-        auto* c = reinterpret_cast<Context*>(contexts[e]);
-        at::Tensor x_e = x_RI.narrow(0, start, n);
-        QuantStats qx, qw;
-        sx[e] = c->layer->x.ScaleFor(x_e, record);
-        if (record && c->config->test_overflow_fraction > 0) {
-          x_e = ForceOverflows(x_e, sx[e], c->config->test_overflow_fraction);
-        }
-        w8[e].copy_(WeightE4M3(w_EOI[e], &c->layer->w, record, &sw[e], &qw).view(at::kByte));
-        if (record) {
-          ReportAmax(stats, c->layer->group + ".input", c->layer->x);
-          ReportAmax(stats, c->layer->group + ".weight", c->layer->w);
-        }
-        x8.narrow(0, start, n)
-            .copy_(QuantizeScaledLater(x_e, sx[e], Fp8Format::kE4M3, &qx)
-                       .to(at::kFloat8_e4m3fn)
-                       .view(at::kByte));
-        Account(stats, qx);
-        Account(stats, qw);
-        ++stats->total_products;
-        ++stats->fp8_products;
-        ++stats->grouped_products;
-        std::fill(sa.begin() + start, sa.begin() + start + n, static_cast<float>(1.0 / sx[e]));
-        sb[e] = static_cast<float>(1.0 / sw[e]);
+      const int64_t rows = ends[e] - start;
+      if (counts[e] > 0) {
+        const auto* layer = reinterpret_cast<const Fp8Layer*>(layers[e]);
+        // CUDA casts the whole padded group (its backward needs rows in
+        // multiples of 16); the CPU the real rows.
+        const int64_t n = cuda ? rows : counts[e];
+        xs[e] = self->InputImage(*layer, x_RI.narrow(0, start, n));
+        ws[e] = self->WeightImage(*layer, w_EOI[e]);
+        x8.narrow(0, start, n).copy_(xs[e].data.view(at::kByte));
+        w8[e].copy_(ws[e].data.view(at::kByte));
+        self->CountProducts(1, 1, 1);
+        sa_parts.push_back(xs[e].scale.inv_scale.expand({rows}));
+        sb_parts.push_back(ws[e].scale.inv_scale);
+      } else {
+        sa_parts.push_back(at::ones({rows}, f32));
+        sb_parts.push_back(at::ones({1}, f32));
       }
       start = ends[e];
     }
     x8 = x8.view(at::kFloat8_e4m3fn);
     w8 = w8.view(at::kFloat8_e4m3fn);
-    const auto f32 = x_RI.options().dtype(at::kFloat);
-    at::Tensor sa_R = at::tensor(sa, at::kFloat).to(f32.device());
-    at::Tensor sb_EO = at::tensor(sb, at::kFloat).to(f32.device()).unsqueeze(1).expand({E, O})
-                           .contiguous();
+    const at::Tensor sa_R = at::cat(sa_parts);
+    const at::Tensor sb_EO = at::cat(sb_parts).unsqueeze(1).expand({E, O}).contiguous();
     at::Tensor y;
-    if (!x_RI.is_cuda()) {
+    if (!cuda) {
       y = ScaledGroupedMm(x8, sa_R, w8, sb_EO, ends);
     } else {
       try {
@@ -140,7 +124,9 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
                              FirstLine(err.what_without_backtrace()));
       }
       if (y.defined() && R > 0 && self->FirstGroupedProduct()) {
-        at::Tensor ref = PerExpertScaledMm(x8, sx, w8, sw, ends).to(at::kFloat);
+        // Once per run (one read): the grouped product against the
+        // per-expert ones.
+        at::Tensor ref = PerExpertScaledMm(xs, ws, ends, R, O, x_RI.options()).to(at::kFloat);
         const double diff = (y.to(at::kFloat) - ref).abs().max().item<double>();
         const double top = ref.abs().max().item<double>();
         if (!(diff <= 1e-2 * std::max(top, 1e-6))) {
@@ -150,41 +136,65 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
           y = at::Tensor();
         }
       }
-      if (!y.defined()) y = PerExpertScaledMm(x8, sx, w8, sw, ends);
+      if (!y.defined()) y = PerExpertScaledMm(xs, ws, ends, R, O, x_RI.options());
     }
-    ctx->save_for_backward({x_RI, w_EOI});
-    ctx->saved_data["contexts"] = contexts;
+    std::vector<at::Tensor> x_t, x_deq, x_inv, w_t, w_deq, w_inv;
+    for (int64_t e = 0; e < E; ++e) {
+      x_t.push_back(xs[e].data_t);
+      x_deq.push_back(xs[e].dequantized);
+      x_inv.push_back(xs[e].scale.inv_scale);
+      w_t.push_back(ws[e].data_t);
+      w_deq.push_back(ws[e].dequantized);
+      w_inv.push_back(ws[e].scale.inv_scale);
+    }
+    ctx->saved_data["x_t"] = ListOf(x_t);
+    ctx->saved_data["x_deq"] = ListOf(x_deq);
+    ctx->saved_data["x_inv"] = ListOf(x_inv);
+    ctx->saved_data["w_t"] = ListOf(w_t);
+    ctx->saved_data["w_deq"] = ListOf(w_deq);
+    ctx->saved_data["w_inv"] = ListOf(w_inv);
+    ctx->saved_data["linears"] = linears;
+    ctx->saved_data["layers"] = layers;
     ctx->saved_data["counts"] = counts;
     ctx->saved_data["ends"] = ends;
-    ctx->saved_data["sx"] = sx;
-    ctx->saved_data["sw"] = sw;
+    ctx->saved_data["x_shape"] = x_RI.sizes().vec();
+    ctx->saved_data["w_shape"] = w_EOI.sizes().vec();
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w_EOI.scalar_type());
     return y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x_RI = saved[0];
-    const at::Tensor& w_EOI = saved[1];
-    const std::vector<int64_t> contexts = ctx->saved_data["contexts"].toIntVector();
+    auto* self = reinterpret_cast<Fp8Linears*>(ctx->saved_data["linears"].toInt());
+    const std::vector<int64_t> layers = ctx->saved_data["layers"].toIntVector();
     const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
     const std::vector<int64_t> ends = ctx->saved_data["ends"].toIntVector();
-    const std::vector<double> sx = ctx->saved_data["sx"].toDoubleVector();
-    const std::vector<double> sw = ctx->saved_data["sw"].toDoubleVector();
+    const std::vector<int64_t> x_shape = ctx->saved_data["x_shape"].toIntVector();
+    const std::vector<int64_t> w_shape = ctx->saved_data["w_shape"].toIntVector();
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    auto list = [&](const char* name) { return ctx->saved_data[name].toTensorList(); };
+    const auto x_t = list("x_t"), x_deq = list("x_deq"), x_inv = list("x_inv");
+    const auto w_t = list("w_t"), w_deq = list("w_deq"), w_inv = list("w_inv");
     const at::Tensor& g_RO = grads[0];
-    at::Tensor gx = at::zeros(x_RI.sizes(), g_RO.options());
-    at::Tensor gw = at::zeros_like(w_EOI);
+    at::Tensor gx = at::zeros(x_shape, g_RO.options());
+    at::Tensor gw = at::zeros(w_shape, g_RO.options().dtype(w_dtype));
+    const bool cuda = g_RO.is_cuda();
     int64_t start = 0;
     for (size_t e = 0; e < counts.size(); ++e) {
       if (counts[e] > 0) {
-        // On CUDA the whole group, padding included: zero rows change no
-        // product and keep the row count a multiple of 16 for _scaled_mm.
-        const int64_t n = x_RI.is_cuda() ? ends[e] - start : counts[e];
-        auto [gx_e, gw_e] = TensorwiseBackward(reinterpret_cast<Context*>(contexts[e]),
-                                               g_RO.narrow(0, start, n),
-                                               x_RI.narrow(0, start, n), w_EOI[e], sx[e], sw[e]);
-        gx.narrow(0, start, n).copy_(gx_e);
-        gw[e].copy_(gw_e);
+        const auto* layer = reinterpret_cast<const Fp8Layer*>(layers[e]);
+        const int64_t n = cuda ? ends[e] - start : counts[e];
+        Fp8Image x, w;
+        x.data_t = x_t.get(e);
+        x.dequantized = x_deq.get(e);
+        x.scale.inv_scale = x_inv.get(e);
+        w.data_t = w_t.get(e);
+        w.dequantized = w_deq.get(e);
+        w.scale.inv_scale = w_inv.get(e);
+        const Fp8Image g = self->GradImage(*layer, g_RO.narrow(0, start, n));
+        self->CountProducts(2, 2);
+        gx.narrow(0, start, n).copy_(internal::InputGradProduct(g, w));
+        gw[e].copy_(internal::WeightGradProduct(g, x));
       }
       start = ends[e];
     }
@@ -195,10 +205,10 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
 }  // namespace
 
 at::Tensor Fp8GroupedLinear(const at::Tensor& x_RI, const at::Tensor& w_EOI, Fp8Linears* linears,
-                            const std::vector<Fp8Context*>& contexts,
+                            const std::vector<const Fp8Layer*>& layers,
                             const std::vector<int64_t>& counts, const std::vector<int64_t>& ends) {
   std::vector<int64_t> addresses;
-  for (Fp8Context* context : contexts) addresses.push_back(reinterpret_cast<int64_t>(context));
+  for (const Fp8Layer* layer : layers) addresses.push_back(reinterpret_cast<int64_t>(layer));
   return Fp8GroupedFunction::apply(x_RI, w_EOI, reinterpret_cast<int64_t>(linears), addresses,
                                    counts, ends);
 }

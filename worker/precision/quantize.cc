@@ -1,14 +1,16 @@
 #include "worker/precision/quantize.h"
 
-#if defined(TALLY_WITH_CUDA) && defined(TALLY_HAVE_CUDA)
+#if defined(TALLY_WITH_CUDA)
 #include <c10/cuda/CUDAStream.h>
-
-#include "kernels/fp8_cast.h"
 #endif
+
+#include <ATen/record_function.h>
 
 #include <atomic>
 #include <cmath>
 #include <string>
+
+#include "kernels/fp8_cast.h"
 
 namespace tally::precision {
 
@@ -44,6 +46,11 @@ at::Tensor Counted(at::Tensor q, QuantStats* stats) {
   return q;
 }
 
+template <typename T>
+T* PointerOr(const at::Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
 }  // namespace
 
 namespace internal {
@@ -68,11 +75,6 @@ at::Tensor QuantizeScaledLater(const at::Tensor& x, double scale, Fp8Format f,
   return q;
 }
 
-at::Tensor QuantizeDequantizeLater(const at::Tensor& x, double scale, Fp8Format f,
-                                   QuantStats* stats) {
-  return QuantizeScaledLater(x, scale, f, stats) / scale;
-}
-
 at::Tensor QuantizeDequantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
                                         QuantStats* stats, at::Tensor* scales_out) {
   at::Tensor xf = x.to(at::kFloat);
@@ -91,29 +93,9 @@ at::Tensor QuantizeDequantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8For
   return q / scales;
 }
 
-#if defined(TALLY_WITH_CUDA) && defined(TALLY_HAVE_CUDA)
-at::Tensor FusedCastE4M3(const at::Tensor& x, double scale, at::Tensor* amax, QuantStats* q) {
-  at::Tensor xf = x.contiguous();
-  at::Tensor y = at::empty(xf.sizes(), xf.options().dtype(at::kByte));
-  at::Tensor amax_dev = at::zeros({1}, xf.options());
-  at::Tensor counts = at::zeros({2}, xf.options().dtype(at::kLong));
-  const std::string err = kernels::CastToE4M3Cuda(
-      xf.data_ptr<float>(), xf.numel(), static_cast<float>(scale), y.data_ptr<uint8_t>(),
-      amax_dev.data_ptr<float>(), c10::cuda::getCurrentCUDAStream().stream(),
-      reinterpret_cast<uint64_t*>(counts.data_ptr<int64_t>()));
-  TORCH_CHECK(err.empty(), "fused FP8 cast: ", err);
-  // Both stay on the device: the step reads them with everything else.
-  *amax = amax_dev;
-  q->pending = q->pending.defined() ? q->pending + counts : counts;
-  q->elements += x.numel();
-  return y.view(at::kFloat8_e4m3fn);
-}
-#endif
-
 }  // namespace internal
 
 using internal::QuantizeDequantizeAlongLater;
-using internal::QuantizeDequantizeLater;
 using internal::QuantizeScaledLater;
 
 int64_t Fp8HostReads() { return host_reads.load(); }
@@ -124,12 +106,68 @@ at::Tensor QuantizeScaled(const at::Tensor& x, double scale, Fp8Format f, QuantS
 
 at::Tensor QuantizeDequantize(const at::Tensor& x, double scale, Fp8Format f,
                               QuantStats* stats) {
-  return Counted(QuantizeDequantizeLater(x, scale, f, stats), stats);
+  return Counted(QuantizeScaledLater(x, scale, f, stats) / scale, stats);
 }
 
 at::Tensor QuantizeDequantizeAlong(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
                                    QuantStats* stats, at::Tensor* scales_out) {
   return Counted(QuantizeDequantizeAlongLater(x, dim, f, margin, stats, scales_out), stats);
+}
+
+Fp8Cast CastFp8(const at::Tensor& x2, const at::Tensor& scale, Fp8Format format, bool rows,
+                bool transposed, const CastSinks& sinks) {
+  RECORD_USER_SCOPE("tally::fp8_cast");
+  TORCH_CHECK(x2.dim() == 2, "CastFp8: x must be 2-D, got ", x2.dim(), "-D");
+  at::Tensor x = x2.scalar_type() == at::kBFloat16 || x2.scalar_type() == at::kFloat
+                     ? x2.contiguous()
+                     : x2.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  Fp8Cast out;
+  const auto bytes = x.options().dtype(at::kByte);
+  if (rows) out.data = at::empty({M, K}, bytes);
+  if (transposed) out.data_t = at::empty({K, M}, bytes);
+  if (rows || transposed) {
+    TORCH_CHECK(scale.defined() && scale.numel() == 1 && scale.scalar_type() == at::kFloat &&
+                    scale.device() == x.device(),
+                "CastFp8: the scale must be one FP32 value on ", x.device());
+  }
+  for (const at::Tensor* s : {&sinks.amax, &sinks.amax_finite}) {
+    TORCH_CHECK(!s->defined() || (s->numel() == 1 && s->scalar_type() == at::kFloat &&
+                                  s->is_contiguous() && s->device() == x.device()),
+                "CastFp8: an amax sink must be one contiguous FP32 value on ", x.device());
+  }
+  TORCH_CHECK(!sinks.counts.defined() ||
+                  (sinks.counts.numel() == 2 && sinks.counts.scalar_type() == at::kLong &&
+                   sinks.counts.is_contiguous() && sinks.counts.device() == x.device()),
+              "CastFp8: the counts sink must be two contiguous int64 values on ", x.device());
+  kernels::CastArgs a;
+  a.x = x.data_ptr();
+  a.source = x.scalar_type() == at::kBFloat16 ? kernels::SourceKind::kBFloat16
+                                              : kernels::SourceKind::kFloat32;
+  a.rows = M;
+  a.cols = K;
+  a.scale = rows || transposed ? scale.data_ptr<float>() : nullptr;
+  a.format = format == Fp8Format::kE4M3 ? kernels::Fp8Kind::kE4M3 : kernels::Fp8Kind::kE5M2;
+  a.out = PointerOr<uint8_t>(out.data);
+  a.out_t = PointerOr<uint8_t>(out.data_t);
+  a.amax = PointerOr<float>(sinks.amax);
+  a.amax_finite = PointerOr<float>(sinks.amax_finite);
+  a.counts = PointerOr<uint64_t>(sinks.counts);
+  if (x.is_cuda()) {
+#if defined(TALLY_WITH_CUDA)
+    const std::string err = kernels::CastCuda(a, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err.empty(), "fused FP8 cast: ", err);
+#else
+    TORCH_CHECK(false, "fused FP8 cast: this build has no CUDA");
+#endif
+  } else {
+    TORCH_CHECK(x.is_cpu(), "CastFp8: ", x.device(), " tensors are not supported");
+    kernels::CastReference(a);
+  }
+  const at::ScalarType dtype = Fp8Dtype(format);
+  if (out.data.defined()) out.data = out.data.view(dtype);
+  if (out.data_t.defined()) out.data_t = out.data_t.view(dtype);
+  return out;
 }
 
 }  // namespace tally::precision

@@ -1,13 +1,14 @@
 // FP8 numerics: the two formats, casts to them under a scale (clamped to the
 // format's finite range first: LibTorch turns |x| > 448 into NaN when casting
-// to E4M3), quantize-dequantize round trips per tensor and per slice, and
-// the overflow/underflow counts of each cast. On CUDA builds with the
-// kernels, the fused E4M3 cast (kernels/fp8_cast.h) that does the cast, the
-// amax and the counts in one pass.
+// to E4M3), quantize-dequantize round trips per tensor and per slice, the
+// overflow/underflow counts of each cast, and CastFp8: the fused cast of
+// kernels/fp8_cast.h (row-major and transposed bytes, amax and counts in one
+// pass, the scale read from device memory) on the tensor's device, the CUDA
+// kernel on a GPU and its CPU reference elsewhere, bit for bit the same.
 //
-// Counts: the public functions below read their counts back at once; the
-// internal "Later" variants leave them on the device (QuantStats::pending)
-// so a training step reads everything in one go. Not thread-safe.
+// Counts: the public Quantize* functions read their counts back at once; the
+// internal "Later" variants leave them on the device (QuantStats::pending).
+// Not thread-safe.
 #ifndef TALLY_WORKER_PRECISION_QUANTIZE_H_
 #define TALLY_WORKER_PRECISION_QUANTIZE_H_
 
@@ -26,9 +27,8 @@ struct QuantStats {
   int64_t overflows = 0;   // |x * scale| beyond the format's range
   int64_t underflows = 0;  // nonzero x that became 0
   int64_t elements = 0;
-  // Counts still on the device, [overflows, underflows] (int64): the FP8
-  // linears read them once per step, not once per product. The functions
-  // below leave none.
+  // Counts still on the device, [overflows, underflows] (int64). The public
+  // functions below leave none.
   at::Tensor pending;
 };
 
@@ -43,6 +43,30 @@ at::Tensor QuantizeDequantize(const at::Tensor& x, double scale, Fp8Format forma
 // slice keeps scale 1. `scales` gets them (the shape of amax with keepdim).
 at::Tensor QuantizeDequantizeAlong(const at::Tensor& x, int64_t dim, Fp8Format format, int margin,
                                    QuantStats* stats, at::Tensor* scales = nullptr);
+
+// What one fused cast writes, as asked.
+struct Fp8Cast {
+  at::Tensor data;    // [M, K] in the FP8 dtype
+  at::Tensor data_t;  // [K, M]: the transpose, x's column-major image
+};
+
+// Where a cast folds what it measured; each may be undefined (not
+// measured). amax and amax_finite are one-element FP32 tensors (folded as
+// kernels/fp8_cast.h says: the caller starts them at 0), counts a
+// two-element int64 tensor, [clamped, flushed], added to. All on x's device.
+struct CastSinks {
+  at::Tensor amax, amax_finite, counts;
+};
+
+// One pass over x2 [M, K] (FP32 or BF16; other dtypes are converted to FP32
+// first) cast under `scale` (one FP32 value on x2's device): row-major
+// bytes with `rows`, transposed ones with `transposed`, and the sinks. With
+// neither layout it only measures (scale may then be undefined). CUDA
+// tensors run the kernel on the current stream (nothing waits for it); CPU
+// tensors its reference. Throws c10::Error when the kernel reports an error
+// or is not in this build.
+Fp8Cast CastFp8(const at::Tensor& x2, const at::Tensor& scale, Fp8Format format, bool rows,
+                bool transposed, const CastSinks& sinks);
 
 // How many values the FP8 bookkeeping has read back from the device in this
 // process (each one a host sync on a GPU): for tests.
@@ -59,19 +83,8 @@ std::vector<double> ReadHost(const at::Tensor& t);
 // stats->pending (stats may be null: nothing counted).
 at::Tensor QuantizeScaledLater(const at::Tensor& x, double scale, Fp8Format format,
                                QuantStats* stats);
-at::Tensor QuantizeDequantizeLater(const at::Tensor& x, double scale, Fp8Format format,
-                                   QuantStats* stats);
 at::Tensor QuantizeDequantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8Format format,
                                         int margin, QuantStats* stats, at::Tensor* scales_out);
-
-#if defined(TALLY_WITH_CUDA) && defined(TALLY_HAVE_CUDA)
-// E4M3 image of an FP32 CUDA tensor under a known scale, with its amax ([1]
-// FP32) and the clamped/flushed counts (added to q->pending), in one pass
-// over memory (kernels/fp8_cast.h) instead of an amax pass, a cast and two
-// counting passes. Both stay on the device. Throws c10::Error when the
-// kernel reports an error.
-at::Tensor FusedCastE4M3(const at::Tensor& x, double scale, at::Tensor* amax, QuantStats* q);
-#endif
 
 }  // namespace internal
 }  // namespace tally::precision

@@ -1,8 +1,15 @@
 // The FP8 scaling recipes and their settings (RecipeConfig), apart from the
-// code that applies them (scaling.h), so that a training configuration can
-// hold one without ATen.
+// code that applies them (fp8_recipe.h), so that a training configuration
+// can hold one without ATen.
+//
+// Adding a recipe: an enum value here (with its name in recipe.cc) and one
+// file implementing precision::Fp8Recipe (fp8_recipe.h), registered in
+// MakeFp8Recipe.
 #ifndef TALLY_WORKER_PRECISION_RECIPE_H_
 #define TALLY_WORKER_PRECISION_RECIPE_H_
+
+#include <string>
+#include <vector>
 
 namespace tally::precision {
 
@@ -36,6 +43,14 @@ struct RecipeConfig {
   // 0: off.
   double test_overflow_fraction = 0;
 };
+
+// "delayed", "current", "rowwise": what the spec, fingerprints and reports
+// call it.
+const char* RecipeName(Recipe recipe);
+
+// What is wrong with `c` for an FP8 run, each naming its field
+// ("fp8_recipe.history_len: must be between 1 and 1024"); empty when fine.
+std::vector<std::string> RecipeProblems(const RecipeConfig& c);
 
 }  // namespace tally::precision
 

@@ -1,22 +1,23 @@
-// FP8 scaling: the recipe (RecipeConfig) and each tensor's scale under it
-// (TensorScaling). Each tensor (input, weight, gradient) of each layer has
-// its own per-tensor scale:
-// - delayed (Transformer Engine's recipe): scale = max / (amax x 2^margin)
-//   with amax the maximum (or the most recent) of an amax history that
-//   advances once per optimizer step, not per micro-batch; the first step,
-//   with no history yet, scales from the tensor itself;
-// - current: scale from the tensor's own amax at every use;
-// - row-wise: current scaling per row (quantize.h's QuantizeDequantizeAlong),
-//   with no state here.
-// A zero or non-finite amax leaves the scale unchanged (never infinite).
-// The scaling state goes into checkpoints (TensorScaling::State). Not
-// thread-safe: one trainer owns it.
+// FP8 scaling state on the device: ScalingTable holds every FP8 tensor's
+// scale, inverse scale, amax history and this step's amax in a few device
+// arrays (the layout of kernels/fp8_scaling.h), so casts read their scale
+// from device memory, fold their amax in as they run, and one launch per
+// optimizer step advances every history. The host keeps only what it knows
+// without asking the device: each tensor's format, group and step count,
+// and whether its history holds an amax yet (learnt from the step's one
+// statistics read, ObserveStep).
+//
+// Tensors are added as the FP8 layers are declared (all of a model's up
+// front; a new one later grows the arrays, copying them on the device).
+// Views into the arrays (scale(t), ...) are taken when used, not kept
+// across an Add. Not thread-safe: one trainer owns it.
 #ifndef TALLY_WORKER_PRECISION_SCALING_H_
 #define TALLY_WORKER_PRECISION_SCALING_H_
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "worker/precision/quantize.h"
@@ -24,54 +25,79 @@
 
 namespace tally::precision {
 
-// max / (amax x 2^margin); `previous` when amax is zero or not finite.
+// max / (amax x 2^margin) rounded to FP32; `previous` when amax is zero or
+// not finite, or FP32 cannot hold the scale (kernels::ScaleForAmax).
 double ScaleForAmax(double amax, Fp8Format format, int margin, double previous);
 
+// The scale a cast uses and the inverse its product dequantizes with: one
+// FP32 value each, on the device.
+struct Scale {
+  at::Tensor scale, inv_scale;
+};
 
-
-// One tensor's scaling state.
-class TensorScaling {
+class ScalingTable {
  public:
-  TensorScaling(Fp8Format format, const RecipeConfig& config);
-  // The scale to use for `x` now; with `record`, x's amax counts for this
-  // step (evaluation passes do not record, so they never move the scales).
-  double ScaleFor(const at::Tensor& x, bool record = true);
-  // Once per optimizer step: the step's amax joins the history.
-  void Step();
-  Fp8Format format() const { return format_; }
-  double scale() const { return scale_; }
-  // The latest and the step's amax as read so far: with amax recorded on
-  // the device (below) they hold only once Resolve has run.
-  double last_amax() const { return last_amax_; }
-  // The largest amax recorded since the last Step(); data-parallel ranks
-  // replace it with the maximum over ranks before stepping.
-  double step_amax() const { return step_amax_; }
-  // Delayed scaling with a history: the scale is fixed before the tensor is
-  // seen, so nothing needs the amax now. ScaleFor then records it on the
-  // device without reading it, and a cast that computes it in the same
-  // pass hands it over here.
-  bool ScaleKnownAhead() const;
-  void RecordAmax(const at::Tensor& amax);  // a one-element tensor, any device
-  void set_step_amax(double amax) { step_amax_ = amax; }
-  // The amax recorded on the device and not yet read: the latest, and the
-  // step's largest finite one (undefined when none).
-  const at::Tensor& pending_last() const { return pending_last_; }
-  const at::Tensor& pending_step() const { return pending_step_; }
-  // Takes those two values, read by the caller, and clears them.
-  void Resolve(double last, double step);
-  // history (history_len), then scale, step amax, steps: for checkpoints.
-  at::Tensor State() const;
-  bool LoadState(const at::Tensor& state);
+  ScalingTable(const RecipeConfig& config, at::Device device);
+
+  // A new tensor (scale 1, empty history); its index.
+  int64_t Add(Fp8Format format);
+  int64_t size() const { return static_cast<int64_t>(formats_.size()); }
+  Fp8Format format(int64_t t) const { return formats_[t]; }
+  at::Device device() const { return device_; }
+
+  // One-element views of tensor t's entries.
+  Scale scale(int64_t t) const;
+  at::Tensor step_amax(int64_t t) const { return step_amax_.narrow(0, t, 1); }
+  at::Tensor step_finite(int64_t t) const { return step_finite_.narrow(0, t, 1); }
+  // Every tensor's amax this step: raw (NaN wins) and finite; data-parallel
+  // ranks replace the finite one with its maximum over the ranks (in place)
+  // before the step's statistics are read.
+  const at::Tensor& step_amax() const { return step_amax_; }
+  at::Tensor& step_finite() { return step_finite_; }
+
+  // The scale a cast of x2 (tensor t) uses when the scale comes from x2
+  // itself (current scaling, and delayed scaling before a history exists):
+  // x2's amax, then max / amax (the tensor's stored scale where that gives
+  // none), both on the device. With `record`, x2's amax joins the step's.
+  Scale ScaleFromItself(int64_t t, const at::Tensor& x2, bool record);
+
+  // Whether tensor t's history holds an amax (so its delayed scale is
+  // known before its cast).
+  bool has_history(int64_t t) const { return has_history_[t]; }
+  // The step's finite amax of every tensor, read by the caller once the
+  // ranks agree on it: a tensor that saw a nonzero value gets a history at
+  // the next Step (delayed scaling).
+  void ObserveStep(const std::vector<double>& step_finite);
+  bool observed() const { return observed_; }
+  // Delayed scaling, once per optimizer step: every history advances and
+  // every scale follows (one kernel), the step's amax is zeroed. Reads the
+  // step's amax first (one read) unless ObserveStep did.
+  void StepDelayed();
+  // Current scaling: the step's amax is zeroed; the scales never move.
+  void StepCurrent();
+
+  // Checkpoint state of tensor t, as checkpoints have always held it:
+  // Double [history_len + 3]: the history (oldest first, left-aligned),
+  // then the scale, the history's length and the steps taken. All tensors
+  // in one read.
+  std::vector<at::Tensor> State() const;
+  // Takes tensor t's state back; false when it is not of that shape, or
+  // holds a length or scale no run could have written.
+  bool LoadState(int64_t t, const at::Tensor& state);
+  // Why `state` is not a valid scaling state for a run of this recipe at
+  // checkpoint step `step` (empty when it is).
+  std::string Check(const at::Tensor& state, int64_t step) const;
 
  private:
-  Fp8Format format_;
+  void Grow();
   RecipeConfig config_;
-  std::vector<double> history_;  // newest last
-  double scale_ = 1.0;
-  double step_amax_ = 0;
-  double last_amax_ = 0;
-  at::Tensor pending_last_, pending_step_;
-  int64_t steps_ = 0;
+  at::Device device_;
+  std::vector<Fp8Format> formats_;
+  std::vector<bool> has_history_, seen_;
+  std::vector<int64_t> steps_;
+  bool observed_ = false;
+  // [T, H], [T] int32, [T] x 4 FP32, [T] uint8: kernels/fp8_scaling.h.
+  at::Tensor history_, count_, scale_, inv_scale_, step_amax_, step_finite_, format_codes_;
 };
 
 }  // namespace tally::precision

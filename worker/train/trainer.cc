@@ -70,10 +70,9 @@ absl::Status TrainConfig::Validate() const {
   need(moe.num_experts == 0 || (moe.top_k >= 1 && moe.top_k <= moe.num_experts),
        "model.moe.top_k: must be between 1 and model.moe.num_experts");
   need(!(fp8 && bf16), "bf16: precision.compute is either BF16 or FP8, not both");
-  need(!fp8 || (fp8_recipe.history_len >= 1 && fp8_recipe.history_len <= 1024),
-       "fp8_recipe.history_len: must be between 1 and 1024");
-  need(!fp8 || (fp8_recipe.margin >= 0 && fp8_recipe.margin <= 8),
-       "fp8_recipe.margin: must be between 0 and 8");
+  if (fp8) {
+    for (std::string& p : precision::RecipeProblems(fp8_recipe)) problems.push_back(std::move(p));
+  }
   const int world = parallel.world_size;
   need(world >= 1 && parallel.rank >= 0 && parallel.rank < world,
        absl::StrCat("parallel.rank: ", parallel.rank, " is not in a world of size ", world));
@@ -93,13 +92,6 @@ absl::Status TrainConfig::Validate() const {
            (moe.num_experts > 0 && moe.num_experts % world == 0),
        absl::StrCat("parallel.expert_parallel: model.moe.num_experts (", moe.num_experts,
                     ") must be a multiple of the number of ranks (", world, ")"));
-  const double overflow = fp8_recipe.test_overflow_fraction;
-  need(overflow >= 0 && overflow <= 1,
-       absl::StrCat("fp8_recipe.test_overflow_fraction: must be between 0 and 1, got ",
-                    overflow));
-  need(!fp8 || overflow == 0 || fp8_recipe.recipe != precision::Recipe::kRowwise,
-       "fp8_recipe.test_overflow_fraction: cannot force overflows with the rowwise recipe "
-       "(each row is scaled from its own values); use the delayed or current recipe");
   need(test_preempt_checkpoint_delay_seconds >= 0 &&
            std::isfinite(test_preempt_checkpoint_delay_seconds),
        absl::StrCat("test_preempt_checkpoint_delay_seconds: must be a number >= 0 (0: off), got ",
@@ -253,11 +245,8 @@ std::string Run::Fingerprint() const {
                          c_.model.moe.sigmoid_router ? "/sigmoid" : "/softmax", "/cap",
                          c_.model.moe.capacity_factor)
           : "",
-      c_.fp8 ? absl::StrCat(" fp8=",
-                            c_.fp8_recipe.recipe == precision::Recipe::kDelayed   ? "delayed"
-                            : c_.fp8_recipe.recipe == precision::Recipe::kCurrent ? "current"
-                                                                   : "rowwise",
-                            "/", c_.fp8_recipe.history_len, "/", c_.fp8_recipe.margin)
+      c_.fp8 ? absl::StrCat(" fp8=", precision::RecipeName(c_.fp8_recipe.recipe), "/",
+                            c_.fp8_recipe.history_len, "/", c_.fp8_recipe.margin)
              : "");
 }
 
@@ -570,52 +559,17 @@ absl::Status Run::CheckCheckpoint(const nlohmann::json& meta,
       return invalid("tensor ", name, " holds negative values (a second moment is >= 0)");
     }
   }
-  // FP8 scaling state (precision/fp8.h, TensorScaling::State): per layer
-  // site and tensor, the amax history (oldest first), then the scale, the
-  // history's length and the steps taken.
-  std::set<std::string> sites;
-  if (fp8_) {
-    for (const std::string& site : model_->LinearSites()) sites.insert(site);
-  }
-  const int64_t history = c_.fp8_recipe.history_len;
+  // Anything else is FP8 scaling state (precision/converter.h), checked by
+  // the converter against this model's layers and recipe.
+  std::map<std::string, at::Tensor> fp8_state;
   for (const auto& [name, t] : tensors) {
     if (want.count(name)) continue;
     if (!fp8_ || name.rfind("fp8.", 0) != 0) {
       return invalid("tensor ", name, " is not part of this model");
     }
-    const size_t dot = name.rfind('.');
-    const std::string site = name.substr(4, dot - 4), which = name.substr(dot + 1);
-    if (dot < 4 || !sites.count(site) ||
-        (which != "input" && which != "weight" && which != "grad")) {
-      return invalid("tensor ", name, " is not FP8 scaling state of this model (expected fp8.",
-                     "<layer site>.{input,weight,grad})");
-    }
-    if (t.scalar_type() != at::kDouble || t.dim() != 1 || t.size(0) != history + 3) {
-      return invalid("FP8 scaling state ", name, " is ", c10::toString(t.scalar_type()), " ",
-                     shape_str(t.sizes()), " (expected Double [", history + 3,
-                     "] for precision.amax_history_len ", history, ")");
-    }
-    const double* v = t.data_ptr<double>();
-    const double count = v[history + 1], steps = v[history + 2], scale = v[history];
-    if (!(count >= 0 && count <= history && count == std::floor(count))) {
-      return invalid("FP8 scaling state ", name, ": history length is ", count,
-                     " (expected an integer between 0 and ", history, ")");
-    }
-    for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
-      if (!(std::isfinite(v[i]) && v[i] >= 0)) {
-        return invalid("FP8 scaling state ", name, ": amax history entry ", i, " is ", v[i],
-                       " (expected a finite amax >= 0)");
-      }
-    }
-    if (!(std::isfinite(scale) && scale > 0)) {
-      return invalid("FP8 scaling state ", name, ": scale is ", scale,
-                     " (expected a finite number > 0)");
-    }
-    if (!(steps >= 0 && steps <= static_cast<double>(step) && steps == std::floor(steps))) {
-      return invalid("FP8 scaling state ", name, ": steps is ", steps,
-                     " (expected an integer between 0 and step, ", step, ")");
-    }
+    fp8_state.emplace(name, t);
   }
+  if (fp8_) RETURN_IF_ERROR(fp8_->CheckState(fp8_state, model_->LinearSites(), step));
   return absl::OkStatus();
 }
 
@@ -767,7 +721,9 @@ void Run::BuildModel() {
   adamw.weight_decay = c_.optimizer.weight_decay;
   opt_ = std::make_unique<AdamW>(&model_->parameters(), adamw);
   if (c_.fp8) {
-    fp8_ = std::make_unique<precision::Fp8Linears>(c_.fp8_recipe);
+    fp8_ = std::make_unique<precision::Fp8Linears>(c_.fp8_recipe, device_);
+    // Every layer's scaling state up front, in one order on every rank.
+    fp8_->Declare(model_->LinearSites());
     if (!c_.test_fp8_grouped_off.empty()) fp8_->TurnGroupedOff(c_.test_fp8_grouped_off);
     model_->SetLinearOverride(fp8_.get());
   }
@@ -805,8 +761,6 @@ std::optional<TrainResult> Run::JoinGroup() {
     experts_ = std::make_unique<dist::ExpertParallel>(exchange_.get());
     model_->SetExpertsHook(experts_.get());
   }
-  // Every rank holds every FP8 layer, so their amax vectors line up.
-  if (fp8_) fp8_->Declare(model_->LinearSites());
   // Same seed, same checkpoint: the ranks must start from the same
   // parameters; anything else is a configuration error, not bad luck.
   if (absl::Status s = CheckParametersAgree(); !s.ok()) {
@@ -918,7 +872,12 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
   }
   if (!totals) return Stopped();
   StepTotals& t = *totals;
-  t.fp8 = fp8_ ? fp8_->TakeStats() : precision::Fp8Stats{};
+  if (fp8_) {
+    // Delayed scaling steps from the largest amax any rank saw; the step's
+    // statistics (one read) then see what every rank will step from.
+    if (group_) group_->AllReduceMax(fp8_->StepAmaxToReduce());
+    t.fp8 = fp8_->TakeStats();
+  }
   dist::StepEnd end = dist::StepEnd::kContinue;
   if (group_) {
     absl::StatusOr<dist::StepEnd> reduced = ReduceStep(&t);
@@ -1016,16 +975,6 @@ absl::StatusOr<dist::StepEnd> Run::ReduceStep(StepTotals* t) {
     }
   }
   t->sharded_grad_square_sum = sum.sharded_grad_square_sum;
-  if (fp8_) {
-    // Delayed scaling steps from the largest amax any rank saw.
-    const std::vector<double> local_amax = fp8_->StepAmax();
-    if (!local_amax.empty()) {
-      at::Tensor amax = at::tensor(local_amax, at::kDouble);
-      group_->AllReduceMax(amax);
-      fp8_->SetStepAmax(std::vector<double>(amax.data_ptr<double>(),
-                                            amax.data_ptr<double>() + amax.numel()));
-    }
-  }
   return end;
 }
 
