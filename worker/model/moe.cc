@@ -144,6 +144,50 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
   return ys.to(rows_SD.scalar_type());
 }
 
+// The grouped products of MoeForward without a host read: every one of the
+// A = N x K assignments, sorted by expert with the unused ones (padding,
+// over capacity) last, is placed on the device at its expert's padded group
+// (the layout PaddedGroupEnds gives, computed from the device counts), the
+// unused ones beyond the last group where no product reads them; each
+// weight is one at::_grouped_mm with the group ends on the device. Returns
+// the experts' outputs by sorted assignment, zero for unused ones.
+at::Tensor GroupedExpertsOnDevice(const at::Tensor& xs_AD, const at::Tensor& expert_sorted_A,
+                                  const at::Tensor& counts_E, const at::Tensor& w1_EFD,
+                                  const at::Tensor& w3_EFD, const at::Tensor& w2_EDF,
+                                  const MoeConfig& c) {
+  const bool cuda = xs_AD.is_cuda();
+  const int64_t align = c.group_align > 0 ? c.group_align : (cuda ? 16 : 1);
+  const int64_t A = xs_AD.size(0), E = counts_E.size(0), D = xs_AD.size(1);
+  const auto longs = counts_E.options();
+  // Group layout: padded counts, their ends and starts, and where each
+  // expert's first sorted assignment lands (its start less the assignments
+  // before it). The unused assignments (expert E) follow the last group.
+  const at::Tensor padded_E = (counts_E + (align - 1)).div(align, "floor") * align;
+  const at::Tensor ends_E = padded_E.cumsum(0);
+  const at::Tensor before_E = counts_E.cumsum(0) - counts_E;
+  const at::Tensor total = ends_E.narrow(0, E - 1, 1);
+  const at::Tensor kept = counts_E.sum().reshape({1});
+  const at::Tensor shift = at::cat({ends_E - padded_E - before_E, total - kept});
+  const at::Tensor dest_A = at::arange(A, longs) + shift.index_select(0, expert_sorted_A);
+  const at::Tensor valid_A = expert_sorted_A.lt(E);
+  // BF16 on CUDA (what its grouped kernels take); FP32 on CPU.
+  const auto dtype = cuda ? at::kBFloat16 : at::kFloat;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const int64_t rows = A + E * (align - 1);  // the most the groups can take
+  const at::Tensor x_RD =
+      at::zeros({rows, D}, xs_AD.options().dtype(dtype))
+          .index_copy(0, dest_A, at::where(valid_A.unsqueeze(1), xs_AD.to(dtype), 0));
+  const at::Tensor offs = ends_E.to(at::kInt);
+  auto grouped = [&](const at::Tensor& a, const at::Tensor& w) {
+    return at::_grouped_mm(a, w.to(dtype).transpose(1, 2), offs);
+  };
+  const at::Tensor h_RF = at::silu(grouped(x_RD, w1_EFD)) * grouped(x_RD, w3_EFD);
+  const at::Tensor y_RD = grouped(h_RF, w2_EDF);
+  // Rows past the last group are never written by the products: select,
+  // don't multiply, so nothing there reaches a token.
+  return at::where(valid_A.unsqueeze(1), y_RD.index_select(0, dest_A), 0).to(xs_AD.scalar_type());
+}
+
 // The experts first_expert .. first_expert + counts.size() - 1 over rows_SD
 // (sorted by expert, counts[m] rows for each), with weights holding every
 // expert or just that block: grouped products or a loop. What an
@@ -183,19 +227,18 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
   at::Tensor real = real_N.defined() ? real_N.to(at::kBool) : at::ones({N}, x_ND.options().dtype(at::kBool));
   at::Tensor use_NK = r.kept_NK.logical_and(real.unsqueeze(1));
 
-  // Sort assignments by expert; run each expert once over its tokens.
+  // Sort assignments by expert, the unused ones (padding, over capacity)
+  // last; run each expert once over its tokens. Counted on the device with
+  // a scatter (no data-dependent sizes, so nothing waits for the device).
   at::Tensor expert_A = r.expert_NK.reshape({-1});
   at::Tensor token_A = at::arange(N, r.expert_NK.options()).unsqueeze(1).expand({N, K}).reshape({-1});
   at::Tensor gate_A = r.gate_NK.reshape({-1});
   at::Tensor use_A = use_NK.reshape({-1});
-  at::Tensor order = at::argsort(expert_A.masked_fill(use_A.logical_not(), E), /*stable=*/true);
-  at::Tensor counts_E = at::bincount(expert_A.masked_select(use_A), {}, E);
-  std::vector<int64_t> counts(E);
-  at::Tensor counts_cpu = counts_E.to(at::kCPU);
-  for (int64_t e = 0; e < E; ++e) counts[e] = counts_cpu[e].item<int64_t>();
-
-  int64_t kept = 0;
-  for (int64_t n : counts) kept += n;
+  at::Tensor masked_A = expert_A.masked_fill(use_A.logical_not(), E);
+  at::Tensor order = at::argsort(masked_A, /*stable=*/true);
+  at::Tensor counts_E = at::zeros({E + 1}, expert_A.options())
+                            .scatter_add_(0, masked_A, at::ones_like(masked_A))
+                            .narrow(0, 0, E);
 
   at::Tensor y_ND = at::zeros_like(x_ND);
   const bool across_ranks = experts != nullptr && experts->ranks() > 1;
@@ -208,46 +251,62 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
                            ? GroupedShapesFit(D, F, x_ND.is_cuda())
                            : GroupsBoth(dynamic_cast<GroupedLinearOverride*>(linear), x_ND,
                                         D, F));
-  // (With no kept assignment at all, the loop below has nothing to do; the
-  // hook must still run, as every rank joins its exchanges.)
-  if (across_ranks || (grouped && kept > 0)) {
-    // All kept assignments at once, sorted by expert.
-    at::Tensor idx = order.narrow(0, 0, kept);
-    at::Tensor tok = token_A.index_select(0, idx);
-    at::Tensor xs = x_ND.index_select(0, tok);
-    at::Tensor ye;
-    if (across_ranks) {
-      ye = experts->Run(xs, counts,
-                        [&](const at::Tensor& rows_SD, const std::vector<int64_t>& block,
-                            int64_t first) {
-                          return LocalExperts(rows_SD, block, first, w1_EFD, w3_EFD, w2_EDF, E,
-                                              c, grouped, linear, prefix);
-                        });
-    } else {
-      ye = GroupedExperts(xs, counts, w1_EFD, w3_EFD, w2_EDF, c, linear, prefix);
-    }
-    ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
+  if (grouped && linear == nullptr && !across_ranks) {
+    // Every assignment at once, on the device.
+    at::Tensor tok = token_A.index_select(0, order);
+    at::Tensor ye = GroupedExpertsOnDevice(x_ND.index_select(0, tok), masked_A.index_select(0, order),
+                                           counts_E, w1_EFD, w3_EFD, w2_EDF, c);
+    ye = ye * gate_A.index_select(0, order).unsqueeze(1).to(ye.scalar_type());
     y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
   } else {
-    int64_t start = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      if (counts[e] == 0) continue;
-      at::Tensor idx = order.narrow(0, start, counts[e]);
-      start += counts[e];
+    // The loop over experts, FP8's grouped products (each expert's own
+    // scales) and the exchange between ranks take the counts on the host.
+    std::vector<int64_t> counts(E);
+    const at::Tensor counts_cpu = counts_E.to(at::kCPU);
+    for (int64_t e = 0; e < E; ++e) counts[e] = counts_cpu[e].item<int64_t>();
+    int64_t kept = 0;
+    for (int64_t n : counts) kept += n;
+    // (With no kept assignment at all, the loop below has nothing to do; the
+    // hook must still run, as every rank joins its exchanges.)
+    if (across_ranks || (grouped && kept > 0)) {
+      // All kept assignments at once, sorted by expert.
+      at::Tensor idx = order.narrow(0, 0, kept);
       at::Tensor tok = token_A.index_select(0, idx);
-      at::Tensor ye = RunExpert(x_ND.index_select(0, tok), w1_EFD[e], w3_EFD[e], w2_EDF[e],
-                                linear, prefix + "experts." + std::to_string(e) + ".");
+      at::Tensor xs = x_ND.index_select(0, tok);
+      at::Tensor ye;
+      if (across_ranks) {
+        ye = experts->Run(xs, counts,
+                          [&](const at::Tensor& rows_SD, const std::vector<int64_t>& block,
+                              int64_t first) {
+                            return LocalExperts(rows_SD, block, first, w1_EFD, w3_EFD, w2_EDF,
+                                                E, c, grouped, linear, prefix);
+                          });
+      } else {
+        ye = GroupedExperts(xs, counts, w1_EFD, w3_EFD, w2_EDF, c, linear, prefix);
+      }
       ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
       y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
+    } else {
+      int64_t start = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        if (counts[e] == 0) continue;
+        at::Tensor idx = order.narrow(0, start, counts[e]);
+        start += counts[e];
+        at::Tensor tok = token_A.index_select(0, idx);
+        at::Tensor ye = RunExpert(x_ND.index_select(0, tok), w1_EFD[e], w3_EFD[e], w2_EDF[e],
+                                  linear, prefix + "experts." + std::to_string(e) + ".");
+        ye = ye * gate_A.index_select(0, idx).unsqueeze(1).to(ye.scalar_type());
+        y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
+      }
     }
   }
 
   MoeOutput out;
   out.y_ND = y_ND;
-  // Losses and statistics over real tokens only.
+  // Losses and statistics over real tokens only, on the device.
   at::Tensor probs_NE = c.sigmoid_router ? r.scores_NE / r.scores_NE.sum(-1, true) : r.scores_NE;
   at::Tensor realf = real.to(at::kFloat).unsqueeze(1);
-  const double num_real = std::max(1.0, real.sum().item<double>());
+  const at::Tensor num_real = real.sum().to(at::kFloat).clamp_min(1);  // a count: exact
   at::Tensor assigned_NE = at::zeros({N, E}, probs_NE.options())
                                .scatter_add(1, r.expert_NK, use_NK.to(at::kFloat));
   at::Tensor f_E = assigned_NE.sum(0) / (num_real * K);
@@ -256,12 +315,28 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
   at::Tensor lse_N = at::logsumexp(r.logits_NE, -1);
   out.z_loss = (lse_N.pow(2) * realf.squeeze(1)).sum() / num_real;
 
-  out.stats.tokens_per_expert = counts;
-  out.stats.assignments = static_cast<int64_t>(num_real) * K;
-  out.stats.dropped = out.stats.assignments - kept;
+  out.stats.tokens_per_expert = counts_E;
+  out.stats.assignments = real.sum() * K;
+  out.stats.dropped = out.stats.assignments - counts_E.sum();
   at::Tensor ent_N = -(probs_NE.detach() * probs_NE.detach().clamp_min(1e-12).log()).sum(-1);
-  out.stats.router_entropy = (ent_N * realf.squeeze(1)).sum().item<double>() / num_real;
+  out.stats.router_entropy = (ent_N * realf.squeeze(1)).sum() / num_real;
   return out;
+}
+
+MoeStatsHost ReadMoeStats(const MoeStats& s) {
+  const at::Tensor v = at::cat({s.tokens_per_expert.to(at::kDouble),
+                                s.assignments.reshape({1}).to(at::kDouble),
+                                s.dropped.reshape({1}).to(at::kDouble),
+                                s.router_entropy.reshape({1}).to(at::kDouble)})
+                           .cpu();
+  const double* d = v.data_ptr<double>();
+  const int64_t E = s.tokens_per_expert.numel();
+  MoeStatsHost h;
+  for (int64_t e = 0; e < E; ++e) h.tokens_per_expert.push_back(static_cast<int64_t>(d[e]));
+  h.assignments = static_cast<int64_t>(d[E]);
+  h.dropped = static_cast<int64_t>(d[E + 1]);
+  h.router_entropy = d[E + 2];
+  return h;
 }
 
 void NudgeBias(at::Tensor& bias_E, const std::vector<int64_t>& tokens_per_expert, double rate) {

@@ -11,10 +11,14 @@
 //
 // Compute: token-expert assignments are sorted by expert (stable), each
 // expert's group padded to the alignment the grouped product needs (the
-// permutation built on the device from ATen ops, so autograd carries it in
-// every dtype), and each weight runs as one grouped product over all experts
-// (at::_grouped_mm with int32 group ends; BF16 on CUDA, FP32 on CPU); the
-// results are gathered back and combined with their gates. With FP8 (a
+// layout and the permutation built on the device from ATen ops, from counts
+// taken on the device, so autograd carries it in every dtype and nothing
+// waits for the host), and each weight runs as one grouped product over all
+// experts (at::_grouped_mm with int32 group ends on the device; BF16 on
+// CUDA, FP32 on CPU); the results are gathered back and combined with their
+// gates. (The loop over experts, FP8's grouped products and expert
+// parallelism read the counts on the host: they need them to size their
+// calls.) With FP8 (a
 // LinearOverride that is also a GroupedLinearOverride) the override's
 // GroupedLinear takes each weight's grouped product where its Groups()
 // allows (at::_scaled_grouped_mm on CUDA), and each expert runs once over
@@ -89,12 +93,24 @@ class ExpertsHook {
 };
 
 
+// A layer's routing statistics, on the device: nothing is read back while a
+// step runs (the trainer reads every layer's, with the step's losses, in
+// one read at its end).
 struct MoeStats {
-  std::vector<int64_t> tokens_per_expert;  // assignments kept, per expert
-  int64_t assignments = 0;                 // N x K (real tokens only)
-  int64_t dropped = 0;                     // over capacity
-  double router_entropy = 0;               // mean over tokens, nats
+  at::Tensor tokens_per_expert;  // [E] int64: assignments kept, per expert
+  at::Tensor assignments;        // [] int64: real tokens x K
+  at::Tensor dropped;            // [] int64: over capacity
+  at::Tensor router_entropy;     // [] FP32: mean over real tokens, nats
 };
+
+// The same on the host, in one read (tests, tools).
+struct MoeStatsHost {
+  std::vector<int64_t> tokens_per_expert;
+  int64_t assignments = 0;
+  int64_t dropped = 0;
+  double router_entropy = 0;
+};
+MoeStatsHost ReadMoeStats(const MoeStats& stats);
 
 struct MoeOutput {
   at::Tensor y_ND;

@@ -58,9 +58,9 @@ TEST(MoeTest, MatchesANaivePerTokenReferenceWithGradients) {
   EXPECT_TRUE(at::allclose(a.w2.grad(), b.w2.grad(), 1e-5, 1e-6));
   EXPECT_TRUE(at::allclose(a.router.grad(), b.router.grad(), 1e-5, 1e-6));
   int64_t total = 0;
-  for (int64_t n : out.stats.tokens_per_expert) total += n;
+  for (int64_t n : ReadMoeStats(out.stats).tokens_per_expert) total += n;
   EXPECT_EQ(total, 20);
-  EXPECT_EQ(out.stats.dropped, 0);
+  EXPECT_EQ(ReadMoeStats(out.stats).dropped, 0);
 }
 
 TEST(MoeTest, GroupedProductsMatchTheLoopWithPaddedGroupsAndDrops) {
@@ -79,8 +79,8 @@ TEST(MoeTest, GroupedProductsMatchTheLoopWithPaddedGroupsAndDrops) {
     at::Tensor x2 = x1.detach().clone().set_requires_grad(true);
     MoeOutput og = MoeForward(x1, {}, a.router, {}, a.w1, a.w3, a.w2, grouped, nullptr, "");
     MoeOutput ol = MoeForward(x2, {}, b.router, {}, b.w1, b.w3, b.w2, loop, nullptr, "");
-    EXPECT_GT(og.stats.dropped, 0);
-    EXPECT_EQ(og.stats.tokens_per_expert, ol.stats.tokens_per_expert);
+    EXPECT_GT(ReadMoeStats(og.stats).dropped, 0);
+    EXPECT_EQ(ReadMoeStats(og.stats).tokens_per_expert, ReadMoeStats(ol.stats).tokens_per_expert);
     EXPECT_TRUE(at::allclose(og.y_ND, ol.y_ND, 1e-5, 1e-6)) << align;
     at::Tensor g = at::randn({29, 8});
     og.y_ND.backward(g);
@@ -125,17 +125,17 @@ TEST(MoeTest, AuxLossOnHandComputedCases) {
   MoeOutput out = MoeForward(x, {}, router, {}, w1, w1, w2, c, nullptr, "");
   // f = P = (0.75, 0.25): 2 x (0.75^2 + 0.25^2) = 1.25.
   EXPECT_NEAR(out.aux_loss.item<double>(), 1.25, 1e-6);
-  EXPECT_EQ(out.stats.tokens_per_expert, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(ReadMoeStats(out.stats).tokens_per_expert, (std::vector<int64_t>{3, 1}));
   // A uniform router: P = (0.5, 0.5), so the loss is 1 however tokens go.
   MoeOutput uniform = MoeForward(x, {}, at::zeros({2, 2}), {}, w1, w1, w2, c, nullptr, "");
   EXPECT_NEAR(uniform.aux_loss.item<double>(), 1.0, 1e-6);
-  EXPECT_NEAR(uniform.stats.router_entropy, std::log(2.0), 1e-6);
+  EXPECT_NEAR(ReadMoeStats(uniform.stats).router_entropy, std::log(2.0), 1e-6);
   // z-loss: logsumexp of (30, 0) and (0, 30) is ~30.
   EXPECT_NEAR(out.z_loss.item<double>(), 900.0, 1e-3);
   // Padding is excluded from the losses and statistics.
   MoeOutput masked = MoeForward(x, at::tensor({1, 1, 1, 0}).to(at::kBool), router, {}, w1, w1, w2,
                                 c, nullptr, "");
-  EXPECT_EQ(masked.stats.tokens_per_expert, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(ReadMoeStats(masked.stats).tokens_per_expert, (std::vector<int64_t>{3, 0}));
   EXPECT_NEAR(masked.aux_loss.item<double>(), 2.0, 1e-6);  // all on expert 0
 }
 
@@ -188,8 +188,8 @@ TEST(MoeTest, CapacityDropsAndCounts) {
   at::Tensor x = at::ones({8, 1});  // every token prefers expert 0
   at::Tensor w1 = at::ones({2, 2, 1}), w2 = at::ones({2, 1, 2});
   MoeOutput out = MoeForward(x, {}, router, {}, w1, w1, w2, c, nullptr, "");
-  EXPECT_EQ(out.stats.tokens_per_expert, (std::vector<int64_t>{4, 0}));
-  EXPECT_EQ(out.stats.dropped, 4);
+  EXPECT_EQ(ReadMoeStats(out.stats).tokens_per_expert, (std::vector<int64_t>{4, 0}));
+  EXPECT_EQ(ReadMoeStats(out.stats).dropped, 4);
   EXPECT_GT(out.y_ND[3][0].item<float>(), 0.0f);
   EXPECT_EQ(out.y_ND[4][0].item<float>(), 0.0f);  // dropped: contributes nothing
 }
@@ -204,7 +204,7 @@ TEST(MoeTest, AnExpertWithNoTokensGetsNoNaN) {
   }
   at::Tensor x = at::rand({6, 4}) + 0.1;
   MoeOutput out = MoeForward(x, {}, ex.router, {}, ex.w1, ex.w3, ex.w2, c, nullptr, "");
-  EXPECT_EQ(out.stats.tokens_per_expert[2], 0);
+  EXPECT_EQ(ReadMoeStats(out.stats).tokens_per_expert[2], 0);
   (out.y_ND.sum() + 0.01 * out.aux_loss).backward();
   for (const at::Tensor& t : {ex.w1, ex.w2, ex.router}) {
     ASSERT_TRUE(t.grad().defined());

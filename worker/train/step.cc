@@ -10,20 +10,26 @@
 namespace tally::train {
 
 DeviceBatch ToDevice(const data::MicroBatch& b, at::Device device) {
+  // On CUDA from pinned memory without waiting: the copies queue on the
+  // stream ahead of the passes that read them (the caching host allocator
+  // keeps each pinned buffer until its copy is done).
+  auto up = [&](at::Tensor t) {
+    return device.is_cuda() ? t.pin_memory().to(device, /*non_blocking=*/true) : t;
+  };
   auto longs = [&](const std::vector<int64_t>& v, bool shaped) {
     at::Tensor t = at::tensor(v, at::kLong);
     if (shaped) t = t.view({b.rows, b.width});
-    return t.to(device);
+    return up(t);
   };
   DeviceBatch d;
   d.input.tokens_BT = longs(b.tokens, true);
   d.input.positions_BT = longs(b.positions, true);
   d.input.segments_BT = longs(b.segment_ids, true);
-  d.input.cu_seqlens_S = at::tensor(b.cu_seqlens, at::kInt).to(device);
+  d.input.cu_seqlens_S = up(at::tensor(b.cu_seqlens, at::kInt));
   d.input.max_seqlen = b.max_seqlen;
-  d.input.real_BT = at::tensor(std::vector<int64_t>(b.real.begin(), b.real.end()), at::kLong)
-                        .view({b.rows, b.width})
-                        .to(device, at::kBool);
+  d.input.real_BT = up(at::tensor(std::vector<int64_t>(b.real.begin(), b.real.end()), at::kLong)
+                           .view({b.rows, b.width})
+                           .to(at::kBool));
   d.targets_N = longs(b.targets, false);
   return d;
 }
@@ -58,14 +64,23 @@ std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_pe
   StepTotals t;
   t.real_tokens = batch.real_tokens;
   t.padding_tokens = batch.padding_tokens;
-  // Summed on the device (in FP64) and read once the step's passes are done.
+  // Summed on the device (losses in FP64) and read once the step's passes
+  // are done: nothing in the passes waits for the host.
   at::Tensor loss_acc = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(m.device));
   at::Tensor aux_acc = at::zeros_like(loss_acc);
+  struct LayerSums {
+    at::Tensor tokens_per_expert, assignments, dropped, router_entropy;
+  };
+  std::map<int64_t, LayerSums> moe;  // by layer
+  // The step's batches, all on their way to the device before the first
+  // pass (from pinned memory, without waiting, on CUDA).
+  std::vector<DeviceBatch> on_device;
+  for (const data::MicroBatch& mb : batch.micro) on_device.push_back(ToDevice(mb, m.device));
   for (size_t mi = 0; mi < batch.micro.size(); ++mi) {
     // The last backward of the step all-reduces buckets as they finish.
     if (m.sync && mi + 1 == batch.micro.size()) m.sync->Arm();
     if (stop_now()) return std::nullopt;
-    Losses l = LossSum(*m.model, ToDevice(batch.micro[mi], m.device), m.kernel);
+    Losses l = LossSum(*m.model, on_device[mi], m.kernel);
     loss_acc = loss_acc + l.ce_sum.detach().to(at::kDouble);
     at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, batch.targets));
     if (l.aux.defined()) {
@@ -75,23 +90,42 @@ std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_pe
              (c.optimizer.moe_z_loss_coef * share) * l.z;
       aux_acc = aux_acc + l.aux.detach().to(at::kDouble) * share;
       for (const auto& ls : l.moe) {
-        dist::MoeLayerLoad& load = t.moe[ls.layer];
-        if (load.tokens_per_expert.empty()) {
-          load.tokens_per_expert.assign(ls.stats.tokens_per_expert.size(), 0);
+        LayerSums& sums = moe[ls.layer];
+        const model::MoeStats& st = ls.stats;
+        const at::Tensor entropy = st.router_entropy.detach().to(at::kDouble) * share;
+        if (!sums.tokens_per_expert.defined()) {
+          sums = {st.tokens_per_expert, st.assignments, st.dropped, entropy};
+        } else {
+          sums = {sums.tokens_per_expert + st.tokens_per_expert,
+                  sums.assignments + st.assignments, sums.dropped + st.dropped,
+                  sums.router_entropy + entropy};
         }
-        for (size_t e = 0; e < ls.stats.tokens_per_expert.size(); ++e) {
-          load.tokens_per_expert[e] += ls.stats.tokens_per_expert[e];
-        }
-        load.router_entropy += ls.stats.router_entropy * share;
-        load.assignments += ls.stats.assignments;
-        load.dropped += ls.stats.dropped;
       }
     }
     loss.backward();
   }
-  const at::Tensor sums = at::stack({loss_acc, aux_acc}).cpu();
-  t.loss_sum = sums[0].item<double>();
-  t.aux_loss_sum = sums[1].item<double>();
+  // One read: the losses, then per MoE layer its counts, assignments,
+  // drops and entropy.
+  std::vector<at::Tensor> parts = {loss_acc.reshape({1}), aux_acc.reshape({1})};
+  for (const auto& [layer, sums] : moe) {
+    parts.push_back(sums.tokens_per_expert.to(at::kDouble));
+    parts.push_back(sums.assignments.to(at::kDouble).reshape({1}));
+    parts.push_back(sums.dropped.to(at::kDouble).reshape({1}));
+    parts.push_back(sums.router_entropy.reshape({1}));
+  }
+  const at::Tensor host = at::cat(parts).cpu();
+  const double* v = host.data_ptr<double>();
+  t.loss_sum = v[0];
+  t.aux_loss_sum = v[1];
+  size_t at = 2;
+  for (const auto& [layer, sums] : moe) {
+    dist::MoeLayerLoad& load = t.moe[layer];
+    const int64_t E = sums.tokens_per_expert.numel();
+    for (int64_t e = 0; e < E; ++e) load.tokens_per_expert.push_back(static_cast<int64_t>(v[at++]));
+    load.assignments = static_cast<int64_t>(v[at++]);
+    load.dropped = static_cast<int64_t>(v[at++]);
+    load.router_entropy = v[at++];
+  }
   return t;
 }
 
