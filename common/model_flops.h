@@ -58,13 +58,22 @@ inline int64_t ParameterCount(const ModelShape& m, bool active = false) {
   return n;
 }
 
+// Training FLOPs of attention (forward + backward: QK^T and AV, 2 FLOPs a
+// multiply-add, x3) over `attended_keys` query-key pairs per layer.
+inline double AttentionTrainingFlops(int64_t num_layers, int64_t d_model, double attended_keys) {
+  return 12.0 * static_cast<double>(num_layers * d_model) * attended_keys;
+}
+
 // Training FLOPs per token (forward + backward): 6 x the parameters outside
 // the embedding + 12 x layers x d_model x context for attention (the PaLM
-// paper's accounting for model-FLOPs utilization).
+// paper's accounting for model-FLOPs utilization: every token attends to the
+// whole context). What causal attention over packed documents executes is
+// less: a document of L tokens attends L(L+1)/2 pairs
+// (AttentionTrainingFlops of those).
 inline double TrainingFlopsPerToken(int64_t non_embedding_parameters, int64_t num_layers,
                                     int64_t d_model, int64_t context) {
   return 6.0 * static_cast<double>(non_embedding_parameters) +
-         12.0 * static_cast<double>(num_layers * d_model) * static_cast<double>(context);
+         AttentionTrainingFlops(num_layers, d_model, static_cast<double>(context));
 }
 
 // From the active parameters: a token computes only its experts.

@@ -68,7 +68,10 @@ class Printer final : public tally::train::TrainEvents {
         "step %6d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f useful tok/s  padding %.1f%%",
         m.step, max_steps_, m.train_loss, m.lr, m.grad_norm, m.useful_tokens_per_second,
         100 * m.padding_fraction);
-    if (m.mfu > 0) std::cout << absl::StrFormat("  mfu %.1f%%", 100 * m.mfu);
+    if (m.mfu > 0) {
+      std::cout << absl::StrFormat("  mfu %.1f%% (executed %.1f%%)", 100 * m.mfu,
+                                   100 * m.mfu_executed);
+    }
     if (!m.moe.empty()) {
       std::cout << absl::StrFormat("  moe max/mean load %.2f", m.moe_max_over_mean_load);
     }

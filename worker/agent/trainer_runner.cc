@@ -46,6 +46,7 @@ class ReportingEvents final : public train::TrainEvents {
     p.set_useful_tokens_per_second(m.useful_tokens_per_second);
     p.set_padding_fraction(m.padding_fraction);
     p.set_mfu(m.mfu);
+    p.set_mfu_executed(m.mfu_executed);
     p.set_padding_tokens(m.padding_tokens);
     p.set_trained(true);
     fp8_overflows_ += m.fp8_overflows;

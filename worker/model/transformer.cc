@@ -1,6 +1,9 @@
 #include "worker/model/transformer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 
@@ -23,6 +26,53 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& gain, double eps) {
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor r = at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
   return (xf * r).to(x.scalar_type()) * gain.to(x.scalar_type());
+}
+
+// w1 and w3 as one product, y13 = h [w1; w3]^T, over their joint storage
+// (one [2F, D] block: the model allocates them so). Under autocast the
+// operands are cast once, as autocast would, and saved cast for the
+// backward, which computes dh and the joint weight gradient as one product
+// each.
+class GateUpProduct : public torch::autograd::Function<GateUpProduct> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
+                            const at::Tensor& w1, const at::Tensor& w3) {
+    const int64_t F = w1.size(0), D = w1.size(1);
+    at::Tensor w13 = at::empty({0}, w1.options()).set_(w1.storage(), w1.storage_offset(),
+                                                        {2 * F, D}, {D, 1});
+    at::Tensor hc = h;
+    if (at::autocast::is_autocast_enabled(h.device().type())) {
+      const at::ScalarType dtype = at::autocast::get_autocast_dtype(h.device().type());
+      hc = h.to(dtype);
+      w13 = w13.to(dtype);
+    }
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    ctx->save_for_backward({hc, w13});
+    ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
+    return at::linear(hc, w13);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& hc = saved[0];
+    const at::Tensor& w13 = saved[1];
+    const int64_t F = w13.size(0) / 2, D = w13.size(1);
+    const at::Tensor g = grads[0].to(w13.scalar_type());
+    const at::Tensor g2 = g.reshape({-1, 2 * F});
+    const at::Tensor gh = g.matmul(w13).to(
+        static_cast<at::ScalarType>(ctx->saved_data["h_dtype"].toInt()));
+    const at::Tensor gw = g2.t().matmul(hc.reshape({-1, D})).to(at::kFloat);
+    return {gh, gw.narrow(0, 0, F), gw.narrow(0, F, F)};
+  }
+};
+
+// Whether w1 and w3 are the row blocks of one storage, one after the other.
+bool Joint(const at::Tensor& w1, const at::Tensor& w3) {
+  return w1.is_contiguous() && w3.is_contiguous() && w1.sizes() == w3.sizes() &&
+         w1.storage().is_alias_of(w3.storage()) &&
+         w3.storage_offset() == w1.storage_offset() + w1.numel();
 }
 
 // Rotates pairs (x[..., i], x[..., i + K/2]) by position * theta^(-2i/K).
@@ -74,8 +124,12 @@ Transformer::Transformer(const ModelConfig& config, uint64_t seed, at::Device de
       layer.bias_E = at::zeros({E}, f32).to(device);
     }
     if (!layer.moe || moe.shared_expert) {
-      layer.w1_FD = add(p + "w1", normal({F, D}, 0.02), true);
-      layer.w3_FD = add(p + "w3", normal({F, D}, 0.02), true);
+      // w1 and w3 in one [2F, D] block (the fused product reads it whole),
+      // each a leaf of its own over its rows; drawn in the same order.
+      const at::Tensor w1 = normal({F, D}, 0.02), w3 = normal({F, D}, 0.02);
+      const at::Tensor joint = at::cat({w1, w3}).to(device);
+      layer.w1_FD = add(p + "w1", joint.narrow(0, 0, F).detach(), true);
+      layer.w3_FD = add(p + "w3", joint.narrow(0, F, F).detach(), true);
       layer.w2_DF = add(p + "w2", normal({D, F}, out_std), true);
     }
     layers_.push_back(std::move(layer));
@@ -158,8 +212,21 @@ std::vector<std::string> Transformer::LinearSites() const {
 }
 
 at::Tensor Transformer::SwiGlu(const at::Tensor& h, const Layer& layer) const {
+  if (fused_ops_ && linear_ == nullptr && Joint(layer.w1_FD, layer.w3_FD)) {
+    const int64_t F = layer.w1_FD.size(0);
+    const at::Tensor y13 = GateUpProduct::apply(h, layer.w1_FD, layer.w3_FD);
+    return Linear(at::silu(y13.narrow(-1, 0, F)) * y13.narrow(-1, F, F), layer.w2_DF, layer,
+                  "w2");
+  }
   at::Tensor gate = at::silu(Linear(h, layer.w1_FD, layer, "w1"));
   return Linear(gate * Linear(h, layer.w3_FD, layer, "w3"), layer.w2_DF, layer, "w2");
+}
+
+at::Tensor Transformer::Norm(const at::Tensor& x, const at::Tensor& gain) const {
+  if (fused_ops_ && x.scalar_type() == gain.scalar_type()) {
+    return at::rms_norm(x, {x.size(-1)}, gain, config_.norm_eps);
+  }
+  return RmsNorm(x, gain, config_.norm_eps);
 }
 
 int64_t Transformer::num_parameters() const {
@@ -249,9 +316,9 @@ ForwardOutput Transformer::Run(const ModelInput& in, AttentionKernel kernel) con
   const int64_t B = in.tokens_BT.size(0), T = in.tokens_BT.size(1);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
-    x_BTD = x_BTD + Attention(layer, RmsNorm(x_BTD, layer.attn_norm_D, config_.norm_eps),
-                              in, cos_BTK, sin_BTK, kernel);
-    at::Tensor h_BTD = RmsNorm(x_BTD, layer.ffn_norm_D, config_.norm_eps);
+    x_BTD = x_BTD + Attention(layer, Norm(x_BTD, layer.attn_norm_D), in, cos_BTK, sin_BTK,
+                              kernel);
+    at::Tensor h_BTD = Norm(x_BTD, layer.ffn_norm_D);
     if (!layer.moe) {
       x_BTD = x_BTD + SwiGlu(h_BTD, layer);
       continue;
@@ -267,7 +334,7 @@ ForwardOutput Transformer::Run(const ModelInput& in, AttentionKernel kernel) con
     out.z_loss = out.z_loss.defined() ? out.z_loss + moe.z_loss : moe.z_loss;
     out.moe.push_back({static_cast<int64_t>(l), std::move(moe.stats)});
   }
-  out.logits_BTV = at::linear(RmsNorm(x_BTD, final_norm_D_, config_.norm_eps), head_VD_);
+  out.logits_BTV = at::linear(Norm(x_BTD, final_norm_D_), head_VD_);
   return out;
 }
 

@@ -94,6 +94,14 @@ class Transformer {
 
   // Not owned; nullptr restores at::linear.
   void SetLinearOverride(LinearOverride* linear) { linear_ = linear; }
+  // The fused forms of the same computation, for BF16 runs (CUDA's, and the
+  // CPU's under precision.compute BF16): RMSNorm as one at::rms_norm, and
+  // each dense feed-forward's w1 and w3 as one product over their joint
+  // storage (w1 and w3 are row blocks of one [2F, D] tensor, so the fused
+  // product reads them without a copy and h once). Off: the composite ops
+  // the FP32 golden losses are of. Block linears with a LinearOverride
+  // (FP8) stay separate products.
+  void SetFusedOps(bool fused) { fused_ops_ = fused; }
   // The MoE layers' experts hook (moe.h; e.g. dist/expert_parallel.h);
   // nullptr: every expert here. Not owned.
   void SetExpertsHook(ExpertsHook* experts) { experts_ = experts; }
@@ -129,6 +137,7 @@ class Transformer {
     at::Tensor router_ED, bias_E, w1_EFD, w3_EFD, w2_EDF;
   };
   at::Tensor SwiGlu(const at::Tensor& h, const Layer& layer) const;
+  at::Tensor Norm(const at::Tensor& x, const at::Tensor& gain) const;
   at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
                     const char* name) const;
   at::Tensor Attention(const Layer& layer, const at::Tensor& x_BTD, const ModelInput& in,
@@ -141,6 +150,7 @@ class Transformer {
   std::vector<Parameter> params_;
   LinearOverride* linear_ = nullptr;
   ExpertsHook* experts_ = nullptr;
+  bool fused_ops_ = false;
   int expert_ranks_ = 1;
 };
 

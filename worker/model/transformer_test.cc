@@ -3,6 +3,7 @@
 // on the other documents at all.
 #include "worker/model/transformer.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 
 #include "gtest/gtest.h"
@@ -111,6 +112,42 @@ TEST(TransformerTest, SameSeedSameModel) {
   }
   EXPECT_EQ(a.parameters()[2].name, "layers.0.wqkv");
   EXPECT_FALSE(at::equal(a.parameters()[2].value, c.parameters()[2].value));
+}
+
+// The fused forms (BF16 runs') compute what the composite ones compute:
+// logits and every parameter's gradient, in FP32 to rounding, and under CPU
+// autocast to BF16 rounding; w1 and w3 are row blocks of one storage.
+TEST(TransformerTest, FusedOpsComputeTheSame) {
+  for (const bool autocast : {false, true}) {
+    SCOPED_TRACE(autocast ? "BF16 autocast" : "FP32");
+    Transformer plain(Tiny(), 5, at::kCPU), fused(Tiny(), 5, at::kCPU);
+    fused.SetFusedOps(true);
+    const ModelInput in = Input({{1, 5, 9, 2, 7}, {4, 4, 8, 13, 21, 3, 6}}, 16);
+    at::autocast::set_autocast_enabled(at::kCPU, autocast);
+    const at::Tensor a = plain.Forward(in, AttentionKernel::kMaskedSdpa).to(at::kFloat);
+    const at::Tensor b = fused.Forward(in, AttentionKernel::kMaskedSdpa).to(at::kFloat);
+    a.square().sum().backward();
+    b.square().sum().backward();
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    const double tol = autocast ? 2e-2 : 1e-5;
+    EXPECT_LT((a - b).abs().max().item<double>(), tol * a.abs().max().item<double>());
+    for (size_t i = 0; i < plain.parameters().size(); ++i) {
+      const at::Tensor& ga = plain.parameters()[i].value.grad();
+      const at::Tensor& gb = fused.parameters()[i].value.grad();
+      ASSERT_TRUE(gb.defined()) << plain.parameters()[i].name;
+      EXPECT_LT((ga - gb).abs().max().item<double>(),
+                tol * std::max(1e-6, ga.abs().max().item<double>()))
+          << plain.parameters()[i].name;
+    }
+  }
+  Transformer m(Tiny(), 5, at::kCPU);
+  const at::Tensor& w1 = m.parameters()[5].value;
+  const at::Tensor& w3 = m.parameters()[6].value;
+  ASSERT_EQ(m.parameters()[5].name, "layers.0.w1");
+  ASSERT_EQ(m.parameters()[6].name, "layers.0.w3");
+  EXPECT_TRUE(w1.storage().is_alias_of(w3.storage()));
+  EXPECT_TRUE(w1.is_leaf() && w3.is_leaf());
 }
 
 }  // namespace

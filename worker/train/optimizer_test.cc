@@ -107,3 +107,79 @@ TEST(ClipGradientsTest, ScalesOnlyAboveTheLimit) {
 
 }  // namespace
 }  // namespace tally::train
+
+namespace tally::train {
+namespace {
+
+// The fused path (one multi-tensor kernel, CUDA's) takes the per-parameter
+// path's steps, decay and no-gradient parameters included, and a step the
+// device marks to skip changes nothing, its count included.
+TEST(AdamWTest, TheFusedStepIsTheSameUpdateAndSkipsOnTheDevice) {
+  auto make = [] {
+    return std::vector<model::Parameter>{Param("decayed", {1.0f, -2.0f}, true),
+                                         Param("plain", {0.5f, 3.0f}, false),
+                                         Param("untouched", {1.0f}, true)};
+  };
+  std::vector<model::Parameter> a = make(), b = make();
+  AdamWOptions o;
+  o.weight_decay = 0.1;
+  AdamW plain(&a, o), fused(&b, o, /*fused=*/true);
+  EXPECT_TRUE(fused.fused());
+  const at::Tensor go = at::zeros({}), skip = at::ones({});
+  for (int step = 0; step < 5; ++step) {
+    for (auto* params : {&a, &b}) {
+      SetGrad((*params)[0], {0.3f * (step + 1), -0.1f});
+      SetGrad((*params)[1], {-0.2f, 0.05f * step});
+    }
+    plain.Step(0.05);
+    fused.StepFused(0.05, go);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(at::allclose(a[i].value, b[i].value, 1e-6, 1e-7)) << a[i].name << " step "
+                                                                     << step;
+      EXPECT_TRUE(at::allclose(plain.v()[i], fused.v()[i], 1e-6, 1e-9));
+    }
+  }
+  EXPECT_EQ(fused.step(), 5);
+  EXPECT_EQ(At(b[2].value), 1.0f) << "no gradient: untouched";
+  // A skipped step: nothing moves on the device; the host takes its count
+  // back once it knows.
+  const at::Tensor before = b[0].value.clone(), m_before = fused.m()[0].clone();
+  SetGrad(b[0], {1.0f, 1.0f});
+  fused.StepFused(0.05, skip);
+  fused.Unstep();
+  EXPECT_TRUE(at::equal(b[0].value, before));
+  EXPECT_TRUE(at::equal(fused.m()[0], m_before));
+  EXPECT_EQ(fused.step(), 5);
+  // And the next step corrects for step 6, as the plain one does.
+  for (auto* params : {&a, &b}) {
+    SetGrad((*params)[0], {0.7f, 0.7f});
+    SetGrad((*params)[1], {0.7f, 0.7f});
+  }
+  plain.Step(0.05);
+  fused.StepFused(0.05, go);
+  EXPECT_TRUE(at::allclose(a[0].value, b[0].value, 1e-6, 1e-7));
+}
+
+TEST(GradientNormTest, OnTheDeviceAsOnTheHost) {
+  std::vector<model::Parameter> params = {Param("a", {3.0f}, false), Param("b", {4.0f, 0.0f}, false),
+                                          Param("none", {1.0f}, false),
+                                          Param("sharded", {12.0f}, false, true)};
+  SetGrad(params[0], {3.0f});
+  SetGrad(params[1], {4.0f, 0.0f});
+  SetGrad(params[3], {12.0f});
+  EXPECT_NEAR(GradientNormOnDevice(params, 144.0).item<double>(), 13.0, 1e-5);
+  EXPECT_NEAR(GradientNormOnDevice(params, 0.0).item<double>(), GradientNorm(params, 0.0), 1e-6);
+  // Clipping to 6.5: every gradient (the sharded one too) halves, as the
+  // host's clipping does; below the bound nothing changes.
+  ClipGradientsOnDevice(&params, at::full({}, 13.0f), 6.5);
+  EXPECT_NEAR(At(params[0].value.grad()), 1.5, 1e-5);
+  EXPECT_NEAR(At(params[3].value.grad()), 6.0, 1e-5);
+  ClipGradientsOnDevice(&params, at::full({}, 6.0f), 6.5);
+  EXPECT_NEAR(At(params[0].value.grad()), 1.5, 1e-6);
+  // A NaN reaches the norm.
+  SetGrad(params[1], {NAN, 0.0f});
+  EXPECT_TRUE(std::isnan(GradientNormOnDevice(params, 0.0).item<double>()));
+}
+
+}  // namespace
+}  // namespace tally::train

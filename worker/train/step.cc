@@ -48,7 +48,10 @@ StepBatch NextStepBatch(const TrainConfig& c, int64_t micro_per_step,
   for (int64_t i = 0; i < micro_per_step; ++i) {
     std::vector<data::Row> next = rows->Next(c.micro_batch_rows);
     for (const data::Row& r : next) {
-      for (const data::Segment& seg : r.segments) b.targets += std::max<int32_t>(0, seg.length - 1);
+      for (const data::Segment& seg : r.segments) {
+        b.targets += std::max<int32_t>(0, seg.length - 1);
+        b.attended_keys += 0.5 * seg.length * (seg.length + 1.0);
+      }
     }
     if (i % c.parallel.world_size != c.parallel.rank) continue;
     b.micro.push_back(data::BuildMicroBatch(train, next, c.data.seq_len, c.data.packing));

@@ -55,6 +55,9 @@ struct StepBatch {
   int64_t targets = 0;                  // target tokens of the whole step (every rank's)
   int64_t real_tokens = 0;              // this rank's
   int64_t padding_tokens = 0;           // this rank's
+  // Query-key pairs causal attention computes over the step's documents
+  // (L(L+1)/2 for a document of L tokens), every rank's: executed FLOPs.
+  double attended_keys = 0;
 };
 
 // The step's `micro_per_step` micro-batches of rows from `rows`. Every rank

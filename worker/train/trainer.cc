@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/model_flops.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/batch.h"
@@ -712,6 +713,9 @@ void Run::BuildModel() {
   if (mc.vocab_size == 0) mc.vocab_size = train_->metadata().vocab_size;
   mc.moe.every_n_layers = std::max<int64_t>(1, mc.moe.every_n_layers);
   model_ = std::make_unique<model::Transformer>(mc, c_.seed, device_);
+  // BF16 runs take the fused norm and gate/up product (CUDA's path, and
+  // the CPU's under precision.compute BF16); FP32 keeps the composite ops.
+  model_->SetFusedOps(autocast_);
   // Each rank holds, updates and keeps optimizer state for its own experts.
   if (expert_parallel()) model_->ShardExperts(c_.parallel.rank, c_.parallel.world_size);
   AdamWOptions adamw;
@@ -719,7 +723,10 @@ void Run::BuildModel() {
   adamw.beta2 = c_.optimizer.beta2;
   adamw.eps = c_.optimizer.eps;
   adamw.weight_decay = c_.optimizer.weight_decay;
-  opt_ = std::make_unique<AdamW>(&model_->parameters(), adamw);
+  // CUDA runs the fused optimizer; the CPU the per-parameter one (the golden
+  // losses are its), unless a test asks for the fused one there.
+  opt_ = std::make_unique<AdamW>(&model_->parameters(), adamw,
+                                 device_.is_cuda() || c_.optimizer.fused_on_cpu);
   if (c_.fp8) {
     fp8_ = std::make_unique<precision::Fp8Linears>(c_.fp8_recipe, device_);
     // Every layer's scaling state up front, in one order on every rank.
@@ -904,7 +911,14 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
   m.useful_tokens_per_second = m.step_seconds > 0 ? real / m.step_seconds : 0;
   m.padding_fraction = static_cast<double>(padding) / static_cast<double>(real + padding);
   if (c_.peak_flops > 0 && m.step_seconds > 0) {
-    m.mfu = flops_per_token_ * real / m.step_seconds / (c_.peak_flops * c_.parallel.world_size);
+    const double peak = c_.peak_flops * c_.parallel.world_size * m.step_seconds;
+    m.mfu = flops_per_token_ * real / peak;
+    const auto& mc = model_->config();
+    const double attention_per_token =
+        AttentionTrainingFlops(mc.num_layers, mc.d_model, static_cast<double>(c_.data.seq_len));
+    m.mfu_executed = ((flops_per_token_ - attention_per_token) * real +
+                      AttentionTrainingFlops(mc.num_layers, mc.d_model, batch.attended_keys)) /
+                     peak;
   }
   report->OnStep(m);
   return AfterStep(end, report);
@@ -982,8 +996,23 @@ std::optional<TrainResult> Run::ApplyStep(const StepTotals& t, NonFiniteGuard* g
                                           NonFiniteGuard* fp8_guard, StepMetrics* m) {
   at::NoGradGuard no_grad;
   auto& params = model_->parameters();
-  m->grad_norm = GradientNorm(params, t.sharded_grad_square_sum);
-  const bool finite = std::isfinite(m->train_loss) && std::isfinite(m->grad_norm);
+  bool finite = false;
+  if (opt_->fused()) {
+    // The norm, the clipping and the decision to skip a non-finite step on
+    // the device; the norm is read afterwards, for the report and the guard.
+    const at::Tensor norm = GradientNormOnDevice(params, t.sharded_grad_square_sum);
+    const bool loss_finite = std::isfinite(m->train_loss);
+    if (loss_finite) {
+      ClipGradientsOnDevice(&params, norm, c_.optimizer.grad_clip);
+      opt_->StepFused(m->lr, at::isfinite(norm).logical_not().to(at::kFloat));
+    }
+    m->grad_norm = norm.item<double>();
+    finite = loss_finite && std::isfinite(m->grad_norm);
+    if (loss_finite && !finite) opt_->Unstep();  // the device skipped it
+  } else {
+    m->grad_norm = GradientNorm(params, t.sharded_grad_square_sum);
+    finite = std::isfinite(m->train_loss) && std::isfinite(m->grad_norm);
+  }
   if (guard->Observe(finite)) {
     return Fail(absl::StrCat("loss or gradient was NaN/Inf for ", guard->streak(),
                              " consecutive steps (last loss ", m->train_loss, ", grad norm ",
@@ -991,7 +1020,7 @@ std::optional<TrainResult> Run::ApplyStep(const StepTotals& t, NonFiniteGuard* g
                              ": lower optimizer.lr or set optimizer.grad_clip"),
                 false);
   }
-  if (finite) {
+  if (finite && !opt_->fused()) {
     ClipGradients(&params, m->grad_norm, c_.optimizer.grad_clip);
     opt_->Step(m->lr);
   }

@@ -97,6 +97,10 @@ struct OptimizerConfig {
   double moe_z_loss_coef = 0;
   bool moe_bias_balancing = false;
   double moe_bias_rate = 1e-3;
+  // CUDA runs AdamW fused (one multi-tensor kernel, the gradient norm,
+  // clipping and the skip of a non-finite step on the device: optimizer.h);
+  // the CPU per parameter. Tests: the fused one on the CPU too.
+  bool fused_on_cpu = false;
 };
 
 // Data parallel (worker/dist): world_size ranks each compute every
@@ -202,7 +206,11 @@ struct StepMetrics {
   double step_seconds = 0;
   double useful_tokens_per_second = 0;
   double padding_fraction = 0;     // this step
-  double mfu = 0;                  // 0 when no peak is configured
+  // Model-FLOPs utilization (0 when no peak is configured), two ways: the
+  // PaLM formula (every token attends to the whole seq_len), and what was
+  // executed (causal attention within each document: L(L+1)/2 pairs).
+  double mfu = 0;
+  double mfu_executed = 0;
   bool skipped = false;            // non-finite loss or gradient: no update
   // MoE runs only, for this step: per MoE layer, the tokens each expert
   // took, and summaries over layers.

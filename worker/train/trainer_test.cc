@@ -285,6 +285,31 @@ TEST_F(TrainerTest, Bf16OnTheCpuTrainsWithinTwoPercentOfFp32) {
   EXPECT_NE(Train(bf16, nullptr, nullptr).reason.find("bf16"), std::string::npos);
 }
 
+// MFU two ways: the PaLM formula credits every token the whole seq_len of
+// attention; executed FLOPs count each document's causal pairs, less when
+// documents are shorter than a row (fortunes are).
+TEST_F(TrainerTest, MfuIsReportedTwoWays) {
+  TrainConfig c = Tiny();
+  c.max_steps = 3;
+  c.eval_interval_steps = 0;
+  c.peak_flops = 1e12;
+  Recorder r;
+  ASSERT_EQ(Train(c, &r, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  for (const StepMetrics& m : r.steps) {
+    EXPECT_GT(m.mfu, 0);
+    EXPECT_GT(m.mfu_executed, 0);
+    EXPECT_LT(m.mfu_executed, m.mfu);
+    // The linear layers' share is the same in both: the difference is
+    // attention alone, at most all of it.
+    const double linear = 6.0 * (r.info.num_active_parameters - r.info.num_embedding_parameters);
+    EXPECT_GT(m.mfu_executed, m.mfu * linear / r.info.flops_per_token);
+  }
+  c.peak_flops = 0;
+  Recorder none;
+  ASSERT_EQ(Train(c, &none, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  EXPECT_EQ(none.steps.back().mfu_executed, 0);
+}
+
 TEST_F(TrainerTest, Fp8ResumeRestoresTheScalingState) {
   TrainConfig full = Tiny();
   full.fp8 = true;
@@ -428,6 +453,32 @@ std::map<int64_t, double> GoldenLosses(const std::string& name) {
     out[step] = loss;
   }
   return out;
+}
+
+// CUDA's optimizer (fused AdamW, norm, clipping and skips on the device),
+// run on the CPU: the golden losses up to the kernels' rounding, and a
+// resume continues its curve exactly.
+TEST_F(TrainerTest, TheFusedOptimizerTakesTheSameSteps) {
+  TrainConfig c = Tiny();
+  c.optimizer.fused_on_cpu = true;
+  c.checkpoint_dir = NewDir("fused");
+  c.checkpoint_interval_steps = 10;
+  Recorder a;
+  TrainResult r = Train(c, &a, nullptr);
+  ASSERT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
+  const auto golden = GoldenLosses("golden_losses_tiny.txt");
+  for (const StepMetrics& m : a.steps) {
+    EXPECT_NEAR(m.train_loss, golden.at(m.step), 1e-3 * golden.at(m.step)) << "step " << m.step;
+  }
+  TrainConfig resumed = c;
+  resumed.checkpoint_dir = NewDir("fused-resumed");
+  resumed.resume_path = a.checkpoints[1].path;  // step 20
+  Recorder b;
+  ASSERT_EQ(Train(resumed, &b, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  ASSERT_EQ(b.steps.size(), 10u);
+  for (size_t i = 0; i < b.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].train_loss, a.steps[20 + i].train_loss) << "step " << b.steps[i].step;
+  }
 }
 
 TEST_F(TrainerTest, StopKeepingStateEvaluatesThenCheckpointsTheStopStep) {
