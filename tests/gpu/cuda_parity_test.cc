@@ -286,12 +286,23 @@ TEST(CudaParity, Fp8GroupedExpertsMatchTheCpuAndBeatTheLoop) {
   for (const bool big : {false, true}) {
     const MoeLayerCase m(big, 21);
     if (!big) {
-      precision::Fp8Linears on_cpu(recipe(true)), on_gpu(recipe(true), cuda);
+      // The CPU reference with CUDA's intermediate precision (BF16
+      // activations into the casts, BF16 product outputs): against an FP32
+      // one the gap is mostly the reference's own (worker/precision/
+      // grouped_test.cc, Bf16IntermediatesExplainTheCudaGap: 3.9/4.8/5.5%).
+      precision::RecipeConfig cpu_recipe = recipe(true);
+      cpu_recipe.emulate_bf16_intermediates = true;
+      precision::Fp8Linears on_cpu(cpu_recipe), on_cpu_fp32(recipe(true)),
+          on_gpu(recipe(true), cuda);
       const auto cpu = m.Run(m.config, at::kCPU, &on_cpu);
+      const auto cpu_fp32 = m.Run(m.config, at::kCPU, &on_cpu_fp32);
       const auto gpu = m.Run(m.config, cuda, &on_gpu);
       EXPECT_EQ(on_gpu.grouped_off(), "") << "the grouped product was turned off";
       EXPECT_GT(on_gpu.TakeStats().grouped_products, 0);
-      ExpectClose(gpu, cpu, 5e-2, "FP8 grouped experts on CUDA vs CPU emulation");
+      ExpectClose(gpu, cpu_fp32, 1.0, "FP8 grouped experts on CUDA vs FP32 emulation (for the record)");
+      // Goal: 1% for the output and dx, 2% for dw1; a finding above, a
+      // failure at 3%.
+      ExpectClose(gpu, cpu, 3e-2, "FP8 grouped experts on CUDA vs BF16-intermediate emulation");
       continue;
     }
     double ms[2];
@@ -362,6 +373,79 @@ TEST(CudaParity, TrainsOnCuda) {
   ASSERT_EQ(losses.val.size(), 2u);
   std::cout << "CUDA training: val loss " << losses.val[0] << " -> " << losses.val[1] << "\n";
   EXPECT_LT(losses.val[1], losses.val[0] - 1.0);
+}
+
+// After k steps a run's validation loss equals the one a fresh run started
+// from that step's checkpoint reports at its step 0: every step computed with
+// the weights the optimizer wrote (autocast's cast cache cleared at the end
+// of each step's region; FP8 weights cast once per step and dropped at the
+// optimizer step). With the cache never cleared (before) the two differed by
+// far more than this bound. FP8 with the current recipe, whose scales come
+// from the tensors themselves, so a fresh run computes the same ones.
+TEST(CudaParity, StepsReadTheCurrentWeights) {
+  const std::string path = WriteCorpus();
+  ASSERT_FALSE(path.empty());
+  for (const bool fp8 : {false, true}) {
+    char dir[] = "/tmp/tally_gpu_ckpt_XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    train::TrainConfig c = CudaConfig(path);
+    c.fp8 = fp8;
+    c.fp8_recipe.recipe = precision::Recipe::kCurrent;
+    c.max_steps = 5;
+    c.eval_interval_steps = 5;
+    c.checkpoint_dir = dir;
+    struct Last : Losses {
+      void OnCheckpoint(const train::CheckpointInfo& i) override { checkpoint = i.path; }
+      std::string checkpoint;
+    } trained, reloaded;
+    ASSERT_EQ(train::Train(c, &trained, nullptr).outcome, train::TrainResult::Outcome::kSucceeded);
+    ASSERT_FALSE(trained.checkpoint.empty());
+    train::TrainConfig r = c;
+    r.checkpoint_dir.clear();
+    r.init_from_checkpoint = trained.checkpoint;
+    r.max_steps = 1;
+    r.eval_interval_steps = 1;
+    const train::TrainResult rr = train::Train(r, &reloaded, nullptr);
+    ASSERT_EQ(rr.outcome, train::TrainResult::Outcome::kSucceeded) << rr.reason;
+    const double a = trained.val.back(), b = reloaded.val.front();
+    std::cout << (fp8 ? "FP8" : "BF16") << " val loss after 5 steps " << a
+              << ", from its checkpoint " << b << " (rel diff " << std::abs(a - b) / a << ")\n";
+    EXPECT_LT(std::abs(a - b) / a, 1e-4) << (fp8 ? "FP8" : "BF16");
+  }
+}
+
+// Nothing in a step's forward or backward passes waits for the device: the
+// passes run under CUDA's sync-debug mode set to error (a synchronising call
+// throws and fails the run, naming itself). BF16, FP8 (delayed: the first
+// step scales from the tensors on the device, the next from the history),
+// and MoE with BF16 grouped experts. FP8 experts read their counts on the
+// host (each expert's scales size its products): reported, not asserted.
+TEST(CudaParity, NothingWaitsInForwardOrBackward) {
+  const std::string path = WriteCorpus();
+  ASSERT_FALSE(path.empty());
+  struct Case {
+    const char* name;
+    bool fp8, moe, required;
+  };
+  for (const Case& k : {Case{"BF16", false, false, true}, Case{"FP8 delayed", true, false, true},
+                        Case{"MoE BF16 grouped", false, true, true},
+                        Case{"MoE FP8 grouped", true, true, false}}) {
+    train::TrainConfig c = CudaConfig(path);
+    c.max_steps = 4;
+    c.eval_interval_steps = 0;
+    c.global_batch_tokens = 2 * c.data.seq_len * c.micro_batch_rows;
+    c.fp8 = k.fp8;
+    if (k.moe) {
+      c.model.moe.num_experts = 8;
+      c.model.moe.top_k = 2;
+    }
+    c.test_sync_check = true;
+    const train::TrainResult r = train::Train(c, nullptr, nullptr);
+    const bool ok = r.outcome == train::TrainResult::Outcome::kSucceeded;
+    std::cout << "sync check, " << k.name << ": "
+              << (ok ? "no wait in 4 steps x 2 micro-batches" : r.reason) << "\n";
+    if (k.required) EXPECT_TRUE(ok) << k.name << ": " << r.reason;
+  }
 }
 
 // The NCCL path: a one-rank ProcessGroupNCCL (the only size one GPU allows)

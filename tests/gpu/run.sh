@@ -16,8 +16,11 @@
 # Steps: a preflight (about 10 s) that stops at once, naming what is missing;
 # the carried .debs unpacked into a prefix; configure (trainer only, CUDA
 # LibTorch); build only what runs (kernels_test, cuda_parity_test, step_bench,
-# packing_bench, fp8_bench; ninja -k 0, so one broken target does not stop the
-# rest); the kernels' tests, the CUDA parity test, then the benchmarks. Every
+# target_bench, packing_bench, fp8_bench; ninja -k 0, so one broken target
+# does not stop the rest); the kernels' tests, the CUDA parity test (current
+# weights every step, nothing waiting for the host in forward or backward),
+# then the benchmarks: step time at 1B and 3B (BF16 vs FP8, MFU two ways),
+# dollars to naive's loss (target_bench), packing, FP8 products. Every
 # step's log is written in full under $OUT; a failed step is recorded and the
 # rest go on, each under a timeout cut to the time left of BUDGET_S. The table
 # is printed last (also $OUT/summary.md); the numbers are in $OUT/results.md.
@@ -58,9 +61,10 @@ B=$(cd "$B" && pwd)
 PREFIX=$B/carried
 JOBS=${JOBS:-$(nproc)}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-TARGETS=(kernels_test cuda_parity_test step_bench packing_bench fp8_bench)
-# QUICK: the correctness checks and one small step timing; fewer links too.
-[ "$QUICK" = 1 ] && TARGETS=(kernels_test cuda_parity_test step_bench)
+TARGETS=(kernels_test cuda_parity_test step_bench target_bench packing_bench fp8_bench)
+# QUICK: the correctness checks, one small step timing and a small dollars
+# run; fewer links too.
+[ "$QUICK" = 1 ] && TARGETS=(kernels_test cuda_parity_test step_bench target_bench)
 FORTUNES=$ROOT/build/demo/fortunes/train
 
 # ---- the table -------------------------------------------------------------
@@ -381,10 +385,10 @@ write_results() {
   echo
   echo "${GPU:-no GPU}; nvcc $NVCC_VERSION; torch $TV; QUICK=$QUICK"
   echo; echo "## CUDA parity"; echo
-  grep -hE "max diff|max \||CUDA training|NCCL|MoE layer" "$OUT/cuda_parity_test.log" 2>/dev/null | sed 's/^/    /'
+  grep -hE "max diff|max \||CUDA training|NCCL|MoE layer|val loss after|sync check" "$OUT/cuda_parity_test.log" 2>/dev/null | sed 's/^/    /'
   echo; echo "## Hugging Face exports in transformers"; echo
   grep -hE "^(ok|FAIL) " "$OUT/hf_transformers.log" 2>/dev/null | sed 's/^/    /'
-  for b in step_bench packing_bench fp8_bench; do
+  for b in step_bench step_bench_3b target_bench packing_bench fp8_bench; do
     echo; echo "## $b"; echo
     grep -v '^==' "$OUT/$b.log" 2>/dev/null
   done
@@ -397,31 +401,54 @@ write_results() {
 # On the GPU: a ~1B-parameter model (20 x 2048) for step time and MFU; QUICK
 # a ~100M one. The rehearsal runs each on the CPU at a toy shape, so a wrong
 # flag or a crash shows before a GPU is spent on it.
+PRICE=$(awk '/^usd_per_gpu_hour:/ {p = 1; next} p && /^[^ ]/ {p = 0} p && $1 == "h200:" {print $2}' \
+  examples/tallyd.yaml)
+PRICE=${PRICE:-3.50}
 if [ "$REHEARSE" = 1 ]; then
   DEV=cpu
   STEP_ARGS=(--layers=1 --d_model=64 --seq_len=128 --rows=2 --steps=3 --warmup_steps=1)
+  STEP3B_ARGS=(--layers=1 --d_model=128 --seq_len=128 --rows=2 --steps=3 --warmup_steps=1)
+  TARGET_ARGS=(--layers=1 --d_model=64 --seq_len=128 --rows=4 --naive_steps=6 --eval_every=2
+    --eval_tokens=2048 --experts=4 --warmup_steps=1)
   PACK_ARGS=(--d_model=64 --layers=1 --seq_len=128 --rows=2 --steps=3 --warmup_steps=1)
   FP8_ARGS=(--tokens=64 --d_in=64 --d_out=64 --reps=1)
 elif [ "$QUICK" = 1 ]; then
   DEV=cuda:0
   STEP_ARGS=(--layers=8 --d_model=1024 --seq_len=2048 --rows=8 --steps=8 --warmup_steps=3)
+  TARGET_ARGS=(--layers=6 --d_model=512 --seq_len=1024 --rows=16 --naive_steps=200
+    --eval_every=10 --eval_tokens=32768)
 else
   DEV=cuda:0
   STEP_ARGS=(--layers=20 --d_model=2048 --seq_len=2048 --rows=8 --steps=15 --warmup_steps=5)
+  # ~3B: 26 x 3072 (d_ff 8192), 4 x 2048 tokens a step; EXPECTED.md has the
+  # memory arithmetic (about 81 GB of the 141).
+  STEP3B_ARGS=(--layers=26 --d_model=3072 --seq_len=2048 --rows=4 --steps=10 --warmup_steps=4)
+  TARGET_ARGS=(--layers=12 --d_model=1024 --seq_len=1024 --rows=16 --naive_steps=400
+    --eval_every=10 --eval_tokens=65536)
   PACK_ARGS=(--d_model=1024 --layers=8 --seq_len=2048 --rows=8 --steps=30 --warmup_steps=5)
   FP8_ARGS=(--tokens=8192 --d_in=4096 --d_out=4096 --reps=20)
 fi
 bench() {  # bench NAME MIN MAX BINARY ARGS...
   local name=$1 min=$2 max=$3 bin=$4
   shift 4
-  if ! is_built "$name"; then record "$name" FAIL 0 "not built"; return; fi
+  local target=${bin##*/}
+  if ! is_built "$target"; then record "$name" FAIL 0 "not built"; return; fi
   step "$name" "$min" "$max" "$B/$bin" "$@"
   [ "$STEP_RC" = 124 ] || [ "$STEP_RC" = 125 ] && return
-  if [ "$STEP_RC" = 0 ]; then record "$name" ok "$STEP_S" "--device=$DEV ($name.log)"
+  if [ "$STEP_RC" = 0 ]; then record "$name" ok "$STEP_S" "--device=$DEV ($name.log)$(bench_note "$name")"
   else record "$name" FAIL "$STEP_S" "exit $STEP_RC: $(grep -v '^==' "$OUT/$name.log" | tail -1 | sed 's/|/\//g' | cut -c1-160)"; fi
 }
+bench_note() {  # the line of a benchmark's log the table shows
+  case "$1" in
+    step_bench*) grep -m1 '^FP8 / BF16' "$OUT/$1.log" | sed 's/^/; /' ;;
+    target_bench) grep -m1 '^combined' "$OUT/$1.log" | cut -c1-100 | sed 's/^/; /' ;;
+  esac
+}
 bench step_bench 40 150 tests/gpu/step_bench --device=$DEV --train_path="$FORTUNES" "${STEP_ARGS[@]}"
+bench target_bench 60 180 tests/gpu/target_bench --device=$DEV --train_path="$FORTUNES" \
+  --usd_per_hour="$PRICE" "${TARGET_ARGS[@]}"
 [ "$QUICK" = 1 ] && { write_results; finish "$FAILED"; }
+bench step_bench_3b 40 120 tests/gpu/step_bench --device=$DEV --train_path="$FORTUNES" "${STEP3B_ARGS[@]}"
 bench packing_bench 30 90 bench/packing_bench --device=$DEV --train_path="$FORTUNES" "${PACK_ARGS[@]}"
 bench fp8_bench 15 60 bench/fp8_bench --device=$DEV "${FP8_ARGS[@]}"
 

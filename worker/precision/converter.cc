@@ -90,8 +90,13 @@ void Fp8Linears::TurnGroupedOff(std::string why) {
 
 void Fp8Linears::NoteUsed(int64_t t) { used_[t] = true; }
 
-Fp8Image Fp8Linears::Cast(int64_t t, const at::Tensor& x2, bool force_overflows) {
+Fp8Image Fp8Linears::Cast(int64_t t, const at::Tensor& x2_in, bool force_overflows,
+                          bool activation) {
   const bool record = training_;
+  const bool cuda = x2_in.is_cuda();
+  const bool emulate_bf16 = !cuda && config_.emulate_bf16_intermediates;
+  // CUDA's activations and gradients are BF16 (autocast) when they are cast.
+  const at::Tensor x2 = emulate_bf16 && activation ? x2_in.to(at::kBFloat16) : x2_in;
   bool cast_records = false;
   Fp8Image image;
   image.scale = recipe_->ScaleFor(&table_, t, x2, record, &cast_records);
@@ -115,11 +120,11 @@ Fp8Image Fp8Linears::Cast(int64_t t, const at::Tensor& x2, bool force_overflows)
     sinks.amax = table_.step_amax(t);
     sinks.amax_finite = table_.step_finite(t);
   }
-  const bool cuda = x2.is_cuda();
   Fp8Cast c = CastFp8(source, image.scale.scale, table_.format(t), true, cuda, sinks);
   image.data = c.data;
   image.data_t = c.data_t;
   if (!cuda) image.dequantized = image.data.to(at::kFloat) / image.scale.scale;
+  image.bf16_outputs = emulate_bf16;
   return image;
 }
 
@@ -131,7 +136,7 @@ Fp8Image Fp8Linears::InputImage(const Fp8Layer& layer, const at::Tensor& x2) {
     return last.image;
   }
   const bool force = training_ && config_.test_overflow_fraction > 0;
-  last = {x2, x2._version(), Cast(layer.x, x2, force)};
+  last = {x2, x2._version(), Cast(layer.x, x2, force, /*activation=*/true)};
   return last.image;
 }
 
@@ -145,13 +150,13 @@ Fp8Image Fp8Linears::WeightImage(const Fp8Layer& layer, const at::Tensor& w) {
     }
   }
   const at::Tensor wd = w.detach();
-  Fp8Image image = Cast(layer.w, wd, false);
+  Fp8Image image = Cast(layer.w, wd, false, /*activation=*/false);
   weights_[layer.w] = {wd, w._version(), image};
   return image;
 }
 
 Fp8Image Fp8Linears::GradImage(const Fp8Layer& layer, const at::Tensor& g2) {
-  return Cast(layer.g, g2, false);
+  return Cast(layer.g, g2, false, /*activation=*/true);
 }
 
 void Fp8Linears::CountProducts(int64_t total, int64_t fp8, int64_t grouped) {

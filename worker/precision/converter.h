@@ -103,7 +103,8 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
 
  private:
   // One cast of x2 for table entry t: rows/transposed as the products need.
-  Fp8Image Cast(int64_t t, const at::Tensor& x2, bool force_overflows);
+  // `activation`: an input or a gradient (not a weight).
+  Fp8Image Cast(int64_t t, const at::Tensor& x2, bool force_overflows, bool activation);
   void NoteUsed(int64_t t);
   RecipeConfig config_;
   std::unique_ptr<Fp8Recipe> recipe_;

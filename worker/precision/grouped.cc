@@ -17,7 +17,8 @@ namespace {
 // one at::_scaled_grouped_mm with FP32 accumulation and BF16 output; CPU
 // (tests): the same arithmetic per group in FP32.
 at::Tensor ScaledGroupedMm(const at::Tensor& x8, const at::Tensor& sa_R, const at::Tensor& w8,
-                           const at::Tensor& sb_EO, const std::vector<int64_t>& ends) {
+                           const at::Tensor& sb_EO, const std::vector<int64_t>& ends,
+                           bool bf16_outputs) {
   if (x8.size(0) == 0) {  // no rows at all: nothing to hand the kernel
     return at::zeros({0, w8.size(1)},
                      x8.options().dtype(x8.is_cuda() ? at::kBFloat16 : at::kFloat));
@@ -44,7 +45,7 @@ at::Tensor ScaledGroupedMm(const at::Tensor& x8, const at::Tensor& sa_R, const a
     }
     start = ends[e];
   }
-  return y;
+  return bf16_outputs ? y.to(at::kBFloat16).to(at::kFloat) : y;
 }
 
 // The same product expert by expert with per-tensor _scaled_mm (CUDA): what
@@ -115,10 +116,11 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
     const at::Tensor sb_EO = at::cat(sb_parts).unsqueeze(1).expand({E, O}).contiguous();
     at::Tensor y;
     if (!cuda) {
-      y = ScaledGroupedMm(x8, sa_R, w8, sb_EO, ends);
+      y = ScaledGroupedMm(x8, sa_R, w8, sb_EO, ends,
+                          self->config().emulate_bf16_intermediates);
     } else {
       try {
-        y = ScaledGroupedMm(x8, sa_R, w8, sb_EO, ends);
+        y = ScaledGroupedMm(x8, sa_R, w8, sb_EO, ends, false);
       } catch (const c10::Error& err) {
         self->TurnGroupedOff("at::_scaled_grouped_mm refused: " +
                              FirstLine(err.what_without_backtrace()));

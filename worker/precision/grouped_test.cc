@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <string>
+#include <algorithm>
+#include <iostream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -86,6 +88,46 @@ TEST(Fp8LinearsTest, GroupedExpertsMatchTheLoopOnTheSameFp8Operands) {
   EXPECT_EQ(out.y_ND.abs().sum().item<double>(), 0.0);
   EXPECT_EQ(fp8.TakeStats().total_products, 0);
   EXPECT_TRUE(fp8.grouped_off().empty());
+}
+
+// Why CUDA's FP8 experts missed a 3% bound against the CPU emulation: the
+// emulation computed its intermediates in FP32 where CUDA's are BF16
+// (autocast activations, BF16 product outputs). The same layer emulated
+// both ways, on the CUDA parity test's small case (8 experts top-2,
+// 64 x 128, 300 tokens, current scaling): the two references differ by
+// about as much as CUDA differed from the FP32 one, so the reference, not
+// CUDA, made most of that gap. CUDA is now checked against the BF16 one.
+TEST(Fp8LinearsTest, Bf16IntermediatesExplainTheCudaGap) {
+  const int64_t E = 8, D = 64, F = 128, N = 300;
+  model::MoeConfig moe;
+  moe.num_experts = E;
+  moe.top_k = 2;
+  at::manual_seed(21);
+  const at::Tensor x = at::randn({N, D}), router = at::randn({E, D}) * 0.1;
+  const at::Tensor w1 = at::randn({E, F, D}) * 0.02, w3 = at::randn({E, F, D}) * 0.02,
+                   w2 = at::randn({E, D, F}) * 0.02;
+  auto run = [&](bool bf16) {
+    RecipeConfig rc;
+    rc.recipe = Recipe::kCurrent;
+    rc.grouped_on_cpu = true;
+    rc.emulate_bf16_intermediates = bf16;
+    Fp8Linears fp8(rc);
+    const at::Tensor xi = x.clone().set_requires_grad(true);
+    const at::Tensor w1i = w1.clone().set_requires_grad(true);
+    model::MoeOutput o = model::MoeForward(xi, {}, router, {}, w1i, w3, w2, moe, &fp8, "layers.0.");
+    o.y_ND.to(at::kFloat).square().sum().backward();
+    return std::vector<at::Tensor>{o.y_ND.detach(), xi.grad(), w1i.grad()};
+  };
+  const auto fp32 = run(false), bf16 = run(true);
+  for (int i = 0; i < 3; ++i) {
+    const double gap =
+        ((bf16[i] - fp32[i]).abs().max() / fp32[i].abs().max()).item<double>();
+    std::cout << "FP8 experts, BF16 vs FP32 intermediates, " << (i == 0 ? "output" : i == 1 ? "dx" : "dw1")
+              << ": " << gap << "\n";
+    // CUDA measured 3.8%, 4.7% and 5.7% against the FP32 reference.
+    EXPECT_GT(gap, 0.02);
+    EXPECT_LT(gap, 0.08);
+  }
 }
 
 }  // namespace

@@ -37,13 +37,22 @@ at::Tensor ScaledMm(const at::Tensor& a, const at::Tensor& inv_a, const at::Tens
 
 }  // namespace
 
+namespace {
+
+// The CPU emulation's output, rounded as CUDA's when asked.
+at::Tensor Emulated(const at::Tensor& y, bool bf16) {
+  return bf16 ? y.to(at::kBFloat16).to(at::kFloat) : y;
+}
+
+}  // namespace
+
 at::Tensor ForwardProduct(const Fp8Image& x, const Fp8Image& w) {
   if (x.data.is_cuda()) {
     // y [M, N] = x [M, K] . w^T: w's row-major bytes [N, K] viewed
     // transposed are the [K, N] column-major operand.
     return ScaledMm(x.data, x.scale.inv_scale, w.data.t(), w.scale.inv_scale);
   }
-  return at::matmul(x.dequantized, w.dequantized.t());
+  return Emulated(at::matmul(x.dequantized, w.dequantized.t()), x.bf16_outputs);
 }
 
 at::Tensor InputGradProduct(const Fp8Image& g, const Fp8Image& w) {
@@ -52,7 +61,7 @@ at::Tensor InputGradProduct(const Fp8Image& g, const Fp8Image& w) {
     // transposed are the [N, K] column-major operand.
     return ScaledMm(g.data, g.scale.inv_scale, w.data_t.t(), w.scale.inv_scale);
   }
-  return g.dequantized.matmul(w.dequantized);
+  return Emulated(g.dequantized.matmul(w.dequantized), g.bf16_outputs);
 }
 
 at::Tensor WeightGradProduct(const Fp8Image& g, const Fp8Image& x) {
@@ -62,7 +71,7 @@ at::Tensor WeightGradProduct(const Fp8Image& g, const Fp8Image& x) {
     // the [M, K] column-major second one.
     return ScaledMm(g.data_t, g.scale.inv_scale, x.data_t.t(), x.scale.inv_scale);
   }
-  return g.dequantized.t().matmul(x.dequantized);
+  return Emulated(g.dequantized.t().matmul(x.dequantized), g.bf16_outputs);
 }
 
 }  // namespace internal

@@ -63,6 +63,9 @@ struct Fp8Image {
   at::Tensor data_t;       // [K, M] (CUDA)
   Scale scale;
   at::Tensor dequantized;  // [M, K] FP32 (CPU)
+  // CPU, RecipeConfig::emulate_bf16_intermediates: products of this image
+  // round their output to BF16, as CUDA's do.
+  bool bf16_outputs = false;
 };
 
 class Fp8Linears;

@@ -36,6 +36,11 @@ struct RecipeConfig {
   // Tests: the grouped path on CPU too, the grouped product emulated in
   // FP32 from the same FP8 operands and scales.
   bool grouped_on_cpu = false;
+  // Tests (CPU): the emulation rounds as CUDA's path does: activations and
+  // gradients reach their casts in BF16 (autocast's dtype), and every FP8
+  // product writes BF16 (at::_scaled_mm's and _scaled_grouped_mm's output),
+  // so a CPU reference has CUDA's intermediate precision.
+  bool emulate_bf16_intermediates = false;
   // Tests only (forced overflows, per-tensor recipes): in training passes,
   // this fraction of each linear's input values (every round(1/f)-th) is
   // set beyond the format's range once the input's scale is chosen (amax

@@ -1,6 +1,9 @@
 #include "worker/train/step.h"
 
 #include <ATen/core/Reduction.h>
+#if defined(TALLY_WITH_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
@@ -61,6 +64,35 @@ StepBatch NextStepBatch(const TrainConfig& c, int64_t micro_per_step,
   return b;
 }
 
+namespace {
+
+// CUDA's sync-debug mode set to error while it lives (and put back after):
+// a call that waits for the device throws, naming itself.
+class SyncCheck {
+ public:
+  explicit SyncCheck(bool on) : on_(on) {
+#if defined(TALLY_WITH_CUDA)
+    if (on_) {
+      previous_ = c10::cuda::warning_state().get_sync_debug_mode();
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    }
+#endif
+  }
+  ~SyncCheck() {
+#if defined(TALLY_WITH_CUDA)
+    if (on_) c10::cuda::warning_state().set_sync_debug_mode(previous_);
+#endif
+  }
+
+ private:
+  bool on_;
+#if defined(TALLY_WITH_CUDA)
+  c10::cuda::SyncDebugMode previous_ = c10::cuda::SyncDebugMode::L_DISABLED;
+#endif
+};
+
+}  // namespace
+
 std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_per_step,
                                           const StepBatch& batch, const StepModel& m,
                                           const std::function<bool()>& stop_now) {
@@ -79,33 +111,36 @@ std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_pe
   // pass (from pinned memory, without waiting, on CUDA).
   std::vector<DeviceBatch> on_device;
   for (const data::MicroBatch& mb : batch.micro) on_device.push_back(ToDevice(mb, m.device));
-  for (size_t mi = 0; mi < batch.micro.size(); ++mi) {
-    // The last backward of the step all-reduces buckets as they finish.
-    if (m.sync && mi + 1 == batch.micro.size()) m.sync->Arm();
-    if (stop_now()) return std::nullopt;
-    Losses l = LossSum(*m.model, on_device[mi], m.kernel);
-    loss_acc = loss_acc + l.ce_sum.detach().to(at::kDouble);
-    at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, batch.targets));
-    if (l.aux.defined()) {
-      // The MoE losses are means already: one share per micro-batch.
-      const double share = 1.0 / static_cast<double>(micro_per_step);
-      loss = loss + (c.optimizer.moe_aux_loss_coef * share) * l.aux +
-             (c.optimizer.moe_z_loss_coef * share) * l.z;
-      aux_acc = aux_acc + l.aux.detach().to(at::kDouble) * share;
-      for (const auto& ls : l.moe) {
-        LayerSums& sums = moe[ls.layer];
-        const model::MoeStats& st = ls.stats;
-        const at::Tensor entropy = st.router_entropy.detach().to(at::kDouble) * share;
-        if (!sums.tokens_per_expert.defined()) {
-          sums = {st.tokens_per_expert, st.assignments, st.dropped, entropy};
-        } else {
-          sums = {sums.tokens_per_expert + st.tokens_per_expert,
-                  sums.assignments + st.assignments, sums.dropped + st.dropped,
-                  sums.router_entropy + entropy};
+  {
+    const SyncCheck check(m.sync_check && m.device.is_cuda());
+    for (size_t mi = 0; mi < batch.micro.size(); ++mi) {
+      // The last backward of the step all-reduces buckets as they finish.
+      if (m.sync && mi + 1 == batch.micro.size()) m.sync->Arm();
+      if (stop_now()) return std::nullopt;
+      Losses l = LossSum(*m.model, on_device[mi], m.kernel);
+      loss_acc = loss_acc + l.ce_sum.detach().to(at::kDouble);
+      at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, batch.targets));
+      if (l.aux.defined()) {
+        // The MoE losses are means already: one share per micro-batch.
+        const double share = 1.0 / static_cast<double>(micro_per_step);
+        loss = loss + (c.optimizer.moe_aux_loss_coef * share) * l.aux +
+               (c.optimizer.moe_z_loss_coef * share) * l.z;
+        aux_acc = aux_acc + l.aux.detach().to(at::kDouble) * share;
+        for (const auto& ls : l.moe) {
+          LayerSums& sums = moe[ls.layer];
+          const model::MoeStats& st = ls.stats;
+          const at::Tensor entropy = st.router_entropy.detach().to(at::kDouble) * share;
+          if (!sums.tokens_per_expert.defined()) {
+            sums = {st.tokens_per_expert, st.assignments, st.dropped, entropy};
+          } else {
+            sums = {sums.tokens_per_expert + st.tokens_per_expert,
+                    sums.assignments + st.assignments, sums.dropped + st.dropped,
+                    sums.router_entropy + entropy};
+          }
         }
       }
+      loss.backward();
     }
-    loss.backward();
   }
   // One read: the losses, then per MoE layer its counts, assignments,
   // drops and entropy.

@@ -83,6 +83,9 @@ struct StepModel {
   at::Device device;
   model::AttentionKernel kernel;
   dist::GradientSync* sync;  // null with one rank
+  // CUDA: the passes under sync-debug mode "error" (TrainConfig::
+  // test_sync_check).
+  bool sync_check = false;
 };
 
 // Forward and backward over the batch's micro-batches: gradients accumulate

@@ -874,7 +874,8 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
     // cleared when the region ends, before the optimizer moves the weights.
     precision::AutocastRegion autocast(device_.type(), autocast_);
     totals = ForwardBackward(
-        c_, micro_per_step_, batch, {model_.get(), device_, kernel_, sync_.get()},
+        c_, micro_per_step_, batch,
+        {model_.get(), device_, kernel_, sync_.get(), c_.test_sync_check},
         [&] { return !group_ && stop_->requested() == StopKind::kNow; });
   }
   if (!totals) return Stopped();

@@ -170,6 +170,10 @@ struct TrainConfig {
   // Dense or non-FP8 runs ignore the knob that does not apply to them.
   std::string test_fp8_grouped_off;
   double test_preempt_checkpoint_delay_seconds = 0;
+  // Tests (CUDA): every step's forward and backward passes run with CUDA's
+  // sync-debug mode set to error, so a call that waits for the device there
+  // fails the run, naming it. The CPU ignores it.
+  bool test_sync_check = false;
 
   // InvalidArgument naming the field, for anything Train() cannot run.
   absl::Status Validate() const;
