@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common/model_flops.h"
+#include "worker/model/fused_ops.h"
 
 namespace tally::model {
 
@@ -213,10 +214,8 @@ std::vector<std::string> Transformer::LinearSites() const {
 
 at::Tensor Transformer::SwiGlu(const at::Tensor& h, const Layer& layer) const {
   if (fused_ops_ && linear_ == nullptr && Joint(layer.w1_FD, layer.w3_FD)) {
-    const int64_t F = layer.w1_FD.size(0);
     const at::Tensor y13 = GateUpProduct::apply(h, layer.w1_FD, layer.w3_FD);
-    return Linear(at::silu(y13.narrow(-1, 0, F)) * y13.narrow(-1, F, F), layer.w2_DF, layer,
-                  "w2");
+    return Linear(FusedSwiGlu(y13), layer.w2_DF, layer, "w2");
   }
   at::Tensor gate = at::silu(Linear(h, layer.w1_FD, layer, "w1"));
   return Linear(gate * Linear(h, layer.w3_FD, layer, "w3"), layer.w2_DF, layer, "w2");
@@ -276,9 +275,19 @@ at::Tensor Transformer::Attention(const Layer& layer, const at::Tensor& x_BTD,
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1);
   const int64_t H = config_.num_heads, K = config_.d_model / config_.num_heads;
   at::Tensor qkv_BT3HK = Linear(x_BTD, layer.wqkv_3DD, layer, "wqkv").view({B, T, 3, H, K});
-  at::Tensor q_BTHK = ApplyRope(qkv_BT3HK.select(2, 0), cos_BTK, sin_BTK);
-  at::Tensor k_BTHK = ApplyRope(qkv_BT3HK.select(2, 1), cos_BTK, sin_BTK);
-  at::Tensor v_BTHK = qkv_BT3HK.select(2, 2);
+  at::Tensor q_BTHK, k_BTHK, v_BTHK;
+  if (fused_ops_) {
+    // One pass: q and k rotated, v passed through, in the dtype attention
+    // takes (BF16 for flash).
+    const at::ScalarType dtype =
+        kernel == AttentionKernel::kVarlenFlash ? at::kBFloat16 : qkv_BT3HK.scalar_type();
+    auto [q, k, v] = FusedRopeQkv(qkv_BT3HK, cos_BTK, sin_BTK, dtype);
+    q_BTHK = q, k_BTHK = k, v_BTHK = v;
+  } else {
+    q_BTHK = ApplyRope(qkv_BT3HK.select(2, 0), cos_BTK, sin_BTK);
+    k_BTHK = ApplyRope(qkv_BT3HK.select(2, 1), cos_BTK, sin_BTK);
+    v_BTHK = qkv_BT3HK.select(2, 2);
+  }
   at::Tensor out_BTD;
   if (kernel == AttentionKernel::kVarlenFlash) {
     // Flattened to N tokens; cu_seqlens keeps every segment to itself.

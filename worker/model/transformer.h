@@ -95,12 +95,13 @@ class Transformer {
   // Not owned; nullptr restores at::linear.
   void SetLinearOverride(LinearOverride* linear) { linear_ = linear; }
   // The fused forms of the same computation, for BF16 runs (CUDA's, and the
-  // CPU's under precision.compute BF16): RMSNorm as one at::rms_norm, and
-  // each dense feed-forward's w1 and w3 as one product over their joint
-  // storage (w1 and w3 are row blocks of one [2F, D] tensor, so the fused
-  // product reads them without a copy and h once). Off: the composite ops
-  // the FP32 golden losses are of. Block linears with a LinearOverride
-  // (FP8) stay separate products.
+  // CPU's under precision.compute BF16): RMSNorm as one at::rms_norm; RoPE
+  // on q and k (and v's copy to attention's dtype) as one pass
+  // (fused_ops.h); each dense feed-forward's w1 and w3 as one product over
+  // their joint storage (w1 and w3 are row blocks of one [2F, D] tensor, so
+  // the fused product reads them without a copy and h once), then SwiGLU as
+  // one pass. Off: the composite ops the FP32 golden losses are of. Block
+  // linears with a LinearOverride (FP8) stay separate products.
   void SetFusedOps(bool fused) { fused_ops_ = fused; }
   // The MoE layers' experts hook (moe.h; e.g. dist/expert_parallel.h);
   // nullptr: every expert here. Not owned.
