@@ -1,7 +1,7 @@
 // Cost to a target quality (pure): where a validation curve first reaches a
 // target loss, and what it had spent by then.
 //
-// The dollars, tokens and GPU-seconds *to* the target are interpolated
+// The dollars, tokens, GPU-seconds and steps *to* the target are interpolated
 // between the two evaluations that straddle it, linearly in validation loss:
 // with the evaluation before the crossing at loss L0 (spent C0) and the first
 // at or below the target T at loss L1 (spent C1),
@@ -32,6 +32,7 @@ struct TargetCrossing {
   double cost_usd = 0;       // interpolated to the target
   double tokens = 0;
   double gpu_seconds = 0;
+  double steps = 0;
 };
 
 // The first crossing of `target` on `curve` (evaluations in order; non-finite

@@ -385,6 +385,33 @@ TEST_F(PreemptionTest, AHigherPriorityJobPreemptsTheLowerOneOnAFullFleet) {
   EXPECT_EQ(Job(low).state(), tally::v1::JOB_STATE_QUEUED);
 }
 
+TEST_F(PreemptionTest, AHoldOnAJobBeingPreemptedForPriorityLeavesThatPreemption) {
+  Hello("w0");
+  const int64_t low = Submit(Spec(0));
+  ASSERT_TRUE(sched_->Tick().ok());
+  clock_.Advance(absl::Minutes(11));
+  const int64_t high = Submit(Spec(10));
+  Progress("w0", low, 100);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(low).preemption().pending_for(), Name(high));
+  const size_t stops = channel_.stops.size();
+  // An experiment holds it meanwhile: the priority preemption stands (no
+  // second stop order, the same claimant), and the hold keeps it queued.
+  ASSERT_TRUE(sched_->HoldJob(low, "experiments/3", "held at rung 1").ok());
+  EXPECT_EQ(Job(low).preemption().pending_for(), Name(high));
+  EXPECT_EQ(channel_.stops.size(), stops);
+  EXPECT_EQ(Job(low).hold(), "held at rung 1");
+  Checkpoint("w0", low, 100);
+  ASSERT_TRUE(Exit("w0", low, tally::v1::ATTEMPT_OUTCOME_PREEMPTED, 100, "priority").ok());
+  EXPECT_EQ(Job(low).preemption().by_priority(), 1);
+  EXPECT_EQ(Job(low).preemption().by_experiment(), 0);
+  EXPECT_THAT(Job(low).preemption().preempted_by(), testing::ElementsAre(Name(high)));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(sched_->Cancel(high, "done").ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(low).state(), tally::v1::JOB_STATE_QUEUED) << "held: the free slot stays free";
+}
+
 TEST_F(PreemptionTest, ThePreemptorStartsOnTheFreedSlot) {
   Hello("w0");
   const int64_t low = Submit(Spec(-5));

@@ -19,11 +19,25 @@
 #include "server/policy/forecast.h"
 #include "server/policy/placement.h"
 #include "server/policy/preemption.h"
+#include "server/policy/step_times.h"
 #include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
 
 namespace tally::sched {
 namespace {
+
+// One step time into the job's sample (policy/step_times.h).
+void AddStepTime(double seconds, tally::v1::StepTimes* t) {
+  policy::StepTimeSample s;
+  s.seconds.assign(t->seconds().begin(), t->seconds().end());
+  s.stride = t->stride();
+  s.reports = t->reports();
+  if (!policy::AddStepTime(seconds, &s)) return;
+  t->mutable_seconds()->Assign(s.seconds.begin(), s.seconds.end());
+  t->set_stride(s.stride);
+  t->set_reports(s.reports);
+}
+
 
 using tally::v1::JobState;
 
@@ -79,7 +93,15 @@ tally::v1::ControllerMessage StopMessage(const std::string& job, int32_t attempt
 // What may cause a preemption (a metric label: a bounded set).
 bool KnownPreemptionCause(absl::string_view cause) {
   return cause == "sigterm" || cause == "sigint" || cause == "notice_file" ||
-         cause == "idle" || cause == "priority";
+         cause == "idle" || cause == "priority" || cause == "experiment";
+}
+
+// The cause of a preemption tallyd ordered (the job's pending_for): an
+// experiment holding its variant ("experiments/N"), or a job of higher
+// priority.
+std::string OrderedPreemptionCause(const tally::v1::Job& j) {
+  return absl::StartsWith(j.preemption().pending_for(), "experiments/") ? "experiment"
+                                                                        : "priority";
 }
 
 // A decided preemption no longer waits once the attempt has ended.
@@ -185,7 +207,8 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                      .Add({}, metrics::Histogram::ExponentialBuckets(0.1, 2, 18));  // to 3.6 h
   queue_depth_ = &metrics::BuildGauge()
                       .Name("tally_queue_depth")
-                      .Help("Jobs waiting in QUEUED.")
+                      .Help("Jobs waiting in QUEUED (held ones, an experiment's, "
+                            "not counted).")
                       .Register(*registry)
                       .Add({});
   workers_gauge_ = &metrics::BuildGauge()
@@ -231,7 +254,9 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                       .Name("tally_preemptions_total")
                       .Help("Attempts preempted, by GPU type and cause (sigterm, sigint, "
                             "notice_file, idle: a worker's notice; priority: a higher-priority "
-                            "job; unknown). A preemption is not a failure: the job resumes.")
+                            "job; experiment: an experiment holding its variant at a "
+                            "successive-halving rung; unknown). A preemption is not a failure: "
+                            "the job resumes.")
                       .Register(*registry);
   redone_total_ = &metrics::BuildCounter()
                       .Name("tally_cost_redone_dollars_total")
@@ -528,7 +553,10 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanPreempted(const ActiveJob& job,
   ClearPendingPreemption(j);
   tally::v1::PreemptionStatus& ps = *j.mutable_preemption();
   ps.set_count(ps.count() + 1);
-  if (cause == "priority") {
+  if (cause == "experiment") {
+    // An experiment's hold: neither another job's claim nor a notice.
+    ps.set_by_experiment(ps.by_experiment() + 1);
+  } else if (cause == "priority") {
     ps.set_by_priority(ps.by_priority() + 1);
     // Bounded: the cycle guard needs the jobs that preempted it lately.
     constexpr int kMaxPreemptedBy = 64;
@@ -558,11 +586,13 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanPreempted(const ActiveJob& job,
                              last ? last->step() + 1 : 1, step,
                              last ? absl::StrCat("the checkpoint at step ", last->step())
                                   : std::string("the start (no checkpoint yet)"));
+  // An experiment's holds are its own scheduling: they do not count.
   const int32_t max = j.spec().max_preemptions();
-  if (max > 0 && ps.count() > max) {
+  const int32_t counted = ps.count() - ps.by_experiment();
+  if (max > 0 && cause != "experiment" && counted > max) {
     AddEvent(p, "failed",
              absl::StrCat("attempt ", j.attempt(), " preempted (", cause, "): ", reason,
-                          "; preempted ", ps.count(), " times (max_preemptions ", max, ")"),
+                          "; preempted ", counted, " times (max_preemptions ", max, ")"),
              redo, tally::v1::JOB_STATE_FAILED);
     p.finished = true;
     return p;
@@ -597,7 +627,8 @@ absl::StatusOr<Scheduler::Plan> Scheduler::LoseAttempt(const ActiveJob& job,
   // another job, was being preempted: not a failure.
   const bool preempting = !job.rec.job().preemption().pending_for().empty();
   if (KnownPreemptionCause(draining) || preempting) {
-    const std::string cause = KnownPreemptionCause(draining) ? draining : "priority";
+    const std::string cause =
+        preempting ? OrderedPreemptionCause(job.rec.job()) : std::string(draining);
     return PlanPreempted(job, cause,
                          absl::StrCat(reason, "; it was ",
                                       preempting ? "being preempted" : "going away",
@@ -609,8 +640,11 @@ absl::StatusOr<Scheduler::Plan> Scheduler::LoseAttempt(const ActiveJob& job,
 
 std::string Scheduler::PreemptionCause(const ActiveJob& job,
                                        const tally::v1::AttemptExit& exit) const {
+  // tallyd's own order first: the worker cannot know an experiment held it.
+  if (!job.rec.job().preemption().pending_for().empty()) {
+    return OrderedPreemptionCause(job.rec.job());
+  }
   if (KnownPreemptionCause(exit.preemption_cause())) return exit.preemption_cause();
-  if (!job.rec.job().preemption().pending_for().empty()) return "priority";
   if (job.attempt) {
     for (const std::string& w : job.attempt->worker_ids()) {
       auto it = workers_.find(w);
@@ -711,7 +745,14 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
   const std::string bits = absl::StrCat(ev.bits_per_byte(), " bits/byte");
   if (j.has_pending_stop()) {
     // Stopping already (the final evaluation of the stopped state): recorded,
-    // no longer judged.
+    // no longer judged; but it is the run's state, and it may be its best.
+    tally::v1::EarlyStoppingStatus& es = *j.mutable_early_stopping();
+    if (std::isfinite(ev.val_loss()) && (!es.has_best() || ev.val_loss() < es.best_val_loss())) {
+      es.set_has_best(true);
+      es.set_best_val_loss(ev.val_loss());
+      es.set_best_step(ev.step());
+      es.set_evals_since_best(0);
+    }
     AddCurvePoint(j, ev);
     AddEvent(p, "eval", "", bits);
     p.events.back().set_val_loss(ev.val_loss());
@@ -938,6 +979,8 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanCheckpoint(
 absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
   auto it = active_.find(job_id);
   if (it == active_.end()) return absl::InternalError(absl::StrCat("jobs/", job_id, " is not active"));
+  // An ended job is held by nothing.
+  if (store::IsTerminal(plan.rec.job().state())) plan.rec.mutable_job()->clear_hold();
   store::Mutation m;
   m.job = plan.rec;
   m.events = plan.events;
@@ -1209,6 +1252,47 @@ absl::StatusOr<tally::v1::Job> Scheduler::StopJob(int64_t job_id, JobState state
   return out;
 }
 
+absl::StatusOr<tally::v1::Job> Scheduler::HoldJob(int64_t job_id, const std::string& holder,
+                                                  const std::string& reason) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) return EndedError(job_id, "be held");
+  const ActiveJob& job = it->second;
+  const tally::v1::Job& current = job.rec.job();
+  if (!current.hold().empty() || current.has_pending_stop()) return current;
+  Plan p = NewPlan(job, clock_->Now());
+  if (!current.preemption().pending_for().empty()) {
+    // Already leaving its slot (for a job of higher priority): that
+    // preemption stands; once requeued, the hold keeps it there.
+    AddEvent(p, "held", reason, "kept out of placement until released, once its preemption ends");
+  } else if (current.state() == tally::v1::JOB_STATE_RUNNING && p.attempt) {
+    // Out of its slot first: it checkpoints and requeues, held.
+    p = PlanPreempting(job, holder, reason);
+  } else {
+    AddEvent(p, "held", reason, "kept out of placement until released");
+  }
+  p.rec.mutable_job()->set_hold(reason);
+  tally::v1::Job out = p.rec.job();
+  RETURN_IF_ERROR(Execute(job_id, std::move(p)));
+  return out;
+}
+
+absl::StatusOr<tally::v1::Job> Scheduler::ReleaseJob(int64_t job_id, const std::string& reason) {
+  auto it = active_.find(job_id);
+  if (it == active_.end()) return EndedError(job_id, "be released");
+  const ActiveJob& job = it->second;
+  if (job.rec.job().hold().empty()) return job.rec.job();
+  Plan p = NewPlan(job, clock_->Now());
+  p.rec.mutable_job()->clear_hold();
+  AddEvent(p, "released", reason, "placeable again");
+  tally::v1::Job out = p.rec.job();
+  const absl::Time now = p.now;
+  RETURN_IF_ERROR(Execute(job_id, std::move(p)));
+  // Its wait in the queue starts now: the time held is not a queue's.
+  auto again = active_.find(job_id);
+  if (again != active_.end()) again->second.queued_since = now;
+  return out;
+}
+
 void Scheduler::SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
                          const std::string& reason) {
   auto it = workers_.find(worker_id);
@@ -1423,6 +1507,12 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   if (p.trained()) {
     j.set_train_loss(p.train_loss());
     j.set_padding_tokens(p.padding_tokens());
+    // Steady-state step times, for recipe costs: a new step, past the
+    // attempt's start-up reports.
+    const bool same = job.progress_attempt == p.attempt();
+    if (same && job.progress_reports >= policy::kStartupReports && p.step() > job.progress_step) {
+      AddStepTime(p.step_seconds(), j.mutable_step_times());
+    }
     if (p.moe_size() > 0) {
       job.routing_collapsed = false;
       job.collapse_where.clear();
@@ -1664,6 +1754,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       s = HandleProgress(*job, p);
       // Kept once the report was taken (its plan, if any, committed).
       if (auto it = active_.find(id); s.ok() && it != active_.end()) {
+        it->second.progress_reports = same ? it->second.progress_reports + 1 : 1;
         it->second.progress_attempt = p.attempt();
         it->second.progress_step = p.step();
         it->second.progress_tokens = p.tokens();
@@ -1808,7 +1899,8 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
       if (preempting) {
         // Stopped on the preemption order (a worker that checkpointed it).
         if (gang && !lead) return release_now();
-        plan = PlanPreempted(*job, "priority", exit.reason(), exit.step());
+        plan = PlanPreempted(*job, OrderedPreemptionCause(job->rec.job()), exit.reason(),
+                             exit.step());
         break;
       }
       plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_STOPPED,
@@ -1969,7 +2061,7 @@ absl::Status Scheduler::Tick() {
       // The workers did not confirm: preempted without their checkpoint
       // (their slots stay held until they report the exit or are lost).
       absl::StatusOr<Plan> p = PlanPreempted(
-          job, "priority",
+          job, OrderedPreemptionCause(view),
           absl::StrCat(view.preemption().pending_reason(), "; the workers did not confirm within ",
                        ShortSeconds(options_.stop_grace)),
           0);
@@ -2293,7 +2385,8 @@ void Scheduler::AddGpuType(const std::string& gpu_type) {
   cost_total_->Add({{"gpu_type", gpu_type}});
   lost_total_->Add({{"gpu_type", gpu_type}});
   redone_total_->Add({{"gpu_type", gpu_type}});
-  for (const char* cause : {"sigterm", "sigint", "notice_file", "idle", "priority", "unknown"}) {
+  for (const char* cause :
+       {"sigterm", "sigint", "notice_file", "idle", "priority", "experiment", "unknown"}) {
     preemptions_->Add({{"gpu_type", gpu_type}, {"cause", cause}});
   }
   workers_lost_->Add({{"gpu_type", gpu_type}});
@@ -2302,7 +2395,10 @@ void Scheduler::AddGpuType(const std::string& gpu_type) {
 
 int64_t Scheduler::QueueDepth() const {
   int64_t n = 0;
-  for (const auto& [id, job] : active_) n += job.rec.job().state() == tally::v1::JOB_STATE_QUEUED;
+  // Held jobs (an experiment's rung) are not waiting for capacity.
+  for (const auto& [id, job] : active_) {
+    n += job.rec.job().state() == tally::v1::JOB_STATE_QUEUED && job.rec.job().hold().empty();
+  }
   return n;
 }
 
@@ -2310,6 +2406,7 @@ std::vector<policy::QueuedJob> Scheduler::QueuedJobs() const {
   std::vector<policy::QueuedJob> queued;
   for (const auto& [id, job] : active_) {
     if (job.rec.job().state() != tally::v1::JOB_STATE_QUEUED) continue;
+    if (!job.rec.job().hold().empty()) continue;  // held (an experiment's rung)
     const auto& spec = job.rec.job().spec();
     queued.push_back({id, spec.priority(), FromProto(job.rec.job().create_time()),
                       spec.resources().gpu_type(), spec.resources().gpu_count(),

@@ -192,6 +192,17 @@ class Scheduler {
   // stop); any other ends at once. FAILED_PRECONDITION when it has ended.
   absl::StatusOr<tally::v1::Job> StopJob(int64_t job_id, tally::v1::JobState state,
                                          const std::string& rule, const std::string& reason);
+  // Holds a queued or running job out of placement (an experiment's
+  // successive halving keeps a variant at a rung until every variant has
+  // reached it): a running one is preempted first (it checkpoints and
+  // requeues: not a failure, cause `experiment` when `holder` is an
+  // experiment's name), and the held job is not placed again until
+  // ReleaseJob. Job.hold says why. Holding a held job, or one stopping
+  // already, changes nothing. FAILED_PRECONDITION when it has ended.
+  absl::StatusOr<tally::v1::Job> HoldJob(int64_t job_id, const std::string& holder,
+                                         const std::string& reason);
+  // Makes a held job placeable again; a job not held is left as it is.
+  absl::StatusOr<tally::v1::Job> ReleaseJob(int64_t job_id, const std::string& reason);
 
   // Workers. OnHello starts (or restarts) a worker's session and returns its
   // generation; OnDisconnect with an older generation is ignored, so a stale
@@ -274,6 +285,7 @@ class Scheduler {
     int32_t progress_attempt = 0;
     int64_t progress_step = -1;
     int64_t progress_tokens = -1;
+    int progress_reports = 0;  // of progress_attempt, taken
   };
   struct WorkerState {
     store::WorkerRecord rec;

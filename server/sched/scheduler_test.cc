@@ -571,6 +571,114 @@ TEST_F(SchedulerTest, ProgressEventsAreRateLimited) {
   EXPECT_LE(progress_events, 4u);
 }
 
+// Step times for recipe costs: each attempt's first reports (start-up) are
+// left out, a step reported twice counts once, garbage never enters, and the
+// sample reaches the store with the job's next commit.
+TEST_F(SchedulerTest, SteadyStepTimesAreSampledPerAttempt) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  auto report = [&](int attempt, int64_t step, double seconds) {
+    tally::v1::WorkerMessage p;
+    p.mutable_progress()->set_job("jobs/" + std::to_string(id));
+    p.mutable_progress()->set_attempt(attempt);
+    p.mutable_progress()->set_step(step);
+    p.mutable_progress()->set_trained(true);
+    p.mutable_progress()->set_step_seconds(seconds);
+    clock_.Advance(absl::Seconds(2));  // each report becomes an event: committed
+    return sched_->OnMessage("w1", p);
+  };
+  for (int step = 1; step <= 10; ++step) {
+    ASSERT_TRUE(report(1, step, step <= 3 ? 9.0 : 0.5).ok());
+  }
+  ASSERT_TRUE(report(1, 10, 0.5).ok());   // the same step again
+  ASSERT_TRUE(report(1, 11, -1.0).ok());  // not a time
+  const tally::v1::StepTimes t = Job(id).step_times();
+  EXPECT_EQ(t.reports(), 7) << "steps 4..10; the first three were start-up";
+  ASSERT_EQ(t.seconds_size(), 7);
+  for (double s : t.seconds()) EXPECT_EQ(s, 0.5);
+  EXPECT_EQ(t.stride(), 1);
+}
+
+// The evaluation a stop makes of its stopped state (after the decision) is
+// not judged, but it counts as the run's best when it is.
+TEST_F(SchedulerTest, TheStopStepsEvaluationCanBeTheBest) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  auto eval = [&](int64_t step, double loss) {
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job("jobs/" + std::to_string(id));
+    m.mutable_eval()->set_attempt(1);
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_tokens(step * 100);
+    m.mutable_eval()->set_val_loss(loss);
+    return sched_->OnMessage("w1", m);
+  };
+  ASSERT_TRUE(eval(10, 3.0).ok());
+  ASSERT_TRUE(sched_->StopJob(id, tally::v1::JOB_STATE_EARLY_STOPPED, "experiment_halving",
+                              "the worse half").ok());
+  ASSERT_TRUE(eval(12, 2.9).ok());
+  const tally::v1::EarlyStoppingStatus es = Job(id).early_stopping();
+  EXPECT_TRUE(es.has_best());
+  EXPECT_EQ(es.best_val_loss(), 2.9);
+  EXPECT_EQ(es.best_step(), 12);
+  EXPECT_EQ(Job(id).curve_size(), 2);
+}
+
+// An experiment's hold: a running job is preempted (checkpoint, requeue; not
+// a failure, cause "experiment"), stays out of placement while held, and is
+// placed again once released.
+TEST_F(SchedulerTest, AHeldJobIsPreemptedAndNotPlacedUntilReleased) {
+  auto spec = Spec();
+  spec.set_max_preemptions(1);  // holds are the experiment's, not counted
+  const int64_t id = Submit(spec);
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  auto held = sched_->HoldJob(id, "experiments/3", "held at rung 1");
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->hold(), "held at rung 1");
+  EXPECT_EQ(Job(id).preemption().pending_for(), "experiments/3");
+  ASSERT_TRUE(Exit("w1", id, 1, tally::v1::ATTEMPT_OUTCOME_PREEMPTED).ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Job(id).preemption().count(), 1);
+  EXPECT_EQ(Job(id).preemption().by_priority(), 0);
+  EXPECT_EQ(Job(id).preemption().by_experiment(), 1);
+  EXPECT_EQ(sched_->QueueDepth(), 0) << "held, not waiting for capacity";
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("w1");
+    ASSERT_TRUE(sched_->Tick().ok());
+  }
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED) << "held: the free slot stays free";
+  EXPECT_EQ(sched_->GpusWanted().at("cpu"), 0) << "nothing to scale for a held job";
+  ASSERT_TRUE(sched_->ReleaseJob(id, "rung judged").ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+  const auto metrics = MetricValues(*registries_.back());
+  EXPECT_EQ(metrics.at("tally_preemptions_total,cause=experiment,gpu_type=cpu"), 1);
+  // Held at a second rung: still not counted against max_preemptions 1.
+  ASSERT_TRUE(sched_->HoldJob(id, "experiments/3", "held at rung 2").ok());
+  ASSERT_TRUE(Exit("w1", id, 2, tally::v1::ATTEMPT_OUTCOME_PREEMPTED).ok());
+  EXPECT_EQ(State(id), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Job(id).preemption().count(), 2);
+  ASSERT_TRUE(sched_->ReleaseJob(id, "rung judged").ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(State(id), tally::v1::JOB_STATE_RUNNING);
+  // Ended, it is held by nothing.
+  ASSERT_TRUE(sched_->HoldJob(id, "experiments/3", "held at rung 3").ok());
+  ASSERT_TRUE(sched_->Cancel(id, "enough").ok());
+  EXPECT_EQ(Job(id).hold(), "");
+  // A queued job is held without a preemption; an ended one cannot be.
+  const int64_t other = Submit(Spec());
+  ASSERT_TRUE(sched_->HoldJob(other, "experiments/3", "held").ok());
+  EXPECT_EQ(Job(other).preemption().count(), 0);
+  ASSERT_TRUE(sched_->Cancel(other, "done").ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(sched_->HoldJob(other, "experiments/3", "x").status()));
+}
+
 TEST_F(SchedulerTest, RecoverAdoptsReturningWorkersAndRequeuesTheRest) {
   const int64_t a = Submit(Spec());
   const int64_t b = Submit(Spec());
