@@ -149,15 +149,23 @@ ctl, name = sys.argv[1:]
 e = json.loads(subprocess.run([ctl, "experiment", "get", name, "--output=json"], check=True,
                               capture_output=True, text=True).stdout)
 ref = next(v for v in e["variants"] if v["name"] == e["reference_variant"])
-reached = [v for v in e["variants"] if v["reached_target"] and v["name"] != ref["name"]]
-if not ref["reached_target"] or not reached:
+reached = [v for v in e["variants"] if v["reached_target"] and v["name"] != ref["name"]
+           and v.get("recipe_cost_to_target_usd")]
+if not ref["reached_target"] or not ref.get("recipe_cost_to_target_usd") or not reached:
     print("No variant other than %s reached the target: no saving to report." % ref["name"])
     sys.exit(0)
-best = min(reached, key=lambda v: v["cost_to_target_usd"])
-print("Combined saving: %s needed $%.6f to reach its own final loss %.4f; %s reached it for"
-      " $%.6f: %.2fx cheaper." % (ref["name"], ref["cost_to_target_usd"], e["target_val_loss"],
-                                   best["name"], best["cost_to_target_usd"],
-                                   ref["cost_to_target_usd"] / best["cost_to_target_usd"]))
+best = min(reached, key=lambda v: v["recipe_cost_to_target_usd"])
+r_ref, r_best = ref["recipe_cost_to_target_usd"], best["recipe_cost_to_target_usd"]
+b_ref, b_best = ref.get("cost_to_target_usd", 0), best.get("cost_to_target_usd", 0)
+print("Combined saving, by recipe cost (steps to the target x each variant's median step"
+      " time x its price,\nwhatever else the machine was doing): %s needs $%.6f to reach its"
+      " own final loss %.4f;\n%s reaches it for $%.6f (%.1f steps, $%.6f to $%.6f): %.2fx"
+      " cheaper." % (ref["name"], r_ref, e["target_val_loss"], best["name"], r_best,
+                     best.get("steps_to_target", 0), best.get("recipe_cost_low_usd", 0),
+                     best.get("recipe_cost_high_usd", 0), r_ref / r_best))
+if b_ref > 0 and b_best > 0:
+    print("Billed (what the ledger charged, with the machine's load in it): $%.6f and $%.6f,"
+          " %.2fx." % (b_ref, b_best, b_ref / b_best))
 PY
 echo
 echo "From /metrics:"

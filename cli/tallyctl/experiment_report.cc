@@ -245,14 +245,32 @@ std::string Title(const Experiment& experiment) {
   return "Experiment";
 }
 
+enum class XAxis { kRecipeDollars, kBilledDollars, kTokens };
+
+// Where a variant reached the target on the x axis.
+double ToTarget(const VariantStatus& v, XAxis x) {
+  switch (x) {
+    case XAxis::kTokens:
+      return v.tokens_to_target();
+    case XAxis::kRecipeDollars:
+      return v.recipe_cost_to_target_usd();
+    case XAxis::kBilledDollars:
+      break;
+  }
+  return v.cost_to_target_usd();
+}
+
 // The legend's second line for a variant: its cost to the target, or why it
 // has none.
-std::string Detail(const Series& s, double target, bool tokens) {
+std::string Detail(const Series& s, double target, XAxis x) {
+  const bool tokens = x == XAxis::kTokens;
   std::string detail;
   if (s.points.empty()) {
-    detail = "no evaluations yet";
+    detail = s.status != nullptr && !s.status->note().empty()
+                 ? Xml(s.status->note(), kMaxDetailChars)
+                 : "no evaluations yet";
   } else if (target > 0 && s.status != nullptr && s.status->reached_target()) {
-    const double to_target = tokens ? s.status->tokens_to_target() : s.status->cost_to_target_usd();
+    const double to_target = ToTarget(*s.status, x);
     if (Plottable(to_target)) {
       detail = tokens ? absl::StrCat(Si(to_target), " tokens to target")
                       : absl::StrCat(Dollars(to_target), " to target");
@@ -273,7 +291,8 @@ std::string Detail(const Series& s, double target, bool tokens) {
 }  // namespace
 
 std::string RenderExperimentSvg(const Experiment& experiment,
-                                const std::vector<VariantCurve>& curves) {
+                                const std::vector<VariantCurve>& curves,
+                                const ReportOptions& options) {
   // Legend order and colours: the experiment's variants as listed, then any
   // other curve; a name seen twice keeps its first place and curve.
   std::vector<Series> series;
@@ -315,11 +334,25 @@ std::string RenderExperimentSvg(const Experiment& experiment,
     }
   }
   const bool tokens = any_loss && !any_cost;
+  // Recipe dollars when asked (the default) and every plotted variant has a
+  // recipe price per step.
+  bool recipe = !tokens && !options.billed;
+  for (const Series& s : series) {
+    if (s.curve == nullptr || s.curve->empty()) continue;
+    recipe = recipe && s.status != nullptr && Plottable(s.status->recipe_usd_per_step()) &&
+             s.status->recipe_usd_per_step() > 0;
+  }
+  const XAxis x_axis = tokens   ? XAxis::kTokens
+                       : recipe ? XAxis::kRecipeDollars
+                                : XAxis::kBilledDollars;
   bool any_points = false;
   for (Series& s : series) {
     if (s.curve == nullptr) continue;
     for (const EvalPoint& p : *s.curve) {
-      const double x = tokens ? static_cast<double>(p.tokens()) : p.cost_usd();
+      const double x = x_axis == XAxis::kTokens ? static_cast<double>(p.tokens())
+                       : x_axis == XAxis::kRecipeDollars
+                           ? static_cast<double>(p.step()) * s.status->recipe_usd_per_step()
+                           : p.cost_usd();
       if (Plottable(x) && Plottable(p.val_loss())) s.points.push_back({x, p.val_loss()});
     }
     any_points = any_points || !s.points.empty();
@@ -336,7 +369,7 @@ std::string RenderExperimentSvg(const Experiment& experiment,
   if (target > 0) {
     for (const Series& s : series) {
       if (s.status == nullptr || !s.status->reached_target()) continue;
-      const double x = tokens ? s.status->tokens_to_target() : s.status->cost_to_target_usd();
+      const double x = ToTarget(*s.status, x_axis);
       if (Plottable(x)) crossings.push_back({&s, x});
     }
   }
@@ -391,6 +424,14 @@ std::string RenderExperimentSvg(const Experiment& experiment,
       x_hi = std::max(x_hi, c.x);
     }
     if (Degenerate(x_lo, x_hi)) x_hi = x_lo + std::max(1.0, std::abs(x_lo));
+    // The region around the target: what tells the variants apart there
+    // (the early, steep part of every curve is alike).
+    bool clipped = false;
+    if (options.zoom && target > 0 && y_hi > 1.35 * target) {
+      y_hi = 1.35 * target;
+      y_lo = std::min(y_lo, target) - 0.02 * target;
+      clipped = true;
+    }
     if (Degenerate(y_lo, y_hi)) {
       const double pad = y_lo == 0 ? 1 : std::abs(y_lo) * 0.05;
       y_lo -= pad;
@@ -438,6 +479,12 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                       absl::StrFormat("target %.4f", target), "</text>\n");
     }
 
+    if (clipped) {
+      absl::StrAppend(&svg, "<defs><clipPath id=\"plot\"><rect x=\"", Px(kPlotLeft),
+                      "\" y=\"", Px(kPlotTop), "\" width=\"", Px(kPlotWidth), "\" height=\"",
+                      Px(kPlotHeight), "\"/></clipPath></defs>\n<g class=\"curves\" "
+                      "clip-path=\"url(#plot)\">\n");
+    }
     for (const Series& s : series) {
       if (s.points.empty()) continue;
       const std::string name = Xml(s.name);
@@ -455,6 +502,7 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                         "\" r=\"3.5\" fill=\"", Color(s.color), "\"/>\n");
       }
     }
+    if (clipped) absl::StrAppend(&svg, "</g>\n");
     for (const Crossing& c : crossings) {
       const std::string name = Xml(c.series->name);
       absl::StrAppend(&svg, "<circle class=\"crossing\" data-variant=\"", name, "\" cx=\"",
@@ -469,7 +517,12 @@ std::string RenderExperimentSvg(const Experiment& experiment,
   absl::StrAppend(
       &svg, "<text class=\"axis-label\" x=\"", Px(kPlotLeft + kPlotWidth / 2), "\" y=\"",
       Px(kPlotTop + kPlotHeight + 40), "\" text-anchor=\"middle\">",
-      tokens ? "tokens trained (no evaluation has a dollar cost)" : "dollars spent (USD)",
+      x_axis == XAxis::kTokens ? "tokens trained (no evaluation has a dollar cost)"
+      : x_axis == XAxis::kRecipeDollars
+          ? "recipe dollars (steps x each variant's median step time x its price)"
+          : options.billed ? "dollars billed (USD)"
+                           : "dollars billed (USD; a variant has no step times for recipe "
+                             "dollars)",
       "</text>\n");
   const double y_mid = kPlotTop + kPlotHeight / 2;
   absl::StrAppend(&svg, "<text class=\"axis-label\" x=\"24\" y=\"", Px(y_mid),
@@ -488,7 +541,7 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                     "</text>\n");
     absl::StrAppend(&svg, "<text class=\"legend-detail\" x=\"", Px(kLegendLeft + 30), "\" y=\"",
                     Px(y + 18), "\" font-size=\"10.5\" fill=\"#666666\">",
-                    Detail(s, target, tokens), "</text>\n");
+                    Detail(s, target, x_axis), "</text>\n");
   }
   absl::StrAppend(&svg, "</g>\n</svg>\n");
   return svg;

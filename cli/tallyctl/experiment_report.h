@@ -24,6 +24,20 @@ struct VariantCurve {
   std::vector<tally::v1::EvalPoint> curve;
 };
 
+// How the report draws its axes.
+struct ReportOptions {
+  // x: recipe dollars (each evaluation's step at the variant's recipe price
+  // per step, VariantStatus.recipe_usd_per_step: what the recipe costs
+  // wherever it ran), when every plotted variant has one; billed dollars
+  // (what each evaluation had cost on tallyd's clock) otherwise, or when
+  // `billed` asks for them.
+  bool billed = false;
+  // y: the region around the target (from just under the lowest loss to
+  // 35% above the target), curves clipped at its top edge, when there is a
+  // target and the curves start above that; false: every loss.
+  bool zoom = true;
+};
+
 // Renders validation loss (y) against dollars spent (x) for every variant:
 //  - one <path class="variant" data-variant="NAME"> per variant with at least
 //    one plottable evaluation (a single evaluation also gets a dot), its
@@ -38,11 +52,12 @@ struct VariantCurve {
 //    name and name.
 // When no plotted evaluation has a cost above 0 (no prices configured), the
 // x axis is tokens instead and its label says so; crossing markers then sit
-// at tokens_to_target. Evaluations whose loss or x value is NaN, infinite or
+// at tokens_to_target (at recipe_cost_to_target_usd on a recipe axis). Evaluations whose loss or x value is NaN, infinite or
 // beyond 1e100 in magnitude are skipped. With nothing to plot (no variants,
 // no evaluations) the image is still valid and says "no evaluations yet".
 std::string RenderExperimentSvg(const tally::v1::Experiment& experiment,
-                                const std::vector<VariantCurve>& curves);
+                                const std::vector<VariantCurve>& curves,
+                                const ReportOptions& options = {});
 
 }  // namespace tally::cli
 

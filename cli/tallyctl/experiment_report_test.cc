@@ -192,8 +192,9 @@ absl::StatusOr<Document> ParseXml(absl::string_view xml) {
 
 // --- Helpers over a rendered document. -------------------------------------
 
-Document Render(const Experiment& experiment, const std::vector<VariantCurve>& curves) {
-  const std::string svg = RenderExperimentSvg(experiment, curves);
+Document Render(const Experiment& experiment, const std::vector<VariantCurve>& curves,
+                const ReportOptions& options = {}) {
+  const std::string svg = RenderExperimentSvg(experiment, curves, options);
   absl::StatusOr<Document> doc = ParseXml(svg);
   EXPECT_TRUE(doc.ok()) << doc.status() << "\n" << svg;
   if (!doc.ok()) return Document{};
@@ -338,14 +339,18 @@ TEST(ExperimentReportTest, OnePathPerVariantWithACurveAndALegendEntryForEach) {
 TEST(ExperimentReportTest, ColoursFollowTheExperimentNotTheCurveOrder) {
   const Experiment e = MakeExperiment({"baseline", "lr-high", "lr-low"}, 3.0);
   std::vector<VariantCurve> curves = ThreeCurves();
+  // (Each document kept while its elements are read: WithClass points into
+  // it.)
   std::map<std::string, std::string> first;
-  for (const Element* p : WithClass(Render(e, curves), "path", "variant")) {
+  const Document before = Render(e, curves);
+  for (const Element* p : WithClass(before, "path", "variant")) {
     first[p->attrs.at("data-variant")] = p->attrs.at("stroke");
   }
   std::swap(curves[0], curves[2]);
   curves.erase(curves.begin() + 1);
   std::map<std::string, std::string> second;
-  for (const Element* p : WithClass(Render(e, curves), "path", "variant")) {
+  const Document after = Render(e, curves);
+  for (const Element* p : WithClass(after, "path", "variant")) {
     second[p->attrs.at("data-variant")] = p->attrs.at("stroke");
   }
   ASSERT_THAT(second, SizeIs(2));
@@ -441,6 +446,77 @@ TEST(ExperimentReportTest, CrossingMarkerSitsOnTheCurveAtTheTarget) {
   EXPECT_THAT(text, HasSubstr("$5.00 to target"));
   EXPECT_THAT(text, HasSubstr("$12.00 to target"));
   EXPECT_THAT(text, HasSubstr("never reached the target"));
+}
+
+// Recipe dollars on x (the default when every variant has step times):
+// each evaluation at its step times the variant's price per step, the
+// crossing at its recipe cost; billed dollars when asked, or when a variant
+// has no step times.
+TEST(ExperimentReportTest, RecipeDollarsAreTheDefaultAxisAndBilledOnRequest) {
+  Experiment e = MakeExperiment({"naive", "packed"}, 3.0);
+  auto* naive = e.mutable_variants(0);
+  naive->set_recipe_usd_per_step(0.01);
+  naive->set_reached_target(true);
+  naive->set_recipe_cost_to_target_usd(1.0);  // step 100
+  naive->set_cost_to_target_usd(3.0);         // billed on a busy machine
+  auto* packed = e.mutable_variants(1);
+  packed->set_recipe_usd_per_step(0.01);
+  packed->set_reached_target(true);
+  packed->set_recipe_cost_to_target_usd(0.5);
+  packed->set_cost_to_target_usd(0.6);
+  auto at = [](int64_t step, double billed, double loss) {
+    EvalPoint p = Eval(billed, loss);
+    p.set_step(step);
+    return p;
+  };
+  const std::vector<VariantCurve> curves = {
+      {"naive", {at(0, 0, 5.0), at(50, 2.0, 3.5), at(150, 4.0, 2.5)}},
+      {"packed", {at(0, 0, 5.0), at(25, 0.3, 3.5), at(75, 0.9, 2.5)}}};
+  const Document recipe = Render(e, curves);
+  EXPECT_THAT(WithClass(recipe, "text", "axis-label")[0]->text, HasSubstr("recipe dollars"));
+  EXPECT_THAT(AllText(recipe), HasSubstr("$1.00 to target"));
+  EXPECT_THAT(AllText(recipe), HasSubstr("$0.5 to target"));
+  // naive's crossing at $1.00 is the middle of its segment from $0.50 to $1.50.
+  const std::vector<XY> n = Vertices(*WithClass(recipe, "path", "variant")[0]);
+  ASSERT_THAT(n, SizeIs(3));
+  EXPECT_NEAR(Attr(*WithClass(recipe, "circle", "crossing")[0], "cx"), (n[1].x + n[2].x) / 2,
+              0.02);
+
+  ReportOptions billed;
+  billed.billed = true;
+  const Document b = Render(e, curves, billed);
+  EXPECT_THAT(WithClass(b, "text", "axis-label")[0]->text, HasSubstr("dollars billed"));
+  EXPECT_THAT(AllText(b), HasSubstr("$3.00 to target"));
+  // A variant without step times: billed, saying why.
+  e.mutable_variants(1)->set_recipe_usd_per_step(0);
+  const Document fallback = Render(e, curves);
+  EXPECT_THAT(WithClass(fallback, "text", "axis-label")[0]->text,
+              HasSubstr("a variant has no step times"));
+}
+
+// The y axis zooms to the region around the target (the curves' early,
+// steep part is alike for every variant), clipping what lies above it;
+// --svg_y=full shows every loss.
+TEST(ExperimentReportTest, TheYAxisZoomsToTheTarget) {
+  const Experiment e = MakeExperiment({"baseline", "lr-high", "lr-low"}, 3.0);
+  auto top_tick = [](const Document& d) {
+    double top = -1;
+    bool in_y = false;
+    for (const Element& el : d.elements) {
+      if (el.name == "g") in_y = el.attrs.count("class") && el.attrs.at("class") == "y-axis";
+      double v;
+      if (in_y && el.name == "text" && absl::SimpleAtod(el.text, &v)) top = std::max(top, v);
+    }
+    return top;
+  };
+  const Document zoomed = Render(e, ThreeCurves());
+  EXPECT_LE(top_tick(zoomed), 4.5);
+  EXPECT_THAT(WithClass(zoomed, "g", "curves"), SizeIs(1)) << "clipped to the plot";
+  ReportOptions full;
+  full.zoom = false;
+  const Document all = Render(e, ThreeCurves(), full);
+  EXPECT_GE(top_tick(all), 5.2);
+  EXPECT_THAT(WithClass(all, "g", "curves"), IsEmpty());
 }
 
 TEST(ExperimentReportTest, NoCrossingMarkersWithoutATarget) {

@@ -88,10 +88,15 @@ std::string PreemptionLines(const tally::v1::Job& job, absl::TimeZone tz) {
   const auto& p = job.preemption();
   const bool pending = !p.pending_for().empty();
   const double redone = job.cost().redone_usd();
-  if (p.count() <= 0 && !pending && !(redone > 0) && p.preempted_by_size() == 0) return "";
-  std::string out = absl::StrFormat(
-      "  preemptions: %d (notice %d, priority %d), redone $%.4f\n", p.count(), p.by_notice(),
-      p.by_priority(), redone);
+  std::string out;
+  if (!job.hold().empty()) {
+    absl::StrAppend(&out, "  held: ", Safe(job.hold()), " (not placed until released)\n");
+  }
+  if (p.count() <= 0 && !pending && !(redone > 0) && p.preempted_by_size() == 0) return out;
+  absl::StrAppendFormat(&out, "  preemptions: %d (notice %d, priority %d", p.count(),
+                        p.by_notice(), p.by_priority());
+  if (p.by_experiment() > 0) absl::StrAppendFormat(&out, ", experiment %d", p.by_experiment());
+  absl::StrAppendFormat(&out, "), redone $%.4f\n", redone);
   if (p.preempted_by_size() > 0) {
     const int shown = std::min(p.preempted_by_size(), kMaxPreemptersShown);
     std::vector<std::string> names;

@@ -123,6 +123,18 @@ TEST(JobFormatTest, PreemptionCountsAndRedoneDollars) {
   EXPECT_THAT(RedoneLine(j), HasSubstr("(1 preemption: notice 1, priority 0)"));
 }
 
+TEST(JobFormatTest, AHeldJobSaysSoAndCountsTheExperimentsHolds) {
+  Job j = BaseJob();
+  j.set_hold("experiment experiments/4: successive halving holds packed at rung 1");
+  EXPECT_EQ(PreemptionLines(j, absl::UTCTimeZone()),
+            "  held: experiment experiments/4: successive halving holds packed at rung 1 "
+            "(not placed until released)\n");
+  j.mutable_preemption()->set_count(1);
+  j.mutable_preemption()->set_by_experiment(1);
+  EXPECT_THAT(PreemptionLines(j, absl::UTCTimeZone()),
+              HasSubstr("  preemptions: 1 (notice 0, priority 0, experiment 1), redone $0.0000\n"));
+}
+
 TEST(JobFormatTest, ManyPreemptersAreCut) {
   Job j = BaseJob();
   auto* p = j.mutable_preemption();

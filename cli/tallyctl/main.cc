@@ -33,6 +33,7 @@
 #include "cli/tallyctl/tokens.h"
 #include "common/controller_list.h"
 #include "common/experiment_spec.h"
+#include "common/watch_metadata.h"
 #include "common/spec_validation.h"
 #include "common/spec_yaml.h"
 #include "common/text.h"
@@ -89,6 +90,13 @@ ABSL_FLAG(int64_t, after, 0, "watch: start after this event sequence number");
 ABSL_FLAG(bool, wait, true, "submit: false to return right after submitting");
 ABSL_FLAG(std::string, svg, "",
           "experiment report: write the loss-against-dollars chart to this SVG file");
+ABSL_FLAG(std::string, svg_x, "recipe",
+          "experiment report: the chart's x axis, recipe (each variant's steps at its own "
+          "median step time and price; billed when a variant has no step times) or billed "
+          "(what tallyd billed)");
+ABSL_FLAG(std::string, svg_y, "target",
+          "experiment report: the chart's y axis, target (the region around the target "
+          "loss) or full (every loss)");
 
 namespace tally::cli {
 namespace {
@@ -134,9 +142,11 @@ Commands:
   experiment watch EXP   follow it until it ends (a live table on a
                          terminal, one line per event otherwise)
   experiment cancel EXP  cancel it and its running variants (--reason)
-  experiment report EXP --svg=FILE
+  experiment report EXP --svg=FILE [--svg_x=recipe|billed] [--svg_y=target|full]
                          the table, and validation loss against dollars for
-                         every variant with the target, as an SVG
+                         every variant with the target, as an SVG (recipe
+                         dollars and the region around the target by
+                         default)
   experiment validate -f exp.yaml  check an experiment file locally
 
   token create --name=NAME --tenant=TENANT --role=ROLE
@@ -816,6 +826,34 @@ struct Retry {
   void Reset() { failures = 0, backoff = absl::Milliseconds(200); }
 };
 
+// A watch's connection as the user hears of it: once when the stream to
+// tallyd is lost, however many attempts the reconnection takes, and once
+// when a stream is back (tallyd's "tally-watch-established" initial
+// metadata, or an event).
+class WatchConnection {
+ public:
+  void Lost(const std::string& why, int64_t after) {
+    if (lost_) return;
+    lost_ = true;
+    std::cerr << "tallyctl: lost the watch stream (" << why << "); reconnecting, to resume "
+              << "after event " << after << "\n";
+  }
+  // After each new stream's initial metadata (or its first event): true
+  // when tallyd accepted the watch.
+  bool Check(const grpc::ClientContext& ctx, bool got_event, int64_t after) {
+    const auto& md = ctx.GetServerInitialMetadata();
+    const bool established = got_event || md.find(kWatchEstablishedKey) != md.end();
+    if (established && lost_) {
+      lost_ = false;
+      std::cerr << "tallyctl: reconnected; resuming after event " << after << "\n";
+    }
+    return established;
+  }
+
+ private:
+  bool lost_ = false;
+};
+
 int Watch(Client& c, const std::string& arg) {
   const std::string name = NormalizeName(arg);
   const bool tty = isatty(STDOUT_FILENO) && absl::GetFlag(FLAGS_output) != "json";
@@ -844,6 +882,7 @@ int Watch(Client& c, const std::string& arg) {
   PreemptionTally preemptions(job.preemption().count(), job.last_event_sequence(), after);
   tally::v1::JobState last_state = tally::v1::JOB_STATE_UNSPECIFIED;
   bool bar_shown = false;
+  WatchConnection connection;
   while (true) {
     tally::v1::WatchJobRequest req;
     req.set_name(name);
@@ -851,8 +890,11 @@ int Watch(Client& c, const std::string& arg) {
     grpc::ClientContext ctx;
     c.Authorize(&ctx);
     auto reader = c.stub()->WatchJob(&ctx, req);
+    reader->WaitForInitialMetadata();
+    if (connection.Check(ctx, false, after)) retry.Reset();  // an idle watch is no failure
     tally::v1::JobEvent e;
     while (reader->Read(&e)) {
+      connection.Check(ctx, true, after);
       retry.Reset();
       after = e.sequence();
       last_state = e.state();
@@ -879,8 +921,7 @@ int Watch(Client& c, const std::string& arg) {
     // tallyd restarting or unreachable: resume after the last event seen,
     // at the next address when there are several.
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) c.Next();
-    std::cerr << "tallyctl: watch interrupted (" << Safe(c.Redact(s.error_message()))
-              << "); resuming after event " << after << "\n";
+    connection.Lost(Safe(c.Redact(s.error_message())), after);
     retry.Wait();
   }
   if (bar_shown) std::cout << "\n";
@@ -971,28 +1012,62 @@ int ReadExperimentFlag(const char* cmd, tally::v1::ExperimentSpec* spec) {
 
 std::string Loss(double l) { return l > 0 ? absl::StrFormat("%.4f", l) : std::string("-"); }
 
-// The variants' table: one line each.
+std::string Count(double x) {
+  if (x >= 1e9) return absl::StrFormat("%.2fG", x / 1e9);
+  if (x >= 1e6) return absl::StrFormat("%.2fM", x / 1e6);
+  if (x >= 1e4) return absl::StrFormat("%.1fk", x / 1e3);
+  return absl::StrFormat("%.0f", x);
+}
+
+// The variants' table: one line each. The recipe cost (steps to the target
+// at the variant's own median step time, with the 10th-90th percentile
+// interval) is what the verdict uses; billed is what tallyd's clock billed.
 void PrintVariantTable(const tally::v1::Experiment& e) {
-  std::cout << absl::StrFormat("  %-20s %-15s %-8s %-9s %-9s %-9s %-11s %-11s %-8s %s\n",
-                               "VARIANT", "STATE", "STEP", "VAL_LOSS", "BEST", "TARGET",
-                               "$ SO FAR", "$ TO TARGET", "x VS REF", "NOTE");
+  const char* kRow =
+      "  %-20s %-15s %-7s %-8s %-8s %-10s %-11s %-28s %-7s %-13s %-7s %-10s %s\n";
+  std::cout << absl::StrFormat(kRow, "VARIANT", "STATE", "STEP", "VAL_LOSS", "BEST",
+                               "STEPS TO T", "TOKENS TO T", "RECIPE $ TO T (P10-P90)", "x REF",
+                               "BILLED $ TO T", "x REF", "$ SO FAR", "NOTE");
   for (const auto& v : e.variants()) {
     const std::string state =
         v.job().empty() && v.state() == tally::v1::JOB_STATE_UNSPECIFIED
             ? std::string("-")
             : StateName(v.state());
-    std::string note = v.note();
-    if (v.halted()) note = "stopped by successive halving";
-    if (v.name() == e.reference_variant()) note = note.empty() ? "reference" : "reference; " + note;
+    std::vector<std::string> notes;
+    if (v.name() == e.reference_variant()) notes.push_back("reference");
+    if (v.halted()) notes.push_back("stopped by successive halving");
+    if (v.held_at_rung() > 0) notes.push_back(absl::StrCat("held at rung ", v.held_at_rung()));
+    if (!v.note().empty()) notes.push_back(v.note());
+    if (v.step_time_varied()) {
+      notes.push_back(absl::StrFormat("step time varied %.0f%% (p10-p90): recipe cost less "
+                                      "certain",
+                                      100 * v.step_seconds_spread()));
+    }
+    if (v.recipe_cost_to_target_usd() > 0 && v.cost_to_target_usd() > 0) {
+      const double r = v.cost_to_target_usd() / v.recipe_cost_to_target_usd();
+      if (r > 1.25 || r < 0.8) notes.push_back(absl::StrFormat("billed %.2fx its recipe cost", r));
+    }
+    const bool recipe = v.recipe_cost_to_target_usd() > 0;
     std::cout << absl::StrFormat(
-        "  %-20s %-15s %-8d %-9s %-9s %-9s %-11s %-11s %-8s %s\n", Safe(v.name()), state,
-        v.step(), Loss(v.val_loss()), Loss(v.best_val_loss()), Loss(e.target_val_loss()),
-        FormatDollars(v.cost_usd()),
+        kRow, Safe(v.name()), state, absl::StrCat(v.step()), Loss(v.val_loss()),
+        Loss(v.best_val_loss()),
+        v.reached_target() ? absl::StrFormat("%.1f", v.steps_to_target()) : std::string("-"),
+        v.reached_target() ? Count(v.tokens_to_target()) : std::string("-"),
+        recipe ? absl::StrCat(FormatDollars(v.recipe_cost_to_target_usd()), " (",
+                              FormatDollars(v.recipe_cost_low_usd()).substr(1), "-",
+                              FormatDollars(v.recipe_cost_high_usd()).substr(1), ")")
+               : std::string("-"),
+        v.recipe_ratio_to_reference() > 0
+            ? absl::StrFormat("%.2fx", v.recipe_ratio_to_reference())
+            : std::string("-"),
         v.reached_target() ? FormatDollars(v.cost_to_target_usd()) : std::string("-"),
         v.ratio_to_reference() > 0 ? absl::StrFormat("%.2fx", v.ratio_to_reference())
                                    : std::string("-"),
-        Safe(note));
+        FormatDollars(v.cost_usd()), Safe(absl::StrJoin(notes, "; ")));
   }
+  std::cout << "  recipe $: steps to the target x the variant's median step time x its GPUs' "
+               "price (the recipe's cost, wherever it ran); billed $: tallyd's clock (start-up, "
+               "evaluations and a busy machine included)\n";
 }
 
 void PrintExperiment(const tally::v1::Experiment& e) {
@@ -1174,6 +1249,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
   }
   retry = Retry();
   int64_t after = absl::GetFlag(FLAGS_after);
+  WatchConnection connection;
   while (true) {
     tally::v1::WatchExperimentRequest req;
     req.set_name(name);
@@ -1181,8 +1257,11 @@ int ExperimentWatch(Client& c, const std::string& arg) {
     grpc::ClientContext ctx;
     c.Authorize(&ctx);
     auto reader = c.experiments()->WatchExperiment(&ctx, req);
+    reader->WaitForInitialMetadata();
+    if (connection.Check(ctx, false, after)) retry.Reset();  // an idle watch is no failure
     tally::v1::ExperimentEvent ev;
     while (reader->Read(&ev)) {
+      connection.Check(ctx, true, after);
       retry.Reset();
       after = ev.sequence();
       if (json) {
@@ -1200,8 +1279,7 @@ int ExperimentWatch(Client& c, const std::string& arg) {
     if (s.ok()) break;
     if (!retry.Again(s)) return Fail(s, c);
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) c.Next();
-    std::cerr << "tallyctl: watch interrupted (" << Safe(c.Redact(s.error_message()))
-              << "); resuming after event " << after << "\n";
+    connection.Lost(Safe(c.Redact(s.error_message())), after);
     retry.Wait();
   }
   retry = Retry();
@@ -1214,6 +1292,18 @@ int ExperimentWatch(Client& c, const std::string& arg) {
 }
 
 int ExperimentReport(Client& c, const std::string& arg) {
+  ReportOptions options;
+  const std::string x = absl::GetFlag(FLAGS_svg_x), y = absl::GetFlag(FLAGS_svg_y);
+  if (x != "recipe" && x != "billed") {
+    std::cerr << "tallyctl: --svg_x: must be recipe or billed, got \"" << Safe(x) << "\"\n";
+    return kUsage;
+  }
+  if (y != "target" && y != "full") {
+    std::cerr << "tallyctl: --svg_y: must be target or full, got \"" << Safe(y) << "\"\n";
+    return kUsage;
+  }
+  options.billed = x == "billed";
+  options.zoom = y == "target";
   tally::v1::Experiment e;
   if (int rc = GetExperiment(c, arg, &e); rc != kOk) return rc;
   const std::string svg = absl::GetFlag(FLAGS_svg);
@@ -1234,7 +1324,7 @@ int ExperimentReport(Client& c, const std::string& arg) {
     PrintExperiment(e);
   }
   if (svg.empty()) return kOk;
-  const std::string image = RenderExperimentSvg(e, curves);
+  const std::string image = RenderExperimentSvg(e, curves, options);
   std::ofstream out(svg, std::ios::binary | std::ios::trunc);
   out << image;
   out.close();

@@ -1,5 +1,6 @@
 #include "server/api/services.h"
 
+
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
@@ -11,6 +12,7 @@
 #include "common/grpc_status.h"
 #include "common/names.h"
 #include "common/text.h"
+#include "common/watch_metadata.h"
 #include "server/store/job_store.h"
 #include "google/protobuf/descriptor.h"
 
@@ -108,10 +110,14 @@ std::string StreamKey(const PrincipalFn& peer, const grpc::ServerContextBase& co
 class WatchReactor final : public grpc::ServerWriteReactor<tally::v1::JobEvent>,
                            public JobWatch {
  public:
-  static WatchReactor* Begin(WatchHub* hub, int64_t job_id, int64_t after_sequence,
-                             StreamLimiter::Lease lease) {
+  static WatchReactor* Begin(grpc::CallbackServerContext* context, WatchHub* hub,
+                             int64_t job_id, int64_t after_sequence, StreamLimiter::Lease lease) {
     auto w = std::make_shared<WatchReactor>(hub, job_id, after_sequence, std::move(lease));
     w->self_ = w;
+    // At once, events or not: the client knows its stream is established
+    // (an idle job sends nothing for a long time).
+    context->AddInitialMetadata(kWatchEstablishedKey, "1");
+    w->StartSendInitialMetadata();
     w->Start();
     return w.get();
   }
@@ -120,6 +126,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<tally::v1::JobEvent>,
                StreamLimiter::Lease lease)
       : JobWatch(hub, job_id, after_sequence), lease_(std::move(lease)) {}
 
+  void OnSendInitialMetadataDone(bool) override {}
   void OnWriteDone(bool ok) override { OnSent(ok); }
   void OnCancel() override { Cancel(); }
   void OnDone() override {
@@ -541,6 +548,9 @@ grpc::Status ExperimentsService::WatchExperiment(
   absl::StatusOr<StreamLimiter::Lease> lease =
       watch_limiter_.Acquire(StreamKey(principal_, *context, *caller));
   if (!lease.ok()) return ToGrpcStatus(lease.status());
+  // At once, events or not: the client knows its stream is established.
+  context->AddInitialMetadata(kWatchEstablishedKey, "1");
+  writer->SendInitialMetadata();
   int64_t after = req->after_sequence();
   while (true) {
     // The version first: a commit after this read wakes the wait below.
@@ -593,7 +603,7 @@ grpc::ServerWriteReactor<tally::v1::JobEvent>* JobsService::WatchJob(
   absl::StatusOr<StreamLimiter::Lease> lease =
       watch_limiter_.Acquire(StreamKey(principal_, *context, *caller));
   if (!lease.ok()) return new FinishedWriteReactor(ToGrpcStatus(lease.status()));
-  return WatchReactor::Begin(core_->watch_hub(), *id, req->after_sequence(),
+  return WatchReactor::Begin(context, core_->watch_hub(), *id, req->after_sequence(),
                              std::move(*lease));
 }
 

@@ -10,6 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "common/proto_time.h"
 #include "common/text.h"
+#include "server/ledger/cost_ledger.h"
+#include "server/policy/step_times.h"
 #include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
 #include "server/store/job_store.h"
@@ -103,12 +105,18 @@ std::string RungLabel(const Rung& r, int k, int64_t max_steps) {
                       " steps (1/", 1 << (r.rungs - k), " of max_steps) each");
 }
 
-double Score(const VariantStatus& v) {
+// What successive halving ranks a variant by, and the figure's name.
+struct Score {
+  double value = std::numeric_limits<double>::infinity();
+  std::string figure;
+};
+
+Score ScoreOf(const VariantStatus& v) {
   if (v.forecast().valid() && std::isfinite(v.forecast().final_val_loss())) {
-    return v.forecast().final_val_loss();
+    return {v.forecast().final_val_loss(), "forecast final val_loss"};
   }
-  if (std::isfinite(v.val_loss()) && v.val_loss() > 0) return v.val_loss();
-  return std::numeric_limits<double>::infinity();
+  if (std::isfinite(v.val_loss()) && v.val_loss() > 0) return {v.val_loss(), "latest val_loss"};
+  return {std::numeric_limits<double>::infinity(), "no evaluation"};
 }
 
 }  // namespace
@@ -148,7 +156,32 @@ void FillVariantFigures(const Job& job, double target, VariantStatus* v) {
   v->set_tokens_to_target(0);
   v->set_gpu_seconds_to_target(0);
   v->set_target_step(0);
+  v->set_steps_to_target(0);
+  v->set_flops_to_target(0);
+  v->set_recipe_cost_to_target_usd(0);
+  v->set_recipe_cost_low_usd(0);
+  v->set_recipe_cost_high_usd(0);
   v->clear_note();
+  // Its own steady-state step times: what a step of this recipe costs.
+  const std::optional<policy::StepTimeSummary> times = policy::Summarize(
+      std::vector<double>(job.step_times().seconds().begin(), job.step_times().seconds().end()));
+  v->set_step_seconds(times ? times->median : 0);
+  v->set_step_seconds_spread(times ? times->spread() : 0);
+  v->set_step_time_varied(times && times->varied());
+  // The GPU type's on-demand price (the estimate's, made at submission),
+  // not an attempt's blend with spot capacity: where it ran is not the
+  // recipe's.
+  const double usd_per_gpu_hour = job.cost().estimate().usd_per_gpu_hour() > 0
+                                      ? job.cost().estimate().usd_per_gpu_hour()
+                                      : job.cost().usd_per_gpu_hour();
+  const double usd_per_step_second =
+      std::max(1, job.spec().resources().gpu_count()) * usd_per_gpu_hour / 3600.0;
+  v->set_recipe_usd_per_step(times ? times->median * usd_per_step_second : 0);
+  if (job.state() == tally::v1::JOB_STATE_FAILED) {
+    // Not "no evaluations yet": it is over.
+    v->set_note("failed: " + (job.state_reason().empty() ? std::string("no reason recorded")
+                                                         : job.state_reason()));
+  }
   if (target <= 0) return;
   const std::vector<policy::CurvePoint> curve = sched::CurveOf(job);
   if (auto x = policy::FindTargetCrossing(curve, target)) {
@@ -157,7 +190,18 @@ void FillVariantFigures(const Job& job, double target, VariantStatus* v) {
     v->set_tokens_to_target(x->tokens);
     v->set_gpu_seconds_to_target(x->gpu_seconds);
     v->set_target_step(x->at.step);
-  } else if (store::IsTerminal(job.state())) {
+    v->set_steps_to_target(x->steps);
+    v->set_flops_to_target(x->tokens * ledger::CostLedger::FlopsPerToken(job.spec()));
+    // The recipe's cost: its steps at its own steady-state step time, on
+    // its GPUs at its GPU type's price.
+    if (times) {
+      v->set_recipe_cost_to_target_usd(x->steps * times->median * usd_per_step_second);
+      v->set_recipe_cost_low_usd(x->steps * times->p10 * usd_per_step_second);
+      v->set_recipe_cost_high_usd(x->steps * times->p90 * usd_per_step_second);
+    } else if (x->steps > 0 && v->note().empty()) {
+      v->set_note("too few steps to time: no recipe cost");
+    }
+  } else if (store::IsTerminal(job.state()) && v->note().empty()) {
     v->set_note(curve.empty() ? "never evaluated: no figure to the target"
                               : "never reached the target");
   }
@@ -173,6 +217,7 @@ void FillFigures(const std::vector<std::optional<Job>>& jobs, Experiment* e) {
       total += v->cost_usd();
     }
     v->set_ratio_to_reference(0);
+    v->set_recipe_ratio_to_reference(0);
   }
   e->set_cost_usd(total);
   const int ref = ReferenceIndex(e->spec());
@@ -182,6 +227,10 @@ void FillFigures(const std::vector<std::optional<Job>>& jobs, Experiment* e) {
     VariantStatus* v = e->mutable_variants(i);
     if (v->reached_target() && r.reached_target() && r.cost_to_target_usd() > 0) {
       v->set_ratio_to_reference(v->cost_to_target_usd() / r.cost_to_target_usd());
+    }
+    if (v->recipe_cost_to_target_usd() > 0 && r.recipe_cost_to_target_usd() > 0) {
+      v->set_recipe_ratio_to_reference(v->recipe_cost_to_target_usd() /
+                                       r.recipe_cost_to_target_usd());
     }
   }
 }
@@ -371,56 +420,148 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
   // Successive halving.
   if (spec.strategy() == tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING) {
     const Rung r = RungOf(e);
-    std::vector<int> running;
-    for (int i = 0; i < n; ++i) {
-      const std::optional<Job>& job = job_of(i);
-      if (!Active(job) || e.variants(i).halted() || job->has_pending_stop()) continue;
-      if (from_variant && i == ref) continue;
-      running.push_back(i);
-    }
-    bool all_submitted = true;
-    for (int i = 0; i < n; ++i) {
-      all_submitted = all_submitted &&
-                      (job_of(i).has_value() || store::IsTerminal(e.variants(i).state()));
-    }
     const int k = e.rung();
-    if (all_submitted && k < r.rungs && running.size() >= 2 &&
-        std::all_of(running.begin(), running.end(),
-                    [&](int i) { return PassedRung(r, k, *job_of(i)); })) {
-      std::vector<int> ranked = running;
-      std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) {
-        return Score(e.variants(a)) < Score(e.variants(b));
-      });
-      const size_t keep = ranked.size() - ranked.size() / 2;
-      std::vector<std::string> kept, halted;
-      for (size_t j = 0; j < ranked.size(); ++j) {
-        VariantStatus* v = e.mutable_variants(ranked[j]);
-        const std::string line = absl::StrFormat("%s (%.4f)", v->name(), Score(*v));
-        if (j < keep) {
-          kept.push_back(line);
+    // In the race at this rung: not ended, not halted, not stopping, not the
+    // reference of a from_variant target. A variant without a job yet (it
+    // is submitted this pass) is in it, waiting.
+    std::vector<int> contenders;
+    for (int i = 0; i < n; ++i) {
+      if ((from_variant && i == ref) || e.variants(i).halted()) continue;
+      const std::optional<Job>& job = job_of(i);
+      if (job ? (Active(job) && !job->has_pending_stop())
+              : !store::IsTerminal(e.variants(i).state())) {
+        contenders.push_back(i);
+      }
+    }
+    // A mark left on a variant that ended, was halted or is out of the
+    // race, or by a race that is over (fewer than two left, or the last
+    // rung judged): nothing holds it any more (released below).
+    const bool racing = k < r.rungs && contenders.size() >= 2;
+    for (int i = 0; i < n; ++i) {
+      VariantStatus* v = e.mutable_variants(i);
+      if (v->held_at_rung() == 0) continue;
+      const bool in_race =
+          std::find(contenders.begin(), contenders.end(), i) != contenders.end();
+      if (!racing || !in_race) v->set_held_at_rung(0);
+    }
+    auto hold = [&](int i, const std::string& why) {
+      Action a;
+      a.kind = Action::kHold;
+      a.variant = i;
+      a.reason = why;
+      p.actions.push_back(std::move(a));
+    };
+    auto release = [&](int i, const std::string& why) {
+      Action a;
+      a.kind = Action::kRelease;
+      a.variant = i;
+      a.reason = why;
+      p.actions.push_back(std::move(a));
+    };
+    if (racing) {
+      const int64_t max_steps =
+          job_of(contenders[0]) ? job_of(contenders[0])->spec().training().max_steps() : 0;
+      const std::string mark = RungLabel(r, k, max_steps);
+      std::vector<bool> passed(n, false);
+      std::vector<int> waiting;  // contenders below the mark with no slot
+      for (int i : contenders) {
+        const std::optional<Job>& job = job_of(i);
+        passed[i] = job && PassedRung(r, k, *job);
+        if (!job || (!passed[i] && job->state() == tally::v1::JOB_STATE_QUEUED &&
+                     job->hold().empty())) {
+          waiting.push_back(i);
+        }
+      }
+      // The slots variant i would free: of its GPU type, its GPU count.
+      auto resources = [&](int i) -> const tally::v1::ResourceSpec* {
+        if (job_of(i)) return &job_of(i)->spec().resources();
+        return i < p.rec.resolved_size() ? &p.rec.resolved(i).resources() : nullptr;
+      };
+      // Holding i helps only a waiting variant that its slots can run.
+      auto frees_a_slot_for_a_waiting_one = [&](int i) {
+        const tally::v1::ResourceSpec* mine = resources(i);
+        return mine && std::any_of(waiting.begin(), waiting.end(), [&](int j) {
+                 const tally::v1::ResourceSpec* theirs = resources(j);
+                 return theirs && theirs->gpu_type() == mine->gpu_type() &&
+                        std::max(1, theirs->gpu_count()) <= std::max(1, mine->gpu_count());
+               });
+      };
+      for (int i : contenders) {
+        VariantStatus* v = e.mutable_variants(i);
+        const std::optional<Job>& job = job_of(i);
+        if (!job) continue;
+        const std::string why =
+            absl::StrCat("experiment ", e.name(), ": successive halving holds ", v->name(),
+                         " at rung ", k + 1, " (", mark, ") until every variant has reached it");
+        if (v->held_at_rung() == k + 1) {
+          if (job->hold().empty()) hold(i, why);  // a hold decided, not yet in force
           continue;
         }
-        halted.push_back(line);
-        v->set_halted(true);
-        Action a;
-        a.kind = Action::kStop;
-        a.variant = ranked[j];
-        a.state = tally::v1::JOB_STATE_EARLY_STOPPED;
-        a.rule = "experiment_halving";
-        a.reason = absl::StrFormat(
-            "successive halving, rung %d of %d: forecast final val_loss %.4f is in the worse "
-            "half of %d running variants (experiment %s)",
-            k + 1, r.rungs, Score(*v), ranked.size(), e.name());
-        p.actions.push_back(std::move(a));
+        if (passed[i] && frees_a_slot_for_a_waiting_one(i)) {
+          // Its slot goes to a variant that has not started this rung.
+          v->set_held_at_rung(k + 1);
+          hold(i, why);
+          AddEvent(p, "held", v->name(),
+                   absl::StrCat(v->name(), " reached rung ", k + 1, " (", mark,
+                                ") while other variants wait for a slot: held there"),
+                   "", now);
+        }
       }
-      e.set_rung(k + 1);
-      AddEvent(p, "halving", "",
-               absl::StrCat("rung ", k + 1, " of ", r.rungs, " done at ",
-                            RungLabel(r, k, job_of(running[0])->spec().training().max_steps()),
-                            ": stopping ", absl::StrJoin(halted, ", ")),
-               absl::StrCat("kept ", absl::StrJoin(kept, ", "),
-                            " (ranked by forecast final val_loss)"),
-               now);
+      if (std::all_of(contenders.begin(), contenders.end(), [&](int i) { return passed[i]; })) {
+        std::vector<int> ranked = contenders;
+        std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) {
+          return ScoreOf(e.variants(a)).value < ScoreOf(e.variants(b)).value;
+        });
+        const size_t keep = ranked.size() - ranked.size() / 2;
+        std::vector<std::string> kept, halted;
+        for (size_t j = 0; j < ranked.size(); ++j) {
+          VariantStatus* v = e.mutable_variants(ranked[j]);
+          const Score score = ScoreOf(*v);
+          const std::string line =
+              absl::StrFormat("%s (%s %.4f)", v->name(), score.figure, score.value);
+          const bool was_held = v->held_at_rung() > 0;
+          v->set_held_at_rung(0);
+          if (j < keep) {
+            kept.push_back(line);
+            if (was_held) {
+              release(ranked[j], absl::StrCat("experiment ", e.name(), ": rung ", k + 1,
+                                              " judged, ", v->name(), " goes on"));
+            }
+            continue;
+          }
+          halted.push_back(line);
+          v->set_halted(true);
+          Action a;
+          a.kind = Action::kStop;
+          a.variant = ranked[j];
+          a.state = tally::v1::JOB_STATE_EARLY_STOPPED;
+          a.rule = "experiment_halving";
+          a.reason = absl::StrFormat(
+              "successive halving, rung %d of %d: %s %.4f is in the worse half of %d "
+              "variants (experiment %s)",
+              k + 1, r.rungs, score.figure, score.value, ranked.size(), e.name());
+          p.actions.push_back(std::move(a));
+        }
+        e.set_rung(k + 1);
+        AddEvent(p, "halving", "",
+                 absl::StrCat("rung ", k + 1, " of ", r.rungs, " done at ", mark,
+                              ": stopping ", absl::StrJoin(halted, ", ")),
+                 absl::StrCat("kept ", absl::StrJoin(kept, ", "),
+                              "; each ranked by its forecast final val_loss, or its latest "
+                              "val_loss before it has a forecast"),
+                 now);
+      }
+    }
+    // A release decided, not yet in force (or a hold left by a rung that
+    // is over): the variant is free again.
+    for (int i = 0; i < n; ++i) {
+      const std::optional<Job>& job = job_of(i);
+      const bool decided = std::any_of(p.actions.begin(), p.actions.end(), [&](const Action& a) {
+        return a.variant == i && (a.kind == Action::kRelease || a.kind == Action::kStop);
+      });
+      if (Active(job) && !job->hold().empty() && e.variants(i).held_at_rung() == 0 && !decided) {
+        release(i, absl::StrCat("experiment ", e.name(), ": no longer held"));
+      }
     }
   }
 
@@ -432,12 +573,25 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
                         : store::IsTerminal(e.variants(i).state()));  // refused
   }
   if (done) {
+    // The verdict is by recipe cost (what a step of each recipe costs, not
+    // when or where it ran); billed dollars where a variant has none.
+    // Billed dollars for all where a variant that reached it has no recipe
+    // cost (no price, or too few steps to time): the two are not compared.
+    const bool by_recipe = std::all_of(
+        e.variants().begin(), e.variants().end(), [](const VariantStatus& v) {
+          return !v.reached_target() || v.recipe_cost_to_target_usd() > 0;
+        });
+    auto figure = [by_recipe](const VariantStatus& v) {
+      return by_recipe ? v.recipe_cost_to_target_usd() : v.cost_to_target_usd();
+    };
     std::string best;
     double best_cost = 0;
+    const VariantStatus* best_v = nullptr;
     for (const auto& v : e.variants()) {
-      if (v.reached_target() && (best.empty() || v.cost_to_target_usd() < best_cost)) {
+      if (v.reached_target() && (best.empty() || figure(v) < best_cost)) {
         best = v.name();
-        best_cost = v.cost_to_target_usd();
+        best_cost = figure(v);
+        best_v = &v;
       }
     }
     std::string reason = "every variant ended";
@@ -447,12 +601,19 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
       absl::StrAppendFormat(&reason, "; no variant reached the target %.4f",
                             e.target_val_loss());
     } else {
-      absl::StrAppendFormat(&reason, "; cheapest to the target %.4f: %s at %s",
-                            e.target_val_loss(), best, FormatDollars(best_cost));
+      const bool recipe = by_recipe;
+      absl::StrAppendFormat(&reason, "; cheapest to the target %.4f: %s at %s %s", e.target_val_loss(),
+                            best, FormatDollars(best_cost), recipe ? "by recipe cost" : "billed");
+      if (recipe) {
+        absl::StrAppend(&reason, " (", FormatDollars(best_v->cost_to_target_usd()), " billed)");
+      }
       const VariantStatus& rv = e.variants(ref);
-      for (const auto& v : e.variants()) {
-        if (v.name() == best && v.ratio_to_reference() > 0 && v.name() != rv.name()) {
-          absl::StrAppendFormat(&reason, " (%.2fx %s's %s)", v.ratio_to_reference(),
+      if (best_v->name() != rv.name()) {
+        if (recipe && best_v->recipe_ratio_to_reference() > 0) {
+          absl::StrAppendFormat(&reason, ", %.2fx %s's %s", best_v->recipe_ratio_to_reference(),
+                                rv.name(), FormatDollars(rv.recipe_cost_to_target_usd()));
+        } else if (!recipe && best_v->ratio_to_reference() > 0) {
+          absl::StrAppendFormat(&reason, ", %.2fx %s's %s", best_v->ratio_to_reference(),
                                 rv.name(), FormatDollars(rv.cost_to_target_usd()));
         }
       }

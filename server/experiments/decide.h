@@ -28,14 +28,19 @@
 //   experiment ends BUDGET_EXHAUSTED and its running variants are stopped
 //   (BUDGET_EXHAUSTED, rule "experiment_budget"); variants not yet submitted
 //   never are.
-// - successive_halving: with n variants there are ceil(log2 n) rungs. Rung k
-//   ends when every running variant has spent rung_dollars x 2^k (or, with no
-//   rung_dollars and no budget, reached max_steps / 2^(rungs - k) steps);
-//   then the worse half of the running variants, ranked by their forecast
-//   final loss (the latest loss when a variant has no forecast yet), stop
-//   EARLY_STOPPED with rule "experiment_halving". The reference of a
-//   from_variant target is never halved. Variants that ended on their own
-//   are not ranked.
+// - successive_halving: with n variants there are ceil(log2 n) rungs. A
+//   variant reaches rung k's mark when it has spent rung_dollars x 2^k (or,
+//   with no rung_dollars and no budget, trained max_steps / 2^(rungs - k)
+//   steps). The rung is judged once every variant still in the race has
+//   reached it, queued ones included, so that fewer workers than variants
+//   still rank them all: a variant at the mark while another waits for a
+//   slot is held there (preempted with a checkpoint, and kept out of
+//   placement: Scheduler::HoldJob), which gives its slot to the next. Then
+//   the worse half, ranked by their forecast final loss (the latest loss
+//   when a variant has no forecast yet; the event says which figure each
+//   was ranked by), stop EARLY_STOPPED with rule "experiment_halving", and
+//   the rest are released. The reference of a from_variant target is never
+//   halved or held. Variants that ended on their own are not ranked.
 // - The experiment SUCCEEDS once every variant has a job and every job has
 //   ended, whatever each job's outcome: a failed variant does not fail it.
 #ifndef TALLY_SERVER_EXPERIMENTS_DECIDE_H_
@@ -53,7 +58,7 @@
 namespace tally::experiments {
 
 struct Action {
-  enum Kind { kSubmit, kSetTarget, kStop, kCancel };
+  enum Kind { kSubmit, kSetTarget, kStop, kCancel, kHold, kRelease };
   Kind kind = kSubmit;
   int variant = 0;                 // index into the experiment's variants
   tally::v1::JobSpec spec;         // kSubmit: the spec, labels included
@@ -61,7 +66,7 @@ struct Action {
   double target_val_loss = 0;      // kSetTarget
   tally::v1::JobState state = tally::v1::JOB_STATE_UNSPECIFIED;  // kStop
   std::string rule;                // kStop
-  std::string reason;              // kSetTarget, kStop, kCancel
+  std::string reason;              // kSetTarget, kStop, kCancel, kHold, kRelease
 };
 
 struct Plan {

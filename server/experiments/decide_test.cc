@@ -152,26 +152,75 @@ TEST(DecideTest, AnAbsoluteTargetIsEveryVariantsIncludingTheFirst) {
   EXPECT_DOUBLE_EQ(p.rec.experiment().target_val_loss(), 2.5);
 }
 
+// The recipe cost prices a variant's steps to the target at its own
+// steady-state step time (the median), so a variant that ran through a busy
+// stretch is not judged by it; billed dollars stay beside it.
+TEST(DecideTest, TheVerdictIsByRecipeCostNotByWhenAVariantRan) {
+  auto timed = [](Job j, int quiet, int busy) {
+    j.mutable_cost()->set_usd_per_gpu_hour(3.6);  // $0.001 a GPU-second
+    j.mutable_spec()->mutable_model()->set_num_layers(2);
+    j.mutable_spec()->mutable_model()->set_d_model(64);
+    j.mutable_spec()->mutable_data()->set_seq_len(128);
+    for (int i = 0; i < quiet; ++i) j.mutable_step_times()->add_seconds(1.0);
+    for (int i = 0; i < busy; ++i) j.mutable_step_times()->add_seconds(3.0);
+    return j;
+  };
+  // naive: 100 steps at 1 s, billed as it ran.
+  Job naive = timed(MakeJob(1, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 2.0}}), 200, 0);
+  // packed: the target between steps 50 and 60 (58.33), a quarter of its
+  // steps three times slower (another job shared the machine), billed
+  // accordingly: at $0.001 a second, 1.5 x what its steps cost quiet.
+  Job packed = timed(MakeJob(2, tally::v1::JOB_STATE_EARLY_STOPPED, {{0, 5.0}, {50, 2.5}, {60, 1.9}}),
+                     150, 50);
+  for (auto& pt : *packed.mutable_curve()) pt.set_cost_usd(pt.step() * 0.0015);
+  auto rec = WithJobs(Record({"naive", "packed"}, "naive"), {naive, packed});
+  Plan p = Decide(rec, Opt({naive, packed}), kNow);
+  const auto& e = p.rec.experiment();
+  const auto& n = e.variants(0);
+  const auto& v = e.variants(1);
+  ASSERT_TRUE(v.reached_target());
+  EXPECT_NEAR(v.steps_to_target(), 58.333, 1e-3);
+  EXPECT_DOUBLE_EQ(v.step_seconds(), 1.0);
+  EXPECT_NEAR(v.recipe_cost_to_target_usd(), 0.058333, 1e-6);
+  EXPECT_NEAR(v.recipe_cost_low_usd(), 0.058333, 1e-6);
+  EXPECT_NEAR(v.recipe_cost_high_usd(), 0.175, 1e-6);
+  EXPECT_TRUE(v.step_time_varied());
+  EXPECT_NEAR(v.step_seconds_spread(), 2.0, 1e-9);
+  EXPECT_NEAR(n.recipe_cost_to_target_usd(), 0.1, 1e-9);
+  EXPECT_FALSE(n.step_time_varied());
+  EXPECT_NEAR(v.recipe_ratio_to_reference(), 0.58333, 1e-5);
+  EXPECT_NEAR(v.ratio_to_reference(), 0.0875 / 0.1, 1e-6) << "billed stays what was billed";
+  EXPECT_GT(v.flops_to_target(), 0);
+  EXPECT_THAT(e.state_reason(), HasSubstr("packed at $0.0583 by recipe cost ($0.0875 billed)"));
+  EXPECT_THAT(e.state_reason(), HasSubstr("0.58x naive's"));
+}
+
 TEST(DecideTest, AFailedVariantDoesNotFailTheExperimentAndHasNoMadeUpFigures) {
   Job naive = MakeJob(1, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 2.0}});
   Job broken = MakeJob(2, tally::v1::JOB_STATE_FAILED, {{0, 5.0}});
+  broken.set_state_reason("attempt 3 of 3 failed: out of memory");
   Job none = MakeJob(3, tally::v1::JOB_STATE_FAILED, {});
-  auto rec = WithJobs(Record({"naive", "broken", "none"}, "naive"), {naive, broken, none});
-  Plan p = Decide(rec, Opt({naive, broken, none}), kNow);
+  Job stopped = MakeJob(4, tally::v1::JOB_STATE_EARLY_STOPPED, {{0, 5.0}});
+  auto rec = WithJobs(Record({"naive", "broken", "none", "stopped"}, "naive"),
+                      {naive, broken, none, stopped});
+  Plan p = Decide(rec, Opt({naive, broken, none, stopped}), kNow);
   const auto& e = p.rec.experiment();
   EXPECT_EQ(e.state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
   EXPECT_THAT(e.state_reason(), HasSubstr("cheapest to the target 2.0000: naive"));
   EXPECT_FALSE(e.variants(1).reached_target());
-  EXPECT_EQ(e.variants(1).note(), "never reached the target");
-  EXPECT_EQ(e.variants(2).note(), "never evaluated: no figure to the target");
-  for (int i = 1; i < 3; ++i) {
+  // A failed variant says so (not "no evaluations yet", which reads as
+  // pending), with the job's reason.
+  EXPECT_EQ(e.variants(1).note(), "failed: attempt 3 of 3 failed: out of memory");
+  EXPECT_EQ(e.variants(2).note(), "failed: no reason recorded");
+  EXPECT_EQ(e.variants(3).note(), "never reached the target");
+  for (int i = 1; i < 4; ++i) {
     EXPECT_EQ(e.variants(i).cost_to_target_usd(), 0);
     EXPECT_EQ(e.variants(i).ratio_to_reference(), 0);
     EXPECT_FALSE(std::isnan(e.variants(i).ratio_to_reference()));
   }
   int ended = 0;
   for (const auto& ev : p.events) ended += ev.type() == "variant_ended";
-  EXPECT_EQ(ended, 3);
+  EXPECT_EQ(ended, 4);
 }
 
 TEST(DecideTest, AReferenceWithoutAnEvaluationLeavesNoTarget) {
@@ -282,6 +331,102 @@ TEST(DecideTest, SuccessiveHalvingStopsTheWorseHalfByForecastAfterEachRung) {
   // No third rung.
   Plan p3 = Decide(p2.rec, Opt(jobs), kNow);
   EXPECT_EQ(Count(p3, Action::kStop), 0);
+}
+
+// Fewer slots than variants: a variant at the mark while another waits
+// for a slot is held (its slot goes to the waiting one); the rung is judged
+// only once every variant has reached it; the kept are released, and a hold
+// or release decided but not yet in force is asked for again.
+TEST(DecideTest, HalvingHoldsAVariantAtTheMarkWhileAnotherWaits) {
+  std::vector<Job> jobs = {
+      MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}),  // at the mark
+      MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {100, 4.0}}),  // on its way
+      MakeJob(3, tally::v1::JOB_STATE_QUEUED, {}),                     // no slot yet
+  };
+  auto rec = WithJobs(Record({"a", "b", "c"}, "", 1.0), jobs);
+  rec.mutable_experiment()->mutable_spec()->set_strategy(
+      tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
+  rec.mutable_experiment()->set_target_val_loss(1.0);
+  for (auto& j : jobs) j.set_target_val_loss(1.0);
+  Plan p = Decide(rec, Opt(jobs), kNow);
+  ASSERT_EQ(Count(p, Action::kHold), 1);
+  EXPECT_EQ(Count(p, Action::kStop), 0) << "c has not started: nothing is judged";
+  EXPECT_EQ(p.rec.experiment().variants(0).held_at_rung(), 1);
+  ASSERT_NE(Event(p, "held"), nullptr);
+  EXPECT_EQ(Event(p, "held")->variant(), "a");
+  // The hold lost to a crash before it was made: asked for again.
+  Plan again = Decide(p.rec, Opt(jobs), kNow);
+  EXPECT_EQ(Count(again, Action::kHold), 1);
+  EXPECT_EQ(Event(again, "held"), nullptr) << "one event per hold";
+
+  // a is held (preempted, queued); b and c reach the mark.
+  jobs[0].set_state(tally::v1::JOB_STATE_QUEUED);
+  jobs[0].set_hold("experiments/7 holds a");
+  jobs[1] = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 2.5}});
+  jobs[2] = MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.5}});
+  for (auto& j : jobs) j.set_target_val_loss(1.0);
+  Plan judged = Decide(p.rec, Opt(jobs), kNow);
+  ASSERT_EQ(Count(judged, Action::kStop), 1);
+  EXPECT_EQ(judged.rec.experiment().rung(), 1);
+  // c (3.5) is worse than a (3.0) and b (2.5): kept are a and b; a, held,
+  // is released.
+  for (const auto& a : judged.actions) {
+    if (a.kind == Action::kStop) EXPECT_EQ(a.variant, 2);
+    if (a.kind == Action::kRelease) EXPECT_EQ(a.variant, 0);
+  }
+  EXPECT_EQ(Count(judged, Action::kRelease), 1);
+  EXPECT_EQ(judged.rec.experiment().variants(0).held_at_rung(), 0);
+  EXPECT_THAT(Event(judged, "halving")->reason(), HasSubstr("latest val_loss 3.5000"));
+  // The release lost to a crash: asked for again.
+  Plan released = Decide(judged.rec, Opt(jobs), kNow);
+  EXPECT_EQ(Count(released, Action::kRelease), 1);
+}
+
+TEST(DecideTest, AHoldEndsWhenTheRaceDoes) {
+  // Two variants, one worker: a is held at the mark while b runs; b then
+  // ends below the mark (it reached the target). a is alone in the race:
+  // released, not held for a rung that will never be judged.
+  std::vector<Job> jobs = {
+      MakeJob(1, tally::v1::JOB_STATE_QUEUED, {{0, 5}, {500, 3.0}}),
+      MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {100, 4.0}}),
+  };
+  jobs[0].set_hold("experiments/7 holds a");
+  auto rec = WithJobs(Record({"a", "b"}, "", 1.0), jobs);
+  rec.mutable_experiment()->mutable_spec()->set_strategy(
+      tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
+  rec.mutable_experiment()->mutable_variants(0)->set_held_at_rung(1);
+  Plan running = Decide(rec, Opt(jobs), kNow);
+  EXPECT_EQ(Count(running, Action::kRelease), 0) << "b is still on its way to the mark";
+  EXPECT_EQ(running.rec.experiment().variants(0).held_at_rung(), 1);
+
+  jobs[1] = MakeJob(2, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5}, {150, 0.9}});
+  Plan p = Decide(running.rec, Opt(jobs), kNow);
+  ASSERT_EQ(Count(p, Action::kRelease), 1);
+  EXPECT_EQ(p.actions.back().variant, 0);
+  EXPECT_EQ(p.rec.experiment().variants(0).held_at_rung(), 0);
+  EXPECT_EQ(Count(p, Action::kStop), 0);
+  EXPECT_NE(p.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED)
+      << "a still has to run";
+}
+
+TEST(DecideTest, NoHoldFreesASlotAWaitingVariantCannotUse) {
+  std::vector<Job> jobs = {
+      MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 3.0}}),  // at the mark
+      MakeJob(2, tally::v1::JOB_STATE_QUEUED, {}),                     // waits for an h100
+  };
+  jobs[0].mutable_spec()->mutable_resources()->set_gpu_type("cpu");
+  jobs[1].mutable_spec()->mutable_resources()->set_gpu_type("h100");
+  auto rec = WithJobs(Record({"a", "b"}, "", 1.0), jobs);
+  rec.mutable_experiment()->mutable_spec()->set_strategy(
+      tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
+  EXPECT_EQ(Count(Decide(rec, Opt(jobs), kNow), Action::kHold), 0)
+      << "a's cpu slot cannot run b: holding a would only stop it";
+  jobs[1].mutable_spec()->mutable_resources()->set_gpu_type("cpu");
+  jobs[1].mutable_spec()->mutable_resources()->set_gpu_count(2);
+  EXPECT_EQ(Count(Decide(rec, Opt(jobs), kNow), Action::kHold), 0)
+      << "b needs two GPUs, a frees one";
+  jobs[1].mutable_spec()->mutable_resources()->set_gpu_count(1);
+  EXPECT_EQ(Count(Decide(rec, Opt(jobs), kNow), Action::kHold), 1);
 }
 
 TEST(DecideTest, HalvingRungsInDollarsAndTheReferenceIsNeverHalved) {

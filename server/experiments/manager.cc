@@ -44,6 +44,12 @@ ExperimentManager::ExperimentManager(store::JobStore* store, sched::Scheduler* s
       "Dollars a variant needed to reach the experiment's target validation loss "
       "(interpolated between the evaluations that straddle it); exported once reached.",
       none);
+  variant_recipe_cost_to_target_ = &registry->Add<metrics::Gauge>(
+      "tally_experiment_variant_recipe_cost_to_target_dollars",
+      "A variant's recipe cost to the experiment's target: its steps to the target at its own "
+      "median step time and its GPUs' price (independent of when and where it ran; what "
+      "the experiment's verdict uses); exported once reached and timed.",
+      none);
   variant_reached_ = &registry->Add<metrics::Gauge>(
       "tally_experiment_variant_reached_target",
       "1 when the variant has reached the experiment's target validation loss, else 0.", none);
@@ -259,11 +265,17 @@ absl::Status ExperimentManager::Act(int64_t id, const Plan& plan) {
       }
       case Action::kSetTarget:
       case Action::kStop:
-      case Action::kCancel: {
+      case Action::kCancel:
+      case Action::kHold:
+      case Action::kRelease: {
         absl::StatusOr<int64_t> job_id = ParseJobName(job_name);
         if (!job_id.ok()) break;
         if (a.kind == Action::kSetTarget) {
           note(scheduler_->SetTarget(*job_id, a.target_val_loss, a.reason).status());
+        } else if (a.kind == Action::kHold) {
+          note(scheduler_->HoldJob(*job_id, plan.rec.experiment().name(), a.reason).status());
+        } else if (a.kind == Action::kRelease) {
+          note(scheduler_->ReleaseJob(*job_id, a.reason).status());
         } else if (a.kind == Action::kStop) {
           note(scheduler_->StopJob(*job_id, a.state, a.rule, a.reason).status());
         } else {
@@ -312,6 +324,9 @@ void ExperimentManager::Export(const Experiment& e) {
     if (v.val_loss() > 0) variant_val_loss_->Add(l).Set(v.val_loss());
     variant_reached_->Add(l).Set(v.reached_target() ? 1 : 0);
     if (v.reached_target()) variant_cost_to_target_->Add(l).Set(v.cost_to_target_usd());
+    if (v.recipe_cost_to_target_usd() > 0) {
+      variant_recipe_cost_to_target_->Add(l).Set(v.recipe_cost_to_target_usd());
+    }
   }
 }
 

@@ -84,6 +84,7 @@ class ExperimentManager {
   metrics::Family<metrics::Gauge>* variant_cost_;
   metrics::Family<metrics::Gauge>* variant_val_loss_;
   metrics::Family<metrics::Gauge>* variant_cost_to_target_;
+  metrics::Family<metrics::Gauge>* variant_recipe_cost_to_target_;
   metrics::Family<metrics::Gauge>* variant_reached_;
   metrics::Family<metrics::Gauge>* target_;
   metrics::Family<metrics::Gauge>* cost_;

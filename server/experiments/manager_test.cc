@@ -3,6 +3,8 @@
 // force, a failed commit acts on nothing, and a restart carries on.
 #include "server/experiments/manager.h"
 
+#include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -263,6 +265,127 @@ TEST_F(ManagerTest, MetricsShowEachVariantsDollarsToTarget) {
   }
   EXPECT_TRUE(cost_to_target);
   EXPECT_TRUE(reached);
+}
+
+// Successive halving with fewer workers than variants, on the real
+// scheduler: simulated workers train each running attempt 10 steps a pass
+// (an evaluation every 50), obey preemption and stop orders, and a
+// variant's loss depends on its learning rate only. Every variant reaches
+// every rung (those at the mark are held while others wait for a slot), the
+// rungs are judged on all of them, and the worst learning rate goes first.
+class HalvingTest : public ManagerTest {
+ protected:
+  // Variant i's loss at `step`: the higher i, the worse (a smaller lr).
+  static double Loss(int variant, int64_t step) {
+    return 2.0 + 0.5 * variant + 3.0 * std::exp(-static_cast<double>(step) / 200.0);
+  }
+
+  struct Outcome {
+    Experiment e;
+    std::map<std::string, int64_t> steps_at_end;
+    std::vector<std::string> event_types;
+    int holds = 0;
+  };
+
+  Outcome Run(int variants, int workers) {
+    tally::v1::ExperimentSpec spec;
+    spec.set_display_name("halving");
+    *spec.mutable_base() = sched::TinySpec();
+    for (int i = 0; i < variants; ++i) spec.add_variants()->set_name("v" + std::to_string(i));
+    spec.mutable_target()->set_val_loss(0.5);  // out of reach: every variant runs
+    spec.set_strategy(tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
+    for (int w = 0; w < workers; ++w) Hello("w" + std::to_string(w), 1);
+    absl::StatusOr<Experiment> created = manager_->Create(spec, "");
+    EXPECT_TRUE(created.ok()) << created.status();
+    const std::string name = created->name();
+    Outcome out;
+    for (int pass = 0; pass < 2000; ++pass) {
+      clock_.Advance(absl::Seconds(1));
+      EXPECT_TRUE(sched_->Tick().ok());
+      EXPECT_TRUE(manager_->Reconcile().ok());
+      Experiment e = *manager_->Get(std::stoll(name.substr(12)));
+      if (e.state() != tally::v1::EXPERIMENT_STATE_RUNNING) {
+        out.e = e;
+        break;
+      }
+      for (int i = 0; i < e.variants_size(); ++i) {
+        const std::string& job_name = e.variants(i).job();
+        if (job_name.empty()) continue;
+        const tally::v1::Job j = Job(job_name);
+        if (j.state() != tally::v1::JOB_STATE_RUNNING || j.worker_ids_size() == 0) continue;
+        const std::string w = j.worker_ids(0);
+        if (!j.preemption().pending_for().empty()) {
+          EXPECT_TRUE(Exit(w, job_name, tally::v1::ATTEMPT_OUTCOME_PREEMPTED).ok());
+          continue;
+        }
+        if (j.has_pending_stop()) {
+          EXPECT_TRUE(Exit(w, job_name, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+          continue;
+        }
+        const int64_t step = j.step() + 10;
+        tally::v1::WorkerMessage m;
+        m.mutable_progress()->set_job(job_name);
+        m.mutable_progress()->set_attempt(j.attempt());
+        m.mutable_progress()->set_step(step);
+        m.mutable_progress()->set_tokens(step * 100);
+        m.mutable_progress()->set_trained(true);
+        m.mutable_progress()->set_step_seconds(0.1);
+        EXPECT_TRUE(sched_->OnMessage(w, m).ok());
+        if (step % 50 == 0) EXPECT_TRUE(Eval(w, job_name, step, Loss(i, step)).ok());
+        if (step >= 1000) EXPECT_TRUE(Exit(w, job_name, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+      }
+    }
+    EXPECT_NE(out.e.state(), tally::v1::EXPERIMENT_STATE_RUNNING) << "the experiment ended";
+    for (const auto& v : out.e.variants()) out.steps_at_end[v.name()] = Job(v.job()).step();
+    const auto events = base_.ListExperimentEvents(1, 0, 1000);
+    EXPECT_TRUE(events.ok());
+    for (const auto& ev : *events) {
+      out.event_types.push_back(ev.type());
+      out.holds += ev.type() == "held";
+      if (ev.type() == "halving") {
+        EXPECT_THAT(ev.detail(), HasSubstr("ranked by its forecast final val_loss"));
+        EXPECT_THAT(ev.reason(), HasSubstr("val_loss"));
+      }
+    }
+    return out;
+  }
+};
+
+TEST_F(HalvingTest, FourVariantsOnTwoWorkersReachEveryRungAndTheWorseHalfStops) {
+  const Outcome o = Run(4, 2);
+  ASSERT_EQ(o.e.state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED) << o.e.state_reason();
+  EXPECT_EQ(o.e.rung(), 2);
+  std::map<std::string, bool> halted;
+  for (const auto& v : o.e.variants()) halted[v.name()] = v.halted();
+  // Two rungs: v3 and v2 (the smallest learning rates) at the first, v1 at
+  // the second; v0 trains to the end.
+  EXPECT_TRUE(halted["v3"]);
+  EXPECT_TRUE(halted["v2"]);
+  EXPECT_TRUE(halted["v1"]);
+  EXPECT_FALSE(halted["v0"]);
+  EXPECT_EQ(o.steps_at_end.at("v0"), 1000);
+  // The halted ones stopped near their rung's mark (250 steps for the
+  // first), not at the end of their runs.
+  EXPECT_LT(o.steps_at_end.at("v3"), 300);
+  EXPECT_LT(o.steps_at_end.at("v2"), 300);
+  EXPECT_GE(o.steps_at_end.at("v3"), 250) << "it reached the rung before being judged";
+  EXPECT_GT(o.holds, 0) << "two slots for four variants: some waited at the mark";
+  EXPECT_TRUE(Job(o.e.variants(0).job()).hold().empty());
+}
+
+TEST_F(HalvingTest, EightVariantsOnOneWorker) {
+  const Outcome o = Run(8, 1);
+  ASSERT_EQ(o.e.state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED) << o.e.state_reason();
+  EXPECT_EQ(o.e.rung(), 3);
+  int halted = 0;
+  for (const auto& v : o.e.variants()) halted += v.halted();
+  EXPECT_EQ(halted, 7);
+  EXPECT_FALSE(o.e.variants(0).halted()) << "the best learning rate wins";
+  EXPECT_TRUE(o.e.variants(7).halted());
+  // The first rung (125 steps) was reached by every variant before any
+  // stopped: the worst one trained to it.
+  EXPECT_GE(o.steps_at_end.at("v7"), 125);
+  EXPECT_LT(o.steps_at_end.at("v7"), 200);
 }
 
 }  // namespace

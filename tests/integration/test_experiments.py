@@ -32,7 +32,10 @@ target: {{from_variant: naive}}
 
 VARIANT_FIELDS = ("name", "job", "state", "final_val_loss", "best_val_loss", "cost_usd",
                   "reached_target", "cost_to_target_usd", "tokens_to_target",
-                  "gpu_seconds_to_target", "ratio_to_reference")
+                  "gpu_seconds_to_target", "ratio_to_reference", "recipe_cost_to_target_usd",
+                  "recipe_cost_low_usd", "recipe_cost_high_usd", "recipe_ratio_to_reference",
+                  "steps_to_target", "flops_to_target", "step_seconds", "step_seconds_spread",
+                  "step_time_varied")
 
 TERMINAL = {experiments_pb2.EXPERIMENT_STATE_SUCCEEDED,
             experiments_pb2.EXPERIMENT_STATE_CANCELLED,
@@ -114,6 +117,18 @@ class ExperimentsTest(ClusterTest):
                                        places=6)
                 self.assertGreater(v.tokens_to_target, 0)
                 self.assertGreater(v.gpu_seconds_to_target, 0)
+                # The recipe cost: steps to the target at the variant's own
+                # median step time, inside its p10-p90 interval.
+                self.assertGreater(v.steps_to_target, 0)
+                self.assertGreater(v.step_seconds, 0)
+                self.assertAlmostEqual(v.recipe_cost_to_target_usd,
+                                       v.steps_to_target * v.step_seconds * PRICE / 3600,
+                                       places=9)
+                self.assertLessEqual(v.recipe_cost_low_usd, v.recipe_cost_to_target_usd)
+                self.assertGreaterEqual(v.recipe_cost_high_usd, v.recipe_cost_to_target_usd)
+                self.assertAlmostEqual(
+                    v.recipe_ratio_to_reference,
+                    v.recipe_cost_to_target_usd / naive.recipe_cost_to_target_usd, places=6)
             else:
                 self.assertEqual(v.ratio_to_reference, 0)
                 self.assertEqual(v.note, "never reached the target")
@@ -129,8 +144,9 @@ class ExperimentsTest(ClusterTest):
             for field in VARIANT_FIELDS:
                 self.assertIn(field, v)
         text = self.tallyctl("experiment", "get", name)
-        self.assertIn("$ TO TARGET", text.stdout)
-        self.assertIn("x VS REF", text.stdout)
+        self.assertIn("RECIPE $ TO T", text.stdout)
+        self.assertIn("BILLED $ TO T", text.stdout)
+        self.assertIn("STEPS TO T", text.stdout)
         listed = self.tallyctl("experiment", "list")
         self.assertIn(name, listed.stdout)
 
@@ -151,6 +167,9 @@ class ExperimentsTest(ClusterTest):
         key = ('tally_experiment_variant_cost_to_target_dollars{experiment="%s",'
                'variant="naive"}' % name)
         self.assertAlmostEqual(series[key], naive.cost_to_target_usd, places=6)
+        key = ('tally_experiment_variant_recipe_cost_to_target_dollars{experiment="%s",'
+               'variant="naive"}' % name)
+        self.assertAlmostEqual(series[key], naive.recipe_cost_to_target_usd, places=6)
         print("\n" + text.stdout)
 
     def test_a_failing_variant_does_not_fail_the_experiment(self):
@@ -168,7 +187,14 @@ class ExperimentsTest(ClusterTest):
         self.assertFalse(broken.reached_target)
         self.assertEqual(broken.cost_to_target_usd, 0)
         self.assertEqual(broken.ratio_to_reference, 0)
-        self.assertIn("no figure to the target", broken.note)
+        # The table says it failed and why, not "no evaluations yet".
+        self.assertTrue(broken.note.startswith("failed: "), broken.note)
+        self.assertIn("/nonexistent/corpus/train", broken.note)
+        out = self.tallyctl("experiment", "get", name)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        line = next(l for l in out.stdout.splitlines() if l.strip().startswith("broken "))
+        self.assertIn("FAILED", line)
+        self.assertIn("failed: ", line)
         self.assertTrue(e.variants[0].reached_target)
 
     def test_a_kill_9_of_tallyd_mid_experiment_loses_and_doubles_nothing(self):
@@ -227,9 +253,12 @@ class ExperimentsTest(ClusterTest):
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertIn("experiments/7", out.stderr)
 
-    def test_successive_halving_stops_the_worse_half(self):
-        for i in range(4):
-            self.add_worker("w%d" % i)
+    def test_successive_halving_stops_the_worse_half_with_fewer_workers_than_variants(self):
+        # Four variants, two workers: the first two to reach a rung's mark
+        # are held there (requeued, keeping their checkpoint) so that the
+        # other two start; the rung is judged once all four reached it.
+        self.add_worker("w1")
+        self.add_worker("w2")
         path = self.write(steps=1600, every=50, third="packed-lowlr",
                           third_overrides="{optimizer: {lr: 1.0e-4, min_lr: 1.0e-5}}")
         with open(path) as f:
@@ -257,6 +286,20 @@ class ExperimentsTest(ClusterTest):
         self.assertIn("packed-tinylr", halted)
         jobs = {j.spec.labels["variant"]: j for j in self.experiment_jobs(name)}
         self.assertEqual(jobs["packed-tinylr"].early_stopping.stop_rule, "experiment_halving")
+        events = list(self.tallyd.experiments.WatchExperiment(
+            experiments_pb2.WatchExperimentRequest(name=name), timeout=30))
+        held = [ev for ev in events if ev.type == "held"]
+        self.assertGreaterEqual(len(held), 2, [(ev.type, ev.reason) for ev in events])
+        for ev in held:
+            self.assertIn("held there", ev.reason)
+        halvings = [ev for ev in events if ev.type == "halving"]
+        self.assertEqual(len(halvings), 2, [(ev.type, ev.reason) for ev in events])
+        # Rung 1 judged all four, each at the mark (none still queued, none
+        # run to its end first), naming the figure it was ranked by.
+        first = halvings[0].reason + " " + halvings[0].detail
+        for v in ("naive", "packed", "packed-lowlr", "packed-tinylr"):
+            self.assertIn(v + " (", first)
+        self.assertRegex(first, r"\((forecast final val_loss|latest val_loss) [0-9.]+\)")
 
     def test_list_pages_newest_first(self):
         path = self.write()  # no workers: the variants stay queued

@@ -167,6 +167,7 @@ class ExperimentDashboardTest(unittest.TestCase):
         "tally_experiment_variant_cost_dollars",
         "tally_experiment_variant_val_loss",
         "tally_experiment_variant_cost_to_target_dollars",
+        "tally_experiment_variant_recipe_cost_to_target_dollars",
         "tally_experiment_variant_reached_target",
         "tally_experiment_target_val_loss",
         "tally_experiment_cost_dollars",
@@ -265,8 +266,10 @@ class PrometheusTest(ClusterTest):
         # A finished job first: its final values must stay queryable.
         first = self.submit(spec(max_steps=5, name="first"))
         # Alongside, on the damaging worker, an FP8 MoE job whose overflows
-        # and routing collapse are forced.
-        f = spec(max_steps=40, name="forced", gpu_type=FORCED_GPU_TYPE)
+        # and routing collapse are forced. It runs for some seconds (a few
+        # dozen steps take under one): TallyFp8Overflows takes a rate, which
+        # needs two of Prometheus's samples while the job's counters rise.
+        f = spec(max_steps=300, name="forced", gpu_type=FORCED_GPU_TYPE)
         f.model.num_layers = 2
         f.model.d_model = 32
         f.model.moe.num_experts = 4
