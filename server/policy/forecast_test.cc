@@ -232,7 +232,8 @@ TEST(Forecast, LateDecayDropEscapesTheBandWithoutTheAllowance) {
   EXPECT_LE(with.low, kDecayTruth) << with.reason;
   EXPECT_GT(with.decay_allowance, 0);
   EXPECT_EQ(without.decay_allowance, 0);
-  // The point forecast is pessimistic under decay, as the header says.
+  // Made early under decay, the point forecast sits above the truth, as the
+  // header says.
   EXPECT_GT(with.predicted, kDecayTruth);
 }
 
