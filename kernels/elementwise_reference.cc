@@ -3,9 +3,9 @@
 // before it is summed), matching the kernels' explicit round-to-nearest
 // operations.
 #include <cmath>
-#include <cstring>
 
 #include "kernels/elementwise.h"
+#include "kernels/float_bits.h"
 
 namespace tally::kernels {
 namespace {
@@ -34,18 +34,12 @@ float Sigmoid(float a) { return 1.0f / (1.0f + std::exp(-a)); }
 }  // namespace
 
 uint16_t FloatToBf16(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof(b));
+  const uint32_t b = FloatBits(x);
   if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);  // NaN
   return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
-float Bf16ToFloat(uint16_t bits) {
-  const uint32_t b = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
+float Bf16ToFloat(uint16_t bits) { return BitsFloat(static_cast<uint32_t>(bits) << 16); }
 
 void SwiGluForwardReference(const void* x, Dtype d, int64_t n, int64_t f, void* y) {
   for (int64_t r = 0; r < n; ++r) {

@@ -2,27 +2,22 @@
 // and the CUDA kernels against the references (skipped where there is no
 // GPU).
 #include <cmath>
-#include <cstring>
-#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/elementwise.h"
-
-#ifdef TALLY_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "kernels/float_bits.h"
+#include "kernels/testing.h"
 
 namespace tally::kernels {
 namespace {
 
-std::vector<float> Random(int64_t n, uint32_t seed, float sigma) {
-  std::vector<float> v(n);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, sigma);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test_support::RandomNormal;
+#ifdef TALLY_HAVE_CUDA
+using test_support::Download;
+using test_support::HaveGpu;
+using test_support::Upload;
+#endif
 
 std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
@@ -42,7 +37,7 @@ TEST(Bf16, RoundsToNearestEven) {
 
 TEST(SwiGluReference, MatchesItsDefinition) {
   const int64_t n = 37, f = 29;
-  const std::vector<float> x = Random(n * 2 * f, 1, 3.0f), dy = Random(n * f, 2, 1.0f);
+  const std::vector<float> x = RandomNormal(n * 2 * f, 1, 3.0f), dy = RandomNormal(n * f, 2, 1.0f);
   std::vector<float> y(n * f), dx(n * 2 * f);
   SwiGluForwardReference(x.data(), Dtype::kFloat32, n, f, y.data());
   SwiGluBackwardReference(x.data(), dy.data(), Dtype::kFloat32, n, f, dx.data());
@@ -86,7 +81,7 @@ TEST(RopeReference, RotatesPairsAndTheBackwardUndoesIt) {
   }
   a.cos = cos.data();
   a.sin = sin.data();
-  const std::vector<float> qkv = Random(a.n * 3 * a.h * a.k, 3, 1.0f);
+  const std::vector<float> qkv = RandomNormal(a.n * 3 * a.h * a.k, 3, 1.0f);
   std::vector<float> q(a.n * a.h * a.k), k(q.size()), v(q.size()), back(qkv.size());
   RopeForwardReference(a, qkv.data(), q.data(), k.data(), v.data());
   const int64_t half = a.k / 2;
@@ -106,48 +101,23 @@ TEST(RopeReference, RotatesPairsAndTheBackwardUndoesIt) {
 }
 
 #ifdef TALLY_HAVE_CUDA
-bool HaveGpu() {
-  int devices = 0;
-  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
-}
-
-template <typename T>
-T* Up(const std::vector<T>& v) {
-  T* p = nullptr;
-  cudaMalloc(&p, v.size() * sizeof(T) + 1);
-  cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return p;
-}
-
-template <typename T>
-std::vector<T> Down(const T* p, size_t n) {
-  std::vector<T> v(n);
-  cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return v;
-}
-
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
 
 // SwiGLU: FP32 within 4 units in the last place (expf differs between the
 // host's library and CUDA's by an ulp or two), BF16 within one BF16 ulp.
 TEST(ElementwiseGpu, SwiGluMatchesTheReference) {
   if (!HaveGpu()) GTEST_SKIP() << "needs a GPU (none here)";
   const int64_t n = 1031, f = 1408;
-  const std::vector<float> x = Random(n * 2 * f, 4, 3.0f), dy = Random(n * f, 5, 1.0f);
+  const std::vector<float> x = RandomNormal(n * 2 * f, 4, 3.0f), dy = RandomNormal(n * f, 5, 1.0f);
   std::vector<float> y(n * f), dx(n * 2 * f);
   SwiGluForwardReference(x.data(), Dtype::kFloat32, n, f, y.data());
   SwiGluBackwardReference(x.data(), dy.data(), Dtype::kFloat32, n, f, dx.data());
-  float *dx_in = Up(x), *ddy = Up(dy), *dy_out = Up(y), *ddx = Up(dx);
+  float *dx_in = Upload(x), *ddy = Upload(dy), *dy_out = Upload(y), *ddx = Upload(dx);
   ASSERT_EQ(SwiGluForwardCuda(dx_in, Dtype::kFloat32, n, f, dy_out, nullptr), "");
   ASSERT_EQ(SwiGluBackwardCuda(dx_in, ddy, Dtype::kFloat32, n, f, ddx, nullptr), "");
-  const auto gy = Down(dy_out, y.size()), gdx = Down(ddx, dx.size());
+  const auto gy = Download(dy_out, y.size()), gdx = Download(ddx, dx.size());
   int bad = 0;
   auto ulps = [](float a, float b) {
-    return std::abs(static_cast<int64_t>(Bits(a)) - static_cast<int64_t>(Bits(b)));
+    return std::abs(static_cast<int64_t>(FloatBits(a)) - static_cast<int64_t>(FloatBits(b)));
   };
   for (size_t i = 0; i < y.size(); ++i) bad += ulps(gy[i], y[i]) > 4;
   for (size_t i = 0; i < dx.size(); ++i) bad += ulps(gdx[i], dx[i]) > 4;
@@ -158,10 +128,10 @@ TEST(ElementwiseGpu, SwiGluMatchesTheReference) {
   std::vector<uint16_t> yb(n * f), dxb(n * 2 * f);
   SwiGluForwardReference(xb.data(), Dtype::kBFloat16, n, f, yb.data());
   SwiGluBackwardReference(xb.data(), dyb.data(), Dtype::kBFloat16, n, f, dxb.data());
-  uint16_t *bx = Up(xb), *bdy = Up(dyb), *by = Up(yb), *bdx = Up(dxb);
+  uint16_t *bx = Upload(xb), *bdy = Upload(dyb), *by = Upload(yb), *bdx = Upload(dxb);
   ASSERT_EQ(SwiGluForwardCuda(bx, Dtype::kBFloat16, n, f, by, nullptr), "");
   ASSERT_EQ(SwiGluBackwardCuda(bx, bdy, Dtype::kBFloat16, n, f, bdx, nullptr), "");
-  const auto gyb = Down(by, yb.size()), gdxb = Down(bdx, dxb.size());
+  const auto gyb = Download(by, yb.size()), gdxb = Download(bdx, dxb.size());
   bad = 0;
   for (size_t i = 0; i < yb.size(); ++i) bad += std::abs(int(gyb[i]) - int(yb[i])) > 1;
   for (size_t i = 0; i < dxb.size(); ++i) bad += std::abs(int(gdxb[i]) - int(dxb[i])) > 1;
@@ -177,25 +147,25 @@ TEST(ElementwiseGpu, RopeMatchesTheReferenceBitForBit) {
   a.h = 16;
   a.k = 128;
   a.in = a.out = Dtype::kBFloat16;
-  const std::vector<float> cos = Random(a.n * a.k / 2, 6, 0.7f), sin = Random(a.n * a.k / 2, 7, 0.7f);
-  const std::vector<uint16_t> qkv = ToBf16(Random(a.n * 3 * a.h * a.k, 8, 2.0f));
+  const std::vector<float> cos = RandomNormal(a.n * a.k / 2, 6, 0.7f), sin = RandomNormal(a.n * a.k / 2, 7, 0.7f);
+  const std::vector<uint16_t> qkv = ToBf16(RandomNormal(a.n * 3 * a.h * a.k, 8, 2.0f));
   const size_t m = a.n * a.h * a.k;
   a.cos = cos.data();
   a.sin = sin.data();
   std::vector<uint16_t> q(m), k(m), v(m), back(qkv.size());
   RopeForwardReference(a, qkv.data(), q.data(), k.data(), v.data());
   RopeBackwardReference(a, q.data(), k.data(), v.data(), back.data());
-  float *dc = Up(cos), *ds = Up(sin);
-  uint16_t *dqkv = Up(qkv), *dq = Up(q), *dk = Up(k), *dv = Up(v), *dback = Up(back);
+  float *dc = Upload(cos), *ds = Upload(sin);
+  uint16_t *dqkv = Upload(qkv), *dq = Upload(q), *dk = Upload(k), *dv = Upload(v), *dback = Upload(back);
   RopeArgs d = a;
   d.cos = dc;
   d.sin = ds;
   ASSERT_EQ(RopeForwardCuda(d, dqkv, dq, dk, dv, nullptr), "");
-  EXPECT_EQ(Down(dq, m), q);
-  EXPECT_EQ(Down(dk, m), k);
-  EXPECT_EQ(Down(dv, m), v);
+  EXPECT_EQ(Download(dq, m), q);
+  EXPECT_EQ(Download(dk, m), k);
+  EXPECT_EQ(Download(dv, m), v);
   ASSERT_EQ(RopeBackwardCuda(d, dq, dk, dv, dback, nullptr), "");
-  EXPECT_EQ(Down(dback, back.size()), back);
+  EXPECT_EQ(Download(dback, back.size()), back);
   for (void* p : std::vector<void*>{dc, ds, dqkv, dq, dk, dv, dback}) cudaFree(p);
 }
 #endif

@@ -3,24 +3,13 @@
 // emulation can run it over whole tensors.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
+#include "kernels/float_bits.h"
 #include "kernels/fp8_cast.h"
 
 namespace tally::kernels {
 namespace {
 
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
-
-float Float(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
 
 struct Format {
   int mantissa_bits;  // 3 or 2
@@ -35,14 +24,14 @@ constexpr Format FormatOf(Fp8Kind k) {
 
 float ReadSource(const void* x, SourceKind source, int64_t i) {
   if (source == SourceKind::kFloat32) return static_cast<const float*>(x)[i];
-  return Float(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16);
+  return BitsFloat(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16);
 }
 
 }  // namespace
 
 uint8_t FloatToFp8(float x, Fp8Kind kind) {
   const Format f = FormatOf(kind);
-  const uint32_t b = Bits(x);
+  const uint32_t b = FloatBits(x);
   const uint8_t sign = static_cast<uint8_t>((b >> 24) & 0x80);
   const uint32_t a = b & 0x7fffffffu;
   if (a > 0x7f800000u) return 0x7f;  // NaN
@@ -53,7 +42,7 @@ uint8_t FloatToFp8(float x, Fp8Kind kind) {
     // Subnormal range: multiples of 2^(min_normal - M), rounded to nearest
     // even. The scaling by a power of two is exact; q = 2^M is the smallest
     // normal's code.
-    const float scaled = std::ldexp(Float(a), f.mantissa_bits - min_normal);
+    const float scaled = std::ldexp(BitsFloat(a), f.mantissa_bits - min_normal);
     const float floor = std::floor(scaled);
     const float rest = scaled - floor;
     uint32_t q = static_cast<uint32_t>(floor);
@@ -94,7 +83,7 @@ void CastReference(const CastArgs& a) {
   const bool casts = a.out != nullptr || a.out_t != nullptr || a.counts != nullptr;
   for (int64_t i = 0; i < n; ++i) {
     const float v = ReadSource(a.x, a.source, i);
-    const uint32_t abs_bits = Bits(v) & 0x7fffffffu;
+    const uint32_t abs_bits = FloatBits(v) & 0x7fffffffu;
     max_bits = std::max(max_bits, abs_bits);
     if (abs_bits < 0x7f800000u) finite_bits = std::max(finite_bits, abs_bits);
     if (!casts) continue;
@@ -105,9 +94,9 @@ void CastReference(const CastArgs& a) {
     over += std::fabs(s) > bound;  // NaN compares false, as in ATen
     under += v != 0.0f && (q & 0x7f) == 0;
   }
-  if (a.amax != nullptr) *a.amax = Float(std::max(Bits(*a.amax), max_bits));
+  if (a.amax != nullptr) *a.amax = BitsFloat(std::max(FloatBits(*a.amax), max_bits));
   if (a.amax_finite != nullptr) {
-    *a.amax_finite = Float(std::max(Bits(*a.amax_finite), finite_bits));
+    *a.amax_finite = BitsFloat(std::max(FloatBits(*a.amax_finite), finite_bits));
   }
   if (a.counts != nullptr) {
     a.counts[0] += over;

@@ -3,7 +3,6 @@
 // where there is no GPU).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -11,7 +10,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/elementwise.h"
+#include "kernels/float_bits.h"
 #include "kernels/fp8_cast.h"
+#include "kernels/testing.h"
 
 #ifdef TALLY_HAVE_CUDA
 #include <cuda_fp8.h>
@@ -83,18 +85,6 @@ TEST(Fp8CastReference, EveryValueRoundTripsAndRoundingIsNearest) {
   }
 }
 
-float FromBits(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-uint32_t Bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  return bits;
-}
-
 TEST(Fp8CastReference, AmaxIsOfTheInputAndPropagatesNaNAndInf) {
   std::vector<float> x = {1.0f, -7.5f, 3.0f};
   std::vector<uint8_t> y(x.size());
@@ -113,19 +103,19 @@ TEST(Fp8CastReference, AmaxIsOfTheInputAndPropagatesNaNAndInf) {
   // A NaN anywhere, even beside an infinity, first or last: NaN. Of two
   // NaNs the largest bit pattern, sign cleared (what the kernel's atomicMax
   // on bits leaves).
-  const float nan_a = FromBits(0x7fc00001u), nan_b = FromBits(0xffc12345u);
+  const float nan_a = BitsFloat(0x7fc00001u), nan_b = BitsFloat(0xffc12345u);
   for (const std::vector<float>& v :
        {std::vector<float>{nan_a, 1.0f, 2.0f}, std::vector<float>{1.0f, 2.0f, nan_a},
         std::vector<float>{std::numeric_limits<float>::infinity(), nan_a, 5.0f}}) {
     y.resize(v.size());
     CastToE4M3Reference(v.data(), v.size(), 1.0f, y.data(), &amax);
     EXPECT_TRUE(std::isnan(amax));
-    EXPECT_EQ(Bits(amax), 0x7fc00001u);
+    EXPECT_EQ(FloatBits(amax), 0x7fc00001u);
   }
   x = {nan_a, -3.0f, nan_b};
   uint64_t counts[2] = {0, 0};
   CastToE4M3Reference(x.data(), x.size(), 1.0f, y.data(), &amax, counts);
-  EXPECT_EQ(Bits(amax), 0x7fc12345u);
+  EXPECT_EQ(FloatBits(amax), 0x7fc12345u);
   EXPECT_EQ(y[0], 0x7f);
   EXPECT_EQ(y[2], 0x7f);
   EXPECT_EQ(counts[0], 0u);  // NaN is neither clamped
@@ -134,7 +124,7 @@ TEST(Fp8CastReference, AmaxIsOfTheInputAndPropagatesNaNAndInf) {
   // -0 and zeros: amax +0.
   x = {-0.0f, 0.0f};
   CastToE4M3Reference(x.data(), x.size(), 1.0f, y.data(), &amax);
-  EXPECT_EQ(Bits(amax), 0u);
+  EXPECT_EQ(FloatBits(amax), 0u);
 }
 
 TEST(Fp8CastReference, OverflowBoundIsTheTrainersAndExact) {
@@ -198,32 +188,18 @@ TEST(Fp8CastReference, E5M2KnownValuesSaturationAndTies) {
   }
 }
 
-std::vector<float> RandomMatrix(int64_t n, uint32_t seed, float sigma) {
-  std::vector<float> x(n);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  for (auto& v : x) v = dist(rng);
-  return x;
-}
-
-// BF16 bits of x (round to nearest even), as ATen stores them.
-uint16_t ToBf16(float x) {
-  const uint32_t b = Bits(x);
-  return static_cast<uint16_t>((b + 0x7fff + ((b >> 16) & 1)) >> 16);
-}
-
 // One call gives both layouts, both amaxes and the counts, for both formats
 // and both sources; the transposed bytes are the row-major ones transposed.
 TEST(Fp8CastReference, WritesBothLayoutsFromEitherSource) {
   const int64_t rows = 70, cols = 45;
-  std::vector<float> x = RandomMatrix(rows * cols, 4, 30.0f);
+  std::vector<float> x = test_support::RandomNormal(rows * cols, 4, 30.0f);
   x[7] = std::numeric_limits<float>::infinity();
   x[100] = std::nanf("");
   std::vector<uint16_t> xb(x.size());
   std::vector<float> x_from_bf16(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
-    xb[i] = ToBf16(x[i]);
-    x_from_bf16[i] = FromBits(static_cast<uint32_t>(xb[i]) << 16);
+    xb[i] = FloatToBf16(x[i]);
+    x_from_bf16[i] = BitsFloat(static_cast<uint32_t>(xb[i]) << 16);
   }
   for (Fp8Kind kind : {Fp8Kind::kE4M3, Fp8Kind::kE5M2}) {
     for (SourceKind source : {SourceKind::kFloat32, SourceKind::kBFloat16}) {
@@ -312,7 +288,7 @@ TEST(Fp8CastReference, MatchesCudasConversion) {
       }
     }
     for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 4099) {
-      probes.push_back(FromBits(static_cast<uint32_t>(bits)));
+      probes.push_back(BitsFloat(static_cast<uint32_t>(bits)));
     }
     probes.push_back(std::numeric_limits<float>::infinity());
     probes.push_back(std::numeric_limits<float>::quiet_NaN());
@@ -328,7 +304,7 @@ TEST(Fp8CastReference, MatchesCudasConversion) {
                                       : got == want;
         if (!ok && ++mismatches <= 10) {
           ADD_FAILURE() << (kind == Fp8Kind::kE4M3 ? "E4M3" : "E5M2") << " x = " << x
-                        << " (bits " << std::hex << Bits(x) << "): reference " << int{got}
+                        << " (bits " << std::hex << FloatBits(x) << "): reference " << int{got}
                         << ", CUDA " << int{want};
         }
       }
@@ -339,10 +315,7 @@ TEST(Fp8CastReference, MatchesCudasConversion) {
 #endif
 
 #ifdef TALLY_HAVE_CUDA
-bool HaveGpu() {
-  int devices = 0;
-  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
-}
+using test_support::HaveGpu;
 
 // Device memory for a test: filled from the host, read back, freed.
 class DeviceBuffer {
@@ -434,9 +407,9 @@ TEST(Fp8CastGpu, MatchesTheReferenceBitForBit) {
   if (!HaveGpu()) GTEST_SKIP() << "needs a GPU (none here)";
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1024, 4096}, {8192, 1408}, {77, 129},
                             {1, 1000}, {3000, 1}}) {
-    std::vector<float> x = RandomMatrix(rows * cols, 5, 3.0f);
+    std::vector<float> x = test_support::RandomNormal(rows * cols, 5, 3.0f);
     std::vector<uint16_t> xb(x.size());
-    for (size_t i = 0; i < x.size(); ++i) xb[i] = ToBf16(x[i]);
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = FloatToBf16(x[i]);
     for (Fp8Kind kind : {Fp8Kind::kE4M3, Fp8Kind::kE5M2}) {
       for (SourceKind source : {SourceKind::kFloat32, SourceKind::kBFloat16}) {
         SCOPED_TRACE(testing::Message() << rows << " x " << cols << " format "
@@ -451,8 +424,8 @@ TEST(Fp8CastGpu, MatchesTheReferenceBitForBit) {
         if (rows * cols > 100000) ASSERT_GT(want.counts[0], 0u) << "some values clamp";
         EXPECT_EQ(ByteMismatches(got.out, want.out, kind), 0);
         EXPECT_EQ(ByteMismatches(got.out_t, want.out_t, kind), 0);
-        EXPECT_EQ(Bits(got.amax), Bits(want.amax));
-        EXPECT_EQ(Bits(got.finite), Bits(want.finite));
+        EXPECT_EQ(FloatBits(got.amax), FloatBits(want.amax));
+        EXPECT_EQ(FloatBits(got.finite), FloatBits(want.finite));
         EXPECT_EQ(got.counts[0], want.counts[0]);
         EXPECT_EQ(got.counts[1], want.counts[1]);
       }
@@ -475,11 +448,11 @@ TEST(Fp8CastGpu, SpecialValuesMatchTheReference) {
       -std::nextafter(bound, inf), inf, -inf, 1e30f, -3.0f};
   const int64_t rows = 1025, cols = 257;
   const int64_t n = rows * cols;
-  std::vector<float> base = RandomMatrix(n, 9, 2.0f);
+  std::vector<float> base = test_support::RandomNormal(n, 9, 2.0f);
   for (size_t i = 0; i < specials.size(); ++i) base[i * 997 + 5] = specials[i];
   std::vector<float> with_nan = base;
-  with_nan[n - 3] = FromBits(0xffc12345u);
-  with_nan[n / 2] = FromBits(0x7fc00001u);
+  with_nan[n - 3] = BitsFloat(0xffc12345u);
+  with_nan[n / 2] = BitsFloat(0x7fc00001u);
   std::vector<float> finite = base;
   for (auto& v : finite) {
     if (!std::isfinite(v)) v = 1.0f;
@@ -488,8 +461,8 @@ TEST(Fp8CastGpu, SpecialValuesMatchTheReference) {
     CastResult want, got;
     CastBoth(x->data(), n * 4, SourceKind::kFloat32, rows, cols, 1.0f, Fp8Kind::kE4M3, &want,
              &got);
-    EXPECT_EQ(Bits(got.amax), Bits(want.amax)) << got.amax << " vs " << want.amax;
-    EXPECT_EQ(Bits(got.finite), Bits(want.finite));
+    EXPECT_EQ(FloatBits(got.amax), FloatBits(want.amax)) << got.amax << " vs " << want.amax;
+    EXPECT_EQ(FloatBits(got.finite), FloatBits(want.finite));
     EXPECT_EQ(got.counts[0], want.counts[0]);
     EXPECT_EQ(got.counts[1], want.counts[1]);
     EXPECT_EQ(ByteMismatches(got.out, want.out, Fp8Kind::kE4M3), 0);
@@ -499,7 +472,7 @@ TEST(Fp8CastGpu, SpecialValuesMatchTheReference) {
   float amax = 0;
   std::vector<uint8_t> y(n);
   CastToE4M3Reference(with_nan.data(), n, 1.0f, y.data(), &amax);
-  EXPECT_EQ(Bits(amax), 0x7fc12345u);
+  EXPECT_EQ(FloatBits(amax), 0x7fc12345u);
   CastToE4M3Reference(base.data(), n, 1.0f, y.data(), &amax);
   EXPECT_EQ(amax, inf);
   CastToE4M3Reference(finite.data(), n, 1.0f, y.data(), &amax);

@@ -11,10 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-
-#ifdef TALLY_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "kernels/testing.h"
 
 namespace tally::kernels {
 namespace {
@@ -110,25 +107,9 @@ TEST(ScaleFromAmax, ScalesEachEntryFromItsAmax) {
 }
 
 #ifdef TALLY_HAVE_CUDA
-bool HaveGpu() {
-  int devices = 0;
-  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
-}
-
-template <typename T>
-T* Upload(const std::vector<T>& v) {
-  T* p = nullptr;
-  cudaMalloc(&p, v.size() * sizeof(T) + 1);
-  cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return p;
-}
-
-template <typename T>
-std::vector<T> Download(const T* p, size_t n) {
-  std::vector<T> v(n);
-  cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return v;
-}
+using test_support::Download;
+using test_support::HaveGpu;
+using test_support::Upload;
 
 // Many tensors over many steps with random amaxes (zeros, NaN raw amaxes,
 // tensors that start late): the kernel's state equals the reference's, bit

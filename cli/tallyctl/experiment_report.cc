@@ -288,13 +288,11 @@ std::string Detail(const Series& s, double target, XAxis x) {
   return detail;
 }
 
-}  // namespace
-
-std::string RenderExperimentSvg(const Experiment& experiment,
-                                const std::vector<VariantCurve>& curves,
-                                const ReportOptions& options) {
-  // Legend order and colours: the experiment's variants as listed, then any
-  // other curve; a name seen twice keeps its first place and curve.
+// The curves to draw, in legend order with their colours: the
+// experiment's variants as listed, then any other curve; a name seen twice
+// keeps its first place and curve.
+std::vector<Series> CollectSeries(const Experiment& experiment,
+                                  const std::vector<VariantCurve>& curves) {
   std::vector<Series> series;
   const auto find = [&](absl::string_view name) -> Series* {
     for (Series& s : series) {
@@ -321,7 +319,13 @@ std::string RenderExperimentSvg(const Experiment& experiment,
     }
     if (s->curve == nullptr) s->curve = &c.curve;
   }
+  return series;
+}
 
+// The x axis (recipe dollars, billed dollars or tokens) and each series'
+// points on it.
+XAxis PlaceSeries(const ReportOptions& options, std::vector<Series>* all) {
+  std::vector<Series>& series = *all;
   // Dollars on x unless no evaluation has a cost (tallyd has no prices).
   bool any_loss = false;
   bool any_cost = false;
@@ -345,7 +349,6 @@ std::string RenderExperimentSvg(const Experiment& experiment,
   const XAxis x_axis = tokens   ? XAxis::kTokens
                        : recipe ? XAxis::kRecipeDollars
                                 : XAxis::kBilledDollars;
-  bool any_points = false;
   for (Series& s : series) {
     if (s.curve == nullptr) continue;
     for (const EvalPoint& p : *s.curve) {
@@ -355,16 +358,162 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                            : p.cost_usd();
       if (Plottable(x) && Plottable(p.val_loss())) s.points.push_back({x, p.val_loss()});
     }
-    any_points = any_points || !s.points.empty();
   }
+  return x_axis;
+}
+
+// The legend: each series' colour, name and figures.
+void AppendLegend(const std::vector<Series>& series, double target, XAxis x_axis,
+                  std::string* out) {
+  std::string& svg = *out;
+  absl::StrAppend(&svg, "<g class=\"legend\">\n");
+  for (size_t i = 0; i < series.size(); ++i) {
+    const Series& s = series[i];
+    const double y = kPlotTop + 8 + kLegendRow * static_cast<double>(i);
+    absl::StrAppend(&svg, "<line x1=\"", Px(kLegendLeft), "\" y1=\"", Px(y), "\" x2=\"",
+                    Px(kLegendLeft + 22), "\" y2=\"", Px(y), "\" stroke=\"", Color(s.color),
+                    "\" stroke-width=\"3\"", DashAttribute(s.color), "/>\n");
+    absl::StrAppend(&svg, "<text class=\"legend-name\" data-variant=\"", Xml(s.name), "\" x=\"",
+                    Px(kLegendLeft + 30), "\" y=\"", Px(y + 4), "\">", Xml(s.name, kMaxNameChars),
+                    "</text>\n");
+    absl::StrAppend(&svg, "<text class=\"legend-detail\" x=\"", Px(kLegendLeft + 30), "\" y=\"",
+                    Px(y + 18), "\" font-size=\"10.5\" fill=\"#666666\">",
+                    Detail(s, target, x_axis), "</text>\n");
+  }
+  absl::StrAppend(&svg, "</g>\n");
+}
+
+// Where a variant crossed the target, on the x axis.
+struct Crossing {
+  const Series* series;
+  double x;
+};
+
+// The axes, the target line, the curves and the crossings, scaled to what
+// there is to draw (zoomed to the target's region when `zoom`).
+void AppendPlot(const std::vector<Series>& series, const std::vector<Crossing>& crossings,
+                double target, XAxis x_axis, bool zoom, std::string* out) {
+  std::string& svg = *out;
+  const bool tokens = x_axis == XAxis::kTokens;
+  double x_lo = 0, x_hi = 0;
+  double y_lo = target > 0 ? target : HUGE_VAL, y_hi = target > 0 ? target : -HUGE_VAL;
+  for (const Series& s : series) {
+    for (const Point& p : s.points) {
+      x_lo = std::min(x_lo, p.x);
+      x_hi = std::max(x_hi, p.x);
+      y_lo = std::min(y_lo, p.y);
+      y_hi = std::max(y_hi, p.y);
+    }
+  }
+  for (const Crossing& c : crossings) {
+    x_lo = std::min(x_lo, c.x);
+    x_hi = std::max(x_hi, c.x);
+  }
+  if (Degenerate(x_lo, x_hi)) x_hi = x_lo + std::max(1.0, std::abs(x_lo));
+  // The region around the target: what tells the variants apart there
+  // (the early, steep part of every curve is alike).
+  bool clipped = false;
+  if (zoom && target > 0 && y_hi > 1.35 * target) {
+    y_hi = 1.35 * target;
+    y_lo = std::min(y_lo, target) - 0.02 * target;
+    clipped = true;
+  }
+  if (Degenerate(y_lo, y_hi)) {
+    const double pad = y_lo == 0 ? 1 : std::abs(y_lo) * 0.05;
+    y_lo -= pad;
+    y_hi += pad;
+  }
+  const Axis ax = NiceAxis(x_lo, x_hi);
+  const Axis ay = NiceAxis(y_lo, y_hi);
+  const auto px = [&](double x) {
+    return kPlotLeft + (x - ax.lo) / (ax.hi - ax.lo) * kPlotWidth;
+  };
+  const auto py = [&](double y) {
+    return kPlotTop + kPlotHeight - (y - ay.lo) / (ay.hi - ay.lo) * kPlotHeight;
+  };
+
+  absl::StrAppend(&svg, "<g class=\"x-axis\" font-size=\"11\" text-anchor=\"middle\">\n");
+  for (int i = 0; i <= ax.num_steps; ++i) {
+    const double v = ax.lo + i * ax.step;
+    const std::string x = Px(px(v));
+    absl::StrAppend(&svg, "<line x1=\"", x, "\" y1=\"", Px(kPlotTop), "\" x2=\"", x, "\" y2=\"",
+                    Px(kPlotTop + kPlotHeight + 5), "\" stroke=\"#e4e4e4\"/>\n");
+    absl::StrAppend(&svg, "<text class=\"tick\" x=\"", x, "\" y=\"",
+                    Px(kPlotTop + kPlotHeight + 18), "\">", TickLabel(v, ax, !tokens),
+                    "</text>\n");
+  }
+  absl::StrAppend(&svg, "</g>\n");
+  absl::StrAppend(&svg, "<g class=\"y-axis\" font-size=\"11\" text-anchor=\"end\">\n");
+  for (int i = 0; i <= ay.num_steps; ++i) {
+    const double v = ay.lo + i * ay.step;
+    const std::string y = Px(py(v));
+    absl::StrAppend(&svg, "<line x1=\"", Px(kPlotLeft - 5), "\" y1=\"", y, "\" x2=\"",
+                    Px(kPlotLeft + kPlotWidth), "\" y2=\"", y, "\" stroke=\"#e4e4e4\"/>\n");
+    absl::StrAppend(&svg, "<text class=\"tick\" x=\"", Px(kPlotLeft - 8), "\" y=\"",
+                    Px(py(v) + 4), "\">", TickLabel(v, ay, false), "</text>\n");
+  }
+  absl::StrAppend(&svg, "</g>\n");
+
+  if (target > 0) {
+    const std::string y = Px(py(target));
+    absl::StrAppend(&svg, "<line class=\"target\" x1=\"", Px(kPlotLeft), "\" y1=\"", y,
+                    "\" x2=\"", Px(kPlotLeft + kPlotWidth), "\" y2=\"", y,
+                    "\" stroke=\"#333333\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n");
+    // Curves fall from the upper left, so the left end of the line is clear.
+    absl::StrAppend(&svg, "<text class=\"target-label\" x=\"", Px(kPlotLeft + 6), "\" y=\"",
+                    Px(py(target) - 5), "\" font-size=\"11\">",
+                    absl::StrFormat("target %.4f", target), "</text>\n");
+  }
+
+  if (clipped) {
+    absl::StrAppend(&svg, "<defs><clipPath id=\"plot\"><rect x=\"", Px(kPlotLeft),
+                    "\" y=\"", Px(kPlotTop), "\" width=\"", Px(kPlotWidth), "\" height=\"",
+                    Px(kPlotHeight), "\"/></clipPath></defs>\n<g class=\"curves\" "
+                    "clip-path=\"url(#plot)\">\n");
+  }
+  for (const Series& s : series) {
+    if (s.points.empty()) continue;
+    const std::string name = Xml(s.name);
+    std::string d;
+    for (size_t i = 0; i < s.points.size(); ++i) {
+      absl::StrAppend(&d, i == 0 ? "M" : " L", Px(px(s.points[i].x)), " ", Px(py(s.points[i].y)));
+    }
+    absl::StrAppend(&svg, "<path class=\"variant\" data-variant=\"", name, "\" d=\"", d,
+                    "\" fill=\"none\" stroke=\"", Color(s.color),
+                    "\" stroke-width=\"2\" stroke-linejoin=\"round\" stroke-linecap=\"round\"",
+                    DashAttribute(s.color), "/>\n");
+    if (s.points.size() == 1) {
+      absl::StrAppend(&svg, "<circle class=\"point\" data-variant=\"", name, "\" cx=\"",
+                      Px(px(s.points[0].x)), "\" cy=\"", Px(py(s.points[0].y)),
+                      "\" r=\"3.5\" fill=\"", Color(s.color), "\"/>\n");
+    }
+  }
+  if (clipped) absl::StrAppend(&svg, "</g>\n");
+  for (const Crossing& c : crossings) {
+    const std::string name = Xml(c.series->name);
+    absl::StrAppend(&svg, "<circle class=\"crossing\" data-variant=\"", name, "\" cx=\"",
+                    Px(px(c.x)), "\" cy=\"", Px(py(target)),
+                    "\" r=\"5\" fill=\"#ffffff\" stroke=\"", Color(c.series->color),
+                    "\" stroke-width=\"2.5\"><title>", name, " reached the target at ",
+                    tokens ? absl::StrCat(Si(c.x), " tokens") : Dollars(c.x),
+                    "</title></circle>\n");
+  }
+}
+
+}  // namespace
+
+std::string RenderExperimentSvg(const Experiment& experiment,
+                                const std::vector<VariantCurve>& curves,
+                                const ReportOptions& options) {
+  std::vector<Series> series = CollectSeries(experiment, curves);
+  const XAxis x_axis = PlaceSeries(options, &series);
+  const bool tokens = x_axis == XAxis::kTokens;
+  const bool any_points = std::any_of(series.begin(), series.end(),
+                                      [](const Series& s) { return !s.points.empty(); });
 
   const double target = Plottable(experiment.target_val_loss()) && experiment.target_val_loss() > 0
                             ? experiment.target_val_loss()
                             : 0;
-  struct Crossing {
-    const Series* series;
-    double x;
-  };
   std::vector<Crossing> crossings;
   if (target > 0) {
     for (const Series& s : series) {
@@ -409,109 +558,7 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                     "\" text-anchor=\"middle\" font-size=\"14\" fill=\"#666666\">no evaluations "
                     "yet</text>\n");
   } else {
-    double x_lo = 0, x_hi = 0;
-    double y_lo = target > 0 ? target : HUGE_VAL, y_hi = target > 0 ? target : -HUGE_VAL;
-    for (const Series& s : series) {
-      for (const Point& p : s.points) {
-        x_lo = std::min(x_lo, p.x);
-        x_hi = std::max(x_hi, p.x);
-        y_lo = std::min(y_lo, p.y);
-        y_hi = std::max(y_hi, p.y);
-      }
-    }
-    for (const Crossing& c : crossings) {
-      x_lo = std::min(x_lo, c.x);
-      x_hi = std::max(x_hi, c.x);
-    }
-    if (Degenerate(x_lo, x_hi)) x_hi = x_lo + std::max(1.0, std::abs(x_lo));
-    // The region around the target: what tells the variants apart there
-    // (the early, steep part of every curve is alike).
-    bool clipped = false;
-    if (options.zoom && target > 0 && y_hi > 1.35 * target) {
-      y_hi = 1.35 * target;
-      y_lo = std::min(y_lo, target) - 0.02 * target;
-      clipped = true;
-    }
-    if (Degenerate(y_lo, y_hi)) {
-      const double pad = y_lo == 0 ? 1 : std::abs(y_lo) * 0.05;
-      y_lo -= pad;
-      y_hi += pad;
-    }
-    const Axis ax = NiceAxis(x_lo, x_hi);
-    const Axis ay = NiceAxis(y_lo, y_hi);
-    const auto px = [&](double x) {
-      return kPlotLeft + (x - ax.lo) / (ax.hi - ax.lo) * kPlotWidth;
-    };
-    const auto py = [&](double y) {
-      return kPlotTop + kPlotHeight - (y - ay.lo) / (ay.hi - ay.lo) * kPlotHeight;
-    };
-
-    absl::StrAppend(&svg, "<g class=\"x-axis\" font-size=\"11\" text-anchor=\"middle\">\n");
-    for (int i = 0; i <= ax.num_steps; ++i) {
-      const double v = ax.lo + i * ax.step;
-      const std::string x = Px(px(v));
-      absl::StrAppend(&svg, "<line x1=\"", x, "\" y1=\"", Px(kPlotTop), "\" x2=\"", x, "\" y2=\"",
-                      Px(kPlotTop + kPlotHeight + 5), "\" stroke=\"#e4e4e4\"/>\n");
-      absl::StrAppend(&svg, "<text class=\"tick\" x=\"", x, "\" y=\"",
-                      Px(kPlotTop + kPlotHeight + 18), "\">", TickLabel(v, ax, !tokens),
-                      "</text>\n");
-    }
-    absl::StrAppend(&svg, "</g>\n");
-    absl::StrAppend(&svg, "<g class=\"y-axis\" font-size=\"11\" text-anchor=\"end\">\n");
-    for (int i = 0; i <= ay.num_steps; ++i) {
-      const double v = ay.lo + i * ay.step;
-      const std::string y = Px(py(v));
-      absl::StrAppend(&svg, "<line x1=\"", Px(kPlotLeft - 5), "\" y1=\"", y, "\" x2=\"",
-                      Px(kPlotLeft + kPlotWidth), "\" y2=\"", y, "\" stroke=\"#e4e4e4\"/>\n");
-      absl::StrAppend(&svg, "<text class=\"tick\" x=\"", Px(kPlotLeft - 8), "\" y=\"",
-                      Px(py(v) + 4), "\">", TickLabel(v, ay, false), "</text>\n");
-    }
-    absl::StrAppend(&svg, "</g>\n");
-
-    if (target > 0) {
-      const std::string y = Px(py(target));
-      absl::StrAppend(&svg, "<line class=\"target\" x1=\"", Px(kPlotLeft), "\" y1=\"", y,
-                      "\" x2=\"", Px(kPlotLeft + kPlotWidth), "\" y2=\"", y,
-                      "\" stroke=\"#333333\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n");
-      // Curves fall from the upper left, so the left end of the line is clear.
-      absl::StrAppend(&svg, "<text class=\"target-label\" x=\"", Px(kPlotLeft + 6), "\" y=\"",
-                      Px(py(target) - 5), "\" font-size=\"11\">",
-                      absl::StrFormat("target %.4f", target), "</text>\n");
-    }
-
-    if (clipped) {
-      absl::StrAppend(&svg, "<defs><clipPath id=\"plot\"><rect x=\"", Px(kPlotLeft),
-                      "\" y=\"", Px(kPlotTop), "\" width=\"", Px(kPlotWidth), "\" height=\"",
-                      Px(kPlotHeight), "\"/></clipPath></defs>\n<g class=\"curves\" "
-                      "clip-path=\"url(#plot)\">\n");
-    }
-    for (const Series& s : series) {
-      if (s.points.empty()) continue;
-      const std::string name = Xml(s.name);
-      std::string d;
-      for (size_t i = 0; i < s.points.size(); ++i) {
-        absl::StrAppend(&d, i == 0 ? "M" : " L", Px(px(s.points[i].x)), " ", Px(py(s.points[i].y)));
-      }
-      absl::StrAppend(&svg, "<path class=\"variant\" data-variant=\"", name, "\" d=\"", d,
-                      "\" fill=\"none\" stroke=\"", Color(s.color),
-                      "\" stroke-width=\"2\" stroke-linejoin=\"round\" stroke-linecap=\"round\"",
-                      DashAttribute(s.color), "/>\n");
-      if (s.points.size() == 1) {
-        absl::StrAppend(&svg, "<circle class=\"point\" data-variant=\"", name, "\" cx=\"",
-                        Px(px(s.points[0].x)), "\" cy=\"", Px(py(s.points[0].y)),
-                        "\" r=\"3.5\" fill=\"", Color(s.color), "\"/>\n");
-      }
-    }
-    if (clipped) absl::StrAppend(&svg, "</g>\n");
-    for (const Crossing& c : crossings) {
-      const std::string name = Xml(c.series->name);
-      absl::StrAppend(&svg, "<circle class=\"crossing\" data-variant=\"", name, "\" cx=\"",
-                      Px(px(c.x)), "\" cy=\"", Px(py(target)),
-                      "\" r=\"5\" fill=\"#ffffff\" stroke=\"", Color(c.series->color),
-                      "\" stroke-width=\"2.5\"><title>", name, " reached the target at ",
-                      tokens ? absl::StrCat(Si(c.x), " tokens") : Dollars(c.x),
-                      "</title></circle>\n");
-    }
+    AppendPlot(series, crossings, target, x_axis, options.zoom, &svg);
   }
 
   absl::StrAppend(
@@ -529,21 +576,8 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                   "\" text-anchor=\"middle\" transform=\"rotate(-90 24 ", Px(y_mid),
                   ")\">validation loss</text>\n");
 
-  absl::StrAppend(&svg, "<g class=\"legend\">\n");
-  for (size_t i = 0; i < series.size(); ++i) {
-    const Series& s = series[i];
-    const double y = kPlotTop + 8 + kLegendRow * static_cast<double>(i);
-    absl::StrAppend(&svg, "<line x1=\"", Px(kLegendLeft), "\" y1=\"", Px(y), "\" x2=\"",
-                    Px(kLegendLeft + 22), "\" y2=\"", Px(y), "\" stroke=\"", Color(s.color),
-                    "\" stroke-width=\"3\"", DashAttribute(s.color), "/>\n");
-    absl::StrAppend(&svg, "<text class=\"legend-name\" data-variant=\"", Xml(s.name), "\" x=\"",
-                    Px(kLegendLeft + 30), "\" y=\"", Px(y + 4), "\">", Xml(s.name, kMaxNameChars),
-                    "</text>\n");
-    absl::StrAppend(&svg, "<text class=\"legend-detail\" x=\"", Px(kLegendLeft + 30), "\" y=\"",
-                    Px(y + 18), "\" font-size=\"10.5\" fill=\"#666666\">",
-                    Detail(s, target, x_axis), "</text>\n");
-  }
-  absl::StrAppend(&svg, "</g>\n</svg>\n");
+  AppendLegend(series, target, x_axis, &svg);
+  absl::StrAppend(&svg, "</svg>\n");
   return svg;
 }
 

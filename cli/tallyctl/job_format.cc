@@ -24,6 +24,18 @@ std::string StateText(tally::v1::JobState s) {
   return std::string(name);
 }
 
+std::string LossOrDash(double l) {
+  return l > 0 ? absl::StrFormat("%.4f", l) : std::string("-");
+}
+
+// A count to read at a glance: 32.5k, 1.08M.
+std::string Count(double x) {
+  if (x >= 1e9) return absl::StrFormat("%.2fG", x / 1e9);
+  if (x >= 1e6) return absl::StrFormat("%.2fM", x / 1e6);
+  if (x >= 1e4) return absl::StrFormat("%.1fk", x / 1e3);
+  return absl::StrFormat("%.0f", x);
+}
+
 std::string Plural(int64_t n, absl::string_view one, absl::string_view many) {
   return absl::StrCat(n, " ", n == 1 ? one : many);
 }
@@ -202,6 +214,60 @@ std::string ProgressBar(const tally::v1::JobEvent& e, int64_t max_steps, int pre
   absl::StrAppendFormat(&out, "  $%.4f", e.cost_usd());
   if (e.patience_left() >= 0) absl::StrAppend(&out, "  patience ", e.patience_left());
   if (preemptions > 0) absl::StrAppend(&out, "  preemptions ", preemptions);
+  return out;
+}
+
+// The variants' table: one line each. The recipe cost (steps to the target
+// at the variant's own median step time, with the 10th-90th percentile
+// interval) is what the verdict uses; billed is what tallyd's clock billed.
+std::string VariantTable(const tally::v1::Experiment& e) {
+  std::string out;
+  const char* kRow =
+      "  %-20s %-15s %-7s %-8s %-8s %-10s %-11s %-28s %-7s %-13s %-7s %-10s %s\n";
+  absl::StrAppendFormat(&out, kRow, "VARIANT", "STATE", "STEP", "VAL_LOSS", "BEST",
+                               "STEPS TO T", "TOKENS TO T", "RECIPE $ TO T (P10-P90)", "x REF",
+                               "BILLED $ TO T", "x REF", "$ SO FAR", "NOTE");
+  for (const auto& v : e.variants()) {
+    const std::string state =
+        v.job().empty() && v.state() == tally::v1::JOB_STATE_UNSPECIFIED
+            ? std::string("-")
+            : StateText(v.state());
+    std::vector<std::string> notes;
+    if (v.name() == e.reference_variant()) notes.push_back("reference");
+    if (v.halted()) notes.push_back("stopped by successive halving");
+    if (v.held_at_rung() > 0) notes.push_back(absl::StrCat("held at rung ", v.held_at_rung()));
+    if (!v.note().empty()) notes.push_back(v.note());
+    if (v.step_time_varied()) {
+      notes.push_back(absl::StrFormat("step time varied %.0f%% (p10-p90): recipe cost less "
+                                      "certain",
+                                      100 * v.step_seconds_spread()));
+    }
+    if (v.recipe_cost_to_target_usd() > 0 && v.cost_to_target_usd() > 0) {
+      const double r = v.cost_to_target_usd() / v.recipe_cost_to_target_usd();
+      if (r > 1.25 || r < 0.8) notes.push_back(absl::StrFormat("billed %.2fx its recipe cost", r));
+    }
+    const bool recipe = v.recipe_cost_to_target_usd() > 0;
+    absl::StrAppendFormat(
+        &out, kRow, Safe(v.name()), state, absl::StrCat(v.step()), LossOrDash(v.val_loss()),
+        LossOrDash(v.best_val_loss()),
+        v.reached_target() ? absl::StrFormat("%.1f", v.steps_to_target()) : std::string("-"),
+        v.reached_target() ? Count(v.tokens_to_target()) : std::string("-"),
+        recipe ? absl::StrCat(FormatDollars(v.recipe_cost_to_target_usd()), " (",
+                              FormatDollars(v.recipe_cost_low_usd()).substr(1), "-",
+                              FormatDollars(v.recipe_cost_high_usd()).substr(1), ")")
+               : std::string("-"),
+        v.recipe_ratio_to_reference() > 0
+            ? absl::StrFormat("%.2fx", v.recipe_ratio_to_reference())
+            : std::string("-"),
+        v.reached_target() ? FormatDollars(v.cost_to_target_usd()) : std::string("-"),
+        v.ratio_to_reference() > 0 ? absl::StrFormat("%.2fx", v.ratio_to_reference())
+                                   : std::string("-"),
+        FormatDollars(v.cost_usd()), Safe(absl::StrJoin(notes, "; ")));
+  }
+  absl::StrAppend(&out,
+                  "  recipe $: steps to the target x the variant's median step time x its GPUs' "
+                  "price (the recipe's cost, wherever it ran); billed $: tallyd's clock (start-up, "
+                  "evaluations and a busy machine included)\n");
   return out;
 }
 

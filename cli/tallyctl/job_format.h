@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
+#include "tally/v1/experiments.pb.h"
 #include "tally/v1/jobs.pb.h"
 #include "tally/v1/spec.pb.h"
 
@@ -76,6 +77,13 @@ std::string EventLine(const tally::v1::JobEvent& e, absl::TimeZone tz, int preem
 // The progress bar `tallyctl watch` redraws on a terminal (no "\r"):
 // "[###...] step 10/100  loss 2.3456  $0.0100  patience 3  preemptions 1".
 std::string ProgressBar(const tally::v1::JobEvent& e, int64_t max_steps, int preemptions);
+
+// An experiment's variants as `tallyctl experiment get` and `watch` print
+// them: one line each (state, step, losses, steps and tokens to the target,
+// the recipe cost with its p10-p90 interval and ratio, the billed dollars
+// and ratio, dollars so far, notes), then a line saying what the two dollar
+// figures are.
+std::string VariantTable(const tally::v1::Experiment& e);
 
 }  // namespace tally::cli
 

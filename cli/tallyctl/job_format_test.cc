@@ -317,5 +317,49 @@ TEST(JobFormatTest, FormatTimestamp) {
   EXPECT_EQ(FormatTimestamp(t, absl::UTCTimeZone()), "2025-01-31 12:00:00");
 }
 
+TEST(JobFormatTest, TheVariantTableShowsBothFiguresAndSaysWhy) {
+  tally::v1::Experiment e;
+  e.set_reference_variant("naive");
+  auto* naive = e.add_variants();
+  naive->set_name("naive");
+  naive->set_job("jobs/1");
+  naive->set_state(tally::v1::JOB_STATE_SUCCEEDED);
+  naive->set_step(1000);
+  naive->set_val_loss(2.1311);
+  naive->set_best_val_loss(2.1311);
+  naive->set_reached_target(true);
+  naive->set_steps_to_target(1000);
+  naive->set_tokens_to_target(1.08e6);
+  naive->set_recipe_cost_to_target_usd(0.000572);
+  naive->set_recipe_cost_low_usd(0.000549);
+  naive->set_recipe_cost_high_usd(0.000594);
+  naive->set_recipe_ratio_to_reference(1);
+  naive->set_cost_to_target_usd(0.000803);
+  naive->set_ratio_to_reference(1);
+  naive->set_cost_usd(0.000803);
+  naive->set_step_time_varied(true);
+  naive->set_step_seconds_spread(1.04);
+  auto* held = e.add_variants();
+  held->set_name("packed");
+  held->set_job("jobs/2");
+  held->set_state(tally::v1::JOB_STATE_QUEUED);
+  held->set_held_at_rung(1);
+  auto* failed = e.add_variants();
+  failed->set_name("broken");
+  failed->set_job("jobs/3");
+  failed->set_state(tally::v1::JOB_STATE_FAILED);
+  failed->set_note("failed: data.train_path: no such file");
+  const std::string t = VariantTable(e);
+  EXPECT_THAT(t, HasSubstr("STEPS TO T TOKENS TO T RECIPE $ TO T (P10-P90)"));
+  EXPECT_THAT(t, HasSubstr("1000.0     1.08M       $0.000572 (0.000549-0.000594) 1.00x   "
+                           "$0.000803     1.00x"));
+  EXPECT_THAT(t, HasSubstr("reference; step time varied 104% (p10-p90): recipe cost less "
+                           "certain; billed 1.40x its recipe cost"));
+  EXPECT_THAT(t, HasSubstr("held at rung 1"));
+  EXPECT_THAT(t, HasSubstr("FAILED"));
+  EXPECT_THAT(t, HasSubstr("failed: data.train_path: no such file"));
+  EXPECT_THAT(t, HasSubstr("recipe $: steps to the target"));
+}
+
 }  // namespace
 }  // namespace tally::cli

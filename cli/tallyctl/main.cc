@@ -1012,64 +1012,6 @@ int ReadExperimentFlag(const char* cmd, tally::v1::ExperimentSpec* spec) {
 
 std::string Loss(double l) { return l > 0 ? absl::StrFormat("%.4f", l) : std::string("-"); }
 
-std::string Count(double x) {
-  if (x >= 1e9) return absl::StrFormat("%.2fG", x / 1e9);
-  if (x >= 1e6) return absl::StrFormat("%.2fM", x / 1e6);
-  if (x >= 1e4) return absl::StrFormat("%.1fk", x / 1e3);
-  return absl::StrFormat("%.0f", x);
-}
-
-// The variants' table: one line each. The recipe cost (steps to the target
-// at the variant's own median step time, with the 10th-90th percentile
-// interval) is what the verdict uses; billed is what tallyd's clock billed.
-void PrintVariantTable(const tally::v1::Experiment& e) {
-  const char* kRow =
-      "  %-20s %-15s %-7s %-8s %-8s %-10s %-11s %-28s %-7s %-13s %-7s %-10s %s\n";
-  std::cout << absl::StrFormat(kRow, "VARIANT", "STATE", "STEP", "VAL_LOSS", "BEST",
-                               "STEPS TO T", "TOKENS TO T", "RECIPE $ TO T (P10-P90)", "x REF",
-                               "BILLED $ TO T", "x REF", "$ SO FAR", "NOTE");
-  for (const auto& v : e.variants()) {
-    const std::string state =
-        v.job().empty() && v.state() == tally::v1::JOB_STATE_UNSPECIFIED
-            ? std::string("-")
-            : StateName(v.state());
-    std::vector<std::string> notes;
-    if (v.name() == e.reference_variant()) notes.push_back("reference");
-    if (v.halted()) notes.push_back("stopped by successive halving");
-    if (v.held_at_rung() > 0) notes.push_back(absl::StrCat("held at rung ", v.held_at_rung()));
-    if (!v.note().empty()) notes.push_back(v.note());
-    if (v.step_time_varied()) {
-      notes.push_back(absl::StrFormat("step time varied %.0f%% (p10-p90): recipe cost less "
-                                      "certain",
-                                      100 * v.step_seconds_spread()));
-    }
-    if (v.recipe_cost_to_target_usd() > 0 && v.cost_to_target_usd() > 0) {
-      const double r = v.cost_to_target_usd() / v.recipe_cost_to_target_usd();
-      if (r > 1.25 || r < 0.8) notes.push_back(absl::StrFormat("billed %.2fx its recipe cost", r));
-    }
-    const bool recipe = v.recipe_cost_to_target_usd() > 0;
-    std::cout << absl::StrFormat(
-        kRow, Safe(v.name()), state, absl::StrCat(v.step()), Loss(v.val_loss()),
-        Loss(v.best_val_loss()),
-        v.reached_target() ? absl::StrFormat("%.1f", v.steps_to_target()) : std::string("-"),
-        v.reached_target() ? Count(v.tokens_to_target()) : std::string("-"),
-        recipe ? absl::StrCat(FormatDollars(v.recipe_cost_to_target_usd()), " (",
-                              FormatDollars(v.recipe_cost_low_usd()).substr(1), "-",
-                              FormatDollars(v.recipe_cost_high_usd()).substr(1), ")")
-               : std::string("-"),
-        v.recipe_ratio_to_reference() > 0
-            ? absl::StrFormat("%.2fx", v.recipe_ratio_to_reference())
-            : std::string("-"),
-        v.reached_target() ? FormatDollars(v.cost_to_target_usd()) : std::string("-"),
-        v.ratio_to_reference() > 0 ? absl::StrFormat("%.2fx", v.ratio_to_reference())
-                                   : std::string("-"),
-        FormatDollars(v.cost_usd()), Safe(absl::StrJoin(notes, "; ")));
-  }
-  std::cout << "  recipe $: steps to the target x the variant's median step time x its GPUs' "
-               "price (the recipe's cost, wherever it ran); billed $: tallyd's clock (start-up, "
-               "evaluations and a busy machine included)\n";
-}
-
 void PrintExperiment(const tally::v1::Experiment& e) {
   std::cout << Safe(e.name()) << "  " << ExperimentStateName(e.state());
   if (!e.state_reason().empty()) std::cout << "  (" << Safe(e.state_reason()) << ")";
@@ -1103,7 +1045,7 @@ void PrintExperiment(const tally::v1::Experiment& e) {
             << OwnershipLine(e.tenant(), "created by", e.created_by(), e.cancelled_by());
   std::cout << "  created:   " << Time(e.create_time()) << "   ended: " << Time(e.end_time())
             << "\n";
-  PrintVariantTable(e);
+  std::cout << VariantTable(e);
 }
 
 int GetExperiment(Client& c, const std::string& arg, tally::v1::Experiment* out) {

@@ -255,52 +255,107 @@ Plan DecideCancel(const store::ExperimentRecord& rec,
   return p;
 }
 
-Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<Job>>& jobs,
-            absl::Time now) {
-  Plan p;
-  p.rec = rec;
+namespace {
+
+const std::optional<Job>& JobOf(const std::vector<std::optional<Job>>& jobs, int i) {
+  static const std::optional<Job> kNone;
+  return i < static_cast<int>(jobs.size()) ? jobs[i] : kNone;
+}
+
+Action HoldOrRelease(bool hold, int variant, const std::string& reason) {
+  Action a;
+  a.kind = hold ? Action::kHold : Action::kRelease;
+  a.variant = variant;
+  a.reason = reason;
+  return a;
+}
+
+// Rung k judged, every contender having reached its mark: the worse half by
+// ScoreOf stop, the held among the rest are released.
+void JudgeRung(const std::vector<int>& contenders, const Rung& r, const std::string& mark,
+               absl::Time now, Plan* plan) {
+  Plan& p = *plan;
   Experiment& e = *p.rec.mutable_experiment();
-  const tally::v1::ExperimentSpec& spec = e.spec();
-  const int n = e.variants_size();
-  auto job_of = [&](int i) -> const std::optional<Job>& {
-    static const std::optional<Job> kNone;
-    return i < static_cast<int>(jobs.size()) ? jobs[i] : kNone;
-  };
-
-  if (e.state() != tally::v1::EXPERIMENT_STATE_RUNNING) {
-    // An ended experiment's acts, again (a crash may have come between the
-    // commit and them).
-    for (int i = 0; i < n; ++i) {
-      if (!Active(job_of(i))) continue;
-      Action a;
-      a.variant = i;
-      if (e.state() == tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED) {
-        a.kind = Action::kStop;
-        a.state = tally::v1::JOB_STATE_BUDGET_EXHAUSTED;
-        a.rule = "experiment_budget";
-        a.reason = e.state_reason();
-      } else {
-        a.kind = Action::kCancel;
-        a.reason = absl::StrCat("experiment ", e.name(), " ", e.state_reason());
+  const int k = e.rung();
+  std::vector<int> ranked = contenders;
+  std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) {
+    return ScoreOf(e.variants(a)).value < ScoreOf(e.variants(b)).value;
+  });
+  const size_t keep = ranked.size() - ranked.size() / 2;
+  std::vector<std::string> kept, halted;
+  for (size_t j = 0; j < ranked.size(); ++j) {
+    VariantStatus* v = e.mutable_variants(ranked[j]);
+    const Score score = ScoreOf(*v);
+    const std::string line =
+        absl::StrFormat("%s (%s %.4f)", v->name(), score.figure, score.value);
+    const bool was_held = v->held_at_rung() > 0;
+    v->set_held_at_rung(0);
+    if (j < keep) {
+      kept.push_back(line);
+      if (was_held) {
+        p.actions.push_back(HoldOrRelease(false, ranked[j],
+                                          absl::StrCat("experiment ", e.name(), ": rung ", k + 1,
+                                                       " judged, ", v->name(), " goes on")));
       }
-      p.actions.push_back(std::move(a));
+      continue;
     }
-    FillFigures(jobs, &e);
-    return p;
+    halted.push_back(line);
+    v->set_halted(true);
+    Action a;
+    a.kind = Action::kStop;
+    a.variant = ranked[j];
+    a.state = tally::v1::JOB_STATE_EARLY_STOPPED;
+    a.rule = "experiment_halving";
+    a.reason = absl::StrFormat(
+        "successive halving, rung %d of %d: %s %.4f is in the worse half of %d "
+        "variants (experiment %s)",
+        k + 1, r.rungs, score.figure, score.value, ranked.size(), e.name());
+    p.actions.push_back(std::move(a));
   }
+  e.set_rung(k + 1);
+  AddEvent(p, "halving", "",
+           absl::StrCat("rung ", k + 1, " of ", r.rungs, " done at ", mark,
+                        ": stopping ", absl::StrJoin(halted, ", ")),
+           absl::StrCat("kept ", absl::StrJoin(kept, ", "),
+                        "; each ranked by its forecast final val_loss, or its latest "
+                        "val_loss before it has a forecast"),
+           now);
+}
 
-  const int ref = ReferenceIndex(spec);
-  const bool from_variant = spec.target().has_from_variant();
-  if (!from_variant && e.target_val_loss() <= 0 && spec.target().val_loss() > 0) {
-    e.set_target_val_loss(spec.target().val_loss());
+// An ended experiment's acts, again (a crash may have come between the
+// commit and them).
+void ActAgainOnEnded(const std::vector<std::optional<Job>>& jobs, Plan* plan) {
+  Plan& p = *plan;
+  Experiment& e = *p.rec.mutable_experiment();
+  const int n = e.variants_size();
+  auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
+  for (int i = 0; i < n; ++i) {
+    if (!Active(job_of(i))) continue;
+    Action a;
+    a.variant = i;
+    if (e.state() == tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED) {
+      a.kind = Action::kStop;
+      a.state = tally::v1::JOB_STATE_BUDGET_EXHAUSTED;
+      a.rule = "experiment_budget";
+      a.reason = e.state_reason();
+    } else {
+      a.kind = Action::kCancel;
+      a.reason = absl::StrCat("experiment ", e.name(), " ", e.state_reason());
+    }
+    p.actions.push_back(std::move(a));
   }
-
-  // Variants that ended since the last pass.
-  std::vector<JobState> before(n);
-  for (int i = 0; i < n; ++i) before[i] = e.variants(i).state();
   FillFigures(jobs, &e);
+}
 
-  // The reference's final loss becomes the target.
+// A from_variant target: the reference's final loss, once it has ended (or
+// none, if it ended without one or never ran; every variant then says so).
+void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int ref,
+                             absl::Time now, Plan* plan) {
+  Plan& p = *plan;
+  Experiment& e = *p.rec.mutable_experiment();
+  const int n = e.variants_size();
+  const bool from_variant = e.spec().target().has_from_variant();
+  auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
   if (from_variant && e.target_val_loss() <= 0 && !p.rec.target_unavailable() &&
       job_of(ref) && store::IsTerminal(job_of(ref)->state())) {
     const double final_loss = FinalLoss(*job_of(ref));
@@ -336,9 +391,15 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
       }
     }
   }
+}
 
-  for (int i = 0; i < n; ++i) {
-    const std::optional<Job>& job = job_of(i);
+// variant_ended for each variant whose job ended since the last pass.
+void AddEndedEvents(const std::vector<std::optional<Job>>& jobs,
+                    const std::vector<JobState>& before, absl::Time now, Plan* plan) {
+  Plan& p = *plan;
+  const Experiment& e = p.rec.experiment();
+  for (int i = 0; i < e.variants_size(); ++i) {
+    const std::optional<Job>& job = JobOf(jobs, i);
     if (!job || !store::IsTerminal(job->state()) || store::IsTerminal(before[i])) continue;
     const VariantStatus& v = e.variants(i);
     std::string detail = absl::StrFormat("%d steps, %s", v.step(), FormatDollars(v.cost_usd()));
@@ -356,6 +417,183 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
                           job->state_reason()),
              detail, now);
   }
+}
+
+// Successive halving's pass: holds at the rung's mark, the rung judged once
+// every variant in the race has reached it, and releases.
+void DecideHalving(const std::vector<std::optional<Job>>& jobs, int ref, bool from_variant,
+                   absl::Time now, Plan* plan) {
+  Plan& p = *plan;
+  Experiment& e = *p.rec.mutable_experiment();
+  const int n = e.variants_size();
+  auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
+  const Rung r = RungOf(e);
+  const int k = e.rung();
+  // In the race at this rung: not ended, not halted, not stopping, not the
+  // reference of a from_variant target. A variant without a job yet (it
+  // is submitted this pass) is in it, waiting.
+  std::vector<int> contenders;
+  for (int i = 0; i < n; ++i) {
+    if ((from_variant && i == ref) || e.variants(i).halted()) continue;
+    const std::optional<Job>& job = job_of(i);
+    if (job ? (Active(job) && !job->has_pending_stop())
+            : !store::IsTerminal(e.variants(i).state())) {
+      contenders.push_back(i);
+    }
+  }
+  // A mark left on a variant that ended, was halted or is out of the
+  // race, or by a race that is over (fewer than two left, or the last
+  // rung judged): nothing holds it any more (released below).
+  const bool racing = k < r.rungs && contenders.size() >= 2;
+  for (int i = 0; i < n; ++i) {
+    VariantStatus* v = e.mutable_variants(i);
+    if (v->held_at_rung() == 0) continue;
+    const bool in_race =
+        std::find(contenders.begin(), contenders.end(), i) != contenders.end();
+    if (!racing || !in_race) v->set_held_at_rung(0);
+  }
+  auto hold = [&](int i, const std::string& why) {
+    p.actions.push_back(HoldOrRelease(true, i, why));
+  };
+  auto release = [&](int i, const std::string& why) {
+    p.actions.push_back(HoldOrRelease(false, i, why));
+  };
+  if (racing) {
+    const int64_t max_steps =
+        job_of(contenders[0]) ? job_of(contenders[0])->spec().training().max_steps() : 0;
+    const std::string mark = RungLabel(r, k, max_steps);
+    std::vector<bool> passed(n, false);
+    std::vector<int> waiting;  // contenders below the mark with no slot
+    for (int i : contenders) {
+      const std::optional<Job>& job = job_of(i);
+      passed[i] = job && PassedRung(r, k, *job);
+      if (!job || (!passed[i] && job->state() == tally::v1::JOB_STATE_QUEUED &&
+                   job->hold().empty())) {
+        waiting.push_back(i);
+      }
+    }
+    // The slots variant i would free: of its GPU type, its GPU count.
+    auto resources = [&](int i) -> const tally::v1::ResourceSpec* {
+      if (job_of(i)) return &job_of(i)->spec().resources();
+      return i < p.rec.resolved_size() ? &p.rec.resolved(i).resources() : nullptr;
+    };
+    // Holding i helps only a waiting variant that its slots can run.
+    auto frees_a_slot_for_a_waiting_one = [&](int i) {
+      const tally::v1::ResourceSpec* mine = resources(i);
+      return mine && std::any_of(waiting.begin(), waiting.end(), [&](int j) {
+               const tally::v1::ResourceSpec* theirs = resources(j);
+               return theirs && theirs->gpu_type() == mine->gpu_type() &&
+                      std::max(1, theirs->gpu_count()) <= std::max(1, mine->gpu_count());
+             });
+    };
+    for (int i : contenders) {
+      VariantStatus* v = e.mutable_variants(i);
+      const std::optional<Job>& job = job_of(i);
+      if (!job) continue;
+      const std::string why =
+          absl::StrCat("experiment ", e.name(), ": successive halving holds ", v->name(),
+                       " at rung ", k + 1, " (", mark, ") until every variant has reached it");
+      if (v->held_at_rung() == k + 1) {
+        if (job->hold().empty()) hold(i, why);  // a hold decided, not yet in force
+        continue;
+      }
+      if (passed[i] && frees_a_slot_for_a_waiting_one(i)) {
+        // Its slot goes to a variant that has not started this rung.
+        v->set_held_at_rung(k + 1);
+        hold(i, why);
+        AddEvent(p, "held", v->name(),
+                 absl::StrCat(v->name(), " reached rung ", k + 1, " (", mark,
+                              ") while other variants wait for a slot: held there"),
+                 "", now);
+      }
+    }
+    if (std::all_of(contenders.begin(), contenders.end(), [&](int i) { return passed[i]; })) {
+      JudgeRung(contenders, r, mark, now, &p);
+    }
+  }
+  // A release decided, not yet in force (or a hold left by a rung that
+  // is over): the variant is free again.
+  for (int i = 0; i < n; ++i) {
+    const std::optional<Job>& job = job_of(i);
+    const bool decided = std::any_of(p.actions.begin(), p.actions.end(), [&](const Action& a) {
+      return a.variant == i && (a.kind == Action::kRelease || a.kind == Action::kStop);
+    });
+    if (Active(job) && !job->hold().empty() && e.variants(i).held_at_rung() == 0 && !decided) {
+      release(i, absl::StrCat("experiment ", e.name(), ": no longer held"));
+    }
+  }
+}
+
+// The ended experiment's verdict: the variant cheapest to the target by
+// recipe cost (what a step of each recipe costs, not when or where it ran),
+// or by billed dollars for all when a variant that reached the target has no
+// recipe cost (no price, or too few steps to time): the two are never mixed.
+std::string Verdict(const Experiment& e, int ref) {
+  const bool by_recipe = std::all_of(
+      e.variants().begin(), e.variants().end(), [](const VariantStatus& v) {
+        return !v.reached_target() || v.recipe_cost_to_target_usd() > 0;
+      });
+  auto figure = [by_recipe](const VariantStatus& v) {
+    return by_recipe ? v.recipe_cost_to_target_usd() : v.cost_to_target_usd();
+  };
+  const VariantStatus* best = nullptr;
+  for (const auto& v : e.variants()) {
+    if (v.reached_target() && (best == nullptr || figure(v) < figure(*best))) best = &v;
+  }
+  std::string reason = "every variant ended";
+  if (e.target_val_loss() <= 0) {
+    absl::StrAppend(&reason, "; no target was known");
+    return reason;
+  }
+  if (best == nullptr) {
+    absl::StrAppendFormat(&reason, "; no variant reached the target %.4f", e.target_val_loss());
+    return reason;
+  }
+  absl::StrAppendFormat(&reason, "; cheapest to the target %.4f: %s at %s %s",
+                        e.target_val_loss(), best->name(), FormatDollars(figure(*best)),
+                        by_recipe ? "by recipe cost" : "billed");
+  if (by_recipe) {
+    absl::StrAppend(&reason, " (", FormatDollars(best->cost_to_target_usd()), " billed)");
+  }
+  const VariantStatus& rv = e.variants(ref);
+  const double ratio =
+      by_recipe ? best->recipe_ratio_to_reference() : best->ratio_to_reference();
+  if (best->name() != rv.name() && ratio > 0) {
+    absl::StrAppendFormat(&reason, ", %.2fx %s's %s", ratio, rv.name(), FormatDollars(figure(rv)));
+  }
+  return reason;
+}
+
+}  // namespace
+
+Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<Job>>& jobs,
+            absl::Time now) {
+  Plan p;
+  p.rec = rec;
+  Experiment& e = *p.rec.mutable_experiment();
+  const tally::v1::ExperimentSpec& spec = e.spec();
+  const int n = e.variants_size();
+  auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
+
+  if (e.state() != tally::v1::EXPERIMENT_STATE_RUNNING) {
+    ActAgainOnEnded(jobs, &p);
+    return p;
+  }
+
+  const int ref = ReferenceIndex(spec);
+  const bool from_variant = spec.target().has_from_variant();
+  if (!from_variant && e.target_val_loss() <= 0 && spec.target().val_loss() > 0) {
+    e.set_target_val_loss(spec.target().val_loss());
+  }
+
+  // Variants that ended since the last pass.
+  std::vector<JobState> before(n);
+  for (int i = 0; i < n; ++i) before[i] = e.variants(i).state();
+  FillFigures(jobs, &e);
+
+  TakeTargetFromReference(jobs, ref, now, &p);
+
+  AddEndedEvents(jobs, before, now, &p);
 
   // The budget, for all variants together.
   const double max_dollars = spec.budget().max_dollars();
@@ -417,152 +655,8 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
     }
   }
 
-  // Successive halving.
   if (spec.strategy() == tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING) {
-    const Rung r = RungOf(e);
-    const int k = e.rung();
-    // In the race at this rung: not ended, not halted, not stopping, not the
-    // reference of a from_variant target. A variant without a job yet (it
-    // is submitted this pass) is in it, waiting.
-    std::vector<int> contenders;
-    for (int i = 0; i < n; ++i) {
-      if ((from_variant && i == ref) || e.variants(i).halted()) continue;
-      const std::optional<Job>& job = job_of(i);
-      if (job ? (Active(job) && !job->has_pending_stop())
-              : !store::IsTerminal(e.variants(i).state())) {
-        contenders.push_back(i);
-      }
-    }
-    // A mark left on a variant that ended, was halted or is out of the
-    // race, or by a race that is over (fewer than two left, or the last
-    // rung judged): nothing holds it any more (released below).
-    const bool racing = k < r.rungs && contenders.size() >= 2;
-    for (int i = 0; i < n; ++i) {
-      VariantStatus* v = e.mutable_variants(i);
-      if (v->held_at_rung() == 0) continue;
-      const bool in_race =
-          std::find(contenders.begin(), contenders.end(), i) != contenders.end();
-      if (!racing || !in_race) v->set_held_at_rung(0);
-    }
-    auto hold = [&](int i, const std::string& why) {
-      Action a;
-      a.kind = Action::kHold;
-      a.variant = i;
-      a.reason = why;
-      p.actions.push_back(std::move(a));
-    };
-    auto release = [&](int i, const std::string& why) {
-      Action a;
-      a.kind = Action::kRelease;
-      a.variant = i;
-      a.reason = why;
-      p.actions.push_back(std::move(a));
-    };
-    if (racing) {
-      const int64_t max_steps =
-          job_of(contenders[0]) ? job_of(contenders[0])->spec().training().max_steps() : 0;
-      const std::string mark = RungLabel(r, k, max_steps);
-      std::vector<bool> passed(n, false);
-      std::vector<int> waiting;  // contenders below the mark with no slot
-      for (int i : contenders) {
-        const std::optional<Job>& job = job_of(i);
-        passed[i] = job && PassedRung(r, k, *job);
-        if (!job || (!passed[i] && job->state() == tally::v1::JOB_STATE_QUEUED &&
-                     job->hold().empty())) {
-          waiting.push_back(i);
-        }
-      }
-      // The slots variant i would free: of its GPU type, its GPU count.
-      auto resources = [&](int i) -> const tally::v1::ResourceSpec* {
-        if (job_of(i)) return &job_of(i)->spec().resources();
-        return i < p.rec.resolved_size() ? &p.rec.resolved(i).resources() : nullptr;
-      };
-      // Holding i helps only a waiting variant that its slots can run.
-      auto frees_a_slot_for_a_waiting_one = [&](int i) {
-        const tally::v1::ResourceSpec* mine = resources(i);
-        return mine && std::any_of(waiting.begin(), waiting.end(), [&](int j) {
-                 const tally::v1::ResourceSpec* theirs = resources(j);
-                 return theirs && theirs->gpu_type() == mine->gpu_type() &&
-                        std::max(1, theirs->gpu_count()) <= std::max(1, mine->gpu_count());
-               });
-      };
-      for (int i : contenders) {
-        VariantStatus* v = e.mutable_variants(i);
-        const std::optional<Job>& job = job_of(i);
-        if (!job) continue;
-        const std::string why =
-            absl::StrCat("experiment ", e.name(), ": successive halving holds ", v->name(),
-                         " at rung ", k + 1, " (", mark, ") until every variant has reached it");
-        if (v->held_at_rung() == k + 1) {
-          if (job->hold().empty()) hold(i, why);  // a hold decided, not yet in force
-          continue;
-        }
-        if (passed[i] && frees_a_slot_for_a_waiting_one(i)) {
-          // Its slot goes to a variant that has not started this rung.
-          v->set_held_at_rung(k + 1);
-          hold(i, why);
-          AddEvent(p, "held", v->name(),
-                   absl::StrCat(v->name(), " reached rung ", k + 1, " (", mark,
-                                ") while other variants wait for a slot: held there"),
-                   "", now);
-        }
-      }
-      if (std::all_of(contenders.begin(), contenders.end(), [&](int i) { return passed[i]; })) {
-        std::vector<int> ranked = contenders;
-        std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) {
-          return ScoreOf(e.variants(a)).value < ScoreOf(e.variants(b)).value;
-        });
-        const size_t keep = ranked.size() - ranked.size() / 2;
-        std::vector<std::string> kept, halted;
-        for (size_t j = 0; j < ranked.size(); ++j) {
-          VariantStatus* v = e.mutable_variants(ranked[j]);
-          const Score score = ScoreOf(*v);
-          const std::string line =
-              absl::StrFormat("%s (%s %.4f)", v->name(), score.figure, score.value);
-          const bool was_held = v->held_at_rung() > 0;
-          v->set_held_at_rung(0);
-          if (j < keep) {
-            kept.push_back(line);
-            if (was_held) {
-              release(ranked[j], absl::StrCat("experiment ", e.name(), ": rung ", k + 1,
-                                              " judged, ", v->name(), " goes on"));
-            }
-            continue;
-          }
-          halted.push_back(line);
-          v->set_halted(true);
-          Action a;
-          a.kind = Action::kStop;
-          a.variant = ranked[j];
-          a.state = tally::v1::JOB_STATE_EARLY_STOPPED;
-          a.rule = "experiment_halving";
-          a.reason = absl::StrFormat(
-              "successive halving, rung %d of %d: %s %.4f is in the worse half of %d "
-              "variants (experiment %s)",
-              k + 1, r.rungs, score.figure, score.value, ranked.size(), e.name());
-          p.actions.push_back(std::move(a));
-        }
-        e.set_rung(k + 1);
-        AddEvent(p, "halving", "",
-                 absl::StrCat("rung ", k + 1, " of ", r.rungs, " done at ", mark,
-                              ": stopping ", absl::StrJoin(halted, ", ")),
-                 absl::StrCat("kept ", absl::StrJoin(kept, ", "),
-                              "; each ranked by its forecast final val_loss, or its latest "
-                              "val_loss before it has a forecast"),
-                 now);
-      }
-    }
-    // A release decided, not yet in force (or a hold left by a rung that
-    // is over): the variant is free again.
-    for (int i = 0; i < n; ++i) {
-      const std::optional<Job>& job = job_of(i);
-      const bool decided = std::any_of(p.actions.begin(), p.actions.end(), [&](const Action& a) {
-        return a.variant == i && (a.kind == Action::kRelease || a.kind == Action::kStop);
-      });
-      if (Active(job) && !job->hold().empty() && e.variants(i).held_at_rung() == 0 && !decided) {
-        release(i, absl::StrCat("experiment ", e.name(), ": no longer held"));
-      }
-    }
+    DecideHalving(jobs, ref, from_variant, now, &p);
   }
 
   // Done when every variant has a job and every job has ended.
@@ -573,52 +667,7 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
                         : store::IsTerminal(e.variants(i).state()));  // refused
   }
   if (done) {
-    // The verdict is by recipe cost (what a step of each recipe costs, not
-    // when or where it ran); billed dollars where a variant has none.
-    // Billed dollars for all where a variant that reached it has no recipe
-    // cost (no price, or too few steps to time): the two are not compared.
-    const bool by_recipe = std::all_of(
-        e.variants().begin(), e.variants().end(), [](const VariantStatus& v) {
-          return !v.reached_target() || v.recipe_cost_to_target_usd() > 0;
-        });
-    auto figure = [by_recipe](const VariantStatus& v) {
-      return by_recipe ? v.recipe_cost_to_target_usd() : v.cost_to_target_usd();
-    };
-    std::string best;
-    double best_cost = 0;
-    const VariantStatus* best_v = nullptr;
-    for (const auto& v : e.variants()) {
-      if (v.reached_target() && (best.empty() || figure(v) < best_cost)) {
-        best = v.name();
-        best_cost = figure(v);
-        best_v = &v;
-      }
-    }
-    std::string reason = "every variant ended";
-    if (e.target_val_loss() <= 0) {
-      absl::StrAppend(&reason, "; no target was known");
-    } else if (best.empty()) {
-      absl::StrAppendFormat(&reason, "; no variant reached the target %.4f",
-                            e.target_val_loss());
-    } else {
-      const bool recipe = by_recipe;
-      absl::StrAppendFormat(&reason, "; cheapest to the target %.4f: %s at %s %s", e.target_val_loss(),
-                            best, FormatDollars(best_cost), recipe ? "by recipe cost" : "billed");
-      if (recipe) {
-        absl::StrAppend(&reason, " (", FormatDollars(best_v->cost_to_target_usd()), " billed)");
-      }
-      const VariantStatus& rv = e.variants(ref);
-      if (best_v->name() != rv.name()) {
-        if (recipe && best_v->recipe_ratio_to_reference() > 0) {
-          absl::StrAppendFormat(&reason, ", %.2fx %s's %s", best_v->recipe_ratio_to_reference(),
-                                rv.name(), FormatDollars(rv.recipe_cost_to_target_usd()));
-        } else if (!recipe && best_v->ratio_to_reference() > 0) {
-          absl::StrAppendFormat(&reason, ", %.2fx %s's %s", best_v->ratio_to_reference(),
-                                rv.name(), FormatDollars(rv.cost_to_target_usd()));
-        }
-      }
-    }
-    End(p, tally::v1::EXPERIMENT_STATE_SUCCEEDED, "succeeded", reason, now);
+    End(p, tally::v1::EXPERIMENT_STATE_SUCCEEDED, "succeeded", Verdict(e, ref), now);
   }
   return p;
 }

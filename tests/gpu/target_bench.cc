@@ -33,6 +33,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "common/model_flops.h"
+#include "server/policy/target.h"
 #include "worker/train/trainer.h"
 
 ABSL_FLAG(std::string, train_path, "", "dataset prefix written by tally-prep");
@@ -93,23 +94,23 @@ struct ToTarget {
   double steps = 0, tokens = 0, seconds = 0;
 };
 
-// Linear between the last evaluation above the target and the first at or
-// below it.
+// Interpolated between the two evaluations that straddle the target, by the
+// definition tallyd's experiments use (server/policy/target.h; the device's
+// seconds stand in for GPU-seconds).
 ToTarget Interpolate(const std::vector<Eval>& evals, double target) {
-  ToTarget t;
-  for (size_t i = 0; i < evals.size(); ++i) {
-    if (evals[i].val_loss > target) continue;
-    t.reached = true;
-    if (i == 0) return t;  // already there at step 0
-    const Eval& a = evals[i - 1];
-    const Eval& b = evals[i];
-    const double f = (a.val_loss - target) / (a.val_loss - b.val_loss);
-    t.steps = a.step + f * (b.step - a.step);
-    t.tokens = a.tokens + f * (b.tokens - a.tokens);
-    t.seconds = a.seconds + f * (b.seconds - a.seconds);
-    return t;
+  std::vector<tally::policy::CurvePoint> curve;
+  for (const Eval& e : evals) {
+    tally::policy::CurvePoint p;
+    p.step = e.step;
+    p.tokens = e.tokens;
+    p.gpu_seconds = e.seconds;
+    p.val_loss = e.val_loss;
+    curve.push_back(p);
   }
-  return t;
+  const std::optional<tally::policy::TargetCrossing> x =
+      tally::policy::FindTargetCrossing(curve, target);
+  if (!x) return {};
+  return {true, x->steps, x->tokens, x->gpu_seconds};
 }
 
 double Median(std::vector<double> v) {
@@ -124,72 +125,81 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / v.size();
 }
 
+// What is wrong with the flags, or "".
+std::string CheckFlags() {
+  if (absl::GetFlag(FLAGS_train_path).empty()) {
+    return "--train_path is required (a tally-prep dataset prefix)";
+  }
+  if (auto s = tally::train::CheckDevice(absl::GetFlag(FLAGS_device)); !s.ok()) {
+    return "--device: " + std::string(s.message());
+  }
+  const int d_model = absl::GetFlag(FLAGS_d_model);
+  if (d_model < 64 || d_model % 64 != 0) {
+    return absl::StrFormat("--d_model must be a positive multiple of 64, got %d", d_model);
+  }
+  const int naive_steps = absl::GetFlag(FLAGS_naive_steps),
+            eval_every = absl::GetFlag(FLAGS_eval_every);
+  if (naive_steps < 2 || eval_every < 1 || naive_steps % eval_every != 0) {
+    return "--naive_steps must be a multiple of --eval_every (and >= 2)";
+  }
+  return "";
+}
+
+struct Variant {
+  std::string name;
+  bool packed, fp8, moe;
+};
+
+// The trainer's configuration of variant v, from the flags.
+tally::train::TrainConfig ConfigFor(const Variant& v) {
+  const int d_model = absl::GetFlag(FLAGS_d_model), naive_steps = absl::GetFlag(FLAGS_naive_steps);
+  tally::train::TrainConfig c;
+  c.data.train_path = absl::GetFlag(FLAGS_train_path);
+  c.device = absl::GetFlag(FLAGS_device);
+  c.model.num_layers = absl::GetFlag(FLAGS_layers);
+  c.model.d_model = d_model;
+  c.model.num_heads = d_model / 64;
+  if (v.moe) {
+    c.model.moe.num_experts = absl::GetFlag(FLAGS_experts);
+    c.model.moe.top_k = 2;
+    // Half the dense width: top-2 computes what the dense FFN does.
+    c.model.d_ff = (tally::ResolveDff(d_model, 0) / 2 + 31) / 32 * 32;
+    c.optimizer.moe_aux_loss_coef = 0.01;
+  }
+  c.data.seq_len = absl::GetFlag(FLAGS_seq_len);
+  c.data.packing =
+      v.packed ? tally::data::PackingMode::kPacked : tally::data::PackingMode::kPadToSeqLen;
+  c.micro_batch_rows = absl::GetFlag(FLAGS_rows);
+  c.max_steps = naive_steps;
+  c.optimizer.lr = 1e-3;
+  c.optimizer.min_lr = 1e-4;
+  c.optimizer.warmup_steps = std::max(1, naive_steps / 20);
+  c.optimizer.grad_clip = 1.0;
+  c.optimizer.weight_decay = 0.1;
+  c.eval_interval_steps = absl::GetFlag(FLAGS_eval_every);
+  c.eval_tokens = absl::GetFlag(FLAGS_eval_tokens);
+  c.seed = 1;
+  c.fp8 = v.fp8;
+  c.peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string device = absl::GetFlag(FLAGS_device);
-  if (absl::GetFlag(FLAGS_train_path).empty()) {
-    std::cerr << "target_bench: --train_path is required (a tally-prep dataset prefix)\n";
+  if (const std::string bad = CheckFlags(); !bad.empty()) {
+    std::cerr << "target_bench: " << bad << "\n";
     return 2;
   }
-  if (auto s = tally::train::CheckDevice(device); !s.ok()) {
-    std::cerr << "target_bench: --device: " << s.message() << "\n";
-    return 2;
-  }
-  const int d_model = absl::GetFlag(FLAGS_d_model);
-  if (d_model < 64 || d_model % 64 != 0) {
-    std::cerr << "target_bench: --d_model must be a positive multiple of 64, got " << d_model
-              << "\n";
-    return 2;
-  }
-  const int naive_steps = absl::GetFlag(FLAGS_naive_steps),
-            eval_every = absl::GetFlag(FLAGS_eval_every);
-  if (naive_steps < 2 || eval_every < 1 || naive_steps % eval_every != 0) {
-    std::cerr << "target_bench: --naive_steps must be a multiple of --eval_every (and >= 2)\n";
-    return 2;
-  }
+  const int d_model = absl::GetFlag(FLAGS_d_model), naive_steps = absl::GetFlag(FLAGS_naive_steps);
   const double price = absl::GetFlag(FLAGS_usd_per_hour);
 
-  struct Variant {
-    std::string name;
-    bool packed, fp8, moe;
-  };
   const std::vector<Variant> variants = {{"naive (BF16, dense, padded)", false, false, false},
                                          {"packed BF16", true, false, false},
                                          {"packed FP8", true, true, false},
                                          {"packed FP8 + MoE", true, true, true}};
-  auto config = [&](const Variant& v) {
-    tally::train::TrainConfig c;
-    c.data.train_path = absl::GetFlag(FLAGS_train_path);
-    c.device = device;
-    c.model.num_layers = absl::GetFlag(FLAGS_layers);
-    c.model.d_model = d_model;
-    c.model.num_heads = d_model / 64;
-    if (v.moe) {
-      c.model.moe.num_experts = absl::GetFlag(FLAGS_experts);
-      c.model.moe.top_k = 2;
-      // Half the dense width: top-2 computes what the dense FFN does.
-      c.model.d_ff = (tally::ResolveDff(d_model, 0) / 2 + 31) / 32 * 32;
-      c.optimizer.moe_aux_loss_coef = 0.01;
-    }
-    c.data.seq_len = absl::GetFlag(FLAGS_seq_len);
-    c.data.packing =
-        v.packed ? tally::data::PackingMode::kPacked : tally::data::PackingMode::kPadToSeqLen;
-    c.micro_batch_rows = absl::GetFlag(FLAGS_rows);
-    c.max_steps = naive_steps;
-    c.optimizer.lr = 1e-3;
-    c.optimizer.min_lr = 1e-4;
-    c.optimizer.warmup_steps = std::max(1, naive_steps / 20);
-    c.optimizer.grad_clip = 1.0;
-    c.optimizer.weight_decay = 0.1;
-    c.eval_interval_steps = eval_every;
-    c.eval_tokens = absl::GetFlag(FLAGS_eval_tokens);
-    c.seed = 1;
-    c.fp8 = v.fp8;
-    c.peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
-    return c;
-  };
 
   std::optional<double> target;
   double naive_usd = 0, best_usd = 0, combined = 0;
@@ -198,7 +208,7 @@ int main(int argc, char** argv) {
   for (const Variant& v : variants) {
     // Warm-up: kernels' first calls and heuristics, not timed.
     if (absl::GetFlag(FLAGS_warmup_steps) > 0) {
-      tally::train::TrainConfig w = config(v);
+      tally::train::TrainConfig w = ConfigFor(v);
       w.max_steps = absl::GetFlag(FLAGS_warmup_steps);
       w.eval_interval_steps = 0;
       const tally::train::TrainResult r = tally::train::Train(w, nullptr, nullptr);
@@ -209,7 +219,7 @@ int main(int argc, char** argv) {
     }
     tally::train::StopFlag stop;
     Recorder rec(target, &stop);
-    const tally::train::TrainResult r = tally::train::Train(config(v), &rec, &stop);
+    const tally::train::TrainResult r = tally::train::Train(ConfigFor(v), &rec, &stop);
     const bool stopped = r.outcome == tally::train::TrainResult::Outcome::kStopped;
     if (!(r.outcome == tally::train::TrainResult::Outcome::kSucceeded || (target && stopped)) ||
         rec.evals.empty()) {
