@@ -59,6 +59,45 @@ bool PlaceOnPool(const std::vector<WorkerSlots*>& pool, int need, Placement* p) 
   return true;
 }
 
+// For a job that did not fit: the largest of its world sizes that the
+// workers it may use could hold with every slot free takes the free slots
+// it needs (most free first) from the jobs offered after it.
+void Reserve(const QueuedJob& job, const std::vector<int>& counts,
+             const std::map<std::pair<std::string, Kind>, int64_t>& total,
+             const std::vector<WorkerSlots*>& workers) {
+  const std::vector<std::vector<Kind>> pools = PoolsFor(job.capacity);
+  if (pools.empty()) return;
+  const std::vector<Kind>& kinds = pools.back();  // the widest
+  int64_t all = 0;
+  for (Kind k : kinds) {
+    auto t = total.find({job.gpu_type, k});
+    if (t != total.end()) all += t->second;
+  }
+  int need = 0;
+  for (int n : counts) {
+    if (n <= all) {
+      need = n;
+      break;
+    }
+  }
+  if (need == 0) return;  // no fleet of its type holds it: backfill goes on
+  std::vector<WorkerSlots*> order;
+  for (WorkerSlots* w : workers) {
+    if (std::find(kinds.begin(), kinds.end(), WorkerKind(w->capacity)) != kinds.end()) {
+      order.push_back(w);
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [](const WorkerSlots* a, const WorkerSlots* b) {
+    return a->free_slots > b->free_slots;
+  });
+  for (WorkerSlots* w : order) {
+    const int take = std::min(need, w->free_slots);
+    w->free_slots -= take;
+    need -= take;
+    if (need == 0) break;
+  }
+}
+
 }  // namespace
 
 bool CapacityMatches(const std::string& job_capacity, const std::string& worker_capacity) {
@@ -82,8 +121,12 @@ std::vector<Placement> PlaceJobs(std::vector<QueuedJob> jobs, std::vector<Worker
   std::sort(workers.begin(), workers.end(),
             [](const WorkerSlots& a, const WorkerSlots& b) { return a.worker_id < b.worker_id; });
   std::map<std::string, std::vector<WorkerSlots*>> by_type;
+  // Every slot, free or busy, by GPU type and worker kind.
+  std::map<std::pair<std::string, Kind>, int64_t> total;
   for (auto& w : workers) {
-    if (w.free_slots <= 0 || WorkerKind(w.capacity) == Kind::kUnknown) continue;
+    if (WorkerKind(w.capacity) == Kind::kUnknown) continue;
+    total[{w.gpu_type, WorkerKind(w.capacity)}] += std::max(w.total_slots, w.free_slots);
+    if (w.free_slots <= 0) continue;
     by_type[w.gpu_type].push_back(&w);
   }
 
@@ -113,6 +156,7 @@ std::vector<Placement> PlaceJobs(std::vector<QueuedJob> jobs, std::vector<Worker
         }
       }
     }
+    if (!placed) Reserve(job, counts, total, it->second);
   }
   return out;
 }

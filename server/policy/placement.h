@@ -16,6 +16,14 @@
 //
 // A job with smaller_counts that does not fit whole tries them in order
 // (each as above: all ranks at once) before it is skipped.
+//
+// Reservations: a job that does not fit now but would fit on the slots its
+// GPU type and capacity have in all (free or busy; total_slots) keeps the
+// free slots of those workers it needs from every job offered after it
+// (lower priority, or equal priority and younger), so a stream of small jobs
+// cannot starve a gang: its wait is bounded by the attempts already on the
+// other slots it needs. Backfill goes on only on what no waiting job ahead
+// could use, and behind a job that no fleet of that type could hold.
 #ifndef TALLY_SERVER_POLICY_PLACEMENT_H_
 #define TALLY_SERVER_POLICY_PLACEMENT_H_
 
@@ -49,6 +57,9 @@ struct WorkerSlots {
   std::string gpu_type;
   int free_slots = 0;
   std::string capacity;  // "spot" or "on_demand"; empty means on_demand
+  // All its slots, free or busy; 0 (unknown): free_slots. A waiting job
+  // reserves slots only where its type has enough of them in all.
+  int total_slots = 0;
 };
 
 // Whether a worker of `worker_capacity` may run a job asking for

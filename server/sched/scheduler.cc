@@ -309,10 +309,12 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                               "attempt from a worker that does not run it (progress, eval, "
                               "checkpoint, exit), a checkpoint outside the job's folder "
                               "(checkpoint_path), progress going backwards or past max_steps "
-                              "(progress_out_of_order).")
+                              "(progress_out_of_order), a damaged checkpoint other than the "
+                              "one the attempt resumed from (damaged_checkpoint), a figure out "
+                              "of range (invalid: the worker's stream ends).")
                         .Register(*registry);
   for (const char* kind : {"progress", "eval", "checkpoint", "exit", "checkpoint_path",
-                           "progress_out_of_order"}) {
+                           "progress_out_of_order", "damaged_checkpoint", "invalid"}) {
     refused_reports_->Add({{"kind", kind}});
   }
   gpus_wanted_ = &metrics::BuildGauge()
@@ -489,6 +491,14 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
                                                           store::AttemptState attempt_state,
                                                           const std::string& reason,
                                                           bool may_retry) const {
+  return PlanEndAttempt(job, attempt_state, reason, may_retry, EndAttemptNotes{});
+}
+
+absl::StatusOr<Scheduler::Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
+                                                          store::AttemptState attempt_state,
+                                                          const std::string& reason,
+                                                          bool may_retry,
+                                                          const EndAttemptNotes& notes) const {
   if (job.rec.job().has_pending_stop()) {
     // The stop was decided; the attempt ending early does not undo it.
     return PlanFinishStop(job, absl::StrCat("the attempt ended: ", reason), attempt_state);
@@ -496,8 +506,25 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
   Plan p = NewPlan(job, clock_->Now());
   tally::v1::Job& j = *p.rec.mutable_job();
   ClearPendingPreemption(j);
+  if (notes.damaged) {
+    *j.add_damaged_checkpoints() = *notes.damaged;
+    AddEvent(p, "checkpoint_damaged",
+             absl::StrCat("the checkpoint at step ", notes.damaged->step(),
+                          " is damaged: ", notes.damaged->reason()),
+             notes.resume_instead ? absl::StrCat("the next attempt resumes from step ",
+                                                 notes.resume_instead->step(), " (",
+                                                 notes.resume_instead->path(), ")")
+                                  : "no intact checkpoint is left: the next attempt starts "
+                                    "from step 0");
+  }
+  // Not counted: tallyd's own doing (a slot it placed on too early), or a
+  // damaged checkpoint with an intact one to fall back to. Bounded, so a
+  // worker that refuses everything cannot requeue a job for ever.
+  const bool not_counted =
+      may_retry && notes.not_counted && j.attempts_not_counted() < kMaxAttemptsNotCounted;
+  if (not_counted) j.set_attempts_not_counted(j.attempts_not_counted() + 1);
   // Preempted attempts do not count against max_attempts.
-  const int32_t n = j.attempt() - j.preemption().count();
+  const int32_t n = j.attempt() - j.preemption().count() - j.attempts_not_counted();
   const int32_t max = j.spec().max_attempts();
   ledger::Accrual lost = ledger_.ChargeLost(j.cost());
   *j.mutable_cost() = std::move(lost.cost);
@@ -513,6 +540,14 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
   const char* outcome = Outcome(attempt_state);
   p.attempts_ended.push_back(outcome);
   p.keep_attempt = false;
+  if (not_counted) {
+    AddEvent(p, "requeued",
+             absl::StrCat("attempt ", j.attempt(), " ", outcome, " (not counted): ", reason,
+                          "; requeued, ", n, " of ", max, " attempts counted"),
+             "", tally::v1::JOB_STATE_QUEUED);
+    p.requeued = true;
+    return p;
+  }
   if (may_retry && n < max) {
     AddEvent(p, "requeued",
              absl::StrCat("attempt ", n, " ", outcome, ": ", reason, "; requeued for attempt ",
@@ -666,6 +701,7 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
   }
   const int64_t id = job.rec.id();
   ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> checkpoints, store_->ListCheckpoints(id));
+  const std::optional<tally::v1::Checkpoint> resume = ResumePoint(job.rec.job(), checkpoints);
   Plan p = NewPlan(job, clock_->Now());  // queued time costs nothing
   tally::v1::Job& j = *p.rec.mutable_job();
   j.set_attempt(j.attempt() + 1);
@@ -680,7 +716,7 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
   for (const auto& w : rank_workers) attempt.add_worker_ids(w);
   attempt.set_state(store::ATTEMPT_STATE_RUNNING);
   *attempt.mutable_start_time() = ToProto(p.now);
-  if (!checkpoints.empty()) attempt.set_resume_step(checkpoints.back().step());
+  if (resume) attempt.set_resume_step(resume->step());
   if (rank_workers.size() > 1) attempt.set_rendezvous(PickRendezvous(rank_workers[0]));
   p.write_attempt = true;
   p.keep_attempt = true;
@@ -696,21 +732,24 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
   const int ranks = static_cast<int>(rank_workers.size());
   j.mutable_cost()->set_attempt_gpus(ranks);
   const int32_t preemptions = j.preemption().count();
+  const int32_t not_counted = j.attempts_not_counted();
   std::string detail =
-      preemptions == 0
+      preemptions == 0 && not_counted == 0
           ? absl::StrCat("attempt ", j.attempt(), " of ", j.spec().max_attempts(), " on ",
                          absl::StrJoin(rank_workers, ","))
-          : absl::StrCat("attempt ", j.attempt(), " (", j.attempt() - preemptions, " of ",
-                         j.spec().max_attempts(), " counted; ", preemptions,
-                         " preempted before) on ", absl::StrJoin(rank_workers, ","));
+          : absl::StrCat("attempt ", j.attempt(), " (", j.attempt() - preemptions - not_counted,
+                         " of ", j.spec().max_attempts(), " counted",
+                         preemptions > 0 ? absl::StrCat("; ", preemptions, " preempted before")
+                                         : std::string(),
+                         not_counted > 0 ? absl::StrCat("; ", not_counted, " not counted")
+                                         : std::string(),
+                         ") on ", absl::StrJoin(rank_workers, ","));
   if (spot > 0) absl::StrAppend(&detail, " (", spot, " of ", rank_workers.size(), " on spot)");
   if (ranks < gpus) {
     absl::StrAppend(&detail, ", world size ", ranks, " of ", gpus,
                     " (all it could get; its micro-batches allow it)");
   }
-  if (!checkpoints.empty()) {
-    absl::StrAppend(&detail, ", resuming from step ", checkpoints.back().step());
-  }
+  if (resume) absl::StrAppend(&detail, ", resuming from step ", resume->step());
   AddEvent(p, "started", "placed on a worker", detail, tally::v1::JOB_STATE_RUNNING);
   p.queue_wait_seconds = absl::ToDoubleSeconds(p.now - job.queued_since);
 
@@ -723,7 +762,7 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
     a->set_job(started.name());
     a->set_attempt(started.attempt());
     *a->mutable_spec() = started.spec();
-    if (!checkpoints.empty()) *a->mutable_resume_from() = checkpoints.back();
+    if (resume) *a->mutable_resume_from() = *resume;
     a->set_rank(static_cast<int32_t>(rank));
     a->set_world_size(static_cast<int32_t>(rank_workers.size()));
     if (rank_workers.size() > 1) {
@@ -734,6 +773,17 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
   }
   for (const auto& [w, n] : ranks_per_worker) p.hold.emplace_back(w, AttemptKey{id, started.attempt()}, n);
   return p;
+}
+
+std::optional<tally::v1::Checkpoint> Scheduler::ResumePoint(
+    const tally::v1::Job& job, const std::vector<tally::v1::Checkpoint>& checkpoints) {
+  for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
+    const bool damaged = std::any_of(
+        job.damaged_checkpoints().begin(), job.damaged_checkpoints().end(),
+        [&](const tally::v1::DamagedCheckpoint& d) { return d.path() == it->path(); });
+    if (!damaged) return *it;
+  }
+  return std::nullopt;
 }
 
 Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalResult& ev) const {
@@ -1423,6 +1473,8 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
     }
     if (!s.ok() && first_error.ok()) first_error = s;
   }
+  // Each rank it runs of an attempt tallyd no longer runs there, by attempt.
+  std::map<AttemptKey, int> stale_ranks;
   for (const auto& r : hello.running()) {
     ActiveJob* job = CurrentAttempt(r.job(), r.attempt());
     const int ranks =
@@ -1433,11 +1485,8 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
     if (ranks == 0) {
       SendStop(hello.worker_id(), r.job(), r.attempt(),
                "stale attempt: tallyd no longer runs it here");
-      // Until its exit arrives the worker is busy with it: nothing new is
-      // placed on that slot (e.g. an attempt tallyd gave up on while the
-      // worker could not reach it).
       if (absl::StatusOr<int64_t> id = ParseJobName(r.job()); id.ok()) {
-        ++workers_[hello.worker_id()].held[{*id, r.attempt()}];
+        ++stale_ranks[{*id, r.attempt()}];
       }
       continue;
     }
@@ -1460,6 +1509,11 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
       first_error = s;
     }
   }
+  // Until their exits arrive the worker is busy with them: nothing new is
+  // placed on those slots (e.g. attempts tallyd gave up on while the worker
+  // could not reach it). Set, not added: a hold kept while it was silent
+  // is the same ranks.
+  for (const auto& [key, ranks] : stale_ranks) workers_[hello.worker_id()].held[key] = ranks;
   if (!first_error.ok()) {
     // Nothing is attached for a refused Hello: the worker must not look
     // connected (work would be placed on it); its next Hello reconciles again.
@@ -1848,6 +1902,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   // that was given rank 0 (another worker's "rank 0" is not taken).
   const bool lead = exit.rank() == 0 && job->attempt->worker_ids(0) == worker_id;
   absl::StatusOr<Plan> plan = absl::UnknownError("no plan");
+  bool refused_damage_claim = false;
   switch (exit.outcome()) {
     case tally::v1::ATTEMPT_OUTCOME_SUCCEEDED: {
       if (gang && exit.rank() != 0) {
@@ -1878,10 +1933,30 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
       plan = std::move(p);
       break;
     }
-    case tally::v1::ATTEMPT_OUTCOME_FAILED:
+    case tally::v1::ATTEMPT_OUTCOME_FAILED: {
       if ((pending || preempting) && gang && !lead) return release_now();  // rank 0 ends it
-      plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_FAILED, exit.reason(), exit.retryable());
+      if (exit.not_started()) {
+        // Refused before it ran (the worker was still stopping an attempt
+        // tallyd had given up on, or is shutting down): nothing was tried.
+        plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_FAILED,
+                              absl::StrCat("worker ", worker_id,
+                                           " did not start it: ", exit.reason()),
+                              /*may_retry=*/true, {.not_counted = true});
+        break;
+      }
+      EndAttemptNotes notes;
+      if (!exit.damaged_checkpoint().empty()) {
+        absl::StatusOr<EndAttemptNotes> damaged = DamagedCheckpointNotes(*job, exit);
+        RETURN_IF_ERROR(damaged.status());
+        notes = *std::move(damaged);
+      }
+      // A claim about another checkpoint is refused (counted once the
+      // failure commits) and the exit is a plain failure.
+      refused_damage_claim = !exit.damaged_checkpoint().empty() && !notes.damaged;
+      plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_FAILED, exit.reason(),
+                            exit.retryable() || notes.damaged.has_value(), notes);
       break;
+    }
     case tally::v1::ATTEMPT_OUTCOME_PREEMPTED:
       // Rank 0 reports the preemption checkpoint before its exit: its exit
       // requeues the job (another rank's may come first).
@@ -1920,7 +1995,32 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
                                      [&](const auto& s) { return s.first == worker_id; }),
                       plan->sends.end());
   }
-  return Execute(key.first, *std::move(plan));
+  RETURN_IF_ERROR(Execute(key.first, *std::move(plan)));
+  if (refused_damage_claim) refused_reports_->Add({{"kind", "damaged_checkpoint"}}).Increment();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Scheduler::EndAttemptNotes> Scheduler::DamagedCheckpointNotes(
+    const ActiveJob& job, const tally::v1::AttemptExit& exit) const {
+  EndAttemptNotes notes;
+  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> checkpoints,
+                   store_->ListCheckpoints(job.rec.id()));
+  // Only the checkpoint this attempt was told to resume from: a worker
+  // cannot strike out others by naming them.
+  const std::optional<tally::v1::Checkpoint> resumed = ResumePoint(job.rec.job(), checkpoints);
+  if (!resumed || resumed->path() != exit.damaged_checkpoint()) return notes;
+  tally::v1::DamagedCheckpoint& d = notes.damaged.emplace();
+  d.set_step(resumed->step());
+  d.set_path(resumed->path());
+  d.set_reason(exit.reason().substr(0, 512));
+  d.set_attempt(exit.attempt());
+  tally::v1::Job after = job.rec.job();
+  *after.add_damaged_checkpoints() = d;
+  notes.resume_instead = ResumePoint(after, checkpoints);
+  // With an intact one to resume from the attempt was not the job's
+  // failure; without, the next one starts over and counts.
+  notes.not_counted = notes.resume_instead.has_value();
+  return notes;
 }
 
 absl::Status Scheduler::RetryExits(const std::string& worker_id) {
@@ -1966,17 +2066,23 @@ absl::Status Scheduler::Tick() {
     const auto held = it->second.held;
     const std::string draining = it->second.draining;
     bool all_released = true;
+    // A worker still connected may only be paused (SIGSTOP, a stalled VM):
+    // what it ran may still be running there. Its slots stay held until it
+    // reports those attempts' exits (they get stop orders), reconnects
+    // without them, or its stream ends, so nothing new is placed on a slot
+    // it would have to refuse.
+    const bool connected = it->second.connected;
     for (const auto& [key, ranks] : held) {
       auto jit = active_.find(key.first);
       if (jit == active_.end() || !jit->second.attempt ||
           jit->second.attempt->attempt() != key.second) {
-        it->second.held.erase(key);
+        if (!connected) it->second.held.erase(key);
         continue;
       }
       absl::StatusOr<Plan> p = LoseAttempt(jit->second, draining, reason);
       absl::Status s = p.status();
       if (p.ok()) {
-        p->release.emplace_back(worker_id, key);
+        if (!connected) p->release.emplace_back(worker_id, key);
         s = Execute(key.first, *std::move(p));
       }
       if (!s.ok()) all_released = false;
@@ -2268,7 +2374,8 @@ std::vector<policy::WorkerSlots> Scheduler::FreeSlots(absl::Time now) const {
   std::vector<policy::WorkerSlots> free;
   for (const auto& [id, ws] : workers_) {
     if (!Placeable(ws, now)) continue;
-    free.push_back({id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used(), ws.rec.capacity()});
+    free.push_back(
+        {id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used(), ws.rec.capacity(), ws.rec.slots()});
   }
   return free;
 }

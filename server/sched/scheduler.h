@@ -319,10 +319,29 @@ class Scheduler {
   // Ends a job at once in a terminal state on tallyd's decision.
   Plan PlanStopNow(const ActiveJob& job, tally::v1::JobState state, const std::string& type,
                    const std::string& reason, const std::string& detail) const;
+  // What else an ending attempt says about the job.
+  struct EndAttemptNotes {
+    // Requeue without counting against max_attempts (at most
+    // kMaxAttemptsNotCounted times per job; then it counts like any other).
+    bool not_counted = false;
+    // The recorded checkpoint the attempt found damaged (recorded on the
+    // job, never resumed from again), and the one the next attempt resumes
+    // from instead (none: it starts from step 0).
+    std::optional<tally::v1::DamagedCheckpoint> damaged;
+    std::optional<tally::v1::Checkpoint> resume_instead;
+  };
+  static constexpr int32_t kMaxAttemptsNotCounted = 32;
   // Ends the current attempt in `attempt_state`; requeues the job if it may
   // retry, else fails it. A job with a pending stop ends as decided instead.
   absl::StatusOr<Plan> PlanEndAttempt(const ActiveJob& job, store::AttemptState attempt_state,
+                                      const std::string& reason, bool may_retry,
+                                      const EndAttemptNotes& notes) const;
+  absl::StatusOr<Plan> PlanEndAttempt(const ActiveJob& job, store::AttemptState attempt_state,
                                       const std::string& reason, bool may_retry) const;
+  // The recorded checkpoint an attempt resumes from: the newest one no
+  // worker has found damaged (nullopt: start from step 0).
+  static std::optional<tally::v1::Checkpoint> ResumePoint(
+      const tally::v1::Job& job, const std::vector<tally::v1::Checkpoint>& checkpoints);
   // Ends a job with a pending stop as decided, naming its best checkpoint.
   absl::StatusOr<Plan> PlanFinishStop(
       const ActiveJob& job, const std::string& how,
@@ -373,6 +392,11 @@ class Scheduler {
   absl::Status Execute(int64_t job_id, Plan plan);
 
   absl::Status HandleExit(const std::string& worker_id, const tally::v1::AttemptExit& exit);
+  // For an exit naming a damaged checkpoint: the checkpoint struck out and
+  // where the next attempt resumes. Names anything but the checkpoint the
+  // attempt resumed from: no notes (the exit is a plain failure), counted.
+  absl::StatusOr<EndAttemptNotes> DamagedCheckpointNotes(
+      const ActiveJob& job, const tally::v1::AttemptExit& exit) const;
   // INVALID_ARGUMENT naming the field for counts no worker can report
   // (negative steps or tokens): they would poison the job's record and its
   // cost arithmetic.

@@ -83,6 +83,15 @@ class StopEdgeCasesTest : public ::testing::Test {
     m.mutable_exit()->set_rank(rank);
     return sched_->OnMessage(w, m);
   }
+  // A FAILED exit another attempt may fix.
+  absl::Status FailRetryable(const std::string& w, int64_t id, int attempt) {
+    tally::v1::WorkerMessage m;
+    m.mutable_exit()->set_job(N(id));
+    m.mutable_exit()->set_attempt(attempt);
+    m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+    m.mutable_exit()->set_retryable(true);
+    return sched_->OnMessage(w, m);
+  }
   absl::Status Beat(const std::string& w) {
     tally::v1::WorkerMessage m;
     m.mutable_heartbeat();
@@ -289,6 +298,192 @@ TEST_F(StopEdgeCasesTest, ReportsOnAnotherWorkersAttemptMoveNothing) {
   EXPECT_EQ(Job(id).step(), 10);
   ASSERT_TRUE(Exit(holder, id, Job(id).attempt(), tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
   EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_SUCCEEDED);
+}
+
+// A worker paused past the heartbeat timeout (SIGSTOP) loses its attempt,
+// but its stream is still open and the attempt may still run there: its
+// slot stays held until that attempt's exit arrives, so the requeued job is
+// not placed on a slot the worker would refuse.
+TEST_F(StopEdgeCasesTest, PausedWorkerKeepsItsSlotUntilTheStaleAttemptExits) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).attempt(), 1);
+  clock_.Advance(absl::Seconds(11));  // past the 10 s heartbeat timeout
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Used("w0"), 1) << "the paused worker's slot was freed while it may still run there";
+  // SIGCONT: it is heard from again, still busy with attempt 1.
+  ASSERT_TRUE(Beat("w0").ok());
+  const size_t sent = channel_.sent.size();
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED) << "placed on a busy slot";
+  for (size_t i = sent; i < channel_.sent.size(); ++i) {
+    EXPECT_THAT(channel_.sent[i], ::testing::Not(::testing::HasSubstr("assignment")));
+  }
+  // Its stale attempt reports, gets a stop order, and exits: the slot frees.
+  tally::v1::WorkerMessage progress;
+  progress.mutable_progress()->set_job(N(id));
+  progress.mutable_progress()->set_attempt(1);
+  progress.mutable_progress()->set_step(5);
+  ASSERT_TRUE(sched_->OnMessage("w0", progress).ok());
+  EXPECT_THAT(channel_.sent.back(), ::testing::HasSubstr("stop"));
+  ASSERT_TRUE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  EXPECT_EQ(Used("w0"), 0);
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+  // Reconnecting with the stale attempt still running holds its slot once,
+  // not twice (one exit frees it).
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Hello("w0", 1, {{id, 2}}).ok());
+  EXPECT_EQ(Used("w0"), 1);
+  ASSERT_TRUE(Exit("w0", id, 2, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  EXPECT_EQ(Used("w0"), 0);
+}
+
+// A worker that refuses an assignment before starting it (its slot still
+// busy, or it is shutting down) says so; the attempt does not count.
+TEST_F(StopEdgeCasesTest, AnAssignmentRefusedBeforeStartingDoesNotCount) {
+  tally::v1::JobSpec s = Spec();
+  s.set_max_attempts(1);
+  const int64_t id = Submit(s);
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  tally::v1::WorkerMessage m;
+  m.mutable_exit()->set_job(N(id));
+  m.mutable_exit()->set_attempt(1);
+  m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+  m.mutable_exit()->set_retryable(true);
+  m.mutable_exit()->set_not_started(true);
+  m.mutable_exit()->set_reason("worker has no free slot");
+  ASSERT_TRUE(sched_->OnMessage("w0", m).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED) << Job(id).state_reason();
+  EXPECT_EQ(Job(id).attempts_not_counted(), 1);
+  EXPECT_THAT(Job(id).state_reason(), ::testing::HasSubstr("not counted"));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).attempt(), 2);
+  // A real failure of the one counted attempt ends it.
+  ASSERT_TRUE(Exit("w0", id, 2, tally::v1::ATTEMPT_OUTCOME_FAILED).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_FAILED);
+}
+
+// A resume that fails on a damaged checkpoint falls back to the newest
+// intact recorded one, says so, and does not count; with none left the next
+// attempt starts over and counts. A worker cannot strike out a checkpoint
+// it did not resume from.
+TEST_F(StopEdgeCasesTest, ADamagedCheckpointFallsBackToTheNewestIntactOne) {
+  const int64_t id = Submit(Spec());  // max_attempts 3
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Checkpoint("w0", id, 10).ok());
+  ASSERT_TRUE(Checkpoint("w0", id, 20).ok());
+  const std::string path10 = base_.ListCheckpoints(id)->at(0).path();
+  const std::string path20 = base_.ListCheckpoints(id)->at(1).path();
+  ASSERT_TRUE(FailRetryable("w0", id, 1).ok());  // counted: 1
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).attempt(), 2);
+  EXPECT_THAT(channel_.sent.back(), ::testing::HasSubstr(path20));
+  auto damaged = [&](int attempt, const std::string& path) {
+    tally::v1::WorkerMessage m;
+    m.mutable_exit()->set_job(N(id));
+    m.mutable_exit()->set_attempt(attempt);
+    m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+    m.mutable_exit()->set_retryable(true);
+    m.mutable_exit()->set_reason("checkpoint: SHA-256 differs from the recorded one");
+    m.mutable_exit()->set_damaged_checkpoint(path);
+    return sched_->OnMessage("w0", m);
+  };
+  ASSERT_TRUE(damaged(2, path20).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Job(id).attempts_not_counted(), 1);
+  ASSERT_EQ(Job(id).damaged_checkpoints_size(), 1);
+  EXPECT_EQ(Job(id).damaged_checkpoints(0).step(), 20);
+  auto events = base_.ListEvents(id, 0, 1000);
+  ASSERT_TRUE(events.ok());
+  bool said = false;
+  for (const auto& e : *events) {
+    if (e.type() == "checkpoint_damaged") {
+      said = true;
+      EXPECT_THAT(e.reason(), ::testing::HasSubstr("step 20"));
+      EXPECT_THAT(e.detail(), ::testing::HasSubstr("resumes from step 10"));
+    }
+  }
+  EXPECT_TRUE(said) << "no checkpoint_damaged event";
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).attempt(), 3);
+  EXPECT_THAT(channel_.sent.back(), ::testing::HasSubstr(path10));
+  EXPECT_THAT(channel_.sent.back(), ::testing::Not(::testing::HasSubstr(path20)));
+  // A claim about a checkpoint it was not told to resume from is a plain
+  // failure: counted, nothing struck out.
+  ASSERT_TRUE(damaged(3, path20).ok());
+  EXPECT_EQ(Job(id).damaged_checkpoints_size(), 1);
+  EXPECT_EQ(Job(id).attempts_not_counted(), 1);
+  EXPECT_EQ(MetricValues(*registries_.back())
+                ["tally_worker_reports_refused_total,kind=damaged_checkpoint"], 1);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).attempt(), 4);  // attempt 3 of 3 counted
+  EXPECT_THAT(channel_.sent.back(), ::testing::HasSubstr(path10));
+  // The last intact one is damaged too: nothing left, so it counts, and with
+  // no attempts left the job fails.
+  ASSERT_TRUE(damaged(4, path10).ok());
+  EXPECT_EQ(Job(id).damaged_checkpoints_size(), 2);
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_FAILED);
+}
+
+// With no intact checkpoint left the next attempt starts from step 0.
+TEST_F(StopEdgeCasesTest, WithNoIntactCheckpointTheNextAttemptStartsOver) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Checkpoint("w0", id, 10).ok());
+  const std::string path10 = base_.ListCheckpoints(id)->at(0).path();
+  ASSERT_TRUE(FailRetryable("w0", id, 1).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  tally::v1::WorkerMessage m;
+  m.mutable_exit()->set_job(N(id));
+  m.mutable_exit()->set_attempt(2);
+  m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+  m.mutable_exit()->set_reason("checkpoint: truncated");
+  m.mutable_exit()->set_damaged_checkpoint(path10);
+  ASSERT_TRUE(sched_->OnMessage("w0", m).ok());
+  EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Job(id).attempts_not_counted(), 0);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(id).attempt(), 3);
+  EXPECT_THAT(channel_.sent.back(), ::testing::HasSubstr("assignment"));
+  EXPECT_THAT(channel_.sent.back(), ::testing::Not(::testing::HasSubstr("resume_from")));
+}
+
+// A higher-priority gang is not starved by a stream of small jobs: the
+// slots that free up are kept for it, and it starts once its last one does.
+TEST_F(StopEdgeCasesTest, AWaitingGangIsNotStarvedBySmallJobs) {
+  ASSERT_TRUE(Hello("w0", 1).ok());
+  ASSERT_TRUE(Hello("w1", 1).ok());
+  std::vector<int64_t> small;
+  for (int i = 0; i < 2; ++i) small.push_back(Submit(Spec()));
+  ASSERT_TRUE(sched_->Tick().ok());  // both workers busy
+  tally::v1::JobSpec g = Spec(2);
+  g.set_priority(5);
+  const int64_t gang = Submit(g);
+  for (int i = 0; i < 5; ++i) small.push_back(Submit(Spec()));  // submitted after it
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(gang).state(), tally::v1::JOB_STATE_QUEUED);
+  // The first small job ends: its slot is kept for the gang.
+  ASSERT_TRUE(Exit(Job(small[0]).worker_ids(0), small[0], 1,
+                   tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  for (size_t i = 2; i < small.size(); ++i) {
+    EXPECT_EQ(Job(small[i]).state(), tally::v1::JOB_STATE_QUEUED)
+        << "a later small job took the slot the gang waits for";
+  }
+  // The second ends: the gang starts on both.
+  ASSERT_TRUE(Exit(Job(small[1]).worker_ids(0), small[1], 1,
+                   tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(Job(gang).state(), tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(gang).worker_ids_size(), 2);
 }
 
 }  // namespace

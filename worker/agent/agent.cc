@@ -168,6 +168,8 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
     exit->set_attempt(assignment.attempt());
     exit->set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
     exit->set_retryable(true);
+    exit->set_not_started(true);  // nothing ran: tallyd does not count it
+    exit->set_rank(assignment.rank());
     exit->set_reason(shutdown_.load() ? "worker is shutting down"
                                       : "worker has no free slot");
     outbox_.Push(std::move(m));
