@@ -119,9 +119,7 @@ class CommitFailureTest : public ::testing::Test {
       m.mutable_checkpoint()->set_attempt(attempt);
       m.mutable_checkpoint()->set_step(step);
       m.mutable_checkpoint()->set_path(
-          !path.empty() ? path
-                        : "/ckpt/" + absl::StrReplaceAll(job, {{"s/", "-"}}) + "/" +
-                              std::to_string(step));
+          !path.empty() ? path : CheckpointPath(job, step));
     });
   }
   absl::Status Exit(int64_t id, tally::v1::AttemptOutcome outcome) {
@@ -324,7 +322,7 @@ TEST_F(CommitFailureTest, CheckpointRecord) {
       m.mutable_checkpoint()->set_job(job);
       m.mutable_checkpoint()->set_attempt(attempt);
       m.mutable_checkpoint()->set_step(10);
-      m.mutable_checkpoint()->set_path("/ckpt/" + absl::StrReplaceAll(job, {{"s/", "-"}}) + "/10");
+      m.mutable_checkpoint()->set_path(CheckpointPath(job, 10));
     });
   });
 }
@@ -336,7 +334,7 @@ TEST_F(CommitFailureTest, CheckpointPricingDoesNotSwallowAStoreError) {
     m.mutable_checkpoint()->set_job(job);
     m.mutable_checkpoint()->set_attempt(attempt);
     m.mutable_checkpoint()->set_step(10);
-    m.mutable_checkpoint()->set_path("/ckpt/" + absl::StrReplaceAll(job, {{"s/", "-"}}) + "/10");
+    m.mutable_checkpoint()->set_path(CheckpointPath(job, 10));
   });
   store_.FailReads(false);
   EXPECT_FALSE(s.ok()) << "priced as if it were the first checkpoint";
@@ -534,7 +532,7 @@ TEST_F(CommitFailureTest, PendingEarlyStopFinishedByTheExit) {
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
   EXPECT_FALSE(j.has_pending_stop());
   EXPECT_EQ(j.early_stopping().stop_rule(), "patience");
-  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/10"));
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/step-00000010.ckpt"));
   EXPECT_EQ(Metric(ends), 1);
   EXPECT_EQ(Metric(early), 1);
   EXPECT_EQ(Metric("tally_attempts_ended_total,outcome=stopped"), 1);
@@ -554,7 +552,7 @@ TEST_F(CommitFailureTest, PendingTargetStopFinishedByTheExitSucceeds) {
   ExpectAtomic(id, [&] { return Exit(id, tally::v1::ATTEMPT_OUTCOME_STOPPED); });
   const tally::v1::Job j = base_.GetJob(id)->job();
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_SUCCEEDED);
-  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/10"));
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/step-00000010.ckpt"));
   EXPECT_EQ(Metric(ends), 1);
 }
 
@@ -574,7 +572,7 @@ TEST_F(CommitFailureTest, PendingStopFinishedAtTheGraceDeadline) {
   ExpectAtomic(id, [&] { return sched_->Tick(); });
   const tally::v1::Job j = base_.GetJob(id)->job();
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
-  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/10"));
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), ::testing::EndsWith("/step-00000010.ckpt"));
   auto events = *base_.ListEvents(id, 0, 1000);
   EXPECT_THAT(events.back().detail(), ::testing::HasSubstr("did not confirm the stop within"));
   EXPECT_EQ(Stops(), 2) << "one stop(now), sent after the commit";

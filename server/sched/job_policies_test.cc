@@ -70,7 +70,8 @@ class JobPoliciesTest : public ::testing::Test {
   }
   tally::v1::Job Job(int64_t id) { return store_.GetJob(id)->job(); }
   void Send(tally::v1::WorkerMessage m) {
-    ASSERT_TRUE(sched_->OnMessage("w0", m).ok());
+    const absl::Status s = sched_->OnMessage("w0", m);
+    ASSERT_TRUE(s.ok()) << s;
   }
   void Eval(int64_t id, int64_t step, double loss) {
     tally::v1::WorkerMessage m;
@@ -86,7 +87,7 @@ class JobPoliciesTest : public ::testing::Test {
     m.mutable_checkpoint()->set_attempt(Job(id).attempt());
     m.mutable_checkpoint()->set_step(step);
     m.mutable_checkpoint()->set_tokens(tokens);
-    m.mutable_checkpoint()->set_path("/ckpt/job-" + std::to_string(id) + "/" + std::to_string(step));
+    m.mutable_checkpoint()->set_path(CheckpointPath("jobs/" + std::to_string(id), step));
     Send(m);
   }
   void Progress(int64_t id, int64_t step) {
@@ -204,7 +205,7 @@ TEST_F(JobPoliciesTest, PatienceStopsWithTheRuleTheNumbersAndTheBestCheckpoint) 
   EXPECT_THAT(j.state_reason(), HasSubstr("patience: 2 evaluations without improving"));
   EXPECT_THAT(j.state_reason(), HasSubstr("3.0000 (step 100) by 3%"));
   EXPECT_EQ(j.early_stopping().stop_rule(), "patience");
-  EXPECT_THAT(j.early_stopping().best_checkpoint(), testing::EndsWith("/100"));
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), testing::EndsWith("/step-00000100.ckpt"));
   auto events = *store_.ListEvents(id, 0, 100);
   EXPECT_EQ(events.back().type(), "early_stopped");
   EXPECT_THAT(events.back().detail(), HasSubstr("best checkpoint: step 100"));
@@ -229,7 +230,7 @@ TEST_F(JobPoliciesTest, AnEarlyStopKeepsTheStateItsEvaluationMeasured) {
   ExitStopped(id);
   const auto j = Job(id);
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
-  EXPECT_THAT(j.early_stopping().best_checkpoint(), testing::EndsWith("/20"));
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), testing::EndsWith("/step-00000020.ckpt"));
   auto cks = *store_.ListCheckpoints(id);
   ASSERT_EQ(cks.size(), 2u);
   EXPECT_DOUBLE_EQ(cks[1].val_loss(), 3.5187);
@@ -273,7 +274,7 @@ TEST_F(JobPoliciesTest, ATargetStopSucceedsWithTheCostToTheTarget) {
   j = Job(id);
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_SUCCEEDED);
   EXPECT_THAT(j.state_reason(), HasSubstr("target reached: val_loss 3.0000 <= target 3.5000"));
-  EXPECT_THAT(j.early_stopping().best_checkpoint(), testing::EndsWith("/20"));
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), testing::EndsWith("/step-00000020.ckpt"));
   EXPECT_EQ(j.early_stopping().stop_rule(), "") << "reaching the target is not an early stop";
   ASSERT_EQ(j.curve_size(), 3);
   EXPECT_NEAR(j.curve(1).cost_usd(), 0.01, 1e-12);
@@ -381,7 +382,7 @@ TEST_F(JobPoliciesTest, ADecidedStopSurvivesARestartAndIsAskedAgain) {
   Checkpoint(id, 10, 100);
   ExitStopped(id);
   EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);
-  EXPECT_THAT(Job(id).early_stopping().best_checkpoint(), testing::EndsWith("/10"));
+  EXPECT_THAT(Job(id).early_stopping().best_checkpoint(), testing::EndsWith("/step-00000010.ckpt"));
 }
 
 TEST_F(JobPoliciesTest, NanAtTheFirstEvalDiverges) {
@@ -452,7 +453,11 @@ TEST_F(JobPoliciesTest, CheckpointsArePricedAndLostWorkIsCounted) {
 }
 
 TEST_F(JobPoliciesTest, RoutingCollapseWarnsOnceAfterThreeEvaluations) {
-  const int64_t id = Start(Spec());
+  tally::v1::JobSpec spec = Spec();
+  spec.mutable_model()->set_num_layers(2);  // layer 1 of 2 is MoE, 3 experts
+  spec.mutable_model()->mutable_moe()->set_num_experts(3);
+  spec.mutable_model()->mutable_moe()->set_top_k(1);
+  const int64_t id = Start(spec);
   auto progress = [&](int64_t step, std::vector<int64_t> tokens) {
     tally::v1::WorkerMessage m;
     m.mutable_progress()->set_job("jobs/" + std::to_string(id));

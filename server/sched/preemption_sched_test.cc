@@ -85,8 +85,7 @@ class PreemptionTest : public ::testing::Test {
     m.mutable_checkpoint()->set_attempt(Job(id).attempt());
     m.mutable_checkpoint()->set_step(step);
     m.mutable_checkpoint()->set_tokens(step * 10);
-    m.mutable_checkpoint()->set_path("/ckpt/job-" + std::to_string(id) + "/step-" +
-                                     std::to_string(step));
+    m.mutable_checkpoint()->set_path(CheckpointPath("jobs/" + std::to_string(id), step));
     ASSERT_TRUE(Send(w, m).ok());
   }
   absl::Status Exit(const std::string& w, int64_t id, tally::v1::AttemptOutcome outcome,

@@ -5,6 +5,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -22,6 +24,7 @@
 #include "server/policy/step_times.h"
 #include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
+#include "server/sched/report_checks.h"
 
 namespace tally::sched {
 namespace {
@@ -1388,6 +1391,35 @@ absl::Status Scheduler::ValidateHello(const tally::v1::Hello& hello) {
   if (hello.gpu_type().empty()) {
     return absl::InvalidArgumentError("hello.gpu_type: is required (e.g. \"cpu\")");
   }
+  // It becomes a label of every fleet series: bounded like one.
+  RETURN_IF_ERROR(CheckLabelValue("hello.gpu_type", hello.gpu_type()));
+  if (hello.device().size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hello.device: at most 64 bytes, got ", hello.device().size()));
+  }
+  if (hello.version().size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hello.version: at most 128 bytes, got ", hello.version().size()));
+  }
+  if (hello.rendezvous_host().size() > 255) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.rendezvous_host: at most 255 bytes, got ", hello.rendezvous_host().size()));
+  }
+  if (hello.capabilities_size() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.capabilities: at most 64, got ", hello.capabilities_size()));
+  }
+  for (const std::string& c : hello.capabilities()) {
+    if (c.size() > 64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hello.capabilities: each at most 64 bytes, got ", c.size()));
+    }
+  }
+  if (hello.running_size() > hello.slots()) {
+    return absl::InvalidArgumentError(absl::StrCat("hello.running: at most hello.slots (",
+                                                   hello.slots(), ") attempts, got ",
+                                                   hello.running_size()));
+  }
   if (!hello.capacity().empty() && hello.capacity() != "spot" &&
       hello.capacity() != "on_demand") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1637,7 +1669,8 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   return Execute(id, std::move(plan));
 }
 
-absl::Status CheckCheckpointPath(const std::string& job, const std::string& path) {
+absl::Status CheckCheckpointPath(const std::string& job, const std::string& path,
+                                 int64_t step) {
   // The folder workers write a job's checkpoints in, under their checkpoint
   // root: "jobs/7" -> "job-7" (worker/agent/path_confinement.h).
   const std::string folder = absl::StrReplaceAll(job, {{"s/", "-"}});
@@ -1657,7 +1690,34 @@ absl::Status CheckCheckpointPath(const std::string& job, const std::string& path
   if (parts.size() < 2 || parts[parts.size() - 2] != folder) {
     return refuse(absl::StrCat("is not in the job's checkpoint folder \"", folder, "\""));
   }
+  // The file is the worker's own name for the step it reports
+  // (step-00000010.ckpt), not any file that folder could hold.
+  const absl::string_view file = parts.back();
+  int64_t named = -1;
+  if (!absl::ConsumePrefix(&parts.back(), "step-") || !absl::ConsumeSuffix(&parts.back(), ".ckpt") ||
+      parts.back().empty() ||
+      !std::all_of(parts.back().begin(), parts.back().end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(parts.back(), &named) || named != step) {
+    return refuse(absl::StrCat("is not the checkpoint file of step ", step, " (",
+                               absl::StrFormat("step-%08d.ckpt", step), "), got ",
+                               QuoteForMessage(file, 80)));
+  }
   return absl::OkStatus();
+}
+
+std::pair<std::string, int32_t> Scheduler::ReportedAttempt(const tally::v1::WorkerMessage& msg) {
+  switch (msg.msg_case()) {
+    case tally::v1::WorkerMessage::kProgress:
+      return {msg.progress().job(), msg.progress().attempt()};
+    case tally::v1::WorkerMessage::kEval:
+      return {msg.eval().job(), msg.eval().attempt()};
+    case tally::v1::WorkerMessage::kCheckpoint:
+      return {msg.checkpoint().job(), msg.checkpoint().attempt()};
+    case tally::v1::WorkerMessage::kExit:
+      return {msg.exit().job(), msg.exit().attempt()};
+    default:
+      return {"", 0};
+  }
 }
 
 absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
@@ -1787,7 +1847,22 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     return a;
   };
 
-  RETURN_IF_ERROR(CheckReport(msg));
+  // Every figure is checked before it reaches a record or a series; a
+  // report out of range is counted and ends the worker's stream (it
+  // reconnects; what it runs is adopted again).
+  absl::Status valid = CheckReport(msg);
+  if (valid.ok()) valid = CheckReportFigures(msg);
+  if (valid.ok()) {
+    if (const auto [job, attempt] = ReportedAttempt(msg); !job.empty()) {
+      if (const ActiveJob* a = CurrentAttempt(job, attempt); a != nullptr) {
+        valid = CheckReportAgainstSpec(a->rec.job().spec(), msg);
+      }
+    }
+  }
+  if (!valid.ok()) {
+    refused_reports_->Add({{"kind", "invalid"}}).Increment();
+    return valid;
+  }
   absl::Status s;
   switch (msg.msg_case()) {
     case tally::v1::WorkerMessage::kHeartbeat:
@@ -1824,7 +1899,8 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       ActiveJob* job = current(msg.checkpoint().job(), msg.checkpoint().attempt(), "checkpoint");
       if (job == nullptr) break;
       if (absl::Status where = CheckCheckpointPath(job->rec.job().name(),
-                                                   msg.checkpoint().path());
+                                                   msg.checkpoint().path(),
+                                                   msg.checkpoint().step());
           !where.ok()) {
         // Never recorded, so never resumed from: the attempt fails saying why.
         absl::StatusOr<Plan> p = PlanEndAttempt(

@@ -108,11 +108,14 @@ struct SchedulerOptions {
   bool group_commit = true;
 };
 
-// OK when a reported checkpoint path lies in `job`'s own checkpoint folder
-// ("jobs/7": .../job-7/FILE) with no ".", ".." or empty components, else
-// INVALID_ARGUMENT saying why. Workers resolve symlinks when they resume
+// OK when a reported checkpoint path is the file a worker writes for `step`
+// in `job`'s own checkpoint folder ("jobs/7", step 10:
+// ROOT/job-7/step-00000010.ckpt) with no ".", ".." or empty components;
+// else INVALID_ARGUMENT saying why. tallyd does not see the
+// workers' files: workers resolve symlinks and keep every checkpoint they
+// write or resume from inside their checkpoint root
 // (worker/agent/path_confinement.h); this is tallyd's check of the text.
-absl::Status CheckCheckpointPath(const std::string& job, const std::string& path);
+absl::Status CheckCheckpointPath(const std::string& job, const std::string& path, int64_t step);
 
 // Who asks for a change: a principal's name and tenant (empty when tallyd
 // runs without authentication, or for tallyd's own decisions).
@@ -401,6 +404,8 @@ class Scheduler {
   // (negative steps or tokens): they would poison the job's record and its
   // cost arithmetic.
   static absl::Status CheckReport(const tally::v1::WorkerMessage& msg);
+  // The job and attempt a report is about; an empty job for other messages.
+  static std::pair<std::string, int32_t> ReportedAttempt(const tally::v1::WorkerMessage& msg);
   // Retries the worker's exits whose commit failed; the first error.
   absl::Status RetryExits(const std::string& worker_id);
   absl::Status HandleProgress(ActiveJob& job, const tally::v1::Progress& p);

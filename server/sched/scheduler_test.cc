@@ -199,7 +199,9 @@ TEST_F(SchedulerTest, GangIsAllOrNothing) {
 }
 
 TEST_F(SchedulerTest, CheckpointRecordsTheValLossOfItsStep) {
-  const int64_t id = Submit(Spec());
+  tally::v1::JobSpec spec = Spec();
+  spec.mutable_training()->set_max_steps(100);
+  const int64_t id = Submit(spec);
   ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
   ASSERT_TRUE(sched_->Tick().ok());
   const std::string name = "jobs/" + std::to_string(id);
@@ -216,8 +218,9 @@ TEST_F(SchedulerTest, CheckpointRecordsTheValLossOfItsStep) {
     m.mutable_checkpoint()->set_job(name);
     m.mutable_checkpoint()->set_attempt(1);
     m.mutable_checkpoint()->set_step(step);
-    m.mutable_checkpoint()->set_path("/ckpt/" + absl::StrReplaceAll(name, {{"s/", "-"}}) + "/" + std::to_string(step));
-    ASSERT_TRUE(sched_->OnMessage("w1", m).ok());
+    m.mutable_checkpoint()->set_path(CheckpointPath(name, step));
+    const absl::Status s = sched_->OnMessage("w1", m);
+    ASSERT_TRUE(s.ok()) << s;
   };
   eval(10, 3.5);
   checkpoint(10);
@@ -239,7 +242,7 @@ TEST_F(SchedulerTest, HeartbeatLossRequeuesThenFailsAfterMaxAttempts) {
   ck.mutable_checkpoint()->set_job("jobs/" + std::to_string(id));
   ck.mutable_checkpoint()->set_attempt(1);
   ck.mutable_checkpoint()->set_step(5);
-  ck.mutable_checkpoint()->set_path("/ckpt/job-" + std::to_string(id) + "/5");
+  ck.mutable_checkpoint()->set_path(CheckpointPath("jobs/" + std::to_string(id), 5));
   ASSERT_TRUE(sched_->OnMessage("w1", ck).ok());
 
   // Heartbeats within the timeout keep it.
@@ -265,7 +268,8 @@ TEST_F(SchedulerTest, HeartbeatLossRequeuesThenFailsAfterMaxAttempts) {
   ASSERT_EQ(assigned.size(), 1u);
   EXPECT_EQ(assigned[0].assignment().attempt(), 2);
   EXPECT_EQ(assigned[0].assignment().resume_from().step(), 5);
-  EXPECT_EQ(assigned[0].assignment().resume_from().path(), "/ckpt/job-" + std::to_string(id) + "/5");
+  EXPECT_EQ(assigned[0].assignment().resume_from().path(),
+            CheckpointPath("jobs/" + std::to_string(id), 5));
 
   clock_.Advance(absl::Seconds(11));
   ASSERT_TRUE(sched_->Tick().ok());
@@ -592,7 +596,7 @@ TEST_F(SchedulerTest, SteadyStepTimesAreSampledPerAttempt) {
     ASSERT_TRUE(report(1, step, step <= 3 ? 9.0 : 0.5).ok());
   }
   ASSERT_TRUE(report(1, 10, 0.5).ok());   // the same step again
-  ASSERT_TRUE(report(1, 11, -1.0).ok());  // not a time
+  EXPECT_EQ(report(1, 11, -1.0).code(), absl::StatusCode::kInvalidArgument);  // not a time
   const tally::v1::StepTimes t = Job(id).step_times();
   EXPECT_EQ(t.reports(), 7) << "steps 4..10; the first three were start-up";
   ASSERT_EQ(t.seconds_size(), 7);
@@ -603,7 +607,9 @@ TEST_F(SchedulerTest, SteadyStepTimesAreSampledPerAttempt) {
 // The evaluation a stop makes of its stopped state (after the decision) is
 // not judged, but it counts as the run's best when it is.
 TEST_F(SchedulerTest, TheStopStepsEvaluationCanBeTheBest) {
-  const int64_t id = Submit(Spec());
+  tally::v1::JobSpec spec = Spec();
+  spec.mutable_training()->set_max_steps(100);
+  const int64_t id = Submit(spec);
   ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
   ASSERT_TRUE(sched_->Tick().ok());
   auto eval = [&](int64_t step, double loss) {
@@ -618,7 +624,8 @@ TEST_F(SchedulerTest, TheStopStepsEvaluationCanBeTheBest) {
   ASSERT_TRUE(eval(10, 3.0).ok());
   ASSERT_TRUE(sched_->StopJob(id, tally::v1::JOB_STATE_EARLY_STOPPED, "experiment_halving",
                               "the worse half").ok());
-  ASSERT_TRUE(eval(12, 2.9).ok());
+  const absl::Status at_stop = eval(12, 2.9);
+  ASSERT_TRUE(at_stop.ok()) << at_stop;
   const tally::v1::EarlyStoppingStatus es = Job(id).early_stopping();
   EXPECT_TRUE(es.has_best());
   EXPECT_EQ(es.best_val_loss(), 2.9);
@@ -939,17 +946,19 @@ TEST_F(SchedulerTest, GroupedFp8TurnedOffIsOneWarningPerAttemptKeptAcrossARestar
 namespace tally::sched {
 namespace {
 
-TEST(CheckCheckpointPathTest, OnlyTheJobsOwnFolderWithoutDotComponents) {
-  EXPECT_TRUE(CheckCheckpointPath("jobs/7", "/ckpt/job-7/step-00000010.ckpt").ok());
-  EXPECT_TRUE(CheckCheckpointPath("jobs/7", "tally-checkpoints/job-7/step-1.ckpt").ok());
-  for (const char* bad : {"/etc/passwd", "/ckpt/job-8/step-1.ckpt", "/ckpt/job-7/../job-8/x",
-                          "/ckpt/job-7/./x", "/ckpt/job-7//x", "/ckpt/job-7/", "job-7",
-                          "/ckpt/job-7/x\n", ""}) {
-    absl::Status s = CheckCheckpointPath("jobs/7", bad);
+TEST(CheckCheckpointPathTest, OnlyTheJobsOwnFileOfTheStepWithoutDotComponents) {
+  EXPECT_TRUE(CheckCheckpointPath("jobs/7", "/ckpt/job-7/step-00000010.ckpt", 10).ok());
+  EXPECT_TRUE(CheckCheckpointPath("jobs/7", "tally-checkpoints/job-7/step-1.ckpt", 1).ok());
+  for (const char* bad :
+       {"/etc/passwd", "/etc/job-7/passwd", "/ckpt/job-7/step-00000011.ckpt",
+        "/ckpt/job-7/step-.ckpt", "/ckpt/job-7/step-1x.ckpt", "/ckpt/job-7/step-00000010.ckpt.tmp",
+        "/ckpt/job-8/step-00000010.ckpt", "/ckpt/job-7/../job-8/x", "/ckpt/job-7/./x",
+        "/ckpt/job-7//x", "/ckpt/job-7/", "job-7", "/ckpt/job-7/x\n", ""}) {
+    absl::Status s = CheckCheckpointPath("jobs/7", bad, 10);
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad;
     EXPECT_THAT(s.message(), testing::HasSubstr("checkpoint.path")) << bad;
   }
-  EXPECT_THAT(CheckCheckpointPath("jobs/7", "/etc/passwd").message(),
+  EXPECT_THAT(CheckCheckpointPath("jobs/7", "/etc/passwd", 10).message(),
               testing::HasSubstr("job-7"));
 }
 

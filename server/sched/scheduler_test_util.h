@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "server/metrics/registry.h"
 #include "server/sched/scheduler.h"
 #include "tally/v1/spec.pb.h"
@@ -25,6 +27,13 @@ inline tally::v1::JobSpec TinySpec(int gpus = 1) {
   s.mutable_resources()->set_gpu_type("cpu");
   s.mutable_resources()->set_gpu_count(gpus);
   return s;
+}
+
+// Where a worker with checkpoint root /ckpt writes `job`'s ("jobs/7")
+// checkpoint of `step`.
+inline std::string CheckpointPath(const std::string& job, int64_t step) {
+  return absl::StrFormat("/ckpt/%s/step-%08d.ckpt", absl::StrReplaceAll(job, {{"s/", "-"}}),
+                         step);
 }
 
 // Every series as "name,label=value,..." -> value (histograms: the count).

@@ -71,7 +71,7 @@ class StopEdgeCasesTest : public ::testing::Test {
     m.mutable_checkpoint()->set_attempt(Job(id).attempt());
     m.mutable_checkpoint()->set_step(step);
     m.mutable_checkpoint()->set_tokens(step * 10);
-    m.mutable_checkpoint()->set_path("/ckpt/" + absl::StrReplaceAll(N(id), {{"s/", "-"}}) + "/" + std::to_string(step));
+    m.mutable_checkpoint()->set_path(CheckpointPath(N(id), step));
     return sched_->OnMessage(w, m);
   }
   absl::Status Exit(const std::string& w, int64_t id, int attempt, tally::v1::AttemptOutcome o,
@@ -214,7 +214,7 @@ TEST_F(StopEdgeCasesTest, ARestartBetweenStopEvalAndFinalCheckpointStillNamesThe
   ASSERT_TRUE(Hello("w0", 1, {{id, 1}}).ok());
   ASSERT_TRUE(Checkpoint("w0", id, 10).ok());  // the state the stop measured (4.99)
   ASSERT_TRUE(Exit("w0", id, 1, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
-  EXPECT_THAT(Job(id).early_stopping().best_checkpoint(), testing::EndsWith("/10"));
+  EXPECT_THAT(Job(id).early_stopping().best_checkpoint(), testing::EndsWith("/step-00000010.ckpt"));
 }
 
 // A SUCCEEDED exit whose commit fails is kept and retried: the API closes

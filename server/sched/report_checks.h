@@ -1,0 +1,38 @@
+// What a worker may report, checked before a figure reaches a job record, a
+// metric series or the cost arithmetic. Pure: a message (and the job's spec)
+// in, OK or INVALID_ARGUMENT naming the field out.
+//
+// A diverging model legitimately reports NaN or +Inf losses and gradient
+// norms (the divergence rule stops the job on them), so those pass; a loss
+// below 0 (cross-entropy cannot be), -Inf, a fraction outside [0, 1], a time
+// or rate that is negative or not finite, token counts no batch of the job
+// could reach, MoE layer ids past the job's layers or more experts than it
+// has, are refused.
+#ifndef TALLY_SERVER_SCHED_REPORT_CHECKS_H_
+#define TALLY_SERVER_SCHED_REPORT_CHECKS_H_
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "tally/v1/spec.pb.h"
+#include "tally/v1/workers.pb.h"
+
+namespace tally::sched {
+
+// The figures of a progress, eval, checkpoint or exit report that need no
+// job to judge (ranges, finiteness, sizes); OK for other messages.
+absl::Status CheckReportFigures(const tally::v1::WorkerMessage& msg);
+
+// The figures of a report about a job with `spec` (defaults applied): tokens
+// within (step + 1) x twice the tokens of one optimizer step, MoE layer ids
+// below num_layers and at most num_experts per layer, steps within
+// max_steps.
+absl::Status CheckReportAgainstSpec(const tally::v1::JobSpec& spec,
+                                    const tally::v1::WorkerMessage& msg);
+
+// A value that becomes a metric label (a worker's gpu_type): 1-64
+// characters of [A-Za-z0-9_.:-]. INVALID_ARGUMENT naming `field`.
+absl::Status CheckLabelValue(absl::string_view field, absl::string_view value);
+
+}  // namespace tally::sched
+
+#endif  // TALLY_SERVER_SCHED_REPORT_CHECKS_H_

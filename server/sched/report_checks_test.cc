@@ -1,0 +1,156 @@
+#include "server/sched/report_checks.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/sched/scheduler_test_util.h"
+
+namespace tally::sched {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Case {
+  std::string name;
+  std::function<void(tally::v1::WorkerMessage&)> edit;
+  std::string refused;  // the field named; empty: accepted
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// A progress report a real worker sends for TinySpec with an MoE of 4.
+tally::v1::WorkerMessage Progress() {
+  tally::v1::WorkerMessage m;
+  tally::v1::Progress& p = *m.mutable_progress();
+  p.set_job("jobs/1");
+  p.set_attempt(1);
+  p.set_step(10);
+  p.set_tokens(10 * 64);
+  p.set_train_loss(3.2);
+  p.set_lr(3e-4);
+  p.set_grad_norm(1.1);
+  p.set_step_seconds(0.2);
+  p.set_useful_tokens_per_second(3000);
+  p.set_padding_fraction(0.01);
+  p.set_mfu(0.3);
+  auto* l = p.add_moe();
+  l->set_layer(1);
+  for (int e = 0; e < 4; ++e) l->add_tokens_per_expert(16);
+  l->set_max_over_mean_load(1.0);
+  l->set_router_entropy(1.3);
+  return m;
+}
+
+tally::v1::JobSpec MoeSpec() {
+  tally::v1::JobSpec s = TinySpec();
+  s.mutable_model()->set_num_layers(2);
+  s.mutable_model()->mutable_moe()->set_num_experts(4);
+  s.mutable_training()->set_global_batch_tokens(64);
+  return s;
+}
+
+class ReportChecksTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ReportChecksTest, ChecksTheReport) {
+  tally::v1::WorkerMessage m = Progress();
+  GetParam().edit(m);
+  absl::Status s = CheckReportFigures(m);
+  if (s.ok()) s = CheckReportAgainstSpec(MoeSpec(), m);
+  if (GetParam().refused.empty()) {
+    EXPECT_TRUE(s.ok()) << s;
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr(GetParam().refused));
+  }
+}
+
+tally::v1::Progress& P(tally::v1::WorkerMessage& m) { return *m.mutable_progress(); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ReportChecksTest,
+    ::testing::Values(
+        Case{"a_real_report", [](auto&) {}, ""},
+        Case{"diverging_losses_pass", [](auto& m) {
+               P(m).set_train_loss(kNaN);
+               P(m).set_grad_norm(kInf);
+             }, ""},
+        Case{"negative_loss", [](auto& m) { P(m).set_train_loss(-1e308); },
+             "progress.train_loss"},
+        Case{"minus_infinity_loss", [](auto& m) { P(m).set_train_loss(-kInf); },
+             "progress.train_loss"},
+        Case{"nan_lr", [](auto& m) { P(m).set_lr(kNaN); }, "progress.lr"},
+        Case{"negative_step_time", [](auto& m) { P(m).set_step_seconds(-1); },
+             "progress.step_seconds"},
+        Case{"infinite_rate", [](auto& m) { P(m).set_useful_tokens_per_second(kInf); },
+             "progress.useful_tokens_per_second"},
+        Case{"padding_over_one", [](auto& m) { P(m).set_padding_fraction(1.5); },
+             "progress.padding_fraction"},
+        Case{"nan_mfu", [](auto& m) { P(m).set_mfu(kNaN); }, "progress.mfu"},
+        Case{"tokens_no_batch_reaches",
+             [](auto& m) { P(m).set_tokens(std::numeric_limits<int64_t>::max()); },
+             "progress.tokens"},
+        Case{"padding_tokens_no_batch_reaches",
+             [](auto& m) { P(m).set_padding_tokens(int64_t{1} << 50); },
+             "progress.padding_tokens"},
+        Case{"moe_layer_past_the_model", [](auto& m) { P(m).mutable_moe(0)->set_layer(2); },
+             "progress.moe.layer"},
+        Case{"negative_moe_layer", [](auto& m) { P(m).mutable_moe(0)->set_layer(-1); },
+             "progress.moe.layer"},
+        Case{"more_experts_than_the_model",
+             [](auto& m) { P(m).mutable_moe(0)->add_tokens_per_expert(1); },
+             "progress.moe.tokens_per_expert"},
+        Case{"dropped_fraction_over_one",
+             [](auto& m) { P(m).mutable_moe(0)->set_dropped_fraction(2); },
+             "progress.moe.dropped_fraction"},
+        Case{"nan_entropy", [](auto& m) { P(m).mutable_moe(0)->set_router_entropy(kNaN); },
+             "progress.moe.router_entropy"},
+        Case{"negative_amax", [](auto& m) { (*P(m).mutable_fp8_amax())["ffn.input"] = -1; },
+             "progress.fp8_amax"},
+        Case{"negative_underflows", [](auto& m) { P(m).set_fp8_underflows(-1); },
+             "progress.fp8_underflows"},
+        Case{"a_negative_eval_loss", [](auto& m) {
+               m.mutable_eval()->set_job("jobs/1");
+               m.mutable_eval()->set_step(10);
+               m.mutable_eval()->set_val_loss(-1e308);
+             }, "eval.val_loss"},
+        Case{"a_diverged_eval_passes", [](auto& m) {
+               m.mutable_eval()->set_job("jobs/1");
+               m.mutable_eval()->set_step(10);
+               m.mutable_eval()->set_val_loss(kNaN);
+             }, ""},
+        Case{"an_eval_past_max_steps", [](auto& m) {
+               m.mutable_eval()->set_step(1001);
+               m.mutable_eval()->set_val_loss(2);
+             }, "eval.step"},
+        Case{"a_checkpoint_with_a_malformed_sha", [](auto& m) {
+               m.mutable_checkpoint()->set_path("/c/job-1/step-10");
+               m.mutable_checkpoint()->set_sha256("not-a-sha");
+             }, "checkpoint.sha256"},
+        Case{"a_checkpoint_with_a_sha", [](auto& m) {
+               m.mutable_checkpoint()->set_step(10);
+               m.mutable_checkpoint()->set_path("/c/job-1/step-10");
+               m.mutable_checkpoint()->set_sha256(std::string(64, 'a'));
+             }, ""}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(CheckLabelValueTest, BoundsAGpuType) {
+  EXPECT_TRUE(CheckLabelValue("hello.gpu_type", "h200").ok());
+  EXPECT_TRUE(CheckLabelValue("hello.gpu_type", "nvidia-h200_sxm:141g").ok());
+  const absl::Status long_one = CheckLabelValue("hello.gpu_type", std::string(32 * 1024, 'x'));
+  EXPECT_THAT(long_one.message(), HasSubstr("hello.gpu_type"));
+  EXPECT_THAT(long_one.message(), HasSubstr("32768 bytes"));
+  EXPECT_LT(long_one.message().size(), 300u) << "the refusal echoes the whole value";
+  EXPECT_FALSE(CheckLabelValue("hello.gpu_type", "a b").ok());
+  EXPECT_FALSE(CheckLabelValue("hello.gpu_type", "a\"}").ok());
+  EXPECT_FALSE(CheckLabelValue("hello.gpu_type", "").ok());
+}
+
+}  // namespace
+}  // namespace tally::sched
