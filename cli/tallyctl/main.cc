@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <random>
 #include <string>
@@ -760,11 +761,24 @@ int Checkpoints(Client& c, const std::string& name) {
     std::cout << Json(resp) << "\n";
     return kOk;
   }
+  // Checkpoints a worker found damaged (the job lists them): marked, and
+  // never the best. Without the job (an older tallyd) none are known.
+  std::map<std::string, std::string> damaged;
+  {
+    tally::v1::GetJobRequest get;
+    get.set_name(NormalizeName(name));
+    tally::v1::Job job;
+    if (c.Call([&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, get, &job); })
+            .ok()) {
+      for (const auto& d : job.damaged_checkpoints()) damaged[d.path()] = d.reason();
+    }
+  }
   // The best: the lowest validation loss (0: not evaluated); with none
   // evaluated, the latest.
   int best = -1;
   for (int i = 0; i < resp.checkpoints_size(); ++i) {
     const auto& ck = resp.checkpoints(i);
+    if (damaged.count(ck.path())) continue;
     if (ck.val_loss() != 0 && (best < 0 || resp.checkpoints(best).val_loss() == 0 ||
                                ck.val_loss() < resp.checkpoints(best).val_loss())) {
       best = i;
@@ -784,10 +798,12 @@ int Checkpoints(Client& c, const std::string& name) {
     const std::string per_gain = ck.usd_per_val_loss_improvement() != 0
                                      ? absl::StrFormat("%.6f", ck.usd_per_val_loss_improvement())
                                      : std::string("-");
-    std::cout << absl::StrFormat("%-5s %-7d %-8d %-10d %-9s %-10.6f %-10.6f %-12s %s\n",
-                                 i == best ? "*" : "", ck.attempt(), ck.step(), ck.tokens(), val,
-                                 ck.cost_usd(), ck.cost_since_previous_usd(), per_gain,
-                                 Safe(ck.path()));
+    const bool bad = damaged.count(ck.path()) > 0;
+    std::cout << absl::StrFormat("%-5s %-7d %-8d %-10d %-9s %-10.6f %-10.6f %-12s %s%s\n",
+                                 i == best ? "*" : (bad ? "bad" : ""), ck.attempt(), ck.step(),
+                                 ck.tokens(), val, ck.cost_usd(), ck.cost_since_previous_usd(),
+                                 per_gain, Safe(ck.path()),
+                                 bad ? "  (damaged: " + Safe(damaged[ck.path()]) + ")" : "");
   }
   if (best >= 0) {
     const auto& b = resp.checkpoints(best);
