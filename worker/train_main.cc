@@ -9,15 +9,20 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "common/spec_yaml.h"
 #include "worker/agent/train_spec.h"
+#include "worker/train/checksum_file.h"
 #include "worker/train/trainer.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec file (YAML or JSON)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(std::string, checkpoint_dir, "", "where to write checkpoints (default: none)");
 ABSL_FLAG(std::string, resume, "", "a checkpoint file to continue from");
+ABSL_FLAG(std::string, resume_sha256, "",
+          "the SHA-256 --resume must have (what tallyd recorded for it, or sha256sum printed "
+          "when it was written); default: the one in FILE.sha256 beside it, if any");
 ABSL_FLAG(int, threads, 0, "CPU threads (default: LibTorch's choice)");
 ABSL_FLAG(double, peak_tflops, 0, "device peak TFLOP/s, for model-FLOPs utilization");
 ABSL_FLAG(int, log_every, 1, "print every N-th step");
@@ -107,7 +112,8 @@ class Printer final : public tally::train::TrainEvents {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tally-train: train one job spec here, without tallyd.\n\nUsage: tally-train "
-      "--spec=job.yaml [--device=cpu] [--checkpoint_dir=DIR] [--resume=FILE]");
+      "--spec=job.yaml [--device=cpu] [--checkpoint_dir=DIR] [--resume=FILE "
+      "[--resume_sha256=HEX]]");
   absl::ParseCommandLine(argc, argv);
   const std::string path = absl::GetFlag(FLAGS_spec);
   if (path.empty()) {
@@ -143,6 +149,41 @@ int main(int argc, char** argv) {
     return 2;
   }
   config->resume_path = absl::GetFlag(FLAGS_resume);
+  std::string sha = absl::AsciiStrToLower(absl::GetFlag(FLAGS_resume_sha256));
+  if (!sha.empty() && config->resume_path.empty()) {
+    std::cerr << "tally-train: --resume_sha256 is the SHA-256 of --resume: give --resume too\n";
+    return 2;
+  }
+  if (!sha.empty() && !tally::train::IsSha256Hex(sha)) {
+    std::cerr << "tally-train: --resume_sha256: \"" << absl::GetFlag(FLAGS_resume_sha256)
+              << "\" is not 64 hex digits (as sha256sum prints)\n";
+    return 2;
+  }
+  std::string sha_source = sha.empty() ? "" : "--resume_sha256";
+  if (!config->resume_path.empty() && sha.empty()) {
+    // The trainer writes FILE.sha256 beside each checkpoint: without a
+    // recorded hash, a checkpoint rewritten with a valid internal checksum
+    // (an edited metadata block, an older file copied in its place) would
+    // pass.
+    const std::string sidecar = tally::train::ChecksumFilePath(config->resume_path);
+    absl::StatusOr<std::string> recorded = tally::train::ReadChecksumFile(config->resume_path);
+    if (recorded.ok()) {
+      sha = *recorded;
+      sha_source = sidecar;
+      std::cout << "tally-train: checking " << config->resume_path << " against the SHA-256 in "
+                << sidecar << "\n";
+    } else if (absl::IsNotFound(recorded.status())) {
+      std::cerr << "tally-train: warning: " << sidecar << " is missing and no --resume_sha256 "
+                << "was given: " << config->resume_path << " is checked only against its own "
+                << "internal checksum, which a rewritten checkpoint also passes\n";
+    } else {
+      std::cerr << "tally-train: --resume: " << recorded.status().message()
+                << " (pass --resume_sha256 with the checkpoint's recorded SHA-256, or remove "
+                << sidecar << ")\n";
+      return 1;
+    }
+  }
+  config->resume_sha256 = sha;
   std::ofstream jsonl;
   if (!absl::GetFlag(FLAGS_metrics_out).empty()) {
     jsonl.open(absl::GetFlag(FLAGS_metrics_out));
@@ -157,6 +198,9 @@ int main(int argc, char** argv) {
   const tally::train::TrainResult r = tally::train::Train(*config, &printer, nullptr);
   if (r.outcome != tally::train::TrainResult::Outcome::kSucceeded) {
     std::cerr << "tally-train: failed: " << r.reason << "\n";
+    if (!r.damaged_checkpoint.empty() && !sha_source.empty()) {
+      std::cerr << "tally-train: the recorded SHA-256 came from " << sha_source << "\n";
+    }
     return 1;
   }
   std::cout << "tally-train: " << r.reason << "\n";

@@ -84,6 +84,19 @@ class VerifyTest(unittest.TestCase):
         os.remove(os.path.join(self.out, "val.idx"))
         self.assert_fails_naming(self.out, "val.idx: no such file")
 
+    def test_a_damaged_digest_in_the_json_blames_the_json_not_the_intact_bin(self):
+        with open(self.train + ".json") as f:
+            meta = json.load(f)
+        digest = meta["content_sha256"]["bin"]
+        meta["content_sha256"]["bin"] = ("1" if digest[0] == "0" else "0") + digest[1:]
+        with open(self.train + ".json", "w") as f:
+            json.dump(meta, f)
+        r = run("verify", self.out)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("train.json: its \"content_sha256\" record is damaged", r.stderr)
+        self.assertIn("the data files are not to blame", r.stderr)
+        self.assertNotIn("train.bin: SHA-256", r.stderr)
+
     def test_dataset_without_a_recorded_hash_says_so(self):
         with open(self.train + ".json") as f:
             meta = json.load(f)

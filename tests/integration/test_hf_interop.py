@@ -9,6 +9,7 @@ parser, rotate_half RoPE, Mixtral's renormalised top-k softmax routing). Its
 logits on a few token sequences must match Tally's own forward
 (tally-forward) on the checkpoint, in FP32, to a tight tolerance."""
 
+import hashlib
 import json
 import os
 import struct
@@ -92,6 +93,60 @@ def max_rel_diff(a, b):
     """Largest |a - b| over the largest |b|, over every position and logit."""
     top = max(abs(x) for row in b for x in row)
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / top
+
+
+def read_checkpoint(path):
+    """A Tally checkpoint's metadata and tensors (name -> (dtype, shape, bytes)),
+    parsed from its documented layout (worker/train/checkpoint.h)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"TALLYCKP"
+    at = 12
+    (meta_len,) = struct.unpack_from("<Q", data, at)
+    at += 8
+    meta = json.loads(data[at:at + meta_len])
+    at += meta_len
+    (count,) = struct.unpack_from("<Q", data, at)
+    at += 8
+    tensors = []
+    for _ in range(count):
+        (name_len,) = struct.unpack_from("<I", data, at)
+        at += 4
+        name = data[at:at + name_len].decode()
+        at += name_len
+        dtype, ndim = struct.unpack_from("<bI", data, at)
+        at += 5
+        shape = struct.unpack_from("<%dq" % ndim, data, at)
+        at += 8 * ndim
+        (nbytes,) = struct.unpack_from("<Q", data, at)
+        at += 8
+        tensors.append([name, dtype, shape, bytearray(data[at:at + nbytes])])
+        at += nbytes
+    return meta, tensors
+
+
+def write_checkpoint(path, meta, tensors):
+    """Writes a checkpoint with a valid internal checksum (the trailer), as
+    the trainer would: only a recorded SHA-256 can tell it from the original."""
+    out = bytearray(b"TALLYCKP" + struct.pack("<I", 1))
+    m = json.dumps(meta).encode()
+    out += struct.pack("<Q", len(m)) + m + struct.pack("<Q", len(tensors))
+    for name, dtype, shape, raw in tensors:
+        out += struct.pack("<I", len(name)) + name.encode() + struct.pack("<bI", dtype, len(shape))
+        out += struct.pack("<%dq" % len(shape), *shape) + struct.pack("<Q", len(raw)) + raw
+    out += hashlib.sha256(out).digest()
+    with open(path, "wb") as f:
+        f.write(bytes(out))
+    return hashlib.sha256(bytes(out)).hexdigest()
+
+
+def set_float(path, out, tensor, value):
+    """A copy of checkpoint `path` at `out` with `tensor`'s first float set."""
+    meta, tensors = read_checkpoint(path)
+    for t in tensors:
+        if t[0] == tensor:
+            struct.pack_into("<f", t[3], 0, value)
+    return write_checkpoint(out, meta, tensors)
 
 
 class HfInteropTest(unittest.TestCase):
@@ -218,6 +273,86 @@ class HfInteropTest(unittest.TestCase):
                    check=False)
         self.assertEqual(p.returncode, 1)
         self.assertIn("bad.ckpt", p.stderr)
+
+    def test_non_finite_weights_are_refused_naming_the_tensor(self):
+        for value in (float("nan"), float("inf")):
+            with self.subTest(value=value):
+                bad = os.path.join(self.dir, "nonfinite.ckpt")
+                set_float(self.dense_ckpt, bad, "model.layers.1.w2", value)
+                p = export(["--checkpoint=" + bad, "--out=" + os.path.join(self.dir, "hf_nan")],
+                           check=False)
+                self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+                self.assertIn("tensor model.layers.1.w2 holds NaN or infinite values", p.stderr)
+                self.assertFalse(os.path.exists(os.path.join(self.dir, "hf_nan",
+                                                             "model.safetensors")))
+
+    def test_a_sentencepiece_checkpoint_without_its_model_path_says_what_is_missing(self):
+        meta, tensors = read_checkpoint(self.dense_ckpt)
+        meta["tokenizer"] = {"kind": "sentencepiece", "vocab_size": 258, "bos": 256, "eos": 257,
+                             "model_path": "", "model_sha256": "ab" * 32}
+        ckpt = os.path.join(self.dir, "spm_no_path.ckpt")
+        write_checkpoint(ckpt, meta, tensors)
+        p = export(["--checkpoint=" + ckpt, "--out=" + os.path.join(self.dir, "hf_spm")],
+                   check=False)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("records no path to its model", p.stderr)
+        self.assertIn("--tokenizer_model=PATH", p.stderr)
+        self.assertNotIn("model , ", p.stderr)
+
+    def test_init_from_a_huge_finite_weight_fails_naming_the_tensor(self):
+        huge = os.path.join(self.dir, "huge.ckpt")
+        set_float(self.dense_ckpt, huge, "model.layers.0.wqkv", 3e38)
+        p, steps, evals = self.fine_tune("ft_huge", {"checkpoint": huge}, check=False)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("layers.0.wqkv holds a weight of magnitude 3e+38", p.stderr)
+        self.assertEqual(evals, {})
+        self.assertEqual(steps, {})
+
+    def test_standalone_resume_checks_the_recorded_sha256(self):
+        sidecar = self.dense_ckpt + ".sha256"
+        with open(sidecar) as f:
+            recorded = f.read().split()[0]
+        with open(self.dense_ckpt, "rb") as f:
+            self.assertEqual(hashlib.sha256(f.read()).hexdigest(), recorded)
+        spec = write_spec(os.path.join(self.dir, "resume.json"),
+                          {"num_layers": 2, "d_model": 64, "num_heads": 4}, steps=22)
+
+        def resume(ckpt, *flags):
+            return subprocess.run([TALLY_TRAIN, "--spec=" + spec, "--resume=" + ckpt,
+                                   "--log_every=1000"] + list(flags),
+                                  capture_output=True, text=True, timeout=300)
+
+        # The metadata rewritten with a valid internal checksum, beside the
+        # original's sidecar.
+        d = os.path.join(self.dir, "resume_edited")
+        os.makedirs(d)
+        edited = os.path.join(d, "step-00000020.ckpt")
+        meta, tensors = read_checkpoint(self.dense_ckpt)
+        meta["tokens"] -= 1
+        write_checkpoint(edited, meta, tensors)
+        with open(edited + ".sha256", "w") as f:
+            f.write("%s  step-00000020.ckpt\n" % recorded)
+        p = resume(edited)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("but the checkpoint was recorded with " + recorded, p.stderr)
+        self.assertIn("came from " + edited + ".sha256", p.stderr)
+        # The same, with the SHA-256 given on the command line and no sidecar.
+        os.remove(edited + ".sha256")
+        p = resume(edited, "--resume_sha256=" + recorded)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("but the checkpoint was recorded with " + recorded, p.stderr)
+        # With neither, only the internal checksum can be checked: it says so.
+        p = resume(edited)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("checked only against its own internal checksum", p.stderr)
+        # The original resumes, checked against its sidecar.
+        p = resume(self.dense_ckpt)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("against the SHA-256 in " + sidecar, p.stdout)
+        self.assertIn("resumed at step 20", p.stdout)
+        p = resume(self.dense_ckpt, "--resume_sha256=xyz")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--resume_sha256", p.stderr)
 
     def fine_tune(self, name, init_from, model=None, extra=None, check=True):
         d = os.path.join(self.dir, name)

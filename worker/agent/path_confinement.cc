@@ -59,6 +59,15 @@ absl::StatusOr<std::string> JobCheckpointDir(const std::string& checkpoint_root,
         ", outside the worker's checkpoint root ", root->string(),
         " (--checkpoint_dir); remove the symlink that leads out of it"));
   }
+  // Inside the root is not enough: a link could still lead into another
+  // job's folder, and checkpoints are never written through one.
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(dir, ec))) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "checkpoint folder ", dir, " is a symlink; a job's checkpoints are written only into "
+        "a real folder under the checkpoint root (--checkpoint_dir): remove the link, and the "
+        "worker creates the folder"));
+  }
   return dir;
 }
 

@@ -4,8 +4,8 @@
 // - Data roots (--data_root): every file a dataset open touches must resolve
 //   inside one root (common/path_confinement.h says how paths resolve).
 // - Checkpoints (--checkpoint_dir): a job's folder is one path component
-//   under the root ("jobs/7" -> "job-7"), and a checkpoint to resume from
-//   must resolve inside that job's folder.
+//   under the root ("jobs/7" -> "job-7") and a real folder, not a symlink;
+//   a checkpoint to resume from must resolve inside that job's folder.
 //
 // All functions are thread-safe; DataRoots is immutable once made.
 #ifndef TALLY_WORKER_AGENT_PATH_CONFINEMENT_H_
@@ -43,10 +43,11 @@ class DataRoots : public tally::DataRoots {
 absl::StatusOr<std::string> CheckpointFolderName(const std::string& job);
 
 // The job's checkpoint folder, `checkpoint_root`/CheckpointFolderName(job),
-// as a path to write under (not resolved: what was given, so recorded
-// checkpoint paths keep the root's spelling). InvalidArgument for a job name
-// CheckpointFolderName refuses; PermissionDenied when the folder resolves
-// outside the root (it is a symlink out of it).
+// as a path to write under (not resolved: the trainer resolves each
+// checkpoint's path once written, train::TrainConfig::checkpoint_root).
+// InvalidArgument for a job name CheckpointFolderName refuses;
+// PermissionDenied when the folder resolves outside the root (a symlink out
+// of it) or is a symlink at all (it could lead into another job's folder).
 absl::StatusOr<std::string> JobCheckpointDir(const std::string& checkpoint_root,
                                              const std::string& job,
                                              const std::filesystem::path& base);

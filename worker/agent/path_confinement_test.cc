@@ -256,6 +256,14 @@ TEST_F(PathConfinementTest, AJobFolderIsUnderTheRootAsGiven) {
   absl::StatusOr<std::string> out = JobCheckpointDir(T("ckpt"), "jobs/4", tmp_);
   EXPECT_EQ(out.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(out.status().message(), HasSubstr("outside the worker's checkpoint root"));
+  // So is one that is a symlink inside it (into another job's folder).
+  fs::create_directories(tmp_ / "ckpt/job-5");
+  fs::create_directory_symlink(tmp_ / "ckpt/job-5", tmp_ / "ckpt/job-6");
+  out = JobCheckpointDir(T("ckpt"), "jobs/6", tmp_);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(out.status().message(),
+              AllOf(HasSubstr(T("ckpt") + "/job-6 is a symlink"), HasSubstr("remove the link")));
+  EXPECT_TRUE(JobCheckpointDir(T("ckpt"), "jobs/5", tmp_).ok());
 }
 
 TEST_F(PathConfinementTest, AResumePathMustResolveInsideTheJobsFolder) {

@@ -157,15 +157,32 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
       return refuse(s);
     }
   }
-  if (!assignment.resume_from().path().empty()) {
-    if (absl::Status s = CheckResumePath(assignment.resume_from().path(), *job_dir,
-                                         options_.checkpoint_dir, cwd);
+  if (const std::string& resume = assignment.resume_from().path(); !resume.empty()) {
+    // Workers write checkpoints as regular files and never as links: a link
+    // where the recorded checkpoint was is not that checkpoint, whatever it
+    // points to. It is not followed; the checkpoint is damaged and tallyd
+    // falls back to an earlier one.
+    std::error_code link_ec;
+    if (std::filesystem::is_symlink(std::filesystem::symlink_status(resume, link_ec))) {
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+      exit.set_reason(absl::StrCat("resume: checkpoint ", resume,
+                                   " is damaged: a symlink stands where the recorded checkpoint "
+                                   "was written (workers write regular files only); not "
+                                   "followed"));
+      exit.set_retryable(false);
+      exit.set_damaged_checkpoint(resume);
+      return exit;
+    }
+    if (absl::Status s = CheckResumePath(resume, *job_dir, options_.checkpoint_dir, cwd);
         !s.ok()) {
       return refuse(s);
     }
-    config->resume_path = assignment.resume_from().path();
+    config->resume_path = resume;
     config->resume_sha256 = assignment.resume_from().sha256();
   }
+  // Reported checkpoint paths are resolved and confined to the job's folder
+  // directly under the root.
+  config->checkpoint_root = options_.checkpoint_dir;
   config->parallel.collective_timeout_seconds = options_.collective_timeout_seconds;
   config->fp8_recipe.test_overflow_fraction = options_.test_fp8_overflow_fraction;
   config->test_fp8_grouped_off = options_.test_fp8_grouped_off;
@@ -176,6 +193,11 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   exit.set_step(result.step);
   exit.set_reason(result.reason);
   exit.set_retryable(result.retryable);
+  // The trainer names the path it was given: resume_from.path, as tallyd
+  // expects it back.
+  if (!result.damaged_checkpoint.empty()) {
+    exit.set_damaged_checkpoint(assignment.resume_from().path());
+  }
   switch (result.outcome) {
     case train::TrainResult::Outcome::kSucceeded:
       exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);

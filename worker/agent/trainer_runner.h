@@ -2,13 +2,26 @@
 // JobSpec to a TrainConfig, resumes from the assignment's checkpoint, and
 // turns the trainer's events into Progress, EvalResult and CheckpointRecord
 // reports. Checkpoints go to <checkpoint_dir>/<job>/ (jobs/7 -> job-7), which
-// workers that may resume each other's jobs must share.
+// workers that may resume each other's jobs must share, mounted at the same
+// resolved path.
 //
 // Before anything is opened, an assignment fails without retry when its job
 // name cannot name a single folder under the checkpoint root, when a dataset
 // file it would read resolves outside the data roots (if any are set), or
 // when its resume checkpoint resolves outside the job's checkpoint folder
 // (path_confinement.h).
+//
+// A resume checkpoint that is damaged (missing, cut short, a flipped byte,
+// not the SHA-256 tallyd recorded, inconsistent contents, or a symlink where
+// the file was: train::TrainResult::damaged_checkpoint) fails the attempt
+// with AttemptExit.damaged_checkpoint set to resume_from.path, so that
+// tallyd resumes from an earlier intact checkpoint; no other failure sets
+// it.
+//
+// Checkpoints are written only into a real job folder (not a symlink) and
+// never through a symlinked file; each CheckpointRecord.path is the
+// checkpoint's resolved path (no symlink, "." or ".."), a regular file
+// directly in the job's folder (train::TrainConfig::checkpoint_root).
 //
 // A preemption (StopKind::kPreempt) ends the attempt as
 // ATTEMPT_OUTCOME_PREEMPTED, after the checkpoint of its last step is

@@ -151,7 +151,9 @@ TEST_F(TrainerRunnerTest, AStopThatKeepsTheStateReportsEvalThenCheckpointBeforeT
               ::testing::ElementsAre("progress 5", "eval 5", "checkpoint 5"));
   const auto checkpoints = reporter.checkpoints();
   ASSERT_EQ(checkpoints.size(), 1u);
-  EXPECT_EQ(checkpoints[0].path(), *dir_ + "/ckpt-keep/job-1/step-00000005.ckpt");
+  // Resolved: the root's real folder.
+  EXPECT_EQ(checkpoints[0].path(), std::filesystem::canonical(*dir_).string() +
+                                       "/ckpt-keep/job-1/step-00000005.ckpt");
   // The recorded hash is what sha256sum prints for the file.
   EXPECT_EQ(checkpoints[0].sha256(), FileSha256(checkpoints[0].path()));
 
@@ -353,6 +355,123 @@ TEST_F(TrainerRunnerTest, AResumePathOutsideTheJobsCheckpointFolderFailsTheAttem
   EXPECT_EQ(exit.step(), 4);
   ASSERT_FALSE(reporter2.log().empty());
   EXPECT_EQ(reporter2.log().front(), "progress 4");  // resumed after step 3
+}
+
+// What the next attempt gets when a checkpoint is damaged: tallyd passes
+// resume_from as recorded.
+tally::v1::AttemptExit ResumeFrom(TrainerRunner* runner, tally::v1::Assignment a,
+                                  const tally::v1::CheckpointRecord& ckpt) {
+  a.set_attempt(a.attempt() + 1);
+  a.mutable_resume_from()->set_path(ckpt.path());
+  a.mutable_resume_from()->set_sha256(ckpt.sha256());
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 5, train::StopKind::kNow);
+  return runner->Run(a, &reporter, &stop);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void WriteAll(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST_F(TrainerRunnerTest, ADamagedResumeCheckpointIsNamedInTheExitAndNoOtherFailureIs) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-damaged";
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 3, train::StopKind::kKeepState);
+  ASSERT_EQ(runner.Run(Assignment(), &reporter, &stop).outcome(),
+            tally::v1::ATTEMPT_OUTCOME_STOPPED);
+  ASSERT_EQ(reporter.checkpoints().size(), 1u);
+  const tally::v1::CheckpointRecord ckpt = reporter.checkpoints()[0];
+  const std::string original = ReadAll(ckpt.path());
+
+  // A flipped byte.
+  std::string flipped = original;
+  flipped[flipped.size() / 3] ^= 0x10;
+  WriteAll(ckpt.path(), flipped);
+  tally::v1::AttemptExit exit = ResumeFrom(&runner, Assignment(), ckpt);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_EQ(exit.damaged_checkpoint(), ckpt.path());
+  EXPECT_THAT(exit.reason(), AllOf(HasSubstr(ckpt.path()), HasSubstr("checksum mismatch")));
+
+  // Deleted.
+  std::filesystem::remove(ckpt.path());
+  exit = ResumeFrom(&runner, Assignment(), ckpt);
+  EXPECT_EQ(exit.damaged_checkpoint(), ckpt.path());
+  EXPECT_THAT(exit.reason(), HasSubstr("not found"));
+
+  // A symlink in its place, even to a good copy: not followed.
+  const std::string copy = *dir_ + "/ckpt-damaged-copy.ckpt";
+  WriteAll(copy, original);
+  std::filesystem::create_symlink(copy, ckpt.path());
+  exit = ResumeFrom(&runner, Assignment(), ckpt);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_EQ(exit.damaged_checkpoint(), ckpt.path());
+  EXPECT_THAT(exit.reason(), HasSubstr("a symlink stands where the recorded checkpoint"));
+  std::filesystem::remove(ckpt.path());
+
+  // Intact but for another model: a failure, not damage.
+  WriteAll(ckpt.path(), original);
+  tally::v1::Assignment wider = Assignment();
+  wider.mutable_spec()->mutable_model()->set_d_model(64);
+  exit = ResumeFrom(&runner, wider, ckpt);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_EQ(exit.damaged_checkpoint(), "");
+  EXPECT_THAT(exit.reason(), HasSubstr("different job"));
+
+  // Intact: it resumes.
+  exit = ResumeFrom(&runner, Assignment(), ckpt);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit.reason();
+  EXPECT_EQ(exit.damaged_checkpoint(), "");
+}
+
+TEST_F(TrainerRunnerTest, ReportedCheckpointPathsAreResolvedInsideTheJobsFolder) {
+  const std::string real = std::filesystem::canonical(*dir_).string();
+  std::filesystem::create_directories(*dir_ + "/ckpt-real");
+  std::filesystem::create_directories(*dir_ + "/sub");
+  std::filesystem::create_directory_symlink(*dir_ + "/ckpt-real", *dir_ + "/ckpt-link");
+  for (const std::string& root : {*dir_ + "/sub/../ckpt-real", *dir_ + "/ckpt-link"}) {
+    SCOPED_TRACE(root);
+    TrainerRunnerOptions o;
+    o.checkpoint_dir = root;
+    TrainerRunner runner(o);
+    train::StopFlag stop;
+    RecordingReporter reporter(&stop, 2, train::StopKind::kKeepState);
+    const tally::v1::AttemptExit exit = runner.Run(Assignment(), &reporter, &stop);
+    ASSERT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << exit.reason();
+    ASSERT_EQ(reporter.checkpoints().size(), 1u);
+    EXPECT_EQ(reporter.checkpoints()[0].path(), real + "/ckpt-real/job-1/step-00000002.ckpt");
+    // tallyd hands it back as recorded, and it resumes.
+    const tally::v1::AttemptExit next =
+        ResumeFrom(&runner, Assignment(), reporter.checkpoints()[0]);
+    EXPECT_EQ(next.outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED) << next.reason();
+    std::filesystem::remove_all(*dir_ + "/ckpt-real/job-1");
+  }
+}
+
+TEST_F(TrainerRunnerTest, ASymlinkedJobFolderIsNeverWrittenThrough) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-linked";
+  std::filesystem::create_directories(o.checkpoint_dir + "/job-2");
+  // job-1's folder leads into job-2's, inside the root.
+  std::filesystem::create_directory_symlink(o.checkpoint_dir + "/job-2",
+                                            o.checkpoint_dir + "/job-1");
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, 2, train::StopKind::kKeepState);
+  const tally::v1::AttemptExit exit = runner.Run(Assignment(), &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_FALSE(exit.retryable());
+  EXPECT_THAT(exit.reason(), AllOf(HasSubstr(o.checkpoint_dir + "/job-1 is a symlink"),
+                                   HasSubstr("--checkpoint_dir")));
+  EXPECT_TRUE(reporter.log().empty());
+  EXPECT_TRUE(std::filesystem::is_empty(o.checkpoint_dir + "/job-2"));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/json_limits.h"
 #include "worker/data/tokenizer.h"
@@ -147,6 +148,11 @@ std::string Sha256Hex(const void* data, size_t n) {
   Sha256Hasher sha;
   sha.Update(data, n);
   return sha.HexDigest();
+}
+
+std::string ContentCheck(const std::string& bin_sha256, const std::string& idx_sha256) {
+  const std::string record = absl::StrCat(bin_sha256, " ", idx_sha256);
+  return Sha256Hex(record.data(), record.size());
 }
 
 namespace {
@@ -325,6 +331,12 @@ absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
       }
       *out = h->get<std::string>();
     }
+    if (auto h = it->find("check"); h != it->end()) {
+      if (!h->is_string() || !IsSha256Hex(h->get<std::string>())) {
+        return damaged("\"content_sha256\".\"check\" is not 64 lower-case hex digits");
+      }
+      m.content_check = h->get<std::string>();
+    }
   }
   return m;
 }
@@ -446,6 +458,7 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
   for (const auto& [bucket, n] : length_log2_histogram_) {
     hist[std::to_string(int64_t{1} << bucket)] = n;
   }
+  const std::string bin_hex = bin_sha_->HexDigest(), idx_hex = idx_sha.HexDigest();
   nlohmann::ordered_json meta = {
       {"format", kFormat},
       {"version", kVersion},
@@ -466,7 +479,8 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
       {"num_tokens", num_tokens_},
       {"max_doc_tokens", max_len_},
       {"doc_tokens_histogram_log2", hist},
-      {"content_sha256", {{"bin", bin_sha_->HexDigest()}, {"idx", idx_sha.HexDigest()}}},
+      {"content_sha256",
+       {{"bin", bin_hex}, {"idx", idx_hex}, {"check", ContentCheck(bin_hex, idx_hex)}}},
   });
   if (!extra.is_null()) meta["extra"] = extra;
   const std::string json = meta.dump(2) + "\n";
@@ -615,15 +629,47 @@ absl::Status Dataset::VerifyContentHash() const {
         prefix_, ".json records no content hash (the dataset was prepared by an older "
         "tally-prep), so its content cannot be verified; re-run tally-prep to record one"));
   }
-  for (const auto& [ext, map, size, want] :
-       {std::tuple{".bin", bin_map_, bin_size_, &meta_.bin_sha256},
-        std::tuple{".idx", idx_map_, idx_size_, &meta_.idx_sha256}}) {
+  struct File {
+    const char* ext;
+    const char* key;
+    std::string got;
+    const std::string* want;
+  };
+  std::vector<File> files;
+  for (const auto& [ext, key, map, size, want] :
+       {std::tuple{".bin", "bin", bin_map_, bin_size_, &meta_.bin_sha256},
+        std::tuple{".idx", "idx", idx_map_, idx_size_, &meta_.idx_sha256}}) {
     ::madvise(map, size, MADV_SEQUENTIAL);
-    const std::string got = Sha256Hex(map, size);
-    if (got != *want) {
+    files.push_back({ext, key, Sha256Hex(map, size), want});
+  }
+  // The record checks itself: a digest damaged in the .json is the .json's
+  // fault, not the file's it describes.
+  const bool checked = !meta_.content_check.empty();
+  if (checked && ContentCheck(meta_.bin_sha256, meta_.idx_sha256) != meta_.content_check) {
+    std::vector<std::string> wrong;
+    for (const File& f : files) {
+      if (f.got != *f.want) {
+        wrong.push_back(absl::StrCat("\"", f.key, "\" records ", *f.want, " but ", prefix_, f.ext,
+                                     " hashes to ", f.got));
+      }
+    }
+    return absl::DataLossError(absl::StrCat(
+        prefix_, ".json: its \"content_sha256\" record is damaged (the record's own \"check\" "
+        "does not match it): ",
+        wrong.empty()
+            ? "the \"check\" digest itself is wrong; .bin and .idx match their digests"
+            : absl::StrCat(absl::StrJoin(wrong, "; "), "; the data files are not to blame"),
+        "; ", kRerun, " (or restore ", prefix_, ".json)"));
+  }
+  for (const File& f : files) {
+    if (f.got != *f.want) {
       return absl::DataLossError(absl::StrCat(
-          prefix_, ext, ": SHA-256 ", got, " does not match ", *want, " recorded in ", prefix_,
-          ".json: the file changed after tally-prep wrote it; ", kRerun));
+          prefix_, f.ext, ": SHA-256 ", f.got, " does not match ", *f.want, " recorded in ",
+          prefix_, ".json: ",
+          checked ? "the file changed after tally-prep wrote it (the record is intact)"
+                  : "the file changed after tally-prep wrote it, or the record in the .json was "
+                    "edited (this dataset's record has no check of its own to tell which)",
+          "; ", kRerun));
     }
   }
   return absl::OkStatus();

@@ -21,8 +21,11 @@
 //   "text_bytes", "text_tokens": bytes of text and tokens other than BOS/EOS
 //   (v2; absent or 0 when there was no text, as with pre-tokenized input),
 //   "num_docs", "num_tokens", "max_doc_tokens",
-//   "content_sha256": {"bin": HEX, "idx": HEX} (absent in older datasets;
-//   the same digests `sha256sum PREFIX.bin PREFIX.idx` prints).
+//   "content_sha256": {"bin": HEX, "idx": HEX, "check": HEX} (absent in older
+//   datasets; bin and idx are the digests `sha256sum PREFIX.bin PREFIX.idx`
+//   prints, check the SHA-256 of "BIN IDX", those two and a space, so that a
+//   damaged record is told apart from a changed file; older records lack
+//   check).
 #ifndef TALLY_WORKER_DATA_DATASET_H_
 #define TALLY_WORKER_DATA_DATASET_H_
 
@@ -81,7 +84,12 @@ struct DatasetMetadata {
   // prepared before tally-prep recorded them.
   std::string bin_sha256;
   std::string idx_sha256;
+  // The SHA-256 of "BIN IDX" (the two above); empty in older records.
+  std::string content_check;
 };
+
+// The digest "content_sha256"."check" records for these two digests.
+std::string ContentCheck(const std::string& bin_sha256, const std::string& idx_sha256);
 
 // Parses and validates the text of a PREFIX.json; `path` only names it in
 // errors. Never throws, and memory stays proportional to the input (nesting
@@ -163,9 +171,13 @@ class Dataset {
   Dataset& operator=(const Dataset&) = delete;
 
   // Recomputes the SHA-256 of PREFIX.bin and PREFIX.idx and compares them
-  // with those recorded in PREFIX.json. DataLoss naming the file on a
-  // mismatch; FailedPrecondition when the .json records none (a dataset
-  // prepared before tally-prep recorded them). Reads every byte: seconds per
+  // with those recorded in PREFIX.json. DataLoss naming the file that is
+  // wrong: PREFIX.json when its record fails its own check (a damaged or
+  // edited digest; the message says which digest and what the files hash
+  // to), else the .bin or .idx whose content changed (for a record without
+  // a check, the message says the record may be the one that changed);
+  // FailedPrecondition when the .json records none (a dataset prepared
+  // before tally-prep recorded them). Reads every byte: seconds per
   // gigabyte, so training does not call it; tally-prep verify does.
   absl::Status VerifyContentHash() const;
 

@@ -21,6 +21,7 @@ namespace tally::data {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string TempPrefix(const std::string& name) {
   char dir[] = "/tmp/tally_data_XXXXXX";
@@ -317,6 +318,63 @@ TEST(DatasetTest, BoundaryShiftKeepingOffsetsMonotoneIsCaughtByTheHash) {
   absl::Status s = (*ds)->VerifyContentHash();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("train.idx: SHA-256 "));
+}
+
+TEST(DatasetTest, ADamagedDigestInTheJsonBlamesTheJsonNotTheIntactFiles) {
+  const std::string prefix = WriteDataset("train");
+  std::string bin_sha, idx_sha;
+  {
+    auto ds = Dataset::Open(prefix);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    bin_sha = (*ds)->metadata().bin_sha256;
+    idx_sha = (*ds)->metadata().idx_sha256;
+    EXPECT_EQ((*ds)->metadata().content_check, ContentCheck(bin_sha, idx_sha));
+  }
+  // One hex digit of the recorded .bin digest changed: still valid hex.
+  std::string edited = bin_sha;
+  edited[10] = edited[10] == '0' ? '1' : '0';
+  EditJson(prefix, [&](nlohmann::json& j) { j["content_sha256"]["bin"] = edited; });
+  auto ds = Dataset::Open(prefix);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  absl::Status s = (*ds)->VerifyContentHash();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr(prefix + ".json: its \"content_sha256\" record is damaged"));
+  EXPECT_THAT(s.message(), HasSubstr("\"bin\" records " + edited + " but " + prefix +
+                                     ".bin hashes to " + bin_sha));
+  EXPECT_THAT(s.message(), HasSubstr("the data files are not to blame"));
+  EXPECT_THAT(s.message(), Not(HasSubstr(".bin: SHA-256")));
+  // The check digest itself damaged.
+  EditJson(prefix, [&](nlohmann::json& j) {
+    j["content_sha256"]["bin"] = bin_sha;
+    j["content_sha256"]["check"] = std::string(64, 'a');
+  });
+  ds = Dataset::Open(prefix);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  s = (*ds)->VerifyContentHash();
+  EXPECT_THAT(s.message(), HasSubstr(".json: its \"content_sha256\" record is damaged"));
+  EXPECT_THAT(s.message(), HasSubstr("the \"check\" digest itself is wrong"));
+  // Not hex at all: the .json is named when it is opened.
+  EditJson(prefix, [&](nlohmann::json& j) { j["content_sha256"]["check"] = "xyz"; });
+  EXPECT_THAT(Dataset::Open(prefix).status().message(),
+              HasSubstr("train.json: \"content_sha256\".\"check\" is not 64"));
+}
+
+TEST(DatasetTest, AChangedBinUnderAnIntactRecordBlamesTheBin) {
+  const std::string prefix = WriteDataset("train");
+  const uint16_t other = 'x';
+  Patch(prefix + ".bin", 2 * 3, &other, 2);
+  auto ds = Dataset::Open(prefix);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  absl::Status s = (*ds)->VerifyContentHash();
+  EXPECT_THAT(s.message(), HasSubstr(prefix + ".bin: SHA-256 "));
+  EXPECT_THAT(s.message(), HasSubstr("(the record is intact)"));
+  // A record without its own check (an older tally-prep) cannot tell.
+  EditJson(prefix, [](nlohmann::json& j) { j["content_sha256"].erase("check"); });
+  ds = Dataset::Open(prefix);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  s = (*ds)->VerifyContentHash();
+  EXPECT_THAT(s.message(), HasSubstr(prefix + ".bin: SHA-256 "));
+  EXPECT_THAT(s.message(), HasSubstr("or the record in the .json was edited"));
 }
 
 TEST(DatasetTest, OlderDatasetWithoutHashOpensButCannotBeVerified) {

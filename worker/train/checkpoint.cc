@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -99,7 +100,12 @@ absl::Status Errno(const std::string& what) {
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
                                             const CheckpointData& data) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A stale temporary file (a crash's, or a link planted there) is removed,
+  // not written through: the new one is created exclusively, and never by
+  // following a link.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) return Errno("removing " + tmp);
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("creating " + tmp);
   HashingWriter w(fd);
   bool ok = w.Write(kMagic, 8) && w.Put(kVersion) &&
@@ -139,8 +145,16 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
 
 absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
                                               const std::string& expected_sha256) {
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
+    if (errno == EACCES || errno == EPERM) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("checkpoint ", path, " cannot be opened: ", std::strerror(errno)));
+    }
+    if (errno != ENOENT && errno != ENOTDIR && errno != 0) {
+      return Errno(absl::StrCat("opening checkpoint ", path));
+    }
     return absl::NotFoundError(absl::StrCat(
         "checkpoint ", path, " not found (workers that resume each other's jobs "
                              "must share --checkpoint_dir)"));
@@ -166,8 +180,10 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
     // Workers before the whole-file hash reported the trailer's digest, and
     // tallyd may still hold such records.
     if (hex != expected_sha256 && absl::BytesToHexString(digest) != expected_sha256) {
-      return corrupt(absl::StrCat("SHA-256 is ", hex, " but tallyd recorded ",
-                                  expected_sha256, " (overwritten by another run?)"));
+      return corrupt(absl::StrCat("SHA-256 is ", hex, " but the checkpoint was recorded with ",
+                                  expected_sha256,
+                                  " (overwritten by another run, or changed since it was "
+                                  "written)"));
     }
   }
   size_t at = 8;
@@ -224,6 +240,61 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
     return corrupt(absl::StrCat(payload - at, " bytes after the last tensor"));
   }
   return data;
+}
+
+absl::Status CheckCheckpointFolder(const std::string& dir, const std::string& root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (ec || !fs::exists(st)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint folder ", dir, " does not exist"));
+  }
+  if (fs::is_symlink(st)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint folder ", dir,
+        " is a symlink; checkpoints are not written through one (remove it: the worker "
+        "creates the folder)"));
+  }
+  if (!fs::is_directory(st)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint folder ", dir, " is not a folder"));
+  }
+  if (root.empty()) return absl::OkStatus();
+  const fs::path folder = fs::canonical(dir, ec);
+  std::error_code root_ec;
+  const fs::path resolved_root = fs::canonical(root, root_ec);
+  if (ec || root_ec || folder.parent_path() != resolved_root) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint folder ", dir, " resolves to ", ec ? "?" : folder.string(),
+        ", not a folder directly in the checkpoint root ", root, " (",
+        root_ec ? "unresolvable" : resolved_root.string(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolvedCheckpointPath(const std::string& dir,
+                                                   const std::string& name,
+                                                   const std::string& root) {
+  if (absl::Status s = CheckCheckpointFolder(dir, root); !s.ok()) return s;
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint file name \"", name, "\" is not one path component"));
+  }
+  std::error_code ec;
+  const std::filesystem::path folder = std::filesystem::canonical(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint folder ", dir, " cannot be resolved: ", ec.message()));
+  }
+  const std::filesystem::path file = folder / name;
+  const std::filesystem::file_status st = std::filesystem::symlink_status(file, ec);
+  if (ec || !std::filesystem::is_regular_file(st)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", file.string(), " is not a regular file in its folder",
+        std::filesystem::is_symlink(st) ? " (it is a symlink)" : ""));
+  }
+  return file.string();
 }
 
 }  // namespace tally::train

@@ -11,7 +11,15 @@
 // what `sha256sum FILE` prints.
 //
 // WriteCheckpoint writes PATH.tmp, fsyncs it, renames it over PATH and fsyncs
-// the directory, so a crash leaves either the old file or the new one.
+// the directory, so a crash leaves either the old file or the new one. It
+// never writes through a symlink: a stale PATH.tmp (a crash's, or a link
+// planted there) is removed and the new one created exclusively without
+// following links, and the rename replaces whatever entry PATH is, never
+// its target. The folder itself is followed as the OS resolves it;
+// CheckCheckpointFolder is for a writer that must not.
+//
+// Beside each checkpoint the trainer keeps PATH.sha256 (checksum_file.h), so
+// that a standalone resume can check the whole file as tallyd does.
 #ifndef TALLY_WORKER_TRAIN_CHECKPOINT_H_
 #define TALLY_WORKER_TRAIN_CHECKPOINT_H_
 
@@ -35,15 +43,32 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
                                             const CheckpointData& data);
 
 // Reads and verifies a checkpoint: DataLoss when the trailer checksum does
-// not match the contents, when the layout is inconsistent (a tensor whose
-// byte count does not match its shape, an unknown dtype, a repeated name,
-// bytes left over), or when `expected_sha256` is given and is not the
-// whole file's SHA-256 (records made before the whole-file hash, which hold
-// the trailer's digest, are accepted too); NotFound when the file is
-// missing. Only the layout is checked here: whether the contents fit a
+// not match the contents (a flipped byte, a cut), when the layout is
+// inconsistent (a tensor whose byte count does not match its shape, an
+// unknown dtype, a repeated name, bytes left over), or when
+// `expected_sha256` is given and is not the whole file's SHA-256 (records
+// made before the whole-file hash, which hold the trailer's digest, are
+// accepted too); NotFound when the file is missing; PermissionDenied or
+// Internal when it exists but cannot be opened (this process's trouble, not
+// the file's). Only the layout is checked here: whether the contents fit a
 // model is the trainer's to check. Tensors come back on the CPU.
 absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
                                               const std::string& expected_sha256);
+
+// For a writer that must stay inside `dir` (tally-worker: a job's folder
+// under its checkpoint root): OK when `dir` is a directory and not itself a
+// symlink (folders above it may be) and, when `root` is given, resolves to a
+// folder directly inside `root`'s resolved folder. FailedPrecondition naming
+// it otherwise.
+absl::Status CheckCheckpointFolder(const std::string& dir, const std::string& root = "");
+
+// The path to report for checkpoint `name`, just written in `dir`: `dir`
+// with every symlink, "." and ".." resolved, then `name`.
+// FailedPrecondition when `dir` fails CheckCheckpointFolder(dir, root) or
+// `name` is not a regular file directly in it (a symlink, or gone).
+absl::StatusOr<std::string> ResolvedCheckpointPath(const std::string& dir,
+                                                   const std::string& name,
+                                                   const std::string& root = "");
 
 }  // namespace tally::train
 

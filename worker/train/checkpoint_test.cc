@@ -1,15 +1,20 @@
 #include "worker/train/checkpoint.h"
 
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 
 #include "absl/strings/escaping.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/train/checksum_file.h"
 
 namespace tally::train {
 namespace {
@@ -159,6 +164,112 @@ TEST(CheckpointTest, CorruptionAndWrongChecksumAreDataLoss) {
   EXPECT_NE(bad.status().message().find("checksum mismatch"), std::string::npos);
   EXPECT_EQ(ReadCheckpoint(path + ".missing", "").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(CheckpointTest, NeverWritesThroughASymlinkAtItsTemporaryFile) {
+  const std::string dir = TempDir();
+  const std::string victim = dir + "/victim";
+  WriteBytes(victim, "keep me");
+  // A link planted where the writer puts its temporary file.
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/a.ckpt.tmp").c_str()), 0);
+  CheckpointData data;
+  data.metadata_json = R"({"step": 1})";
+  data.tensors = {{"w", at::ones({2})}};
+  auto sha = WriteCheckpoint(dir + "/a.ckpt", data);
+  ASSERT_TRUE(sha.ok()) << sha.status();
+  EXPECT_EQ(ReadBytes(victim), "keep me");
+  EXPECT_TRUE(ReadCheckpoint(dir + "/a.ckpt", *sha).ok());
+  // A link at the checkpoint's own path is replaced, not written through.
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/b.ckpt").c_str()), 0);
+  ASSERT_TRUE(WriteCheckpoint(dir + "/b.ckpt", data).ok());
+  EXPECT_EQ(ReadBytes(victim), "keep me");
+  EXPECT_TRUE(std::filesystem::is_regular_file(
+      std::filesystem::symlink_status(dir + "/b.ckpt")));
+}
+
+TEST(CheckpointTest, AMissingFileIsNotFoundAndAnUnopenableOneIsNot) {
+  const std::string dir = TempDir();
+  auto missing = ReadCheckpoint(dir + "/none.ckpt", "");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), ::testing::HasSubstr("none.ckpt"));
+  auto in_missing_folder = ReadCheckpoint(dir + "/gone/none.ckpt", "");
+  EXPECT_EQ(in_missing_folder.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(CheckpointTest, ReportedPathsAreResolvedAndConfinedToARealFolder) {
+  const std::string dir = TempDir();
+  const std::string real = std::filesystem::canonical(dir).string();
+  std::filesystem::create_directories(dir + "/root/job-1");
+  std::filesystem::create_directories(dir + "/root/x");
+  WriteBytes(dir + "/root/job-1/step-00000001.ckpt", "x");
+  // "." and ".." and a symlinked folder above the job's folder resolve.
+  std::filesystem::create_directory_symlink(dir + "/root", dir + "/root-link");
+  for (const std::string& given :
+       {dir + "/root/job-1", dir + "/root/./x/../job-1", dir + "/root-link/job-1"}) {
+    SCOPED_TRACE(given);
+    auto path = ResolvedCheckpointPath(given, "step-00000001.ckpt");
+    ASSERT_TRUE(path.ok()) << path.status();
+    EXPECT_EQ(*path, real + "/root/job-1/step-00000001.ckpt");
+  }
+  // The job's folder itself a symlink (here into another job's folder).
+  std::filesystem::create_directories(dir + "/root/job-2");
+  std::filesystem::create_directory_symlink(dir + "/root/job-2", dir + "/root/job-3");
+  absl::Status s = CheckCheckpointFolder(dir + "/root/job-3");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("is a symlink"));
+  EXPECT_EQ(ResolvedCheckpointPath(dir + "/root/job-3", "step-00000001.ckpt").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The checkpoint a symlink (to /etc/passwd, say).
+  ASSERT_EQ(::symlink("/etc/passwd", (dir + "/root/job-1/step-00000002.ckpt").c_str()), 0);
+  auto link = ResolvedCheckpointPath(dir + "/root/job-1", "step-00000002.ckpt");
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(link.status().message()), ::testing::HasSubstr("(it is a symlink)"));
+  EXPECT_FALSE(ResolvedCheckpointPath(dir + "/root/job-1", "../job-2/x").ok());
+  // With a root: the folder must resolve directly inside it.
+  EXPECT_TRUE(CheckCheckpointFolder(dir + "/root-link/job-1", dir + "/root").ok());
+  EXPECT_TRUE(CheckCheckpointFolder(dir + "/root/job-1", dir + "/root-link").ok());
+  std::filesystem::create_directories(dir + "/elsewhere/job-1");
+  for (const std::string& outside : {dir + "/elsewhere/job-1", dir + "/root"}) {
+    SCOPED_TRACE(outside);
+    s = CheckCheckpointFolder(outside, dir + "/root");
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(s.message()),
+                ::testing::HasSubstr("not a folder directly in the checkpoint root"));
+  }
+  EXPECT_FALSE(
+      ResolvedCheckpointPath(dir + "/elsewhere/job-1", "step-00000001.ckpt", dir + "/root").ok());
+  EXPECT_FALSE(ResolvedCheckpointPath(dir + "/root/job-1", "absent.ckpt").ok());
+}
+
+TEST(ChecksumFileTest, RoundTripsInSha256sumsFormat) {
+  const std::string dir = TempDir();
+  const std::string ckpt = dir + "/step-00000004.ckpt";
+  CheckpointData data;
+  data.metadata_json = R"({"step": 4})";
+  data.tensors = {{"w", at::ones({3})}};
+  auto sha = WriteCheckpoint(ckpt, data);
+  ASSERT_TRUE(sha.ok());
+  ASSERT_TRUE(WriteChecksumFile(ckpt, *sha).ok());
+  EXPECT_EQ(ChecksumFilePath(ckpt), ckpt + ".sha256");
+  EXPECT_EQ(ReadBytes(ckpt + ".sha256"), *sha + "  step-00000004.ckpt\n");
+  auto back = ReadChecksumFile(ckpt);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *sha);
+  // sha256sum -c agrees from the folder.
+  const std::string cmd = "cd " + dir + " && sha256sum -c --status step-00000004.ckpt.sha256";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+
+  EXPECT_EQ(ReadChecksumFile(dir + "/other.ckpt").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(WriteChecksumFile(ckpt, "not hex").code(), absl::StatusCode::kInvalidArgument);
+  for (const std::string& bad :
+       {std::string("zz\n"), *sha + "  another.ckpt\n", *sha + "  step-00000004.ckpt\nmore",
+        *sha + " step-00000004.ckpt\n"}) {
+    SCOPED_TRACE(bad);
+    WriteBytes(ckpt + ".sha256", bad);
+    auto r = ReadChecksumFile(ckpt);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr(ckpt + ".sha256"));
+  }
 }
 
 }  // namespace

@@ -337,6 +337,18 @@ absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& path,
           "tensor model.", name, " is [", absl::StrJoin(it->second.sizes(), ", "),
           "], the model its metadata describes has [", absl::StrJoin(shape, ", "), "]")));
     }
+    if (!at::isfinite(it->second).all().item<bool>()) {
+      return in_file(absl::InvalidArgumentError(absl::StrCat(
+          "tensor model.", name,
+          " holds NaN or infinite values; export or start from an earlier checkpoint")));
+    }
+  }
+  for (const auto& [layer, bias] : m.biases) {
+    if (!at::isfinite(bias).all().item<bool>()) {
+      return in_file(absl::InvalidArgumentError(absl::StrCat(
+          "tensor moe.layers.", layer,
+          ".bias holds NaN or infinite values; export or start from an earlier checkpoint")));
+    }
   }
   return m;
 }
@@ -357,11 +369,27 @@ absl::StatusOr<ExportSummary> ExportHf(const CheckpointModel& m, const std::stri
   if (kind == "sentencepiece") {
     const std::string path =
         options.tokenizer_model.empty() ? field("model_path") : options.tokenizer_model;
+    if (path.empty()) {
+      // Nothing to open, and nothing to name: say what is missing instead.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the model was trained with a SentencePiece tokenizer but the checkpoint records no "
+          "path to its model (tokenizer.model_path is empty): pass --tokenizer_model=PATH to "
+          "the tokenizer.model the dataset was prepared with",
+          field("model_sha256").empty() ? ""
+                                        : absl::StrCat(" (SHA-256 ", field("model_sha256"), ")")));
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) {
+      const std::string recorded = field("model_path");
       return absl::FailedPreconditionError(absl::StrCat(
-          "the model was trained with the SentencePiece model ", field("model_path"),
-          ", which cannot be read", path != field("model_path") ? " (nor " + path + ")" : "",
+          recorded.empty()
+              ? "the model was trained with a SentencePiece model whose path the checkpoint "
+                "does not record; --tokenizer_model "
+              : absl::StrCat("the model was trained with the SentencePiece model ", recorded,
+                             ", which cannot be read"),
+          recorded.empty() ? path + " cannot be read"
+          : path != recorded ? " (nor " + path + ")"
+                             : "",
           ": pass --tokenizer_model=PATH to the same file"));
     }
     std::stringstream bytes;
@@ -371,7 +399,8 @@ absl::StatusOr<ExportSummary> ExportHf(const CheckpointModel& m, const std::stri
     if (sha != field("model_sha256")) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, " is not the SentencePiece model the model was trained with (SHA-256 ",
-                       sha, ", the checkpoint records ", field("model_sha256"),
+                       sha, ", the checkpoint records ",
+                       field("model_sha256").empty() ? "none" : field("model_sha256"),
                        "): pass --tokenizer_model=PATH to that file"));
     }
   } else if (kind != data::ByteTokenizer::kName && kind != "pretokenized") {

@@ -45,7 +45,8 @@ struct CheckpointModel {
 // Reads and verifies a checkpoint (train/checkpoint.h) and takes the model
 // out of it: its config, tokenizer and parameters (optimizer and FP8 state
 // are left). InvalidArgument naming the field or tensor when the checkpoint
-// holds no model Tally can rebuild.
+// holds no model Tally can rebuild, or a model weight or MoE bias that is
+// NaN or infinite (so tally-export and model.init_from refuse it).
 absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& path,
                                                     const std::string& expected_sha256 = "");
 

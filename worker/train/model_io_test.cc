@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <functional>
 
 #include "gmock/gmock.h"
@@ -136,6 +137,31 @@ TEST(ModelIo, CheckpointTensorsMustBeTheModelItsMetadataDescribes) {
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("tensor model.embed is [258, 64], the model its metadata describes "
                         "has [258, 4096]"));
+}
+
+TEST(ModelIo, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  char dir[] = "/tmp/tally_model_io_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  model::ModelConfig c = Shape();
+  c.vocab_size = 258;
+  model::Transformer m(c, 1, at::kCPU);
+  for (double bad : {double{NAN}, double{INFINITY}, -double{INFINITY}}) {
+    SCOPED_TRACE(bad);
+    CheckpointData data;
+    for (const auto& p : m.parameters()) {
+      at::Tensor t = p.value.detach().clone();
+      if (p.name == "layers.1.w2") t[3][4] = bad;
+      data.tensors.emplace_back("model." + p.name, t);
+    }
+    data.metadata_json = nlohmann::json({{"step", 3}, {"model", ModelConfigJson(c)}}).dump();
+    const std::string path = std::string(dir) + "/bad.ckpt";
+    ASSERT_TRUE(WriteCheckpoint(path, data).ok());
+    auto read = ReadCheckpointModel(path);
+    ASSERT_FALSE(read.ok());
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(read.status().message()),
+                HasSubstr(path + ": tensor model.layers.1.w2 holds NaN or infinite values"));
+  }
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "worker/precision/autocast.h"
 #include "worker/precision/fp8.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/checksum_file.h"
 #include "worker/train/lr_schedule.h"
 #include "worker/train/model_io.h"
 #include "worker/train/optimizer.h"
@@ -182,6 +183,17 @@ class Run {
   // failure to report otherwise.
   std::optional<TrainResult> CheckpointOnAllRanks();
   EvalMetrics Evaluate();
+  // Evaluate() and report it. A loss that is not finite at this run's first
+  // evaluation (the weights it started from overflow: init_from, a resumed
+  // checkpoint) is a failure instead, never reported; after a finite one it
+  // is reported like any other, and the controller's divergence rule stops
+  // the job keeping its best checkpoint. Every rank sees the same summed
+  // loss, so all decide alike.
+  std::optional<TrainResult> EvaluateAndReport(TrainEvents* report);
+  bool evaluated_finite_ = false;  // this run has reported a finite evaluation
+  // "PARAM (largest |weight| X)": the parameter with the largest magnitude,
+  // for a failure the weights may explain.
+  std::string LargestWeight();
   bool lead() const { return c_.parallel.rank == 0; }
   // Sums `v` over the ranks (a no-op with one rank).
   void SumOverRanks(std::vector<double>* v);
@@ -303,6 +315,47 @@ EvalMetrics Run::Evaluate() {
   return e;
 }
 
+std::optional<TrainResult> Run::EvaluateAndReport(TrainEvents* report) {
+  const EvalMetrics e = Evaluate();
+  if (std::isfinite(e.val_loss) || evaluated_finite_) {
+    evaluated_finite_ = evaluated_finite_ || std::isfinite(e.val_loss);
+    report->OnEval(e);
+    return std::nullopt;
+  }
+  const bool initial = e.step == 0;
+  const bool init_from = !c_.init_from_hf.empty() || !c_.init_from_checkpoint.empty();
+  return Fail(
+      absl::StrCat(
+          "the evaluation at step ", e.step, " gave val_loss ", e.val_loss,
+          ": the model's computation overflows; the parameter with the largest magnitude is ",
+          LargestWeight(),
+          initial && init_from
+              ? absl::StrCat(" (model.init_from ",
+                             c_.init_from_hf.empty() ? c_.init_from_checkpoint : c_.init_from_hf,
+                             "): start from finite weights of a sane magnitude")
+          : initial ? ": check the model's shape and initialisation"
+                    : ": lower optimizer.lr or set optimizer.grad_clip"),
+      false);
+}
+
+std::string Run::LargestWeight() {
+  at::NoGradGuard no_grad;
+  std::string name;
+  double largest = -1;
+  for (const auto& p : model_->parameters()) {
+    if (p.value.numel() == 0) continue;
+    // NaN compares false: a NaN anywhere makes its parameter the one named.
+    const at::Tensor a = p.value.detach().abs().to(at::kDouble);
+    const double m = at::isnan(a).any().item<bool>() ? NAN : a.max().item<double>();
+    if (std::isnan(m) || m > largest) {
+      name = p.name;
+      largest = m;
+      if (std::isnan(m)) break;
+    }
+  }
+  return absl::StrCat(name, " (|weight| up to ", largest, ")");
+}
+
 void Run::SumOverRanks(std::vector<double>* v) {
   if (!group_ || v->empty()) return;
   at::Tensor t = at::tensor(*v, at::kDouble);
@@ -386,8 +439,12 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
     return absl::InternalError(
         absl::StrCat("cannot create ", c_.checkpoint_dir, ": ", ec.message()));
   }
-  const std::string path =
-      absl::StrFormat("%s/step-%08d.ckpt", c_.checkpoint_dir, state_.step);
+  // tally-worker: never into a job folder that is a symlink (it could lead
+  // into another job's folder, or anywhere).
+  const bool confined = !c_.checkpoint_root.empty();
+  if (confined) RETURN_IF_ERROR(CheckCheckpointFolder(c_.checkpoint_dir, c_.checkpoint_root));
+  const std::string name = absl::StrFormat("step-%08d.ckpt", state_.step);
+  const std::string path = absl::StrCat(c_.checkpoint_dir, "/", name);
   CheckpointData data;
   nlohmann::json meta = CheckpointMetadata(state_, opt_->step(), rows_->cursor(), Fingerprint());
   meta["model"] = ModelConfigJson(model_->config());
@@ -411,7 +468,15 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
   }
   auto sha = WriteCheckpoint(path, data);
   if (!sha.ok()) return sha.status();
-  events_->OnCheckpoint({state_.step, state_.tokens, path, *sha});  // rank 0 only
+  // After the checkpoint is in place: a sidecar never vouches for a file
+  // that is not there yet.
+  RETURN_IF_ERROR(WriteChecksumFile(path, *sha));
+  std::string reported = path;
+  if (confined) {
+    ASSIGN_OR_RETURN(reported,
+                     ResolvedCheckpointPath(c_.checkpoint_dir, name, c_.checkpoint_root));
+  }
+  events_->OnCheckpoint({state_.step, state_.tokens, reported, *sha});  // rank 0 only
   return absl::OkStatus();
 }
 
@@ -427,6 +492,16 @@ std::vector<std::pair<std::string, std::string>> FingerprintFields(const std::st
 }
 
 bool AllFinite(const at::Tensor& t) { return at::isfinite(t).all().item<bool>(); }
+
+// A resume failure that says the checkpoint file itself is bad (missing,
+// cut, a flipped byte, not the recorded SHA-256, contents inconsistent in
+// themselves: ReadCheckpoint's NotFound and DataLoss, CheckCheckpoint's
+// InvalidArgument), as opposed to an intact one that does not fit this run
+// (FailedPrecondition) or this process's trouble reading it.
+bool IsCheckpointDamage(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kDataLoss ||
+         s.code() == absl::StatusCode::kInvalidArgument;
+}
 
 absl::Status Run::CheckFingerprint(const std::string& theirs) const {
   const std::string ours = Fingerprint();
@@ -644,6 +719,16 @@ absl::Status Run::LoadInitialWeights(const InitialWeights& w) {
       return absl::InvalidArgumentError(
           absl::StrCat(w.source, ": ", p.name, " holds NaN or infinite values"));
     }
+    if (src.numel() > 0) {
+      const double largest = src.abs().max().item<double>();
+      if (largest > kMaxInitialWeight) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            w.source, ": ", p.name, " holds a weight of magnitude ", largest, ", above ",
+            kMaxInitialWeight,
+            ": no trained model's weights are this large, and they overflow this model's "
+            "products; check the file that was exported"));
+      }
+    }
     p.value.copy_(src);
   }
   for (auto& [layer, bias] : model_->expert_biases()) {
@@ -821,7 +906,9 @@ TrainResult Run::Go() {
   init.reset();
   if (!c_.resume_path.empty()) {
     if (absl::Status s = LoadCheckpoint(); !s.ok()) {
-      return Fail("resume: " + std::string(s.message()), false);
+      TrainResult failed = Fail("resume: " + std::string(s.message()), false);
+      if (IsCheckpointDamage(s)) failed.damaged_checkpoint = c_.resume_path;
+      return failed;
     }
   }
   if (auto failed = JoinGroup()) return *failed;
@@ -839,8 +926,7 @@ TrainResult Run::Go() {
   // preemption skips that evaluation to save time: this one makes it up).
   if (val_ && !state_.evaluated_this_step() &&
       (state_.step == 0 || state_.step % c_.eval_interval_steps == 0)) {
-    EvalMetrics e = Evaluate();
-    report->OnEval(e);
+    if (auto failed = EvaluateAndReport(report)) return *failed;
   }
   NonFiniteGuard guard(c_.max_nonfinite_steps);
   // FP8 statistics "go bad" when over 1% of the values a step quantizes
@@ -1056,8 +1142,7 @@ std::optional<TrainResult> Run::AfterStep(dist::StepEnd end, TrainEvents* report
   if (!group_ && stop_->requested() == StopKind::kPreempt) end = dist::StepEnd::kPreempt;
   const bool preempting = end == dist::StepEnd::kPreempt && !last;
   if (val_ && !preempting && (state_.step % c_.eval_interval_steps == 0 || last)) {
-    EvalMetrics e = Evaluate();
-    report->OnEval(e);
+    if (auto failed = EvaluateAndReport(report)) return *failed;
   }
   const bool checkpoint = !c_.checkpoint_dir.empty() &&
                           ((c_.checkpoint_interval_steps > 0 &&
@@ -1097,7 +1182,9 @@ std::optional<TrainResult> Run::CheckpointOnAllRanks() {
 
 TrainResult Run::StopKeepingState(TrainEvents* report) {
   if (c_.checkpoint_dir.empty()) return Stopped(" (no checkpoint directory to keep it in)");
-  if (val_ && !state_.evaluated_this_step()) report->OnEval(Evaluate());  // every rank
+  if (val_ && !state_.evaluated_this_step()) {  // every rank
+    if (auto failed = EvaluateAndReport(report)) return *failed;
+  }
   if (!state_.checkpointed_this_step()) {
     if (auto failed = CheckpointOnAllRanks()) return *failed;
   }

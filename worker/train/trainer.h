@@ -156,6 +156,14 @@ struct TrainConfig {
   std::string init_from_checkpoint;
   std::string resume_path;          // a checkpoint to continue from
   std::string resume_sha256;        // checked when not empty
+  // tally-worker's --checkpoint_dir: when set, checkpoint_dir (a job's
+  // folder) must be a real folder, not a symlink, directly inside this
+  // root's resolved folder each time a checkpoint is written there, and the
+  // path reported for a checkpoint is resolved (no symlink, no ".." or
+  // "."), that of a regular file directly in it; otherwise the checkpoint
+  // fails the run (retryable). Empty: the path is reported as written
+  // (tally-train).
+  std::string checkpoint_root;
   double peak_flops = 0;            // per device, for MFU; 0: not reported
   int max_nonfinite_steps = 3;      // consecutive NaN/Inf steps before failing
   // Tests only (tally-worker's --testonly_* flags), off by default. They
@@ -271,6 +279,14 @@ struct TrainResult {
   std::string reason;
   int64_t step = 0;
   bool retryable = false;  // a failure another attempt may not repeat
+  // kFailed because resume_path is damaged: missing, unreadable as a
+  // checkpoint (cut short, a flipped byte), not the recorded SHA-256 (an
+  // older file in its place, an edited and resealed metadata block) or with
+  // contents inconsistent in themselves (metadata that is not valid, a
+  // tensor missing or not finite). Then resume_path, as given; empty for
+  // every other failure, including a checkpoint that is intact but does not
+  // fit this config (another model, past max_steps, another dataset).
+  std::string damaged_checkpoint;
 };
 
 // Process-wide: the CPU threads LibTorch uses for one operation (0 leaves
@@ -282,11 +298,16 @@ void SetCpuThreads(int num_threads);
 absl::Status CheckDevice(const std::string& device);
 
 // Never throws: LibTorch errors, out-of-memory and persistent non-finite
-// losses come back as kFailed with the reason. So does a checkpoint that
-// cannot resume this config: resume_path is read (DataLoss: corrupt, or not
-// the SHA-256 tallyd recorded) and every field is checked before any is
-// used, the failure naming the field and what was expected: the model
-// config it was written for, step within [0, max_steps], optimizer step
+// losses come back as kFailed with the reason, and so does an evaluation
+// whose loss is not finite (it is not reported; the reason names the
+// parameter with the largest magnitude), so no run ends with a NaN
+// val_loss; and so do model.init_from weights that are not finite or
+// exceed kMaxInitialWeight in magnitude (naming the tensor), and a
+// checkpoint that cannot resume this config (TrainResult::
+// damaged_checkpoint says when the file itself is damaged): resume_path is
+// read (DataLoss: corrupt, or not the SHA-256 tallyd recorded) and every
+// field is checked before any is used, the failure naming the field and
+// what was expected: the model config it was written for, step within [0, max_steps], optimizer step
 // within [0, step], token and padding counts non-negative and within what
 // `step` steps of this batch can hold, the data cursor within the training
 // set's epochs and the epoch's rows, every model, AdamW and expert-bias
@@ -295,6 +316,11 @@ absl::Status CheckDevice(const std::string& device);
 // scales, and no tensor this model does not have. (No random number is drawn
 // after initialisation, so a checkpoint holds no RNG state.)
 TrainResult Train(const TrainConfig& config, TrainEvents* events, const StopFlag* stop);
+
+// The largest |weight| model.init_from may hold. Trained models stay many
+// orders of magnitude below it; weights far beyond it overflow float32 and
+// bfloat16 products in the first forward pass.
+inline constexpr double kMaxInitialWeight = 1e6;
 
 }  // namespace tally::train
 

@@ -8,10 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <numeric>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -24,6 +28,7 @@
 #include "worker/dist/free_port.h"
 #include "worker/dist/group.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/checksum_file.h"
 
 namespace tally::train {
 namespace {
@@ -907,7 +912,8 @@ TEST_F(TrainerTest, FailuresSayWhy) {
   wrong_sha.resume_sha256 = std::string(64, 'a');
   r = Train(wrong_sha, nullptr, nullptr);
   EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
-  EXPECT_NE(r.reason.find("tallyd recorded"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("but the checkpoint was recorded with"), std::string::npos)
+      << r.reason;
   TrainConfig other_model = Tiny();
   other_model.model.d_model = 64;
   other_model.resume_path = a.checkpoints.back().path;
@@ -919,6 +925,192 @@ TEST_F(TrainerTest, FailuresSayWhy) {
   r = Train(bad, nullptr, nullptr);
   EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
   EXPECT_NE(r.reason.find("num_heads"), std::string::npos) << r.reason;
+}
+
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void WriteFileBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST_F(TrainerTest, ADamagedResumeCheckpointIsNamedAndNoOtherFailureIs) {
+  TrainConfig c = Tiny();
+  c.max_steps = 4;
+  c.checkpoint_interval_steps = 2;
+  c.checkpoint_dir = NewDir("damage");
+  Recorder a;
+  ASSERT_EQ(Train(c, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  ASSERT_EQ(a.checkpoints.size(), 2u);  // steps 2 and 4
+  const CheckpointInfo older = a.checkpoints[0], latest = a.checkpoints[1];
+  const std::string original = ReadFileBytes(latest.path);
+  // The trainer keeps the whole file's SHA-256 beside it.
+  absl::StatusOr<std::string> sidecar = ReadChecksumFile(latest.path);
+  ASSERT_TRUE(sidecar.ok()) << sidecar.status();
+  EXPECT_EQ(*sidecar, latest.sha256);
+
+  TrainConfig resume = c;
+  resume.checkpoint_dir.clear();
+  resume.max_steps = 6;
+  resume.resume_path = latest.path;
+  resume.resume_sha256 = latest.sha256;
+  // A resealed rewrite: a valid internal checksum, another SHA-256.
+  auto reseal = [&](const std::function<void(nlohmann::json*)>& edit) {
+    auto data = ReadCheckpoint(latest.path, "");
+    ASSERT_TRUE(data.ok()) << data.status();
+    nlohmann::json meta = nlohmann::json::parse(data->metadata_json);
+    edit(&meta);
+    data->metadata_json = meta.is_string() ? meta.get<std::string>() : meta.dump();
+    ASSERT_TRUE(WriteCheckpoint(latest.path, *data).ok());
+  };
+  struct Damage {
+    std::string name;
+    std::function<void()> apply;
+    std::string want;  // in the reason
+  };
+  const std::vector<Damage> damages = {
+      {"a flipped byte",
+       [&] {
+         std::string b = original;
+         b[b.size() / 2] ^= 0x01;
+         WriteFileBytes(latest.path, b);
+       },
+       "checksum mismatch"},
+      {"truncated", [&] { WriteFileBytes(latest.path, original.substr(0, original.size() - 100)); },
+       "checksum mismatch"},
+      {"cut to nothing", [&] { WriteFileBytes(latest.path, ""); }, "bad magic or truncated"},
+      {"deleted", [&] { std::filesystem::remove(latest.path); }, "not found"},
+      {"an older file in its place",
+       [&] { WriteFileBytes(latest.path, ReadFileBytes(older.path)); },
+       absl::StrCat("SHA-256 is ", older.sha256, " but the checkpoint was recorded with ",
+                    latest.sha256)},
+      {"edited metadata with a valid internal checksum",
+       [&] {
+         reseal([](nlohmann::json* m) { (*m)["tokens"] = (*m)["tokens"].get<int64_t>() - 1; });
+       },
+       "but the checkpoint was recorded with " + latest.sha256},
+  };
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.name);
+    WriteFileBytes(latest.path, original);
+    d.apply();
+    Recorder b;
+    const TrainResult r = Train(resume, &b, nullptr);
+    EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed) << r.reason;
+    EXPECT_EQ(r.damaged_checkpoint, latest.path);
+    EXPECT_THAT(r.reason, ::testing::HasSubstr("resume: checkpoint " + latest.path));
+    EXPECT_THAT(r.reason, ::testing::HasSubstr(d.want));
+    EXPECT_TRUE(b.steps.empty());
+  }
+  // Contents inconsistent in themselves, even under a SHA-256 that matches:
+  // damaged too.
+  WriteFileBytes(latest.path, original);
+  reseal([](nlohmann::json* m) { *m = "{\"step\": "; });
+  TrainConfig unreadable = resume;
+  const std::string resealed = ReadFileBytes(latest.path);
+  unreadable.resume_sha256 = data::Sha256Hex(resealed.data(), resealed.size());
+  TrainResult r = Train(unreadable, nullptr, nullptr);
+  EXPECT_EQ(r.damaged_checkpoint, latest.path) << r.reason;
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("metadata is not valid JSON"));
+
+  // Not damage: an intact checkpoint that does not fit the run, this run's
+  // own configuration or data, a damaged init_from.
+  WriteFileBytes(latest.path, original);
+  TrainConfig other_model = resume;
+  other_model.model.d_model = 64;
+  TrainConfig too_far = resume;
+  too_far.max_steps = 3;
+  TrainConfig no_data = resume;
+  no_data.data.train_path = g_dir + "/nope/train";
+  TrainConfig bad_init = Tiny();
+  bad_init.max_steps = 1;
+  bad_init.init_from_checkpoint = g_dir + "/damage/absent.ckpt";
+  for (const auto& [name, config, want] :
+       {std::tuple{"another model", other_model, "different job"},
+        std::tuple{"past max_steps", too_far, "past this job's training.max_steps"},
+        std::tuple{"no data", no_data, "data.train_path"},
+        std::tuple{"init_from missing", bad_init, "model.init_from"}}) {
+    SCOPED_TRACE(name);
+    r = Train(config, nullptr, nullptr);
+    EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
+    EXPECT_EQ(r.damaged_checkpoint, "");
+    EXPECT_THAT(r.reason, ::testing::HasSubstr(want));
+  }
+  // Restored, it resumes.
+  Recorder b;
+  r = Train(resume, &b, nullptr);
+  EXPECT_EQ(r.outcome, TrainResult::Outcome::kSucceeded) << r.reason;
+  EXPECT_EQ(r.damaged_checkpoint, "");
+  EXPECT_EQ(b.info.start_step, 4);
+}
+
+TEST_F(TrainerTest, InitialWeightsMustBeFiniteAndOfASaneMagnitude) {
+  TrainConfig c = Tiny();
+  c.max_steps = 1;
+  c.checkpoint_dir = NewDir("init-source");
+  Recorder a;
+  ASSERT_EQ(Train(c, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  auto data = ReadCheckpoint(a.checkpoints[0].path, "");
+  ASSERT_TRUE(data.ok()) << data.status();
+  const std::string dir = NewDir("init-weights");
+  for (const auto& [value, want] :
+       {std::pair{3e38, "layers.0.wqkv holds a weight of magnitude 3e+38, above 1e+06"},
+        std::pair{double{NAN}, "tensor model.layers.0.wqkv holds NaN or infinite values"}}) {
+    SCOPED_TRACE(want);
+    CheckpointData bad = *data;
+    for (auto& [name, t] : bad.tensors) {
+      t = t.clone();
+      if (name == "model.layers.0.wqkv") t[1][2] = value;
+    }
+    const std::string path = dir + "/bad.ckpt";
+    ASSERT_TRUE(WriteCheckpoint(path, bad).ok());
+    TrainConfig f = Tiny();
+    f.max_steps = 1;
+    f.init_from_checkpoint = path;
+    Recorder b;
+    const TrainResult r = Train(f, &b, nullptr);
+    EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed);
+    EXPECT_THAT(r.reason, ::testing::HasSubstr("model.init_from"));
+    EXPECT_THAT(r.reason, ::testing::HasSubstr(want));
+    EXPECT_TRUE(b.evals.empty());
+  }
+}
+
+TEST_F(TrainerTest, ANonFiniteEvaluationFailsTheRunAndIsNotReported) {
+  TrainConfig c = Tiny();
+  c.max_steps = 4;
+  c.checkpoint_dir = NewDir("overflow");
+  Recorder a;
+  ASSERT_EQ(Train(c, &a, nullptr).outcome, TrainResult::Outcome::kSucceeded);
+  auto data = ReadCheckpoint(a.checkpoints.back().path, "");
+  ASSERT_TRUE(data.ok()) << data.status();
+  // Finite weights whose products overflow float32: the output head at
+  // +-3e38, and the step's evaluation left to the resumed run.
+  nlohmann::json meta = nlohmann::json::parse(data->metadata_json);
+  meta["evaluated"] = false;
+  data->metadata_json = meta.dump();
+  for (auto& [name, t] : data->tensors) {
+    if (name == "model.head") t = at::where(at::randn(t.sizes()) > 0, 3e38, -3e38).to(at::kFloat);
+  }
+  const std::string path = NewDir("overflow-bad") + "/step-00000004.ckpt";
+  auto sha = WriteCheckpoint(path, *data);
+  ASSERT_TRUE(sha.ok()) << sha.status();
+  TrainConfig resumed = Tiny();
+  resumed.max_steps = 8;
+  resumed.resume_path = path;
+  resumed.resume_sha256 = *sha;
+  Recorder b;
+  const TrainResult r = Train(resumed, &b, nullptr);
+  EXPECT_EQ(r.outcome, TrainResult::Outcome::kFailed) << r.reason;
+  EXPECT_FALSE(r.retryable);
+  EXPECT_EQ(r.damaged_checkpoint, "");
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("the evaluation at step 4 gave val_loss "));
+  EXPECT_THAT(r.reason, ::testing::HasSubstr("largest magnitude is head (|weight| up to 3e+38)"));
+  EXPECT_TRUE(b.evals.empty());  // never reported
+  EXPECT_TRUE(b.steps.empty());
 }
 
 // Data parallel: ranks as threads of this process, joined by a real Gloo
