@@ -7,6 +7,13 @@ its database must charge each job exactly its attempts' GPU-seconds, and
 every checkpoint file on disk must be recorded unless a kill or a stale
 attempt explains it.
 
+Besides the kills: workers paused (SIGSTOP) past the heartbeat timeout and
+resumed (SIGCONT), which must not fail a healthy job (the requeued attempt
+is never placed on the slot the paused worker still holds); and the latest
+recorded checkpoint of a running job damaged (a flipped byte) before its
+worker is killed, so the next attempt must fall back to the newest intact
+one without counting.
+
 TALLY_CHAOS_SEED=N replays a schedule: the same jobs, kill times, targets
 and downtimes (process timing still varies from run to run)."""
 
@@ -47,6 +54,9 @@ CHAOS_SECONDS = 100.0  # kills are scheduled inside this window
 KILL_GAP_SECONDS = (7.0, 14.0)  # a long soak's 10-30 s, scaled to the window
 TALLYD_DOWN_SECONDS = (0.0, 2.0)
 WORKER_DOWN_SECONDS = (0.0, 4.5)  # past the 3 s heartbeat timeout, sometimes
+NUM_PAUSES = 2  # SIGSTOP of a worker, SIGCONT after PAUSE_SECONDS
+PAUSE_SECONDS = (4.0, 6.0)  # always past the 3 s heartbeat timeout
+NUM_DAMAGES = 1  # a running job's latest checkpoint damaged, then its worker killed
 SCHEDULE_SLACK_SECONDS = 30.0  # for the last submits and restarts
 SOAK_SECONDS = 270.0  # from the first submit until every job must have ended
 COST_TOLERANCE = 0.01
@@ -121,6 +131,12 @@ def job_specs(rng):
     return out
 
 
+def rng_pick(seed, now, items):
+    """One of items, drawn from the seed and the moment (replays pick alike
+    when the schedule's timing does)."""
+    return random.Random("%d/%.0f" % (seed, now)).choice(items)
+
+
 def kill_plan(rng):
     """[(seconds from start, target, downtime)]: NUM_KILLS kills inside
     CHAOS_SECONDS, at least MIN_KILLS_EACH of tallyd and of workers."""
@@ -138,6 +154,15 @@ def kill_plan(rng):
             plan.append((when, "tallyd", rng.uniform(*TALLYD_DOWN_SECONDS)))
         else:
             plan.append((when, rng.choice(WORKER_IDS), rng.uniform(*WORKER_DOWN_SECONDS)))
+    # Pauses and a damaged checkpoint, between the kills (not at the very
+    # start: a damage needs a job with a recorded checkpoint).
+    for _ in range(NUM_PAUSES):
+        plan.append((rng.uniform(10.0, CHAOS_SECONDS - 10), "pause:" + rng.choice(WORKER_IDS),
+                     rng.uniform(*PAUSE_SECONDS)))
+    for _ in range(NUM_DAMAGES):
+        plan.append((rng.uniform(12.0, CHAOS_SECONDS * 0.4), "damage",
+                     rng.uniform(*WORKER_DOWN_SECONDS)))
+    plan.sort()
     return plan
 
 
@@ -169,6 +194,7 @@ class ChaosSoakTest(ClusterTest):
         self.submit_tries = collections.Counter()
         self.lost_submits = []   # request_ids of submits cut off by a tallyd kill
         self.kill_log = []       # [(time.time() of the kill, target)]
+        self.damaged = {}        # job name -> the checkpoint path damaged on purpose
         started = time.monotonic()
         try:
             self.run_schedule()
@@ -248,6 +274,10 @@ class ChaosSoakTest(ClusterTest):
                 if item[1] == "tallyd":
                     self.tallyd.start()
                     tallyd_up = True
+                elif item[1].startswith("pause:"):
+                    self.worker(item[1][len("pause:"):]).proc.send_signal(signal.SIGCONT)
+                    print("%6.1fs SIGCONT %s" % (now - start, item[1][len("pause:"):]),
+                          flush=True)
                 else:
                     self.worker(item[1]).start()
             if tallyd_up:
@@ -257,6 +287,27 @@ class ChaosSoakTest(ClusterTest):
             if kills and kills[0][0] <= now - start:
                 _, target, down = kills.pop(0)
                 census = self.census() if tallyd_up else "tallyd down"
+                if target.startswith("pause:"):
+                    # A worker that runs something, when one does: the
+                    # case where a paused worker's slot matters.
+                    busy = self.busy_workers() if tallyd_up else []
+                    w = self.worker(rng_pick(self.seed, now, busy) if busy
+                                    else target[len("pause:"):])
+                    target = "pause:" + w.worker_id
+                    if w.proc.poll() is not None or any(r[1] == w.worker_id for r in restarts):
+                        continue  # killed and not back yet: nothing to pause
+                    w.proc.send_signal(signal.SIGSTOP)
+                    self.kills["pause"] += 1
+                    print("%6.1fs SIGSTOP %s for %.1fs (jobs: %s)"
+                          % (now - start, w.worker_id, down, census), flush=True)
+                    restarts.append((time.monotonic() + down, target))
+                    continue
+                if target == "damage":
+                    target = self.damage_a_checkpoint() if tallyd_up else None
+                    if target is None or any(r[1] == target for r in restarts):
+                        print("%6.1fs no running job with a checkpoint to damage" % (now - start),
+                              flush=True)
+                        continue
                 if target == "tallyd":
                     self.check_alive("tallyd", self.tallyd.proc)
                     future = None
@@ -283,6 +334,53 @@ class ChaosSoakTest(ClusterTest):
                                                                  census), flush=True)
                 restarts.append((time.monotonic() + down, target))
             time.sleep(0.1)
+
+    def busy_workers(self):
+        """Workers running an attempt now (sorted); empty if tallyd does not answer."""
+        busy = set()
+        try:
+            for name in self.acked.values():
+                job = self.get(name)
+                if job.state == jobs_pb2.JOB_STATE_RUNNING:
+                    busy.update(job.worker_ids)
+        except grpc.RpcError:
+            return []
+        return sorted(w for w in busy if w in WORKER_IDS)
+
+    def damage_a_checkpoint(self):
+        """Flips a byte in the middle of the latest recorded checkpoint of the
+        running one-rank job with the most checkpoints and returns its worker
+        (killed next, so the job resumes from that file); None when no job
+        qualifies."""
+        best = None
+        for name in sorted(self.acked.values()):
+            if name in self.damaged:
+                continue
+            try:
+                job = self.get(name)
+                ckpts = list(self.tallyd.jobs.ListCheckpoints(
+                    jobs_pb2.ListCheckpointsRequest(name=name), timeout=5).checkpoints)
+            except grpc.RpcError:
+                return None
+            if job.state != jobs_pb2.JOB_STATE_RUNNING or len(job.worker_ids) != 1 or \
+                    not ckpts or not os.path.isfile(ckpts[-1].path):
+                continue
+            if best is None or len(ckpts) > len(best[2]):
+                best = (name, job, ckpts)
+        if best is not None:
+            name, job, ckpts = best
+            latest = ckpts[-1].path
+            with open(latest, "r+b") as f:
+                f.seek(os.path.getsize(latest) // 2)
+                b = f.read(1)
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([b[0] ^ 0xFF]))
+            self.damaged[name] = latest
+            self.kills["damage"] += 1
+            print("       damaged %s's latest checkpoint %s (%d recorded)"
+                  % (name, latest, len(ckpts)), flush=True)
+            return job.worker_ids[0]
+        return None
 
     def all_ended(self):
         try:
@@ -410,9 +508,32 @@ class ChaosSoakTest(ClusterTest):
         # Attempts: at most max_attempts, numbered 1..k, never two live at once.
         max_attempts = job.spec.max_attempts
         started = [e for e in events if e.type == "started"]
-        if job.attempt > max_attempts:
-            broken("attempt %d > max_attempts %d (state %s)" % (job.attempt, max_attempts,
-                                                               STATE(job.state)))
+        counted = job.attempt - job.preemption.count - job.attempts_not_counted
+        if counted > max_attempts:
+            broken("attempt %d (%d counted) > max_attempts %d (state %s)"
+                   % (job.attempt, counted, max_attempts, STATE(job.state)))
+        # A slot refusal caused by tallyd's own placement (a paused worker
+        # still holding it) never counts as a failed attempt.
+        for e in events:
+            if "no free slot" in e.reason and "not counted" not in e.reason:
+                broken("event %d (%s): a slot refusal counted: %s" % (e.sequence, e.type,
+                                                                      e.reason))
+            if "no free slot" in e.reason:
+                self.stats["slot_refusals_not_counted"] += 1
+        # A damaged checkpoint is found, struck out and fallen back from.
+        damaged_paths = {d.path for d in job.damaged_checkpoints}
+        self.stats["checkpoints_found_damaged"] += len(damaged_paths)
+        if name in self.damaged and self.damaged[name] not in damaged_paths:
+            later = [e for e in started if e.attempt > 1 and RESUME_RE.search(e.detail)
+                     and any(c.path == self.damaged[name] and
+                             int(RESUME_RE.search(e.detail).group(1)) == c.step
+                             for c in ckpts)]
+            if later:
+                broken("attempt %d resumed from the damaged %s, and the job does not list it "
+                       "as damaged" % (later[-1].attempt, self.damaged[name]))
+        if damaged_paths - set(self.damaged.values()):
+            broken("checkpoints found damaged that nobody damaged: %s"
+                   % sorted(damaged_paths - set(self.damaged.values())))
         if [e.attempt for e in started] != list(range(1, len(started) + 1)) or \
                 len(started) != job.attempt:
             broken("started events for attempts %s, the job says attempt %d"
@@ -443,8 +564,8 @@ class ChaosSoakTest(ClusterTest):
             elif e.type in REPORT_TYPES and live != e.attempt:
                 broken("%s accepted from an attempt that is not live (live: %s)" % (where, live))
         if job.state == jobs_pb2.JOB_STATE_FAILED and "no attempts left" in job.state_reason \
-                and job.attempt != max_attempts:
-            broken("failed for attempts after %d of %d" % (job.attempt, max_attempts))
+                and counted != max_attempts:
+            broken("failed for attempts after %d of %d" % (counted, max_attempts))
 
         # Dollars: never negative, never decreasing, GPU-seconds x price.
         cost = job.cost
@@ -477,6 +598,8 @@ class ChaosSoakTest(ClusterTest):
                 broken("checkpoint %s (attempt %d, step %d) is not on disk"
                        % (c.path, c.attempt, c.step))
                 continue
+            if c.path == self.damaged.get(name):
+                continue  # damaged on purpose
             actual = sha256_file(c.path)
             if actual != c.sha256:
                 broken("checkpoint %s (attempt %d, step %d): recorded SHA-256 %s, sha256sum %s"
@@ -487,7 +610,9 @@ class ChaosSoakTest(ClusterTest):
         # A resumed attempt starts from the latest checkpoint before it and
         # goes on after it.
         for s in started:
-            earlier = [c.step for c in ckpts if c.attempt < s.attempt]
+            # Checkpoints found damaged before this attempt are never resumed from.
+            struck = {d.step for d in job.damaged_checkpoints if d.attempt < s.attempt}
+            earlier = [c.step for c in ckpts if c.attempt < s.attempt and c.step not in struck]
             m = RESUME_RE.search(s.detail)
             if m is None:
                 if earlier:
@@ -694,6 +819,10 @@ class ChaosSoakTest(ClusterTest):
         print("chaos seed %d: %.0fs wall; kills: %d tallyd, %d worker (%d skipped); jobs: %s"
               % (self.seed, wall, self.kills["tallyd"], self.kills["worker"], self.skipped_kills,
                  ", ".join("%s %d" % kv for kv in sorted(by_state.items()))))
+        print("faults: %d pauses past the heartbeat timeout (%d slot refusals, none counted), "
+              "%d checkpoints damaged (%d found and fallen back from)"
+              % (self.kills["pause"], self.stats["slot_refusals_not_counted"],
+                 self.kills["damage"], self.stats["checkpoints_found_damaged"]), flush=True)
         print("attempts: %d requeued, %d adopted, %d resumed from a checkpoint; "
               "%d checkpoints (%d with a SHA-256 that is not the file's); "
               "submits: %d tries for %d jobs, %d killed in flight (%s); $%.4f spent, $%.4f lost"
