@@ -4,6 +4,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/text.h"
 
@@ -86,6 +87,7 @@ absl::StatusOr<DataRoots> DataRoots::Make(const std::vector<std::string>& roots,
     }
     if (std::find(out.roots_.begin(), out.roots_.end(), canonical) == out.roots_.end()) {
       out.roots_.push_back(canonical);
+      out.configured_.push_back(root);
     }
   }
   return out;
@@ -94,6 +96,12 @@ absl::StatusOr<DataRoots> DataRoots::Make(const std::vector<std::string>& roots,
 std::string DataRoots::Describe() const {
   return absl::StrJoin(roots_, ", ", [](std::string* out, const fs::path& p) {
     out->append(EscapeUnprintable(p.string()));
+  });
+}
+
+std::string DataRoots::DescribeConfigured() const {
+  return absl::StrJoin(configured_, ", ", [](std::string* out, const std::string& p) {
+    out->append(EscapeUnprintable(p));
   });
 }
 
@@ -110,16 +118,31 @@ absl::Status DataRoots::CheckFiles(absl::string_view field, const std::string& p
                        [&](const fs::path& root) { return IsWithin(p, root); });
   };
   auto refuse = [&](absl::string_view which, const fs::path& resolved) {
+    if (!wording_.echo_resolved) {
+      return absl::Status(
+          wording_.code,
+          absl::StrCat(field, " ", quoted, which, " is outside ", wording_.roots, " (",
+                       DescribeConfigured(), "); ", wording_.fix));
+    }
     return absl::Status(
         wording_.code,
         absl::StrCat(field, " ", quoted, which, " resolves to ",
                      EscapeUnprintable(resolved.string()), ", outside ", wording_.roots, " (",
                      Describe(), "); ", wording_.fix));
   };
+  // Why a path does not resolve, in terms that may reach the caller: the
+  // dangling-link message names the link's place and target on this host.
+  auto unresolved = [&](const absl::Status& s) -> std::string {
+    if (wording_.echo_resolved || !absl::StrContains(s.message(), "which does not exist")) {
+      return std::string(s.message());
+    }
+    return "it passes through a symlink whose target does not exist (a dangling link could "
+           "later point anywhere)";
+  };
   absl::StatusOr<fs::path> resolved_prefix = ResolvePath(prefix, base_);
   if (!resolved_prefix.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, " ", quoted, ": ", resolved_prefix.status().message()));
+        absl::StrCat(field, " ", quoted, ": ", unresolved(resolved_prefix.status())));
   }
   // The prefix itself is never opened, but when it is already outside, say
   // so in the terms the spec used.
@@ -131,7 +154,7 @@ absl::Status DataRoots::CheckFiles(absl::string_view field, const std::string& p
     if (!resolved.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(field, " ", quoted, " (its file ",
                                                      EscapeUnprintable(file),
-                                                     "): ", resolved.status().message()));
+                                                     "): ", unresolved(resolved.status())));
     }
     if (!inside(*resolved)) {
       return refuse(absl::StrCat(" (its file ", EscapeUnprintable(file), ")"), *resolved);

@@ -52,6 +52,11 @@ class DataRoots {
     std::string roots;      // "the worker's data roots"
     std::string fix;        // "put the dataset under a data root or add one with --data_root"
     absl::StatusCode code;  // of a path outside every root
+    // Whether refusals say what a path resolved to and list the roots as
+    // resolved. false (tallyd, whose refusals go to remote callers): a
+    // refusal names only what the caller sent and the roots as configured,
+    // never a path of the checking host.
+    bool echo_resolved = true;
   };
 
   // No roots: nothing is confined.
@@ -68,11 +73,15 @@ class DataRoots {
   const std::vector<std::filesystem::path>& roots() const { return roots_; }
   // "/data, /mnt/corpora".
   std::string Describe() const;
+  // The roots as they were given to Make ("data, /mnt/corpora"), one per
+  // distinct folder.
+  std::string DescribeConfigured() const;
 
   // OK when nothing is confined, or when the prefix and every file of the
   // dataset resolve inside a root (an empty prefix does not resolve). Otherwise wording.code, naming `field` (e.g.
   // "spec.data.train_path"), the path as given, what it resolved to and the
-  // roots, and saying how to fix it; InvalidArgument naming `field` when the
+  // roots (with wording.echo_resolved false: neither, only the roots as
+  // configured), and saying how to fix it; InvalidArgument naming `field` when the
   // path cannot be resolved. Opens no file.
   absl::Status CheckDataset(absl::string_view field, const std::string& prefix) const;
 
@@ -90,6 +99,7 @@ class DataRoots {
 
  private:
   std::vector<std::filesystem::path> roots_;
+  std::vector<std::string> configured_;  // roots_[i] as given
   std::filesystem::path base_;
   Wording wording_;
 };

@@ -198,6 +198,8 @@ bool KnownReason(absl::string_view reason) {
         "wrong audience", "bad role claim"}) {
     if (reason == r) return true;
   }
+  // The lifetime refusal says which bound and how to fix it.
+  if (absl::StartsWith(reason, "token lifetime too long: ")) return true;
   for (absl::string_view claim :
        {"exp", "nbf", "iss", "aud", "sub", "tenant", "role"}) {
     if (reason == absl::StrCat("missing claim ", claim) ||

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -33,6 +34,8 @@
 #include "server/api/core.h"
 #include "server/api/data_roots.h"
 #include "server/api/gate.h"
+#include "server/api/grpc_server_limits.h"
+#include "server/api/rate_limiter.h"
 #include "server/api/services.h"
 #include "server/api/tls_files.h"
 #include "server/auth/jwt.h"
@@ -112,6 +115,14 @@ ABSL_FLAG(int64_t, max_experiment_watch_streams_per_principal, 64,
           "RESOURCE_EXHAUSTED. 0: no limit");
 ABSL_FLAG(int64_t, max_experiment_watch_streams, 512,
           "open WatchExperiment streams all callers together may hold. 0: no limit");
+ABSL_FLAG(int64_t, watch_streams_reserved, -1,
+          "the last this many of --max_watch_streams are kept for callers that hold no "
+          "WatchJob stream yet, so a few callers at their own limit cannot lock out others. "
+          "0: none kept; -1 (default): a tenth of --max_watch_streams");
+ABSL_FLAG(int64_t, experiment_watch_streams_reserved, -1,
+          "the last this many of --max_experiment_watch_streams are kept for callers that "
+          "hold no WatchExperiment stream yet. 0: none kept; -1 (default): a tenth of "
+          "--max_experiment_watch_streams");
 ABSL_FLAG(int64_t, max_worker_streams_per_principal, 64,
           "open Workers.Connect streams (a Hello sent or not) one worker credential (or one "
           "address, when workers are not authenticated) may hold; more are refused with "
@@ -153,6 +164,8 @@ ABSL_FLAG(std::string, jwt_principal_claim, "sub", "JWT claim naming the princip
 ABSL_FLAG(std::string, jwt_tenant_claim, "tenant", "JWT claim naming the tenant");
 ABSL_FLAG(std::string, jwt_role_claim, "role",
           "JWT claim naming the role (admin, user, viewer or worker)");
+ABSL_FLAG(absl::Duration, jwt_max_lifetime, absl::Hours(24),
+          "the longest a JWT may be valid: exp - iat and exp - now above it are refused");
 ABSL_FLAG(bool, reflection, true, "serve gRPC server reflection (it stays unauthenticated)");
 ABSL_FLAG(std::string, metrics_tls_cert, "",
           "PEM certificate chain: serve /metrics and /healthz over HTTPS only (with "
@@ -176,20 +189,34 @@ bool IsLoopbackHost(std::string host) {
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
-// Reads the credentials files; errors name the flag and the path.
-absl::StatusOr<api::Credentials> LoadCredentials() {
+// Reads the credentials files; errors name the flag and the path. At start
+// (`failed` null) the first bad file is the error. On a reload (`failed` set)
+// a bad file fails closed: a token file becomes an empty table and a bad
+// --jwt_jwks refuses every JWT, until a later reload reads it; each is
+// appended to `failed` as {flag, error}.
+absl::StatusOr<api::Credentials> LoadCredentials(
+    std::vector<std::pair<std::string, std::string>>* failed = nullptr) {
   api::Credentials c;
   c.client_certificates = !absl::GetFlag(FLAGS_client_ca).empty();
-  if (const std::string path = absl::GetFlag(FLAGS_auth_tokens); !path.empty()) {
-    auto t = auth::TokenTable::Load(path, auth::TokenTable::Kind::kUsers);
-    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("--auth_tokens: ", t.status().message()));
-    c.users = std::make_shared<const auth::TokenTable>(std::move(*t));
-  }
-  if (const std::string path = absl::GetFlag(FLAGS_worker_tokens); !path.empty()) {
-    auto t = auth::TokenTable::Load(path, auth::TokenTable::Kind::kWorkers);
-    if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat("--worker_tokens: ", t.status().message()));
-    c.workers = std::make_shared<const auth::TokenTable>(std::move(*t));
-  }
+  const auto load_tokens = [&](const std::string& flag, const std::string& path,
+                               auth::TokenTable::Kind kind,
+                               std::shared_ptr<const auth::TokenTable>* out) -> absl::Status {
+    if (path.empty()) return absl::OkStatus();
+    auto t = auth::TokenTable::Load(path, kind);
+    if (t.ok()) {
+      *out = std::make_shared<const auth::TokenTable>(std::move(*t));
+      return absl::OkStatus();
+    }
+    absl::Status error(t.status().code(), absl::StrCat("--", flag, ": ", t.status().message()));
+    if (failed == nullptr) return error;
+    failed->emplace_back(flag, std::string(error.message()));
+    *out = std::make_shared<const auth::TokenTable>(*auth::TokenTable::Parse("", kind, path));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(load_tokens("auth_tokens", absl::GetFlag(FLAGS_auth_tokens),
+                              auth::TokenTable::Kind::kUsers, &c.users));
+  RETURN_IF_ERROR(load_tokens("worker_tokens", absl::GetFlag(FLAGS_worker_tokens),
+                              auth::TokenTable::Kind::kWorkers, &c.workers));
   const std::string jwks = absl::GetFlag(FLAGS_jwt_jwks);
   auth::JwtOptions jo;
   jo.issuer = absl::GetFlag(FLAGS_jwt_issuer);
@@ -197,6 +224,7 @@ absl::StatusOr<api::Credentials> LoadCredentials() {
   jo.principal_claim = absl::GetFlag(FLAGS_jwt_principal_claim);
   jo.tenant_claim = absl::GetFlag(FLAGS_jwt_tenant_claim);
   jo.role_claim = absl::GetFlag(FLAGS_jwt_role_claim);
+  jo.max_lifetime = absl::GetFlag(FLAGS_jwt_max_lifetime);
   if (jwks.empty() != (jo.issuer.empty() && jo.audience.empty()) ||
       (!jwks.empty() && (jo.issuer.empty() || jo.audience.empty()))) {
     return absl::InvalidArgumentError(
@@ -204,7 +232,14 @@ absl::StatusOr<api::Credentials> LoadCredentials() {
   }
   if (!jwks.empty()) {
     auto v = auth::JwtVerifier::Load(jwks, jo);
-    if (!v.ok()) return absl::Status(v.status().code(), absl::StrCat("--jwt_jwks: ", v.status().message()));
+    if (!v.ok()) {
+      absl::Status error(v.status().code(),
+                         absl::StrCat("--jwt_jwks: ", v.status().message()));
+      if (failed == nullptr) return error;
+      failed->emplace_back("jwt_jwks", std::string(error.message()));
+      c.jwt_refused = true;
+      return c;
+    }
     c.jwt = std::make_shared<const auth::JwtVerifier>(std::move(*v));
   }
   return c;
@@ -377,6 +412,21 @@ int Run() {
       return 2;
     }
   }
+  for (auto [flag, given, reserved, total_flag, total] :
+       {std::tuple{"watch_streams_reserved", absl::GetFlag(FLAGS_watch_streams_reserved),
+                   &jobs_options.watch_streams_reserved, "max_watch_streams",
+                   jobs_options.max_watch_streams},
+        std::tuple{"experiment_watch_streams_reserved",
+                   absl::GetFlag(FLAGS_experiment_watch_streams_reserved),
+                   &experiments_options.watch_streams_reserved, "max_experiment_watch_streams",
+                   experiments_options.max_watch_streams}}) {
+    *reserved = given == -1 ? total / 10 : given;
+    if (*reserved < 0 || (total > 0 && *reserved >= total)) {
+      spdlog::error("--{}: must be -1 (a tenth), 0 (none kept) or a count below --{} ({}), "
+                    "got {}", flag, total_flag, total, given);
+      return 2;
+    }
+  }
 
   const std::string kind = absl::GetFlag(FLAGS_store);
   if (kind != "sqlite" && kind != "memory" && kind != "postgres") {
@@ -492,7 +542,16 @@ int Run() {
   }
   options.prices = config->prices;
   options.quotas = config->quotas;
+  options.cross_tenant_preemption = config->tenancy.cross_tenant_preemption;
+  api::PriorityCaps priority_caps(config->tenancy);
+  jobs_options.priority_caps = &priority_caps;
+  experiments_options.priority_caps = &priority_caps;
   spdlog::info("tallyd: {}", options.prices.Describe());
+  api::RateLimiter submit_limiter({config->limits.submits_per_second,
+                                   config->limits.submit_burst, "submits",
+                                   "limits.submits_per_second", "limits.submit_burst"});
+  jobs_options.submit_limiter = &submit_limiter;
+  experiments_options.submit_limiter = &submit_limiter;
 
   // Signals are taken by one thread with sigwait; block them everywhere first.
   sigset_t signals;
@@ -526,6 +585,15 @@ int Run() {
   RealClock clock;
   metrics::Registry registry;
   metrics::RegisterBuildInfo(&registry);
+  auto& credential_reload_failures =
+      metrics::BuildCounter()
+          .Name("tally_credential_reload_failures_total")
+          .Help("SIGHUP reloads that found a credentials file (file: auth_tokens, "
+                "worker_tokens, jwt_jwks) bad; its credentials are refused until it is fixed")
+          .Register(registry);
+  for (const char* file : {"auth_tokens", "worker_tokens", "jwt_jwks"}) {
+    credential_reload_failures.Add({{"file", file}});
+  }
   metrics::Gauge& leader_gauge =
       metrics::BuildGauge()
           .Name("tally_leader")
@@ -573,7 +641,10 @@ int Run() {
     // UNAVAILABLE naming the leader, /readyz 503) until the lease is ours;
     // see server/ha/leader_lease.h for the protocol.
     const PostgresSettings& pg = **postgres;
-    auto started_standby = ha::StandbyServer::Start(listen, server_credentials);
+    auto started_standby = ha::StandbyServer::Start(
+        listen, server_credentials, [&](grpc::ServerBuilder* b) {
+          api::ApplyGrpcServerLimits(config->grpc_server, b);
+        });
     if (!started_standby.ok()) {
       spdlog::error("{}", std::string(started_standby.status().message()));
       return 2;
@@ -681,6 +752,7 @@ int Run() {
   grpc::EnableDefaultHealthCheckService(true);
   if (absl::GetFlag(FLAGS_reflection)) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  api::ApplyGrpcServerLimits(config->grpc_server, &builder);
   int grpc_port = 0;
   builder.AddListeningPort(grpc_listen, server_credentials, &grpc_port);
   builder.RegisterService(&jobs);
@@ -713,6 +785,12 @@ int Run() {
     }
     exporter = *std::move(started);
   }
+  // /readyz: not ready while the store refuses writes (a full disk), with
+  // the reason; the ticker probes the store until writes succeed again.
+  exporter->SetReadinessCheck([&store]() -> std::optional<std::string> {
+    const store::WriteHealth* health = store->write_health();
+    return health != nullptr ? health->Failing() : std::nullopt;
+  });
   spdlog::info("tallyd: /metrics over {} on {}", metrics_tls ? "HTTPS" : "plain HTTP",
                metrics_listen);
   server->GetHealthCheckService()->SetServingStatus(true);
@@ -736,10 +814,37 @@ int Run() {
   std::atomic<bool> stop{false};
   std::thread ticker([&] {
     const absl::Duration every = absl::GetFlag(FLAGS_tick_interval);
+    bool writes_failing = false;
     while (!stop.load()) {
       absl::Status s = core.Tick();
       if (!s.ok()) spdlog::error("scheduler tick: {}", std::string(s.message()));
+      if (const store::WriteHealth* health = store->write_health(); health != nullptr) {
+        // While failing, one small write per tick finds out when the store
+        // takes writes again (nothing else may write meanwhile).
+        if (std::optional<std::string> why = health->Failing(); why.has_value()) {
+          if (!writes_failing) spdlog::error("/readyz: not ready: {}", *why);
+          writes_failing = !store->ProbeWrite().ok();
+          if (!writes_failing) spdlog::info("/readyz: the store takes writes again; ready");
+        } else if (writes_failing) {
+          writes_failing = false;
+          spdlog::info("/readyz: the store takes writes again; ready");
+        }
+      }
       absl::SleepFor(every);
+    }
+  });
+
+  // Streams whose JWT or client certificate expired end here, off the
+  // scheduler's thread (each check admits every open stream again).
+  std::thread credential_checker([&] {
+    absl::Time next = clock.Now() + api::kStreamRecheckInterval;
+    while (!stop.load()) {
+      absl::SleepFor(absl::Milliseconds(100));
+      if (clock.Now() < next) continue;
+      next = clock.Now() + api::kStreamRecheckInterval;
+      if (int ended = gate.RecheckStreams(); ended > 0) {
+        spdlog::info("tallyd: ended {} stream(s) whose credential expired", ended);
+      }
     }
   });
 
@@ -747,14 +852,22 @@ int Run() {
   if (hup_while_standby) kill(getpid(), SIGHUP);
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    // Credentials: all or nothing; bad files keep the previous ones.
-    absl::StatusOr<api::Credentials> reloaded_credentials = LoadCredentials();
+    // Credentials: a bad file fails closed (none of its credentials is
+    // accepted until a reload reads it); streams they no longer admit end.
+    std::vector<std::pair<std::string, std::string>> failed;
+    absl::StatusOr<api::Credentials> reloaded_credentials = LoadCredentials(&failed);
+    for (const auto& [flag, error] : failed) {
+      spdlog::error("SIGHUP: {}; every credential of --{} is refused until it is fixed and "
+                    "tallyd reloaded", error, flag);
+      credential_reload_failures.Add({{"file", flag}}).Increment();
+    }
     if (!reloaded_credentials.ok()) {
       spdlog::error("SIGHUP: {}; keeping the previous credentials",
                     std::string(reloaded_credentials.status().message()));
     } else {
-      gate.Reload(*std::move(reloaded_credentials));
-      spdlog::info("SIGHUP: reloaded the token and JWT key files");
+      const int ended = gate.Reload(*std::move(reloaded_credentials));
+      spdlog::info("SIGHUP: reloaded the token and JWT key files{}; ended {} stream(s) whose "
+                   "credential was revoked", failed.empty() ? "" : " (failing closed)", ended);
     }
     if (!tls_cert.empty()) {
       absl::Status s = api::CheckTlsFiles(tls_cert, tls_key, client_ca);
@@ -777,6 +890,16 @@ int Run() {
       continue;
     }
     spdlog::info("SIGHUP: reloaded {}", reloaded->prices.Describe());
+    submit_limiter.SetLimits(reloaded->limits.submits_per_second, reloaded->limits.submit_burst);
+    priority_caps.Set(reloaded->tenancy);
+    if (reloaded->tenancy.cross_tenant_preemption != config->tenancy.cross_tenant_preemption) {
+      spdlog::warn("SIGHUP: tenancy.cross_tenant_preemption in {} changed; it is read at start "
+                   "only, restart tallyd to apply it", config_path);
+    }
+    if (api::GrpcServerArgs(reloaded->grpc_server) != api::GrpcServerArgs(config->grpc_server)) {
+      spdlog::warn("SIGHUP: grpc_server in {} changed; it is read at start only, restart "
+                   "tallyd to apply it", config_path);
+    }
     core.Run([&](sched::Scheduler& s) {
       s.SetPrices(reloaded->prices);
       s.SetQuotas(reloaded->quotas);
@@ -791,6 +914,7 @@ int Run() {
   leader_gauge.Set(0);
   stop.store(true);
   ticker.join();
+  credential_checker.join();
   core.Shutdown();
   // A deposed leader's calls would only fail at the fence: cut them short.
   server->Shutdown(std::chrono::system_clock::now() +

@@ -13,7 +13,7 @@ absl::StatusOr<DataRoots> DataRoots::Make(const std::vector<std::string>& roots,
   absl::StatusOr<tally::DataRoots> made = tally::DataRoots::Make(
       roots, base,
       {"--data_roots", "tallyd's --data_roots", "put the dataset under a data root",
-       absl::StatusCode::kInvalidArgument});
+       absl::StatusCode::kInvalidArgument, /*echo_resolved=*/false});
   if (!made.ok()) return made.status();
   return DataRoots(*std::move(made));
 }

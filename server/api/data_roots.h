@@ -38,8 +38,10 @@
 namespace tally::api {
 
 // tallyd's --data_roots (common/path_confinement.h): a path outside every
-// root is INVALID_ARGUMENT naming the field, the path, what it resolved to
-// and the roots.
+// root is INVALID_ARGUMENT naming the field, the path as the caller sent it
+// and the roots as configured. It never says what a path resolved to on
+// tallyd's host (a caller could otherwise map tallyd's filesystem, e.g.
+// /proc/self/cwd), nor where a symlink points.
 class DataRoots : public tally::DataRoots {
  public:
   // No roots: nothing is checked.

@@ -19,20 +19,21 @@ constexpr absl::string_view kTokenHint =
     "send `authorization: Bearer TOKEN` (tallyctl --token, TALLY_TOKEN or a --context with "
     "a token_file)";
 
-// The names a verified client certificate carries: its CN and DNS SANs.
-std::vector<std::string> CertificateNames(const grpc::ServerContextBase& context) {
-  std::vector<std::string> names;
+constexpr absl::string_view kJwtRefused =
+    "JWT refused: tallyd's --jwt_jwks file failed to load at the last reload, so every JWT "
+    "is refused until it is fixed and tallyd reloaded (SIGHUP)";
+
+// The leaf a verified client certificate, as gRPC hands it over.
+std::optional<std::string> PeerCertificate(const grpc::ServerContextBase& context) {
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
-  for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
-    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
-      std::string name(v.data(), v.size());
-      if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) {
-        names.push_back(std::move(name));
-      }
-    }
-  }
-  return names;
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return std::nullopt;
+  std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
+  if (pem.empty()) return std::nullopt;
+  return std::string(pem.front().data(), pem.front().size());
+}
+
+bool SamePrincipal(const auth::Principal& a, const auth::Principal& b) {
+  return a.name == b.name && a.tenant == b.tenant && a.role == b.role && a.method == b.method;
 }
 
 }  // namespace
@@ -63,18 +64,153 @@ absl::StatusOr<std::string> BearerToken(const grpc::ServerContextBase& context) 
   return std::string(absl::StripAsciiWhitespace(value.substr(kScheme.size())));
 }
 
+bool IsGlobalAdmin(const auth::Principal& p) {
+  return p.role == auth::Role::kAdmin && p.tenant.empty();
+}
+
 bool CanSee(const auth::Principal& p, const std::string& tenant) {
-  return p.role == auth::Role::kAdmin || p.tenant == tenant;
+  return IsGlobalAdmin(p) || p.tenant == tenant;
+}
+
+Presented ReadPresented(const grpc::ServerContextBase& context) {
+  Presented p;
+  p.bearer = BearerToken(context);
+  if (std::optional<std::string> pem = PeerCertificate(context)) {
+    p.certificate = auth::ReadClientCertificate(*pem);
+  }
+  return p;
+}
+
+// One registered stream.
+struct Gate::Watched {
+  Presented presented;
+  bool worker = false;
+  Access access = Access::kRead;
+  std::string what;
+  auth::Principal user;   // admitted as, for a user stream
+  std::string worker_as;  // WorkerIdentity::Describe(), for a worker stream
+  RevokedFn on_revoked;
+  bool revoked = false;  // guarded by the gate's streams_mu_
+};
+
+Gate::StreamWatch& Gate::StreamWatch::operator=(StreamWatch&& other) noexcept {
+  if (this != &other) {
+    Release();
+    gate_ = other.gate_;
+    id_ = other.id_;
+    other.gate_ = nullptr;
+  }
+  return *this;
+}
+
+void Gate::StreamWatch::Release() {
+  if (gate_ != nullptr) gate_->Unregister(id_);
+  gate_ = nullptr;
 }
 
 Gate::Gate(const Clock* clock, Credentials credentials)
     : clock_(clock),
       credentials_(std::make_shared<const Credentials>(std::move(credentials))) {}
 
-void Gate::Reload(Credentials credentials) {
+int Gate::Reload(Credentials credentials) {
   auto next = std::make_shared<const Credentials>(std::move(credentials));
-  absl::MutexLock lock(&mu_);
-  credentials_ = std::move(next);
+  // First against the new credentials, before they admit anything: a
+  // revoked worker leaves the scheduler before it could be offered work
+  // under them. Then again, for a stream admitted by the old ones meanwhile.
+  int ended = RecheckAgainst(*next);
+  {
+    absl::MutexLock lock(&mu_);
+    credentials_ = next;
+  }
+  return ended + RecheckAgainst(*next);
+}
+
+Gate::StreamWatch Gate::WatchUserStream(Presented presented, Access access, std::string what,
+                                        const auth::Principal& admitted,
+                                        RevokedFn on_revoked) const {
+  auto w = std::make_shared<Watched>();
+  w->presented = std::move(presented);
+  w->access = access;
+  w->what = std::move(what);
+  w->user = admitted;
+  w->on_revoked = std::move(on_revoked);
+  return Register(std::move(w));
+}
+
+Gate::StreamWatch Gate::WatchWorkerStream(Presented presented, const WorkerIdentity& admitted,
+                                          RevokedFn on_revoked) const {
+  auto w = std::make_shared<Watched>();
+  w->presented = std::move(presented);
+  w->worker = true;
+  w->worker_as = admitted.Describe();
+  w->on_revoked = std::move(on_revoked);
+  return Register(std::move(w));
+}
+
+Gate::StreamWatch Gate::Register(std::shared_ptr<Watched> watched) const {
+  absl::MutexLock lock(&streams_mu_);
+  const int64_t id = next_stream_id_++;
+  streams_.emplace(id, std::move(watched));
+  return StreamWatch(this, id);
+}
+
+void Gate::Unregister(int64_t id) const {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(id);
+}
+
+int64_t Gate::num_watched_streams() const {
+  absl::MutexLock lock(&streams_mu_);
+  return static_cast<int64_t>(streams_.size());
+}
+
+int Gate::RecheckStreams() const { return RecheckAgainst(*Current()); }
+
+int Gate::RecheckAgainst(const Credentials& c) const {
+  std::vector<std::shared_ptr<Watched>> all;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    all.reserve(streams_.size());
+    for (const auto& [id, w] : streams_) {
+      if (!w->revoked) all.push_back(w);
+    }
+  }
+  std::vector<std::pair<std::shared_ptr<Watched>, absl::Status>> refused;
+  for (const std::shared_ptr<Watched>& w : all) {
+    absl::Status why;
+    if (w->worker) {
+      absl::StatusOr<WorkerIdentity> id = AdmitWorkerWith(c, w->presented);
+      if (!id.ok()) {
+        why = id.status();
+      } else if (id->Describe() != w->worker_as) {
+        why = absl::PermissionDeniedError(absl::StrCat(
+            "this stream's credential now speaks for ", id->Describe(), ", not ", w->worker_as,
+            "; reconnect"));
+      }
+    } else {
+      absl::StatusOr<auth::Principal> p = AdmitUserWith(c, w->presented, w->access, w->what);
+      if (!p.ok()) {
+        why = p.status();
+      } else if (!SamePrincipal(*p, w->user)) {
+        why = absl::PermissionDeniedError(
+            "this stream's credential now names another principal, role or tenant; call again");
+      }
+    }
+    if (!why.ok()) refused.emplace_back(w, std::move(why));
+  }
+  int told = 0;
+  for (auto& [w, why] : refused) {
+    {
+      absl::MutexLock lock(&streams_mu_);
+      if (w->revoked) continue;
+      w->revoked = true;
+    }
+    ++told;
+    w->on_revoked(absl::Status(
+        why.code(), absl::StrCat("the credential of this stream was revoked or expired: ",
+                                 why.message())));
+  }
+  return told;
 }
 
 std::shared_ptr<const Credentials> Gate::Current() const {
@@ -88,7 +224,18 @@ bool Gate::workers_authenticated() const { return Current()->workers_authenticat
 absl::StatusOr<auth::Principal> Gate::AdmitUser(const grpc::ServerContextBase& context,
                                                 Access access,
                                                 absl::string_view what) const {
-  std::shared_ptr<const Credentials> c = Current();
+  return AdmitUserWith(*Current(), ReadPresented(context), access, what);
+}
+
+absl::StatusOr<auth::Principal> Gate::AdmitUser(const Presented& presented, Access access,
+                                                absl::string_view what) const {
+  return AdmitUserWith(*Current(), presented, access, what);
+}
+
+absl::StatusOr<auth::Principal> Gate::AdmitUserWith(const Credentials& cr,
+                                                    const Presented& presented, Access access,
+                                                    absl::string_view what) const {
+  const Credentials* c = &cr;
   if (!c->users_authenticated()) {
     auth::Principal anonymous;
     anonymous.name = "anonymous";
@@ -96,10 +243,10 @@ absl::StatusOr<auth::Principal> Gate::AdmitUser(const grpc::ServerContextBase& c
     anonymous.method = "anonymous";
     return anonymous;
   }
-  absl::StatusOr<std::string> token = BearerToken(context);
+  const absl::StatusOr<std::string>& token = presented.bearer;
   if (!token.ok()) return token.status();
   if (token->empty()) {
-    if (!CertificateNames(context).empty()) {
+    if (presented.certificate.has_value()) {
       return absl::PermissionDeniedError(absl::StrCat(
           "a worker certificate cannot call ", what, "; users ", kTokenHint));
     }
@@ -110,6 +257,10 @@ absl::StatusOr<auth::Principal> Gate::AdmitUser(const grpc::ServerContextBase& c
   if (!p && c->workers != nullptr && c->workers->Find(*token)) {
     return absl::PermissionDeniedError(
         absl::StrCat("a worker token cannot call ", what, "; use a user's token"));
+  }
+  if (!p && c->jwt == nullptr && c->jwt_refused &&
+      std::count(token->begin(), token->end(), '.') == 2) {
+    return absl::UnauthenticatedError(kJwtRefused);
   }
   if (!p && c->jwt != nullptr && std::count(token->begin(), token->end(), '.') == 2) {
     absl::StatusOr<auth::Principal> verified = c->jwt->Verify(*token, clock_->Now());
@@ -133,22 +284,34 @@ absl::StatusOr<auth::Principal> Gate::AdmitUser(const grpc::ServerContextBase& c
 }
 
 absl::StatusOr<WorkerIdentity> Gate::AdmitWorker(const grpc::ServerContextBase& context) const {
-  std::shared_ptr<const Credentials> c = Current();
+  return AdmitWorkerWith(*Current(), ReadPresented(context));
+}
+
+absl::StatusOr<WorkerIdentity> Gate::AdmitWorker(const Presented& presented) const {
+  return AdmitWorkerWith(*Current(), presented);
+}
+
+absl::StatusOr<WorkerIdentity> Gate::AdmitWorkerWith(const Credentials& cr,
+                                                     const Presented& presented) const {
+  const Credentials* c = &cr;
   WorkerIdentity id;
   if (!c->workers_authenticated()) {
     id.anonymous = true;
     id.method = "anonymous";
     return id;
   }
-  if (c->client_certificates) {
-    std::vector<std::string> names = CertificateNames(context);
-    if (!names.empty()) {
-      id.method = "certificate";
-      id.names = std::move(names);
-      return id;
+  if (c->client_certificates && presented.certificate.has_value()) {
+    const absl::StatusOr<auth::ClientCertificate>& cert = *presented.certificate;
+    if (!cert.ok()) return cert.status();
+    if (clock_->Now() >= cert->not_after) {
+      return absl::UnauthenticatedError(
+          "the client certificate has expired (notAfter passed); give the worker a new one");
     }
+    id.method = "certificate";
+    id.names = cert->names;
+    return id;
   }
-  absl::StatusOr<std::string> token = BearerToken(context);
+  const absl::StatusOr<std::string>& token = presented.bearer;
   if (!token.ok()) return token.status();
   if (token->empty()) {
     return absl::UnauthenticatedError(
@@ -166,6 +329,10 @@ absl::StatusOr<WorkerIdentity> Gate::AdmitWorker(const grpc::ServerContextBase& 
     return absl::PermissionDeniedError(
         "a user token cannot open a worker stream; give the worker a worker token "
         "(--worker_tokens) or a client certificate");
+  }
+  if (c->jwt == nullptr && c->jwt_refused &&
+      std::count(token->begin(), token->end(), '.') == 2) {
+    return absl::UnauthenticatedError(kJwtRefused);
   }
   if (c->jwt != nullptr && std::count(token->begin(), token->end(), '.') == 2) {
     absl::StatusOr<auth::Principal> p = c->jwt->Verify(*token, clock_->Now());

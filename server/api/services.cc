@@ -48,6 +48,11 @@ const Gate* GateOr(const Gate* gate) {
   return gate != nullptr ? gate : open;
 }
 
+const Clock* ClockOr(const Clock* clock) {
+  static const RealClock real;
+  return clock != nullptr ? clock : &real;
+}
+
 // Who a change is recorded as made by: nobody when callers are not
 // authenticated.
 sched::Actor ActorOf(const auth::Principal& p) {
@@ -71,11 +76,11 @@ absl::Status NotFound(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat(name, " not found"));
 }
 
-// The tenant a List call shows: admins any (or the one they ask for),
-// others only their own.
+// The tenant a List call shows: global admins any (or the one they ask for),
+// others (tenant admins too) only their own.
 absl::StatusOr<std::optional<std::string>> ListTenant(const auth::Principal& p,
                                                       const std::string& asked) {
-  if (p.role == auth::Role::kAdmin) {
+  if (IsGlobalAdmin(p)) {
     if (asked.empty()) return std::optional<std::string>();
     return std::optional<std::string>(asked);
   }
@@ -111,9 +116,17 @@ class WatchReactor final : public grpc::ServerWriteReactor<tally::v1::JobEvent>,
                            public JobWatch {
  public:
   static WatchReactor* Begin(grpc::CallbackServerContext* context, WatchHub* hub,
-                             int64_t job_id, int64_t after_sequence, StreamLimiter::Lease lease) {
+                             int64_t job_id, int64_t after_sequence, StreamLimiter::Lease lease,
+                             const Gate* gate, Presented presented,
+                             const auth::Principal& caller) {
     auto w = std::make_shared<WatchReactor>(hub, job_id, after_sequence, std::move(lease));
     w->self_ = w;
+    // A revoked or expired credential ends the watch with the refusal.
+    std::weak_ptr<WatchReactor> weak = w;
+    w->credential_ = gate->WatchUserStream(
+        std::move(presented), Access::kRead, "WatchJob", caller, [weak](const absl::Status& why) {
+          if (std::shared_ptr<WatchReactor> alive = weak.lock()) alive->Revoke(why);
+        });
     // At once, events or not: the client knows its stream is established
     // (an idle job sends nothing for a long time).
     context->AddInitialMetadata(kWatchEstablishedKey, "1");
@@ -131,6 +144,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<tally::v1::JobEvent>,
   void OnCancel() override { Cancel(); }
   void OnDone() override {
     lease_.Release();
+    credential_.Release();
     std::shared_ptr<WatchReactor> self = std::move(self_);
   }
 
@@ -139,6 +153,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<tally::v1::JobEvent>,
   void End(absl::Status status) override { Finish(ToGrpcStatus(status)); }
 
   StreamLimiter::Lease lease_;
+  Gate::StreamWatch credential_;
   std::shared_ptr<WatchReactor> self_;
 };
 
@@ -152,12 +167,44 @@ class WorkerStream final
       public WorkerSession {
  public:
   static WorkerStream* Begin(Core* core, grpc::CallbackServerContext* context,
-                             WorkerIdentity identity, StreamLimiter::Lease lease) {
+                             WorkerIdentity identity, StreamLimiter::Lease lease,
+                             const Gate* gate, Presented presented) {
     auto s = std::make_shared<WorkerStream>(core, context, std::move(identity));
     s->lease_ = std::move(lease);
     s->self_ = s;
+    std::weak_ptr<WorkerStream> weak = s;
+    s->credential_ = gate->WatchWorkerStream(
+        std::move(presented), s->identity_, [weak](const absl::Status& why) {
+          if (std::shared_ptr<WorkerStream> alive = weak.lock()) alive->Revoke(why);
+        });
     s->StartRead(&s->in_);
     return s.get();
+  }
+
+  // The stream's credential was revoked or expired. Nothing more is
+  // written to the stream and reports read after this are not acted on; the
+  // scheduler hears that the worker is gone (nothing is placed on it from
+  // then on); then the stream finishes with `why` (once no write is in
+  // flight), which also ends the pending read.
+  void Revoke(const absl::Status& why) {
+    bool registered = false;
+    bool finish = false;
+    grpc::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (revoked_ || finished_) return;
+      revoked_ = true;
+      registered = registered_;
+      closed_ = true;
+      out_.clear();
+      finish_status_ = ToGrpcStatus(why);
+      if (!writing_) {
+        finished_ = finish = true;
+        status = finish_status_;
+      }
+    }
+    if (registered) core_->Goodbye(worker_id_, this, generation_);
+    if (finish) Finish(std::move(status));
   }
 
   WorkerStream(Core* core, grpc::CallbackServerContext* context, WorkerIdentity identity)
@@ -166,6 +213,10 @@ class WorkerStream final
   void OnReadDone(bool ok) override {
     if (!ok) {
       // The worker ended its side or the stream broke.
+      if (Revoked()) {
+        EndStream(RevokedStatus());
+        return;
+      }
       EndStream(hello_done_ ? grpc::Status::OK : grpc::Status::CANCELLED);
       return;
     }
@@ -185,15 +236,34 @@ class WorkerStream final
                          "certificate or token carries")));
         return;
       }
+      if (Revoked()) {
+        EndStream(RevokedStatus());
+        return;
+      }
       absl::StatusOr<int64_t> generation = core_->Hello(in_.hello(), self_, identity_);
       if (!generation.ok()) {
         EndStream(ToGrpcStatus(generation.status()));
         return;
       }
-      worker_id_ = in_.hello().worker_id();
-      generation_ = *generation;
+      bool revoked = false;
+      {
+        absl::MutexLock lock(&mu_);
+        worker_id_ = in_.hello().worker_id();
+        generation_ = *generation;
+        revoked = revoked_;
+        registered_ = !revoked;
+      }
       hello_done_ = true;
+      if (revoked) {
+        // Revoked while the Hello was being accepted: leave at once.
+        EndStream(RevokedStatus());
+        return;
+      }
     } else {
+      if (Revoked()) {
+        EndStream(RevokedStatus());
+        return;
+      }
       absl::Status s = core_->Run(
           [&](sched::Scheduler& sch) { return sch.OnMessage(worker_id_, in_); });
       if (!s.ok()) {
@@ -218,7 +288,7 @@ class WorkerStream final
         context_->TryCancel();
       }
       if (closed_) {
-        if (read_done_ && !finished_) {
+        if ((read_done_ || revoked_) && !finished_) {
           finished_ = finish = true;
           status = finish_status_;
         }
@@ -234,6 +304,7 @@ class WorkerStream final
 
   void OnDone() override {
     lease_.Release();
+    credential_.Release();
     std::shared_ptr<WorkerStream> self = std::move(self_);
   }
 
@@ -262,6 +333,16 @@ class WorkerStream final
   }
 
  private:
+  // Whether Revoke ran, and the status it finishes the stream with.
+  bool Revoked() {
+    absl::MutexLock lock(&mu_);
+    return revoked_;
+  }
+  grpc::Status RevokedStatus() {
+    absl::MutexLock lock(&mu_);
+    return finish_status_;
+  }
+
   // The read side is over: leave the core, then finish once no write is
   // outstanding.
   void EndStream(grpc::Status status) {
@@ -282,14 +363,19 @@ class WorkerStream final
   grpc::CallbackServerContext* const context_;
   const WorkerIdentity identity_;
   StreamLimiter::Lease lease_;
+  Gate::StreamWatch credential_;
   std::shared_ptr<WorkerStream> self_;
   // Touched only by the read side (one read at a time).
   tally::v1::WorkerMessage in_;
   bool hello_done_ = false;
-  std::string worker_id_;
-  int64_t generation_ = 0;
 
   absl::Mutex mu_;
+  // Set by the read side, under mu_, once the Hello is accepted; read by
+  // Revoke.
+  std::string worker_id_;
+  int64_t generation_ = 0;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;  // the core holds this session
+  bool revoked_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -310,6 +396,8 @@ StreamLimiter::Options WatchLimits(const JobsService::Options& options) {
   limits.per_principal_flag = "max_watch_streams_per_principal";
   limits.max_total = options.max_watch_streams;
   limits.total_flag = "max_watch_streams";
+  limits.reserved = options.watch_streams_reserved;
+  limits.reserved_flag = "watch_streams_reserved";
   return limits;
 }
 
@@ -320,6 +408,9 @@ JobsService::JobsService(Core* core, Options options)
       principal_(std::move(options.principal)),
       gate_(GateOr(options.gate)),
       data_roots_(options.data_roots),
+      priority_caps_(options.priority_caps),
+      submit_limiter_(options.submit_limiter),
+      clock_(ClockOr(options.clock)),
       watch_limiter_(WatchLimits(options)) {}
 
 absl::StatusOr<store::JobRecord> JobsService::VisibleJob(const auth::Principal& p,
@@ -338,9 +429,21 @@ grpc::Status JobsService::SubmitJob(grpc::ServerContext* context,
                                     const tally::v1::SubmitJobRequest* req,
                                     tally::v1::Job* resp) {
   ADMIT_USER(context, Access::kWrite, "SubmitJob");
+  if (submit_limiter_ != nullptr && caller->method != "anonymous") {
+    if (absl::Status s =
+            submit_limiter_->Take(StreamKey(principal_, *context, *caller), clock_->Now());
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+  }
   if (!req->has_spec()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "spec: is required");
+  }
+  if (priority_caps_ != nullptr) {
+    if (absl::Status s = priority_caps_->CheckJob(*caller, req->spec()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
   }
   if (data_roots_ != nullptr) {
     if (absl::Status s = data_roots_->CheckJobSpec(req->spec()); !s.ok()) {
@@ -443,12 +546,17 @@ ExperimentsService::ExperimentsService(Core* core, Options options)
       principal_(std::move(options.principal)),
       gate_(GateOr(options.gate)),
       data_roots_(options.data_roots),
+      priority_caps_(options.priority_caps),
+      submit_limiter_(options.submit_limiter),
+      clock_(ClockOr(options.clock)),
       watch_limiter_({"WatchExperiment streams", options.max_watch_streams_per_principal,
                       "max_experiment_watch_streams_per_principal",
-                      options.max_watch_streams, "max_experiment_watch_streams"}) {}
+                      options.max_watch_streams, "max_experiment_watch_streams",
+                      options.watch_streams_reserved,
+                      "experiment_watch_streams_reserved"}) {}
 
 absl::Status ExperimentsService::CheckVisible(const auth::Principal& p, int64_t id) const {
-  if (p.role == auth::Role::kAdmin) return absl::OkStatus();
+  if (IsGlobalAdmin(p)) return absl::OkStatus();
   absl::StatusOr<store::ExperimentRecord> rec = core_->store()->GetExperiment(id);
   if (!rec.ok()) return rec.status();
   if (!CanSee(p, rec->experiment().tenant())) return NotFound(ExperimentName(id));
@@ -459,9 +567,21 @@ grpc::Status ExperimentsService::CreateExperiment(grpc::ServerContext* context,
                                                   const tally::v1::CreateExperimentRequest* req,
                                                   tally::v1::Experiment* resp) {
   ADMIT_USER(context, Access::kWrite, "CreateExperiment");
+  if (submit_limiter_ != nullptr && caller->method != "anonymous") {
+    if (absl::Status s =
+            submit_limiter_->Take(StreamKey(principal_, *context, *caller), clock_->Now());
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+  }
   if (!req->has_spec()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "spec: is required (an ExperimentSpec: base, variants, target)");
+  }
+  if (priority_caps_ != nullptr) {
+    if (absl::Status s = priority_caps_->CheckExperiment(*caller, req->spec()); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
   }
   if (data_roots_ != nullptr) {
     if (absl::Status s = data_roots_->CheckExperimentSpec(req->spec()); !s.ok()) {
@@ -537,7 +657,10 @@ grpc::Status ExperimentsService::CancelExperiment(grpc::ServerContext* context,
 grpc::Status ExperimentsService::WatchExperiment(
     grpc::ServerContext* context, const tally::v1::WatchExperimentRequest* req,
     grpc::ServerWriter<tally::v1::ExperimentEvent>* writer) {
-  ADMIT_USER(context, Access::kRead, "WatchExperiment");
+  Presented presented = ReadPresented(*context);
+  absl::StatusOr<auth::Principal> caller =
+      gate_->AdmitUser(presented, Access::kRead, "WatchExperiment");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   absl::StatusOr<int64_t> id = ParseExperimentName(req->name());
   if (!id.ok()) return ToGrpcStatus(id.status());
   if (absl::Status s = CheckVisible(*caller, *id); !s.ok()) return ToGrpcStatus(s);
@@ -548,6 +671,25 @@ grpc::Status ExperimentsService::WatchExperiment(
   absl::StatusOr<StreamLimiter::Lease> lease =
       watch_limiter_.Acquire(StreamKey(principal_, *context, *caller));
   if (!lease.ok()) return ToGrpcStatus(lease.status());
+  // A revoked or expired credential ends the watch within the wait below
+  // (one second).
+  struct Revocation {
+    absl::Mutex mu;
+    absl::Status why ABSL_GUARDED_BY(mu);
+  };
+  auto revocation = std::make_shared<Revocation>();
+  const auto revoked = [&revocation]() -> absl::Status {
+    absl::MutexLock lock(&revocation->mu);
+    return revocation->why;
+  };
+  Gate::StreamWatch credential = gate_->WatchUserStream(
+      std::move(presented), Access::kRead, "WatchExperiment", *caller,
+      [weak = std::weak_ptr<Revocation>(revocation)](const absl::Status& why) {
+        if (std::shared_ptr<Revocation> r = weak.lock()) {
+          absl::MutexLock lock(&r->mu);
+          r->why = why;
+        }
+      });
   // At once, events or not: the client knows its stream is established.
   context->AddInitialMetadata(kWatchEstablishedKey, "1");
   writer->SendInitialMetadata();
@@ -561,6 +703,7 @@ grpc::Status ExperimentsService::WatchExperiment(
         core_->store()->ListExperimentEvents(*id, after, 256);
     if (!events.ok()) return ToGrpcStatus(events.status());
     for (const auto& e : *events) {
+      if (absl::Status why = revoked(); !why.ok()) return ToGrpcStatus(why);
       if (context->IsCancelled() || !writer->Write(e)) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
       }
@@ -574,6 +717,7 @@ grpc::Status ExperimentsService::WatchExperiment(
     // Wait for a commit; each second, see whether the watcher went away.
     // The store is read again only once some experiment has committed.
     while (core_->experiment_version() == version) {
+      if (absl::Status why = revoked(); !why.ok()) return ToGrpcStatus(why);
       if (context->IsCancelled()) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
       }
@@ -587,11 +731,12 @@ grpc::Status ExperimentsService::WatchExperiment(
 
 grpc::ServerWriteReactor<tally::v1::JobEvent>* JobsService::WatchJob(
     grpc::CallbackServerContext* context, const tally::v1::WatchJobRequest* req) {
-  absl::StatusOr<auth::Principal> caller = gate_->AdmitUser(*context, Access::kRead, "WatchJob");
+  Presented presented = ReadPresented(*context);
+  absl::StatusOr<auth::Principal> caller = gate_->AdmitUser(presented, Access::kRead, "WatchJob");
   if (!caller.ok()) return new FinishedWriteReactor(ToGrpcStatus(caller.status()));
   absl::StatusOr<int64_t> id = ParseJobName(req->name());
   if (!id.ok()) return new FinishedWriteReactor(ToGrpcStatus(id.status()));
-  if (caller->role != auth::Role::kAdmin) {
+  if (!IsGlobalAdmin(*caller)) {
     if (absl::StatusOr<store::JobRecord> rec = VisibleJob(*caller, *id); !rec.ok()) {
       return new FinishedWriteReactor(ToGrpcStatus(rec.status()));
     }
@@ -604,7 +749,7 @@ grpc::ServerWriteReactor<tally::v1::JobEvent>* JobsService::WatchJob(
       watch_limiter_.Acquire(StreamKey(principal_, *context, *caller));
   if (!lease.ok()) return new FinishedWriteReactor(ToGrpcStatus(lease.status()));
   return WatchReactor::Begin(context, core_->watch_hub(), *id, req->after_sequence(),
-                             std::move(*lease));
+                             std::move(*lease), gate_, std::move(presented), *caller);
 }
 
 grpc::Status JobsService::ListCheckpoints(
@@ -632,14 +777,16 @@ WorkersService::Connect(grpc::CallbackServerContext* context) {
   // Refused before anything is read: the stream ends with the reason.
   using RefusedStream =
       Refused<grpc::ServerBidiReactor<tally::v1::WorkerMessage, tally::v1::ControllerMessage>>;
-  absl::StatusOr<WorkerIdentity> identity = GateOr(gate_)->AdmitWorker(*context);
+  Presented presented = ReadPresented(*context);
+  absl::StatusOr<WorkerIdentity> identity = GateOr(gate_)->AdmitWorker(presented);
   if (!identity.ok()) return new RefusedStream(ToGrpcStatus(identity.status()));
   // One credential (or one address, unauthenticated) holds a bounded number
   // of streams, Hello sent or not.
   absl::StatusOr<StreamLimiter::Lease> lease = limiter_.Acquire(
       identity->anonymous ? PeerPrincipal(*context) : identity->Describe());
   if (!lease.ok()) return new RefusedStream(ToGrpcStatus(lease.status()));
-  return WorkerStream::Begin(core_, context, std::move(*identity), std::move(*lease));
+  return WorkerStream::Begin(core_, context, std::move(*identity), std::move(*lease),
+                             GateOr(gate_), std::move(presented));
 }
 
 namespace {

@@ -12,6 +12,8 @@
 #include "server/api/core.h"
 #include "server/api/data_roots.h"
 #include "server/api/gate.h"
+#include "server/api/priority_caps.h"
+#include "server/api/rate_limiter.h"
 #include "server/api/stream_limiter.h"
 #include "server/metrics/grpc_metrics.h"
 #include "server/metrics/registry.h"
@@ -33,6 +35,16 @@ class JobsService final
     // Open WatchJob streams per caller and in all; 0: no limit.
     int64_t max_watch_streams_per_principal = 1000;
     int64_t max_watch_streams = 20000;
+    // The last places of max_watch_streams, kept for callers holding none
+    // (StreamLimiter::Options::reserved); 0: none kept.
+    int64_t watch_streams_reserved = 0;
+    // Submits per authenticated caller (limits.submits_per_second; shared
+    // with ExperimentsService's CreateExperiment, must outlive the
+    // service); null: no limit. The anonymous admin of a tallyd without
+    // user authentication is not limited. Timed by `clock` (null: the real
+    // clock).
+    RateLimiter* submit_limiter = nullptr;
+    const Clock* clock = nullptr;
     // Who an unauthenticated call is from (the key of the per-caller limit).
     PrincipalFn principal = PeerPrincipal;
     // Who may call (must outlive the service); null: everyone, as admin.
@@ -41,6 +53,9 @@ class JobsService final
     // service); null: anywhere. A spec naming one outside is refused
     // INVALID_ARGUMENT before it is queued.
     const DataRoots* data_roots = nullptr;
+    // The highest priority each tenant's jobs may have (must outlive the
+    // service); null: no cap beyond the spec's range.
+    const PriorityCaps* priority_caps = nullptr;
   };
   JobsService(Core* core, Options options);
   explicit JobsService(Core* core) : JobsService(core, Options()) {}
@@ -73,6 +88,9 @@ class JobsService final
   const PrincipalFn principal_;
   const Gate* const gate_;
   const DataRoots* const data_roots_;
+  const PriorityCaps* const priority_caps_;
+  RateLimiter* const submit_limiter_;
+  const Clock* const clock_;
   StreamLimiter watch_limiter_;
 };
 
@@ -84,10 +102,15 @@ class ExperimentsService final : public tally::v1::Experiments::Service {
   struct Options {
     int64_t max_watch_streams_per_principal = 64;
     int64_t max_watch_streams = 512;
+    int64_t watch_streams_reserved = 0;
+    // As JobsService's: CreateExperiment takes from the same bucket.
+    RateLimiter* submit_limiter = nullptr;
+    const Clock* clock = nullptr;
     PrincipalFn principal = PeerPrincipal;
     const Gate* gate = nullptr;
     // As JobsService's; every variant's resolved spec is checked.
     const DataRoots* data_roots = nullptr;
+    const PriorityCaps* priority_caps = nullptr;
   };
   ExperimentsService(Core* core, Options options);
   explicit ExperimentsService(Core* core) : ExperimentsService(core, Options()) {}
@@ -115,6 +138,9 @@ class ExperimentsService final : public tally::v1::Experiments::Service {
   const PrincipalFn principal_;
   const Gate* const gate_;
   const DataRoots* const data_roots_;
+  const PriorityCaps* const priority_caps_;
+  RateLimiter* const submit_limiter_;
+  const Clock* const clock_;
   StreamLimiter watch_limiter_;
 };
 

@@ -49,6 +49,15 @@ absl::StatusOr<StreamLimiter::Lease> StreamLimiter::Acquire(const std::string& p
         options_.total_flag, "=", options_.max_total,
         "); retry later, or raise --", options_.total_flag));
   }
+  auto held = per_principal_.find(principal);
+  if (options_.max_total > 0 && options_.reserved > 0 && held != per_principal_.end() &&
+      total_ >= options_.max_total - options_.reserved) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tallyd has ", total_, " ", options_.what, " open; its last ", options_.reserved,
+        " of ", options_.max_total, " (--", options_.reserved_flag, ", --", options_.total_flag,
+        ") are kept for callers that hold none, and ", principal, " holds ", held->second,
+        "; close some, or retry later"));
+  }
   int64_t& mine = per_principal_[principal];
   if (options_.max_per_principal > 0 && mine >= options_.max_per_principal) {
     const int64_t open = mine;

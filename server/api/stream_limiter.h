@@ -44,6 +44,11 @@ class StreamLimiter {
     std::string per_principal_flag;  // "max_watch_streams_per_principal"
     int64_t max_total = 0;
     std::string total_flag;  // "max_watch_streams"
+    // The last `reserved` places of max_total are kept for principals that
+    // hold none of these streams yet, so a few principals at their own limit
+    // cannot fill the server and lock everyone else out. 0: none kept.
+    int64_t reserved = 0;
+    std::string reserved_flag;  // "watch_streams_reserved"
   };
 
   // Holds one stream's place; movable, gives it back when destroyed.
@@ -66,8 +71,9 @@ class StreamLimiter {
   explicit StreamLimiter(Options options) : options_(std::move(options)) {}
 
   // RESOURCE_EXHAUSTED, naming the limit and the flag that sets it, when the
-  // principal or the server is at its limit. The limiter must outlive the
-  // lease.
+  // principal or the server is at its limit, or when only reserved places
+  // are left and the principal already holds a stream. The limiter must
+  // outlive the lease.
   absl::StatusOr<Lease> Acquire(const std::string& principal);
 
   int64_t num_open() const;

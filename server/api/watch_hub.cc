@@ -52,6 +52,14 @@ void JobWatch::Cancel() {
   Pump(/*may_read=*/false);
 }
 
+void JobWatch::Revoke(absl::Status why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (end_status_.ok()) end_status_ = std::move(why);
+  }
+  Pump(/*may_read=*/false);
+}
+
 void JobWatch::Shutdown() {
   {
     absl::MutexLock lock(&mu_);

@@ -60,6 +60,9 @@ class JobWatch : public std::enable_shared_from_this<JobWatch> {
   void OnSent(bool ok);
   // The client went away: ends the watch with CANCELLED.
   void Cancel();
+  // The caller's credential was revoked or expired (Gate): ends the watch
+  // with `why` (not OK) once no send is outstanding; nothing more is sent.
+  void Revoke(absl::Status why);
 
   // From the hub: events committed for this job (in order) and its state.
   void Deliver(const std::shared_ptr<const std::vector<tally::v1::JobEvent>>& events,

@@ -542,6 +542,12 @@ absl::Status ValidateOptions(const JwtOptions& options,
                         "the leeway must be a finite duration of zero "
                         "or more, e.g. 60s");
   }
+  if (options.max_lifetime <= absl::ZeroDuration() ||
+      options.max_lifetime == absl::InfiniteDuration()) {
+    return errors.Error("",
+                        "the maximum token lifetime must be a positive finite "
+                        "duration, e.g. 24h");
+  }
   return absl::OkStatus();
 }
 
@@ -697,6 +703,18 @@ absl::StatusOr<Principal> JwtVerifier::Verify(absl::string_view token,
   }
   if (nbf.has_value() && now_seconds < *nbf - leeway_seconds) {
     return Unauthenticated("token not yet valid");
+  }
+  // Bounded lifetimes: issued for at most max_lifetime, and never valid for
+  // longer than that from now (an iat in the future or absent does not
+  // lengthen it).
+  const double max_seconds = absl::ToDoubleSeconds(options_.max_lifetime);
+  ASSIGN_OR_RETURN(std::optional<double> iat, NumericDate(*claims, "iat"));
+  if ((iat.has_value() && *exp - *iat > max_seconds) ||
+      *exp - now_seconds > max_seconds + leeway_seconds) {
+    return Unauthenticated(absl::StrCat(
+        "token lifetime too long: exp must be at most ",
+        absl::FormatDuration(options_.max_lifetime),
+        " after iat and after now (--jwt_max_lifetime); issue shorter-lived tokens"));
   }
 
   auto iss = claims->find("iss");

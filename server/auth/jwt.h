@@ -28,17 +28,23 @@
 // - exp (required) and nbf (optional), NumericDate seconds, with `leeway`
 //   for clock skew: expired when now >= exp + leeway, not yet valid when
 //   now < nbf - leeway;
+// - a bounded lifetime: exp - iat (when iat is present) and exp - now (always)
+//   at most `max_lifetime` (exp - now: plus the leeway); otherwise "token
+//   lifetime too long" naming the maximum;
 // - iss equal to `issuer`; aud equal to `audience` or an array holding it;
 // - principal, role and tenant claims (names set in JwtOptions): the
 //   principal a non-empty printable string of at most
 //   kMaxPrincipalFieldBytes bytes; the role one of admin, user, viewer,
 //   worker; the tenant required (non-empty) for user and viewer, optional
-//   for admin (absent or "" means every tenant) and ignored for a worker
-//   (whose tenant is always "").
+//   for admin (absent or "": a global admin, every tenant; a tenant: an
+//   admin of that tenant only) and ignored for a worker (whose tenant is
+//   always ""). A worker's principal claim is the one worker id it may
+//   connect as (api::Gate refuses a Hello naming another).
 // A refused token is UNAUTHENTICATED with a short reason that carries no key
 // material and no claim value, only claim names: "malformed token",
 // "unsupported alg", "unknown key", "bad signature", "token expired",
-// "token not yet valid", "wrong issuer", "wrong audience",
+// "token not yet valid", "token lifetime too long: ...", "wrong issuer",
+// "wrong audience",
 // "missing claim <name>" (absent, or an empty tenant), "bad claim <name>"
 // (wrong type, not printable, too long) and "bad role claim".
 //
@@ -76,6 +82,8 @@ struct JwtOptions {
   std::string tenant_claim = "tenant";
   std::string role_claim = "role";  // its value: admin, user, viewer or worker
   absl::Duration leeway = absl::Seconds(60);  // clock skew allowed for exp/nbf
+  // The longest a token may be valid (exp - iat, exp - now); positive.
+  absl::Duration max_lifetime = absl::Hours(24);
 };
 
 class JwtVerifier {

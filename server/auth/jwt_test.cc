@@ -289,6 +289,46 @@ TEST_F(JwtTest, TimeChecksAllowTheLeeway) {
   EXPECT_TRUE(v->Verify(Sign(rsa_, "RS256", "rsa-1", claims), kNow).ok());
 }
 
+TEST_F(JwtTest, LifetimesAreBounded) {
+  const std::string too_long =
+      "token lifetime too long: exp must be at most 24h after iat and after now "
+      "(--jwt_max_lifetime); issue shorter-lived tokens";
+  Json claims = Claims();
+  claims["iat"] = kNowSeconds - 10;
+  claims["exp"] = kNowSeconds - 10 + 24 * 3600;  // exactly the maximum
+  EXPECT_EQ(Refusal(Sign(rsa_, "RS256", "rsa-1", claims)), "");
+  claims["exp"] = kNowSeconds - 10 + 24 * 3600 + 1;
+  EXPECT_EQ(Refusal(Sign(rsa_, "RS256", "rsa-1", claims)), too_long);
+  // No iat: exp - now is bounded (plus the leeway).
+  claims.erase("iat");
+  claims["exp"] = kNowSeconds + 24 * 3600 + 60;
+  EXPECT_EQ(Refusal(Sign(rsa_, "RS256", "rsa-1", claims)), "");
+  claims["exp"] = kNowSeconds + 24 * 3600 + 61;
+  EXPECT_EQ(Refusal(Sign(rsa_, "RS256", "rsa-1", claims)), too_long);
+  // An iat in the future does not lengthen it.
+  claims["iat"] = kNowSeconds + 24 * 3600;
+  claims["exp"] = kNowSeconds + 30 * 3600;
+  EXPECT_EQ(Refusal(Sign(rsa_, "RS256", "rsa-1", claims)), too_long);
+  // No exp at all is refused.
+  claims = Claims();
+  claims.erase("exp");
+  EXPECT_EQ(Refusal(Sign(rsa_, "RS256", "rsa-1", claims)), "missing claim exp");
+
+  JwtOptions shorter = Options();
+  shorter.max_lifetime = absl::Hours(1);
+  absl::StatusOr<JwtVerifier> v = JwtVerifier::Create(Jwks(), shorter, "jwks.json");
+  ASSERT_TRUE(v.ok());
+  claims = Claims();
+  claims["iat"] = kNowSeconds;
+  claims["exp"] = kNowSeconds + 7200;
+  EXPECT_EQ(v->Verify(Sign(rsa_, "RS256", "rsa-1", claims), kNow).status().message(),
+            "token lifetime too long: exp must be at most 1h after iat and after now "
+            "(--jwt_max_lifetime); issue shorter-lived tokens");
+  shorter.max_lifetime = absl::ZeroDuration();
+  EXPECT_EQ(JwtVerifier::Create(Jwks(), shorter, "jwks.json").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(JwtTest, IssuerAndAudience) {
   Json claims = Claims();
   claims["iss"] = "https://idp.example.com/";

@@ -15,9 +15,13 @@
 namespace tally::auth {
 
 enum class Role {
-  kViewer,  // reads its tenant's jobs
-  kUser,    // submits and manages its tenant's jobs
-  kAdmin,   // everything, in its tenant or (tenant "") in every tenant
+  kViewer,  // reads its tenant's jobs and experiments
+  kUser,    // submits and manages its tenant's jobs and experiments
+  // With a tenant: what a user may do, on every job and experiment of that
+  // tenant and nothing of any other (another tenant's objects are NOT_FOUND,
+  // exactly as missing ones). With tenant "": a global admin, everything in
+  // every tenant. Only a global admin is global (api::IsGlobalAdmin).
+  kAdmin,
   kWorker,  // a tally-worker process; speaks the Workers protocol only
 };
 
@@ -34,7 +38,9 @@ inline constexpr size_t kMaxPrincipalFieldBytes = 128;
 
 struct Principal {
   std::string name;    // "alice"; for a worker: the worker id it may use
-  std::string tenant;  // "" for an admin means every tenant; workers: ""
+  // The one tenant it acts in; "" only for a global admin (every tenant) and
+  // for workers. A non-empty tenant bounds an admin too.
+  std::string tenant;
   Role role = Role::kViewer;
   // How it was authenticated: "token", "jwt", "certificate", "anonymous".
   std::string method;

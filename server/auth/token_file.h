@@ -17,8 +17,9 @@
 // - name: 1 to kMaxPrincipalFieldBytes bytes of printable UTF-8, unique in
 //   the file; for a worker, the worker id its token may use;
 // - tenant: printable, at most kMaxPrincipalFieldBytes bytes; required for
-//   user and viewer; "" for an admin means every tenant; must be empty or
-//   absent for a worker;
+//   user and viewer; an admin with a tenant acts only within it, and only an
+//   admin with "" is global (every tenant); must be empty or absent for a
+//   worker;
 // - token_sha256: exactly 64 hex digits in either case, unique in the file,
 //   and not the hash of the empty string.
 // An empty file or an empty principals list is a valid, empty table: no

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/text.h"
 #include "yaml-cpp/yaml.h"
 
@@ -124,6 +125,18 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
         }
         continue;
       }
+      if (key == "grpc_server") {
+        RETURN_IF_ERROR(ParseGrpcServerLimits(section.second, line, &config.grpc_server));
+        continue;
+      }
+      if (key == "limits") {
+        RETURN_IF_ERROR(ParsePrincipalLimits(section.second, line, &config.limits));
+        continue;
+      }
+      if (key == "tenancy") {
+        RETURN_IF_ERROR(ParseTenancyPolicy(section.second, line, &config.tenancy));
+        continue;
+      }
       if (key == "usd_per_gpu_hour") {
         into = &config.prices.usd_per_gpu_hour;
       } else if (key == "spot_usd_per_gpu_hour") {
@@ -134,7 +147,7 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
         return absl::InvalidArgumentError(absl::StrCat(
             key, " (line ", line,
             "): unknown key; expected usd_per_gpu_hour, spot_usd_per_gpu_hour, "
-            "flops_per_second_per_gpu or tenants"));
+            "flops_per_second_per_gpu, tenants, grpc_server, limits or tenancy"));
       }
       if (!section.second.IsMap()) {
         return absl::InvalidArgumentError(

@@ -1,5 +1,6 @@
 // TallydConfig: what tallyd reads from its --config file (YAML), re-read on
-// SIGHUP: the price table and the tenants' quotas.
+// SIGHUP: the price table and the tenants' quotas (and the sections of
+// server_limits.h and tenancy.h).
 //
 //   usd_per_gpu_hour: {cpu: 0.05, h200: 3.50}
 //   spot_usd_per_gpu_hour: {h200: 1.40}   # workers run with --capacity=spot
@@ -25,12 +26,19 @@
 #include "absl/strings/string_view.h"
 #include "server/ledger/cost_ledger.h"
 #include "server/ledger/tenant_quota.h"
+#include "server/config/server_limits.h"
+#include "server/config/tenancy.h"
 
 namespace tally::config {
 
 struct TallydConfig {
   ledger::PriceTable prices;
   ledger::TenantQuotas quotas;
+  // grpc_server: and limits: (server_limits.h).
+  GrpcServerLimits grpc_server;
+  PrincipalLimits limits;
+  // tenancy: priority caps and cross-tenant preemption (tenancy.h).
+  TenancyPolicy tenancy;
 
   // InvalidArgument for a negative or non-finite price (on-demand or spot),
   // or a throughput that is not a positive finite number, naming the key.

@@ -79,6 +79,20 @@ absl::Status ExperimentManager::Recover() {
     absl::StatusOr<store::ExperimentRecord> rec = store_->GetExperiment(*id);
     if (rec.ok()) active_[*id] = std::move(*rec);  // its next pass acts
   }
+  // Every experiment's series as last committed, ended ones included, as a
+  // tallyd that had not restarted would export them (running ones are
+  // refreshed by their next pass).
+  int64_t before_id = 0;
+  constexpr int kPage = 500;
+  while (true) {
+    absl::StatusOr<std::vector<store::ExperimentRecord>> page =
+        store_->ListExperiments(before_id, kPage, std::nullopt);
+    if (absl::IsUnimplemented(page.status())) break;
+    RETURN_IF_ERROR(page.status());
+    for (const auto& rec : *page) Export(rec.experiment());
+    if (static_cast<int>(page->size()) < kPage) break;
+    before_id = page->back().id();
+  }
   return absl::OkStatus();
 }
 

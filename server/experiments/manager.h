@@ -33,7 +33,9 @@ class ExperimentManager {
   ExperimentManager(store::JobStore* store, sched::Scheduler* scheduler, const Clock* clock,
                     metrics::Registry* registry);
 
-  // Loads the experiments still running (after the scheduler's Recover).
+  // Loads the experiments still running (after the scheduler's Recover),
+  // and exports every stored experiment's series as last committed (ended
+  // ones included), so a restart drops none of them.
   absl::Status Recover();
 
   // Validates (INVALID_ARGUMENT naming the variant and field), stores the

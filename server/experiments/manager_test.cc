@@ -267,6 +267,46 @@ TEST_F(ManagerTest, MetricsShowEachVariantsDollarsToTarget) {
   EXPECT_TRUE(reached);
 }
 
+// Every experiment's series (the ended ones' too) as "name,label=value,...".
+std::map<std::string, double> ExperimentSeries(const metrics::Registry& registry) {
+  std::map<std::string, double> out;
+  for (const auto& f : registry.Collect()) {
+    if (f.name.rfind("tally_experiment_", 0) != 0) continue;
+    for (const auto& m : f.metric) {
+      std::string key = f.name;
+      for (const auto& [k, v] : m.labels) key += "," + k + "=" + v;
+      out[key] = m.value;
+    }
+  }
+  return out;
+}
+
+TEST_F(ManagerTest, ExperimentSeriesSurviveARestart) {
+  auto ended = manager_->Create(Spec(2), "");
+  ASSERT_TRUE(ended.ok());
+  const std::string naive = ended->variants(0).job(), packed = ended->variants(1).job();
+  Hello("w", 2);
+  ASSERT_TRUE(sched_->Tick().ok());
+  clock_.Advance(absl::Seconds(100));
+  ASSERT_TRUE(Eval("w", packed, 100, 2.0).ok());
+  ASSERT_TRUE(Eval("w", naive, 1000, 2.5).ok());
+  ASSERT_TRUE(Exit("w", naive, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(manager_->Reconcile().ok());
+  ASSERT_TRUE(manager_->Cancel(1, "done").ok());
+  ASSERT_TRUE(manager_->Reconcile().ok());
+  auto running = manager_->Create(Spec(2), "");
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(manager_->Reconcile().ok());
+  const auto before = ExperimentSeries(*registries_.back());
+  ASSERT_EQ(before.count("tally_experiment_variant_cost_to_target_dollars,experiment="
+                         "experiments/1,variant=packed"),
+            1u);
+  ASSERT_EQ(before.count("tally_experiment_cost_dollars,experiment=experiments/2"), 1u);
+
+  Restart();  // before any pass of the new manager
+  EXPECT_EQ(ExperimentSeries(*registries_.back()), before);
+}
+
 // Successive halving with fewer workers than variants, on the real
 // scheduler: simulated workers train each running attempt 10 steps a pass
 // (an evaluation every 50), obey preemption and stop orders, and a

@@ -35,10 +35,12 @@ StandbyServer::StandbyServer() : generic_(std::make_unique<Generic>(this)) {}
 StandbyServer::~StandbyServer() { Shutdown(absl::ZeroDuration()); }
 
 absl::StatusOr<std::unique_ptr<StandbyServer>> StandbyServer::Start(
-    const std::string& listen, std::shared_ptr<grpc::ServerCredentials> credentials) {
+    const std::string& listen, std::shared_ptr<grpc::ServerCredentials> credentials,
+    const std::function<void(grpc::ServerBuilder*)>& configure) {
   std::unique_ptr<StandbyServer> s(new StandbyServer());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  if (configure) configure(&builder);
   builder.AddListeningPort(listen, std::move(credentials), &s->port_);
   builder.RegisterCallbackGenericService(s->generic_.get());
   s->server_ = builder.BuildAndStart();

@@ -17,6 +17,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,9 +34,11 @@ inline constexpr char kLivenessService[] = "tally.live";
 class StandbyServer {
  public:
   // Binds `listen` (host:port; port 0 picks one, see port()). UNAVAILABLE
-  // when it cannot be bound.
+  // when it cannot be bound. `configure`, when set, runs on the builder
+  // first (tallyd's transport limits, which a standby needs as much).
   static absl::StatusOr<std::unique_ptr<StandbyServer>> Start(
-      const std::string& listen, std::shared_ptr<grpc::ServerCredentials> credentials);
+      const std::string& listen, std::shared_ptr<grpc::ServerCredentials> credentials,
+      const std::function<void(grpc::ServerBuilder*)>& configure = nullptr);
   ~StandbyServer();
 
   int port() const { return port_; }

@@ -3,6 +3,7 @@
 #include <civetweb.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "server/metrics/text_serializer.h"
@@ -31,19 +32,32 @@ int HandleHealth(mg_connection* conn, void*) {
 
 int HandleReady(mg_connection* conn, void* data) {
   const auto* exporter = static_cast<const HttpExporter*>(data);
-  if (exporter->ready()) {
-    mg_printf(conn,
-              "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
-              "6\r\nConnection: close\r\n\r\nready\n");
-    return 200;
-  }
+  const auto [status, body] = exporter->Readiness();
   mg_printf(conn,
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
-            "Content-Length: 10\r\nConnection: close\r\n\r\nnot ready\n");
-  return 503;
+            "HTTP/1.1 %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
+            "Connection: close\r\n\r\n",
+            status == 200 ? "200 OK" : "503 Service Unavailable", body.size());
+  mg_write(conn, body.data(), body.size());
+  return status;
 }
 
 }  // namespace
+
+void HttpExporter::SetReadinessCheck(std::function<std::optional<std::string>()> check) {
+  absl::MutexLock lock(&check_mu_);
+  check_ = std::move(check);
+}
+
+std::pair<int, std::string> HttpExporter::Readiness() const {
+  if (!ready()) return {503, "not ready\n"};
+  std::optional<std::string> why_not;
+  {
+    absl::MutexLock lock(&check_mu_);
+    if (check_) why_not = check_();
+  }
+  if (why_not.has_value()) return {503, absl::StrCat("not ready: ", *why_not, "\n")};
+  return {200, "ready\n"};
+}
 
 absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(
     const std::string& listen, const Registry* registry, std::optional<Tls> tls) {
@@ -59,8 +73,7 @@ absl::StatusOr<std::unique_ptr<HttpExporter>> HttpExporter::Start(
           } else if (path == "/healthz") {
             r.body = "ok\n";
           } else if (path == "/readyz") {
-            r.status = self->ready() ? 200 : 503;
-            r.body = self->ready() ? "ready\n" : "not ready\n";
+            std::tie(r.status, r.body) = self->Readiness();
           } else {
             r.status = 404;
           }

@@ -6,11 +6,15 @@
 #define TALLY_SERVER_METRICS_HTTP_EXPORTER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include <utility>
+
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/metrics/registry.h"
 
 struct mg_context;
@@ -42,6 +46,12 @@ class HttpExporter {
   // initial state). Thread-safe.
   void SetReady(bool ready) { ready_.store(ready); }
   bool ready() const { return ready_.load(); }
+  // While `check` returns a reason, /readyz answers 503 "not ready: REASON"
+  // even when ready (e.g. the store refuses writes). Called on each /readyz
+  // request, on the server's threads; null removes it. Thread-safe.
+  void SetReadinessCheck(std::function<std::optional<std::string>()> check);
+  // What /readyz answers: 200 "ready\n", or 503 and why not.
+  std::pair<int, std::string> Readiness() const;
   bool serves_tls() const { return tls_ != nullptr; }
   const Registry* registry() const { return registry_; }
 
@@ -52,6 +62,8 @@ class HttpExporter {
   std::unique_ptr<TlsServer> tls_;
   int port_ = 0;
   std::atomic<bool> ready_{false};
+  mutable absl::Mutex check_mu_;
+  std::function<std::optional<std::string>()> check_ ABSL_GUARDED_BY(check_mu_);
 };
 
 }  // namespace tally::metrics

@@ -148,7 +148,7 @@ JobMetrics::JobMetrics(Registry* registry, JobMetricsOptions options)
                            "it exhausted it).");
   attempts_ended_ = counter("tally_job_attempts_ended_total",
                             "A job's attempts that ended, by outcome (succeeded, failed, lost, "
-                            "stopped).");
+                            "stopped, preempted: not a failure, the job resumes).");
   fp8_overflows_ = counter("tally_job_fp8_overflows_total",
                            "Values an FP8 job clamped to the format's range, all attempts.");
   fp8_values_ = counter("tally_job_fp8_values_total",
@@ -342,6 +342,33 @@ void JobMetrics::Expire(absl::Time now) {
     if (s.ended && now - *s.ended >= options_.retention) expired.push_back(name);
   }
   for (const auto& name : expired) Remove(name);
+}
+
+bool JobMetrics::WithinRetention(const tally::v1::Job& j, absl::Time now) const {
+  if (!Terminal(j.state()) || !j.has_end_time() || options_.retention <= absl::ZeroDuration()) {
+    return false;
+  }
+  return now - FromTimestamp(j.end_time()) < options_.retention;
+}
+
+void JobMetrics::RestoreEnded(const tally::v1::Job& j,
+                              const std::map<std::string, int64_t>& ended_by_outcome,
+                              absl::Time now) {
+  if (!WithinRetention(j, now) || jobs_.count(j.name())) return;
+  Update(j);
+  const std::string& n = j.name();
+  for (const auto& [outcome, count] : ended_by_outcome) {
+    if (count > 0) {
+      Count(n, attempts_ended_, {{"tally_job", n}, {"outcome", outcome}})
+          .Increment(static_cast<double>(count));
+    }
+  }
+  if (j.attempt() > 0) {
+    Count(n, tokens_, {{"tally_job", n}, {"kind", "useful"}})
+        .Increment(static_cast<double>(std::max<int64_t>(0, j.tokens())));
+    Count(n, tokens_, {{"tally_job", n}, {"kind", "padding"}})
+        .Increment(static_cast<double>(std::max<int64_t>(0, j.padding_tokens())));
+  }
 }
 
 void JobMetrics::OnAttemptStarted(const tally::v1::Job& j) {

@@ -10,7 +10,9 @@
 // A job's series keep their final values for `retention` after it ends (its
 // terminal state is on tally_job_info), so a scrape after the end still sees
 // the last step, the final and best loss and the budget it used; then every
-// series of the job goes, so cardinality stays bounded.
+// series of the job goes, so cardinality stays bounded. A tallyd restart
+// does not cut that short: the scheduler's recovery rebuilds the series of
+// jobs that ended within the retention (RestoreEnded).
 //
 // It is fed only with what has committed (the scheduler's commit observer
 // passes it the stored record, or a view of it with cost accrued to now) and
@@ -106,7 +108,8 @@ class JobMetrics {
   // An attempt started on tallyd's decision (not adopted): it counts from
   // its first token.
   void OnAttemptStarted(const tally::v1::Job& job);
-  // An attempt ended with `outcome` (succeeded, failed, lost, stopped).
+  // An attempt ended with `outcome` (succeeded, failed, lost, stopped,
+  // preempted).
   void OnAttemptEnded(const tally::v1::Job& job, const std::string& outcome);
   // A checkpoint was recorded and priced.
   void OnCheckpoint(const tally::v1::Job& job, const tally::v1::Checkpoint& checkpoint);
@@ -117,6 +120,20 @@ class JobMetrics {
                   const std::vector<MoeLayerHealth>& moe = {});
   // Removes the series of jobs that ended more than the retention ago.
   void Expire(absl::Time now);
+  // Whether `job` has ended, less than the retention before `now` (by its
+  // end_time): its series are still due.
+  bool WithinRetention(const tally::v1::Job& job, absl::Time now) const;
+  // After a restart: rebuilds an ended job's series from its stored record
+  // for what is left of its retention, counted from its end_time (nothing
+  // when WithinRetention is false). Its final gauges and tally_job_info are
+  // those Update sets; tally_job_attempts_ended_total takes the counts of
+  // its stored attempts by outcome (`ended_by_outcome`), and
+  // tally_job_tokens_total the record's tokens, so a counter is not seen to
+  // reset and rise again across the restart (tokens redone by an earlier
+  // attempt are not in the record: such a job's token counter restarts
+  // lower, which Prometheus reads as a reset).
+  void RestoreEnded(const tally::v1::Job& job,
+                    const std::map<std::string, int64_t>& ended_by_outcome, absl::Time now);
   // Creates the fleet counters of a GPU type at 0, so that its first event
   // shows in rate() and increase().
   void AddGpuType(const std::string& gpu_type);

@@ -393,5 +393,52 @@ TEST(JobMetricsTest, PerExpertSeriesAreCappedAndTheSummaryStays) {
   EXPECT_EQ(s["tally_job_moe_collapsed{layer=\"0\",tally_job=\"jobs/7\"}"], 1);
 }
 
+TEST(JobMetricsTest, RestoredEndedJobKeepsWhatIsLeftOfItsRetention) {
+  Registry registry;
+  JobMetrics m(&registry);  // 15 minutes
+  tally::v1::Job j = Ended(Running(), tally::v1::JOB_STATE_FAILED, 1000);
+  j.set_attempt(3);
+  j.set_tokens(5000);
+  const absl::Time end = absl::FromUnixSeconds(1000);
+  // Ended 16 minutes ago: nothing is rebuilt.
+  EXPECT_FALSE(m.WithinRetention(j, end + absl::Minutes(16)));
+  m.RestoreEnded(j, {{"lost", 2}, {"failed", 1}}, end + absl::Minutes(16));
+  EXPECT_EQ(m.NumJobs(), 0u);
+  // Ended 10 minutes ago: its final values, its attempts by outcome, its tokens.
+  m.RestoreEnded(j, {{"lost", 2}, {"failed", 1}}, end + absl::Minutes(10));
+  auto s = Series(registry);
+  EXPECT_EQ(s["tally_job_attempts_ended_total{outcome=\"lost\",tally_job=\"jobs/7\"}"], 2);
+  EXPECT_EQ(s["tally_job_attempts_ended_total{outcome=\"failed\",tally_job=\"jobs/7\"}"], 1);
+  EXPECT_EQ(s["tally_job_attempts_ended_total{outcome=\"succeeded\",tally_job=\"jobs/7\"}"], 0);
+  EXPECT_EQ(s["tally_job_tokens_total{kind=\"useful\",tally_job=\"jobs/7\"}"], 5000);
+  EXPECT_EQ(s["tally_job_best_val_loss{tally_job=\"jobs/7\"}"], 2.6);
+  EXPECT_THAT(SerializeText(registry.Collect()), HasSubstr("state=\"failed\""));
+  // A second restore (the same job listed twice) adds nothing.
+  m.RestoreEnded(j, {{"lost", 2}}, end + absl::Minutes(10));
+  s = Series(registry);
+  EXPECT_EQ(s["tally_job_attempts_ended_total{outcome=\"lost\",tally_job=\"jobs/7\"}"], 2);
+  // They go 15 minutes after the job's end, not after the restore.
+  m.Expire(end + absl::Minutes(15) - absl::Seconds(1));
+  EXPECT_EQ(m.NumJobs(), 1u);
+  m.Expire(end + absl::Minutes(15));
+  EXPECT_EQ(m.NumJobs(), 0u);
+  EXPECT_THAT(SerializeText(registry.Collect()), Not(HasSubstr("jobs/7")));
+  // Running jobs, and jobs with no end time, are not restored as ended.
+  EXPECT_FALSE(m.WithinRetention(Running(), end));
+  tally::v1::Job no_end = j;
+  no_end.clear_end_time();
+  EXPECT_FALSE(m.WithinRetention(no_end, end));
+}
+
+TEST(JobMetricsTest, NoRetentionRestoresNothing) {
+  Registry registry;
+  JobMetricsOptions o;
+  o.retention = absl::ZeroDuration();
+  JobMetrics m(&registry, o);
+  const tally::v1::Job j = Ended(Running(), tally::v1::JOB_STATE_SUCCEEDED, 1000);
+  m.RestoreEnded(j, {{"succeeded", 1}}, absl::FromUnixSeconds(1000));
+  EXPECT_EQ(m.NumJobs(), 0u);
+}
+
 }  // namespace
 }  // namespace tally::metrics

@@ -141,6 +141,32 @@ TEST(HttpExporterTest, ServesMetricsOnAPickedPort) {
   EXPECT_THAT(HttpGet((*exporter)->port(), "/readyz"), HasSubstr("200 OK"));
 }
 
+// /readyz goes 503 with the check's reason while it gives one (the store
+// refusing writes) and back to 200 when it stops.
+TEST(HttpExporterTest, ReadinessCheckMakesReadyzNotReadyWithTheReason) {
+  Registry registry;
+  auto exporter = HttpExporter::Start("127.0.0.1:0", &registry);
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  std::optional<std::string> failing = "the store refuses writes: database or disk is full";
+  absl::Mutex mu;
+  (*exporter)->SetReadinessCheck([&]() -> std::optional<std::string> {
+    absl::MutexLock lock(&mu);
+    return failing;
+  });
+  (*exporter)->SetReady(true);
+  const std::string down = HttpGet((*exporter)->port(), "/readyz");
+  EXPECT_THAT(down, HasSubstr("503 Service Unavailable"));
+  EXPECT_THAT(down, HasSubstr("not ready: the store refuses writes: database or disk is full"));
+  {
+    absl::MutexLock lock(&mu);
+    failing.reset();
+  }
+  EXPECT_THAT(HttpGet((*exporter)->port(), "/readyz"), HasSubstr("200 OK"));
+  (*exporter)->SetReady(false);  // draining wins over a passing check
+  EXPECT_THAT(HttpGet((*exporter)->port(), "/readyz"), HasSubstr("503 Service Unavailable"));
+  EXPECT_EQ((*exporter)->Readiness().first, 503);
+}
+
 TEST(GrpcServerMetricsTest, EveryMethodAndCodeExistsAtZero) {
   Registry r;
   GrpcServerMetrics m(&r);

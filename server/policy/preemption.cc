@@ -206,6 +206,7 @@ PreemptionDecision ChoosePreemptions(
   std::map<int64_t, Job> jobs;
   for (const RunningAttempt& a : running) {
     if (a.gpu_type != gpu) continue;
+    if (options.only_tenant.has_value() && a.tenant != *options.only_tenant) continue;
     auto [it, inserted] = jobs.try_emplace(a.job_id);
     Job& j = it->second;
     j.priority = inserted ? a.priority : std::max(j.priority, a.priority);

@@ -13,7 +13,11 @@
 //     does not preempt back a job that preempted it);
 //   - never an attempt already stopping (a pending stop or preemption);
 //   - gangs all or nothing: a victim frees all its slots, and the waiting
-//     job is only served when all its ranks fit; else nobody is preempted.
+//     job is only served when all its ranks fit; else nobody is preempted;
+//   - with `only_tenant` set, only attempts of that tenant are considered
+//     (others are left out as if not running, so `why` says nothing of
+//     them): tallyd sets it to the waiting job's tenant unless its config
+//     allows cross-tenant preemption.
 // Among the sets of victims that suffice it takes the fewest attempts; among
 // those, the lowest priorities; then the most recently checkpointed (the
 // least work to redo); then the newest jobs (higher id). Sets of one size are
@@ -41,6 +45,7 @@
 #define TALLY_SERVER_POLICY_PREEMPTION_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +59,7 @@ struct RunningAttempt {
   int64_t job_id = 0;
   int priority = 0;
   std::string gpu_type;
+  std::string tenant;  // the job's tenant
   // One entry per rank (a worker may appear more than once).
   std::vector<std::string> rank_workers;
   absl::Time started;                                 // this attempt's start
@@ -63,6 +69,8 @@ struct RunningAttempt {
 
 struct PreemptionOptions {
   absl::Duration min_runtime = absl::Minutes(10);
+  // Set: only attempts of this tenant may be preempted.
+  std::optional<std::string> only_tenant;
 };
 
 struct PreemptionDecision {

@@ -314,6 +314,33 @@ TEST(PreemptionChoiceTest, MinRuntimeIsAnOption) {
   EXPECT_THAT(got.victims, ElementsAre(1));
 }
 
+TEST(PreemptionChoiceTest, OnlyTenantKeepsPreemptionInsideTheTenant) {
+  RunningAttempt other;
+  other.job_id = 1;
+  other.priority = 0;
+  other.gpu_type = "h200";
+  other.tenant = "dev";
+  other.rank_workers = {"a"};
+  other.started = Ago(kOld);
+  PreemptionOptions options;
+  options.only_tenant = "research";
+  PreemptionDecision got = ChoosePreemptions(Waiting(5, 1), {}, {}, {other}, {}, kNow, options);
+  EXPECT_THAT(got.victims, IsEmpty());
+  // The other tenant's attempt is not even mentioned.
+  EXPECT_EQ(got.why, "no lower-priority attempt of h200 is running");
+  RunningAttempt own = other;
+  own.job_id = 2;
+  own.tenant = "research";
+  own.rank_workers = {"b"};
+  got = ChoosePreemptions(Waiting(5, 1), {}, {}, {other, own}, {}, kNow, options);
+  EXPECT_THAT(got.victims, ElementsAre(2));
+  // Without only_tenant (an admin allowed cross-tenant preemption) another
+  // tenant's attempt may go.
+  options.only_tenant.reset();
+  got = ChoosePreemptions(Waiting(5, 1), {}, {}, {other}, {}, kNow, options);
+  EXPECT_THAT(got.victims, ElementsAre(1));
+}
+
 std::vector<RunningAttempt> OneSlotAttempts(int n, int first_id, int first_priority) {
   std::vector<RunningAttempt> out;
   for (int i = 0; i < n; ++i) {

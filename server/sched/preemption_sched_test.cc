@@ -384,6 +384,56 @@ TEST_F(PreemptionTest, AHigherPriorityJobPreemptsTheLowerOneOnAFullFleet) {
   EXPECT_EQ(Job(low).state(), tally::v1::JOB_STATE_QUEUED);
 }
 
+TEST_F(PreemptionTest, PreemptionStaysInsideATenantByDefault) {
+  Hello("w0");
+  auto low = sched_->Submit(Spec(0), "", Actor{"bob", "dev"});
+  ASSERT_TRUE(low.ok()) << low.status();
+  const int64_t low_id = std::stoll(low->name().substr(5));
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(low_id).state(), tally::v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Minutes(11));
+  auto high = sched_->Submit(Spec(100), "", Actor{"alice", "research"});
+  ASSERT_TRUE(high.ok()) << high.status();
+  Progress("w0", low_id, 10);
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_TRUE(channel_.stops.empty()) << "another tenant's attempt is not a candidate";
+  EXPECT_EQ(Job(std::stoll(high->name().substr(5))).state(), tally::v1::JOB_STATE_QUEUED);
+  // A job of its own tenant may preempt it.
+  auto own = sched_->Submit(Spec(50), "", Actor{"carol", "dev"});
+  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(channel_.stops.size(), 1u);
+  EXPECT_EQ(Job(low_id).preemption().pending_for(), own->name());
+}
+
+TEST_F(PreemptionTest, CrossTenantPreemptionWhenAllowedDoesNotNameThePreemptor) {
+  options_.cross_tenant_preemption = true;
+  NewScheduler();
+  Hello("w0");
+  auto low = sched_->Submit(Spec(0), "", Actor{"bob", "dev"});
+  ASSERT_TRUE(low.ok()) << low.status();
+  const int64_t low_id = std::stoll(low->name().substr(5));
+  ASSERT_TRUE(sched_->Tick().ok());
+  clock_.Advance(absl::Minutes(11));
+  auto high = sched_->Submit(Spec(100), "", Actor{"alice", "research"});
+  ASSERT_TRUE(high.ok()) << high.status();
+  Progress("w0", low_id, 10);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(channel_.stops.size(), 1u);
+  EXPECT_TRUE(channel_.stops[0].preempt());
+  EXPECT_THAT(channel_.stops[0].reason(), testing::Not(HasSubstr(high->name())));
+  auto events = store_.ListEvents(low_id, 0, 1000);
+  ASSERT_TRUE(events.ok());
+  bool preempting = false;
+  for (const auto& e : *events) {
+    if (e.type() != "preempting") continue;
+    preempting = true;
+    EXPECT_EQ(e.reason(), "preempted for a higher-priority job (priority 100 > 0)");
+    EXPECT_THAT(e.detail(), testing::Not(HasSubstr(high->name())));
+  }
+  EXPECT_TRUE(preempting);
+}
+
 TEST_F(PreemptionTest, AHoldOnAJobBeingPreemptedForPriorityLeavesThatPreemption) {
   Hello("w0");
   const int64_t low = Submit(Spec(0));

@@ -227,7 +227,8 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
   attempts_ended_ = &metrics::BuildCounter()
                          .Name("tally_attempts_ended_total")
                          .Help("Attempts that ended, by outcome (succeeded, "
-                               "failed, lost, stopped).")
+                               "failed, lost, stopped, preempted: not a failure, the job "
+                               "resumes).")
                          .Register(*registry);
   transitions_ = &metrics::BuildCounter()
                       .Name("tally_job_transitions_total")
@@ -334,8 +335,18 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                        .Register(*registry);
   workers_lost_ = &metrics::BuildCounter()
                        .Name("tally_workers_lost_total")
-                       .Help("Workers found silent past the heartbeat timeout (their attempts "
-                             "are lost), by GPU type.")
+                       .Help("Workers found silent past the heartbeat timeout, or whose stream "
+                             "ended without a notice or while still holding attempts (their "
+                             "attempts are lost), by GPU type. Clean exits are in "
+                             "tally_worker_exits_total.")
+                       .Register(*registry);
+  worker_exits_ = &metrics::BuildCounter()
+                       .Name("tally_worker_exits_total")
+                       .Help("Workers that left cleanly: they sent a notice and their stream "
+                             "ended holding nothing, by GPU type and cause (sigterm, sigint: a "
+                             "signal, e.g. a pod deleted or scaled down; notice_file: a spot "
+                             "reclaim notice; idle: --exit_when_idle, scale to zero). Not "
+                             "counted in tally_workers_lost_total.")
                        .Register(*registry);
   for (const auto& [gpu_type, price] : options_.prices.usd_per_gpu_hour) AddGpuType(gpu_type);
   // Jobs by state come from the store, the source of truth, at scrape time.
@@ -1143,14 +1154,32 @@ absl::Status Scheduler::Recover() {
       RETURN_IF_ERROR(Execute(id, std::move(p)));
     }
   }
-  // Throughput measured by finished jobs, for estimates.
+  // Throughput measured by finished jobs, for estimates; and the series of
+  // jobs that ended within the metrics retention (measured from their end),
+  // which a restart would otherwise cut short.
   store::JobQuery q;
   q.states = {tally::v1::JOB_STATE_SUCCEEDED, tally::v1::JOB_STATE_EARLY_STOPPED,
-              tally::v1::JOB_STATE_BUDGET_EXHAUSTED};
+              tally::v1::JOB_STATE_BUDGET_EXHAUSTED, tally::v1::JOB_STATE_CANCELLED,
+              tally::v1::JOB_STATE_FAILED};
   q.limit = 1000;
   while (true) {
     ASSIGN_OR_RETURN(std::vector<store::JobRecord> page, store_->ListJobs(q));
-    for (const auto& r : page) ledger_.RecordFinished(r.job());
+    for (const auto& r : page) {
+      const tally::v1::JobState st = r.job().state();
+      if (st == tally::v1::JOB_STATE_SUCCEEDED || st == tally::v1::JOB_STATE_EARLY_STOPPED ||
+          st == tally::v1::JOB_STATE_BUDGET_EXHAUSTED) {
+        ledger_.RecordFinished(r.job());
+      }
+      if (!job_metrics_.WithinRetention(r.job(), now)) continue;
+      std::map<std::string, int64_t> ended_by_outcome;
+      if (r.job().attempt() > 0) {
+        ASSIGN_OR_RETURN(std::vector<store::AttemptRecord> attempts, store_->ListAttempts(r.id()));
+        for (const auto& a : attempts) {
+          if (a.state() != store::ATTEMPT_STATE_RUNNING) ++ended_by_outcome[Outcome(a.state())];
+        }
+      }
+      job_metrics_.RestoreEnded(r.job(), ended_by_outcome, now);
+    }
     if (static_cast<int>(page.size()) < q.limit) break;
     q.before_id = page.back().id();
   }
@@ -1561,6 +1590,16 @@ void Scheduler::OnDisconnect(const std::string& worker_id, int64_t generation) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.generation != generation) return;
   it->second.connected = false;
+  // Announced (a notice) and nothing left to hand back: a clean exit, not
+  // a loss. Anything else is found silent past the heartbeat timeout.
+  WorkerState& ws = it->second;
+  if (!ws.draining.empty() && ws.held.empty() && ws.unconfirmed_exits.empty() &&
+      !ws.counted_lost) {
+    ws.counted_lost = true;
+    const std::string& type = ws.rec.gpu_type();
+    worker_exits_->Add({{"gpu_type", type.empty() ? "unknown" : type}, {"cause", ws.draining}})
+        .Increment();
+  }
   UpdateGauges();
 }
 
@@ -2376,6 +2415,7 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
     r.job_id = id;
     r.priority = j.spec().priority();
     r.gpu_type = j.spec().resources().gpu_type();
+    r.tenant = j.tenant();
     r.rank_workers.assign(job.attempt->worker_ids().begin(), job.attempt->worker_ids().end());
     r.started = FromProto(job.attempt->start_time());
     if (job.last_checkpoint) r.last_checkpoint = FromProto(job.last_checkpoint->time());
@@ -2404,6 +2444,7 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
     for (const std::string& name : w.rec.job().preemption().preempted_by()) {
       if (absl::StatusOr<int64_t> id = ParseJobName(name); id.ok()) preempted_by.push_back(*id);
     }
+    if (!options_.cross_tenant_preemption) options.only_tenant = w.rec.job().tenant();
     const policy::PreemptionDecision d =
         policy::ChoosePreemptions(q, preempted_by, free, running, capacity, now, options);
     if (d.victims.empty()) continue;
@@ -2421,9 +2462,13 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
       auto vit = active_.find(victim);
       if (vit == active_.end()) continue;
       const int victim_priority = vit->second.rec.job().spec().priority();
+      // Another tenant's job is not named to the victim's tenant.
+      const bool same_tenant = vit->second.rec.job().tenant() == w.rec.job().tenant();
       const std::string reason =
-          absl::StrCat("preempted for ", name, " (priority ", q.priority, " > ", victim_priority,
-                       "): ", d.why);
+          same_tenant ? absl::StrCat("preempted for ", name, " (priority ", q.priority, " > ",
+                                     victim_priority, "): ", d.why)
+                      : absl::StrCat("preempted for a higher-priority job (priority ",
+                                     q.priority, " > ", victim_priority, ")");
       const std::optional<store::AttemptRecord> attempt = vit->second.attempt;
       absl::Status s = Execute(victim, PlanPreempting(vit->second, name, reason));
       note(s);
@@ -2573,6 +2618,9 @@ void Scheduler::AddGpuType(const std::string& gpu_type) {
     preemptions_->Add({{"gpu_type", gpu_type}, {"cause", cause}});
   }
   workers_lost_->Add({{"gpu_type", gpu_type}});
+  for (const char* cause : {"sigterm", "sigint", "notice_file", "idle"}) {
+    worker_exits_->Add({{"gpu_type", gpu_type}, {"cause", cause}});
+  }
   job_metrics_.AddGpuType(gpu_type);
 }
 

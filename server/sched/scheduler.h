@@ -22,7 +22,9 @@
 // Measurements are not state: the counters of computed tokens and of FP8
 // values cast and clamped move when a progress report arrives, and a worker
 // silent past the heartbeat timeout counts as lost
-// (tally_workers_lost_total) when it is found so.
+// (tally_workers_lost_total) when it is found so; one that sent a notice and
+// whose stream then ended holding nothing left cleanly
+// (tally_worker_exits_total{cause}), and is not counted as lost.
 //
 // Stops. A cancel or a spent budget ends the job at once. A stop decided by
 // an evaluation (early stopping) keeps the state that evaluation measured:
@@ -101,6 +103,11 @@ struct SchedulerOptions {
   // attempts, and how long an attempt must have run before it may be.
   bool priority_preemption = true;
   absl::Duration min_runtime_before_preemption = absl::Minutes(10);
+  // Whether a waiting job may preempt another tenant's attempts (tallyd's
+  // --config tenancy.cross_tenant_preemption); by default only its own
+  // tenant's. A victim of another tenant's job is told "a higher-priority
+  // job", never its name.
+  bool cross_tenant_preemption = false;
   // Group commit (tallyd --group_commit, read by api::Core): a submit's
   // store write happens outside the API lock (PrepareSubmit, the store's
   // CreateJob, ActOnSubmit), so concurrent submits share the store's
@@ -300,7 +307,9 @@ class Scheduler {
     std::map<AttemptKey, int> held;
     // Exits it reported whose commit failed, retried until they commit.
     std::vector<tally::v1::AttemptExit> unconfirmed_exits;
-    // Counted in tally_workers_lost_total for its current silence.
+    // Its departure is counted for its current session: in
+    // tally_workers_lost_total (silent) or tally_worker_exits_total (left
+    // cleanly after a notice).
     bool counted_lost = false;
     // The cause of the preemption notice it sent (it is going away): nothing
     // new is placed on it. Cleared by its next Hello.
@@ -461,6 +470,9 @@ class Scheduler {
   metrics::Family<metrics::Counter>* early_stops_;
   metrics::Family<metrics::Counter>* job_ends_;
   metrics::Family<metrics::Counter>* workers_lost_;
+  // Workers that left cleanly (a notice, then their stream ended with
+  // nothing held), by GPU type and the notice's cause.
+  metrics::Family<metrics::Counter>* worker_exits_;
   metrics::Family<metrics::Counter>* refused_reports_;
   metrics::Family<metrics::Counter>* preemptions_;
   metrics::Family<metrics::Counter>* redone_total_;

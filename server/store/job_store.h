@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/store/write_health.h"
 #include "tally/store/records.pb.h"
 #include "tally/v1/experiments.pb.h"
 #include "tally/v1/jobs.pb.h"
@@ -60,6 +61,16 @@ struct JobQuery {
 class JobStore {
  public:
   virtual ~JobStore() = default;
+
+  // Whether writes are being refused (write_health.h); null for a store
+  // that does not track it (memory). Owned by the store.
+  virtual const WriteHealth* write_health() const { return nullptr; }
+  // One small write that changes nothing, recorded in write_health(): how
+  // tallyd finds out that a store refusing writes takes them again.
+  // UNIMPLEMENTED where write_health() is null.
+  virtual absl::Status ProbeWrite() {
+    return absl::UnimplementedError("this store does not probe writes");
+  }
 
   // Assigns the job an id and name, stores it with its first event (whose
   // sequence is set to 1). With a non-empty request_id already used by the

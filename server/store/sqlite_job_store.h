@@ -63,6 +63,12 @@ class SqliteJobStore final : public JobStore {
   // removes it.
   void SetCommitHookForTesting(std::function<bool()> hook);
 
+  // Every batch's outcome is recorded; ProbeWrite rewrites the schema
+  // version (PRAGMA user_version) in a transaction of its own, which needs
+  // the disk to take a page.
+  const WriteHealth* write_health() const override { return &write_health_; }
+  absl::Status ProbeWrite() override;
+
   absl::StatusOr<CreateResult> CreateJob(JobRecord job,
                                          tally::v1::JobEvent first_event) override;
   absl::Status Commit(const Mutation& mutation) override;
@@ -129,6 +135,7 @@ class SqliteJobStore final : public JobStore {
   absl::Mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
   std::function<bool()> commit_hook_ ABSL_GUARDED_BY(mu_);
+  WriteHealth write_health_;
 };
 
 }  // namespace tally::store

@@ -255,5 +255,56 @@ TEST(SqliteGroupCommitTest, AFailedLoneWriteLeavesTheStoreUsable) {
   EXPECT_EQ(CountJobs(*store), 1);
 }
 
+// /readyz follows write_health(): a failed write marks the store failing,
+// the next write that commits (a probe when nothing else writes) clears it.
+TEST(SqliteWriteHealthTest, AFailedCommitIsFailingUntilAWriteSucceeds) {
+  auto store = OpenStore(TempDbPath());
+  ASSERT_NE(store, nullptr);
+  ASSERT_NE(store->write_health(), nullptr);
+  EXPECT_EQ(store->write_health()->Failing(), std::nullopt);
+  ASSERT_TRUE(store->CreateJob(NewJob(), Submitted()).ok());
+  store->SetCommitHookForTesting([] { return false; });  // every COMMIT fails
+  EXPECT_FALSE(store->CreateJob(NewJob(), Submitted()).ok());
+  std::optional<std::string> failing = store->write_health()->Failing();
+  ASSERT_TRUE(failing.has_value());
+  EXPECT_THAT(*failing, ::testing::HasSubstr("the store refuses writes: "));
+  EXPECT_FALSE(store->ProbeWrite().ok());
+  EXPECT_TRUE(store->write_health()->Failing().has_value()) << "the probe failed too";
+  store->SetCommitHookForTesting(nullptr);
+  ASSERT_TRUE(store->ProbeWrite().ok());
+  EXPECT_EQ(store->write_health()->Failing(), std::nullopt);
+  EXPECT_EQ(CountJobs(*store), 1) << "the probe wrote no job";
+  auto version = store->SchemaVersion();
+  ASSERT_TRUE(version.ok());
+  EXPECT_EQ(*version, SqliteJobStore::kSchemaVersion) << "the probe keeps the version";
+}
+
+TEST(WriteHealthTest, OnlyStoreFailuresCount) {
+  const struct {
+    absl::Status status;
+    bool failing_after;
+  } steps[] = {
+      {absl::OkStatus(), false},
+      {absl::AlreadyExistsError("request_id reused"), false},
+      {absl::ResourceExhaustedError("database or disk is full"), true},
+      {absl::NotFoundError("no such job"), true},  // changes nothing
+      {absl::InvalidArgumentError("bad"), true},
+      {absl::OkStatus(), false},
+      {absl::UnavailableError("connection lost"), true},
+      {absl::OkStatus(), false},
+      {absl::InternalError("commit failed"), true},
+      {absl::DataLossError("corrupt"), true},
+  };
+  WriteHealth health;
+  int i = 0;
+  for (const auto& step : steps) {
+    health.Record(step.status);
+    EXPECT_EQ(health.Failing().has_value(), step.failing_after) << "step " << i << ": "
+                                                                 << step.status;
+    ++i;
+  }
+  EXPECT_THAT(*health.Failing(), ::testing::HasSubstr("corrupt"));
+}
+
 }  // namespace
 }  // namespace tally::store

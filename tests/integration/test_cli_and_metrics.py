@@ -213,5 +213,22 @@ class JobMetricsTest(ClusterTest):
         self.assertIn('tally_early_stops_total{rule="patience"} 0', after)
 
 
+    def test_ended_jobs_series_survive_a_tallyd_restart(self):
+        self.add_worker("w1")
+        job = self.submit(spec(max_steps=5, name="restart"))
+        self.wait_state(job.name, jobs_pb2.JOB_STATE_SUCCEEDED)
+        info = ('tally_job_info{display_name="restart",gpu_type="cpu",state="succeeded",'
+                'tally_job="%s"}' % job.name)
+        step = 'tally_job_step{tally_job="%s"}' % job.name
+        ended = 'tally_job_attempts_ended_total{outcome="succeeded",tally_job="%s"}' % job.name
+        before = parse_exposition(self.tallyd.scrape())
+        self.assertEqual((before[info], before[step], before[ended]), (1, 5, 1))
+        self.tallyd.restart()  # SIGKILL, then the same data directory
+        after = parse_exposition(self.tallyd.scrape())
+        self.assertEqual(after.get(info), 1, "the ended job's info is back")
+        self.assertEqual(after.get(step), 5, "with its final values")
+        self.assertEqual(after.get(ended), 1, "and its counters where they were")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -20,7 +20,10 @@ tally_gpus_wanted between 0 and a maximum (KEDA ScaledObjects, validated
 against deploy/k8s/schemas, which also refuse a misspelt field); overlays/ha
 runs two tallyd replicas on PostgreSQL (the DSN from a Secret file), ready
 only while leading, with a disruption budget; components/postgres-dev adds a
-PostgreSQL to try it with."""
+PostgreSQL to try it with. Monitoring: every overlay ships the alert rules of
+deploy/prometheus/alerts.yaml as a PrometheusRule (exactly its groups) and
+each deploy/grafana dashboard as a ConfigMap for Grafana's sidecar (byte for
+byte), and a stale generated copy fails."""
 
 import base64
 import json
@@ -57,7 +60,14 @@ CRD_SCHEMAS = {
         os.path.join(K8S, "schemas", "certificate.cert-manager.io-v1.json"),
     ("keda.sh/v1alpha1", "ScaledObject"):
         os.path.join(K8S, "schemas", "scaledobject.keda.sh-v1alpha1.json"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"):
+        os.path.join(K8S, "schemas", "prometheusrule.monitoring.coreos.com-v1.json"),
 }
+# What deploy/k8s ships for monitoring comes from these, through
+# scripts/gen-k8s-monitoring.py.
+ALERT_RULES = os.path.join(ROOT, "deploy", "prometheus", "alerts.yaml")
+GRAFANA = os.path.join(ROOT, "deploy", "grafana")
+GEN_MONITORING = os.path.join(ROOT, "scripts", "gen-k8s-monitoring.py")
 # Where overlays/ha has tallyd read the PostgreSQL DSN (a Secret's file).
 POSTGRES_DSN_FILE = "/var/run/secrets/tally/postgres/dsn"
 
@@ -320,7 +330,7 @@ class DeployTest(unittest.TestCase):
     def test_cpu_overlay(self):
         objects = render("cpu")
         builtin, custom = self.validate(objects)
-        self.assertEqual([o["kind"] for o in custom], ["ServiceMonitor"])
+        self.assertEqual(sorted(o["kind"] for o in custom), ["PrometheusRule", "ServiceMonitor"])
         for o in objects:
             if o["kind"] != "Namespace":
                 self.assertEqual(o["metadata"]["namespace"], "tally", o["metadata"]["name"])
@@ -639,7 +649,7 @@ class DeployTest(unittest.TestCase):
             objects = render("gpu-autoscaled", k8s)
         _, custom = self.validate(objects)
         self.assertEqual(sorted(o["kind"] for o in custom),
-                         ["ScaledObject", "ScaledObject", "ServiceMonitor"])
+                         ["PrometheusRule", "ScaledObject", "ScaledObject", "ServiceMonitor"])
         _, prometheus_namespace = monitoring_of(objects)
         pools = {p["metadata"]["name"]: p for p in of_kind(objects, "StatefulSet")}
         scaled = {o["spec"]["scaleTargetRef"]["name"]: o for o in of_kind(objects, "ScaledObject")}
@@ -811,7 +821,7 @@ class DeployTest(unittest.TestCase):
                 _, custom = self.validate(objects)
                 self.assertEqual(sorted(o["kind"] for o in custom),
                                  ["Certificate", "Certificate", "Issuer", "Issuer",
-                                  "ServiceMonitor"], overlay)
+                                  "PrometheusRule", "ServiceMonitor"], overlay)
                 for o in objects:
                     if o["kind"] != "Namespace":
                         self.assertEqual(o["metadata"]["namespace"], "tally",
@@ -1016,6 +1026,54 @@ class DeployTest(unittest.TestCase):
             self.assertFalse(ready())
         finally:
             listener.close()
+
+    def test_monitoring_ships_the_alert_rules_and_dashboards_of_deploy(self):
+        # The generated copies are up to date...
+        r = subprocess.run(["python3", GEN_MONITORING, "--check"], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(ALERT_RULES) as f:
+            rules = yaml.safe_load(f)
+        dashboards = {}
+        for name in ("fleet", "job", "experiment"):
+            with open(os.path.join(GRAFANA, name + ".json")) as f:
+                dashboards[name] = f.read()
+        for overlay in ("cpu", "gpu", "ha"):
+            objects = render(overlay)
+            # ...and every overlay renders them: the PrometheusRule holds
+            # exactly the rules file's groups, selected like the ServiceMonitor.
+            rule = find(objects, "PrometheusRule", "tally-alerts")
+            self.assertEqual(rule["spec"], rules, overlay)
+            self.assertEqual(rule["metadata"]["labels"]["release"],
+                             find(objects, "ServiceMonitor", "tallyd")["metadata"]["labels"]
+                             ["release"], overlay)
+            self.assertEqual(schema_errors(rule, CRD_SCHEMAS[("monitoring.coreos.com/v1",
+                                                              "PrometheusRule")]), "")
+            # One ConfigMap per dashboard, byte for byte, for Grafana's sidecar.
+            for name, text in dashboards.items():
+                cm = find(objects, "ConfigMap", "tally-dashboard-" + name)
+                self.assertEqual(cm["metadata"]["labels"]["grafana_dashboard"], "1")
+                self.assertEqual(cm["data"], {name + ".json": text}, (overlay, name))
+                self.assertEqual(cm["metadata"]["namespace"], "tally")
+        # The rendered rules are rules Prometheus loads.
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            yaml.safe_dump(rule["spec"], f)
+            f.flush()
+            r = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True,
+                               text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # A rule edited in deploy/prometheus and not regenerated is caught.
+        with tempfile.TemporaryDirectory() as tmp:
+            for sub in ("scripts", os.path.join("deploy", "prometheus"),
+                        os.path.join("deploy", "grafana")):
+                shutil.copytree(os.path.join(ROOT, sub), os.path.join(tmp, sub))
+            shutil.copytree(K8S, os.path.join(tmp, "deploy", "k8s"))
+            with open(os.path.join(tmp, "deploy", "prometheus", "alerts.yaml"), "a") as f:
+                f.write("      - alert: Extra\n        expr: vector(1)\n")
+            r = subprocess.run(["python3", os.path.join(tmp, "scripts", "gen-k8s-monitoring.py"),
+                                "--check"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertIn("prometheusrule.yaml", r.stderr)
 
     def test_dockerignore_keeps_build_outputs_out(self):
         with open(os.path.join(ROOT, ".dockerignore")) as f:

@@ -113,7 +113,7 @@ class StaticTest(unittest.TestCase):
             group = {"name": os.path.basename(path), "rules": []}
             for i, (title, expr) in enumerate(panel_exprs(path)):
                 expr = re.sub(r"\$\{?(job|experiment)\}?", "x/1", expr)
-                expr = expr.replace("$__range", "1h")
+                expr = expr.replace("$__range", "1h").replace("$__rate_interval", "1m")
                 group["rules"].append({"record": "tally:panel_%d" % i, "expr": expr})
             rules["groups"].append(group)
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
@@ -124,11 +124,11 @@ class StaticTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_panels_have_units_and_take_counters_through_rate_or_increase(self):
-        for path in LIVE_DASHBOARDS:
+        for path in DASHBOARDS:
             with open(path) as f:
                 d = json.load(f)
             for p in d["panels"]:
-                self.assertTrue(p["fieldConfig"]["defaults"].get("unit"), p["title"])
+                self.assertTrue(p["fieldConfig"]["defaults"].get("unit"), (path, p["title"]))
                 for t in p["targets"]:
                     # Every counter inside rate() or increase(): a raw counter
                     # resets with tallyd and means nothing on a graph.
@@ -138,9 +138,16 @@ class StaticTest(unittest.TestCase):
                     if os.path.basename(path) == "job.json":
                         self.assertIn("{{tally_job}}", t["legendFormat"], p["title"])
                         self.assertIn('tally_job="$job"', t["expr"], p["title"])
-                    # Aggregated so that two scraped tallyd replicas give one line.
-                    self.assertRegex(t["expr"], r"^(histogram_quantile\(\S+ )?(max|sum)( by |\()",
-                                     (p["title"], t["expr"]))
+                    # Aggregated so that two scraped tallyd replicas give one line:
+                    # every selector inside a max/sum (a sort or count of one
+                    # counts each variant once, not once per replica).
+                    self.assertRegex(t["expr"],
+                                     r"^(histogram_quantile\(\S+ |sort\(|count\(|sum\()?"
+                                     r"(max|sum)( by |\()", (p["title"], t["expr"]))
+                    # Windows follow the scrape interval and the zoom, never fixed.
+                    for window in re.findall(r"\[([^\]]*)\]", t["expr"]):
+                        self.assertIn(window, ("$__rate_interval", "$__range"),
+                                      (p["title"], t["expr"]))
 
     def test_alert_rules_pass_their_unit_tests(self):
         r = subprocess.run(["promtool", "test", "rules", RULE_TESTS], capture_output=True,
@@ -385,7 +392,8 @@ class PrometheusTest(ClusterTest):
         empty, failed = [], []
         for path in LIVE_DASHBOARDS:
             for title, expr in panel_exprs(path):
-                expr = expr.replace("$job", job.name).replace("$__range", "5m")
+                expr = (expr.replace("$job", job.name).replace("$__range", "5m")
+                        .replace("$__rate_interval", "1m"))
                 reply = self.api("query", query=expr)
                 if reply["status"] != "success":
                     failed.append((title, expr, reply))
@@ -419,7 +427,10 @@ class PrometheusTest(ClusterTest):
 
         groups = self.api("rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        self.assertEqual(len(rules), 11)
+        with open(RULES) as f:
+            defined = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
+        self.assertEqual(len(rules), len(defined))
+        self.assertEqual(len(rules), 13)
         for r in rules:
             self.assertEqual(r["health"], "ok", r)
 

@@ -5,8 +5,12 @@ many workers sit idle (tally_workers_idle), which is what an autoscaler
 (deploy/k8s/components/keda) sizes the fleet by; and a worker started with
 --exit_when_idle=2s runs a job to its end, then leaves about 2 s later,
 exiting 0 after telling tallyd (a notice, cause idle), never while the job
-runs."""
+runs. A worker that leaves cleanly (SIGTERM idle or running, or
+--exit_when_idle) is counted in tally_worker_exits_total by cause, never in
+tally_workers_lost_total, which counts only a worker whose stream broke or
+that went silent (SIGKILL)."""
 
+import signal
 import subprocess
 import time
 import unittest
@@ -82,6 +86,40 @@ class ScaleTest(ClusterTest):
         self.assertEqual(self.get(job.name).state, jobs_pb2.JOB_STATE_QUEUED)
         self.add_worker("w2")
         self.wait_state(job.name, jobs_pb2.JOB_STATE_SUCCEEDED, timeout=120)
+
+    def test_clean_exits_are_counted_by_cause_and_only_a_killed_worker_is_lost(self):
+        def exits(cause):
+            return self.metric("tally_worker_exits_total", gpu_type="cpu", cause=cause)
+
+        def lost():
+            return self.metric("tally_workers_lost_total", gpu_type="cpu")
+
+        # Scale to zero: an idle worker with --exit_when_idle leaves.
+        idle = self.add_worker("idle", ["--exit_when_idle=%gs" % IDLE_SECONDS])
+        self.assertEqual(idle.proc.wait(timeout=30), 0)
+        wait_for(lambda: exits("idle") == 1, timeout=10, what="an idle exit counted")
+        # A scale-down: SIGTERM of an idle worker.
+        calm = self.add_worker("calm")
+        self.wait_gauges(0, 1, "the idle worker connected")
+        self.assertEqual(calm.kill(signal.SIGTERM), 0)
+        wait_for(lambda: exits("sigterm") == 1, timeout=10, what="a SIGTERM exit counted")
+        # A preemption: SIGTERM of a worker running a job, which checkpoints,
+        # hands the attempt back and leaves.
+        busy = self.add_worker("busy")
+        job = self.submit(spec(max_steps=1000000, name="preempted"))
+        self.wait_state(job.name, jobs_pb2.JOB_STATE_RUNNING)
+        self.assertEqual(busy.kill(signal.SIGTERM), 0)
+        self.wait_state(job.name, jobs_pb2.JOB_STATE_QUEUED)
+        wait_for(lambda: exits("sigterm") == 2, timeout=10, what="a preempted worker's exit")
+        # A real loss: a worker killed with its job running.
+        doomed = self.add_worker("doomed")
+        self.wait_state(job.name, jobs_pb2.JOB_STATE_RUNNING)
+        doomed.kill(signal.SIGKILL)
+        wait_for(lambda: lost() == 1, timeout=15, what="the killed worker counted lost")
+        # The killed worker was found silent past tallyd's heartbeat timeout
+        # (3 s), after every clean one had left: they were not counted lost.
+        self.assertEqual(lost(), 1)
+        self.assertEqual((exits("idle"), exits("sigterm"), exits("notice_file")), (1, 2, 0))
 
     def test_a_bad_idle_duration_is_refused_naming_the_flag(self):
         for value in ("5", "-1s", "soon"):
