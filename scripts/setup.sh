@@ -95,6 +95,29 @@ if [ ! -f "$PYTOOLS_DIR/.complete" ]; then
   touch "$PYTOOLS_DIR/.complete"
 fi
 
+# The Python client (python/): a virtual environment in the build tree with
+# its dependencies, type checker and test tools from PyPI, pinned, made with
+# Debian's Python 3.11 (the package needs 3.10 or later). ctest's
+# python.install installs the package into it (its stubs are generated from
+# proto/ then); redone only when this list changes.
+PYTHON_VENV=$BUILD_DIR/python-venv
+PYTHON_REQUIREMENTS=(
+  grpcio==1.85.3 grpcio-tools==1.85.1 protobuf==7.36.2 PyYAML==6.0.4 setuptools==84.2.1
+  pandas==3.1.1 matplotlib==3.11.2
+  mypy==2.4.1 types-protobuf==7.35.1.20261122 types-PyYAML==6.0.12.20261122
+  grpc-stubs==1.53.0.6
+  nbclient==0.11.0 nbformat==5.11.1 ipykernel==7.4.0
+  cryptography==50.0.2   # tests/integration/test_security.py's PKI, reused by the client's test
+)
+if [ "$(cat "$PYTHON_VENV/.complete" 2>/dev/null)" != "${PYTHON_REQUIREMENTS[*]}" ]; then
+  echo "setup: making $PYTHON_VENV (the Python client's dependencies and test tools)"
+  rm -rf "$PYTHON_VENV"
+  mkdir -p "$BUILD_DIR"
+  /usr/bin/python3 -m venv "$PYTHON_VENV"
+  "$PYTHON_VENV/bin/pip" install --quiet --disable-pip-version-check "${PYTHON_REQUIREMENTS[@]}"
+  echo "${PYTHON_REQUIREMENTS[*]}" > "$PYTHON_VENV/.complete"
+fi
+
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja \
     -DTALLY_LIBTORCH_DIR="$LIBTORCH_DIR/torch" >/dev/null

@@ -1,0 +1,45 @@
+"""Tally's Python client: submit and watch training jobs, run recipe
+experiments and compare what each recipe spends to reach a target loss.
+
+    import tally
+    with tally.Client.from_config() as client:
+        job = client.submit("examples/jobs/tiny.yaml")
+        for event in client.watch(job):
+            print(event.sequence, event.type, event.step, event.val_loss)
+
+Results are the API's protobuf messages (tally.v1.Job, JobEvent,
+Experiment, ...); tables are ExperimentReport and EvalHistory. ``tally.aio``
+has the same client for asyncio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tally._client import Client, Experiments, Jobs
+from tally._config import Connection, resolve_connection
+from tally._errors import (AlreadyExists, ConfigError, DeadlineExceeded, FailedPrecondition,
+                           InvalidSpec, NotFound, PermissionDenied, ResourceExhausted,
+                           TallyError, Unauthenticated, Unavailable)
+from tally._report import EvalHistory, ExperimentReport
+from tally._spec import load_experiment_spec, load_job_spec
+from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Jobs", "Experiments", "Connection", "resolve_connection",
+    "TallyError", "ConfigError", "InvalidSpec", "NotFound", "AlreadyExists", "PermissionDenied",
+    "Unauthenticated", "FailedPrecondition", "ResourceExhausted", "Unavailable",
+    "DeadlineExceeded", "ExperimentReport", "EvalHistory", "load_job_spec",
+    "load_experiment_spec", "plot_loss_vs_dollars", "jobs_pb2", "experiments_pb2", "spec_pb2",
+]
+
+
+def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = False,
+                         zoom: bool = True, ax: Any = None) -> Any:
+    """Validation loss against dollars for every variant, the picture of
+    ``tallyctl experiment report --svg``, drawn with matplotlib (the
+    ``plot`` extra); returns the Figure. See tally.plot."""
+    from tally.plot import plot_loss_vs_dollars as plot
+    return plot(experiment, client, billed=billed, zoom=zoom, ax=ax)

@@ -1,0 +1,119 @@
+"""What the synchronous and asyncio clients share: the methods' paths and
+message types, request building, channel options and the retry rules."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from tally._config import Connection, is_loopback
+from tally.v1 import experiments_pb2, jobs_pb2
+
+# Unary calls: sent again (to the next address, then after a backoff) only
+# while tallyd answers UNAVAILABLE. Streams also resume after CANCELLED,
+# which the client never asks for: the tallyd serving the stream went away.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+STREAM_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+WATCH_ESTABLISHED_KEY = "tally-watch-established"
+
+# (path, request type, response type) of every method.
+METHODS: dict[str, tuple[str, Any, Any]] = {
+    "SubmitJob": ("/tally.v1.Jobs/SubmitJob", jobs_pb2.SubmitJobRequest, jobs_pb2.Job),
+    "GetJob": ("/tally.v1.Jobs/GetJob", jobs_pb2.GetJobRequest, jobs_pb2.Job),
+    "ListJobs": ("/tally.v1.Jobs/ListJobs", jobs_pb2.ListJobsRequest, jobs_pb2.ListJobsResponse),
+    "CancelJob": ("/tally.v1.Jobs/CancelJob", jobs_pb2.CancelJobRequest, jobs_pb2.Job),
+    "WatchJob": ("/tally.v1.Jobs/WatchJob", jobs_pb2.WatchJobRequest, jobs_pb2.JobEvent),
+    "ListCheckpoints": ("/tally.v1.Jobs/ListCheckpoints", jobs_pb2.ListCheckpointsRequest,
+                        jobs_pb2.ListCheckpointsResponse),
+    "EstimateCost": ("/tally.v1.Jobs/EstimateCost", jobs_pb2.EstimateCostRequest,
+                     jobs_pb2.CostEstimate),
+    "CreateExperiment": ("/tally.v1.Experiments/CreateExperiment",
+                         experiments_pb2.CreateExperimentRequest, experiments_pb2.Experiment),
+    "GetExperiment": ("/tally.v1.Experiments/GetExperiment", experiments_pb2.GetExperimentRequest,
+                      experiments_pb2.Experiment),
+    "ListExperiments": ("/tally.v1.Experiments/ListExperiments",
+                        experiments_pb2.ListExperimentsRequest,
+                        experiments_pb2.ListExperimentsResponse),
+    "CancelExperiment": ("/tally.v1.Experiments/CancelExperiment",
+                         experiments_pb2.CancelExperimentRequest, experiments_pb2.Experiment),
+    "WatchExperiment": ("/tally.v1.Experiments/WatchExperiment",
+                        experiments_pb2.WatchExperimentRequest, experiments_pb2.ExperimentEvent),
+}
+
+TERMINAL_JOB_STATES = frozenset({
+    jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_EARLY_STOPPED,
+    jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED, jobs_pb2.JOB_STATE_CANCELLED, jobs_pb2.JOB_STATE_FAILED})
+
+
+def job_name(job: str | int | jobs_pb2.Job) -> str:
+    """"jobs/N" from a Job, "jobs/N", "N" or N."""
+    if isinstance(job, jobs_pb2.Job):
+        return job.name
+    s = str(job)
+    return s if s.startswith("jobs/") else "jobs/" + s
+
+
+def experiment_name(exp: str | int | experiments_pb2.Experiment) -> str:
+    """"experiments/N" from an Experiment, "experiments/N", "N" or N."""
+    if isinstance(exp, experiments_pb2.Experiment):
+        return exp.name
+    s = str(exp)
+    return s if s.startswith("experiments/") else "experiments/" + s
+
+
+def new_request_id() -> str:
+    """A fresh idempotency key, as tallyctl makes them."""
+    return "tally-py-%032x" % random.SystemRandom().getrandbits(128)
+
+
+def job_states(states: Iterable[str | int] | None) -> list[int]:
+    """JobState numbers from names ("queued", "JOB_STATE_QUEUED") or numbers."""
+    out: list[int] = []
+    for s in states or ():
+        if isinstance(s, int):
+            out.append(s)
+            continue
+        full = s.upper() if s.upper().startswith("JOB_STATE_") else "JOB_STATE_" + s.upper()
+        try:
+            out.append(jobs_pb2.JobState.Value(full))
+        except ValueError:
+            from tally._errors import InvalidSpec
+            raise InvalidSpec("states: unknown state %r; use queued, running, succeeded, "
+                              "early_stopped, budget_exhausted, cancelled, failed" % s,
+                              field="states") from None
+    return out
+
+
+def warn_plaintext_token(conn: Connection) -> None:
+    """Warns, as tallyctl does, when the token would cross the network in
+    plaintext (no TLS roots and an address that is not loopback)."""
+    if conn.token and not conn.ca_cert_pem:
+        for address in conn.addresses:
+            if not is_loopback(address):
+                warnings.warn(
+                    "tally: the token goes to %s without TLS, readable by anyone on the path; "
+                    "set ca_cert (or TALLY_CA_CERT, or the context's ca_cert)" % address,
+                    stacklevel=3)
+                return
+
+
+def channel_options(conn: Connection) -> list[tuple[str, Any]]:
+    """gRPC channel arguments: the certificate name to check, when set."""
+    options: list[tuple[str, Any]] = []
+    if conn.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", conn.tls_server_name))
+    return options
+
+
+def metadata(conn: Connection) -> tuple[tuple[str, str], ...]:
+    """The call's metadata: the bearer token, when there is one."""
+    return (("authorization", "Bearer " + conn.token),) if conn.token else ()
+
+
+def backoff(attempt: int, base: float = 0.3, cap: float = 5.0) -> float:
+    """Seconds to wait before retry ``attempt`` (0-based): doubling, capped."""
+    return float(min(cap, base * (2 ** attempt)))

@@ -1,0 +1,127 @@
+"""Tables over tallyd's figures: an experiment's variant table and a job's
+evaluation history, printable and (with the ``pandas`` extra) as
+DataFrames."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tally.v1 import experiments_pb2, jobs_pb2
+
+__all__ = ["ExperimentReport", "EvalHistory", "VARIANT_COLUMNS", "EVAL_COLUMNS"]
+
+# The variant table's columns: VariantStatus fields, in this order.
+VARIANT_COLUMNS = (
+    "name", "job", "state", "step", "final_val_loss", "best_val_loss", "cost_usd",
+    "reached_target", "cost_to_target_usd", "tokens_to_target", "gpu_seconds_to_target",
+    "ratio_to_reference", "target_step", "recipe_cost_to_target_usd", "recipe_cost_low_usd",
+    "recipe_cost_high_usd", "recipe_ratio_to_reference", "steps_to_target", "flops_to_target",
+    "step_seconds", "step_seconds_spread", "step_time_varied", "recipe_usd_per_step", "halted",
+    "note")
+EVAL_COLUMNS = ("step", "tokens", "cost_usd", "gpu_seconds", "val_loss")
+
+
+def _pandas() -> Any:
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("to_dataframe() needs pandas: pip install 'tally-client[pandas]'") \
+            from None
+    return pandas
+
+
+def _state(v: experiments_pb2.VariantStatus) -> str:
+    return jobs_pb2.JobState.Name(v.state).removeprefix("JOB_STATE_")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentReport:
+    """An experiment's variant table as tallyd computed it, with each
+    variant's evaluation curve (what the loss-against-dollars plot draws).
+
+    Attributes:
+        experiment: The experiment as GetExperiment returned it.
+        curves: Each variant's evaluations (its job's ``curve``), by name;
+            variants not yet submitted have none.
+    """
+
+    experiment: experiments_pb2.Experiment
+    curves: Mapping[str, Sequence[jobs_pb2.EvalPoint]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def variants(self) -> list[experiments_pb2.VariantStatus]:
+        """The variants' figures, in the experiment file's order."""
+        return list(self.experiment.variants)
+
+    @property
+    def target_val_loss(self) -> float:
+        """The target every variant is judged against (0 until known)."""
+        return self.experiment.target_val_loss
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per variant with VARIANT_COLUMNS as keys (the state as
+        its short name, e.g. "SUCCEEDED")."""
+        out = []
+        for v in self.experiment.variants:
+            row: dict[str, Any] = {c: getattr(v, c) for c in VARIANT_COLUMNS}
+            row["state"] = _state(v)
+            out.append(row)
+        return out
+
+    def to_dataframe(self) -> Any:
+        """The variant table as a pandas DataFrame indexed by variant name
+        (needs the ``pandas`` extra)."""
+        pd = _pandas()
+        return pd.DataFrame(self.rows(), columns=list(VARIANT_COLUMNS)).set_index("name")
+
+    def table(self) -> str:
+        """The table as text: each variant's state, losses and dollars to the
+        target (recipe and billed) and the ratio to the reference."""
+        e = self.experiment
+        head = "%s  %s" % (e.name, e.spec.display_name) if e.spec.display_name else e.name
+        lines = [head.strip(),
+                 "target val loss: %s   reference: %s   spent: $%.4f" % (
+                     "%.4f" % e.target_val_loss if e.target_val_loss > 0 else "-",
+                     e.reference_variant or "-", e.cost_usd),
+                 "%-20s %-17s %-9s %-9s %-10s %-12s %-12s %-7s %s" % (
+                     "VARIANT", "STATE", "FINAL", "BEST", "SPENT", "RECIPE_$", "BILLED_$",
+                     "RATIO", "NOTE")]
+        for v in e.variants:
+            lines.append("%-20s %-17s %-9s %-9s %-10s %-12s %-12s %-7s %s" % (
+                v.name, _state(v),
+                "%.4f" % v.final_val_loss if v.final_val_loss > 0 else "-",
+                "%.4f" % v.best_val_loss if v.best_val_loss > 0 else "-",
+                "$%.4f" % v.cost_usd,
+                "$%.4f" % v.recipe_cost_to_target_usd if v.recipe_cost_to_target_usd > 0 else "-",
+                "$%.4f" % v.cost_to_target_usd if v.reached_target else "-",
+                "%.2fx" % v.recipe_ratio_to_reference if v.recipe_ratio_to_reference > 0 else "-",
+                v.note))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalHistory:
+    """A job's evaluations with what it had spent at each (Job.curve).
+
+    Attributes:
+        job: The job's name ("jobs/N").
+        points: The evaluations, oldest first.
+    """
+
+    job: str
+    points: Sequence[jobs_pb2.EvalPoint]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per evaluation with EVAL_COLUMNS as keys."""
+        return [{c: getattr(p, c) for c in EVAL_COLUMNS} for p in self.points]
+
+    def to_dataframe(self) -> Any:
+        """The evaluations as a pandas DataFrame (needs the ``pandas``
+        extra), one row per evaluation, columns EVAL_COLUMNS."""
+        pd = _pandas()
+        return pd.DataFrame(self.rows(), columns=list(EVAL_COLUMNS))
