@@ -165,16 +165,20 @@ absl::Status DataRoots::CheckFiles(absl::string_view field, const std::string& p
 
 absl::Status DataRoots::CheckInitFrom(absl::string_view field_prefix, const std::string& hf,
                                       const std::string& checkpoint) const {
+  return CheckWeights(absl::StrCat(field_prefix, "model.init_from"), hf, checkpoint);
+}
+
+absl::Status DataRoots::CheckWeights(absl::string_view field, const std::string& hf,
+                                     const std::string& checkpoint) const {
   if (!hf.empty()) {
-    if (absl::Status s = CheckFiles(absl::StrCat(field_prefix, "model.init_from.hf"), hf,
+    if (absl::Status s = CheckFiles(absl::StrCat(field, ".hf"), hf,
                                     {hf + "/config.json", hf + "/model.safetensors"});
         !s.ok()) {
       return s;
     }
   }
   if (!checkpoint.empty()) {
-    return CheckFiles(absl::StrCat(field_prefix, "model.init_from.checkpoint"), checkpoint,
-                      {checkpoint});
+    return CheckFiles(absl::StrCat(field, ".checkpoint"), checkpoint, {checkpoint});
   }
   return absl::OkStatus();
 }

@@ -96,6 +96,10 @@ class DataRoots {
   // `field_prefix` + "model.init_from.hf" or ".checkpoint". OK when unset.
   absl::Status CheckInitFrom(absl::string_view field_prefix, const std::string& hf,
                              const std::string& checkpoint) const;
+  // The same for any weights named so (training.distill.teacher): `field`
+  // + ".hf" or ".checkpoint".
+  absl::Status CheckWeights(absl::string_view field, const std::string& hf,
+                            const std::string& checkpoint) const;
 
  private:
   std::vector<std::filesystem::path> roots_;

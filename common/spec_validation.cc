@@ -169,7 +169,8 @@ void ApplySpecDefaults(JobSpec* spec) {
   if (data->shuffle_window() == 0) data->set_shuffle_window(1024);
   auto* moe = spec->mutable_model()->mutable_moe();
   if (moe->num_experts() > 0) {
-    if (moe->top_k() == 0) moe->set_top_k(1);
+    // Upcycling needs two experts a token (model.init_from.upcycle).
+    if (moe->top_k() == 0) moe->set_top_k(spec->model().init_from().has_upcycle() ? 2 : 1);
     if (moe->every_n_layers() == 0) moe->set_every_n_layers(1);
     if (moe->router().empty()) moe->set_router("softmax");
   }
@@ -187,6 +188,11 @@ void ApplySpecDefaults(JobSpec* spec) {
   if (opt->eps() == 0) opt->set_eps(1e-8);
   auto* training = spec->mutable_training();
   if (training->micro_batch_rows() == 0) training->set_micro_batch_rows(8);
+  if (training->has_distill()) {
+    auto* distill = training->mutable_distill();
+    if (distill->temperature() == 0) distill->set_temperature(1.0);
+    if (!distill->has_alpha()) distill->set_alpha(0.5);
+  }
   // One micro-batch per rank and step.
   const int ranks = std::max(1, spec->resources().gpu_count());
   if (training->global_batch_tokens() == 0) {
@@ -209,6 +215,93 @@ void ApplySpecDefaults(JobSpec* spec) {
   if (resources->capacity().empty()) resources->set_capacity("any");
   if (spec->max_attempts() == 0) spec->set_max_attempts(3);
 }
+
+namespace {
+
+// A model's weights named by a Hugging Face folder or a Tally checkpoint
+// (model.init_from, training.distill.teacher): at most one, bounded paths.
+void CheckWeightSource(Problems* p, const std::string& field, const std::string& hf,
+                       const std::string& checkpoint) {
+  if (!hf.empty() && !checkpoint.empty()) {
+    p->Add(field, "name a Hugging Face folder (hf) or a Tally checkpoint (checkpoint), not both");
+  }
+  for (const auto& [name, path] : {std::pair<const char*, const std::string*>{"hf", &hf},
+                                   std::pair<const char*, const std::string*>{"checkpoint",
+                                                                              &checkpoint}}) {
+    const std::string f = absl::StrCat(field, ".", name);
+    if (path->size() > kMaxPathBytes) {
+      p->Add(f, absl::StrCat("must be at most ", kMaxPathBytes, " bytes"));
+    } else if (path->find('\0') != std::string::npos) {
+      p->Add(f, "must not contain a NUL byte");
+    }
+  }
+}
+
+// model.init_from.upcycle: a dense source made Mixture-of-Experts by this
+// spec's model.moe, which must keep the dense model's function at step 0.
+void CheckUpcycle(Problems* p, const tally::v1::ModelSpec& model) {
+  const auto& init = model.init_from();
+  const auto& moe = model.moe();
+  if (init.hf().empty() && init.checkpoint().empty()) {
+    p->Add("model.init_from.upcycle",
+           "needs the dense model to start from: set model.init_from.checkpoint or "
+           "model.init_from.hf");
+  }
+  p->Finite("model.init_from.upcycle.noise_std", init.upcycle().noise_std(), 0, 1);
+  if (moe.num_experts() < 2) {
+    p->Add("model.moe.num_experts",
+           absl::StrCat("upcycling makes the dense model Mixture-of-Experts: set "
+                        "model.moe.num_experts to 2 or more (8 to 16 is usual), got ",
+                        moe.num_experts()));
+    return;
+  }
+  if (moe.top_k() < 2) {
+    p->Add("model.moe.top_k",
+           absl::StrCat("upcycling needs top_k >= 2, got ", moe.top_k(),
+                        ": with one expert per token its output is scaled by the router's "
+                        "probability, so the upcycled model would not start as the dense one"));
+  }
+  if (moe.shared_expert()) {
+    p->Add("model.moe.shared_expert",
+           "upcycling copies the dense feed-forward into every routed expert; a shared expert "
+           "would add it a second time: remove shared_expert");
+  }
+}
+
+// training.distill: the teacher, its optional shape, temperature and alpha.
+void CheckDistill(Problems* p, const tally::v1::DistillSpec& d) {
+  const auto& t = d.teacher();
+  CheckWeightSource(p, "training.distill.teacher", t.hf(), t.checkpoint());
+  if (t.hf().empty() && t.checkpoint().empty()) {
+    p->Add("training.distill.teacher",
+           "is required: name the teacher's Tally checkpoint (checkpoint: FILE) or Hugging "
+           "Face folder (hf: DIR)");
+  }
+  if (d.temperature() != 0) {  // 0: the default, 1
+    p->Finite("training.distill.temperature", d.temperature(), 0.05, 100);
+  }
+  if (d.has_alpha()) p->Finite("training.distill.alpha", d.alpha(), 0, 1);
+  if (!t.has_model()) return;
+  const auto& m = t.model();
+  const std::string f = "training.distill.teacher.model";
+  p->Range(f + ".num_layers", m.num_layers(), 1, 256);
+  p->Range(f + ".d_model", m.d_model(), 1, 65536);
+  p->Range(f + ".num_heads", m.num_heads(), 1, 1024);
+  p->Range(f + ".d_ff", m.d_ff(), 0, 1 << 20);
+  p->Range(f + ".vocab_size", m.vocab_size(), 0, 1 << 22);
+  p->Range(f + ".moe.num_experts", m.moe().num_experts(), 0, 1024);
+  if (m.moe().num_experts() > 0) {
+    p->Range(f + ".moe.top_k", m.moe().top_k(), 1, m.moe().num_experts());
+    p->Range(f + ".moe.every_n_layers", m.moe().every_n_layers(), 0,
+             std::max(1, m.num_layers()));
+  }
+  if (m.has_init_from()) {
+    p->Add(f + ".init_from", "the teacher's weights are training.distill.teacher's own; "
+                             "remove init_from here");
+  }
+}
+
+}  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   Problems p;
@@ -234,21 +327,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   p.Range("model.d_ff", model.d_ff(), 0, 1 << 20);
   const auto& init = model.init_from();
-  if (!init.hf().empty() && !init.checkpoint().empty()) {
-    p.Add("model.init_from",
-          "name a Hugging Face folder (hf) or a Tally checkpoint "
-          "(checkpoint), not both");
-  }
-  for (const auto& [field, path] :
-       {std::pair<const char*, const std::string*>{"model.init_from.hf", &init.hf()},
-        std::pair<const char*, const std::string*>{"model.init_from.checkpoint",
-                                                   &init.checkpoint()}}) {
-    if (path->size() > kMaxPathBytes) {
-      p.Add(field, absl::StrCat("must be at most ", kMaxPathBytes, " bytes"));
-    } else if (path->find('\0') != std::string::npos) {
-      p.Add(field, "must not contain a NUL byte");
-    }
-  }
+  CheckWeightSource(&p, "model.init_from", init.hf(), init.checkpoint());
+  if (init.has_upcycle()) CheckUpcycle(&p, model);
   p.Range("model.vocab_size", model.vocab_size(), 0, 1 << 22);
   const auto& moe = model.moe();
   p.Range("model.moe.num_experts", moe.num_experts(), 0, 1024);
@@ -336,6 +416,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   p.Finite("optimizer.grad_clip", opt.grad_clip(), 0, 1e6);
 
   const auto& training = spec.training();
+  if (training.has_distill()) CheckDistill(&p, training.distill());
   p.Range<int64_t>("training.max_steps", training.max_steps(), 1,
                    int64_t{1} << 40);
   p.Range<int64_t>("optimizer.warmup_steps", opt.warmup_steps(), 0,

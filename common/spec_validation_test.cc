@@ -125,6 +125,92 @@ INSTANTIATE_TEST_SUITE_P(
                       tally::v1::FP8_RECIPE_CURRENT);
                 },
                 "precision.fp8_recipe"},
+        BadCase{"upcycle_without_source",
+                [](JobSpec* s) {
+                  s->mutable_model()->mutable_moe()->set_num_experts(4);
+                  s->mutable_model()->mutable_moe()->set_top_k(2);
+                  s->mutable_model()->mutable_moe()->set_every_n_layers(1);
+                  s->mutable_model()->mutable_moe()->set_router("softmax");
+                  s->mutable_model()->mutable_init_from()->mutable_upcycle();
+                },
+                "model.init_from.upcycle"},
+        BadCase{"upcycle_dense_target",
+                [](JobSpec* s) {
+                  s->mutable_model()->mutable_init_from()->set_checkpoint("d.ckpt");
+                  s->mutable_model()->mutable_init_from()->mutable_upcycle();
+                },
+                "model.moe.num_experts"},
+        BadCase{"upcycle_top_1",
+                [](JobSpec* s) {
+                  s->mutable_model()->mutable_moe()->set_num_experts(4);
+                  s->mutable_model()->mutable_moe()->set_top_k(1);
+                  s->mutable_model()->mutable_moe()->set_every_n_layers(1);
+                  s->mutable_model()->mutable_moe()->set_router("softmax");
+                  s->mutable_model()->mutable_init_from()->set_checkpoint("d.ckpt");
+                  s->mutable_model()->mutable_init_from()->mutable_upcycle();
+                },
+                "model.moe.top_k"},
+        BadCase{"upcycle_shared_expert",
+                [](JobSpec* s) {
+                  s->mutable_model()->mutable_moe()->set_num_experts(4);
+                  s->mutable_model()->mutable_moe()->set_top_k(2);
+                  s->mutable_model()->mutable_moe()->set_every_n_layers(1);
+                  s->mutable_model()->mutable_moe()->set_router("softmax");
+                  s->mutable_model()->mutable_moe()->set_shared_expert(true);
+                  s->mutable_model()->mutable_init_from()->set_checkpoint("d.ckpt");
+                  s->mutable_model()->mutable_init_from()->mutable_upcycle();
+                },
+                "model.moe.shared_expert"},
+        BadCase{"upcycle_noise_nan",
+                [](JobSpec* s) {
+                  s->mutable_model()->mutable_moe()->set_num_experts(4);
+                  s->mutable_model()->mutable_moe()->set_top_k(2);
+                  s->mutable_model()->mutable_moe()->set_every_n_layers(1);
+                  s->mutable_model()->mutable_moe()->set_router("softmax");
+                  s->mutable_model()->mutable_init_from()->set_checkpoint("d.ckpt");
+                  s->mutable_model()->mutable_init_from()->mutable_upcycle()->set_noise_std(
+                      std::nan(""));
+                },
+                "model.init_from.upcycle.noise_std"},
+        BadCase{"distill_without_teacher",
+                [](JobSpec* s) { s->mutable_training()->mutable_distill()->set_alpha(0.5); },
+                "training.distill.teacher"},
+        BadCase{"distill_two_teachers",
+                [](JobSpec* s) {
+                  auto* t = s->mutable_training()->mutable_distill()->mutable_teacher();
+                  t->set_hf("dir");
+                  t->set_checkpoint("t.ckpt");
+                },
+                "training.distill.teacher"},
+        BadCase{"distill_alpha_above_1",
+                [](JobSpec* s) {
+                  auto* d = s->mutable_training()->mutable_distill();
+                  d->mutable_teacher()->set_checkpoint("t.ckpt");
+                  d->set_alpha(1.5);
+                },
+                "training.distill.alpha"},
+        BadCase{"distill_negative_temperature",
+                [](JobSpec* s) {
+                  auto* d = s->mutable_training()->mutable_distill();
+                  d->mutable_teacher()->set_checkpoint("t.ckpt");
+                  d->set_temperature(-1);
+                },
+                "training.distill.temperature"},
+        BadCase{"distill_teacher_path_nul",
+                [](JobSpec* s) {
+                  s->mutable_training()->mutable_distill()->mutable_teacher()->set_hf(
+                      std::string("a\0b", 3));
+                },
+                "training.distill.teacher.hf"},
+        BadCase{"distill_teacher_model_heads",
+                [](JobSpec* s) {
+                  auto* t = s->mutable_training()->mutable_distill()->mutable_teacher();
+                  t->set_checkpoint("t.ckpt");
+                  t->mutable_model()->set_num_layers(2);
+                  t->mutable_model()->set_d_model(64);
+                  t->mutable_model()->set_num_heads(0);
+                },
+                "training.distill.teacher.model.num_heads"},
         BadCase{"init_from_both",
                 [](JobSpec* s) {
                   s->mutable_model()->mutable_init_from()->set_hf("hf");
@@ -263,6 +349,47 @@ INSTANTIATE_TEST_SUITE_P(
                 [](JobSpec* s) { s->mutable_resources()->set_gpu_type("h200\x07"); },
                 "resources.gpu_type"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+// The forms the README and the issue write, from YAML, with their defaults:
+// upcycling takes two experts a token unless told otherwise; distillation
+// alpha 0.5 and temperature 1, but an alpha of 0 stays 0.
+TEST(SpecValidationTest, UpcycleAndDistillFromYamlWithDefaults) {
+  auto spec = ParseJobSpecYaml(R"(
+model:
+  num_layers: 2
+  d_model: 64
+  num_heads: 4
+  moe: {num_experts: 8}
+  init_from: {checkpoint: dense.ckpt, upcycle: {noise_std: 0.0}}
+data: {train_path: /data/corpus, seq_len: 128}
+training:
+  max_steps: 10
+  distill: {teacher: {checkpoint: teacher.ckpt}}
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->model().init_from().has_upcycle());
+  ApplySpecDefaults(&*spec);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+  EXPECT_EQ(spec->model().moe().top_k(), 2);
+  EXPECT_EQ(spec->training().distill().alpha(), 0.5);
+  EXPECT_EQ(spec->training().distill().temperature(), 1.0);
+
+  auto zero = ParseJobSpecYaml(R"(
+model: {num_layers: 1, d_model: 64, num_heads: 4}
+data: {train_path: /data/corpus, seq_len: 128}
+training:
+  max_steps: 10
+  distill: {teacher: {hf: teacher-hf}, temperature: 2, alpha: 0}
+)");
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  ApplySpecDefaults(&*zero);
+  EXPECT_TRUE(ValidateJobSpec(*zero).ok()) << ValidateJobSpec(*zero);
+  EXPECT_EQ(zero->training().distill().alpha(), 0.0);
+  EXPECT_EQ(zero->training().distill().temperature(), 2.0);
+
+  auto typo = ParseJobSpecYaml("training: {distill: {teacher: {ckpt: t.ckpt}}}");
+  EXPECT_THAT(typo.status().message(), HasSubstr("training.distill.teacher.ckpt"));
+}
 
 TEST(SpecValidationTest, DisplayNameCountsCharactersNotBytes) {
   JobSpec spec = GoodSpec();

@@ -48,24 +48,30 @@ class Printer final : public tally::train::TrainEvents {
         "tally-train: %d parameters (%d active, %d in the embedding), %.3g training "
         "FLOPs/token, "
         "%d micro-batches/step, %s attention on %s; %d train / %d val documents, "
-        "first-epoch packing efficiency %.4f%s%s\n",
+        "first-epoch packing efficiency %.4f; model state %.3g MB (activations aside)%s%s%s\n",
         i.num_parameters, i.num_active_parameters, i.num_embedding_parameters,
         i.flops_per_token,
         i.micro_batches_per_step, i.attention, i.device, i.train_docs, i.val_docs,
-        i.packing_efficiency,
+        i.packing_efficiency, i.state_bytes / 1e6,
         i.start_step > 0 ? absl::StrFormat("; resumed at step %d", i.start_step) : "",
         i.num_resident_parameters < i.num_parameters
             ? absl::StrFormat("; experts sharded, %d parameters held by this rank",
                               i.num_resident_parameters)
+            : "",
+        i.teacher_parameters > 0
+            ? absl::StrFormat("; distilling from a %d-parameter teacher (%.3g forward "
+                              "FLOPs/token, counted above)",
+                              i.teacher_parameters, i.teacher_flops_per_token)
             : "");
   }
   void OnStep(const tally::train::StepMetrics& m) override {
     if (jsonl_) {
       *jsonl_ << absl::StrFormat(
                      "{\"step\": %d, \"train_loss\": %.17g, \"grad_norm\": %.17g, "
-                     "\"tokens\": %d, \"padding_tokens\": %d, \"step_seconds\": %.6f}",
+                     "\"tokens\": %d, \"padding_tokens\": %d, \"step_seconds\": %.6f, "
+                     "\"distill_kl\": %.17g}",
                      m.step, m.train_loss, m.grad_norm, m.tokens, m.padding_tokens,
-                     m.step_seconds)
+                     m.step_seconds, m.distill_kl)
               << std::endl;
     }
     if (m.step % log_every_ != 0 && m.step != max_steps_) return;
@@ -80,6 +86,7 @@ class Printer final : public tally::train::TrainEvents {
     if (!m.moe.empty()) {
       std::cout << absl::StrFormat("  moe max/mean load %.2f", m.moe_max_over_mean_load);
     }
+    if (m.distill_kl != 0) std::cout << absl::StrFormat("  distill kl %.4f", m.distill_kl);
     if (m.fp8_product_fraction > 0) {
       std::cout << absl::StrFormat("  fp8 %.0f%% of products, %d overflows",
                                    100 * m.fp8_product_fraction, m.fp8_overflows);

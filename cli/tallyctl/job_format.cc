@@ -142,12 +142,36 @@ std::string RedoneLine(const tally::v1::Job& job) {
                          p.by_priority());
 }
 
+std::string ModelOriginLines(const tally::v1::JobSpec& spec) {
+  std::string out;
+  const auto& init = spec.model().init_from();
+  const std::string& from = init.hf().empty() ? init.checkpoint() : init.hf();
+  if (!from.empty()) {
+    out = init.has_upcycle()
+              ? absl::StrFormat("  from:      upcycled from %s (noise_std %g)\n", Safe(from),
+                                init.upcycle().noise_std())
+              : absl::StrFormat("  from:      weights of %s\n", Safe(from));
+  }
+  if (spec.training().has_distill()) {
+    const auto& d = spec.training().distill();
+    const std::string& teacher =
+        d.teacher().hf().empty() ? d.teacher().checkpoint() : d.teacher().hf();
+    absl::StrAppendFormat(&out, "  teacher:   %s, alpha %g, temperature %g\n", Safe(teacher),
+                          d.alpha(), d.temperature());
+  }
+  return out;
+}
+
 std::string EstimateText(const tally::v1::CostEstimate& e, absl::string_view indent) {
   std::string out = absl::StrFormat(
       "$%.4f: %.3g training FLOPs/token x %d tokens at %.3g FLOP/s per GPU (%s) = %.1f s, "
       "%.4f GPU-hours at $%.4f/GPU-hour\n",
       e.cost_usd(), e.flops_per_token(), e.tokens(), e.flops_per_second_per_gpu(),
       Safe(e.throughput_source()), e.seconds(), e.gpu_hours(), e.usd_per_gpu_hour());
+  if (!e.teacher_source().empty()) {
+    absl::StrAppendFormat(&out, "%sdistillation teacher: %.3g forward FLOPs/token (%s)\n", indent,
+                          e.teacher_flops_per_token(), Safe(e.teacher_source()));
+  }
   if (!(e.spot_usd_per_gpu_hour() > 0)) return out;
   absl::StrAppendFormat(&out, "%sspot:      $%.4f at $%.4f/GPU-hour, %.2f preemptions expected",
                         indent, e.spot_cost_usd(), e.spot_usd_per_gpu_hour(),

@@ -25,6 +25,12 @@ std::string FormatTimestamp(const google::protobuf::Timestamp& t, absl::TimeZone
 // "any", the default).
 std::string ResourcesLine(const tally::v1::JobSpec& spec);
 
+// Where the model's weights start and what it learns from besides the data:
+// "  from:      upcycled from PATH (noise_std X)\n" (or "weights of PATH"
+// for model.init_from without upcycle) and "  teacher:   PATH, alpha A,
+// temperature T\n" for training.distill; empty when neither is set.
+std::string ModelOriginLines(const tally::v1::JobSpec& spec);
+
 // "  progress:  step 10 / 100, attempt 1 of 3\n", with ", at most N
 // preemptions" when max_preemptions is set.
 std::string ProgressLine(const tally::v1::Job& job);

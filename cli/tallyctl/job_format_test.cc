@@ -361,5 +361,20 @@ TEST(JobFormatTest, TheVariantTableShowsBothFiguresAndSaysWhy) {
   EXPECT_THAT(t, HasSubstr("recipe $: steps to the target"));
 }
 
+TEST(JobFormatTest, ModelOriginNamesTheUpcycledSourceAndTheTeacher) {
+  tally::v1::JobSpec spec;
+  EXPECT_THAT(ModelOriginLines(spec), IsEmpty());
+  spec.mutable_model()->mutable_init_from()->set_checkpoint("/ckpt/dense.ckpt");
+  EXPECT_EQ(ModelOriginLines(spec), "  from:      weights of /ckpt/dense.ckpt\n");
+  spec.mutable_model()->mutable_init_from()->mutable_upcycle()->set_noise_std(0.01);
+  EXPECT_EQ(ModelOriginLines(spec), "  from:      upcycled from /ckpt/dense.ckpt (noise_std 0.01)\n");
+  auto* d = spec.mutable_training()->mutable_distill();
+  d->mutable_teacher()->set_hf("/models/teacher\x1b[2J");
+  d->set_alpha(0.5);
+  d->set_temperature(2);
+  EXPECT_THAT(ModelOriginLines(spec),
+              HasSubstr("  teacher:   /models/teacher\\x1b[2J, alpha 0.5, temperature 2\n"));
+}
+
 }  // namespace
 }  // namespace tally::cli

@@ -477,7 +477,7 @@ void PrintJob(const tally::v1::Job& j) {
                                    spec.model().moe().top_k())
                     : "")
             << "\n";
-  std::cout << ResourcesLine(spec) << ProgressLine(j);
+  std::cout << ModelOriginLines(spec) << ResourcesLine(spec) << ProgressLine(j);
   if (j.worker_ids_size() > 0) {
     std::cout << "  workers:   " << Safe(absl::StrJoin(j.worker_ids(), ", ")) << "\n";
   }

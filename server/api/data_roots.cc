@@ -34,6 +34,12 @@ absl::Status DataRoots::CheckJobSpec(const tally::v1::JobSpec& spec,
   if (absl::Status s = CheckInitFrom("spec.", init.hf(), init.checkpoint()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(context, s.message()));
   }
+  const auto& teacher = spec.training().distill().teacher();
+  if (absl::Status s =
+          CheckWeights("spec.training.distill.teacher", teacher.hf(), teacher.checkpoint());
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(context, s.message()));
+  }
   return absl::OkStatus();
 }
 

@@ -172,6 +172,28 @@ TEST_F(DataRootsTest, ChecksBothPathsOfAJobSpec) {
                          "is outside tallyd's --data_roots"));
 }
 
+// A distillation teacher is read like model.init_from: confined the same
+// way, named by its own field.
+TEST_F(DataRootsTest, ConfinesTheDistillationTeacher) {
+  const DataRoots roots = Roots();
+  tally::v1::JobSpec spec;
+  spec.mutable_data()->set_train_path((t_ / "data/corpus/train").string());
+  spec.mutable_training()->mutable_distill()->mutable_teacher()->set_checkpoint(
+      (t_ / "data/corpus/teacher.ckpt").string());
+  EXPECT_TRUE(roots.CheckJobSpec(spec).ok());
+  spec.mutable_training()->mutable_distill()->mutable_teacher()->set_checkpoint(
+      "/etc/teacher.ckpt");
+  absl::Status s = roots.CheckJobSpec(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("spec.training.distill.teacher.checkpoint \"/etc/teacher.ckpt\" "
+                         "is outside tallyd's --data_roots"));
+  spec.mutable_training()->mutable_distill()->mutable_teacher()->clear_checkpoint();
+  spec.mutable_training()->mutable_distill()->mutable_teacher()->set_hf("/opt/models/teacher");
+  s = roots.CheckJobSpec(spec);
+  EXPECT_THAT(std::string(s.message()), StartsWith("spec.training.distill.teacher.hf"));
+}
+
 TEST_F(DataRootsTest, NamesTheVariantOfAnExperiment) {
   const DataRoots roots = Roots();
   const std::string base = absl::StrCat(

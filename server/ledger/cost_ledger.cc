@@ -126,14 +126,32 @@ std::optional<BudgetStop> CostLedger::CheckBudget(const tally::v1::Job& job,
                       cost.usd_per_gpu_hour())};
 }
 
-double CostLedger::FlopsPerToken(const tally::v1::JobSpec& spec) {
-  const auto& m = spec.model();
+namespace {
+
+ModelShape ShapeOf(const tally::v1::ModelSpec& m) {
   ModelShape shape{m.num_layers(), m.d_model(), m.d_ff(), m.vocab_size()};
   shape.num_experts = m.moe().num_experts();
   shape.top_k = std::max(1, m.moe().top_k());
   shape.every_n_layers = std::max(1, m.moe().every_n_layers());
   shape.shared_expert = m.moe().shared_expert();
-  return TrainingFlopsPerToken(shape, spec.data().seq_len());
+  return shape;
+}
+
+}  // namespace
+
+double CostLedger::FlopsPerToken(const tally::v1::JobSpec& spec) {
+  return TrainingFlopsPerToken(ShapeOf(spec.model()), spec.data().seq_len()) +
+         TeacherFlopsPerToken(spec);
+}
+
+double CostLedger::TeacherFlopsPerToken(const tally::v1::JobSpec& spec) {
+  const auto& teacher = spec.training().distill().teacher();
+  if (!spec.training().has_distill() || !teacher.has_model()) return 0;
+  ModelShape shape = ShapeOf(teacher.model());
+  // The student's vocabulary when the teacher's is not stated: they share
+  // the tokenizer.
+  if (shape.vocab_size == 0) shape.vocab_size = spec.model().vocab_size();
+  return TrainingFlopsPerToken(shape, spec.data().seq_len()) / 3;  // forward only
 }
 
 void CostLedger::RecordFinished(const tally::v1::Job& job) {
@@ -191,6 +209,15 @@ tally::v1::CostEstimate CostLedger::Estimate(const tally::v1::JobSpec& spec) con
   out.set_gpu_hours(e.gpu_hours);
   out.set_usd_per_gpu_hour(prices_.Price(gpu_type));
   out.set_cost_usd(e.cost_usd);
+  if (spec.training().has_distill()) {
+    const double teacher = TeacherFlopsPerToken(spec);
+    out.set_teacher_flops_per_token(teacher);
+    out.set_teacher_source(
+        teacher > 0
+            ? "training.distill.teacher.model: its forward pass, counted in flops_per_token"
+            : "not priced: the teacher's shape is not stated; add training.distill.teacher.model "
+              "(num_layers, d_model, num_heads, ...) to count its forward pass");
+  }
   FillSpotEstimate(spec, &out);
   return out;
 }

@@ -139,6 +139,10 @@ class CostLedger {
 
   // Training FLOPs per token of a spec's model.
   static double FlopsPerToken(const tally::v1::JobSpec& spec);
+  // A distillation teacher's forward FLOPs per token (a third of its
+  // training FLOPs), from the shape training.distill.teacher.model states;
+  // 0 without a teacher or a stated shape. Included in FlopsPerToken.
+  static double TeacherFlopsPerToken(const tally::v1::JobSpec& spec);
 
  private:
   // Estimate's spot_* fields, from out's gpu_hours and cost_usd.

@@ -126,6 +126,41 @@ TEST(CostLedgerTest, EstimateIsConfiguredThenMeasured) {
   EXPECT_NEAR(e.flops_per_second_per_gpu(), CostLedger::FlopsPerToken(spec) * 1000, 1e-3);
 }
 
+// A distillation teacher's forward pass (a third of its training FLOPs) is
+// priced when the spec states its shape, and said to be missing otherwise.
+TEST(CostLedgerTest, EstimateCountsADistillationTeachersForwardPass) {
+  CostLedger ledger = Ledger();
+  tally::v1::JobSpec spec;
+  spec.mutable_model()->set_num_layers(1);
+  spec.mutable_model()->set_d_model(64);
+  spec.mutable_data()->set_seq_len(128);
+  spec.mutable_training()->set_max_steps(100);
+  spec.mutable_training()->set_global_batch_tokens(1024);
+  spec.mutable_resources()->set_gpu_type("cpu");
+  spec.mutable_resources()->set_gpu_count(1);
+  const double student = ledger.Estimate(spec).flops_per_token();
+  EXPECT_TRUE(ledger.Estimate(spec).teacher_source().empty());
+
+  auto* distill = spec.mutable_training()->mutable_distill();
+  distill->mutable_teacher()->set_checkpoint("/data/teacher.ckpt");
+  tally::v1::CostEstimate e = ledger.Estimate(spec);
+  EXPECT_EQ(e.flops_per_token(), student);
+  EXPECT_EQ(e.teacher_flops_per_token(), 0);
+  EXPECT_THAT(e.teacher_source(), HasSubstr("training.distill.teacher.model"));
+
+  auto* teacher = distill->mutable_teacher()->mutable_model();
+  teacher->set_num_layers(4);
+  teacher->set_d_model(128);
+  e = ledger.Estimate(spec);
+  tally::v1::JobSpec as_student = spec;
+  *as_student.mutable_model() = *teacher;
+  as_student.mutable_training()->clear_distill();
+  const double teacher_training = CostLedger::FlopsPerToken(as_student);
+  EXPECT_NEAR(e.teacher_flops_per_token(), teacher_training / 3, 1e-6 * teacher_training);
+  EXPECT_NEAR(e.flops_per_token(), student + teacher_training / 3, 1e-6 * teacher_training);
+  EXPECT_NEAR(e.seconds(), e.flops_per_token() * 102400 / 1e9, 1e-6);
+}
+
 PriceTable SpotPrices() {
   PriceTable p;
   p.usd_per_gpu_hour["h200"] = 3.6;       // $0.001 per GPU-second

@@ -17,6 +17,8 @@ import subprocess
 import tempfile
 import unittest
 
+from google.protobuf import json_format
+
 import harness
 from harness import BUILD, TRAIN_PATH, TALLY_TRAIN
 
@@ -436,6 +438,113 @@ class HfInteropThroughTallydTest(harness.ClusterTest):
         p = export(["--job=" + job.name, "--which=latest", "--out=" + dest,
                     "--controller=" + self.tallyd.grpc_addr])
         self.assertIn("(step 6)", p.stdout)
+
+
+class UpcycleDistillThroughTallydTest(harness.ClusterTest):
+    """Changing the model through tallyd: a dense checkpoint upcycled to an
+    MoE job (it starts at the dense model's loss, tallyctl get says where it
+    came from, tally-export --job writes Mixtral) and a 1-layer student
+    distilled from it (priced with its teacher by tallyctl estimate); bad
+    specs are refused by tallyctl validate naming the field, and the example
+    experiment file is valid."""
+
+    def setUp(self):
+        super().setUp()
+        self.d = tempfile.mkdtemp(prefix="tally_grow_job_")
+        _, _, evals = train(write_spec(os.path.join(self.d, "dense.json"),
+                                       {"num_layers": 2, "d_model": 64, "num_heads": 4},
+                                       steps=10), self.d)
+        self.dense = os.path.join(self.d, "step-00000010.ckpt")
+        self.dense_loss = evals[10]
+
+    def job_spec(self, layers=2):
+        s = harness.spec(max_steps=6)
+        s.model.num_layers, s.model.d_model, s.model.num_heads = layers, 64, 4
+        s.data.seq_len = 128
+        s.training.micro_batch_rows = 4
+        s.training.eval_interval_steps = 3
+        s.training.eval_tokens = 4096
+        s.training.checkpoint_interval_steps = 3
+        return s
+
+    def test_upcycled_job_starts_as_the_dense_model_and_exports_as_mixtral(self):
+        self.add_worker("w1")
+        s = self.job_spec()
+        s.model.moe.num_experts = 4
+        s.model.moe.top_k = 2
+        s.model.init_from.checkpoint = self.dense
+        s.model.init_from.upcycle.noise_std = 0.0
+        job = self.submit(s)
+        self.wait_state(job.name, harness.TERMINAL, timeout=120)
+        j = self.get(job.name)
+        self.assertEqual(j.state, harness.jobs_pb2.JOB_STATE_SUCCEEDED, j.state_reason)
+        self.assertAlmostEqual(j.curve[0].val_loss, self.dense_loss, delta=1e-4 * self.dense_loss)
+        self.assertEqual(j.curve[0].step, 0)
+        out = self.tallyctl("get", job.name)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("upcycled from " + self.dense + " (noise_std 0)", out.stdout)
+        self.assertIn("MoE 4x top-2", out.stdout)
+        dest = os.path.join(self.d, "exported")
+        p = export(["--job=" + job.name, "--which=latest", "--out=" + dest,
+                    "--controller=" + self.tallyd.grpc_addr])
+        self.assertIn("MixtralForCausalLM", p.stdout)
+        checkpoints = self.tallyd.jobs.ListCheckpoints(
+            harness.jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints
+        meta, _ = read_checkpoint(checkpoints[-1].path)
+        with open(self.dense, "rb") as f:
+            self.assertEqual(meta["init_from"]["sha256"], hashlib.sha256(f.read()).hexdigest())
+        self.assertEqual(meta["init_from"]["upcycled"]["step"], 0)
+
+    def test_distilled_job_is_priced_with_its_teacher(self):
+        self.add_worker("w1")
+        s = self.job_spec(layers=1)
+        s.training.distill.teacher.checkpoint = self.dense
+        s.training.distill.temperature = 2
+        s.training.distill.alpha = 0.5
+        spec_path = os.path.join(self.d, "student.json")
+        with open(spec_path, "w") as f:
+            f.write(json_format.MessageToJson(s))
+        out = self.tallyctl("estimate", "-f", spec_path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("not priced", out.stdout)
+        s.training.distill.teacher.model.num_layers = 2
+        s.training.distill.teacher.model.d_model = 64
+        s.training.distill.teacher.model.num_heads = 4
+        with open(spec_path, "w") as f:
+            f.write(json_format.MessageToJson(s))
+        out = self.tallyctl("estimate", "-f", spec_path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"distillation teacher: [0-9.e+]+ forward FLOPs/token")
+        job = self.submit(s)
+        self.wait_state(job.name, harness.TERMINAL, timeout=120)
+        j = self.get(job.name)
+        self.assertEqual(j.state, harness.jobs_pb2.JOB_STATE_SUCCEEDED, j.state_reason)
+        out = self.tallyctl("get", job.name)
+        self.assertIn("teacher:   %s, alpha 0.5, temperature 2" % self.dense, out.stdout)
+
+        # A teacher of another shape than the one stated fails the job, naming it.
+        s.training.distill.teacher.model.d_model = 128
+        s.training.distill.teacher.model.num_heads = 4
+        job = self.submit(s)
+        self.wait_state(job.name, harness.TERMINAL, timeout=120)
+        j = self.get(job.name)
+        self.assertEqual(j.state, harness.jobs_pb2.JOB_STATE_FAILED)
+        self.assertIn("training.distill.teacher.model.d_model is 128", j.state_reason)
+
+        # tallyctl validate names the field.
+        bad = os.path.join(self.d, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write("model: {num_layers: 1, d_model: 64, num_heads: 4}\n"
+                    "data: {train_path: %s, seq_len: 128}\n"
+                    "training: {max_steps: 5, distill: {teacher: {checkpoint: %s}, alpha: 2}}\n"
+                    % (TRAIN_PATH, self.dense))
+        out = self.tallyctl("validate", "-f", bad)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("spec.training.distill.alpha", out.stdout + out.stderr)
+        example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                               "examples", "experiments", "upcycle.yaml")
+        out = self.tallyctl("experiment", "validate", "-f", example)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,11 @@ TEST_F(PathConfinementTest, InitFromPathsAreConfined) {
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(s.message(), HasSubstr("spec.model.init_from.checkpoint"));
   EXPECT_TRUE(roots.CheckInitFrom("spec.", "", "").ok());
+  // A distillation teacher, the same way under its own field.
+  s = roots.CheckWeights("spec.training.distill.teacher", "", T("elsewhere/t.ckpt"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(), HasSubstr("spec.training.distill.teacher.checkpoint"));
+  EXPECT_TRUE(roots.CheckWeights("spec.training.distill.teacher", T("data/hf"), "").ok());
 }
 
 TEST_F(PathConfinementTest, DotDotOutOfTheRootIsRefusedNamingFieldPathResolutionAndRoots) {

@@ -1,5 +1,7 @@
 #include "worker/agent/train_spec.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/spec_validation.h"
@@ -36,6 +38,8 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   c.model.vocab_size = m.vocab_size();
   c.init_from_hf = m.init_from().hf();
   c.init_from_checkpoint = m.init_from().checkpoint();
+  c.upcycle = m.init_from().has_upcycle();
+  c.upcycle_noise_std = m.init_from().upcycle().noise_std();
   const auto& moe = m.moe();
   c.model.moe.num_experts = moe.num_experts();
   if (c.model.moe.num_experts > 0) {
@@ -81,6 +85,27 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   c.eval_tokens = t.eval_tokens();
   c.checkpoint_interval_steps = t.checkpoint_interval_steps();
   c.seed = t.seed();
+  if (t.has_distill()) {
+    const auto& d = t.distill();
+    c.distill.teacher_hf = d.teacher().hf();
+    c.distill.teacher_checkpoint = d.teacher().checkpoint();
+    c.distill.temperature = d.temperature();
+    c.distill.alpha = d.alpha();
+    if (d.teacher().has_model()) {
+      const auto& tm = d.teacher().model();
+      model::ModelConfig declared;
+      declared.num_layers = tm.num_layers();
+      declared.d_model = tm.d_model();
+      declared.num_heads = tm.num_heads();
+      declared.d_ff = tm.d_ff();
+      declared.vocab_size = tm.vocab_size();
+      declared.moe.num_experts = tm.moe().num_experts();
+      declared.moe.top_k = std::max(1, tm.moe().top_k());
+      declared.moe.every_n_layers = std::max(1, tm.moe().every_n_layers());
+      declared.moe.shared_expert = tm.moe().shared_expert();
+      c.distill.declared = declared;
+    }
+  }
   // CPU workers train in FP32 unless BF16 is asked for (autocast, as CUDA
   // runs it); CUDA workers always compute in BF16.
   c.bf16 = compute == tally::v1::PRECISION_BF16;

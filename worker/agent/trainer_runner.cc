@@ -21,9 +21,14 @@ class ReportingEvents final : public train::TrainEvents {
   void OnStart(const train::RunInfo& i) override {
     spdlog::info(
         "{} attempt {}: {} parameters ({} active), {:.3g} FLOPs/token, {} attention on {}, {} train / {} "
-        "val documents, packing efficiency {:.4f}{}{}{}",
+        "val documents, packing efficiency {:.4f}, model state {:.3g} MB{}{}{}{}",
         a_.job(), a_.attempt(), i.num_parameters, i.num_active_parameters, i.flops_per_token,
         i.attention, i.device, i.train_docs, i.val_docs, i.packing_efficiency,
+        i.state_bytes / 1e6,
+        i.teacher_parameters > 0
+            ? absl::StrCat(", distilling from a ", i.teacher_parameters,
+                           "-parameter teacher (its forward pass counted in FLOPs/token)")
+            : "",
         i.start_step > 0 ? absl::StrCat(", resumed at step ", i.start_step) : "",
         i.world_size > 1 ? absl::StrCat(", rank ", a_.rank(), " of ", i.world_size, " over ",
                                         i.backend, " (", a_.rendezvous(), ")")
@@ -144,6 +149,12 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   }
   if (absl::Status s = options_.data_roots.CheckInitFrom("spec.", config->init_from_hf,
                                                          config->init_from_checkpoint);
+      !s.ok()) {
+    return refuse(s);
+  }
+  if (absl::Status s = options_.data_roots.CheckWeights("spec.training.distill.teacher",
+                                                        config->distill.teacher_hf,
+                                                        config->distill.teacher_checkpoint);
       !s.ok()) {
     return refuse(s);
   }

@@ -19,9 +19,8 @@
 #include "common/spec_yaml.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/data/corpus.h"
 #include "worker/data/dataset.h"
-#include "worker/data/tokenizer.h"
+#include "worker/data/test_fortunes.h"
 #include "worker/train/trainer.h"
 
 namespace tally::worker {
@@ -90,21 +89,8 @@ class TrainerRunnerTest : public ::testing::Test {
     char dir[] = "/tmp/tally_runner_XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = new std::string(dir);
-    auto write = [](const std::string& prefix, const std::string& file) {
-      auto w = data::DatasetWriter::Create(prefix);
-      ASSERT_TRUE(w.ok()) << w.status();
-      absl::Status s = data::ReadCorpusFile(
-          "/usr/share/games/fortunes/" + file, {},
-          [&](absl::string_view text, const data::DocumentSource&) {
-            std::vector<uint16_t> t;
-            data::ByteTokenizer::Encode(text, &t);
-            return (*w)->Add(t);
-          });
-      ASSERT_TRUE(s.ok()) << s << " (scripts/setup.sh installs the fortunes package)";
-      ASSERT_TRUE((*w)->Finish("").ok());
-    };
-    write(*dir_ + "/train", "science.u8");
-    write(*dir_ + "/val", "people.u8");
+    data::WriteFortunes(*dir_ + "/train", {"science.u8"});
+    data::WriteFortunes(*dir_ + "/val", {"people.u8"});
   }
 
   tally::v1::Assignment Assignment() {

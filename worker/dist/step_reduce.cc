@@ -6,7 +6,7 @@
 namespace tally::dist {
 namespace {
 
-constexpr size_t kFixedHead = 13;  // loss_sum .. votes.preempt
+constexpr size_t kFixedHead = 14;  // loss_sum .. distill_kl_sum
 constexpr size_t kPerLayerTail = 3;  // router_entropy, assignments, dropped
 
 size_t PackedSize(const StepSumsLayout& layout) {
@@ -49,7 +49,8 @@ std::vector<double> PackStepSums(const StepSums& s) {
                            D(s.fp8.total_products),
                            D(s.ranks_with_nonfinite_amax),
                            D(s.votes.keep_state),
-                           D(s.votes.preempt)};
+                           D(s.votes.preempt),
+                           s.distill_kl_sum};
   v.reserve(PackedSize(LayoutOf(s)));
   for (int64_t n : s.ranks_with_grad) v.push_back(D(n));
   v.push_back(s.sharded_grad_square_sum);
@@ -84,6 +85,7 @@ absl::StatusOr<StepSums> UnpackStepSums(absl::Span<const double> v,
   s.ranks_with_nonfinite_amax = I(v[10]);
   s.votes.keep_state = I(v[11]);
   s.votes.preempt = I(v[12]);
+  s.distill_kl_sum = v[13];
   size_t at = kFixedHead;
   s.ranks_with_grad.reserve(layout.num_parameters);
   for (size_t i = 0; i < layout.num_parameters; ++i) s.ranks_with_grad.push_back(I(v[at++]));

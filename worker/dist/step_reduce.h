@@ -13,7 +13,7 @@
 //   loss_sum, aux_loss_sum, real_tokens, padding_tokens, votes.now,
 //   fp8.{overflows, underflows, elements, fp8_products, total_products},
 //   ranks_with_nonfinite_amax, votes.keep_state, votes.preempt,
-//   ranks_with_grad[num_parameters], sharded_grad_square_sum,
+//   distill_kl_sum, ranks_with_grad[num_parameters], sharded_grad_square_sum,
 //   per MoE layer: tokens_per_expert[num_experts], router_entropy,
 //   assignments, dropped.
 //
@@ -65,6 +65,9 @@ struct MoeLayerLoad {
 struct StepSums {
   double loss_sum = 0;      // cross-entropy summed over target tokens
   double aux_loss_sum = 0;  // MoE load-balancing loss
+  // Distillation: KL(teacher || student) at the temperature, summed over
+  // target tokens (0 without a teacher).
+  double distill_kl_sum = 0;
   int64_t real_tokens = 0;
   int64_t padding_tokens = 0;
   StopVotes votes;

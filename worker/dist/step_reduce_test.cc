@@ -20,6 +20,7 @@ const std::vector<double> kPacked = {
     3, 5, 7000, 11, 13,        // FP8 overflows .. total_products
     1,                         // ranks with a non-finite amax
     0, 1,                      // votes.keep_state, votes.preempt
+    0.375,                     // distillation KL sum
     1, 0, 1, 1,                // ranks with a gradient, by parameter
     0.125,                     // sharded gradient square sum
     10, 20, 30, 1.5, 60, 2,    // layer 0: tokens per expert, entropy, assignments, dropped
@@ -38,6 +39,7 @@ TEST(StepReduceTest, EveryFieldHasItsPlaceInTheCollective) {
   EXPECT_EQ(s->votes.now, 1);
   EXPECT_EQ(s->votes.keep_state, 0);
   EXPECT_EQ(s->votes.preempt, 1);
+  EXPECT_EQ(s->distill_kl_sum, 0.375);
   EXPECT_EQ(s->fp8.overflows, 3);
   EXPECT_EQ(s->fp8.underflows, 5);
   EXPECT_EQ(s->fp8.elements, 7000);
@@ -67,7 +69,7 @@ TEST(StepReduceTest, RoundTrips) {
 
   const StepSums dense;  // no parameters, no MoE
   const std::vector<double> packed = PackStepSums(dense);
-  EXPECT_EQ(packed.size(), 14u);
+  EXPECT_EQ(packed.size(), 15u);
   auto back = UnpackStepSums(packed, LayoutOf(dense));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(PackStepSums(*back), packed);
@@ -86,7 +88,7 @@ TEST(StepReduceTest, SummingPackedVectorsSumsEveryField) {
   auto s = UnpackStepSums(sum, Layout());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_THAT(PackStepSums(*s),
-              ElementsAre(1235, 0.5, 2000, 48, 1, 6, 10, 14000, 22, 26, 2, 1, 1,  //
+              ElementsAre(1235, 0.5, 2000, 48, 1, 6, 10, 14000, 22, 26, 2, 1, 1, 0.75,  //
                           1, 0, 2, 1, 0.25, 20, 40, 60, 3, 120, 4, 5, 2, 1.5, 8, 0));
   // One rank preempted and the other kept the state: both are preempted.
   EXPECT_EQ(s->votes.Decide(), StepEnd::kPreempt);

@@ -6,6 +6,11 @@
 #include <sstream>
 #include <vector>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <openssl/evp.h>
+
+#include <memory>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -151,6 +156,30 @@ absl::StatusOr<model::ModelConfig> FromFingerprint(const std::string& f) {
     }
   }
   return c;
+}
+
+// The SHA-256 (lower-case hex) of a file, read in 1 MiB pieces.
+absl::StatusOr<std::string> FileSha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) return absl::InternalError(absl::StrCat("cannot read ", path));
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(ctx.get(), digest, &n);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < n; ++i) {
+    hex.push_back(kHex[digest[i] >> 4]);
+    hex.push_back(kHex[digest[i] & 15]);
+  }
+  return hex;
 }
 
 absl::Status WriteText(const std::string& path, const std::string& text) {
@@ -472,6 +501,8 @@ absl::StatusOr<InitialWeights> ReadInitialWeights(const std::string& hf_dir,
     w.source = hf_dir + "/config.json";
     w.config = hf->config;
     w.parameters = std::move(hf->parameters);
+    auto sha = FileSha256(hf_dir + "/model.safetensors");
+    w.provenance = {{"kind", "hf"}, {"path", hf_dir}, {"sha256", sha.ok() ? *sha : ""}};
     return w;
   }
   auto m = ReadCheckpointModel(checkpoint);
@@ -481,7 +512,87 @@ absl::StatusOr<InitialWeights> ReadInitialWeights(const std::string& hf_dir,
   w.tokenizer = m->tokenizer;
   w.parameters = std::move(m->parameters);
   w.biases = std::move(m->biases);
+  auto sha = FileSha256(checkpoint);
+  w.provenance = {
+      {"kind", "checkpoint"}, {"path", checkpoint}, {"sha256", sha.ok() ? *sha : ""},
+      {"step", m->step}};
   return w;
+}
+
+std::string ShapeString(const model::ModelConfig& c) {
+  std::string s = absl::StrCat("layers=", c.num_layers, " d_model=", c.d_model,
+                               " heads=", c.num_heads, " d_ff=", ResolveDff(c.d_model, c.d_ff),
+                               " vocab=", c.vocab_size);
+  if (c.moe.num_experts > 0) {
+    absl::StrAppend(&s, " moe=", c.moe.num_experts, "x", c.moe.top_k, "/every",
+                    std::max<int64_t>(1, c.moe.every_n_layers),
+                    c.moe.shared_expert ? "/shared" : "");
+  }
+  return s;
+}
+
+absl::Status UpcycleWeights(double noise_std, uint64_t seed, model::ModelConfig* target,
+                            InitialWeights* w) {
+  const model::ModelConfig& src = w->config;
+  auto refuse = [&](absl::string_view why) {
+    model::ModelConfig shown = *target;
+    if (shown.vocab_size == 0) shown.vocab_size = src.vocab_size;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model.init_from.upcycle: ", w->source, " (", ShapeString(src),
+        ") cannot become this job's model (", ShapeString(shown), "): ", why));
+  };
+  if (src.moe.num_experts > 0) {
+    return refuse(
+        "it is already Mixture-of-Experts; upcycling starts from a dense model (remove "
+        "upcycle to continue the MoE model as it is)");
+  }
+  if (target->moe.num_experts < 2) {
+    return refuse("set model.moe.num_experts to 2 or more");
+  }
+  if (target->moe.top_k < 2 || target->moe.shared_expert) {
+    return refuse("upcycling needs model.moe.top_k >= 2 and no shared expert");
+  }
+  // The shape, MoE aside, must be the source's.
+  model::ModelConfig dense = *target;
+  dense.moe = src.moe;
+  if (absl::Status s = ReconcileModel(src, w->source, &dense); !s.ok()) {
+    return refuse(s.message());
+  }
+  const model::MoeConfig moe = target->moe;
+  *target = dense;
+  target->moe = moe;
+  const int64_t E = moe.num_experts;
+  const int64_t every = std::max<int64_t>(1, moe.every_n_layers);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x75706379636c65ULL);
+  for (int64_t l = 0; l < target->num_layers; ++l) {
+    if (l % every != every - 1) continue;
+    const std::string p = absl::StrCat("layers.", l, ".");
+    for (const char* name : {"w1", "w3", "w2"}) {
+      auto it = w->parameters.find(p + name);
+      if (it == w->parameters.end()) {
+        return refuse(absl::StrCat("it has no dense feed-forward weight ", p, name));
+      }
+      const at::Tensor dense_w = it->second.to(at::kFloat).contiguous();
+      std::vector<at::Tensor> experts;
+      for (int64_t e = 0; e < E; ++e) {
+        at::Tensor copy = dense_w.clone();
+        if (noise_std > 0) {
+          copy.add_(at::normal(0.0, noise_std, dense_w.sizes(), gen, dense_w.options()));
+        }
+        experts.push_back(copy);
+      }
+      w->parameters.erase(it);
+      w->parameters[absl::StrCat(p, "experts.", name)] = at::stack(experts);
+    }
+    w->keep_init.insert(p + "router");
+  }
+  w->biases.clear();
+  w->provenance["upcycled"] = {{"step", 0},
+                               {"noise_std", noise_std},
+                               {"num_experts", E},
+                               {"top_k", moe.top_k},
+                               {"every_n_layers", every}};
+  return absl::OkStatus();
 }
 
 absl::Status ReconcileModel(const model::ModelConfig& theirs, const std::string& source,

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -74,9 +75,36 @@ struct InitialWeights {
   nlohmann::json tokenizer;  // null when the source records none
   std::map<std::string, at::Tensor> parameters;
   std::map<int64_t, at::Tensor> biases;
+  // Parameters the model keeps from its own (seeded) init: an upcycled
+  // model's routers.
+  std::set<std::string> keep_init;
+  // Where the weights came from, as checkpoints record it ("init_from" in
+  // their metadata): {"kind": "checkpoint"|"hf", "path", "sha256" (of the
+  // checkpoint file, or of the folder's model.safetensors)}, with
+  // "upcycled" added by UpcycleWeights.
+  nlohmann::json provenance;
 };
 absl::StatusOr<InitialWeights> ReadInitialWeights(const std::string& hf_dir,
                                                   const std::string& checkpoint);
+
+// "layers=2 d_model=64 heads=4 d_ff=192 vocab=258[ moe=8x2/every1]": a
+// model's shape, for messages.
+std::string ShapeString(const model::ModelConfig& c);
+
+// Sparse upcycling (model.init_from.upcycle): makes `w`, a dense model's
+// weights, those of `target` (the job's model: the same layers, width,
+// heads, feed-forward width and vocabulary, with target.moe making every
+// n-th layer Mixture-of-Experts). On each MoE layer every expert's w1, w3
+// and w2 start as copies of the dense layer's, plus N(0, noise_std^2)
+// noise per expert drawn from `seed` when noise_std > 0; the router is left
+// to the model's own init (keep_init). Everything else is copied. With
+// top_k >= 2 (the gates of a token's experts are normalised to sum to 1)
+// and noise 0, the upcycled model computes the dense model's logits.
+// FailedPrecondition naming both shapes for a source that is already MoE or
+// a shape that differs; fills target's d_ff, vocab, rope_theta and norm_eps
+// from the source like ReconcileModel.
+absl::Status UpcycleWeights(double noise_std, uint64_t seed, model::ModelConfig* target,
+                            InitialWeights* w);
 
 // Makes `spec` (the job's model) the model `theirs` describes: fields the
 // spec leaves unset (d_ff 0, vocab_size 0) and those it cannot state

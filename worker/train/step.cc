@@ -40,9 +40,22 @@ DeviceBatch ToDevice(const data::MicroBatch& b, at::Device device) {
 Losses LossSum(const model::Transformer& m, const DeviceBatch& d, model::AttentionKernel kernel) {
   model::ForwardOutput out = m.Run(d.input, kernel);
   at::Tensor logits_BTV = out.logits_BTV;
-  return {at::cross_entropy_loss(logits_BTV.reshape({-1, logits_BTV.size(-1)}).to(at::kFloat),
-                                 d.targets_N, {}, at::Reduction::Sum, data::kIgnoreTarget),
-          out.aux_loss, out.z_loss, std::move(out.moe)};
+  at::Tensor logits_NV = logits_BTV.reshape({-1, logits_BTV.size(-1)});
+  return {at::cross_entropy_loss(logits_NV.to(at::kFloat), d.targets_N, {}, at::Reduction::Sum,
+                                 data::kIgnoreTarget),
+          logits_NV, out.aux_loss, out.z_loss, std::move(out.moe)};
+}
+
+at::Tensor DistillKlSum(const at::Tensor& student_NV, const at::Tensor& teacher_NV,
+                        const at::Tensor& targets_N, double temperature) {
+  // A mask rather than a selection of rows: nothing here waits for the
+  // device.
+  const at::Tensor has_target_N = targets_N.ne(data::kIgnoreTarget).to(at::kFloat);
+  const at::Tensor log_s = at::log_softmax(student_NV.to(at::kFloat) / temperature, -1);
+  const at::Tensor log_t =
+      at::log_softmax(teacher_NV.detach().to(at::kFloat) / temperature, -1);
+  const at::Tensor kl_N = (log_t.exp() * (log_t - log_s)).sum(-1);
+  return (kl_N * has_target_N).sum();
 }
 
 StepBatch NextStepBatch(const TrainConfig& c, int64_t micro_per_step,
@@ -103,6 +116,7 @@ std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_pe
   // are done: nothing in the passes waits for the host.
   at::Tensor loss_acc = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(m.device));
   at::Tensor aux_acc = at::zeros_like(loss_acc);
+  at::Tensor kl_acc = at::zeros_like(loss_acc);
   struct LayerSums {
     at::Tensor tokens_per_expert, assignments, dropped, router_entropy;
   };
@@ -119,7 +133,20 @@ std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_pe
       if (stop_now()) return std::nullopt;
       Losses l = LossSum(*m.model, on_device[mi], m.kernel);
       loss_acc = loss_acc + l.ce_sum.detach().to(at::kDouble);
-      at::Tensor loss = l.ce_sum / static_cast<double>(std::max<int64_t>(1, batch.targets));
+      const double targets = static_cast<double>(std::max<int64_t>(1, batch.targets));
+      at::Tensor loss = l.ce_sum / targets;
+      if (m.teacher != nullptr) {
+        at::Tensor teacher_NV;
+        {
+          at::NoGradGuard no_grad;  // inference only: no graph, no gradients
+          teacher_NV = m.teacher->Forward(on_device[mi].input, m.kernel);
+        }
+        teacher_NV = teacher_NV.reshape({-1, teacher_NV.size(-1)});
+        const at::Tensor kl = DistillKlSum(l.logits_NV, teacher_NV, on_device[mi].targets_N,
+                                           m.temperature);
+        kl_acc = kl_acc + kl.detach().to(at::kDouble);
+        loss = loss * (1.0 - m.alpha) + kl * (m.alpha * m.temperature * m.temperature / targets);
+      }
       if (l.aux.defined()) {
         // The MoE losses are means already: one share per micro-batch.
         const double share = 1.0 / static_cast<double>(micro_per_step);
@@ -144,7 +171,8 @@ std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_pe
   }
   // One read: the losses, then per MoE layer its counts, assignments,
   // drops and entropy.
-  std::vector<at::Tensor> parts = {loss_acc.reshape({1}), aux_acc.reshape({1})};
+  std::vector<at::Tensor> parts = {loss_acc.reshape({1}), aux_acc.reshape({1}),
+                                   kl_acc.reshape({1})};
   for (const auto& [layer, sums] : moe) {
     parts.push_back(sums.tokens_per_expert.to(at::kDouble));
     parts.push_back(sums.assignments.to(at::kDouble).reshape({1}));
@@ -155,7 +183,8 @@ std::optional<StepTotals> ForwardBackward(const TrainConfig& c, int64_t micro_pe
   const double* v = host.data_ptr<double>();
   t.loss_sum = v[0];
   t.aux_loss_sum = v[1];
-  size_t at = 2;
+  t.distill_kl_sum = v[2];
+  size_t at = 3;
   for (const auto& [layer, sums] : moe) {
     dist::MoeLayerLoad& load = t.moe[layer];
     const int64_t E = sums.tokens_per_expert.numel();

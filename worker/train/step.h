@@ -42,6 +42,7 @@ DeviceBatch ToDevice(const data::MicroBatch& b, at::Device device);
 
 struct Losses {
   at::Tensor ce_sum;  // cross-entropy summed over the batch's target tokens, FP32
+  at::Tensor logits_NV;  // the logits, one row a token (in the graph)
   at::Tensor aux;     // MoE load-balancing loss (undefined when dense)
   at::Tensor z;       // MoE router z-loss
   std::vector<model::MoeLayerStats> moe;
@@ -49,6 +50,13 @@ struct Losses {
 
 // One forward pass and its summed loss (training and evaluation alike).
 Losses LossSum(const model::Transformer& m, const DeviceBatch& d, model::AttentionKernel kernel);
+
+// Distillation: KL(teacher || student), both softened by `temperature`,
+// summed over the tokens that have a target (targets_N not kIgnoreTarget),
+// in FP32 whatever the logits' dtype. Differentiable in the student's
+// logits; the teacher's are taken as constants.
+at::Tensor DistillKlSum(const at::Tensor& student_NV, const at::Tensor& teacher_NV,
+                        const at::Tensor& targets_N, double temperature);
 
 struct StepBatch {
   std::vector<data::MicroBatch> micro;  // this rank's
@@ -70,6 +78,7 @@ StepBatch NextStepBatch(const TrainConfig& c, int64_t micro_per_step,
 struct StepTotals {
   double loss_sum = 0;      // cross-entropy over target tokens
   double aux_loss_sum = 0;  // MoE load-balancing loss, a mean over the step
+  double distill_kl_sum = 0;  // KL(teacher || student) over target tokens
   int64_t real_tokens = 0;
   int64_t padding_tokens = 0;
   std::map<int64_t, dist::MoeLayerLoad> moe;  // by layer
@@ -86,6 +95,12 @@ struct StepModel {
   // CUDA: the passes under sync-debug mode "error" (TrainConfig::
   // test_sync_check).
   bool sync_check = false;
+  // Distillation (TrainConfig::distill): the teacher, forward only, on the
+  // same micro-batches; the loss becomes alpha * KL * T^2 + (1 - alpha) *
+  // cross-entropy (each a mean over the step's target tokens). Null: none.
+  const model::Transformer* teacher = nullptr;
+  double temperature = 1;
+  double alpha = 0;
 };
 
 // Forward and backward over the batch's micro-batches: gradients accumulate

@@ -208,6 +208,10 @@ class Run {
   absl::Status LoadCheckpoint();
   // Copies model.init_from's weights into the model (a fresh run).
   absl::Status LoadInitialWeights(const InitialWeights& w);
+  // training.distill: reads the teacher, checks it against the spec's
+  // declared shape, the data's tokenizer and the student's vocabulary, and
+  // builds it for forward passes only.
+  absl::Status LoadTeacher();
   // The training data's tokenizer as checkpoints record it, and a check
   // that `theirs` (a checkpoint's record) is the same.
   nlohmann::json TokenizerJson() const;
@@ -223,6 +227,7 @@ class Run {
   std::string Fingerprint() const;
 
   TrainConfig c_;  // a copy: model.init_from completes its model
+  nlohmann::json init_from_json_;  // InitialWeights::provenance, kept in checkpoints
   TrainEvents* events_;
   const StopFlag* stop_;
   at::Device device_;
@@ -233,6 +238,7 @@ class Run {
   std::unique_ptr<data::Dataset> train_, val_;
   std::unique_ptr<data::RowStream> rows_;
   std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<model::Transformer> teacher_;  // training.distill; forward only
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<precision::Fp8Linears> fp8_;
   std::vector<data::Row> eval_rows_;
@@ -450,6 +456,7 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
   meta["model"] = ModelConfigJson(model_->config());
   meta["seq_len"] = c_.data.seq_len;
   meta["tokenizer"] = TokenizerJson();
+  if (init_from_json_.is_object()) meta["init_from"] = init_from_json_;
   data.metadata_json = meta.dump();
   auto& params = model_->parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -669,6 +676,10 @@ absl::Status Run::LoadCheckpoint() {
   }
   std::map<std::string, at::Tensor> by_name(data->tensors.begin(), data->tensors.end());
   if (absl::Status s = CheckCheckpoint(meta, by_name); !s.ok()) return in_file(s);
+  // Where the run's weights first came from stays recorded.
+  if (auto it = meta.find("init_from"); it != meta.end() && it->is_object()) {
+    init_from_json_ = *it;
+  }
 
   auto& params = model_->parameters();
   at::NoGradGuard no_grad;
@@ -698,18 +709,20 @@ absl::Status Run::LoadCheckpoint() {
   return absl::OkStatus();
 }
 
-absl::Status Run::LoadInitialWeights(const InitialWeights& w) {
-  if (w.tokenizer.is_object()) {
-    if (absl::Status s = CheckTokenizer(w.tokenizer, w.source); !s.ok()) return s;
-  }
+namespace {
+
+// Copies `w` into `m`'s parameters (this rank's block of sharded experts),
+// checking each is there, of its shape, finite and of a sane magnitude.
+absl::Status CopyWeights(const InitialWeights& w, int rank, model::Transformer* m) {
   at::NoGradGuard no_grad;
-  for (auto& p : model_->parameters()) {
+  for (auto& p : m->parameters()) {
+    if (w.keep_init.count(p.name)) continue;
     auto it = w.parameters.find(p.name);
     if (it == w.parameters.end()) {
       return absl::InvalidArgumentError(absl::StrCat(w.source, " has no weights for ", p.name));
     }
     at::Tensor src = it->second;
-    if (p.sharded) src = src.narrow(0, c_.parallel.rank * p.value.size(0), p.value.size(0));
+    if (p.sharded) src = src.narrow(0, rank * p.value.size(0), p.value.size(0));
     if (src.sizes() != p.value.sizes()) {
       return absl::InvalidArgumentError(absl::StrCat(w.source, ": ", p.name, " is ",
                                                      c10::str(src.sizes()), ", the model's is ",
@@ -731,10 +744,84 @@ absl::Status Run::LoadInitialWeights(const InitialWeights& w) {
     }
     p.value.copy_(src);
   }
-  for (auto& [layer, bias] : model_->expert_biases()) {
+  for (auto& [layer, bias] : m->expert_biases()) {
     auto it = w.biases.find(layer);
     if (it != w.biases.end() && it->second.sizes() == bias.sizes()) bias.copy_(it->second);
   }
+  return absl::OkStatus();
+}
+
+// The first field of `declared` (the spec's training.distill.teacher.model)
+// that `actual` (the teacher file's) does not match, as a message; empty
+// when they agree. Zero d_ff and vocab_size are not stated.
+std::string DeclaredShapeMismatch(const model::ModelConfig& declared,
+                                  const model::ModelConfig& actual) {
+  auto differs = [&](const char* field, int64_t stated, int64_t theirs) {
+    return absl::StrCat("training.distill.teacher.model.", field, " is ", stated,
+                        " but the teacher has ", theirs);
+  };
+  if (declared.num_layers != actual.num_layers) {
+    return differs("num_layers", declared.num_layers, actual.num_layers);
+  }
+  if (declared.d_model != actual.d_model) return differs("d_model", declared.d_model, actual.d_model);
+  if (declared.num_heads != actual.num_heads) {
+    return differs("num_heads", declared.num_heads, actual.num_heads);
+  }
+  const int64_t ff = ResolveDff(actual.d_model, actual.d_ff);
+  if (declared.d_ff != 0 && declared.d_ff != ff) return differs("d_ff", declared.d_ff, ff);
+  if (declared.vocab_size != 0 && declared.vocab_size != actual.vocab_size) {
+    return differs("vocab_size", declared.vocab_size, actual.vocab_size);
+  }
+  if (declared.moe.num_experts != actual.moe.num_experts) {
+    return differs("moe.num_experts", declared.moe.num_experts, actual.moe.num_experts);
+  }
+  if (actual.moe.num_experts > 0) {
+    if (declared.moe.top_k != actual.moe.top_k) {
+      return differs("moe.top_k", declared.moe.top_k, actual.moe.top_k);
+    }
+    if (declared.moe.every_n_layers != std::max<int64_t>(1, actual.moe.every_n_layers)) {
+      return differs("moe.every_n_layers", declared.moe.every_n_layers,
+                     actual.moe.every_n_layers);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status Run::LoadInitialWeights(const InitialWeights& w) {
+  if (w.tokenizer.is_object()) {
+    if (absl::Status s = CheckTokenizer(w.tokenizer, w.source); !s.ok()) return s;
+  }
+  return CopyWeights(w, c_.parallel.rank, model_.get());
+}
+
+absl::Status Run::LoadTeacher() {
+  auto w = ReadInitialWeights(c_.distill.teacher_hf, c_.distill.teacher_checkpoint);
+  if (!w.ok()) return w.status();
+  if (c_.distill.declared) {
+    if (std::string bad = DeclaredShapeMismatch(*c_.distill.declared, w->config); !bad.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          bad, " (", w->source, ": ", ShapeString(w->config),
+          "); state the teacher's shape as it is, or leave training.distill.teacher.model out"));
+    }
+  }
+  if (w->tokenizer.is_object()) {
+    if (absl::Status s = CheckTokenizer(w->tokenizer, w->source); !s.ok()) return s;
+  }
+  const int64_t vocab = model_->config().vocab_size;
+  if (w->config.vocab_size != vocab) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        w->source, " has a vocabulary of ", w->config.vocab_size, " tokens, the student (",
+        "this job's data.train_path, tokenizer ", TokenizerJson().dump(), ") ", vocab,
+        ": teacher and student must share the tokenizer"));
+  }
+  model::ModelConfig tc = w->config;
+  tc.moe.every_n_layers = std::max<int64_t>(1, tc.moe.every_n_layers);
+  teacher_ = std::make_unique<model::Transformer>(tc, c_.seed, device_);
+  teacher_->SetFusedOps(autocast_);
+  if (absl::Status s = CopyWeights(*w, 0, teacher_.get()); !s.ok()) return s;
+  for (auto& p : teacher_->parameters()) p.value.set_requires_grad(false);
   return absl::OkStatus();
 }
 
@@ -868,6 +955,13 @@ RunInfo Run::Info() const {
   info.num_embedding_parameters = model_->num_embedding_parameters();
   info.num_active_parameters = model_->num_active_parameters();
   info.flops_per_token = model_->TrainingFlopsPerToken(c_.data.seq_len);
+  if (teacher_) {
+    // The teacher's forward pass: a third of its training FLOPs.
+    info.teacher_parameters = teacher_->num_parameters();
+    info.teacher_flops_per_token = teacher_->TrainingFlopsPerToken(c_.data.seq_len) / 3;
+    info.flops_per_token += info.teacher_flops_per_token;
+  }
+  info.state_bytes = 16 * info.num_resident_parameters + 4 * info.teacher_parameters;
   info.micro_batches_per_step = micro_per_step_;
   info.start_step = state_.step;
   info.train_docs = train_->num_docs();
@@ -891,9 +985,13 @@ TrainResult Run::Go() {
     // weights once the model exists; a resume takes its own weights.
     auto w = ReadInitialWeights(c_.init_from_hf, c_.init_from_checkpoint);
     if (!w.ok()) return Fail("model.init_from: " + std::string(w.status().message()), false);
-    if (absl::Status s = ReconcileModel(w->config, w->source, &c_.model); !s.ok()) {
+    if (absl::Status s = c_.upcycle
+                             ? UpcycleWeights(c_.upcycle_noise_std, c_.seed, &c_.model, &*w)
+                             : ReconcileModel(w->config, w->source, &c_.model);
+        !s.ok()) {
       return Fail(std::string(s.message()), false);
     }
+    init_from_json_ = w->provenance;
     init = *std::move(w);
   }
   if (auto failed = OpenData()) return *failed;
@@ -904,6 +1002,11 @@ TrainResult Run::Go() {
     }
   }
   init.reset();
+  if (c_.distill.on()) {
+    if (absl::Status s = LoadTeacher(); !s.ok()) {
+      return Fail("training.distill.teacher: " + std::string(s.message()), false);
+    }
+  }
   if (!c_.resume_path.empty()) {
     if (absl::Status s = LoadCheckpoint(); !s.ok()) {
       TrainResult failed = Fail("resume: " + std::string(s.message()), false);
@@ -961,7 +1064,8 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
     precision::AutocastRegion autocast(device_.type(), autocast_);
     totals = ForwardBackward(
         c_, micro_per_step_, batch,
-        {model_.get(), device_, kernel_, sync_.get(), c_.test_sync_check},
+        {model_.get(), device_, kernel_, sync_.get(), c_.test_sync_check, teacher_.get(),
+         c_.distill.temperature, c_.distill.alpha},
         [&] { return !group_ && stop_->requested() == StopKind::kNow; });
   }
   if (!totals) return Stopped();
@@ -982,6 +1086,7 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
 
   StepMetrics m;
   m.moe_aux_loss = t.aux_loss_sum;
+  m.distill_kl = t.distill_kl_sum / static_cast<double>(std::max<int64_t>(1, batch.targets));
   ReportMoeLoads(t.moe, &m);
   m.step = state_.step + 1;
   m.lr = LearningRate(m.step, c_.optimizer.lr, c_.optimizer.min_lr, c_.optimizer.warmup_steps,
@@ -1000,12 +1105,20 @@ std::optional<TrainResult> Run::TrainStep(TrainEvents* report, NonFiniteGuard* g
   if (c_.peak_flops > 0 && m.step_seconds > 0) {
     const double peak = c_.peak_flops * c_.parallel.world_size * m.step_seconds;
     m.mfu = flops_per_token_ * real / peak;
-    const auto& mc = model_->config();
-    const double attention_per_token =
-        AttentionTrainingFlops(mc.num_layers, mc.d_model, static_cast<double>(c_.data.seq_len));
-    m.mfu_executed = ((flops_per_token_ - attention_per_token) * real +
-                      AttentionTrainingFlops(mc.num_layers, mc.d_model, batch.attended_keys)) /
-                     peak;
+    // Attention as executed over the step's documents, not the whole
+    // context; a teacher's forward pass is a third of its training FLOPs.
+    const double context = static_cast<double>(c_.data.seq_len);
+    double attention_per_token = 0, attention_executed = 0;
+    for (const model::Transformer* net : {model_.get(), teacher_.get()}) {
+      if (net == nullptr) continue;
+      const auto& mc = net->config();
+      const double share = net == teacher_.get() ? 1.0 / 3 : 1.0;
+      attention_per_token += share * AttentionTrainingFlops(mc.num_layers, mc.d_model, context);
+      attention_executed +=
+          share * AttentionTrainingFlops(mc.num_layers, mc.d_model, batch.attended_keys);
+    }
+    m.mfu_executed =
+        ((flops_per_token_ - attention_per_token) * real + attention_executed) / peak;
   }
   report->OnStep(m);
   return AfterStep(end, report);
@@ -1018,6 +1131,7 @@ absl::StatusOr<dist::StepEnd> Run::ReduceStep(StepTotals* t) {
   dist::StepSums local;
   local.loss_sum = t->loss_sum;
   local.aux_loss_sum = t->aux_loss_sum;
+  local.distill_kl_sum = t->distill_kl_sum;
   local.real_tokens = t->real_tokens;
   local.padding_tokens = t->padding_tokens;
   const StopKind stop = stop_->requested();
@@ -1054,6 +1168,7 @@ absl::StatusOr<dist::StepEnd> Run::ReduceStep(StepTotals* t) {
   if (end == dist::StepEnd::kStopNow) return end;
   t->loss_sum = sum.loss_sum;
   t->aux_loss_sum = sum.aux_loss_sum;
+  t->distill_kl_sum = sum.distill_kl_sum;
   t->real_tokens = sum.real_tokens;
   t->padding_tokens = sum.padding_tokens;
   t->fp8.overflows = sum.fp8.overflows;

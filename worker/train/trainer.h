@@ -61,6 +61,7 @@
 #define TALLY_WORKER_TRAIN_TRAINER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -154,6 +155,25 @@ struct TrainConfig {
   // `model` states differently fails the run naming it (train/model_io.h).
   std::string init_from_hf;
   std::string init_from_checkpoint;
+  // model.init_from.upcycle: the source is dense and `model.moe` makes it
+  // Mixture-of-Experts, every expert a copy of its layer's feed-forward
+  // (train/model_io.h UpcycleWeights).
+  bool upcycle = false;
+  double upcycle_noise_std = 0;
+  // training.distill: a teacher model (a Hugging Face folder or a Tally
+  // checkpoint, one of the two) whose softened predictions the loss also
+  // follows: alpha * KL(teacher || student at temperature) * temperature^2
+  // + (1 - alpha) * cross-entropy. Off when both paths are empty.
+  struct Distill {
+    std::string teacher_hf;
+    std::string teacher_checkpoint;
+    double temperature = 1;
+    double alpha = 0.5;
+    // The teacher's shape as the spec states it (training.distill.teacher.
+    // model), checked against the file; nullopt: not stated.
+    std::optional<model::ModelConfig> declared;
+    bool on() const { return !teacher_hf.empty() || !teacher_checkpoint.empty(); }
+  } distill;
   std::string resume_path;          // a checkpoint to continue from
   std::string resume_sha256;        // checked when not empty
   // tally-worker's --checkpoint_dir: when set, checkpoint_dir (a job's
@@ -194,7 +214,15 @@ struct RunInfo {
   int64_t num_resident_parameters = 0;
   int64_t num_embedding_parameters = 0;
   int64_t num_active_parameters = 0;  // per token (all but unrouted experts)
-  double flops_per_token = 0;      // training FLOPs per token
+  // Training FLOPs per token; with a distillation teacher, its forward
+  // pass's too (teacher_flops_per_token).
+  double flops_per_token = 0;
+  int64_t teacher_parameters = 0;       // 0: no teacher
+  double teacher_flops_per_token = 0;   // forward only
+  // The memory this rank's model state needs, activations aside: 16 bytes
+  // a resident parameter (FP32 weight, gradient, AdamW m and v) and 4 a
+  // teacher parameter (FP32 weight, no gradient, no optimizer state).
+  int64_t state_bytes = 0;
   int64_t micro_batches_per_step = 0;
   int64_t start_step = 0;          // > 0 when resumed
   int64_t train_docs = 0, val_docs = 0;
@@ -236,6 +264,9 @@ struct StepMetrics {
   std::vector<MoeLayer> moe;
   double moe_max_over_mean_load = 0;  // the worst layer
   double moe_aux_loss = 0;            // summed over layers, unweighted
+  // Distillation: KL(teacher || student) at the temperature, a mean over
+  // the step's target tokens (before alpha and T^2); 0 without a teacher.
+  double distill_kl = 0;
   // FP8 runs only (zero otherwise), for this step.
   int64_t fp8_overflows = 0;       // values clamped to the format's range
   int64_t fp8_underflows = 0;      // nonzero values that became 0

@@ -29,6 +29,7 @@
 #include "worker/dist/group.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/checksum_file.h"
+#include "worker/data/test_fortunes.h"
 
 namespace tally::train {
 namespace {
@@ -68,23 +69,8 @@ class TrainerTest : public ::testing::Test {
     char dir[] = "/tmp/tally_trainer_XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     g_dir = dir;
-    const std::string fortunes = "/usr/share/games/fortunes/";
-    auto write = [&](const std::string& prefix, std::vector<std::string> files) {
-      auto w = data::DatasetWriter::Create(prefix);
-      ASSERT_TRUE(w.ok()) << w.status();
-      for (const auto& f : files) {
-        absl::Status s = data::ReadCorpusFile(
-            fortunes + f, {}, [&](absl::string_view text, const data::DocumentSource&) {
-              std::vector<uint16_t> t;
-              data::ByteTokenizer::Encode(text, &t);
-              return (*w)->Add(t);
-            });
-        ASSERT_TRUE(s.ok()) << s << " (scripts/setup.sh installs the fortunes package)";
-      }
-      ASSERT_TRUE((*w)->Finish("").ok());
-    };
-    write(g_dir + "/train", {"fortunes.u8", "science.u8", "literature.u8"});
-    write(g_dir + "/val", {"people.u8"});
+    data::WriteFortunes(g_dir + "/train", {"fortunes.u8", "science.u8", "literature.u8"});
+    data::WriteFortunes(g_dir + "/val", {"people.u8"});
   }
 
   static TrainConfig Tiny() {
