@@ -16,27 +16,13 @@ B=${BUILD_DIR:-build}
 OUT=$B/bench/cost_to_target
 CORPORA=${CORPORA:-"fortunes corpus2"}
 mkdir -p "$OUT"
-rm -rf "$OUT/tallyd" "$OUT/checkpoints" && mkdir -p "$OUT/tallyd"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
 
-if [ ! -s "$B/demo/fortunes/train.idx" ]; then
-  "$B/cli/tally-prep" --out="$B/demo/fortunes" /usr/share/games/fortunes/*.u8
-fi
+. bench/lib/models.sh
+ensure_fortunes
 case " $CORPORA " in *" corpus2 "*) TALLY_PREP="$B/cli/tally-prep" bench/corpus2.sh "$B/bench/corpus2" ;; esac
 
-"$B/server/tallyd" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
-  --data_dir="$OUT/tallyd" --address_file="$OUT/tallyd/addr" \
-  --config=examples/tallyd.yaml >"$OUT/tallyd.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 200); do [ -s "$OUT/tallyd/addr" ] && break; sleep 0.05; done
-export TALLY_CONTROLLER=$(sed 's/grpc=\([^ ]*\).*/\1/' "$OUT/tallyd/addr")
-for i in 0 1; do
-  "$B/worker/tally-worker" --worker_id=bench-cpu-$i --threads=1 \
-    --checkpoint_dir="$OUT/checkpoints" >"$OUT/worker-$i.log" 2>&1 &
-  pids+=($!)
-done
+. bench/lib/cluster.sh
+start_cluster "$OUT" 2
 
 TALLYCTL="$B/cli/tallyctl"
 for corpus in $CORPORA; do

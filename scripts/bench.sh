@@ -5,7 +5,9 @@
 # clients), the scheduler's Tick() and /metrics rendering at fleet scale.
 # ONLY=packing, ONLY=fp8, ONLY=moe, ONLY=dp, ONLY=watch (bench/watch_load.py:
 # idle and live WatchJob streams), ONLY=cost_to_target (recipe experiments
-# on two corpora) or ONLY=controller runs one part.
+# on two corpora), ONLY=upcycle (dense vs upcycled vs MoE from scratch at one
+# budget), ONLY=distill (a student with and without a teacher) or
+# ONLY=controller runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -58,6 +60,20 @@ if [ -z "$ONLY" ] || [ "$ONLY" = cost_to_target ]; then
   echo
 fi
 [ "$ONLY" = cost_to_target ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = upcycle ]; then
+  echo "== Upcycling: dense, upcycled and MoE from scratch at one budget (bench/upcycle.sh) =="
+  BUILD_DIR="$B" bench/upcycle.sh
+  echo
+fi
+[ "$ONLY" = upcycle ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = distill ]; then
+  echo "== Distillation: a 1-layer student with and without its teacher (bench/distill.sh) =="
+  BUILD_DIR="$B" bench/distill.sh
+  echo
+fi
+[ "$ONLY" = distill ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"

@@ -16,11 +16,12 @@
 # Steps: a preflight (about 10 s) that stops at once, naming what is missing;
 # the carried .debs unpacked into a prefix; configure (trainer only, CUDA
 # LibTorch); build only what runs (kernels_test, cuda_parity_test, step_bench,
-# target_bench, packing_bench, fp8_bench; ninja -k 0, so one broken target
+# target_bench, packing_bench, fp8_bench, grow_bench; ninja -k 0, so one broken target
 # does not stop the rest); the kernels' tests, the CUDA parity test (current
 # weights every step, nothing waiting for the host in forward or backward),
 # then the benchmarks: step time at 1B and 3B (BF16 vs FP8, MFU two ways),
-# dollars to naive's loss (target_bench), packing, FP8 products. Every
+# dollars to naive's loss (target_bench), packing, FP8 products, upcycling and
+# distillation step times (grow_bench). Every
 # step's log is written in full under $OUT; a failed step is recorded and the
 # rest go on, each under a timeout cut to the time left of BUDGET_S. The table
 # is printed last (also $OUT/summary.md); the numbers are in $OUT/results.md.
@@ -61,7 +62,7 @@ B=$(cd "$B" && pwd)
 PREFIX=$B/carried
 JOBS=${JOBS:-$(nproc)}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-TARGETS=(kernels_test cuda_parity_test step_bench target_bench packing_bench fp8_bench)
+TARGETS=(kernels_test cuda_parity_test step_bench target_bench packing_bench fp8_bench grow_bench)
 # QUICK: the correctness checks, one small step timing and a small dollars
 # run; fewer links too.
 [ "$QUICK" = 1 ] && TARGETS=(kernels_test cuda_parity_test step_bench target_bench)
@@ -388,7 +389,7 @@ write_results() {
   grep -hE "max diff|max \||CUDA training|NCCL|MoE layer|val loss after|sync check" "$OUT/cuda_parity_test.log" 2>/dev/null | sed 's/^/    /'
   echo; echo "## Hugging Face exports in transformers"; echo
   grep -hE "^(ok|FAIL) " "$OUT/hf_transformers.log" 2>/dev/null | sed 's/^/    /'
-  for b in step_bench step_bench_3b target_bench packing_bench fp8_bench; do
+  for b in step_bench step_bench_3b target_bench packing_bench fp8_bench grow_bench; do
     echo; echo "## $b"; echo
     grep -v '^==' "$OUT/$b.log" 2>/dev/null
   done
@@ -412,6 +413,8 @@ if [ "$REHEARSE" = 1 ]; then
     --eval_tokens=2048 --experts=4 --warmup_steps=1)
   PACK_ARGS=(--d_model=64 --layers=1 --seq_len=128 --rows=2 --steps=3 --warmup_steps=1)
   FP8_ARGS=(--tokens=64 --d_in=64 --d_out=64 --reps=1)
+  GROW_ARGS=(--layers=2 --d_model=64 --seq_len=128 --rows=2 --steps=3 --warmup_steps=1
+    --experts=4 --eval_tokens=2048)
 elif [ "$QUICK" = 1 ]; then
   DEV=cuda:0
   STEP_ARGS=(--layers=8 --d_model=1024 --seq_len=2048 --rows=8 --steps=8 --warmup_steps=3)
@@ -427,6 +430,8 @@ else
     --eval_every=10 --eval_tokens=65536)
   PACK_ARGS=(--d_model=1024 --layers=8 --seq_len=2048 --rows=8 --steps=30 --warmup_steps=5)
   FP8_ARGS=(--tokens=8192 --d_in=4096 --d_out=4096 --reps=20)
+  GROW_ARGS=(--layers=8 --d_model=1024 --seq_len=1024 --rows=8 --steps=12 --warmup_steps=3
+    --experts=8 --eval_tokens=65536)
 fi
 bench() {  # bench NAME MIN MAX BINARY ARGS...
   local name=$1 min=$2 max=$3 bin=$4
@@ -442,6 +447,7 @@ bench_note() {  # the line of a benchmark's log the table shows
   case "$1" in
     step_bench*) grep -m1 '^FP8 / BF16' "$OUT/$1.log" | sed 's/^/; /' ;;
     target_bench) grep -m1 '^combined' "$OUT/$1.log" | cut -c1-100 | sed 's/^/; /' ;;
+    grow_bench) grep -m1 '^upcycled / dense' "$OUT/$1.log" | sed 's/^/; /' ;;
   esac
 }
 bench step_bench 40 150 tests/gpu/step_bench --device=$DEV --train_path="$FORTUNES" "${STEP_ARGS[@]}"
@@ -451,6 +457,7 @@ bench target_bench 60 180 tests/gpu/target_bench --device=$DEV --train_path="$FO
 bench step_bench_3b 40 120 tests/gpu/step_bench --device=$DEV --train_path="$FORTUNES" "${STEP3B_ARGS[@]}"
 bench packing_bench 30 90 bench/packing_bench --device=$DEV --train_path="$FORTUNES" "${PACK_ARGS[@]}"
 bench fp8_bench 15 60 bench/fp8_bench --device=$DEV "${FP8_ARGS[@]}"
+bench grow_bench 30 90 tests/gpu/grow_bench --device=$DEV --train_path="$FORTUNES" "${GROW_ARGS[@]}"
 
 write_results
 finish "$FAILED"

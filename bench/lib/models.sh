@@ -1,0 +1,22 @@
+# Sourced by benches: the demo corpus and the dense model several benches
+# start from, made when missing. Needs B (the build folder).
+
+# build/demo/fortunes, as `make demo` prepares it.
+ensure_fortunes() {
+  if [ ! -s "$B/demo/fortunes/train.idx" ]; then
+    "$B/cli/tally-prep" --out="$B/demo/fortunes" /usr/share/games/fortunes/*.u8
+  fi
+}
+
+# The dense model bench/upcycle/dense.yaml trains (600 steps on fortunes),
+# checkpointed at $DENSE.
+DENSE=$B/bench/upcycle/dense/step-00000600.ckpt
+ensure_dense() {
+  ensure_fortunes
+  if [ ! -s "$DENSE" ]; then
+    echo "== the dense model: 600 steps (bench/upcycle/dense.yaml) =="
+    "$B/worker/tally-train" --spec=bench/upcycle/dense.yaml \
+      --checkpoint_dir="$B/bench/upcycle/dense" --threads=1 --log_every=100 |
+      grep -E "^eval|trained"
+  fi
+}
