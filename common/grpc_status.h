@@ -9,7 +9,6 @@
 namespace tally {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace tally
 

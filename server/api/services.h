@@ -77,8 +77,6 @@ class JobsService final
   grpc::Status EstimateCost(grpc::ServerContext*, const tally::v1::EstimateCostRequest*,
                             tally::v1::CostEstimate*) override;
 
-  const StreamLimiter& watch_limiter() const { return watch_limiter_; }
-
  private:
   // The job `id` as `p` may see it: NOT_FOUND (as for a job that does not
   // exist) when it belongs to another tenant.

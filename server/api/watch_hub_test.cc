@@ -49,6 +49,30 @@ class CountingStore final : public store::JobStore {
   absl::StatusOr<std::vector<store::WorkerRecord>> ListWorkers() override {
     return inner_.ListWorkers();
   }
+  absl::StatusOr<std::vector<store::SpendRecord>> ListSpend(int64_t since_hour) override {
+    return inner_.ListSpend(since_hour);
+  }
+  absl::StatusOr<store::ExperimentCreateResult> CreateExperiment(
+      store::ExperimentRecord e, tally::v1::ExperimentEvent first) override {
+    return inner_.CreateExperiment(std::move(e), std::move(first));
+  }
+  absl::Status CommitExperiment(const store::ExperimentMutation& m) override {
+    return inner_.CommitExperiment(m);
+  }
+  absl::StatusOr<store::ExperimentRecord> GetExperiment(int64_t id) override {
+    return inner_.GetExperiment(id);
+  }
+  absl::StatusOr<std::vector<store::ExperimentRecord>> ListExperiments(
+      int64_t before_id, int limit, const std::optional<std::string>& tenant) override {
+    return inner_.ListExperiments(before_id, limit, tenant);
+  }
+  absl::StatusOr<std::vector<store::ExperimentRecord>> ListActiveExperiments() override {
+    return inner_.ListActiveExperiments();
+  }
+  absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
+      int64_t id, int64_t after, int limit) override {
+    return inner_.ListExperimentEvents(id, after, limit);
+  }
 
   int num_event_reads = 0;
 

@@ -52,7 +52,6 @@ class HttpExporter {
   void SetReadinessCheck(std::function<std::optional<std::string>()> check);
   // What /readyz answers: 200 "ready\n", or 503 and why not.
   std::pair<int, std::string> Readiness() const;
-  bool serves_tls() const { return tls_ != nullptr; }
   const Registry* registry() const { return registry_; }
 
  private:

@@ -56,7 +56,6 @@ class Gauge {
   static constexpr MetricType kType = MetricType::kGauge;
   void Set(double v) { value_.store(v); }
   void Increment(double v = 1.0);
-  void Decrement(double v = 1.0) { Increment(-v); }
   double Value() const { return value_.load(); }
   ClientMetric Collect() const;
 

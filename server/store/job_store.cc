@@ -24,35 +24,4 @@ bool IsTerminal(tally::v1::JobState state) {
   }
 }
 
-namespace {
-absl::Status NoExperiments() {
-  return absl::UnimplementedError("this store does not keep experiments");
-}
-}  // namespace
-
-absl::StatusOr<ExperimentCreateResult> JobStore::CreateExperiment(
-    ExperimentRecord, tally::v1::ExperimentEvent) {
-  return NoExperiments();
-}
-absl::Status JobStore::CommitExperiment(const ExperimentMutation&) {
-  return NoExperiments();
-}
-absl::StatusOr<std::vector<SpendRecord>> JobStore::ListSpend(int64_t) {
-  return absl::UnimplementedError("this store keeps no tenant spend");
-}
-absl::StatusOr<ExperimentRecord> JobStore::GetExperiment(int64_t) {
-  return NoExperiments();
-}
-absl::StatusOr<std::vector<ExperimentRecord>> JobStore::ListExperiments(int64_t, int,
-                                                                       const std::optional<std::string>&) {
-  return NoExperiments();
-}
-absl::StatusOr<std::vector<ExperimentRecord>> JobStore::ListActiveExperiments() {
-  return NoExperiments();
-}
-absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> JobStore::ListExperimentEvents(
-    int64_t, int64_t, int) {
-  return NoExperiments();
-}
-
 }  // namespace tally::store

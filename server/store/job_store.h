@@ -101,29 +101,29 @@ class JobStore {
   CountJobsByState() = 0;
 
   // Every tenant's spend in hours >= since_hour, by tenant and hour.
-  virtual absl::StatusOr<std::vector<SpendRecord>> ListSpend(int64_t since_hour);
+  virtual absl::StatusOr<std::vector<SpendRecord>> ListSpend(int64_t since_hour) = 0;
 
   virtual absl::Status PutWorker(const WorkerRecord& worker) = 0;
   virtual absl::StatusOr<std::vector<WorkerRecord>> ListWorkers() = 0;
 
   // --- Experiments (experiments/{id}), in the same database and
-  // transactions as jobs. A store without them answers UNIMPLEMENTED.
+  // transactions as jobs.
 
   // Assigns an id and name and stores the experiment with its first event
   // (sequence 1). A non-empty request_id already used returns that
   // experiment and created=false if the specs are equal, else ALREADY_EXISTS.
   virtual absl::StatusOr<ExperimentCreateResult> CreateExperiment(
-      ExperimentRecord experiment, tally::v1::ExperimentEvent first_event);
-  virtual absl::Status CommitExperiment(const ExperimentMutation& mutation);
-  virtual absl::StatusOr<ExperimentRecord> GetExperiment(int64_t id);
+      ExperimentRecord experiment, tally::v1::ExperimentEvent first_event) = 0;
+  virtual absl::Status CommitExperiment(const ExperimentMutation& mutation) = 0;
+  virtual absl::StatusOr<ExperimentRecord> GetExperiment(int64_t id) = 0;
   // Newest first, ids below before_id (0: from the newest), at most limit;
   // with `tenant`, only that tenant's.
   virtual absl::StatusOr<std::vector<ExperimentRecord>> ListExperiments(
-      int64_t before_id, int limit, const std::optional<std::string>& tenant);
+      int64_t before_id, int limit, const std::optional<std::string>& tenant) = 0;
   // Every experiment still RUNNING, oldest first.
-  virtual absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments();
+  virtual absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() = 0;
   virtual absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
-      int64_t experiment_id, int64_t after_sequence, int limit);
+      int64_t experiment_id, int64_t after_sequence, int limit) = 0;
 };
 
 bool IsTerminal(tally::v1::JobState state);

@@ -104,12 +104,6 @@ Agent::~Agent() {
   }
 }
 
-void Agent::Enqueue(WorkerMessage m) {
-  absl::MutexLock lock(&mu_);
-  outbox_.Push(std::move(m));
-  outbox_cv_.Signal();
-}
-
 void Agent::EnqueueReport(Attempt* a, WorkerMessage m) {
   absl::MutexLock lock(&mu_);
   // Its exit is queued already: tallyd takes nothing of an attempt after it.

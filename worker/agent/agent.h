@@ -171,7 +171,6 @@ class Agent {
   // passes (false unless `cond` holds by then).
   bool AwaitUntil(const absl::Condition& cond, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Enqueue(tally::v1::WorkerMessage m);
   // A report of `a`'s, dropped once `a` is abandoned.
   void EnqueueReport(Attempt* a, tally::v1::WorkerMessage m);
   // Waits for the attempts to exit and the stream to take their reports,

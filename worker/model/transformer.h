@@ -111,7 +111,6 @@ class Transformer {
   // for the whole model; their parameters become `sharded`. Call before the
   // optimizer takes the parameters.
   void ShardExperts(int rank, int ranks);
-  int expert_ranks() const { return expert_ranks_; }
 
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
