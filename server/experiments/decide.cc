@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/proto_time.h"
 #include "common/text.h"
+#include "server/policy/stop_rules.h"
 #include "server/ledger/cost_ledger.h"
 #include "server/policy/step_times.h"
 #include "server/policy/target.h"
@@ -305,7 +306,7 @@ void JudgeRung(const std::vector<int>& contenders, const Rung& r, const std::str
     a.kind = Action::kStop;
     a.variant = ranked[j];
     a.state = tally::v1::JOB_STATE_EARLY_STOPPED;
-    a.rule = "experiment_halving";
+    a.rule = policy::rules::kExperimentHalving;
     a.reason = absl::StrFormat(
         "successive halving, rung %d of %d: %s %.4f is in the worse half of %d "
         "variants (experiment %s)",
@@ -336,7 +337,7 @@ void ActAgainOnEnded(const std::vector<std::optional<Job>>& jobs, Plan* plan) {
     if (e.state() == tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED) {
       a.kind = Action::kStop;
       a.state = tally::v1::JOB_STATE_BUDGET_EXHAUSTED;
-      a.rule = "experiment_budget";
+      a.rule = policy::rules::kExperimentBudget;
       a.reason = e.state_reason();
     } else {
       a.kind = Action::kCancel;
@@ -607,7 +608,7 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
       a.kind = Action::kStop;
       a.variant = i;
       a.state = tally::v1::JOB_STATE_BUDGET_EXHAUSTED;
-      a.rule = "experiment_budget";
+      a.rule = policy::rules::kExperimentBudget;
       a.reason = absl::StrCat("experiment ", e.name(), " ", e.state_reason());
       p.actions.push_back(std::move(a));
     }

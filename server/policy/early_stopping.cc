@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "server/policy/stop_rules.h"
 
 namespace tally::policy {
 
@@ -11,11 +12,11 @@ const char* StopRuleName(StopRule rule) {
     case StopRule::kNone:
       return "none";
     case StopRule::kPatience:
-      return "patience";
+      return rules::kPatience;
     case StopRule::kDivergence:
-      return "divergence";
+      return rules::kDivergence;
     case StopRule::kNoGainOverBaseline:
-      return "no_gain_over_baseline";
+      return rules::kNoGainOverBaseline;
   }
   return "?";
 }

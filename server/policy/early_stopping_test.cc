@@ -2,10 +2,12 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/policy/stop_rules.h"
 
 namespace tally::policy {
 namespace {
@@ -112,6 +114,27 @@ TEST(EarlyStoppingTest, RestartInTheMiddleOfThePatienceWindow) {
   EXPECT_FALSE(ObserveEval(r, &restored, 20, 5).counted);
   auto d = ObserveEval(r, &restored, 30, 5);
   EXPECT_EQ(d.rule, StopRule::kPatience);
+}
+
+// Every rule the early-stopping policy decides is one tally_early_stops_total
+// and tally_job_ends_total{state="early_stopped"} are labelled with, and no
+// rule is listed under two terminal states.
+TEST(StopRulesTest, EveryPolicyRuleIsALabelOfItsTerminalState) {
+  std::vector<std::string> early(rules::EarlyStopRules().begin(), rules::EarlyStopRules().end());
+  for (StopRule r : {StopRule::kPatience, StopRule::kDivergence, StopRule::kNoGainOverBaseline}) {
+    EXPECT_THAT(early, ::testing::Contains(std::string(StopRuleName(r))));
+  }
+  std::vector<std::string> all;
+  for (const auto& [state, names] : rules::JobEndRules()) {
+    if (std::string(state) == "early_stopped") {
+      EXPECT_EQ(std::vector<std::string>(names.begin(), names.end()), early);
+    }
+    for (const char* n : names) {
+      EXPECT_THAT(all, ::testing::Not(::testing::Contains(std::string(n)))) << n;
+      all.push_back(n);
+    }
+  }
+  EXPECT_EQ(all.size(), 12u);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "server/policy/placement.h"
 #include "server/policy/preemption.h"
 #include "server/policy/step_times.h"
+#include "server/policy/stop_rules.h"
 #include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
 #include "server/sched/report_checks.h"
@@ -67,13 +68,13 @@ std::string StateLabel(JobState s) { return absl::AsciiStrToLower(StateName(s));
 std::string DefaultEndRule(JobState s) {
   switch (s) {
     case tally::v1::JOB_STATE_SUCCEEDED:
-      return "max_steps";
+      return policy::rules::kMaxSteps;
     case tally::v1::JOB_STATE_BUDGET_EXHAUSTED:
-      return "budget";
+      return policy::rules::kBudget;
     case tally::v1::JOB_STATE_CANCELLED:
-      return "cancel";
+      return policy::rules::kCancel;
     case tally::v1::JOB_STATE_FAILED:
-      return "failure";
+      return policy::rules::kFailure;
     default:
       return "other";
   }
@@ -272,10 +273,7 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                       .Name("tally_early_stops_total")
                       .Help("Jobs stopped early, by rule.")
                       .Register(*registry);
-  for (const char* rule : {"patience", "divergence", "no_gain_over_baseline", "forecast",
-                           "experiment_halving"}) {
-    early_stops_->Add({{"rule", rule}});
-  }
+  for (const char* rule : policy::rules::EarlyStopRules()) early_stops_->Add({{"rule", rule}});
   job_ends_ = &metrics::BuildCounter()
                    .Name("tally_job_ends_total")
                    .Help("Jobs that ended, by terminal state and the rule that ended them "
@@ -283,14 +281,7 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                          "forecast, budget, cancel, failure, experiment_budget, "
                          "experiment_halving).")
                    .Register(*registry);
-  const std::vector<std::pair<const char*, std::vector<const char*>>> ends = {
-      {"succeeded", {"max_steps", "target"}},
-      {"early_stopped",
-       {"patience", "divergence", "no_gain_over_baseline", "forecast", "experiment_halving"}},
-      {"budget_exhausted", {"budget", "experiment_budget", "tenant_quota"}},
-      {"cancelled", {"cancel"}},
-      {"failed", {"failure"}}};
-  for (const auto& [state, rules] : ends) {
+  for (const auto& [state, rules] : policy::rules::JobEndRules()) {
     for (const char* rule : rules) job_ends_->Add({{"state", state}, {"reason_rule", rule}});
   }
   tenant_spend_ = &metrics::BuildGauge()
@@ -849,7 +840,8 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
   if (std::optional<std::string> reason = MarkTargetReached(p)) {
     if (ev.step() < j.spec().training().max_steps()) {
       // Good enough: the job stops, keeping the state that reached it.
-      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "target", ev);
+      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, policy::rules::kTarget,
+                     ev);
       return p;
     }
   }
@@ -887,8 +879,8 @@ Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalR
                                            es.min_rel_delta())
                  : policy::ForecastDecision{});
   if (fd.stop) {
-    PendingStopFor(p, tally::v1::JOB_STATE_EARLY_STOPPED, "early_stopped", fd.reason, "forecast",
-                   ev);
+    PendingStopFor(p, tally::v1::JOB_STATE_EARLY_STOPPED, "early_stopped", fd.reason,
+                   policy::rules::kForecast, ev);
   }
   return p;
 }
@@ -1293,10 +1285,11 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
     const tally::v1::EvalResult ev = LatestEval(j);
     if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt &&
         ev.step() < j.spec().training().max_steps()) {
-      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "target", ev);
+      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, policy::rules::kTarget,
+                     ev);
     } else if (j.state() == tally::v1::JOB_STATE_QUEUED) {
       Plan stop = PlanStopNow(job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "");
-      stop.end_rule = "target";
+      stop.end_rule = policy::rules::kTarget;
       // Keep what this plan recorded (the target and where it was reached).
       stop.rec.mutable_job()->set_target_val_loss(target);
       *stop.rec.mutable_job()->mutable_target_reached() = j.target_reached();
@@ -1677,7 +1670,7 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
                                      accrued.cost_usd() - j.cost().cost_usd())) {
       Plan plan = PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
                               q->reason, q->detail);
-      plan.end_rule = "tenant_quota";
+      plan.end_rule = policy::rules::kTenantQuota;
       return Execute(id, std::move(plan));
     }
   }
@@ -2264,7 +2257,7 @@ absl::Status Scheduler::Tick() {
       // job ended here commits its spend, so the next is judged on it).
       Plan plan = PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
                               quota->reason, quota->detail);
-      plan.end_rule = "tenant_quota";
+      plan.end_rule = policy::rules::kTenantQuota;
       const double added = plan.cost_added_usd;
       const std::string tenant = view.tenant();  // the job leaves active_ on commit
       if (absl::Status s = Execute(id, std::move(plan)); s.ok()) {

@@ -73,18 +73,11 @@
 #include "server/policy/placement.h"
 #include "server/policy/target.h"
 #include "server/sched/observer.h"
+#include "server/sched/worker_channel.h"
 #include "server/store/job_store.h"
 #include "tally/v1/workers.pb.h"
 
 namespace tally::sched {
-
-// How the scheduler reaches a connected worker. Send must not block.
-class WorkerChannel {
- public:
-  virtual ~WorkerChannel() = default;
-  virtual void Send(const std::string& worker_id,
-                    const tally::v1::ControllerMessage& message) = 0;
-};
 
 struct SchedulerOptions {
   absl::Duration heartbeat_interval = absl::Seconds(2);
