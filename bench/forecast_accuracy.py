@@ -157,7 +157,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     train_bin = os.path.join(build, "worker", "tally-train")
     prep_bin = os.path.join(build, "cli", "tally-prep")
-    eval_bin = os.path.join(build, "server", "policy", "forecast_eval")
+    eval_bin = os.path.join(build, "bench", "forecast_eval")
     for b in (train_bin, prep_bin, eval_bin):
         if not os.access(b, os.X_OK):
             sys.exit(f"forecast_accuracy: {b} is missing; build tally-train, tally-prep and "

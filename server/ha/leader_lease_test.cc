@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include "server/ha/await_lease.h"
 #include "server/store/postgres_job_store.h"
-#include "server/store/testing/postgres_server.h"
-#include "server/store/testing/records.h"
+#include "tests/support/store/postgres_server.h"
+#include "tests/support/store/records.h"
 
 namespace tally::ha {
 namespace {

@@ -11,8 +11,8 @@
 #include "server/store/memory_job_store.h"
 #include "server/store/postgres_job_store.h"
 #include "server/store/sqlite_job_store.h"
-#include "server/store/testing/postgres_test_environment.h"
-#include "server/store/testing/records.h"
+#include "tests/support/store/postgres_test_environment.h"
+#include "tests/support/store/records.h"
 
 namespace tally::store {
 namespace {

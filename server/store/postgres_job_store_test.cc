@@ -17,9 +17,9 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/store/testing/postgres_server.h"
-#include "server/store/testing/postgres_test_environment.h"
-#include "server/store/testing/records.h"
+#include "tests/support/store/postgres_server.h"
+#include "tests/support/store/postgres_test_environment.h"
+#include "tests/support/store/records.h"
 
 namespace tally::store {
 namespace {

@@ -18,7 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/store/testing/records.h"
+#include "tests/support/store/records.h"
 
 namespace tally::store {
 namespace {

@@ -1,6 +1,6 @@
 // Records the store tests write: a queued job and its "submitted" event.
-#ifndef TALLY_SERVER_STORE_TESTING_RECORDS_H_
-#define TALLY_SERVER_STORE_TESTING_RECORDS_H_
+#ifndef TALLY_TESTS_SUPPORT_STORE_RECORDS_H_
+#define TALLY_TESTS_SUPPORT_STORE_RECORDS_H_
 
 #include <string>
 
@@ -28,4 +28,4 @@ inline tally::v1::JobEvent Submitted() {
 
 }  // namespace tally::store::testing
 
-#endif  // TALLY_SERVER_STORE_TESTING_RECORDS_H_
+#endif  // TALLY_TESTS_SUPPORT_STORE_RECORDS_H_

@@ -12,7 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "server/store/postgres_job_store.h"
-#include "server/store/testing/postgres_server.h"
+#include "tests/support/store/postgres_server.h"
 
 ABSL_FLAG(int, threads, 32, "concurrent CreateJob callers");
 ABSL_FLAG(int, seconds, 5, "seconds per run");

@@ -1,15 +1,15 @@
 // One PostgresServer per test binary, started on first use and stopped when
 // the binary's tests end (a gtest Environment), so tests that never touch
 // PostgreSQL do not pay for initdb. Each test takes a fresh database.
-#ifndef TALLY_SERVER_STORE_TESTING_POSTGRES_TEST_ENVIRONMENT_H_
-#define TALLY_SERVER_STORE_TESTING_POSTGRES_TEST_ENVIRONMENT_H_
+#ifndef TALLY_TESTS_SUPPORT_STORE_POSTGRES_TEST_ENVIRONMENT_H_
+#define TALLY_TESTS_SUPPORT_STORE_POSTGRES_TEST_ENVIRONMENT_H_
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
-#include "server/store/testing/postgres_server.h"
+#include "tests/support/store/postgres_server.h"
 
 namespace tally::store::testing {
 
@@ -65,4 +65,4 @@ inline bool RegisterPostgresTestEnvironment() {
 
 }  // namespace tally::store::testing
 
-#endif  // TALLY_SERVER_STORE_TESTING_POSTGRES_TEST_ENVIRONMENT_H_
+#endif  // TALLY_TESTS_SUPPORT_STORE_POSTGRES_TEST_ENVIRONMENT_H_

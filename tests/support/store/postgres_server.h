@@ -14,8 +14,8 @@
 //
 // Not thread-safe: one thread drives Stop()/Start_()/Restart(); Dsn() and
 // CreateDatabase() may be called from any thread while the server runs.
-#ifndef TALLY_SERVER_STORE_TESTING_POSTGRES_SERVER_H_
-#define TALLY_SERVER_STORE_TESTING_POSTGRES_SERVER_H_
+#ifndef TALLY_TESTS_SUPPORT_STORE_POSTGRES_SERVER_H_
+#define TALLY_TESTS_SUPPORT_STORE_POSTGRES_SERVER_H_
 
 #include <sys/types.h>
 
@@ -74,4 +74,4 @@ class PostgresServer {
 
 }  // namespace tally::store::testing
 
-#endif  // TALLY_SERVER_STORE_TESTING_POSTGRES_SERVER_H_
+#endif  // TALLY_TESTS_SUPPORT_STORE_POSTGRES_SERVER_H_

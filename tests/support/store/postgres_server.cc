@@ -1,4 +1,4 @@
-#include "server/store/testing/postgres_server.h"
+#include "tests/support/store/postgres_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
