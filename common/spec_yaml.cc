@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/file/file_system.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -634,17 +635,13 @@ absl::StatusOr<tally::v1::JobSpec> ParseJobSpecYaml(absl::string_view text,
 
 absl::StatusOr<tally::v1::JobSpec> ReadJobSpecStream(std::istream& in,
                                                      absl::string_view source) {
-  std::string text;
-  char buf[16384];
   // One byte past the limit tells a too-long input from one at the limit,
   // without reading an endless one (/dev/zero) to its end.
-  while (text.size() <= kMaxSpecBytes && in) {
-    in.read(buf, std::min(sizeof(buf), kMaxSpecBytes + 1 - text.size()));
-    text.append(buf, static_cast<size_t>(in.gcount()));
-  }
-  if (in.bad()) {
+  absl::StatusOr<std::string> read = file::ReadAtMost(in, kMaxSpecBytes);
+  if (!read.ok()) {
     return Prefixed(source, absl::InvalidArgumentError("cannot be read"));
   }
+  const std::string& text = *read;
   if (text.size() > kMaxSpecBytes) {
     return Prefixed(source, absl::InvalidArgumentError(absl::StrCat(
                                 "is larger than ", kMaxSpecBytes / 1024,

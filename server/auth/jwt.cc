@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/file/file_system.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -619,17 +620,10 @@ absl::StatusOr<JwtVerifier> JwtVerifier::Load(const std::string& jwks_path,
     return absl::NotFoundError(absl::StrCat(
         jwks_path, ": cannot be read; check the path and permissions"));
   }
-  std::string text;
-  char buf[16384];
   // One byte past the limit is enough to refuse a file that is too long.
-  while (text.size() <= kMaxJwksBytes && in) {
-    in.read(buf, std::min(sizeof(buf), kMaxJwksBytes + 1 - text.size()));
-    text.append(buf, static_cast<size_t>(in.gcount()));
-  }
-  if (in.bad()) {
-    return absl::NotFoundError(absl::StrCat(jwks_path, ": cannot be read"));
-  }
-  return Create(text, std::move(options), jwks_path);
+  absl::StatusOr<std::string> text = file::ReadAtMost(in, kMaxJwksBytes);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(jwks_path, ": cannot be read"));
+  return Create(*text, std::move(options), jwks_path);
 }
 
 absl::StatusOr<Principal> JwtVerifier::Verify(absl::string_view token,

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <utility>
 
+#include "common/file/file_system.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -202,17 +203,10 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path,
     return absl::NotFoundError(
         absl::StrCat(path, ": cannot be read; check the path and permissions"));
   }
-  std::string text;
-  char buf[16384];
   // One byte past the limit is enough to refuse a file that is too long.
-  while (text.size() <= kMaxSpecBytes && in) {
-    in.read(buf, std::min(sizeof(buf), kMaxSpecBytes + 1 - text.size()));
-    text.append(buf, static_cast<size_t>(in.gcount()));
-  }
-  if (in.bad()) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
-  }
-  return Parse(text, kind, path);
+  absl::StatusOr<std::string> text = file::ReadAtMost(in, kMaxSpecBytes);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  return Parse(*text, kind, path);
 }
 
 std::optional<Principal> TokenTable::Find(absl::string_view token) const {

@@ -36,18 +36,6 @@ absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
-bool WriteAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 bool ReadAll(int fd, void* data, size_t n, off_t at) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
@@ -65,7 +53,8 @@ bool ReadAll(int fd, void* data, size_t n, off_t at) {
 
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               at::ScalarType dtype,
-                              const std::map<std::string, std::string>& metadata) {
+                              const std::map<std::string, std::string>& metadata,
+                              file::FileSystem* fs) {
   if (dtype != at::kFloat && dtype != at::kBFloat16) {
     return absl::InvalidArgumentError("safetensors: only FP32 and BF16 are written");
   }
@@ -84,25 +73,21 @@ absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tenso
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("creating " + tmp);
+  // All or nothing, never through a link (file/file_system.h).
+  auto out = (fs != nullptr ? fs : file::Posix())->NewAtomicFile(path);
+  if (!out.ok()) return out.status();
   uint64_t n = text.size();
-  unsigned char le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(n >> (8 * i));
-  bool ok = WriteAll(fd, le, 8) && WriteAll(fd, text.data(), text.size());
+  char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<char>(n >> (8 * i));
+  absl::Status s = (*out)->Append(absl::string_view(le, 8));
+  if (s.ok()) s = (*out)->Append(text);
   for (const at::Tensor& t : data) {
-    ok = ok && WriteAll(fd, t.data_ptr(), static_cast<size_t>(t.numel() * t.element_size()));
+    if (!s.ok()) break;
+    s = (*out)->Append(absl::string_view(static_cast<const char*>(t.data_ptr()),
+                                         static_cast<size_t>(t.numel() * t.element_size())));
   }
-  if (!ok || ::fsync(fd) != 0) {
-    absl::Status s = Errno("writing " + tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::close(fd) != 0) return Errno("closing " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("renaming " + tmp);
-  return absl::OkStatus();
+  if (!s.ok()) return s;
+  return (*out)->Commit();
 }
 
 absl::StatusOr<std::vector<SafetensorsEntry>> ParseSafetensorsHeader(const std::string& json,

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/file/file_system.h"
 
 namespace tally::model {
 
@@ -29,11 +30,13 @@ inline constexpr int64_t kMaxSafetensorsHeaderBytes = int64_t{100} << 20;
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // Writes `tensors` (FP32 or BF16 after conversion to `dtype`, which must be
-// kFloat or kBFloat16) to PATH.tmp, then renames it over `path`. The header
-// is padded with spaces to a multiple of 8 bytes.
+// kFloat or kBFloat16) as one AtomicFile through `fs` (file/file_system.h;
+// null: the operating system's): PATH.tmp, renamed over `path` once whole.
+// The header is padded with spaces to a multiple of 8 bytes.
 absl::Status WriteSafetensors(const std::string& path, const NamedTensors& tensors,
                               at::ScalarType dtype,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {},
+                              file::FileSystem* fs = nullptr);
 
 // Reads every tensor of a safetensors file into FP32 CPU tensors (F32, BF16
 // and F16 accepted). DataLoss naming the file and, where it is at fault, the

@@ -1,8 +1,6 @@
 #include "worker/train/checkpoint.h"
 
-#include <fcntl.h>
 #include <openssl/evp.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -37,38 +35,33 @@ class Sha256 {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx_;
 };
 
-// Writes through to `fd`, hashing what it writes twice over: `payload` stops
-// before the trailer (its digest is the trailer), `file` takes everything.
+// Writes through to `out`, hashing what it writes twice over: `payload`
+// stops before the trailer (its digest is the trailer), `file` takes
+// everything. The first failed write is kept in status().
 class HashingWriter {
  public:
-  explicit HashingWriter(int fd) : fd_(fd) {}
+  explicit HashingWriter(file::AtomicFile* out) : out_(out) {}
   bool Write(const void* data, size_t n) {
     payload_.Update(data, n);
     return WriteTrailer(data, n);
   }
   // Bytes that the file's hash covers but the payload's does not.
   bool WriteTrailer(const void* data, size_t n) {
+    if (!status_.ok()) return false;
     file_.Update(data, n);
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return false;
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-    return true;
+    status_ = out_->Append(absl::string_view(static_cast<const char*>(data), n));
+    return status_.ok();
   }
   template <typename T>
   bool Put(T v) { return Write(&v, sizeof(v)); }
   Sha256& payload() { return payload_; }
   Sha256& file() { return file_; }
+  const absl::Status& status() const { return status_; }
 
  private:
-  int fd_;
+  file::AtomicFile* out_;
   Sha256 payload_, file_;
+  absl::Status status_;
 };
 
 // The dtypes a checkpoint may hold: anything else is not a tensor this
@@ -97,17 +90,13 @@ absl::Status Errno(const std::string& what) {
 
 }  // namespace
 
-absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
-                                            const CheckpointData& data) {
-  const std::string tmp = path + ".tmp";
-  // A stale temporary file (a crash's, or a link planted there) is removed,
-  // not written through: the new one is created exclusively, and never by
-  // following a link.
-  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) return Errno("removing " + tmp);
-  const int fd =
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("creating " + tmp);
-  HashingWriter w(fd);
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& path, const CheckpointData& data,
+                                            file::FileSystem* fs) {
+  // PATH.tmp, created exclusively and never through a link, renamed into
+  // place once whole (file/file_system.h).
+  auto out = (fs != nullptr ? fs : file::Posix())->NewAtomicFile(path);
+  if (!out.ok()) return out.status();
+  HashingWriter w(out->get());
   bool ok = w.Write(kMagic, 8) && w.Put(kVersion) &&
             w.Put(static_cast<uint64_t>(data.metadata_json.size())) &&
             w.Write(data.metadata_json.data(), data.metadata_json.size()) &&
@@ -125,21 +114,8 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
   const std::string digest = w.payload().Final();
   ok = ok && w.WriteTrailer(digest.data(), digest.size());
   const std::string file_digest = w.file().Final();
-  if (!ok || ::fsync(fd) != 0) {
-    absl::Status s = Errno("writing " + tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::close(fd) != 0) return Errno("closing " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("renaming " + tmp);
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  if (!ok) return w.status();  // the temporary file goes with `out`
+  if (absl::Status s = (*out)->Commit(); !s.ok()) return s;
   return absl::BytesToHexString(file_digest);
 }
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/file/file_system.h"
 
 namespace tally::train {
 
@@ -38,9 +39,11 @@ struct CheckpointData {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
 };
 
-// Returns the SHA-256 (lowercase hex) of the whole file as written.
-absl::StatusOr<std::string> WriteCheckpoint(const std::string& path,
-                                            const CheckpointData& data);
+// Returns the SHA-256 (lowercase hex) of the whole file as written. The
+// file is written through `fs` (file/file_system.h; null: the operating
+// system's), so a failure at any point leaves PATH as it was and no PATH.tmp.
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& path, const CheckpointData& data,
+                                            file::FileSystem* fs = nullptr);
 
 // Reads and verifies a checkpoint: DataLoss when the trailer checksum does
 // not match the contents (a flipped byte, a cut), when the layout is

@@ -12,6 +12,7 @@
 #include <iterator>
 
 #include "absl/strings/escaping.h"
+#include "common/file/fault_injection_file_system.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/train/checksum_file.h"
@@ -185,6 +186,39 @@ TEST(CheckpointTest, NeverWritesThroughASymlinkAtItsTemporaryFile) {
   EXPECT_EQ(ReadBytes(victim), "keep me");
   EXPECT_TRUE(std::filesystem::is_regular_file(
       std::filesystem::symlink_status(dir + "/b.ckpt")));
+}
+
+// A write that fails anywhere (a full disk mid-tensor, a failed rename)
+// leaves the checkpoint that was there, readable, and no temporary file.
+TEST(CheckpointTest, AFailedWriteLeavesThePreviousCheckpoint) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/step.ckpt";
+  CheckpointData old;
+  old.metadata_json = R"({"step": 1})";
+  old.tensors = {{"w", at::ones({4})}};
+  auto old_sha = WriteCheckpoint(path, old);
+  ASSERT_TRUE(old_sha.ok());
+  CheckpointData next = old;
+  next.metadata_json = R"({"step": 2})";
+  next.tensors = {{"w", at::zeros({1000})}};
+  file::FaultInjectionFileSystem faulty(file::Posix());
+  for (int64_t after : {0, 10, 100, 2000}) {
+    faulty.FailAppendsAfter(after);
+    auto sha = WriteCheckpoint(path, next, &faulty);
+    EXPECT_FALSE(sha.ok()) << "after " << after;
+    EXPECT_THAT(std::string(sha.status().message()), ::testing::HasSubstr("injected fault"));
+    EXPECT_TRUE(ReadCheckpoint(path, *old_sha).ok());
+    EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  }
+  faulty.FailAppendsAfter(-1);
+  faulty.FailCommits(true);
+  EXPECT_FALSE(WriteCheckpoint(path, next, &faulty).ok());
+  EXPECT_TRUE(ReadCheckpoint(path, *old_sha).ok());
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  faulty.FailCommits(false);
+  auto sha = WriteCheckpoint(path, next, &faulty);
+  ASSERT_TRUE(sha.ok()) << sha.status();
+  EXPECT_EQ(ReadCheckpoint(path, *sha)->metadata_json, next.metadata_json);
 }
 
 TEST(CheckpointTest, AMissingFileIsNotFoundAndAnUnopenableOneIsNot) {

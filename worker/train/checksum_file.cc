@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/file/file_system.h"
 
 namespace tally::train {
 namespace {
@@ -40,24 +41,13 @@ absl::Status WriteChecksumFile(const std::string& checkpoint_path, const std::st
         absl::StrCat("SHA-256 \"", sha256_hex.substr(0, 80), "\" is not 64 lower-case hex digits"));
   }
   const std::string path = ChecksumFilePath(checkpoint_path);
-  const std::string tmp = path + ".tmp";
   const std::string line = absl::StrCat(sha256_hex, "  ", BaseName(checkpoint_path), "\n");
   // A stale temporary file (or a link planted in its place) goes first: the
-  // new one is created, never opened through a link.
-  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) return Errno("removing " + tmp);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("creating " + tmp);
-  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
-                  ::fsync(fd) == 0;
-  if (!ok) {
-    absl::Status s = Errno("writing " + tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::close(fd) != 0) return Errno("closing " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("renaming " + tmp);
-  return absl::OkStatus();
+  // new one is created, never opened through a link (file/file_system.h).
+  auto out = file::Posix()->NewAtomicFile(path);
+  if (!out.ok()) return out.status();
+  if (absl::Status s = (*out)->Append(line); !s.ok()) return s;
+  return (*out)->Commit();
 }
 
 absl::StatusOr<std::string> ReadChecksumFile(const std::string& checkpoint_path) {
