@@ -322,16 +322,20 @@ struct PostgresJobStore::Write {
   bool done = false;  // guarded by queue_mu_
 };
 
-PostgresJobStore::PostgresJobStore(std::string dsn)
-    : dsn_(std::move(dsn)), server_name_(ServerName(dsn_)), backoff_(kFirstBackoff) {}
+PostgresJobStore::PostgresJobStore(std::string dsn, const Clock* clock)
+    : dsn_(std::move(dsn)), server_name_(ServerName(dsn_)), clock_(clock),
+      backoff_(kFirstBackoff) {}
 
 PostgresJobStore::~PostgresJobStore() {
   absl::MutexLock lock(&mu_);
   conn_.reset();
 }
 
-absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(const std::string& dsn) {
-  std::unique_ptr<PostgresJobStore> store(new PostgresJobStore(dsn));
+absl::StatusOr<std::unique_ptr<PostgresJobStore>> PostgresJobStore::Open(const std::string& dsn,
+                                                                         const Clock* clock) {
+  static const RealClock real;
+  std::unique_ptr<PostgresJobStore> store(
+      new PostgresJobStore(dsn, clock != nullptr ? clock : &real));
   absl::MutexLock lock(&store->mu_);
   RETURN_IF_ERROR(store->EnsureConnectedLocked());
   absl::Status s = store->MigrateLocked();
@@ -350,7 +354,7 @@ absl::Status PostgresJobStore::EnsureConnectedLocked() {
     conn_.reset();
     next_connect_ = absl::InfinitePast();
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_connect_) {
     return absl::UnavailableError(
         absl::StrCat("cannot reach ", server_name_, " (", last_connect_error_,
@@ -370,7 +374,7 @@ absl::Status PostgresJobStore::EnsureConnectedLocked() {
     std::replace(err.begin(), err.end(), '\n', ' ');
     while (!err.empty() && err.back() == ' ') err.pop_back();
     last_connect_error_ = err;
-    next_connect_ = absl::Now() + backoff_;
+    next_connect_ = clock_->Now() + backoff_;
     backoff_ = std::min(backoff_ * 2, kMaxBackoff);
     return absl::UnavailableError(
         absl::StrCat("cannot reach ", server_name_, " (", err, "); tallyd retries with backoff"));

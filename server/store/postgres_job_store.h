@@ -39,6 +39,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "server/store/job_store.h"
 
 namespace tally::store {
@@ -51,7 +52,9 @@ class PostgresJobStore final : public JobStore {
   // Connects to `dsn` (a libpq connection string or URI) and migrates the
   // schema. FAILED_PRECONDITION for a schema newer than this build;
   // UNAVAILABLE if the server cannot be reached.
-  static absl::StatusOr<std::unique_ptr<PostgresJobStore>> Open(const std::string& dsn);
+  // `clock` (not owned; null: the real one) times the reconnect backoff.
+  static absl::StatusOr<std::unique_ptr<PostgresJobStore>> Open(const std::string& dsn,
+                                                               const Clock* clock = nullptr);
   ~PostgresJobStore() override;
 
   absl::StatusOr<int> SchemaVersion();
@@ -105,7 +108,7 @@ class PostgresJobStore final : public JobStore {
   class Conn;
   struct Write;
 
-  explicit PostgresJobStore(std::string dsn);
+  PostgresJobStore(std::string dsn, const Clock* clock);
   // Connects if there is no usable connection, respecting the backoff.
   absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the connection after an error that means it is gone.
@@ -139,6 +142,7 @@ class PostgresJobStore final : public JobStore {
 
   absl::Mutex mu_;  // the connection; held for a whole transaction
   std::unique_ptr<Conn> conn_ ABSL_GUARDED_BY(mu_);
+  const Clock* const clock_;
   absl::Time next_connect_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_);
   std::string last_connect_error_ ABSL_GUARDED_BY(mu_);
