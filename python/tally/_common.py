@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import grpc
 
-from tally._config import Connection, is_loopback
+from tally._config import Connection, is_loopback, resolve_connection
 from tally.v1 import experiments_pb2, jobs_pb2
 
 # Unary calls: sent again (to the next address, then after a backoff) only
@@ -86,6 +86,21 @@ def job_states(states: Iterable[str | int] | None) -> list[int]:
                               "early_stopped, budget_exhausted, cancelled, failed" % s,
                               field="states") from None
     return out
+
+
+def client_connection(controller: str | None, *, token: str | None, token_file: str | None,
+                      ca_cert: str | None, tls_server_name: str | None, context: str | None,
+                      config_file: str | None, environ: Mapping[str, str] | None,
+                      connection: Connection | None) -> Connection:
+    """The Connection a client's arguments name (``connection`` itself when
+    given), with the plaintext-token warning given once."""
+    if connection is None:
+        connection = resolve_connection(
+            controller, token=token, token_file=token_file, ca_cert=ca_cert,
+            tls_server_name=tls_server_name, context=context, config_file=config_file,
+            env=environ)
+    warn_plaintext_token(connection)
+    return connection
 
 
 def warn_plaintext_token(conn: Connection) -> None:

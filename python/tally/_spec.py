@@ -184,30 +184,26 @@ def _read(path: str | os.PathLike[str]) -> Any:
     return docs[0] if docs and docs[0] is not None else {}
 
 
-def load_job_spec(spec: SpecInput) -> spec_pb2.JobSpec:
-    """A JobSpec from a JobSpec (copied), a dict, or a YAML/JSON file's path."""
-    if isinstance(spec, spec_pb2.JobSpec):
-        out = spec_pb2.JobSpec()
+def _load(spec: SpecInput, cls: type[M]) -> M:
+    """A ``cls`` from a ``cls`` (copied), a dict, or a YAML/JSON file's path."""
+    if isinstance(spec, cls):
+        out = cls()
         out.CopyFrom(spec)
         return out
     if isinstance(spec, (str, os.PathLike)):
         spec = _read(spec)
     if not isinstance(spec, Mapping):
-        raise InvalidSpec("spec: give a tally.v1.JobSpec, a dict or a file's path, not %s"
-                          % type(spec).__name__, field="spec")
-    return to_message(spec, spec_pb2.JobSpec, "spec")
+        raise InvalidSpec("spec: give a %s, a dict or a file's path, not %s"
+                          % (cls.DESCRIPTOR.full_name, type(spec).__name__), field="spec")
+    return to_message(spec, cls, "spec")
+
+
+def load_job_spec(spec: SpecInput) -> spec_pb2.JobSpec:
+    """A JobSpec from a JobSpec (copied), a dict, or a YAML/JSON file's path."""
+    return _load(spec, spec_pb2.JobSpec)
 
 
 def load_experiment_spec(spec: SpecInput) -> experiments_pb2.ExperimentSpec:
     """An ExperimentSpec from a message (copied), a dict, or a YAML/JSON
     file's path (the format of ``tallyctl experiment create -f``)."""
-    if isinstance(spec, experiments_pb2.ExperimentSpec):
-        out = experiments_pb2.ExperimentSpec()
-        out.CopyFrom(spec)
-        return out
-    if isinstance(spec, (str, os.PathLike)):
-        spec = _read(spec)
-    if not isinstance(spec, Mapping):
-        raise InvalidSpec("spec: give a tally.v1.ExperimentSpec, a dict or a file's path, not %s"
-                          % type(spec).__name__, field="spec")
-    return to_message(spec, experiments_pb2.ExperimentSpec, "spec")
+    return _load(spec, experiments_pb2.ExperimentSpec)

@@ -14,7 +14,7 @@ import grpc
 import grpc.aio
 
 from tally import _common
-from tally._config import Connection, resolve_connection
+from tally._config import Connection
 from tally._errors import TallyError, error_from_rpc
 from tally._report import EvalHistory, ExperimentReport
 from tally._spec import SpecInput, load_experiment_spec, load_job_spec
@@ -36,13 +36,11 @@ class Client:
                  config_file: str | None = None, timeout: float = 10.0, retries: int = 3,
                  environ: Mapping[str, str] | None = None,
                  connection: Connection | None = None) -> None:
-        if connection is None:
-            connection = resolve_connection(
-                controller, token=token, token_file=token_file, ca_cert=ca_cert,
-                tls_server_name=tls_server_name, context=context, config_file=config_file,
-                env=environ)
+        connection = _common.client_connection(
+            controller, token=token, token_file=token_file, ca_cert=ca_cert,
+            tls_server_name=tls_server_name, context=context, config_file=config_file,
+            environ=environ, connection=connection)
         self._conn = connection
-        _common.warn_plaintext_token(connection)
         self._timeout = timeout
         self._retries = max(1, retries)
         self._channels: list[tuple[str, grpc.aio.Channel]] = []
