@@ -193,6 +193,10 @@ class Gate {
   mutable std::map<int64_t, std::shared_ptr<Watched>> streams_ ABSL_GUARDED_BY(streams_mu_);
 };
 
+// `gate`, or without one (null) a gate that admits every caller as the
+// anonymous admin.
+const Gate* GateOr(const Gate* gate);
+
 }  // namespace tally::api
 
 #endif  // TALLY_SERVER_API_GATE_H_
