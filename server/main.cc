@@ -353,6 +353,137 @@ bool WaitForSignal(const sigset_t& signals, absl::Duration d, bool* hup) {
   }
 }
 
+// tallyd's TLS files (flags), checked: the gRPC server's and the metrics
+// endpoint's.
+struct TlsFlags {
+  std::string cert, key, client_ca;
+  std::string metrics_cert, metrics_key;
+};
+
+absl::StatusOr<TlsFlags> ReadTlsFlags() {
+  TlsFlags t{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+             absl::GetFlag(FLAGS_client_ca), absl::GetFlag(FLAGS_metrics_tls_cert),
+             absl::GetFlag(FLAGS_metrics_tls_key)};
+  if (t.cert.empty() != t.key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together: give both (PEM files) or neither");
+  }
+  if (!t.client_ca.empty() && t.cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--client_ca needs --tls_cert and --tls_key: client certificates are checked in the "
+        "TLS handshake");
+  }
+  if (!t.cert.empty()) RETURN_IF_ERROR(api::CheckTlsFiles(t.cert, t.key, t.client_ca));
+  if (t.metrics_cert.empty() != t.metrics_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics_tls_cert and --metrics_tls_key go together: give both (PEM files) or "
+        "neither");
+  }
+  if (!t.metrics_cert.empty()) {
+    RETURN_IF_ERROR(api::CheckTlsFiles(t.metrics_cert, t.metrics_key, "",
+                                       {"metrics_tls_cert", "metrics_tls_key", ""}));
+  }
+  return t;
+}
+
+// Why serving on `listen` would expose tallyd (plaintext, or callers or
+// workers not authenticated) when it is not a loopback address and
+// --insecure is not given; empty when it may serve.
+std::string ExposureProblem(const std::string& listen, const std::string& tls_cert,
+                            const api::Credentials& credentials) {
+  if (IsLoopbackHost(HostOf(listen)) || absl::GetFlag(FLAGS_insecure)) return "";
+  if (tls_cert.empty()) return "it would be served in plaintext: pass --tls_cert and --tls_key";
+  if (!credentials.users_authenticated()) {
+    return "anyone reaching it could submit and cancel jobs: pass --auth_tokens or --jwt_jwks";
+  }
+  if (!credentials.workers_authenticated()) {
+    return "any process could connect as a worker: pass --client_ca or --worker_tokens";
+  }
+  return "";
+}
+
+// What a SIGHUP reloads, and what it reloads into.
+struct Reloadable {
+  api::Gate& gate;
+  metrics::Family<metrics::Counter>& credential_reload_failures;
+  const TlsFlags& tls;
+  const std::string& config_path;
+  const config::TallydConfig& config;  // as read at start
+  api::RateLimiter& submit_limiter;
+  api::PriorityCaps& priority_caps;
+  api::Core& core;
+};
+
+// One SIGHUP: credentials (a bad file fails closed, and streams they no
+// longer admit end), a check of the TLS files, then the config file's
+// prices, quotas, submit limits and priority caps (a bad file keeps the
+// old ones; what is read at start only is named).
+void Reload(const Reloadable& r) {
+  const std::string& tls_cert = r.tls.cert;
+  const std::string& tls_key = r.tls.key;
+  const std::string& client_ca = r.tls.client_ca;
+  const std::string& config_path = r.config_path;
+  api::Gate& gate = r.gate;
+  api::Core& core = r.core;
+  const config::TallydConfig* config = &r.config;
+  auto& credential_reload_failures = r.credential_reload_failures;
+  api::RateLimiter& submit_limiter = r.submit_limiter;
+  api::PriorityCaps& priority_caps = r.priority_caps;
+  // Credentials: a bad file fails closed (none of its credentials is
+  // accepted until a reload reads it); streams they no longer admit end.
+  std::vector<std::pair<std::string, std::string>> failed;
+  absl::StatusOr<api::Credentials> reloaded_credentials = LoadCredentials(&failed);
+  for (const auto& [flag, error] : failed) {
+    spdlog::error("SIGHUP: {}; every credential of --{} is refused until it is fixed and "
+                  "tallyd reloaded", error, flag);
+    credential_reload_failures.Add({{"file", flag}}).Increment();
+  }
+  if (!reloaded_credentials.ok()) {
+    spdlog::error("SIGHUP: {}; keeping the previous credentials",
+                  std::string(reloaded_credentials.status().message()));
+  } else {
+    const int ended = gate.Reload(*std::move(reloaded_credentials));
+    spdlog::info("SIGHUP: reloaded the token and JWT key files{}; ended {} stream(s) whose "
+                 "credential was revoked", failed.empty() ? "" : " (failing closed)", ended);
+  }
+  if (!tls_cert.empty()) {
+    absl::Status s = api::CheckTlsFiles(tls_cert, tls_key, client_ca);
+    if (s.ok()) {
+      spdlog::info("SIGHUP: the TLS files are valid; they are served within 5 s of a change");
+    } else {
+      spdlog::error("SIGHUP: {}; the last valid certificate stays in use",
+                    std::string(s.message()));
+    }
+  }
+  // Reload prices; a bad file keeps the old ones.
+  if (config_path.empty()) {
+    spdlog::warn("SIGHUP: no --config to reload");
+    return;
+  }
+  auto reloaded = config::LoadTallydConfig(config_path);
+  if (!reloaded.ok()) {
+    spdlog::error("SIGHUP: {}; keeping the previous prices",
+                  std::string(reloaded.status().message()));
+    return;
+  }
+  spdlog::info("SIGHUP: reloaded {}", reloaded->prices.Describe());
+  submit_limiter.SetLimits(reloaded->limits.submits_per_second, reloaded->limits.submit_burst);
+  priority_caps.Set(reloaded->tenancy);
+  if (reloaded->tenancy.cross_tenant_preemption != config->tenancy.cross_tenant_preemption) {
+    spdlog::warn("SIGHUP: tenancy.cross_tenant_preemption in {} changed; it is read at start "
+                 "only, restart tallyd to apply it", config_path);
+  }
+  if (api::GrpcServerArgs(reloaded->grpc_server) != api::GrpcServerArgs(config->grpc_server)) {
+    spdlog::warn("SIGHUP: grpc_server in {} changed; it is read at start only, restart "
+                 "tallyd to apply it", config_path);
+  }
+  core.Run([&](sched::Scheduler& s) {
+    s.SetPrices(reloaded->prices);
+    s.SetQuotas(reloaded->quotas);
+    return 0;
+  });
+}
+
 int Run() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -455,39 +586,16 @@ int Run() {
   }
 
   // Transport and credentials: refused before anything is served.
-  const std::string tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  const std::string tls_key = absl::GetFlag(FLAGS_tls_key);
-  const std::string client_ca = absl::GetFlag(FLAGS_client_ca);
-  if (tls_cert.empty() != tls_key.empty()) {
-    spdlog::error("--tls_cert and --tls_key go together: give both (PEM files) or neither");
+  absl::StatusOr<TlsFlags> tls_flags = ReadTlsFlags();
+  if (!tls_flags.ok()) {
+    spdlog::error("{}", std::string(tls_flags.status().message()));
     return 2;
   }
-  if (!client_ca.empty() && tls_cert.empty()) {
-    spdlog::error("--client_ca needs --tls_cert and --tls_key: client certificates are "
-                  "checked in the TLS handshake");
-    return 2;
-  }
-  if (!tls_cert.empty()) {
-    if (absl::Status s = api::CheckTlsFiles(tls_cert, tls_key, client_ca); !s.ok()) {
-      spdlog::error("{}", std::string(s.message()));
-      return 2;
-    }
-  }
-  const std::string metrics_tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert);
-  const std::string metrics_tls_key = absl::GetFlag(FLAGS_metrics_tls_key);
-  if (metrics_tls_cert.empty() != metrics_tls_key.empty()) {
-    spdlog::error("--metrics_tls_cert and --metrics_tls_key go together: give both (PEM "
-                  "files) or neither");
-    return 2;
-  }
-  if (!metrics_tls_cert.empty()) {
-    if (absl::Status s = api::CheckTlsFiles(metrics_tls_cert, metrics_tls_key, "",
-                                            {"metrics_tls_cert", "metrics_tls_key", ""});
-        !s.ok()) {
-      spdlog::error("{}", std::string(s.message()));
-      return 2;
-    }
-  }
+  const std::string& tls_cert = tls_flags->cert;
+  const std::string& tls_key = tls_flags->key;
+  const std::string& client_ca = tls_flags->client_ca;
+  const std::string& metrics_tls_cert = tls_flags->metrics_cert;
+  const std::string& metrics_tls_key = tls_flags->metrics_key;
   std::error_code cwd_error;
   const std::filesystem::path cwd = std::filesystem::current_path(cwd_error);
   if (cwd_error) {
@@ -510,21 +618,10 @@ int Run() {
     spdlog::error("{}", std::string(credentials.status().message()));
     return 2;
   }
-  const bool loopback = IsLoopbackHost(HostOf(listen));
-  if (!loopback && !absl::GetFlag(FLAGS_insecure)) {
-    std::string why;
-    if (tls_cert.empty()) {
-      why = "it would be served in plaintext: pass --tls_cert and --tls_key";
-    } else if (!credentials->users_authenticated()) {
-      why = "anyone reaching it could submit and cancel jobs: pass --auth_tokens or --jwt_jwks";
-    } else if (!credentials->workers_authenticated()) {
-      why = "any process could connect as a worker: pass --client_ca or --worker_tokens";
-    }
-    if (!why.empty()) {
-      spdlog::error("--listen={} is not a loopback address and {}, or --insecure to serve it "
-                    "anyway", listen, why);
-      return 2;
-    }
+  if (const std::string why = ExposureProblem(listen, tls_cert, *credentials); !why.empty()) {
+    spdlog::error("--listen={} is not a loopback address and {}, or --insecure to serve it "
+                  "anyway", listen, why);
+    return 2;
   }
   spdlog::info("tallyd: gRPC {} on {}; users: {}; workers: {}",
                tls_cert.empty() ? "in plaintext" : "over TLS", listen,
@@ -852,59 +949,8 @@ int Run() {
   if (hup_while_standby) kill(getpid(), SIGHUP);
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    // Credentials: a bad file fails closed (none of its credentials is
-    // accepted until a reload reads it); streams they no longer admit end.
-    std::vector<std::pair<std::string, std::string>> failed;
-    absl::StatusOr<api::Credentials> reloaded_credentials = LoadCredentials(&failed);
-    for (const auto& [flag, error] : failed) {
-      spdlog::error("SIGHUP: {}; every credential of --{} is refused until it is fixed and "
-                    "tallyd reloaded", error, flag);
-      credential_reload_failures.Add({{"file", flag}}).Increment();
-    }
-    if (!reloaded_credentials.ok()) {
-      spdlog::error("SIGHUP: {}; keeping the previous credentials",
-                    std::string(reloaded_credentials.status().message()));
-    } else {
-      const int ended = gate.Reload(*std::move(reloaded_credentials));
-      spdlog::info("SIGHUP: reloaded the token and JWT key files{}; ended {} stream(s) whose "
-                   "credential was revoked", failed.empty() ? "" : " (failing closed)", ended);
-    }
-    if (!tls_cert.empty()) {
-      absl::Status s = api::CheckTlsFiles(tls_cert, tls_key, client_ca);
-      if (s.ok()) {
-        spdlog::info("SIGHUP: the TLS files are valid; they are served within 5 s of a change");
-      } else {
-        spdlog::error("SIGHUP: {}; the last valid certificate stays in use",
-                      std::string(s.message()));
-      }
-    }
-    // Reload prices; a bad file keeps the old ones.
-    if (config_path.empty()) {
-      spdlog::warn("SIGHUP: no --config to reload");
-      continue;
-    }
-    auto reloaded = config::LoadTallydConfig(config_path);
-    if (!reloaded.ok()) {
-      spdlog::error("SIGHUP: {}; keeping the previous prices",
-                    std::string(reloaded.status().message()));
-      continue;
-    }
-    spdlog::info("SIGHUP: reloaded {}", reloaded->prices.Describe());
-    submit_limiter.SetLimits(reloaded->limits.submits_per_second, reloaded->limits.submit_burst);
-    priority_caps.Set(reloaded->tenancy);
-    if (reloaded->tenancy.cross_tenant_preemption != config->tenancy.cross_tenant_preemption) {
-      spdlog::warn("SIGHUP: tenancy.cross_tenant_preemption in {} changed; it is read at start "
-                   "only, restart tallyd to apply it", config_path);
-    }
-    if (api::GrpcServerArgs(reloaded->grpc_server) != api::GrpcServerArgs(config->grpc_server)) {
-      spdlog::warn("SIGHUP: grpc_server in {} changed; it is read at start only, restart "
-                   "tallyd to apply it", config_path);
-    }
-    core.Run([&](sched::Scheduler& s) {
-      s.SetPrices(reloaded->prices);
-      s.SetQuotas(reloaded->quotas);
-      return 0;
-    });
+    Reload({gate, credential_reload_failures, *tls_flags, config_path, *config, submit_limiter,
+            priority_caps, core});
   }
   const bool deposed = lease_lost.load();
   if (!deposed) spdlog::info("tallyd: signal {}, draining", sig);
