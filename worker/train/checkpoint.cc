@@ -24,6 +24,13 @@ class Sha256 {
     EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr);
   }
   void Update(const void* data, size_t n) { EVP_DigestUpdate(ctx_.get(), data, n); }
+  // A copy of the state so far, to go on from (the whole file's hash after
+  // the payload's).
+  Sha256 Fork() const {
+    Sha256 out;
+    EVP_MD_CTX_copy_ex(out.ctx_.get(), ctx_.get());
+    return out;
+  }
   std::string Final() {
     unsigned char md[32];
     unsigned int len = 0;
@@ -145,14 +152,15 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
   const size_t payload = bytes.size() - 32;
   Sha256 sha;
   sha.Update(bytes.data(), payload);
+  // The whole file's hash: the payload's state, then the trailer.
+  Sha256 whole = sha.Fork();
+  whole.Update(bytes.data() + payload, bytes.size() - payload);
+  const std::string hex = absl::BytesToHexString(whole.Final());
   const std::string digest = sha.Final();
   if (digest != bytes.substr(payload)) {
     return corrupt("checksum mismatch: the file is corrupt or was cut short");
   }
   if (!expected_sha256.empty()) {
-    Sha256 whole;
-    whole.Update(bytes.data(), bytes.size());
-    const std::string hex = absl::BytesToHexString(whole.Final());
     // Workers before the whole-file hash reported the trailer's digest, and
     // tallyd may still hold such records.
     if (hex != expected_sha256 && absl::BytesToHexString(digest) != expected_sha256) {
@@ -174,6 +182,7 @@ absl::StatusOr<CheckpointData> ReadCheckpoint(const std::string& path,
   if (!get(&version, 4) || version != kVersion) return corrupt("unsupported version");
   if (!get(&meta_len, 8) || meta_len > payload - at) return corrupt("bad metadata length");
   CheckpointData data;
+  data.sha256 = hex;
   data.metadata_json = bytes.substr(at, meta_len);
   at += meta_len;
   if (!get(&count, 8)) return corrupt("truncated");

@@ -35,6 +35,9 @@
 namespace tally::train {
 
 struct CheckpointData {
+  // Set by ReadCheckpoint: the whole file's SHA-256, lower-case hex (what
+  // WriteCheckpoint returned for it). Not written.
+  std::string sha256;
   std::string metadata_json;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
 };

@@ -316,6 +316,7 @@ absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& path,
   if (meta.is_discarded()) return in_file(absl::InvalidArgumentError("metadata is not JSON"));
   CheckpointModel m;
   m.path = path;
+  m.sha256 = data->sha256;
   auto config = ModelConfigFromMetadata(meta);
   if (!config.ok()) return in_file(config.status());
   m.config = *config;
@@ -512,10 +513,8 @@ absl::StatusOr<InitialWeights> ReadInitialWeights(const std::string& hf_dir,
   w.tokenizer = m->tokenizer;
   w.parameters = std::move(m->parameters);
   w.biases = std::move(m->biases);
-  auto sha = FileSha256(checkpoint);
   w.provenance = {
-      {"kind", "checkpoint"}, {"path", checkpoint}, {"sha256", sha.ok() ? *sha : ""},
-      {"step", m->step}};
+      {"kind", "checkpoint"}, {"path", checkpoint}, {"sha256", m->sha256}, {"step", m->step}};
   return w;
 }
 

@@ -38,6 +38,7 @@ struct CheckpointModel {
   model::ModelConfig config;
   int64_t seq_len = 0;
   int64_t step = 0;
+  std::string sha256;                            // the whole file's, hex
   nlohmann::json tokenizer;                      // {"kind", "vocab_size", "bos", "eos"}
   std::map<std::string, at::Tensor> parameters;  // by Transformer parameter name
   std::map<int64_t, at::Tensor> biases;          // MoE selection biases by layer
