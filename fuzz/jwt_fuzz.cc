@@ -201,7 +201,7 @@ bool KnownReason(absl::string_view reason) {
   // The lifetime refusal says which bound and how to fix it.
   if (absl::StartsWith(reason, "token lifetime too long: ")) return true;
   for (absl::string_view claim :
-       {"exp", "nbf", "iss", "aud", "sub", "tenant", "role"}) {
+       {"exp", "nbf", "iat", "iss", "aud", "sub", "tenant", "role"}) {
     if (reason == absl::StrCat("missing claim ", claim) ||
         reason == absl::StrCat("bad claim ", claim)) {
       return true;

@@ -46,7 +46,8 @@
 // "token not yet valid", "token lifetime too long: ...", "wrong issuer",
 // "wrong audience",
 // "missing claim <name>" (absent, or an empty tenant), "bad claim <name>"
-// (wrong type, not printable, too long) and "bad role claim".
+// (wrong type, not printable, too long; "bad claim iat" for an iat that is
+// not a number) and "bad role claim".
 //
 // A JwtVerifier is immutable once built; Verify is thread-safe. Copies share
 // the keys.
