@@ -18,7 +18,9 @@ namespace {
 
 // One Workers.Connect stream. Reads run one at a time on gRPC's threads and
 // call into the core; writes drain a queue the core fills (Push, under the
-// core's lock). It owns itself from Begin until OnDone; the core's map of
+// core's lock). A numbered report the core took (committed, or refused for
+// good) is acknowledged once OnMessage returns: an Ack goes after whatever
+// the report made the core send. It owns itself from Begin until OnDone; the core's map of
 // sessions may hold it a little longer, so every entry point checks closed_.
 class WorkerStream final
     : public grpc::ServerBidiReactor<tally::v1::WorkerMessage,
@@ -76,7 +78,10 @@ class WorkerStream final
         EndStream(RevokedStatus());
         return;
       }
-      EndStream(hello_done_ ? grpc::Status::OK : grpc::Status::CANCELLED);
+      // After a Hello, what is queued (the Acks of its last reports) is
+      // written before the stream finishes.
+      EndStream(hello_done_ ? grpc::Status::OK : grpc::Status::CANCELLED, 0,
+                /*flush=*/hello_done_);
       return;
     }
     if (!hello_done_) {
@@ -123,11 +128,20 @@ class WorkerStream final
         EndStream(RevokedStatus());
         return;
       }
+      const uint64_t seq = in_.seq();
       absl::Status s = core_->Run(
           [&](sched::Scheduler& sch) { return sch.OnMessage(worker_id_, in_); });
       if (!s.ok()) {
-        EndStream(ToGrpcStatus(s));
+        // A refusal is for good: acknowledged, so the worker does not send
+        // it again. Anything else (a failed commit) is not: the worker
+        // sends it again on its next stream.
+        EndStream(ToGrpcStatus(s), s.code() == absl::StatusCode::kInvalidArgument ? seq : 0);
         return;
+      }
+      if (seq > 0) {
+        tally::v1::ControllerMessage ack;
+        ack.mutable_ack()->set_seq(seq);
+        Push(ack);
       }
     }
     StartRead(&in_);
@@ -136,20 +150,30 @@ class WorkerStream final
   void OnWriteDone(bool ok) override {
     bool write = false;
     bool finish = false;
+    bool with_last = false;
     grpc::Status status;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
-      if (!ok && !closed_) {
-        // The stream broke: end the read side too, which says goodbye.
-        closed_ = true;
+      if (!ok) {
+        // The stream broke: nothing more is written; end the read side too
+        // (which says goodbye) unless it has ended.
+        flushing_ = false;
         out_.clear();
-        context_->TryCancel();
+        if (!closed_) {
+          closed_ = true;
+          context_->TryCancel();
+        }
       }
-      if (closed_) {
+      if (flushing_ && !out_.empty()) {
+        current_ = std::move(out_.front());
+        out_.pop_front();
+        writing_ = write = true;
+      } else if (closed_) {
         if ((read_done_ || revoked_) && !finished_) {
           finished_ = finish = true;
           status = finish_status_;
+          with_last = has_last_;
         }
       } else if (!out_.empty()) {
         current_ = std::move(out_.front());
@@ -158,7 +182,7 @@ class WorkerStream final
       }
     }
     if (write) StartWrite(&current_);
-    if (finish) Finish(std::move(status));
+    if (finish) FinishWith(std::move(status), with_last);
   }
 
   void OnDone() override {
@@ -172,6 +196,11 @@ class WorkerStream final
       absl::MutexLock lock(&mu_);
       if (closed_) return;
       if (writing_) {
+        // One Ack says everything up to its number: a queued one is raised.
+        if (m.has_ack() && !out_.empty() && out_.back().has_ack()) {
+          out_.back().mutable_ack()->set_seq(m.ack().seq());
+          return;
+        }
         out_.push_back(m);
         return;
       }
@@ -203,19 +232,46 @@ class WorkerStream final
   }
 
   // The read side is over: leave the core, then finish once no write is
-  // outstanding.
-  void EndStream(grpc::Status status) {
+  // outstanding. `ack` > 0: the stream's last message acknowledges the
+  // reports up to it (a report refused for good). `flush`: what is queued
+  // is written first (the worker ended its side after its last reports).
+  void EndStream(grpc::Status status, uint64_t ack = 0, bool flush = false) {
     if (hello_done_) core_->Goodbye(worker_id_, this, generation_);
     bool finish = false;
+    bool with_last = false;
+    bool write = false;
     {
       absl::MutexLock lock(&mu_);
       closed_ = true;
       read_done_ = true;
-      out_.clear();
+      if (!flush) out_.clear();
       finish_status_ = status;
-      if (!writing_ && !finished_) finished_ = finish = true;
+      if (ack > 0) {
+        last_.mutable_ack()->set_seq(ack);
+        has_last_ = true;
+      }
+      if (!writing_ && !out_.empty()) {
+        flushing_ = true;
+        current_ = std::move(out_.front());
+        out_.pop_front();
+        writing_ = write = true;
+      } else if (!out_.empty()) {
+        flushing_ = true;  // OnWriteDone writes the rest
+      } else if (!writing_ && !finished_) {
+        finished_ = finish = true;
+        with_last = has_last_;
+      }
     }
-    if (finish) Finish(std::move(status));
+    if (write) StartWrite(&current_);
+    if (finish) FinishWith(std::move(status), with_last);
+  }
+
+  void FinishWith(grpc::Status status, bool with_last) {
+    if (with_last) {
+      StartWriteAndFinish(&last_, grpc::WriteOptions(), std::move(status));
+    } else {
+      Finish(std::move(status));
+    }
   }
 
   Core* const core_;
@@ -242,6 +298,11 @@ class WorkerStream final
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
   std::deque<tally::v1::ControllerMessage> out_ ABSL_GUARDED_BY(mu_);
   tally::v1::ControllerMessage current_;  // owned by the write in flight
+  // Written with the stream's status when has_last_; set once, by EndStream.
+  tally::v1::ControllerMessage last_;
+  bool has_last_ ABSL_GUARDED_BY(mu_) = false;
+  // Closed, and writing what was queued before finishing.
+  bool flushing_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

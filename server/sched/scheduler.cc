@@ -306,10 +306,13 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
                               "(checkpoint_path), progress going backwards or past max_steps "
                               "(progress_out_of_order), a damaged checkpoint other than the "
                               "one the attempt resumed from (damaged_checkpoint), a figure out "
-                              "of range (invalid: the worker's stream ends).")
+                              "of range (invalid: the worker's stream ends), an evaluation or "
+                              "checkpoint taken already, sent again after a broken stream "
+                              "lost its acknowledgement (repeated).")
                         .Register(*registry);
   for (const char* kind : {"progress", "eval", "checkpoint", "exit", "checkpoint_path",
-                           "progress_out_of_order", "damaged_checkpoint", "invalid"}) {
+                           "progress_out_of_order", "damaged_checkpoint", "invalid",
+                           "repeated"}) {
     refused_reports_->Add({{"kind", kind}});
   }
   gpus_wanted_ = &metrics::BuildGauge()
@@ -978,11 +981,28 @@ void Scheduler::AddCurvePoint(tally::v1::Job& j, const tally::v1::EvalResult& ev
     j.mutable_curve()->Swap(&kept);
   }
   tally::v1::EvalPoint& e = *j.add_curve();
+  e.set_attempt(ev.attempt());
   e.set_step(ev.step());
   e.set_tokens(ev.tokens());
   e.set_cost_usd(j.cost().cost_usd());
   e.set_gpu_seconds(j.cost().gpu_seconds());
   e.set_val_loss(ev.val_loss());
+}
+
+bool RepeatedEval(const tally::v1::Job& j, const tally::v1::EvalResult& ev) {
+  // The curve keeps its latest point; within an attempt steps only go
+  // forward, so one of the latest point's attempt at or before its step was
+  // taken already. (Another attempt evaluating earlier steps is a resumed
+  // one, and is taken.)
+  if (j.curve_size() == 0) return false;
+  const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
+  return last.attempt() != 0 && last.attempt() == ev.attempt() && ev.step() <= last.step();
+}
+
+bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
+                        const tally::v1::CheckpointRecord& c) {
+  return latest.has_value() && latest->attempt() == c.attempt() && latest->step() == c.step() &&
+         latest->path() == c.path();
 }
 
 absl::StatusOr<std::optional<tally::v1::Checkpoint>> Scheduler::LatestCheckpoint(
@@ -1494,6 +1514,8 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   tally::v1::ControllerMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_seconds(
       absl::ToDoubleSeconds(options_.heartbeat_interval));
+  // The worker's stream (api::WorkerStream) acknowledges what OnMessage takes.
+  welcome.mutable_welcome()->set_acks(true);
   channel_->Send(hello.worker_id(), welcome);
 
   std::set<AttemptKey> reported;
@@ -1924,7 +1946,12 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     }
     case tally::v1::WorkerMessage::kEval: {
       ActiveJob* job = current(msg.eval().job(), msg.eval().attempt(), "eval");
-      if (job != nullptr) s = Execute(job->rec.id(), PlanEval(*job, msg.eval()));
+      if (job == nullptr) break;
+      if (RepeatedEval(job->rec.job(), msg.eval())) {
+        refused_reports_->Add({{"kind", "repeated"}}).Increment();
+        break;
+      }
+      s = Execute(job->rec.id(), PlanEval(*job, msg.eval()));
       break;
     }
     case tally::v1::WorkerMessage::kCheckpoint: {
@@ -1941,6 +1968,15 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
         s = p.ok() ? Execute(job->rec.id(), *std::move(p)) : p.status();
         // Counted once the failure has committed, like every other effect.
         if (s.ok()) refused_reports_->Add({{"kind", "checkpoint_path"}}).Increment();
+        break;
+      }
+      absl::StatusOr<std::optional<tally::v1::Checkpoint>> latest = LatestCheckpoint(*job);
+      if (!latest.ok()) {
+        s = latest.status();
+        break;
+      }
+      if (RepeatedCheckpoint(*latest, msg.checkpoint())) {
+        refused_reports_->Add({{"kind", "repeated"}}).Increment();
         break;
       }
       absl::StatusOr<Plan> p = PlanCheckpoint(*job, msg.checkpoint());

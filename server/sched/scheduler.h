@@ -117,6 +117,14 @@ struct SchedulerOptions {
 // (worker/agent/path_confinement.h); this is tallyd's check of the text.
 absl::Status CheckCheckpointPath(const std::string& job, const std::string& path, int64_t step);
 
+// Reports a worker sends again after a stream broke before tallyd's Ack
+// arrived: an evaluation of the attempt that made the curve's latest point,
+// at or before that step; the job's latest recorded checkpoint (same
+// attempt, step and path). Each is taken once.
+bool RepeatedEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval);
+bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
+                        const tally::v1::CheckpointRecord& checkpoint);
+
 // Who asks for a change: a principal's name and tenant (empty when tallyd
 // runs without authentication, or for tallyd's own decisions).
 struct Actor {
@@ -215,6 +223,12 @@ class Scheduler {
   static absl::Status ValidateHello(const tally::v1::Hello& hello);
   // The worker is connected and was heard from within heartbeat_timeout.
   bool WorkerLive(const std::string& worker_id) const;
+  // OK: the message is taken (committed, or dropped on purpose and counted);
+  // INVALID_ARGUMENT: refused for good (a figure out of range, a message out
+  // of protocol). The worker's stream acknowledges both (Ack), and ends on a
+  // refusal. Any other error: not taken (a commit failed); it is not
+  // acknowledged, the stream ends, and the worker sends it again on its next
+  // stream, so every report is taken idempotently (RepeatedReport).
   absl::Status OnMessage(const std::string& worker_id,
                          const tally::v1::WorkerMessage& message);
   void OnDisconnect(const std::string& worker_id, int64_t generation);

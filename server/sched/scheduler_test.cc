@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "server/store/memory_job_store.h"
 #include "server/sched/scheduler_test_util.h"
@@ -91,6 +92,16 @@ class SchedulerTest : public ::testing::Test {
     m.mutable_exit()->set_reason("test");
     m.mutable_exit()->set_retryable(retryable);
     return sched_->OnMessage(worker, m);
+  }
+  // A new scheduler over the same store (a restarted tallyd), and `worker`
+  // back with `job`'s `attempt` running.
+  void RestartAndReadopt(const std::string& worker, const std::string& job, int attempt) {
+    sched_ = NewScheduler();
+    ASSERT_TRUE(sched_->Recover().ok());
+    auto hello = Hello(worker);
+    hello.add_running()->set_job(job);
+    hello.mutable_running(0)->set_attempt(attempt);
+    ASSERT_TRUE(sched_->OnHello(hello).ok());
   }
   std::vector<std::string> EventTypes(int64_t id) {
     std::vector<std::string> out;
@@ -927,17 +938,108 @@ TEST_F(SchedulerTest, GroupedFp8TurnedOffIsOneWarningPerAttemptKeptAcrossARestar
   EXPECT_EQ(w[0].find('\n'), std::string::npos);
   EXPECT_EQ(Job(id).fp8_grouped_off_attempt(), 1);
   // Committed with the event: a restarted tallyd does not record it again.
-  sched_ = NewScheduler();
-  ASSERT_TRUE(sched_->Recover().ok());
-  auto hello = Hello("w1");
-  hello.add_running()->set_job(job);
-  hello.mutable_running(0)->set_attempt(1);
-  ASSERT_TRUE(sched_->OnHello(hello).ok());
+  RestartAndReadopt("w1", job, 1);
   ASSERT_TRUE(progress(4, "at::_scaled_grouped_mm refused: no kernel").ok());
   EXPECT_EQ(warnings().size(), 1u);
   // A worker cannot flood the store: an oversized reason is refused.
   EXPECT_TRUE(absl::IsInvalidArgument(progress(5, std::string(5000, 'x'))));
   EXPECT_EQ(warnings().size(), 1u);
+}
+
+// A worker sends a report again when its stream broke before tallyd's Ack
+// arrived (tallyd may have died after committing it): the evaluation and the
+// checkpoint are taken once, by this tallyd or a restarted one.
+TEST_F(SchedulerTest, AReportSentAgainAfterALostAckIsTakenOnceEvenAcrossARestart) {
+  const int64_t id = Submit(Spec());
+  ASSERT_TRUE(sched_->OnHello(Hello("w1")).ok());
+  std::vector<ControllerMessage> welcome = channel_.Take("w1", ControllerMessage::kWelcome);
+  ASSERT_EQ(welcome.size(), 1u);
+  EXPECT_TRUE(welcome[0].welcome().acks());
+  ASSERT_TRUE(sched_->Tick().ok());
+  const std::string job = "jobs/" + std::to_string(id);
+  auto eval = [&](int64_t step, int32_t attempt = 1) {
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job(job);
+    m.mutable_eval()->set_attempt(attempt);
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_val_loss(4.0 - 0.1 * static_cast<double>(step));
+    return sched_->OnMessage("w1", m);
+  };
+  auto checkpoint = [&](int64_t step) {
+    tally::v1::WorkerMessage m;
+    m.mutable_checkpoint()->set_job(job);
+    m.mutable_checkpoint()->set_attempt(1);
+    m.mutable_checkpoint()->set_step(step);
+    m.mutable_checkpoint()->set_path(
+        absl::StrFormat("/ckpt/job-%d/step-%08d.ckpt", id, step));
+    m.mutable_checkpoint()->set_sha256(std::string(64, 'a'));
+    return sched_->OnMessage("w1", m);
+  };
+  auto count = [&](const std::string& type) {
+    const std::vector<std::string> types = EventTypes(id);
+    return std::count(types.begin(), types.end(), type);
+  };
+  ASSERT_TRUE(eval(0).ok());
+  ASSERT_TRUE(checkpoint(1).ok());
+  ASSERT_TRUE(eval(0).ok());
+  ASSERT_TRUE(checkpoint(1).ok());
+  EXPECT_EQ(count("eval"), 1);
+  EXPECT_EQ(count("checkpoint"), 1);
+  EXPECT_EQ(store_.ListCheckpoints(id)->size(), 1u);
+  EXPECT_EQ(Job(id).early_stopping().evals(), 1);
+  ASSERT_EQ(Job(id).curve_size(), 1);
+  EXPECT_EQ(Job(id).curve(0).attempt(), 1);
+
+  // A restarted tallyd knows them from the store.
+  RestartAndReadopt("w1", job, 1);
+  ASSERT_TRUE(eval(0).ok());
+  ASSERT_TRUE(checkpoint(1).ok());
+  EXPECT_EQ(count("eval"), 1);
+  EXPECT_EQ(store_.ListCheckpoints(id)->size(), 1u);
+  // What is new is taken.
+  ASSERT_TRUE(eval(2).ok());
+  ASSERT_TRUE(checkpoint(2).ok());
+  EXPECT_EQ(count("eval"), 2);
+  EXPECT_EQ(store_.ListCheckpoints(id)->size(), 2u);
+  EXPECT_EQ(Job(id).early_stopping().evals(), 2);
+}
+
+TEST(RepeatedReportTest, OnlyTheSameAttemptAtOrBeforeItsLatestPointOrCheckpoint) {
+  tally::v1::Job j;
+  tally::v1::EvalResult ev;
+  ev.set_attempt(2);
+  ev.set_step(50);
+  EXPECT_FALSE(RepeatedEval(j, ev)) << "an empty curve";
+  tally::v1::EvalPoint& last = *j.add_curve();
+  last.set_attempt(2);
+  last.set_step(50);
+  EXPECT_TRUE(RepeatedEval(j, ev));
+  ev.set_step(25);
+  EXPECT_TRUE(RepeatedEval(j, ev));
+  ev.set_step(75);
+  EXPECT_FALSE(RepeatedEval(j, ev)) << "a later step";
+  ev.set_step(25);
+  ev.set_attempt(3);
+  EXPECT_FALSE(RepeatedEval(j, ev)) << "a resumed attempt evaluates earlier steps again";
+  last.set_attempt(0);
+  ev.set_attempt(0);
+  EXPECT_FALSE(RepeatedEval(j, ev)) << "a point recorded without its attempt";
+
+  tally::v1::Checkpoint latest;
+  latest.set_attempt(2);
+  latest.set_step(50);
+  latest.set_path("/c/job-1/step-00000050.ckpt");
+  tally::v1::CheckpointRecord c;
+  c.set_attempt(2);
+  c.set_step(50);
+  c.set_path(latest.path());
+  EXPECT_FALSE(RepeatedCheckpoint(std::nullopt, c));
+  EXPECT_TRUE(RepeatedCheckpoint(latest, c));
+  c.set_attempt(3);
+  EXPECT_FALSE(RepeatedCheckpoint(latest, c));
+  c.set_attempt(2);
+  c.set_path("/c/job-1/step-00000051.ckpt");
+  EXPECT_FALSE(RepeatedCheckpoint(latest, c));
 }
 
 }  // namespace

@@ -299,6 +299,9 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
   {
     absl::MutexLock lock(&mu_);
     connected_ = true;
+    // Nothing is written on this stream yet: what the last one wrote and
+    // tallyd did not acknowledge goes again, first.
+    outbox_.Rewind();
     if (running_.empty()) idle_since_ = clock_->Now();
     // Going away: this connection's tallyd hears it first, with the time
     // left (it may not have heard the notice sent on an earlier one).
@@ -311,18 +314,23 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
   // (a standby, a refused worker) never reads what follows it, so the queue
   // is kept until a tallyd that took the Hello is on the other end.
   bool welcomed = false;  // guarded by mu_
+  // The Welcome says whether this tallyd acknowledges reports: then each
+  // stays queued until its Ack, and is numbered as written.
+  bool acks = false;      // guarded by mu_
+  uint64_t written = 0;   // guarded by mu_: numbered reports on this stream
   std::thread writer([&] {
     absl::MutexLock lock(&mu_);
     while (!done) {
-      if (outbox_.empty() || !welcomed) {
+      if (!outbox_.HasUnwritten() || !welcomed) {
         const bool draining = shutdown_.load() || !preemption_cause_.empty();
-        if (outbox_.empty() && draining &&
+        if (!outbox_.HasUnwritten() && draining &&
             std::all_of(running_.begin(), running_.end(),
                         [](const auto& kv) { return kv.second->abandoned; })) {
-          // All reported: end our side, so that tallyd reads everything
+          // All written: end our side, so that tallyd reads everything
           // written before it ends the stream (cancelling the call could
-          // drop messages still in flight). One that does not end it soon
-          // is cancelled.
+          // drop messages still in flight) and acknowledges it first. One
+          // that does not end it soon is cancelled; what it did not
+          // acknowledge is sent again on the next stream.
           absl::Time give_up = clock_->Now() + absl::Seconds(2);
           if (!preemption_cause_.empty()) give_up = std::min(give_up, preemption_deadline_);
           mu_.Unlock();
@@ -335,9 +343,9 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
         if (done) break;
       }
       WorkerMessage m;
-      const bool from_outbox = welcomed && !outbox_.empty();
+      const bool from_outbox = welcomed && outbox_.HasUnwritten();
       if (from_outbox) {
-        m = outbox_.front();
+        m = outbox_.TakeNext(acks ? ++written : 0);
       } else {
         m.mutable_heartbeat();
       }
@@ -345,7 +353,7 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
       const bool ok = stream->Write(m);
       mu_.Lock();
       if (!ok) break;
-      if (from_outbox) outbox_.PopFront();
+      if (from_outbox && !acks) outbox_.DropWritten();
     }
     writer_exited = true;
   });
@@ -360,6 +368,13 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
         const double s = msg.welcome().heartbeat_interval_seconds();
         if (s > 0) heartbeat_interval_ = absl::Seconds(s);
         welcomed = true;
+        acks = msg.welcome().acks();
+        outbox_cv_.SignalAll();
+        break;
+      }
+      case tally::v1::ControllerMessage::kAck: {
+        absl::MutexLock lock(&mu_);
+        if (acks) outbox_.Ack(msg.ack().seq());
         outbox_cv_.SignalAll();
         break;
       }
@@ -596,6 +611,11 @@ void Agent::WatchIdle(std::atomic<bool>* stop) {
 bool Agent::LeftIdle() {
   absl::MutexLock lock(&mu_);
   return preemption_cause_ == "idle";
+}
+
+size_t Agent::QueuedReports() {
+  absl::MutexLock lock(&mu_);
+  return outbox_.size();
 }
 
 bool Agent::HasAbandonedAttempts() {

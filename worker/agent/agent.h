@@ -151,6 +151,9 @@ class Agent {
   // their threads may still be busy, so destroying the agent (which joins
   // them) could block past the deadline.
   bool HasAbandonedAttempts();
+  // Messages queued for tallyd: not written yet, or written and not
+  // acknowledged by a tallyd that acknowledges.
+  size_t QueuedReports();
 
  private:
   struct Attempt {

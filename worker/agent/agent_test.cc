@@ -124,7 +124,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
       context_ = context;
       if (welcome_) {
         tally::v1::ControllerMessage welcome;
-        welcome.mutable_welcome();
+        welcome.mutable_welcome()->set_acks(acks_);
         stream->Write(welcome);
       }
     }
@@ -157,6 +157,18 @@ class FakeTallyd final : public tally::v1::Workers::Service {
   void set_welcome(bool welcome) {
     absl::MutexLock lock(&mu_);
     welcome_ = welcome;
+  }
+
+  // Welcomes saying that it acknowledges reports (it acknowledges only
+  // what a test sends with Ack).
+  void set_acks(bool acks) {
+    absl::MutexLock lock(&mu_);
+    acks_ = acks;
+  }
+  bool Ack(uint64_t seq) {
+    tally::v1::ControllerMessage m;
+    m.mutable_ack()->set_seq(seq);
+    return Send(m);
   }
 
   void ReplyToNotice(tally::v1::ControllerMessage m) {
@@ -203,6 +215,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
   grpc::ServerContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<tally::v1::ControllerMessage> reply_to_notice_ ABSL_GUARDED_BY(mu_);
   bool welcome_ ABSL_GUARDED_BY(mu_) = true;
+  bool acks_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Runs until asked to stop. A preemption reports a checkpoint of step 7 and
@@ -314,6 +327,12 @@ std::vector<std::string> Kinds(const std::vector<tally::v1::WorkerMessage>& ms) 
                                                  tally::v1::AttemptOutcome_Name(m.exit().outcome())));
   }
   return out;
+}
+
+std::vector<tally::v1::WorkerMessage> WithoutHeartbeats(std::vector<tally::v1::WorkerMessage> ms) {
+  ms.erase(std::remove_if(ms.begin(), ms.end(), [](const auto& m) { return m.has_heartbeat(); }),
+           ms.end());
+  return ms;
 }
 
 // A Workers stream whose connection failed: nothing is written or read.
@@ -441,6 +460,14 @@ bool AdvanceUntil(FakeClock* clock, absl::Duration step, const std::function<boo
   return done();
 }
 
+tally::v1::EvalResult EvalAt(const std::string& job, int32_t attempt, int64_t step) {
+  tally::v1::EvalResult e;
+  e.set_job(job);
+  e.set_attempt(attempt);
+  e.set_step(step);
+  return e;
+}
+
 tally::v1::Progress ProgressAt(const std::string& job, int32_t attempt, int64_t step) {
   tally::v1::Progress p;
   p.set_job(job);
@@ -560,6 +587,36 @@ class AgentTest : public ::testing::Test {
     std::ofstream(tmp, std::ios::binary) << text;
     std::filesystem::rename(tmp, path);  // as a rotation would: never half-written
     return path;
+  }
+
+  // The agent on the fake clock, connected to the fake tallyd, running
+  // `job`'s `attempt` on a HeldRunner: that attempt's reporter (null when it
+  // did not start).
+  Reporter* StartHeldAttempt(const std::string& job, int32_t attempt, HeldRunner** held) {
+    auto runner = std::make_unique<HeldRunner>();
+    *held = runner.get();
+    StartAgent(Options({}), std::move(runner), FakeSeams(server_.get()));
+    if (!tallyd_->WaitConnected() || !tallyd_->Send(AssignmentMessage(job, attempt))) {
+      ADD_FAILURE() << "no stream to send the assignment on";
+      return nullptr;
+    }
+    return (*held)->reporter();
+  }
+
+  // Hellos the fake tallyd read: one per stream.
+  size_t Hellos() {
+    size_t n = 0;
+    for (const auto& m : tallyd_->received()) n += m.has_hello();
+    return n;
+  }
+
+  // Waits up to 20 s until the agent holds `n` reports for tallyd.
+  bool WaitQueued(size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline && agent_->QueuedReports() != n) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return agent_->QueuedReports() == n;
   }
 
   std::string Logged() {
@@ -963,28 +1020,16 @@ TEST_F(AgentTest, ConnectionsAreRetriedAfterTheBackoffOnTheAgentsClock) {
 // welcomes the worker, and then arrive in order.
 TEST_F(AgentTest, ReportsWaitForTheWelcomeSoAStreamRefusedAfterTheHelloLosesNone) {
   StartTallyd();
-  auto runner = std::make_unique<HeldRunner>();
-  HeldRunner* held = runner.get();
-  StartAgent(Options({}), std::move(runner), FakeSeams(server_.get()));
-  ASSERT_TRUE(tallyd_->WaitConnected());
-  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1", /*attempt=*/2)));
-  Reporter* reporter = held->reporter();
+  HeldRunner* held = nullptr;
+  Reporter* reporter = StartHeldAttempt("jobs/1", 2, &held);
   ASSERT_NE(reporter, nullptr);
   reporter->Progress(ProgressAt("jobs/1", 2, 4));
   ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_progress(); }));
 
   tallyd_->set_welcome(false);
   ASSERT_TRUE(tallyd_->Hangup());
-  auto hellos = [this] {
-    size_t n = 0;
-    for (const auto& m : tallyd_->received()) n += m.has_hello();
-    return n;
-  };
-  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return hellos() >= 2; }));
-  tally::v1::EvalResult eval;
-  eval.set_job("jobs/1");
-  eval.set_attempt(2);
-  eval.set_step(5);
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return Hellos() >= 2; }));
+  const tally::v1::EvalResult eval = EvalAt("jobs/1", 2, 5);
   reporter->Progress(ProgressAt("jobs/1", 2, 5));
   reporter->Eval(eval);
   absl::SleepFor(absl::Milliseconds(300));  // time for writes that must not happen
@@ -994,7 +1039,7 @@ TEST_F(AgentTest, ReportsWaitForTheWelcomeSoAStreamRefusedAfterTheHelloLosesNone
   // The unwelcoming tallyd ends the stream; the next one welcomes.
   tallyd_->set_welcome(true);
   ASSERT_TRUE(tallyd_->Hangup());
-  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return hellos() >= 3; }));
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return Hellos() >= 3; }));
   ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_eval(); }));
   EXPECT_THAT(Kinds(tallyd_->received()),
               ::testing::ElementsAre("hello", "progress jobs/1 4", "hello", "hello",
@@ -1003,12 +1048,8 @@ TEST_F(AgentTest, ReportsWaitForTheWelcomeSoAStreamRefusedAfterTheHelloLosesNone
 
 TEST_F(AgentTest, AfterAReconnectionTheHelloListsTheRunningAttemptAndQueuedReportsKeepTheirOrder) {
   StartTallyd();
-  auto runner = std::make_unique<HeldRunner>();
-  HeldRunner* held = runner.get();
-  StartAgent(Options({}), std::move(runner), FakeSeams(server_.get()));
-  ASSERT_TRUE(tallyd_->WaitConnected());
-  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1", /*attempt=*/3)));
-  Reporter* reporter = held->reporter();
+  HeldRunner* held = nullptr;
+  Reporter* reporter = StartHeldAttempt("jobs/1", 3, &held);
   ASSERT_NE(reporter, nullptr);
   reporter->Progress(ProgressAt("jobs/1", 3, 4));
   ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_progress(); }));
@@ -1019,10 +1060,7 @@ TEST_F(AgentTest, AfterAReconnectionTheHelloListsTheRunningAttemptAndQueuedRepor
   ASSERT_TRUE(tallyd_->Hangup());
   ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40),
                            [&] { return connections_.Attempts().size() >= 2; }));
-  tally::v1::EvalResult eval;
-  eval.set_job("jobs/1");
-  eval.set_attempt(3);
-  eval.set_step(5);
+  const tally::v1::EvalResult eval = EvalAt("jobs/1", 3, 5);
   tally::v1::CheckpointRecord checkpoint;
   checkpoint.set_job("jobs/1");
   checkpoint.set_attempt(3);
@@ -1036,12 +1074,7 @@ TEST_F(AgentTest, AfterAReconnectionTheHelloListsTheRunningAttemptAndQueuedRepor
   reporter->Progress(ProgressAt("jobs/1", 3, 8));  // takes step 7's place
 
   connections_.SetDown(false);
-  auto hellos = [this] {
-    size_t n = 0;
-    for (const auto& m : tallyd_->received()) n += m.has_hello();
-    return n;
-  };
-  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return hellos() >= 2; }));
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return Hellos() >= 2; }));
   ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) {
     return m.has_progress() && m.progress().step() == 8;
   }));
@@ -1074,6 +1107,50 @@ TEST_F(AgentTest, AfterAReconnectionTheHelloListsTheRunningAttemptAndQueuedRepor
   EXPECT_EQ(exit->exit().outcome(), tally::v1::ATTEMPT_OUTCOME_STOPPED);
   EXPECT_EQ(held->stopped_with(), train::StopKind::kNow);
   EXPECT_GE(connections_.Attempts().size(), 3u);
+}
+
+// A tallyd that dies after reading a report and before committing it never
+// acknowledges it: the next stream carries it again, first and in order,
+// renumbered; what was acknowledged is not sent again.
+TEST_F(AgentTest, AReportTallydDidNotAcknowledgeIsSentAgainOnTheNextStream) {
+  StartTallyd();
+  tallyd_->set_acks(true);
+  HeldRunner* held = nullptr;
+  Reporter* reporter = StartHeldAttempt("jobs/1", 2, &held);
+  ASSERT_NE(reporter, nullptr);
+  const tally::v1::EvalResult eval = EvalAt("jobs/1", 2, 5);
+  reporter->Progress(ProgressAt("jobs/1", 2, 5));
+  reporter->Eval(eval);
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_eval(); }));
+  std::vector<tally::v1::WorkerMessage> first = WithoutHeartbeats(tallyd_->received());
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first[0].seq(), 0u);  // the Hello
+  EXPECT_EQ(first[1].seq(), 1u);
+  EXPECT_EQ(first[2].seq(), 2u);
+
+  // The progress was taken; the stream breaks before the evaluation's Ack.
+  ASSERT_TRUE(tallyd_->Ack(1));
+  ASSERT_TRUE(WaitQueued(1));  // the Ack is read before the hang-up
+  ASSERT_TRUE(tallyd_->Hangup());
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return Hellos() >= 2; }));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_eval() && m.seq() == 1; }));
+  std::vector<tally::v1::WorkerMessage> second = WithoutHeartbeats(tallyd_->received());
+  second.erase(second.begin(), second.begin() + 3);
+  EXPECT_THAT(Kinds(second), ::testing::ElementsAre("hello", "eval jobs/1 5"));
+
+  // Acknowledged now: a third stream carries only what is new.
+  ASSERT_TRUE(tallyd_->Ack(1));
+  ASSERT_TRUE(WaitQueued(0));
+  ASSERT_TRUE(tallyd_->Hangup());
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(40), [&] { return Hellos() >= 3; }));
+  reporter->Progress(ProgressAt("jobs/1", 2, 6));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) {
+    return m.has_progress() && m.progress().step() == 6;
+  }));
+  std::vector<tally::v1::WorkerMessage> third = WithoutHeartbeats(tallyd_->received());
+  third.erase(third.begin(), third.begin() + 5);
+  EXPECT_THAT(Kinds(third), ::testing::ElementsAre("hello", "progress jobs/1 6"));
+  EXPECT_EQ(third[1].seq(), 1u);
 }
 
 TEST_F(AgentTest, ThePreemptionDeadlineIsKeptOnTheAgentsClock) {

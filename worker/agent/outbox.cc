@@ -1,6 +1,7 @@
 #include "worker/agent/outbox.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 
 namespace tally::worker {
@@ -35,14 +36,14 @@ void Outbox::Push(WorkerMessage m) {
   if (m.has_progress()) {
     const tally::v1::Progress& p = m.progress();
     bool merge_closed = false;  // something else of this job is queued after
-    // From the back; index 0 may be on the wire.
+    // From the back; the written front is never replaced.
     for (size_t i = queue_.size(); i-- > 0;) {
       std::string job;
       int32_t attempt = 0;
       int64_t step = 0;
       if (!About(queue_[i], &job, &attempt, &step) || job != p.job()) continue;
       if (attempt == p.attempt() && step > p.step()) return;  // would go backwards
-      if (merge_closed || i == 0) continue;
+      if (merge_closed || i < written_) continue;
       if (queue_[i].has_progress() && attempt == p.attempt()) {
         queue_[i] = std::move(m);
         return;
@@ -54,14 +55,35 @@ void Outbox::Push(WorkerMessage m) {
 }
 
 void Outbox::PushUrgent(WorkerMessage m) {
-  queue_.insert(queue_.empty() ? queue_.end() : queue_.begin() + 1, std::move(m));
+  queue_.insert(queue_.begin() + static_cast<std::ptrdiff_t>(written_), std::move(m));
 }
 
 void Outbox::ReplaceNotice(WorkerMessage notice) {
+  written_ = 0;
   queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
                               [](const WorkerMessage& m) { return m.has_notice(); }),
                queue_.end());
   queue_.push_front(std::move(notice));
+}
+
+WorkerMessage Outbox::TakeNext(uint64_t seq) {
+  WorkerMessage& m = queue_[written_++];
+  m.set_seq(seq);
+  return m;
+}
+
+void Outbox::Ack(uint64_t seq) {
+  // Numbers rise along the written front; 0 (never written numbered) is
+  // never acknowledged.
+  while (written_ > 0 && queue_.front().seq() != 0 && queue_.front().seq() <= seq) {
+    queue_.pop_front();
+    --written_;
+  }
+}
+
+void Outbox::DropWritten() {
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(written_));
+  written_ = 0;
 }
 
 }  // namespace tally::worker

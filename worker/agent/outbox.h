@@ -4,14 +4,20 @@
 // queued after it: evaluations, checkpoints and exits keep their place
 // relative to progress, and the step tallyd sees never goes backwards (a
 // progress older than something of its attempt already queued is dropped).
-// The front message may be on the wire: it is never replaced.
-// PushUrgent (a preemption notice) goes ahead of everything but that front
-// message.
+//
+// A stream writes the queue front to back. What it wrote stays at the front
+// until tallyd acknowledges it (Ack): a tallyd that dies before committing a
+// report it read loses nothing, since the next stream writes every
+// unacknowledged message again, first and in order (Rewind). Written
+// messages are never replaced, and nothing goes ahead of them. With a tallyd
+// that does not acknowledge, written messages are dropped at once.
+// PushUrgent (a preemption notice) goes ahead of everything not written.
 //
 // Not thread-safe: the agent holds its mutex around every call.
 #ifndef TALLY_WORKER_AGENT_OUTBOX_H_
 #define TALLY_WORKER_AGENT_OUTBOX_H_
 
+#include <cstdint>
 #include <deque>
 
 #include "tally/v1/workers.pb.h"
@@ -21,20 +27,35 @@ namespace tally::worker {
 class Outbox {
  public:
   void Push(tally::v1::WorkerMessage m);
-  // Second in line (first when empty): ahead of every queued report but the
-  // front one, which may be on the wire.
+  // Ahead of every queued message not written yet.
   void PushUrgent(tally::v1::WorkerMessage m);
-  // Between connections only (nothing is on the wire): drops the queued
-  // notices and puts `notice` first.
+  // Between streams only (after Rewind: nothing is written): drops the
+  // queued notices and puts `notice` first.
   void ReplaceNotice(tally::v1::WorkerMessage notice);
+
   bool empty() const { return queue_.empty(); }
   size_t size() const { return queue_.size(); }
   const tally::v1::WorkerMessage& front() const { return queue_.front(); }
-  void PopFront() { queue_.pop_front(); }
   const std::deque<tally::v1::WorkerMessage>& messages() const { return queue_; }
+
+  // Writing. True while a message waits to be written on this stream.
+  bool HasUnwritten() const { return written_ < queue_.size(); }
+  // The next message to write, numbered `seq` (WorkerMessage.seq; 0 for a
+  // tallyd that does not acknowledge). It counts as written from now on.
+  tally::v1::WorkerMessage TakeNext(uint64_t seq);
+  // tallyd took every message numbered up to `seq` on this stream: they
+  // leave the queue.
+  void Ack(uint64_t seq);
+  // A tallyd that does not acknowledge: what was written leaves the queue.
+  void DropWritten();
+  // A new stream: nothing on it is written yet, so what the last one wrote
+  // and tallyd did not acknowledge is written again, first.
+  void Rewind() { written_ = 0; }
+  size_t written() const { return written_; }
 
  private:
   std::deque<tally::v1::WorkerMessage> queue_;
+  size_t written_ = 0;  // the front messages written on this stream
 };
 
 }  // namespace tally::worker

@@ -62,7 +62,8 @@ std::vector<std::string> Stream(const Outbox& o) {
 
 TEST(OutboxTest, NewerProgressReplacesTheQueuedOneWhenNothingFollowsIt) {
   Outbox o;
-  o.Push(Progress(1));  // the front: may be on the wire
+  o.Push(Progress(1));
+  o.TakeNext(1);  // written: never replaced
   o.Push(Progress(2));
   o.Push(Progress(3));
   o.Push(Progress(4));
@@ -74,6 +75,7 @@ TEST(OutboxTest, ProgressNeverOvertakesEvalsCheckpointsOrExits) {
   // then step 7 trains and the attempt stops keeping its state.
   Outbox o;
   o.Push(Progress(5));
+  o.TakeNext(1);  // written before the connection dropped, not acknowledged
   o.Push(Progress(6));
   o.Push(Eval(6));
   o.Push(Checkpoint(6));
@@ -136,16 +138,19 @@ TEST(OutboxTest, EvaluationsAndCheckpointsBetweenStepsKeepTheirPlaces) {
   o.Push(Progress(7));
   EXPECT_THAT(Stream(o), ElementsAre("progress jobs/1 5", "eval jobs/1 5", "progress jobs/1 6",
                                      "checkpoint 6", "progress jobs/1 7"));
-  // Delivered up to the checkpoint: step 8 still takes step 7's place only.
-  o.PopFront();
-  o.PopFront();
-  o.PopFront();
+  // Acknowledged up to the checkpoint: step 8 still takes step 7's place
+  // only.
+  for (uint64_t seq = 1; seq <= 3; ++seq) o.TakeNext(seq);
+  o.Ack(3);
   o.Push(Progress(8));
   EXPECT_THAT(Stream(o), ElementsAre("checkpoint 6", "progress jobs/1 8"));
-  // Once the checkpoint is sent, step 8 is the front (maybe on the wire):
-  // step 9 queues behind it.
-  o.PopFront();
+  // Once step 8 is written too, step 9 queues behind it; the checkpoint
+  // stays until tallyd acknowledges it.
+  o.TakeNext(4);
+  o.TakeNext(5);
   o.Push(Progress(9));
+  EXPECT_THAT(Stream(o), ElementsAre("checkpoint 6", "progress jobs/1 8", "progress jobs/1 9"));
+  o.Ack(4);
   EXPECT_THAT(Stream(o), ElementsAre("progress jobs/1 8", "progress jobs/1 9"));
 }
 
@@ -172,7 +177,7 @@ TEST(OutboxTest, AnOlderProgressIsDroppedAndAnotherAttemptIsNotMerged) {
   EXPECT_EQ(o.messages().back().progress().attempt(), 2);
 }
 
-TEST(OutboxTest, ANoticeGoesAheadOfEverythingButTheFrontMessage) {
+TEST(OutboxTest, ANoticeGoesAheadOfEverythingNotWritten) {
   WorkerMessage notice;
   notice.mutable_notice()->set_cause("sigterm");
   Outbox empty;
@@ -180,7 +185,8 @@ TEST(OutboxTest, ANoticeGoesAheadOfEverythingButTheFrontMessage) {
   EXPECT_THAT(Stream(empty), ElementsAre("notice sigterm"));
 
   Outbox o;
-  o.Push(Progress(5));  // the front: may be on the wire
+  o.Push(Progress(5));
+  o.TakeNext(1);  // written
   o.Push(Eval(5));
   o.Push(Progress(6));
   o.PushUrgent(notice);
@@ -192,10 +198,60 @@ TEST(OutboxTest, ANoticeGoesAheadOfEverythingButTheFrontMessage) {
   WorkerMessage later;
   later.mutable_notice()->set_cause("sigterm");
   later.mutable_notice()->set_deadline_seconds(3);
+  o.Rewind();
   o.ReplaceNotice(later);
   EXPECT_THAT(Stream(o), ElementsAre("notice sigterm", "progress jobs/1 5", "eval jobs/1 5",
                                      "progress jobs/1 7"));
   EXPECT_EQ(o.front().notice().deadline_seconds(), 3);
+}
+
+TEST(OutboxTest, WhatTallydDidNotAcknowledgeIsWrittenAgainFirstOnTheNextStream) {
+  Outbox o;
+  o.Push(Eval(5));
+  o.Push(Progress(6));
+  o.Push(Checkpoint(6));
+  EXPECT_EQ(o.TakeNext(1).seq(), 1u);
+  EXPECT_EQ(o.TakeNext(2).seq(), 2u);
+  o.Ack(1);  // the evaluation was taken; the stream broke after that
+  EXPECT_THAT(Stream(o), ElementsAre("progress jobs/1 6", "checkpoint 6"));
+  EXPECT_EQ(o.written(), 1u);
+
+  o.Rewind();
+  o.Push(Progress(7));  // the checkpoint of its job follows step 6: appended
+  ASSERT_TRUE(o.HasUnwritten());
+  // Renumbered on the new stream, in the old order.
+  const WorkerMessage first = o.TakeNext(1);
+  EXPECT_TRUE(first.has_progress());
+  EXPECT_EQ(first.progress().step(), 6);
+  EXPECT_EQ(first.seq(), 1u);
+  EXPECT_TRUE(o.TakeNext(2).has_checkpoint());
+  EXPECT_EQ(o.TakeNext(3).progress().step(), 7);
+  EXPECT_FALSE(o.HasUnwritten());
+  o.Ack(3);
+  EXPECT_TRUE(o.empty());
+}
+
+TEST(OutboxTest, AnAcknowledgementNeverDropsWhatWasNotWritten) {
+  Outbox o;
+  o.Push(Eval(1));
+  o.Push(Eval(2));
+  o.TakeNext(1);
+  o.Ack(9);  // a number past what was written (a confused or hostile peer)
+  EXPECT_THAT(Stream(o), ElementsAre("eval jobs/1 2"));
+  EXPECT_EQ(o.written(), 0u);
+  o.Ack(9);
+  EXPECT_THAT(Stream(o), ElementsAre("eval jobs/1 2"));
+}
+
+TEST(OutboxTest, WithATallydThatDoesNotAcknowledgeWrittenMessagesLeaveAtOnce) {
+  Outbox o;
+  o.Push(Eval(1));
+  o.Push(Eval(2));
+  EXPECT_EQ(o.TakeNext(0).seq(), 0u);
+  o.DropWritten();
+  EXPECT_THAT(Stream(o), ElementsAre("eval jobs/1 2"));
+  o.Ack(0);  // numbered 0: never acknowledged
+  EXPECT_EQ(o.size(), 1u);
 }
 
 }  // namespace
