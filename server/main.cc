@@ -466,7 +466,6 @@ void Reload(const Reloadable& r) {
                   std::string(reloaded.status().message()));
     return;
   }
-  spdlog::info("SIGHUP: reloaded {}", reloaded->prices.Describe());
   submit_limiter.SetLimits(reloaded->limits.submits_per_second, reloaded->limits.submit_burst);
   priority_caps.Set(reloaded->tenancy);
   if (reloaded->tenancy.cross_tenant_preemption != config->tenancy.cross_tenant_preemption) {
@@ -477,11 +476,17 @@ void Reload(const Reloadable& r) {
     spdlog::warn("SIGHUP: grpc_server in {} changed; it is read at start only, restart "
                  "tallyd to apply it", config_path);
   }
-  core.Run([&](sched::Scheduler& s) {
-    s.SetPrices(reloaded->prices);
+  const std::string prices = reloaded->prices.Describe();
+  const absl::Status priced = core.Run([&](sched::Scheduler& s) {
     s.SetQuotas(reloaded->quotas);
-    return 0;
+    return s.SetPrices(reloaded->prices);
   });
+  if (priced.ok()) {
+    spdlog::info("SIGHUP: reloaded {}", prices);
+  } else {
+    spdlog::error("SIGHUP: {}; keeping the previous prices (send SIGHUP again once the store "
+                  "takes writes)", std::string(priced.message()));
+  }
 }
 
 int Run() {

@@ -639,6 +639,55 @@ TEST_F(CommitFailureTest, TenantMaxGpusWaitingEvent) {
       << "said once, not every tick";
 }
 
+// A worker's going-away notice records one "notice" event per job it runs.
+// A failed commit records nothing (and is not acknowledged, so the notice
+// comes again); a notice sent again after its commit records nothing more.
+TEST_F(CommitFailureTest, NoticeEventsAreRecordedOnceACommitTakesThem) {
+  const int64_t id = Running();
+  auto notice = [&] {
+    tally::v1::WorkerMessage m;
+    m.mutable_notice()->set_cause("sigterm");
+    m.mutable_notice()->set_deadline_seconds(30);
+    return sched_->OnMessage("w0", m);
+  };
+  auto notices = [&] {
+    const std::vector<std::string> types = EventTypes(id);
+    return std::count(types.begin(), types.end(), "notice");
+  };
+  ExpectAtomic(id, notice);
+  EXPECT_EQ(notices(), 1);
+  ASSERT_TRUE(notice().ok());
+  EXPECT_EQ(notices(), 1) << "a notice sent again is recorded once";
+  // Its word holds either way: nothing new is placed on it.
+  ASSERT_TRUE(sched_->Submit(Spec(), "").ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(sched_->QueueDepth(), 1);
+}
+
+// New prices (SIGHUP) apply from the moment the spend so far is committed at
+// the old ones. When that commit fails, the old prices stay: the time that
+// ran under them is never priced at the new ones.
+TEST_F(CommitFailureTest, NewPricesWaitUntilTheSpendAtTheOldOnesIsCommitted) {
+  const int64_t id = Running();
+  const double start = sched_->ActiveJobView(id)->cost().cost_usd();
+  auto doubled = options_.prices;
+  doubled.usd_per_gpu_hour["cpu"] = 7.2;  // $0.002 per GPU-second
+  clock_.Advance(absl::Seconds(10));
+  store_.FailWrites(true);
+  const absl::Status refused = sched_->SetPrices(doubled);
+  store_.FailWrites(false);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::HasSubstr("jobs/" + std::to_string(id) + ": its spend at the old prices"));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_NEAR(sched_->ActiveJobView(id)->cost().cost_usd() - start, 0.020, 1e-9)
+      << "20 s at the old $3.6/h";
+  ASSERT_TRUE(sched_->SetPrices(doubled).ok());
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_NEAR(sched_->ActiveJobView(id)->cost().cost_usd() - start, 0.040, 1e-9)
+      << "then 10 s at $7.2/h";
+}
+
 // A checkpoint outside the job's folder is never recorded: the attempt
 // fails (and the job is requeued). The refusal is counted in
 // tally_worker_reports_refused_total{kind="checkpoint_path"} only once that

@@ -1990,14 +1990,18 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       if (!s.ok()) wit->second.unconfirmed_exits.push_back(msg.exit());
       break;
     case tally::v1::WorkerMessage::kNotice: {
-      // The worker is going away: nothing new goes to it, and the jobs it
-      // runs say so (their attempts checkpoint and exit PREEMPTED).
-      const bool first = wit->second.draining.empty();
+      // The worker is going away: nothing new goes to it from now on (its
+      // own word, not a decision to commit), and each job it runs says so
+      // once (their attempts checkpoint and exit PREEMPTED). A failed
+      // commit is not acknowledged: the notice comes again and records the
+      // events still missing.
       wit->second.draining = msg.notice().cause();
-      if (!first) break;
+      auto recorded = [&](const ActiveJob& job) {
+        return absl::StrCat(worker_id, " attempt ", job.rec.job().attempt());
+      };
       std::vector<int64_t> ids;
       for (const auto& [id, job] : active_) {
-        if (Holds(job, worker_id)) ids.push_back(id);
+        if (Holds(job, worker_id) && job.notice_recorded != recorded(job)) ids.push_back(id);
       }
       for (int64_t id : ids) {
         Plan p = NewPlan(active_.at(id), clock_->Now());
@@ -2006,7 +2010,11 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
                                  "stops within %.0fs",
                                  worker_id, msg.notice().cause(), msg.notice().deadline_seconds()),
                  "");
-        if (absl::Status e = Execute(id, std::move(p)); !e.ok() && s.ok()) s = e;
+        absl::Status e = Execute(id, std::move(p));
+        if (auto it = active_.find(id); e.ok() && it != active_.end()) {
+          it->second.notice_recorded = recorded(it->second);
+        }
+        if (!e.ok() && s.ok()) s = e;
       }
       UpdateGauges();
       break;
@@ -2541,16 +2549,24 @@ std::optional<tally::v1::Job> Scheduler::ActiveJobView(int64_t job_id) const {
   return view;
 }
 
-void Scheduler::SetPrices(ledger::PriceTable prices) {
+absl::Status Scheduler::SetPrices(ledger::PriceTable prices) {
   const absl::Time now = clock_->Now();
   // What ran so far is committed at the old prices.
   std::vector<int64_t> ids;
   for (const auto& [id, job] : active_) ids.push_back(id);
+  absl::Status failed;
   for (int64_t id : ids) {
-    (void)Execute(id, NewPlan(active_.at(id), now));
+    auto it = active_.find(id);
+    if (it == active_.end()) continue;
+    if (absl::Status s = Execute(id, NewPlan(it->second, now)); !s.ok() && failed.ok()) {
+      failed = absl::Status(s.code(), absl::StrCat("jobs/", id, ": its spend at the old prices "
+                                                   "was not committed: ", s.message()));
+    }
   }
+  if (!failed.ok()) return failed;
   for (const auto& [gpu_type, price] : prices.usd_per_gpu_hour) AddGpuType(gpu_type);
   ledger_.SetPrices(std::move(prices));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<tally::v1::CostEstimate> Scheduler::EstimateCost(tally::v1::JobSpec spec) const {

@@ -260,9 +260,10 @@ class Scheduler {
   // written); nullopt for a job that has ended (read it from the store).
   std::optional<tally::v1::Job> ActiveJobView(int64_t job_id) const;
   // Replaces the price table (SIGHUP): what ran so far is committed at the
-  // old prices first; a job whose commit fails keeps accruing from its last
-  // committed point at the new prices.
-  void SetPrices(ledger::PriceTable prices);
+  // old prices first. When any of those commits fails the old prices stay
+  // (the error names the job): new prices never apply to time that ran
+  // under the old ones.
+  absl::Status SetPrices(ledger::PriceTable prices);
   // Replaces the tenants' quotas (SIGHUP); in force from the next decision.
   void SetQuotas(ledger::TenantQuotas quotas);
   // RESOURCE_EXHAUSTED, with the figures, when `tenant` has spent its
@@ -303,6 +304,9 @@ class Scheduler {
     int64_t progress_step = -1;
     int64_t progress_tokens = -1;
     int progress_reports = 0;  // of progress_attempt, taken
+    // "WORKER attempt N": the going-away notice this job's events recorded
+    // (once committed); a notice sent again records nothing more.
+    std::string notice_recorded;
   };
   struct WorkerState {
     store::WorkerRecord rec;
