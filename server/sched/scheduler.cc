@@ -188,12 +188,6 @@ struct Scheduler::Plan {
   std::optional<double> queue_wait_seconds;
 };
 
-int Scheduler::WorkerState::Used() const {
-  int n = 0;
-  for (const auto& [key, ranks] : held) n += ranks;
-  return n;
-}
-
 Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock* clock,
                      metrics::Registry* registry, SchedulerOptions options)
     : store_(store),
@@ -201,6 +195,7 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
       clock_(clock),
       options_(options),
       ledger_(options.prices),
+      workers_(options.heartbeat_timeout),
       job_metrics_(registry, options.job_metrics) {
   job_metrics_observer_ = std::make_unique<JobMetricsObserver>(&job_metrics_);
   observers_.push_back(job_metrics_observer_.get());
@@ -412,15 +407,15 @@ void Scheduler::StopOrders(Plan& p, const std::string& reason, bool checkpoint,
   std::set<std::string> workers(p.attempt->worker_ids().begin(), p.attempt->worker_ids().end());
   for (const auto& w : workers) {
     if (w == except_worker) continue;
-    auto it = workers_.find(w);
-    if (it == workers_.end()) continue;
-    if (it->second.connected) {
+    const WorkerState* ws = workers_.Find(w);
+    if (ws == nullptr) continue;
+    if (ws->connected) {
       // Its slots stay held until it reports the exit, so nothing new is
       // placed on a worker still busy ending this attempt (a gang rank
       // leaving a collective, a rendezvous port still bound).
       p.sends.emplace_back(
           w, StopMessage(p.rec.job().name(), p.attempt->attempt(), reason, checkpoint, preempt));
-    } else if (it->second.held.count(key)) {
+    } else if (ws->held.count(key)) {
       p.release.emplace_back(w, key);  // nobody to confirm: free it now
     }
   }
@@ -690,10 +685,8 @@ std::string Scheduler::PreemptionCause(const ActiveJob& job,
   if (KnownPreemptionCause(exit.preemption_cause())) return exit.preemption_cause();
   if (job.attempt) {
     for (const std::string& w : job.attempt->worker_ids()) {
-      auto it = workers_.find(w);
-      if (it != workers_.end() && KnownPreemptionCause(it->second.draining)) {
-        return it->second.draining;
-      }
+      const WorkerState* ws = workers_.Find(w);
+      if (ws != nullptr && KnownPreemptionCause(ws->draining)) return ws->draining;
     }
   }
   return "unknown";
@@ -702,9 +695,9 @@ std::string Scheduler::PreemptionCause(const ActiveJob& job,
 absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
                                                      std::vector<std::string> rank_workers) const {
   // Rank 0 hosts the rendezvous: a worker that advertises one leads.
-  if (rank_workers.size() > 1 && !CanLead(rank_workers[0])) {
+  if (rank_workers.size() > 1 && !workers_.CanLead(rank_workers[0])) {
     auto leader = std::find_if(rank_workers.begin(), rank_workers.end(),
-                               [&](const std::string& w) { return CanLead(w); });
+                               [&](const std::string& w) { return workers_.CanLead(w); });
     if (leader != rank_workers.end()) std::iter_swap(rank_workers.begin(), leader);
   }
   const int64_t id = job.rec.id();
@@ -731,8 +724,8 @@ absl::StatusOr<Scheduler::Plan> Scheduler::PlanStart(const ActiveJob& job,
 
   int32_t spot = 0;
   for (const auto& w : rank_workers) {
-    auto it = workers_.find(w);
-    spot += it != workers_.end() && it->second.rec.capacity() == "spot";
+    const WorkerState* ws = workers_.Find(w);
+    spot += ws != nullptr && ws->rec.capacity() == "spot";
   }
   attempt.set_spot_gpus(spot);
   j.mutable_cost()->set_spot_gpus(spot);
@@ -1075,20 +1068,11 @@ absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
   if (plan.requeued) job.queued_since = plan.now;
   if (plan.progress_event) job.last_progress_event = plan.now;
   if (plan.last_checkpoint) job.last_checkpoint = plan.last_checkpoint;
-  for (const auto& [w, key] : plan.release) {
-    auto wit = workers_.find(w);
-    if (wit != workers_.end()) wit->second.held.erase(key);
-  }
-  for (const auto& [w, key] : plan.release_one) {
-    auto wit = workers_.find(w);
-    if (wit == workers_.end()) continue;
-    auto h = wit->second.held.find(key);
-    if (h != wit->second.held.end() && --h->second <= 0) wit->second.held.erase(h);
-  }
-  for (const auto& [w, key, n] : plan.hold) workers_[w].held[key] = n;
+  for (const auto& [w, key] : plan.release) workers_.Release(w, key);
+  for (const auto& [w, key] : plan.release_one) workers_.ReleaseOne(w, key);
+  for (const auto& [w, key, n] : plan.hold) workers_.Hold(w, key, n);
   for (const auto& [w, msg] : plan.sends) {
-    auto wit = workers_.find(w);
-    if (wit != workers_.end() && wit->second.connected) channel_->Send(w, msg);
+    if (workers_.Connected(w)) channel_->Send(w, msg);
   }
   const std::string& gpu_type = job.rec.job().spec().resources().gpu_type();
   for (JobState s : plan.transitions) transitions_->Add({{"state", StateLabel(s)}}).Increment();
@@ -1146,10 +1130,8 @@ absl::Status Scheduler::Recover() {
       if (!attempts.empty() && attempts.back().state() == store::ATTEMPT_STATE_RUNNING) {
         job.attempt = attempts.back();
         for (const std::string& w : job.attempt->worker_ids()) {
-          WorkerState& ws = workers_[w];
-          ws.rec.set_worker_id(w);
-          ws.last_seen = now;  // it has heartbeat_timeout to come back
-          ++ws.held[{rec.id(), job.attempt->attempt()}];
+          workers_.Add(w).last_seen = now;  // it has heartbeat_timeout to come back
+          workers_.AddRank(w, {rec.id(), job.attempt->attempt()});
         }
       }
     }
@@ -1198,8 +1180,7 @@ absl::Status Scheduler::Recover() {
   // Known workers keep their records (GPU type, slots) for the dashboards.
   ASSIGN_OR_RETURN(std::vector<store::WorkerRecord> stored, store_->ListWorkers());
   for (const auto& w : stored) {
-    auto it = workers_.find(w.worker_id());
-    if (it != workers_.end()) it->second.rec = w;
+    if (WorkerState* ws = workers_.Find(w.worker_id())) ws->rec = w;
   }
   UpdateGauges();
   return absl::OkStatus();
@@ -1390,20 +1371,13 @@ absl::StatusOr<tally::v1::Job> Scheduler::ReleaseJob(int64_t job_id, const std::
 
 void Scheduler::SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
                          const std::string& reason) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || !it->second.connected) return;
+  if (!workers_.Connected(worker_id)) return;
   channel_->Send(worker_id, StopMessage(job, attempt, reason));
 }
 
-bool Scheduler::CanLead(const std::string& worker_id) const {
-  auto it = workers_.find(worker_id);
-  return it != workers_.end() && it->second.rec.rendezvous_port() > 0 &&
-         !it->second.rec.rendezvous_host().empty();
-}
-
 std::string Scheduler::PickRendezvous(const std::string& leader) const {
-  if (!CanLead(leader)) return "";  // the ranks fail with "rendezvous: is required"
-  const auto& rec = workers_.at(leader).rec;
+  if (!workers_.CanLead(leader)) return "";  // the ranks fail with "rendezvous: is required"
+  const store::WorkerRecord& rec = workers_.Find(leader)->rec;
   std::set<std::string> taken;
   for (const auto& [id, job] : active_) {
     if (job.attempt && job.attempt->worker_ids_size() > 1 && job.attempt->worker_ids(0) == leader) {
@@ -1472,16 +1446,14 @@ absl::Status Scheduler::ValidateHello(const tally::v1::Hello& hello) {
 }
 
 bool Scheduler::WorkerLive(const std::string& worker_id) const {
-  auto it = workers_.find(worker_id);
-  return it != workers_.end() && it->second.connected &&
-         clock_->Now() - it->second.last_seen < options_.heartbeat_timeout;
+  return workers_.Live(worker_id, clock_->Now());
 }
 
 absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   RETURN_IF_ERROR(ValidateHello(hello));
   const absl::Time now = clock_->Now();
   store::WorkerRecord rec;
-  if (auto it = workers_.find(hello.worker_id()); it != workers_.end()) rec = it->second.rec;
+  if (const WorkerState* known = workers_.Find(hello.worker_id())) rec = known->rec;
   const auto first_seen = rec.has_first_seen() ? rec.first_seen() : ToProto(now);
   rec.set_worker_id(hello.worker_id());
   rec.set_device(hello.device());
@@ -1497,7 +1469,7 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   *rec.mutable_last_seen() = ToProto(now);
   RETURN_IF_ERROR(store_->PutWorker(rec));
 
-  WorkerState& ws = workers_[hello.worker_id()];
+  WorkerState& ws = workers_.Add(hello.worker_id());
   // A worker that went away after its notice (a spot VM reclaimed before its
   // exits were delivered) comes back as a new process under the same id.
   const std::string draining_before_hello = ws.draining;
@@ -1536,7 +1508,7 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   for (const auto& key : forgotten) {
     auto it = active_.find(key.first);
     if (it == active_.end() || !it->second.attempt || it->second.attempt->attempt() != key.second) {
-      workers_[hello.worker_id()].held.erase(key);
+      workers_.Release(hello.worker_id(), key);
       continue;
     }
     absl::StatusOr<Plan> p = LoseAttempt(
@@ -1589,11 +1561,11 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   // placed on those slots (e.g. attempts tallyd gave up on while the worker
   // could not reach it). Set, not added: a hold kept while it was silent
   // is the same ranks.
-  for (const auto& [key, ranks] : stale_ranks) workers_[hello.worker_id()].held[key] = ranks;
+  for (const auto& [key, ranks] : stale_ranks) workers_.Hold(hello.worker_id(), key, ranks);
   if (!first_error.ok()) {
     // Nothing is attached for a refused Hello: the worker must not look
     // connected (work would be placed on it); its next Hello reconciles again.
-    workers_[hello.worker_id()].connected = false;
+    workers_.Add(hello.worker_id()).connected = false;
     UpdateGauges();
     return first_error;
   }
@@ -1602,12 +1574,12 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
 }
 
 void Scheduler::OnDisconnect(const std::string& worker_id, int64_t generation) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.generation != generation) return;
-  it->second.connected = false;
+  WorkerState* found = workers_.Find(worker_id);
+  if (found == nullptr || found->generation != generation) return;
+  WorkerState& ws = *found;
+  ws.connected = false;
   // Announced (a notice) and nothing left to hand back: a clean exit, not
   // a loss. Anything else is found silent past the heartbeat timeout.
-  WorkerState& ws = it->second;
   if (!ws.draining.empty() && ws.held.empty() && ws.unconfirmed_exits.empty() &&
       !ws.counted_lost) {
     ws.counted_lost = true;
@@ -1876,12 +1848,13 @@ absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
 
 absl::Status Scheduler::OnMessage(const std::string& worker_id,
                                   const tally::v1::WorkerMessage& msg) {
-  auto wit = workers_.find(worker_id);
-  if (wit == workers_.end() || !wit->second.connected) {
+  // std::map nodes: the pointer stays valid while workers are added.
+  WorkerState* const sender = workers_.Find(worker_id);
+  if (sender == nullptr || !sender->connected) {
     return absl::FailedPreconditionError("send a Hello before other messages");
   }
-  wit->second.last_seen = clock_->Now();
-  wit->second.counted_lost = false;
+  sender->last_seen = clock_->Now();
+  sender->counted_lost = false;
 
   // A report about an attempt tallyd no longer runs gets a stop order. Its
   // slots stay held until the worker reports the exit: the worker is still
@@ -1987,7 +1960,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       s = HandleExit(worker_id, msg.exit());
       // The worker will not send it again: keep it and retry (each tick, and
       // before its next Hello is reconciled) until it commits.
-      if (!s.ok()) wit->second.unconfirmed_exits.push_back(msg.exit());
+      if (!s.ok()) sender->unconfirmed_exits.push_back(msg.exit());
       break;
     case tally::v1::WorkerMessage::kNotice: {
       // The worker is going away: nothing new goes to it from now on (its
@@ -1995,7 +1968,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       // once (their attempts checkpoint and exit PREEMPTED). A failed
       // commit is not acknowledged: the notice comes again and records the
       // events still missing.
-      wit->second.draining = msg.notice().cause();
+      sender->draining = msg.notice().cause();
       auto recorded = [&](const ActiveJob& job) {
         return absl::StrCat(worker_id, " attempt ", job.rec.job().attempt());
       };
@@ -2035,10 +2008,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   ActiveJob* job = CurrentAttempt(exit.job(), exit.attempt());
   // An exit frees one rank's slot: a worker may run several ranks of a gang.
   auto release_now = [&] {
-    if (auto it = workers_.find(worker_id); it != workers_.end()) {
-      auto h = it->second.held.find(key);
-      if (h != it->second.held.end() && --h->second <= 0) it->second.held.erase(h);
-    }
+    workers_.ReleaseOne(worker_id, key);
     return absl::OkStatus();
   };
   if (job == nullptr) return release_now();  // e.g. the exit of a cancelled attempt
@@ -2139,9 +2109,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   plan->release_one.emplace_back(worker_id, key);
   // The exiting worker needs no stop order of its own, unless it runs other
   // ranks of the attempt too.
-  const auto w = workers_.find(worker_id);
-  const bool more_ranks_here = w != workers_.end() && w->second.held.count(key) &&
-                               w->second.held.at(key) > 1;
+  const bool more_ranks_here = workers_.Held(worker_id, key) > 1;
   if (!more_ranks_here) {
     plan->sends.erase(std::remove_if(plan->sends.begin(), plan->sends.end(),
                                      [&](const auto& s) { return s.first == worker_id; }),
@@ -2176,15 +2144,15 @@ absl::StatusOr<Scheduler::EndAttemptNotes> Scheduler::DamagedCheckpointNotes(
 }
 
 absl::Status Scheduler::RetryExits(const std::string& worker_id) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.unconfirmed_exits.empty()) return absl::OkStatus();
+  WorkerState* w = workers_.Find(worker_id);
+  if (w == nullptr || w->unconfirmed_exits.empty()) return absl::OkStatus();
   std::vector<tally::v1::AttemptExit> exits;
-  exits.swap(it->second.unconfirmed_exits);
+  exits.swap(w->unconfirmed_exits);
   absl::Status first_error;
   for (const auto& e : exits) {
     absl::Status s = HandleExit(worker_id, e);
     if (!s.ok()) {
-      workers_[worker_id].unconfirmed_exits.push_back(e);
+      workers_.Add(worker_id).unconfirmed_exits.push_back(e);
       if (first_error.ok()) first_error = s;
     }
   }
@@ -2199,36 +2167,33 @@ absl::Status Scheduler::Tick() {
   };
   // 0. Exits whose commit failed.
   std::vector<std::string> with_exits;
-  for (const auto& [id, ws] : workers_) {
+  for (const auto& [id, ws] : workers_.all()) {
     if (!ws.unconfirmed_exits.empty()) with_exits.push_back(id);
   }
   for (const auto& id : with_exits) note(RetryExits(id));
   // 1. Workers silent past the timeout lose what they hold. Each attempt's
   // loss commits on its own; one that fails stays held and is retried.
-  for (auto it = workers_.begin(); it != workers_.end();) {
-    const std::string worker_id = it->first;
-    const absl::Duration silent = now - it->second.last_seen;
-    if (silent <= options_.heartbeat_timeout) {
-      ++it;
-      continue;
-    }
+  for (const std::string& worker_id : workers_.Ids()) {
+    WorkerState& ws = *workers_.Find(worker_id);
+    const absl::Duration silent = now - ws.last_seen;
+    if (silent <= options_.heartbeat_timeout) continue;
     const std::string reason = absl::StrCat(
         "worker ", worker_id, " silent for ", ShortSeconds(silent), " (heartbeat timeout ",
         ShortSeconds(options_.heartbeat_timeout), ")");
-    const auto held = it->second.held;
-    const std::string draining = it->second.draining;
+    const auto held = ws.held;
+    const std::string draining = ws.draining;
     bool all_released = true;
     // A worker still connected may only be paused (SIGSTOP, a stalled VM):
     // what it ran may still be running there. Its slots stay held until it
     // reports those attempts' exits (they get stop orders), reconnects
     // without them, or its stream ends, so nothing new is placed on a slot
     // it would have to refuse.
-    const bool connected = it->second.connected;
+    const bool connected = ws.connected;
     for (const auto& [key, ranks] : held) {
       auto jit = active_.find(key.first);
       if (jit == active_.end() || !jit->second.attempt ||
           jit->second.attempt->attempt() != key.second) {
-        if (!connected) it->second.held.erase(key);
+        if (!connected) ws.held.erase(key);
         continue;
       }
       absl::StatusOr<Plan> p = LoseAttempt(jit->second, draining, reason);
@@ -2242,14 +2207,12 @@ absl::Status Scheduler::Tick() {
     }
     // Counted once its attempts' losses have committed (a failed commit is
     // retried on the next pass, and counted then).
-    if (all_released && !it->second.counted_lost) {
-      it->second.counted_lost = true;
-      const std::string& type = it->second.rec.gpu_type();
+    if (all_released && !ws.counted_lost) {
+      ws.counted_lost = true;
+      const std::string& type = ws.rec.gpu_type();
       workers_lost_->Add({{"gpu_type", type.empty() ? "unknown" : type}}).Increment();
     }
-    it = (it->second.connected || !all_released || !it->second.unconfirmed_exits.empty())
-             ? std::next(it)
-             : workers_.erase(it);
+    if (!ws.connected && all_released && ws.unconfirmed_exits.empty()) workers_.Forget(worker_id);
   }
 
   // Series retention and quota windows move by seconds and hours: once a
@@ -2349,9 +2312,8 @@ absl::Status Scheduler::Tick() {
       continue;
     }
     for (auto slot = r->second.begin(); slot != r->second.end();) {
-      auto w = workers_.find(slot->first);
-      slot = w == workers_.end() || !w->second.held.count(slot->second) ? r->second.erase(slot)
-                                                                        : std::next(slot);
+      slot = workers_.Held(slot->first, slot->second) == 0 ? r->second.erase(slot)
+                                                           : std::next(slot);
     }
     if (r->second.empty()) {
       r = reserved_.erase(r);
@@ -2399,7 +2361,7 @@ absl::Status Scheduler::Tick() {
   }
   if (!queued.empty()) {
     std::set<int64_t> started;
-    for (const auto& placed : policy::PlaceJobs(queued, FreeSlots(now))) {
+    for (const auto& placed : policy::PlaceJobs(queued, workers_.FreeSlots(now))) {
       absl::StatusOr<Plan> p = PlanStart(active_.at(placed.job_id), placed.rank_workers);
       absl::Status s = p.ok() ? Execute(placed.job_id, *std::move(p)) : p.status();
       if (s.ok()) started.insert(placed.job_id);
@@ -2458,12 +2420,12 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
     if (job.last_checkpoint) r.last_checkpoint = FromProto(job.last_checkpoint->time());
     r.stopping = stopping(j);
   }
-  std::vector<policy::WorkerSlots> free = FreeSlots(now);
+  std::vector<policy::WorkerSlots> free = workers_.FreeSlots(now);
   std::vector<std::pair<std::string, std::string>> capacity;
-  for (const auto& [id, ws] : workers_) {
+  for (const auto& [id, ws] : workers_.all()) {
     // Slots freed on a worker nothing can be placed on serve no one: a
     // capacity no job accepts.
-    capacity.emplace_back(id, Placeable(ws, now) ? ws.rec.capacity() : "unavailable");
+    capacity.emplace_back(id, workers_.Placeable(ws, now) ? ws.rec.capacity() : "unavailable");
   }
   std::vector<policy::QueuedJob> order = waiting;
   std::stable_sort(order.begin(), order.end(), policy::OfferedBefore);
@@ -2521,21 +2483,6 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
       }
     }
   }
-}
-
-bool Scheduler::Placeable(const WorkerState& ws, absl::Time now) const {
-  // Connected, heard from within the timeout, and not going away.
-  return ws.connected && now - ws.last_seen <= options_.heartbeat_timeout && ws.draining.empty();
-}
-
-std::vector<policy::WorkerSlots> Scheduler::FreeSlots(absl::Time now) const {
-  std::vector<policy::WorkerSlots> free;
-  for (const auto& [id, ws] : workers_) {
-    if (!Placeable(ws, now)) continue;
-    free.push_back(
-        {id, ws.rec.gpu_type(), ws.rec.slots() - ws.Used(), ws.rec.capacity(), ws.rec.slots()});
-  }
-  return free;
 }
 
 std::optional<tally::v1::Job> Scheduler::ActiveJobView(int64_t job_id) const {
@@ -2629,7 +2576,7 @@ void Scheduler::UpdateGauges() {
     }
   }
   std::map<metrics::Labels, double> workers, slots;
-  for (const auto& [id, ws] : workers_) {
+  for (const auto& [id, ws] : workers_.all()) {
     const std::string& type = ws.rec.gpu_type().empty() ? "unknown" : ws.rec.gpu_type();
     ++workers[{{"gpu_type", type}, {"state", ws.connected ? "connected" : "disconnected"}}];
     if (!ws.connected) continue;
@@ -2742,7 +2689,7 @@ std::vector<policy::QueuedJob> Scheduler::OfferUnderQuotas(
 std::map<std::string, int64_t> Scheduler::GpusWanted() const {
   std::map<std::string, int64_t> wanted;
   for (const auto& [type, price] : ledger_.prices().usd_per_gpu_hour) wanted[type];
-  for (const auto& [id, ws] : workers_) {
+  for (const auto& [id, ws] : workers_.all()) {
     if (!ws.rec.gpu_type().empty()) wanted[ws.rec.gpu_type()];
   }
   for (const auto& [id, job] : active_) {
@@ -2759,14 +2706,7 @@ std::map<std::string, int64_t> Scheduler::GpusWanted() const {
 }
 
 std::map<std::string, int64_t> Scheduler::IdleWorkers() const {
-  const absl::Time now = clock_->Now();
-  std::map<std::string, int64_t> idle;
-  for (const auto& [id, ws] : workers_) {
-    if (ws.rec.gpu_type().empty()) continue;
-    int64_t& n = idle[ws.rec.gpu_type()];
-    if (Placeable(ws, now) && ws.Used() == 0) ++n;
-  }
-  return idle;
+  return workers_.Idle(clock_->Now());
 }
 
 void Scheduler::UpdateScaleGauges() {
@@ -2791,12 +2731,6 @@ void Scheduler::UpdateScaleGauges() {
   scale_gauge_types_ = std::move(types);
 }
 
-std::vector<WorkerView> Scheduler::Workers() const {
-  std::vector<WorkerView> out;
-  for (const auto& [id, ws] : workers_) {
-    out.push_back({ws.rec, ws.connected, ws.last_seen, ws.Used(), ws.draining});
-  }
-  return out;
-}
+std::vector<WorkerView> Scheduler::Workers() const { return workers_.Views(); }
 
 }  // namespace tally::sched

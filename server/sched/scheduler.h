@@ -74,6 +74,7 @@
 #include "server/policy/target.h"
 #include "server/sched/observer.h"
 #include "server/sched/worker_channel.h"
+#include "server/sched/worker_registry.h"
 #include "server/store/job_store.h"
 #include "tally/v1/workers.pb.h"
 
@@ -130,14 +131,6 @@ bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
 struct Actor {
   std::string name;
   std::string tenant;
-};
-
-struct WorkerView {
-  store::WorkerRecord record;
-  bool connected = false;
-  absl::Time last_seen;
-  int used_slots = 0;
-  std::string draining;  // the cause of its preemption notice, if it sent one
 };
 
 class Scheduler {
@@ -284,7 +277,7 @@ class Scheduler {
   std::vector<policy::QueuedJob> OfferUnderQuotas(
       std::vector<policy::QueuedJob> queued, absl::Time now,
       std::vector<std::pair<int64_t, std::string>>* held) const;
-  using AttemptKey = std::pair<int64_t, int32_t>;  // (job id, attempt)
+  using AttemptKey = sched::AttemptKey;  // (job id, attempt)
 
   struct ActiveJob {
     store::JobRecord rec;  // as committed, plus the latest progress fields
@@ -307,25 +300,6 @@ class Scheduler {
     // "WORKER attempt N": the going-away notice this job's events recorded
     // (once committed); a notice sent again records nothing more.
     std::string notice_recorded;
-  };
-  struct WorkerState {
-    store::WorkerRecord rec;
-    bool connected = false;
-    int64_t generation = 0;
-    absl::Time last_seen;
-    // Ranks held per attempt. A stopped attempt holds its slots until the
-    // worker reports its exit or goes silent.
-    std::map<AttemptKey, int> held;
-    // Exits it reported whose commit failed, retried until they commit.
-    std::vector<tally::v1::AttemptExit> unconfirmed_exits;
-    // Its departure is counted for its current session: in
-    // tally_workers_lost_total (silent) or tally_worker_exits_total (left
-    // cleanly after a notice).
-    bool counted_lost = false;
-    // The cause of the preemption notice it sent (it is going away): nothing
-    // new is placed on it. Cleared by its next Hello.
-    std::string draining;
-    int Used() const;
   };
   struct Plan;
 
@@ -439,14 +413,8 @@ class Scheduler {
   static bool Holds(const ActiveJob& job, const std::string& worker_id);
   // host:port for a new multi-rank attempt led by `leader`.
   std::string PickRendezvous(const std::string& leader) const;
-  bool CanLead(const std::string& worker_id) const;
   void SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
                 const std::string& reason);
-  // Whether new work may go to the worker: connected, heard from within
-  // heartbeat_timeout, not going away.
-  bool Placeable(const WorkerState& ws, absl::Time now) const;
-  // The free slots of every placeable worker.
-  std::vector<policy::WorkerSlots> FreeSlots(absl::Time now) const;
   // GPUs held by each tenant's running jobs.
   std::map<std::string, int64_t> TenantGpusInUse() const;
   void UpdateGauges();
@@ -465,7 +433,7 @@ class Scheduler {
   ledger::TenantSpend spend_;  // committed dollars per tenant and hour
   absl::Time last_housekeeping_ = absl::InfinitePast();
   std::map<int64_t, ActiveJob> active_;
-  std::map<std::string, WorkerState> workers_;
+  WorkerRegistry workers_;
   int64_t next_generation_ = 1;
 
   metrics::JobMetrics job_metrics_;
