@@ -16,16 +16,6 @@ namespace {
 using ::testing::HasSubstr;
 using tally::v1::ControllerMessage;
 
-class Channel : public WorkerChannel {
- public:
-  void Send(const std::string& w, const ControllerMessage& m) override {
-    if (m.has_stop()) stops.push_back(w + ":" + m.stop().reason());
-    if (m.has_stop() && m.stop().checkpoint()) ++checkpoint_stops;
-  }
-  std::vector<std::string> stops;
-  int checkpoint_stops = 0;
-};
-
 class JobPoliciesTest : public ::testing::Test {
  protected:
   JobPoliciesTest() {
@@ -115,7 +105,7 @@ class JobPoliciesTest : public ::testing::Test {
 
   FakeClock clock_;
   store::InMemoryJobStore store_;
-  Channel channel_;
+  RecordingChannel channel_;
   SchedulerOptions options_;
   std::vector<std::unique_ptr<metrics::Registry>> registries_;
   std::unique_ptr<Scheduler> sched_;
@@ -160,7 +150,8 @@ TEST_F(JobPoliciesTest, BudgetStopsTheJobAtTheNextProgress) {
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_BUDGET_EXHAUSTED);
   EXPECT_THAT(j.state_reason(), HasSubstr("spent $0.0500 of max_dollars $0.0500"));
   ASSERT_EQ(channel_.stops.size(), 1u);
-  EXPECT_THAT(channel_.stops[0], HasSubstr("w0:budget"));
+  EXPECT_EQ(channel_.stop_workers[0], "w0");
+  EXPECT_THAT(channel_.stops[0].reason(), ::testing::StartsWith("budget"));
   // The worker's exit afterwards changes nothing.
   tally::v1::WorkerMessage m;
   m.mutable_exit()->set_job(j.name());
@@ -197,7 +188,7 @@ TEST_F(JobPoliciesTest, PatienceStopsWithTheRuleTheNumbersAndTheBestCheckpoint) 
   EXPECT_EQ(Job(id).pending_stop().rule(), "patience");
   EXPECT_EQ(Job(id).pending_stop().step(), 300);
   ASSERT_EQ(channel_.stops.size(), 1u);
-  EXPECT_EQ(channel_.checkpoint_stops, 1);
+  EXPECT_EQ(channel_.checkpoint_stops(), 1);
   ExitStopped(id);  // a worker that wrote no final checkpoint
   const auto j = Job(id);
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
@@ -259,7 +250,7 @@ TEST_F(JobPoliciesTest, ATargetStopSucceedsWithTheCostToTheTarget) {
   auto j = Job(id);
   EXPECT_EQ(j.state(), tally::v1::JOB_STATE_RUNNING);
   EXPECT_EQ(j.pending_stop().state(), tally::v1::JOB_STATE_SUCCEEDED);
-  EXPECT_EQ(channel_.checkpoint_stops, 1) << "the worker keeps the state that reached it";
+  EXPECT_EQ(channel_.checkpoint_stops(), 1) << "the worker keeps the state that reached it";
   const auto& t = j.target_reached();
   EXPECT_DOUBLE_EQ(t.target_val_loss(), 3.5);
   EXPECT_EQ(t.step(), 20);
@@ -292,7 +283,7 @@ TEST_F(JobPoliciesTest, ATargetRelativeToTheBaselineAndOneReachedAtTheLastStep) 
   Eval(id, 100, 3.9);  // the last step: recorded, nothing left to stop
   EXPECT_EQ(Job(id).target_reached().step(), 100);
   EXPECT_FALSE(Job(id).has_pending_stop());
-  EXPECT_EQ(channel_.checkpoint_stops, 0);
+  EXPECT_EQ(channel_.checkpoint_stops(), 0);
 }
 
 TEST_F(JobPoliciesTest, AForecastThatCannotReachTheTargetStopsTheJob) {
@@ -375,10 +366,10 @@ TEST_F(JobPoliciesTest, ADecidedStopSurvivesARestartAndIsAskedAgain) {
   Eval(id, 0, 5.0);
   Eval(id, 10, 5.0);
   ASSERT_TRUE(Job(id).has_pending_stop());
-  EXPECT_EQ(channel_.checkpoint_stops, 1);
+  EXPECT_EQ(channel_.checkpoint_stops(), 1);
   Restart();
   Readopt(id);
-  EXPECT_EQ(channel_.checkpoint_stops, 2) << "the adopted attempt is told to stop again";
+  EXPECT_EQ(channel_.checkpoint_stops(), 2) << "the adopted attempt is told to stop again";
   Checkpoint(id, 10, 100);
   ExitStopped(id);
   EXPECT_EQ(Job(id).state(), tally::v1::JOB_STATE_EARLY_STOPPED);

@@ -16,11 +16,6 @@
 namespace tally::sched {
 namespace {
 
-class NullChannel : public WorkerChannel {
- public:
-  void Send(const std::string&, const tally::v1::ControllerMessage&) override {}
-};
-
 tally::v1::Hello CpuHello(const std::string& id, int slots = 1) {
   tally::v1::Hello h;
   h.set_worker_id(id);
@@ -79,7 +74,7 @@ class MetricsSchedTest : public ::testing::Test {
 
   FakeClock clock_;
   store::InMemoryJobStore store_;
-  NullChannel channel_;
+  RecordingChannel channel_;
   SchedulerOptions options_;
   std::vector<std::unique_ptr<metrics::Registry>> registries_;
   std::unique_ptr<Scheduler> sched_;

@@ -21,18 +21,6 @@ using ::testing::HasSubstr;
 using tally::v1::ControllerMessage;
 using tally::v1::JobState;
 
-class Channel : public WorkerChannel {
- public:
-  void Send(const std::string& w, const ControllerMessage& m) override {
-    if (m.has_stop()) stops.push_back(m.stop());
-    if (m.has_stop()) stop_workers.push_back(w);
-    if (m.has_assignment()) assignments.push_back({w, m.assignment()});
-  }
-  std::vector<tally::v1::StopOrder> stops;
-  std::vector<std::string> stop_workers;
-  std::vector<std::pair<std::string, tally::v1::Assignment>> assignments;
-};
-
 class PreemptionTest : public ::testing::Test {
  protected:
   PreemptionTest() {
@@ -119,7 +107,7 @@ class PreemptionTest : public ::testing::Test {
 
   FakeClock clock_;
   store::InMemoryJobStore store_;
-  Channel channel_;
+  RecordingChannel channel_;
   SchedulerOptions options_;
   std::unique_ptr<metrics::Registry> registry_;
   std::unique_ptr<Scheduler> sched_;

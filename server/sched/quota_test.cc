@@ -11,17 +11,13 @@
 #include "gtest/gtest.h"
 #include "server/metrics/registry.h"
 #include "server/sched/scheduler.h"
+#include "server/sched/scheduler_test_util.h"
 #include "server/store/memory_job_store.h"
 
 namespace tally::sched {
 namespace {
 
 using ::testing::HasSubstr;
-
-class NullChannel : public WorkerChannel {
- public:
-  void Send(const std::string&, const tally::v1::ControllerMessage&) override {}
-};
 
 tally::v1::JobSpec Spec() {
   tally::v1::JobSpec spec;
@@ -77,7 +73,7 @@ class QuotaTest : public ::testing::Test {
 
   FakeClock clock_;
   store::InMemoryJobStore store_;
-  NullChannel channel_;
+  RecordingChannel channel_;
   SchedulerOptions options_;
   std::vector<std::unique_ptr<metrics::Registry>> registries_;
   std::unique_ptr<Scheduler> sched_;

@@ -22,21 +22,6 @@ using ::testing::HasSubstr;
 using tally::v1::ControllerMessage;
 using tally::v1::JobState;
 
-class FakeWorkerChannel : public WorkerChannel {
- public:
-  void Send(const std::string& worker_id, const ControllerMessage& m) override {
-    sent[worker_id].push_back(m);
-  }
-  std::vector<ControllerMessage> Take(const std::string& worker_id,
-                                      ControllerMessage::MsgCase kind) {
-    std::vector<ControllerMessage> out, rest;
-    for (auto& m : sent[worker_id]) (m.msg_case() == kind ? out : rest).push_back(m);
-    sent[worker_id] = rest;
-    return out;
-  }
-  std::map<std::string, std::vector<ControllerMessage>> sent;
-};
-
 tally::v1::JobSpec Spec(int priority = 0, const std::string& gpu = "cpu",
                         int count = 1, int max_attempts = 3) {
   tally::v1::JobSpec spec;
@@ -112,7 +97,7 @@ class SchedulerTest : public ::testing::Test {
 
   FakeClock clock_;
   store::InMemoryJobStore store_;
-  FakeWorkerChannel channel_;
+  RecordingChannel channel_;
   SchedulerOptions options_;
   std::vector<std::unique_ptr<metrics::Registry>> registries_;
   std::unique_ptr<Scheduler> sched_;

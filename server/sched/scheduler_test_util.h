@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -49,13 +50,42 @@ inline std::map<std::string, double> MetricValues(const metrics::Registry& regis
   return values;
 }
 
-// Every message sent, as "worker message-in-text-format", in order.
+// The one WorkerChannel of the scheduler's tests: records every message
+// sent, as "worker message-in-text-format" in order (sent), by worker (Take),
+// and the stop orders and assignments as messages.
 class RecordingChannel : public WorkerChannel {
  public:
   void Send(const std::string& worker_id, const tally::v1::ControllerMessage& m) override {
     sent.push_back(worker_id + " " + m.ShortDebugString());
+    by_worker_[worker_id].push_back(m);
+    if (m.has_stop()) {
+      stops.push_back(m.stop());
+      stop_workers.push_back(worker_id);
+    }
+    if (m.has_assignment()) assignments.emplace_back(worker_id, m.assignment());
   }
+  // Removes and returns the messages of `kind` sent to `worker_id`, in order.
+  std::vector<tally::v1::ControllerMessage> Take(const std::string& worker_id,
+                                                 tally::v1::ControllerMessage::MsgCase kind) {
+    std::vector<tally::v1::ControllerMessage> out, rest;
+    for (auto& m : by_worker_[worker_id]) (m.msg_case() == kind ? out : rest).push_back(m);
+    by_worker_[worker_id] = rest;
+    return out;
+  }
+  // Stop orders that asked for a final checkpoint.
+  int checkpoint_stops() const {
+    int n = 0;
+    for (const auto& s : stops) n += s.checkpoint();
+    return n;
+  }
+
   std::vector<std::string> sent;
+  std::vector<tally::v1::StopOrder> stops;
+  std::vector<std::string> stop_workers;  // stops[i] went to stop_workers[i]
+  std::vector<std::pair<std::string, tally::v1::Assignment>> assignments;
+
+ private:
+  std::map<std::string, std::vector<tally::v1::ControllerMessage>> by_worker_;
 };
 
 }  // namespace tally::sched
