@@ -1,14 +1,17 @@
 // What one evaluation decides for a job (pure): the job's early-stopping and
-// routing-watch status after it, and whether it stops the job. The scheduler
-// puts the result in the evaluation's plan, so the eval event, a routing
-// warning and a decided stop commit in one transaction.
+// routing-watch status after it, its curve, target and forecast, the events
+// to record and whether it stops the job. The scheduler puts the result in
+// the evaluation's plan, so the eval event, a routing warning, a target
+// reached and a decided stop commit in one transaction.
 #ifndef TALLY_SERVER_SCHED_EVAL_DECISION_H_
 #define TALLY_SERVER_SCHED_EVAL_DECISION_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "server/policy/early_stopping.h"
+#include "server/policy/forecast.h"
 #include "server/policy/target.h"
 #include "tally/v1/jobs.pb.h"
 #include "tally/v1/workers.pb.h"
@@ -39,6 +42,56 @@ EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& 
 // The job's evaluation curve with its spend at each point, as the target
 // policy (policy/target.h) reads it.
 std::vector<policy::CurvePoint> CurveOf(const tally::v1::Job& job);
+
+// Adds the evaluation to the job's curve with the job's spend now; a step
+// already on it (a resumed attempt evaluating again) adds nothing. The curve
+// stays at most 512 points: every other point is thinned out, the first (the
+// baseline) and the latest kept.
+void AddCurvePoint(tally::v1::Job& job, const tally::v1::EvalResult& eval);
+
+// The final-loss forecast from the job's curve (policy/forecast.h), fitted on
+// at most 129 evenly spread points, its latest included.
+policy::LossForecast ForecastOf(const tally::v1::Job& job);
+
+// An event one evaluation records, in the order recorded.
+struct EvalEvent {
+  std::string type;  // "eval", "warning", "target_reached"
+  std::string reason;
+  std::string detail;
+  std::optional<double> val_loss;  // the eval event's
+};
+
+// A stop an evaluation decides: the job keeps running until its workers
+// checkpoint the evaluated state and exit, then ends in `state`.
+struct EvalStop {
+  tally::v1::JobState state;
+  std::string type;    // "succeeded", "early_stopped"
+  std::string reason;  // the rule and the numbers behind it
+  std::string rule;    // policy::rules
+};
+
+// Marks the job's target as reached when its curve has crossed it (and it
+// was not marked yet): sets target_reached and returns its event.
+std::optional<EvalEvent> RecordTargetReached(tally::v1::Job& job);
+
+struct EvalOutcome {
+  // The job after the evaluation: early stopping, routing, curve, the target
+  // in force and where it was reached, the forecast.
+  tally::v1::Job job;
+  std::vector<EvalEvent> events;
+  std::optional<EvalStop> stop;
+};
+
+// Everything one evaluation decides for a job (pure: the job as committed,
+// the evaluation, and the routing watch's latest reading). A job already
+// stopping records the evaluation and keeps its best; nothing else is
+// decided for it. Otherwise, in order: the rules (DecideEval), the target
+// (the spec's, or its fraction of the step-0 loss) and its crossing, then
+// the forecast (shown for every job; a stop only with
+// early_stopping.forecast). No stop is decided at or after max_steps.
+// `collapse_where` names the collapsed layer for the routing warning.
+EvalOutcome ApplyEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
+                      bool routing_collapsed, const std::string& collapse_where);
 
 }  // namespace tally::sched
 

@@ -1,5 +1,6 @@
 #include "server/sched/eval_decision.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,136 @@ TEST(EvalDecisionTest, CurveOfCarriesEveryPoint) {
   ASSERT_EQ(c.size(), 1u);
   EXPECT_EQ(c[0].step, 10);
   EXPECT_EQ(c[0].val_loss, 2.5);
+}
+
+// Feeds `losses` through ApplyEval as the scheduler does (one evaluation
+// every 10 steps from step 0, spending $0.01 a step); returns the outcome
+// of the last, or of the first that decided a stop.
+EvalOutcome FeedOutcome(tally::v1::Job job, const std::vector<double>& losses) {
+  EvalOutcome o;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    const int64_t step = static_cast<int64_t>(10 * i);
+    job.mutable_cost()->set_cost_usd(0.01 * static_cast<double>(step));
+    tally::v1::EvalResult ev = Eval(step, losses[i]);
+    ev.set_attempt(1);
+    ev.set_tokens(step * 100);
+    o = ApplyEval(job, ev, false, "");
+    if (o.stop) return o;
+    job = o.job;
+  }
+  return o;
+}
+
+std::vector<std::string> Types(const EvalOutcome& o) {
+  std::vector<std::string> out;
+  for (const auto& e : o.events) out.push_back(e.type);
+  return out;
+}
+
+TEST(ApplyEvalTest, TheTargetRulesAndForecastInTheirOrder) {
+  struct Case {
+    const char* name;
+    tally::v1::Job job;
+    std::vector<double> losses;
+    std::optional<tally::v1::JobState> stop;  // nullopt: goes on
+    std::string rule;
+    std::vector<std::string> events;  // of the last evaluation
+  };
+  tally::v1::Job target = JobWith(0, 0);
+  target.mutable_spec()->mutable_early_stopping()->set_target_val_loss(3.5);
+  tally::v1::Job relative = JobWith(0, 0);
+  relative.mutable_spec()->mutable_early_stopping()->set_target_rel_to_baseline(0.5);
+  // 3.59 is under the target and too small a gain for patience 1: the
+  // target decides.
+  tally::v1::Job target_and_patience = JobWith(1, 0);
+  target_and_patience.mutable_spec()->mutable_early_stopping()->set_target_val_loss(3.595);
+  tally::v1::Job target_at_the_end = JobWith(0, 0, 20);
+  target_at_the_end.mutable_spec()->mutable_early_stopping()->set_target_val_loss(3.5);
+  tally::v1::Job forecast = JobWith(0, 0, 100000);
+  forecast.mutable_spec()->mutable_early_stopping()->set_target_val_loss(1.0);
+  forecast.mutable_spec()->mutable_early_stopping()->set_forecast(true);
+  forecast.mutable_spec()->mutable_training()->set_global_batch_tokens(100);
+  const std::vector<double> plateau = {5, 4.2, 4.0, 3.9, 3.85, 3.82, 3.81, 3.805, 3.802, 3.801};
+  const Case cases[] = {
+      {"improving", JobWith(0, 0), {5, 4, 3}, std::nullopt, "", {"eval"}},
+      {"target", target, {5, 4, 3}, tally::v1::JOB_STATE_SUCCEEDED, "target",
+       {"eval", "target_reached"}},
+      {"relative target", relative, {6, 4, 2.9}, tally::v1::JOB_STATE_SUCCEEDED, "target",
+       {"eval", "target_reached"}},
+      // Reached at the last step: recorded, no stop (nothing left to save).
+      {"target at max_steps", target_at_the_end, {5, 4, 3}, std::nullopt, "",
+       {"eval", "target_reached"}},
+      {"the target before patience", target_and_patience, {3.6, 3.59},
+       tally::v1::JOB_STATE_SUCCEEDED, "target", {"eval", "target_reached"}},
+      {"patience", JobWith(1, 0), {5, 5}, tally::v1::JOB_STATE_EARLY_STOPPED, "patience",
+       {"eval"}},
+      {"forecast", forecast, plateau, tally::v1::JOB_STATE_EARLY_STOPPED, "forecast", {"eval"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const EvalOutcome o = FeedOutcome(c.job, c.losses);
+    ASSERT_EQ(o.stop.has_value(), c.stop.has_value());
+    if (c.stop) {
+      EXPECT_EQ(o.stop->state, *c.stop);
+      EXPECT_EQ(o.stop->rule, c.rule);
+      EXPECT_FALSE(o.stop->reason.empty());
+    }
+    EXPECT_EQ(Types(o), c.events);
+  }
+}
+
+TEST(ApplyEvalTest, ATargetReachedRecordsWhereAndWhatItCost) {
+  tally::v1::Job job = JobWith(0, 0);
+  job.mutable_spec()->mutable_early_stopping()->set_target_val_loss(3.5);
+  const EvalOutcome o = FeedOutcome(job, {5, 4, 3});
+  ASSERT_TRUE(o.job.has_target_reached());
+  EXPECT_EQ(o.job.target_val_loss(), 3.5);
+  EXPECT_EQ(o.job.target_reached().step(), 20);
+  EXPECT_EQ(o.job.target_reached().val_loss(), 3);
+  EXPECT_GT(o.job.target_reached().cost_to_target_usd(), 0.1);
+  EXPECT_LT(o.job.target_reached().cost_to_target_usd(), 0.2) << "interpolated between 10 and 20";
+  EXPECT_THAT(o.events[1].reason, HasSubstr("target reached: val_loss 3.0000 <= target 3.5000"));
+  EXPECT_EQ(o.job.step(), 20);
+  EXPECT_EQ(o.job.val_loss(), 3);
+  ASSERT_EQ(o.job.curve_size(), 3);
+  EXPECT_EQ(o.job.curve(2).attempt(), 1);
+  EXPECT_EQ(*o.events[0].val_loss, 3);
+}
+
+TEST(ApplyEvalTest, TheForecastIsShownWithTheEvaluationAndAStoppingJobIsOnlyRecorded) {
+  tally::v1::Job job = JobWith(0, 0, 100000);
+  job.mutable_spec()->mutable_training()->set_global_batch_tokens(100);
+  EvalOutcome o = FeedOutcome(job, {5, 4.2, 4.0, 3.9, 3.85, 3.82, 3.81});
+  EXPECT_FALSE(o.stop.has_value()) << "a forecast stops only with early_stopping.forecast";
+  EXPECT_TRUE(o.job.forecast().valid()) << o.job.forecast().reason();
+  EXPECT_EQ(o.job.forecast().step(), 60);
+  EXPECT_THAT(o.events[0].detail, HasSubstr("bits/byte; forecast "));
+
+  // Stopping already: recorded (a new best kept), nothing judged.
+  tally::v1::Job stopping = o.job;
+  stopping.mutable_pending_stop()->set_rule("patience");
+  tally::v1::EvalResult last = Eval(70, 3.0);
+  last.set_attempt(1);
+  const EvalOutcome final_eval = ApplyEval(stopping, last, false, "");
+  EXPECT_FALSE(final_eval.stop.has_value());
+  EXPECT_EQ(Types(final_eval), std::vector<std::string>{"eval"});
+  EXPECT_EQ(final_eval.job.early_stopping().best_val_loss(), 3.0);
+  EXPECT_EQ(final_eval.job.early_stopping().best_step(), 70);
+  EXPECT_EQ(final_eval.job.early_stopping().evals(), stopping.early_stopping().evals())
+      << "not counted";
+  EXPECT_EQ(final_eval.job.curve_size(), stopping.curve_size() + 1);
+}
+
+TEST(ApplyEvalTest, TheRoutingWarningNamesWhere) {
+  tally::v1::Job job = JobWith(0, 0);
+  EvalOutcome o;
+  for (int i = 0; i < kCollapseEvals; ++i) {
+    o = ApplyEval(job, Eval(10 * i, 4.0), true, "layer 1 expert 3 took 90%");
+    job = o.job;
+  }
+  EXPECT_EQ(Types(o), (std::vector<std::string>{"eval", "warning"}));
+  EXPECT_THAT(o.events[1].reason,
+              HasSubstr("routing collapse: layer 1 expert 3 took 90% for 3 evaluations"));
 }
 
 }  // namespace

@@ -789,155 +789,16 @@ std::optional<tally::v1::Checkpoint> Scheduler::ResumePoint(
 
 Scheduler::Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalResult& ev) const {
   Plan p = NewPlan(job, clock_->Now());
-  tally::v1::Job& j = *p.rec.mutable_job();
-  j.set_step(ev.step());
-  j.set_tokens(ev.tokens());
-  j.set_val_loss(ev.val_loss());
-  const std::string bits = absl::StrCat(ev.bits_per_byte(), " bits/byte");
-  if (j.has_pending_stop()) {
-    // Stopping already (the final evaluation of the stopped state): recorded,
-    // no longer judged; but it is the run's state, and it may be its best.
-    tally::v1::EarlyStoppingStatus& es = *j.mutable_early_stopping();
-    if (std::isfinite(ev.val_loss()) && (!es.has_best() || ev.val_loss() < es.best_val_loss())) {
-      es.set_has_best(true);
-      es.set_best_val_loss(ev.val_loss());
-      es.set_best_step(ev.step());
-      es.set_evals_since_best(0);
-    }
-    AddCurvePoint(j, ev);
-    AddEvent(p, "eval", "", bits);
-    p.events.back().set_val_loss(ev.val_loss());
-    return p;
-  }
-  const EvalDecision d = DecideEval(j, ev, job.routing_collapsed);
-  *j.mutable_early_stopping() = d.early_stopping;
-  *j.mutable_routing() = d.routing;
-  AddCurvePoint(j, ev);
-  // The target in force: the spec's, or its fraction of the step-0 loss
-  // once that is known.
-  if (j.target_val_loss() <= 0) {
-    const auto& es = j.spec().early_stopping();
-    if (es.target_val_loss() > 0) {
-      j.set_target_val_loss(es.target_val_loss());
-    } else if (es.target_rel_to_baseline() > 0 && j.early_stopping().has_baseline() &&
-               std::isfinite(j.early_stopping().baseline_val_loss())) {
-      j.set_target_val_loss(es.target_rel_to_baseline() * j.early_stopping().baseline_val_loss());
-    }
-  }
-  AddEvent(p, "eval", "", bits);
-  p.events.back().set_val_loss(ev.val_loss());
-  const size_t eval_event = p.events.size() - 1;
-  if (d.warn_collapse) {
-    AddEvent(p, "warning",
-             absl::StrFormat("routing collapse: %s for %d evaluations in a row",
-                             job.collapse_where, d.routing.collapsed_evals()),
-             "raise model.moe.aux_loss_coef or set model.moe.bias_balancing");
-  }
-  if (std::optional<std::string> reason = MarkTargetReached(p)) {
-    if (ev.step() < j.spec().training().max_steps()) {
-      // Good enough: the job stops, keeping the state that reached it.
-      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, policy::rules::kTarget,
-                     ev);
-      return p;
-    }
-  }
-  if (d.rule != policy::StopRule::kNone) {
-    PendingStopFor(p, tally::v1::JOB_STATE_EARLY_STOPPED, "early_stopped", d.reason,
-                   policy::StopRuleName(d.rule), ev);
-    return p;
-  }
-  // The forecast: shown for every job, a stop only when asked for.
-  const policy::LossForecast f = ForecastOf(j);
-  tally::v1::Forecast& shown = *j.mutable_forecast();
-  shown.set_valid(f.ok());
-  shown.set_final_val_loss(f.predicted);
-  shown.set_low(f.low);
-  shown.set_high(f.high);
-  shown.set_evals_used(f.evals_used);
-  shown.set_step(ev.step());
-  shown.set_a(f.a);
-  shown.set_b(f.b);
-  shown.set_c(f.c);
-  shown.set_reason(f.reason);
-  if (f.ok()) {
-    // Watchers see the forecast beside the evaluation it comes from.
-    absl::StrAppendFormat(p.events[eval_event].mutable_detail(),
-                          "; forecast %.4f (%.4f-%.4f) at step %d from %d evals", f.predicted,
-                          f.low, f.high, f.at_step, f.evals_used);
-  }
-  const auto& es = j.spec().early_stopping();
-  if (!es.forecast() || !f.ok() || ev.step() >= j.spec().training().max_steps()) return p;
-  const policy::ForecastDecision fd =
-      j.target_val_loss() > 0
-          ? policy::CannotReach(f, j.target_val_loss())
-          : (j.early_stopping().has_best()
-                 ? policy::CannotImproveBy(f, j.early_stopping().best_val_loss(),
-                                           es.min_rel_delta())
-                 : policy::ForecastDecision{});
-  if (fd.stop) {
-    PendingStopFor(p, tally::v1::JOB_STATE_EARLY_STOPPED, "early_stopped", fd.reason,
-                   policy::rules::kForecast, ev);
-  }
+  EvalOutcome o = ApplyEval(p.rec.job(), ev, job.routing_collapsed, job.collapse_where);
+  *p.rec.mutable_job() = std::move(o.job);
+  for (const EvalEvent& e : o.events) AddEvent(p, e);
+  if (o.stop) PendingStopFor(p, o.stop->state, o.stop->type, o.stop->reason, o.stop->rule, ev);
   return p;
 }
 
-std::optional<std::string> Scheduler::MarkTargetReached(Plan& p) const {
-  tally::v1::Job& j = *p.rec.mutable_job();
-  if (j.target_val_loss() <= 0 || j.has_target_reached()) return std::nullopt;
-  auto x = policy::FindTargetCrossing(CurveOf(j), j.target_val_loss());
-  if (!x) return std::nullopt;
-  tally::v1::TargetReached& t = *j.mutable_target_reached();
-  t.set_target_val_loss(j.target_val_loss());
-  t.set_step(x->at.step);
-  t.set_tokens(x->at.tokens);
-  t.set_cost_usd(x->at.cost_usd);
-  t.set_gpu_seconds(x->at.gpu_seconds);
-  t.set_val_loss(x->at.val_loss);
-  t.set_cost_to_target_usd(x->cost_usd);
-  t.set_tokens_to_target(x->tokens);
-  t.set_gpu_seconds_to_target(x->gpu_seconds);
-  std::string reason = absl::StrFormat(
-      "target reached: val_loss %.4f <= target %.4f at step %d ($%.4f; $%.4f to the "
-      "target itself)",
-      x->at.val_loss, j.target_val_loss(), x->at.step, x->at.cost_usd, x->cost_usd);
-  AddEvent(p, "target_reached", reason,
-           absl::StrFormat("%.0f tokens and %.1f GPU-seconds to the target", x->tokens,
-                           x->gpu_seconds));
-  return reason;
-}
-
-policy::LossForecast Scheduler::ForecastOf(const tally::v1::Job& j) {
-  // The fit runs under the scheduler's lock after every evaluation and costs
-  // time linear in its points (about 9 ms for 512, 2 ms for 128 here): a
-  // long curve is fitted on 128 evenly spread points, its latest included.
-  constexpr int kMaxFitPoints = 128;
-  const int n = j.curve_size();
-  const int stride = (n + kMaxFitPoints - 1) / kMaxFitPoints;
-  std::vector<policy::ForecastPoint> points;
-  points.reserve(std::min(n, kMaxFitPoints + 1));
-  double tokens_per_step = 0;
-  for (int i = 0; i < n; ++i) {
-    const auto& e = j.curve(i);
-    // Tokens as the evaluations count them (document tokens), per step.
-    if (e.step() > 0 && e.tokens() > 0) {
-      tokens_per_step = static_cast<double>(e.tokens()) / static_cast<double>(e.step());
-    }
-    if ((n - 1 - i) % stride == 0) points.push_back({e.step(), e.tokens(), e.val_loss()});
-  }
-  const auto& spec = j.spec();
-  policy::ForecastRun run;
-  run.max_steps = spec.training().max_steps();
-  run.tokens_per_step = tokens_per_step > 0
-                            ? tokens_per_step
-                            : static_cast<double>(spec.training().global_batch_tokens());
-  run.warmup_steps = spec.optimizer().warmup_steps();
-  run.min_lr_ratio = spec.optimizer().lr() > 0 ? spec.optimizer().min_lr() / spec.optimizer().lr()
-                                               : 1.0;
-  policy::ForecastOptions options;
-  if (spec.early_stopping().forecast_min_evals() > 0) {
-    options.min_evals = spec.early_stopping().forecast_min_evals();
-  }
-  return policy::ForecastFinalLoss(points, run, options);
+void Scheduler::AddEvent(Plan& p, const EvalEvent& e) const {
+  AddEvent(p, e.type, e.reason, e.detail);
+  if (e.val_loss) p.events.back().set_val_loss(*e.val_loss);
 }
 
 void Scheduler::PendingStopFor(Plan& p, JobState state, const std::string& type,
@@ -958,28 +819,6 @@ void Scheduler::PendingStopFor(Plan& p, JobState state, const std::string& type,
                         "; waiting for the workers' final checkpoint (at most ",
                         ShortSeconds(options_.stop_grace), ")"));
   StopOrders(p, reason, /*checkpoint=*/true);
-}
-
-void Scheduler::AddCurvePoint(tally::v1::Job& j, const tally::v1::EvalResult& ev) {
-  constexpr int kMaxCurvePoints = 512;
-  // A resumed attempt evaluates steps already on the curve again.
-  if (j.curve_size() > 0 && ev.step() <= j.curve(j.curve_size() - 1).step()) return;
-  if (j.curve_size() >= kMaxCurvePoints) {
-    // Thin out every other point, keeping the first (the baseline) and the
-    // latest: the curve's shape survives, its size stays bounded.
-    google::protobuf::RepeatedPtrField<tally::v1::EvalPoint> kept;
-    for (int i = 0; i < j.curve_size(); ++i) {
-      if (i % 2 == 0 || i == j.curve_size() - 1) *kept.Add() = j.curve(i);
-    }
-    j.mutable_curve()->Swap(&kept);
-  }
-  tally::v1::EvalPoint& e = *j.add_curve();
-  e.set_attempt(ev.attempt());
-  e.set_step(ev.step());
-  e.set_tokens(ev.tokens());
-  e.set_cost_usd(j.cost().cost_usd());
-  e.set_gpu_seconds(j.cost().gpu_seconds());
-  e.set_val_loss(ev.val_loss());
 }
 
 bool RepeatedEval(const tally::v1::Job& j, const tally::v1::EvalResult& ev) {
@@ -1282,7 +1121,9 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
   j.set_target_val_loss(target);
   j.clear_target_reached();
   AddEvent(p, "target", absl::StrFormat("target val_loss %.4f: %s", target, why), "");
-  if (std::optional<std::string> reason = MarkTargetReached(p)) {
+  if (std::optional<EvalEvent> reached = RecordTargetReached(j)) {
+    AddEvent(p, *reached);
+    const std::string* reason = &reached->reason;
     const tally::v1::EvalResult ev = LatestEval(j);
     if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt &&
         ev.step() < j.spec().training().max_steps()) {

@@ -72,6 +72,7 @@
 #include "server/policy/forecast.h"
 #include "server/policy/placement.h"
 #include "server/policy/target.h"
+#include "server/sched/eval_decision.h"
 #include "server/sched/observer.h"
 #include "server/sched/worker_channel.h"
 #include "server/sched/worker_registry.h"
@@ -311,6 +312,8 @@ class Scheduler {
   void AddEvent(Plan& p, const std::string& type, const std::string& reason,
                 const std::string& detail,
                 std::optional<tally::v1::JobState> state = std::nullopt) const;
+  // An event an evaluation decided (eval_decision.h).
+  void AddEvent(Plan& p, const EvalEvent& e) const;
   void StopOrders(Plan& p, const std::string& reason, bool checkpoint,
                   const std::string& except_worker = "", bool preempt = false) const;
   // Ends a job at once in a terminal state on tallyd's decision.
@@ -366,6 +369,8 @@ class Scheduler {
   std::string PreemptionCause(const ActiveJob& job, const tally::v1::AttemptExit& exit) const;
   absl::StatusOr<Plan> PlanStart(const ActiveJob& job,
                                  std::vector<std::string> rank_workers) const;
+  // The evaluation's outcome (ApplyEval) as a plan: the job after it, its
+  // events and a decided stop.
   Plan PlanEval(const ActiveJob& job, const tally::v1::EvalResult& eval) const;
   // The job's latest recorded checkpoint (the store's, until the job has
   // one in memory), or nullopt when it has none.
@@ -377,13 +382,6 @@ class Scheduler {
   void PendingStopFor(Plan& p, tally::v1::JobState state, const std::string& type,
                       const std::string& reason, const std::string& rule,
                       const tally::v1::EvalResult& ev) const;
-  // Records where the job's curve first reached its target in force;
-  // the reason a target stop gives, or nullopt when it has not.
-  std::optional<std::string> MarkTargetReached(Plan& p) const;
-  // Appends an evaluation to the job's (bounded) curve, with its spend.
-  static void AddCurvePoint(tally::v1::Job& job, const tally::v1::EvalResult& ev);
-  // The loss-curve forecast of the job's evaluations so far.
-  static policy::LossForecast ForecastOf(const tally::v1::Job& job);
 
   // --- Commit, then act. On a failed commit nothing changes.
   absl::Status Execute(int64_t job_id, Plan plan);
