@@ -20,8 +20,9 @@ namespace {
 // call into the core; writes drain a queue the core fills (Push, under the
 // core's lock). A numbered report the core took (committed, or refused for
 // good) is acknowledged once OnMessage returns: an Ack goes after whatever
-// the report made the core send. It owns itself from Begin until OnDone; the core's map of
-// sessions may hold it a little longer, so every entry point checks closed_.
+// the report made the core send. It owns itself from Begin until OnDone; the
+// core's map of sessions may hold it a little longer, so every entry point
+// checks closed_.
 class WorkerStream final
     : public grpc::ServerBidiReactor<tally::v1::WorkerMessage,
                                      tally::v1::ControllerMessage>,
