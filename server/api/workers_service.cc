@@ -166,20 +166,13 @@ class WorkerStream final
           context_->TryCancel();
         }
       }
-      if (flushing_ && !out_.empty()) {
-        current_ = std::move(out_.front());
-        out_.pop_front();
-        writing_ = write = true;
-      } else if (closed_) {
-        if ((read_done_ || revoked_) && !finished_) {
-          finished_ = finish = true;
-          status = finish_status_;
-          with_last = has_last_;
-        }
-      } else if (!out_.empty()) {
-        current_ = std::move(out_.front());
-        out_.pop_front();
-        writing_ = write = true;
+      if (!closed_ || flushing_) {
+        write = NextWrite();
+      }
+      if (!write && closed_ && (read_done_ || revoked_) && !finished_) {
+        finished_ = finish = true;
+        status = finish_status_;
+        with_last = has_last_;
       }
     }
     if (write) StartWrite(&current_);
@@ -251,20 +244,26 @@ class WorkerStream final
         last_.mutable_ack()->set_seq(ack);
         has_last_ = true;
       }
-      if (!writing_ && !out_.empty()) {
-        flushing_ = true;
-        current_ = std::move(out_.front());
-        out_.pop_front();
-        writing_ = write = true;
-      } else if (!out_.empty()) {
-        flushing_ = true;  // OnWriteDone writes the rest
-      } else if (!writing_ && !finished_) {
+      flushing_ = !out_.empty();  // OnWriteDone writes the rest
+      if (!writing_ && flushing_) {
+        write = NextWrite();
+      } else if (!writing_ && !flushing_ && !finished_) {
         finished_ = finish = true;
         with_last = has_last_;
       }
     }
     if (write) StartWrite(&current_);
     if (finish) FinishWith(std::move(status), with_last);
+  }
+
+  // The next queued message becomes the write in flight; false when none is
+  // queued.
+  bool NextWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (out_.empty()) return false;
+    current_ = std::move(out_.front());
+    out_.pop_front();
+    writing_ = true;
+    return true;
   }
 
   void FinishWith(grpc::Status status, bool with_last) {

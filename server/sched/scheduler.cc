@@ -847,11 +847,9 @@ absl::StatusOr<std::optional<tally::v1::Checkpoint>> Scheduler::LatestCheckpoint
   return std::optional<tally::v1::Checkpoint>(cks.back());
 }
 
-absl::StatusOr<Scheduler::Plan> Scheduler::PlanCheckpoint(
-    const ActiveJob& job, const tally::v1::CheckpointRecord& c) const {
-  // An error here fails the report: a checkpoint priced against the wrong
-  // previous one would be stored wrong for good.
-  ASSIGN_OR_RETURN(const std::optional<tally::v1::Checkpoint> previous, LatestCheckpoint(job));
+Scheduler::Plan Scheduler::PlanCheckpoint(
+    const ActiveJob& job, const tally::v1::CheckpointRecord& c,
+    const std::optional<tally::v1::Checkpoint>& previous) const {
   Plan p = NewPlan(job, clock_->Now());
   tally::v1::Job& j = *p.rec.mutable_job();
   j.set_step(c.step());
@@ -1123,14 +1121,14 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
   AddEvent(p, "target", absl::StrFormat("target val_loss %.4f: %s", target, why), "");
   if (std::optional<EvalEvent> reached = RecordTargetReached(j)) {
     AddEvent(p, *reached);
-    const std::string* reason = &reached->reason;
+    const std::string& reason = reached->reason;
     const tally::v1::EvalResult ev = LatestEval(j);
     if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt &&
         ev.step() < j.spec().training().max_steps()) {
-      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, policy::rules::kTarget,
+      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", reason, policy::rules::kTarget,
                      ev);
     } else if (j.state() == tally::v1::JOB_STATE_QUEUED) {
-      Plan stop = PlanStopNow(job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", *reason, "");
+      Plan stop = PlanStopNow(job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", reason, "");
       stop.end_rule = policy::rules::kTarget;
       // Keep what this plan recorded (the target and where it was reached).
       stop.rec.mutable_job()->set_target_val_loss(target);
@@ -1770,31 +1768,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     }
     case tally::v1::WorkerMessage::kCheckpoint: {
       ActiveJob* job = current(msg.checkpoint().job(), msg.checkpoint().attempt(), "checkpoint");
-      if (job == nullptr) break;
-      if (absl::Status where = CheckCheckpointPath(job->rec.job().name(),
-                                                   msg.checkpoint().path(),
-                                                   msg.checkpoint().step());
-          !where.ok()) {
-        // Never recorded, so never resumed from: the attempt fails saying why.
-        absl::StatusOr<Plan> p = PlanEndAttempt(
-            *job, store::ATTEMPT_STATE_FAILED,
-            absl::StrCat("checkpoint record refused: ", where.message()), /*may_retry=*/true);
-        s = p.ok() ? Execute(job->rec.id(), *std::move(p)) : p.status();
-        // Counted once the failure has committed, like every other effect.
-        if (s.ok()) refused_reports_->Add({{"kind", "checkpoint_path"}}).Increment();
-        break;
-      }
-      absl::StatusOr<std::optional<tally::v1::Checkpoint>> latest = LatestCheckpoint(*job);
-      if (!latest.ok()) {
-        s = latest.status();
-        break;
-      }
-      if (RepeatedCheckpoint(*latest, msg.checkpoint())) {
-        refused_reports_->Add({{"kind", "repeated"}}).Increment();
-        break;
-      }
-      absl::StatusOr<Plan> p = PlanCheckpoint(*job, msg.checkpoint());
-      s = p.ok() ? Execute(job->rec.id(), *std::move(p)) : p.status();
+      if (job != nullptr) s = HandleCheckpoint(*job, msg.checkpoint());
       break;
     }
     case tally::v1::WorkerMessage::kExit:
@@ -1803,36 +1777,9 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
       // before its next Hello is reconciled) until it commits.
       if (!s.ok()) sender->unconfirmed_exits.push_back(msg.exit());
       break;
-    case tally::v1::WorkerMessage::kNotice: {
-      // The worker is going away: nothing new goes to it from now on (its
-      // own word, not a decision to commit), and each job it runs says so
-      // once (their attempts checkpoint and exit PREEMPTED). A failed
-      // commit is not acknowledged: the notice comes again and records the
-      // events still missing.
-      sender->draining = msg.notice().cause();
-      auto recorded = [&](const ActiveJob& job) {
-        return absl::StrCat(worker_id, " attempt ", job.rec.job().attempt());
-      };
-      std::vector<int64_t> ids;
-      for (const auto& [id, job] : active_) {
-        if (Holds(job, worker_id) && job.notice_recorded != recorded(job)) ids.push_back(id);
-      }
-      for (int64_t id : ids) {
-        Plan p = NewPlan(active_.at(id), clock_->Now());
-        AddEvent(p, "notice",
-                 absl::StrFormat("worker %s is going away (%s): the attempt checkpoints and "
-                                 "stops within %.0fs",
-                                 worker_id, msg.notice().cause(), msg.notice().deadline_seconds()),
-                 "");
-        absl::Status e = Execute(id, std::move(p));
-        if (auto it = active_.find(id); e.ok() && it != active_.end()) {
-          it->second.notice_recorded = recorded(it->second);
-        }
-        if (!e.ok() && s.ok()) s = e;
-      }
-      UpdateGauges();
+    case tally::v1::WorkerMessage::kNotice:
+      s = HandleNotice(worker_id, *sender, msg.notice());
       break;
-    }
     case tally::v1::WorkerMessage::kHello:
       return absl::FailedPreconditionError("Hello was already sent on this stream");
     case tally::v1::WorkerMessage::MSG_NOT_SET:
@@ -1841,6 +1788,62 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
   // Slots change with exits; the tick refreshes the gauges otherwise.
   if (msg.has_exit()) UpdateGauges();
   return s;
+}
+
+absl::Status Scheduler::HandleCheckpoint(ActiveJob& job, const tally::v1::CheckpointRecord& c) {
+  if (absl::Status where = CheckCheckpointPath(job.rec.job().name(), c.path(), c.step());
+      !where.ok()) {
+    // Never recorded, so never resumed from: the attempt fails saying why.
+    absl::StatusOr<Plan> p =
+        PlanEndAttempt(job, store::ATTEMPT_STATE_FAILED,
+                       absl::StrCat("checkpoint record refused: ", where.message()),
+                       /*may_retry=*/true);
+    absl::Status s = p.ok() ? Execute(job.rec.id(), *std::move(p)) : p.status();
+    // Counted once the failure has committed, like every other effect.
+    if (s.ok()) refused_reports_->Add({{"kind", "checkpoint_path"}}).Increment();
+    return s;
+  }
+  // An error here fails the report: a checkpoint priced against the wrong
+  // previous one would be stored wrong for good.
+  ASSIGN_OR_RETURN(const std::optional<tally::v1::Checkpoint> latest, LatestCheckpoint(job));
+  if (RepeatedCheckpoint(latest, c)) {
+    refused_reports_->Add({{"kind", "repeated"}}).Increment();
+    return absl::OkStatus();
+  }
+  return Execute(job.rec.id(), PlanCheckpoint(job, c, latest));
+}
+
+absl::Status Scheduler::HandleNotice(const std::string& worker_id, WorkerState& sender,
+                                     const tally::v1::Notice& notice) {
+  // The worker is going away: nothing new goes to it from now on (its own
+  // word, not a decision to commit), and each job it runs says so once
+  // (their attempts checkpoint and exit PREEMPTED). A failed commit is not
+  // acknowledged: the notice comes again and records the events still
+  // missing.
+  sender.draining = notice.cause();
+  auto recorded = [&](const ActiveJob& job) {
+    return absl::StrCat(worker_id, " attempt ", job.rec.job().attempt());
+  };
+  std::vector<int64_t> ids;
+  for (const auto& [id, job] : active_) {
+    if (Holds(job, worker_id) && job.notice_recorded != recorded(job)) ids.push_back(id);
+  }
+  absl::Status first_error;
+  for (int64_t id : ids) {
+    Plan p = NewPlan(active_.at(id), clock_->Now());
+    AddEvent(p, "notice",
+             absl::StrFormat("worker %s is going away (%s): the attempt checkpoints and stops "
+                             "within %.0fs",
+                             worker_id, notice.cause(), notice.deadline_seconds()),
+             "");
+    absl::Status e = Execute(id, std::move(p));
+    if (auto it = active_.find(id); e.ok() && it != active_.end()) {
+      it->second.notice_recorded = recorded(it->second);
+    }
+    if (!e.ok() && first_error.ok()) first_error = e;
+  }
+  UpdateGauges();
+  return first_error;
 }
 
 absl::Status Scheduler::HandleExit(const std::string& worker_id,

@@ -376,8 +376,9 @@ class Scheduler {
   // one in memory), or nullopt when it has none.
   absl::StatusOr<std::optional<tally::v1::Checkpoint>> LatestCheckpoint(
       const ActiveJob& job) const;
-  absl::StatusOr<Plan> PlanCheckpoint(const ActiveJob& job,
-                                      const tally::v1::CheckpointRecord& c) const;
+  // The checkpoint recorded and priced against `previous` (the job's latest).
+  Plan PlanCheckpoint(const ActiveJob& job, const tally::v1::CheckpointRecord& c,
+                      const std::optional<tally::v1::Checkpoint>& previous) const;
   // Records a decided stop that waits for the workers' final checkpoint.
   void PendingStopFor(Plan& p, tally::v1::JobState state, const std::string& type,
                       const std::string& reason, const std::string& rule,
@@ -387,6 +388,14 @@ class Scheduler {
   absl::Status Execute(int64_t job_id, Plan plan);
 
   absl::Status HandleExit(const std::string& worker_id, const tally::v1::AttemptExit& exit);
+  // A checkpoint report of the job's current attempt: recorded once (a
+  // repeated one is counted), or the attempt fails when its path is not the
+  // job's own file.
+  absl::Status HandleCheckpoint(ActiveJob& job, const tally::v1::CheckpointRecord& c);
+  // A worker's going-away notice: it takes no new work, and each job it runs
+  // records a "notice" event once.
+  absl::Status HandleNotice(const std::string& worker_id, WorkerState& sender,
+                            const tally::v1::Notice& notice);
   // For an exit naming a damaged checkpoint: the checkpoint struck out and
   // where the next attempt resumes. Names anything but the checkpoint the
   // attempt resumed from: no notes (the exit is a plain failure), counted.

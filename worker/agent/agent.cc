@@ -268,6 +268,46 @@ void Agent::ReapFinished() {
   }
 }
 
+void Agent::WriteReports(StreamState* st, Stream* stream, grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  while (!st->done) {
+    if (!outbox_.HasUnwritten() || !st->welcomed) {
+      const bool draining = shutdown_.load() || !preemption_cause_.empty();
+      if (!outbox_.HasUnwritten() && draining &&
+          std::all_of(running_.begin(), running_.end(),
+                      [](const auto& kv) { return kv.second->abandoned; })) {
+        // All written: end our side, so that tallyd reads everything
+        // written before it ends the stream (cancelling the call could
+        // drop messages still in flight) and acknowledges it first. One
+        // that does not end it soon is cancelled; what it did not
+        // acknowledge is sent again on the next stream.
+        absl::Time give_up = clock_->Now() + absl::Seconds(2);
+        if (!preemption_cause_.empty()) give_up = std::min(give_up, preemption_deadline_);
+        mu_.Unlock();
+        stream->WritesDone();
+        mu_.Lock();
+        if (!AwaitUntil(absl::Condition(&st->done), give_up)) context->TryCancel();
+        break;
+      }
+      outbox_cv_.WaitWithTimeout(&mu_, heartbeat_interval_);
+      if (st->done) break;
+    }
+    WorkerMessage m;
+    const bool from_outbox = st->welcomed && outbox_.HasUnwritten();
+    if (from_outbox) {
+      m = outbox_.TakeNext(st->acks ? ++st->written : 0);
+    } else {
+      m.mutable_heartbeat();
+    }
+    mu_.Unlock();
+    const bool ok = stream->Write(m);
+    mu_.Lock();
+    if (!ok) break;
+    if (from_outbox && !st->acks) outbox_.DropWritten();
+  }
+  st->writer_exited = true;
+}
+
 grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::string& token) {
   grpc::ClientContext context;
   if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
@@ -307,56 +347,12 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
     // left (it may not have heard the notice sent on an earlier one).
     if (!preemption_cause_.empty()) outbox_.ReplaceNotice(NoticeMessage());
   }
-  bool done = false;           // guarded by mu_
-  bool writer_exited = false;  // guarded by mu_
   // Reports wait for tallyd's Welcome: a Write that succeeds only says the
   // bytes left, and a tallyd that refuses the stream after reading the Hello
   // (a standby, a refused worker) never reads what follows it, so the queue
   // is kept until a tallyd that took the Hello is on the other end.
-  bool welcomed = false;  // guarded by mu_
-  // The Welcome says whether this tallyd acknowledges reports: then each
-  // stays queued until its Ack, and is numbered as written.
-  bool acks = false;      // guarded by mu_
-  uint64_t written = 0;   // guarded by mu_: numbered reports on this stream
-  std::thread writer([&] {
-    absl::MutexLock lock(&mu_);
-    while (!done) {
-      if (!outbox_.HasUnwritten() || !welcomed) {
-        const bool draining = shutdown_.load() || !preemption_cause_.empty();
-        if (!outbox_.HasUnwritten() && draining &&
-            std::all_of(running_.begin(), running_.end(),
-                        [](const auto& kv) { return kv.second->abandoned; })) {
-          // All written: end our side, so that tallyd reads everything
-          // written before it ends the stream (cancelling the call could
-          // drop messages still in flight) and acknowledges it first. One
-          // that does not end it soon is cancelled; what it did not
-          // acknowledge is sent again on the next stream.
-          absl::Time give_up = clock_->Now() + absl::Seconds(2);
-          if (!preemption_cause_.empty()) give_up = std::min(give_up, preemption_deadline_);
-          mu_.Unlock();
-          stream->WritesDone();
-          mu_.Lock();
-          if (!AwaitUntil(absl::Condition(&done), give_up)) context.TryCancel();
-          break;
-        }
-        outbox_cv_.WaitWithTimeout(&mu_, heartbeat_interval_);
-        if (done) break;
-      }
-      WorkerMessage m;
-      const bool from_outbox = welcomed && outbox_.HasUnwritten();
-      if (from_outbox) {
-        m = outbox_.TakeNext(acks ? ++written : 0);
-      } else {
-        m.mutable_heartbeat();
-      }
-      mu_.Unlock();
-      const bool ok = stream->Write(m);
-      mu_.Lock();
-      if (!ok) break;
-      if (from_outbox && !acks) outbox_.DropWritten();
-    }
-    writer_exited = true;
-  });
+  StreamState st;  // guarded by mu_
+  std::thread writer([&] { WriteReports(&st, stream.get(), &context); });
 
   spdlog::info("connected to tallyd at {} as {} ({})", options_.controller,
                options_.worker_id, options_.credential_files.Describe());
@@ -367,14 +363,14 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
         absl::MutexLock lock(&mu_);
         const double s = msg.welcome().heartbeat_interval_seconds();
         if (s > 0) heartbeat_interval_ = absl::Seconds(s);
-        welcomed = true;
-        acks = msg.welcome().acks();
+        st.welcomed = true;
+        st.acks = msg.welcome().acks();
         outbox_cv_.SignalAll();
         break;
       }
       case tally::v1::ControllerMessage::kAck: {
         absl::MutexLock lock(&mu_);
-        if (acks) outbox_.Ack(msg.ack().seq());
+        if (st.acks) outbox_.Ack(msg.ack().seq());
         outbox_cv_.SignalAll();
         break;
       }
@@ -391,7 +387,7 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
   }
   {
     absl::MutexLock lock(&mu_);
-    done = true;
+    st.done = true;
     current_context_ = nullptr;
     connected_ = false;
     outbox_cv_.SignalAll();
@@ -401,7 +397,7 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
   // tallyd's status (which says, for one, why it refused this worker).
   mu_.Lock();
   const bool writer_stopped =
-      AwaitUntil(absl::Condition(&writer_exited), clock_->Now() + absl::Seconds(2));
+      AwaitUntil(absl::Condition(&st.writer_exited), clock_->Now() + absl::Seconds(2));
   mu_.Unlock();
   if (!writer_stopped) context.TryCancel();
   writer.join();

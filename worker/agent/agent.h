@@ -168,8 +168,25 @@ class Agent {
   };
   class AttemptReporter;
 
+  using Stream =
+      grpc::ClientReaderWriterInterface<tally::v1::WorkerMessage, tally::v1::ControllerMessage>;
+  // What one stream's reader and writer share; guarded by mu_.
+  struct StreamState {
+    bool done = false;           // the read side ended
+    bool writer_exited = false;
+    bool welcomed = false;       // tallyd took the Hello: reports may go
+    // The Welcome said tallyd acknowledges reports: each stays queued until
+    // its Ack, numbered as written.
+    bool acks = false;
+    uint64_t written = 0;        // numbered reports written on this stream
+  };
+
   // One connection, until the stream ends; returns how it ended.
   grpc::Status Serve(tally::v1::Workers::StubInterface* stub, const std::string& token);
+  // The stream's writer (its own thread): queued reports once welcomed,
+  // heartbeats between them, and the end of our side once everything is
+  // written while the worker leaves.
+  void WriteReports(StreamState* st, Stream* stream, grpc::ClientContext* context);
   // Waits with mu_ held until `cond` holds (true) or `deadline` on clock_
   // passes (false unless `cond` holds by then).
   bool AwaitUntil(const absl::Condition& cond, absl::Time deadline)
