@@ -74,6 +74,8 @@
 #include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
 #include "server/sched/observer.h"
+#include "server/sched/plan.h"
+#include "server/sched/sched_metrics.h"
 #include "server/sched/worker_channel.h"
 #include "server/sched/worker_registry.h"
 #include "server/store/job_store.h"
@@ -302,7 +304,6 @@ class Scheduler {
     // (once committed); a notice sent again records nothing more.
     std::string notice_recorded;
   };
-  struct Plan;
 
   // --- Plans (decide). Each starts from the job as committed and changes
   // only the plan.
@@ -356,6 +357,20 @@ class Scheduler {
   // Orders a running job's attempt to checkpoint and stop for `for_job`.
   Plan PlanPreempting(const ActiveJob& job, const std::string& for_job,
                       const std::string& reason) const;
+  // Tick's passes; each returns the first error of the changes it
+  // committed one by one. Workers silent past the heartbeat timeout lose
+  // what they hold.
+  absl::Status LoseSilentWorkers(absl::Time now);
+  // Budgets, tenants' dollar quotas, and the deadlines of decided stops and
+  // preemptions, on a view of each running job's cost.
+  absl::Status EnforceBudgetsAndDeadlines(absl::Time now);
+  // Places what fits (under the tenants' quotas), then lets what still
+  // waits preempt.
+  absl::Status StartWhatFits(absl::Time now);
+  // Removes from `queued` the jobs of lower priority than one waiting for
+  // the slots its preemptions free, on the same GPU type (they would take
+  // those slots first).
+  void DropBehindAwaiting(std::vector<policy::QueuedJob>& queued);
   // The preemption pass of Tick: queued jobs still waiting may preempt.
   void PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting, absl::Time now,
                          const std::function<void(const absl::Status&)>& note);
@@ -418,18 +433,22 @@ class Scheduler {
   // Whether `worker_id` runs one of the ranks of the job's current attempt:
   // only those workers may report on it.
   static bool Holds(const ActiveJob& job, const std::string& worker_id);
+  // A Hello's reconciliation; each returns the first failed commit. The
+  // attempts tallyd placed on the worker that its Hello does not list are
+  // lost (preempted when it had sent a notice: `was_draining`, its cause).
+  absl::Status LoseForgotten(const tally::v1::Hello& hello, const std::string& was_draining);
+  // The attempts it lists that tallyd still runs there are adopted (their
+  // decided stops and preemptions ordered again); the others are stale:
+  // told to stop, their ranks held until their exits arrive.
+  absl::Status AdoptRunning(const tally::v1::Hello& hello, absl::Time now);
   // host:port for a new multi-rank attempt led by `leader`.
   std::string PickRendezvous(const std::string& leader) const;
   void SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
                 const std::string& reason);
   // GPUs held by each tenant's running jobs.
   std::map<std::string, int64_t> TenantGpusInUse() const;
+  // The gauges of SchedMetrics, from the state now.
   void UpdateGauges();
-  // tally_gpus_wanted and tally_workers_idle, from GpusWanted and
-  // IdleWorkers (called by UpdateGauges).
-  void UpdateScaleGauges();
-  // Fleet counters of a GPU type, created at 0.
-  void AddGpuType(const std::string& gpu_type);
 
   std::vector<CommitObserver*> observers_;
   store::JobStore* const store_;
@@ -443,36 +462,7 @@ class Scheduler {
   WorkerRegistry workers_;
   int64_t next_generation_ = 1;
 
-  metrics::JobMetrics job_metrics_;
-  std::unique_ptr<CommitObserver> job_metrics_observer_;
-  metrics::Histogram* queue_wait_;
-  metrics::Gauge* queue_depth_;
-  metrics::Family<metrics::Gauge>* workers_gauge_;
-  metrics::Family<metrics::Gauge>* slots_gauge_;
-  metrics::Family<metrics::Counter>* attempts_ended_;
-  metrics::Family<metrics::Counter>* transitions_;
-  metrics::Family<metrics::Counter>* cost_total_;
-  metrics::Family<metrics::Counter>* lost_total_;
-  metrics::Family<metrics::Counter>* early_stops_;
-  metrics::Family<metrics::Counter>* job_ends_;
-  metrics::Family<metrics::Counter>* workers_lost_;
-  // Workers that left cleanly (a notice, then their stream ended with
-  // nothing held), by GPU type and the notice's cause.
-  metrics::Family<metrics::Counter>* worker_exits_;
-  metrics::Family<metrics::Counter>* refused_reports_;
-  metrics::Family<metrics::Counter>* preemptions_;
-  metrics::Family<metrics::Counter>* redone_total_;
-  metrics::Family<metrics::Gauge>* tenant_spend_;
-  metrics::Family<metrics::Gauge>* tenant_quota_;
-  metrics::Family<metrics::Gauge>* tenant_gpus_;
-  std::set<metrics::Labels> seen_worker_labels_;
-  std::set<metrics::Labels> seen_slot_labels_;
-  metrics::Family<metrics::Gauge>* gpus_wanted_;
-  metrics::Family<metrics::Gauge>* workers_idle_;
-  // The GPU types the two gauges above have series for: a type that is
-  // neither priced, a worker's, nor a job's any more loses its series, so
-  // job specs cannot grow the exposition without bound.
-  std::set<std::string> scale_gauge_types_;
+  SchedMetrics metrics_;
   // A waiting job's claim on the slots its preemptions free: the (worker,
   // attempt) holds of its victims, until each is released (a gang's ranks
   // exit one by one) or the job leaves the queue. In memory only: after a
