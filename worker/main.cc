@@ -28,13 +28,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "common/controller_list.h"
+#include "common/flag_env.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent/agent.h"
 #include "worker/agent/credentials.h"
 #include "worker/agent/path_confinement.h"
 #include "worker/agent/train_spec.h"
 #include "worker/agent/trainer_runner.h"
+#include "worker/config/worker_options.h"
 #include "worker/train/trainer.h"
 
 ABSL_FLAG(std::string, controller, "",
@@ -121,87 +122,76 @@ ABSL_FLAG(absl::Duration, testonly_preempt_checkpoint_delay, absl::ZeroDuration(
           "before writing its preemption checkpoint, so the checkpoint can be made to miss "
           "--preemption_deadline. 0: off");
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "tally-worker: runs training assignments from tallyd.\n\nUsage: "
-      "tally-worker --controller=HOST:PORT[,HOST:PORT...] [--worker_id=ID] [--device=cpu] "
-      "[--ca_cert=PEM [--tls_cert=PEM --tls_key=PEM]] [--token_file=FILE] "
-      "[--data_root=DIR[,DIR...]]");
-  absl::ParseCommandLine(argc, argv);
+namespace {
 
+using tally::worker::WorkerOptions;
+
+// Flags, then the environment variables their help names.
+WorkerOptions OptionsFromFlags() {
+  WorkerOptions o;
+  o.controller = tally::FlagOrEnv(absl::GetFlag(FLAGS_controller), "TALLY_CONTROLLER",
+                                  o.controller);
+  if (tally::FromEnv(absl::GetFlag(FLAGS_controller), "TALLY_CONTROLLER")) {
+    o.controller_source = "$TALLY_CONTROLLER";
+  }
+  o.worker_id = absl::GetFlag(FLAGS_worker_id);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.gpu_type = absl::GetFlag(FLAGS_gpu_type);
+  o.slots = absl::GetFlag(FLAGS_slots);
+  o.capacity = absl::GetFlag(FLAGS_capacity);
+  o.preemption_deadline = absl::GetFlag(FLAGS_preemption_deadline);
+  o.preemption_notice_file = absl::GetFlag(FLAGS_preemption_notice_file);
+  o.exit_when_idle = absl::GetFlag(FLAGS_exit_when_idle);
+  o.ca_cert = tally::FlagOrEnv(absl::GetFlag(FLAGS_ca_cert), "TALLY_CA_CERT");
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.token_file = tally::FlagOrEnv(absl::GetFlag(FLAGS_token_file), "TALLY_WORKER_TOKEN_FILE");
+  o.rendezvous_host = tally::FlagOrEnv(absl::GetFlag(FLAGS_rendezvous_host),
+                                       "TALLY_RENDEZVOUS_HOST");
+  o.rendezvous_port = absl::GetFlag(FLAGS_rendezvous_port);
+  o.collective_timeout_seconds = absl::GetFlag(FLAGS_collective_timeout);
+  o.checkpoint_dir = tally::FlagOrEnv(absl::GetFlag(FLAGS_checkpoint_dir),
+                                      "TALLY_CHECKPOINT_DIR", o.checkpoint_dir);
+  o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.data_roots = absl::GetFlag(FLAGS_data_root);
+  if (o.data_roots.empty() && tally::FromEnv("", "TALLY_DATA_ROOTS")) {
+    o.data_roots = absl::StrSplit(std::getenv("TALLY_DATA_ROOTS"), ',');
+    o.data_roots_from_env = true;
+  }
+  o.test_fp8_overflow_fraction = absl::GetFlag(FLAGS_testonly_fp8_overflow_fraction);
+  o.test_fp8_grouped_off = absl::GetFlag(FLAGS_testonly_fp8_grouped_off);
+  o.test_moe_collapse_expert = absl::GetFlag(FLAGS_testonly_moe_collapse_expert);
+  o.test_preempt_checkpoint_delay = absl::GetFlag(FLAGS_testonly_preempt_checkpoint_delay);
+  return o;
+}
+
+// The agent's options: the validated flags, and the credentials read from
+// their files (with warnings for a certificate naming another worker, and
+// for a token sent in plaintext).
+absl::StatusOr<tally::worker::AgentOptions> AgentOptionsFrom(const WorkerOptions& o,
+                                                             const std::string& host) {
   tally::worker::AgentOptions options;
-  options.controller = absl::GetFlag(FLAGS_controller);
-  const char* controller_source = "--controller";
-  if (options.controller.empty()) {
-    const char* env = std::getenv("TALLY_CONTROLLER");
-    options.controller = env && *env ? env : "127.0.0.1:50051";
-    controller_source = env && *env ? "$TALLY_CONTROLLER" : "--controller";
-  }
-  absl::StatusOr<std::vector<std::string>> controllers =
-      tally::ParseControllerList(options.controller, controller_source);
-  if (!controllers.ok()) {
-    spdlog::error("{}", std::string(controllers.status().message()));
-    return 2;
-  }
-  options.controller = absl::StrJoin(*controllers, ",");
-  options.device = absl::GetFlag(FLAGS_device);
-  if (options.device != "cpu" && options.device.rfind("cuda:", 0) != 0) {
-    spdlog::error("--device: must be cpu or cuda:N, got \"{}\"", options.device);
-    return 2;
-  }
-  options.gpu_type = absl::GetFlag(FLAGS_gpu_type);
-  options.slots = absl::GetFlag(FLAGS_slots);
-  if (options.slots < 1 || options.slots > 1024) {
-    spdlog::error("--slots: must be between 1 and 1024, got {}", options.slots);
-    return 2;
-  }
-  char host[256] = "localhost";
-  gethostname(host, sizeof(host) - 1);
-  options.worker_id = absl::GetFlag(FLAGS_worker_id);
-  if (options.worker_id.empty()) options.worker_id = absl::StrCat(host, "-", options.device);
+  absl::StatusOr<std::string> controllers = o.Controllers();
+  if (!controllers.ok()) return controllers.status();
+  options.controller = *controllers;
+  options.device = o.device;
+  options.gpu_type = o.gpu_type;
+  options.slots = o.slots;
+  options.worker_id = o.worker_id.empty() ? absl::StrCat(host, "-", o.device) : o.worker_id;
   options.capabilities = {"train", "packing", "fp8", "moe", "data-parallel"};
-  options.capacity = absl::GetFlag(FLAGS_capacity);
-  if (options.capacity != "spot" && options.capacity != "on_demand") {
-    spdlog::error("--capacity: must be spot or on_demand, got \"{}\"", options.capacity);
-    return 2;
-  }
-  options.preemption_deadline = absl::GetFlag(FLAGS_preemption_deadline);
-  if (options.preemption_deadline <= absl::ZeroDuration() ||
-      options.preemption_deadline == absl::InfiniteDuration()) {
-    spdlog::error("--preemption_deadline: must be > 0 (and below the pod's "
-                  "terminationGracePeriodSeconds), got {}",
-                  absl::FormatDuration(options.preemption_deadline));
-    return 2;
-  }
-  options.preemption_notice_file = absl::GetFlag(FLAGS_preemption_notice_file);
-  // Parsed here rather than as an absl::Duration flag, so that a number
-  // without its unit gets an error that says what to write.
-  const std::string idle = absl::GetFlag(FLAGS_exit_when_idle);
-  if (!absl::ParseDuration(idle, &options.exit_when_idle) ||
-      options.exit_when_idle < absl::ZeroDuration() ||
-      options.exit_when_idle == absl::InfiniteDuration()) {
-    spdlog::error("--exit_when_idle: must be a duration of 0 or more with its unit, such as "
-                  "90s, 5m or 1h (0: never), got \"{}\"",
-                  idle.substr(0, 64));
-    return 2;
-  }
-
-  auto flag_or_env = [](const std::string& flag, const char* env) {
-    if (!flag.empty()) return flag;
-    const char* value = std::getenv(env);
-    return std::string(value ? value : "");
-  };
+  options.capacity = o.capacity;
+  options.preemption_deadline = o.preemption_deadline;
+  options.preemption_notice_file = o.preemption_notice_file;
+  options.exit_when_idle = o.ExitWhenIdle();
   tally::worker::CredentialFiles& files = options.credential_files;
-  files.ca_cert = flag_or_env(absl::GetFlag(FLAGS_ca_cert), "TALLY_CA_CERT");
-  files.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  files.tls_key = absl::GetFlag(FLAGS_tls_key);
-  files.token = flag_or_env(absl::GetFlag(FLAGS_token_file), "TALLY_WORKER_TOKEN_FILE");
+  files.ca_cert = o.ca_cert;
+  files.tls_cert = o.tls_cert;
+  files.tls_key = o.tls_key;
+  files.token = o.token_file;
   absl::StatusOr<tally::worker::Credentials> credentials =
       tally::worker::LoadCredentials(files);
-  if (!credentials.ok()) {
-    spdlog::error("{}", std::string(credentials.status().message()));
-    return 2;
-  }
+  if (!credentials.ok()) return credentials.status();
   options.credentials = *std::move(credentials);
   if (!options.credentials.cert_pem.empty()) {
     auto names = tally::worker::CertificateNames(options.credentials.cert_pem);
@@ -217,54 +207,21 @@ int main(int argc, char** argv) {
     spdlog::warn("no --ca_cert: the worker token goes to tallyd in plaintext, readable on the "
                  "network path; set --ca_cert unless TLS ends in front of tallyd");
   }
-  options.rendezvous_host = absl::GetFlag(FLAGS_rendezvous_host);
-  if (options.rendezvous_host.empty()) {
-    const char* env = std::getenv("TALLY_RENDEZVOUS_HOST");
-    options.rendezvous_host = env && *env ? env : host;
-  }
-  options.rendezvous_port = absl::GetFlag(FLAGS_rendezvous_port);
-  if (options.rendezvous_port < 0 || options.rendezvous_port + options.slots > 65536) {
-    spdlog::error("--rendezvous_port: must be 0 or a port with room for --slots ports "
-                  "below 65536, got {}", options.rendezvous_port);
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_collective_timeout) <= 0) {
-    spdlog::error("--collective_timeout: must be > 0 seconds");
-    return 2;
-  }
+  options.rendezvous_host = o.rendezvous_host.empty() ? host : o.rendezvous_host;
+  options.rendezvous_port = o.rendezvous_port;
+  return options;
+}
 
-  tally::worker::TrainerRunnerOptions runner;
-  runner.device = options.device;
-  runner.rendezvous_local_host = options.rendezvous_host;
-  runner.collective_timeout_seconds = absl::GetFlag(FLAGS_collective_timeout);
-  runner.test_fp8_overflow_fraction = absl::GetFlag(FLAGS_testonly_fp8_overflow_fraction);
-  if (!(runner.test_fp8_overflow_fraction >= 0 && runner.test_fp8_overflow_fraction <= 1)) {
-    spdlog::error("--testonly_fp8_overflow_fraction: must be between 0 and 1, got {}",
-                  runner.test_fp8_overflow_fraction);
-    return 2;
-  }
-  runner.test_fp8_grouped_off = absl::GetFlag(FLAGS_testonly_fp8_grouped_off);
+// Says loudly which test-only knobs damage every job on purpose.
+void WarnTestKnobs(const tally::worker::TrainerRunnerOptions& runner, absl::Duration delay) {
   if (!runner.test_fp8_grouped_off.empty()) {
     spdlog::warn("tally-worker: test-only knob set (--testonly_fp8_grouped_off): grouped FP8 "
                  "expert products are off in every job");
   }
-  runner.test_moe_forced_expert = absl::GetFlag(FLAGS_testonly_moe_collapse_expert);
-  if (runner.test_moe_forced_expert < -1) {
-    spdlog::error("--testonly_moe_collapse_expert: must be -1 (off) or an expert index, got {}",
-                  runner.test_moe_forced_expert);
-    return 2;
-  }
-  const absl::Duration preempt_delay = absl::GetFlag(FLAGS_testonly_preempt_checkpoint_delay);
-  if (preempt_delay < absl::ZeroDuration() || preempt_delay == absl::InfiniteDuration()) {
-    spdlog::error("--testonly_preempt_checkpoint_delay: must be a finite duration >= 0, got {}",
-                  absl::FormatDuration(preempt_delay));
-    return 2;
-  }
-  runner.test_preempt_checkpoint_delay_seconds = absl::ToDoubleSeconds(preempt_delay);
-  if (preempt_delay > absl::ZeroDuration()) {
+  if (delay > absl::ZeroDuration()) {
     spdlog::warn("tally-worker: test-only knob set (--testonly_preempt_checkpoint_delay={}): "
                  "every preemption checkpoint is delayed on purpose",
-                 absl::FormatDuration(preempt_delay));
+                 absl::FormatDuration(delay));
   }
   if (runner.test_fp8_overflow_fraction > 0 || runner.test_moe_forced_expert >= 0) {
     spdlog::warn("tally-worker: test-only knobs are set (--testonly_fp8_overflow_fraction={}, "
@@ -272,21 +229,33 @@ int main(int argc, char** argv) {
                  "on purpose",
                  runner.test_fp8_overflow_fraction, runner.test_moe_forced_expert);
   }
-  std::vector<std::string> data_roots = absl::GetFlag(FLAGS_data_root);
-  const bool roots_from_env = data_roots.empty() && std::getenv("TALLY_DATA_ROOTS") &&
-                              *std::getenv("TALLY_DATA_ROOTS");
-  if (roots_from_env) data_roots = absl::StrSplit(std::getenv("TALLY_DATA_ROOTS"), ',');
+}
+
+// The trainer runner's options: the validated flags, and the data roots
+// resolved against the working directory.
+absl::StatusOr<tally::worker::TrainerRunnerOptions> RunnerOptionsFrom(
+    const WorkerOptions& o, const tally::worker::AgentOptions& agent) {
+  tally::worker::TrainerRunnerOptions runner;
+  runner.device = agent.device;
+  runner.rendezvous_local_host = agent.rendezvous_host;
+  runner.collective_timeout_seconds = o.collective_timeout_seconds;
+  runner.test_fp8_overflow_fraction = o.test_fp8_overflow_fraction;
+  runner.test_fp8_grouped_off = o.test_fp8_grouped_off;
+  runner.test_moe_forced_expert = o.test_moe_collapse_expert;
+  runner.test_preempt_checkpoint_delay_seconds =
+      absl::ToDoubleSeconds(o.test_preempt_checkpoint_delay);
+  WarnTestKnobs(runner, o.test_preempt_checkpoint_delay);
   std::error_code cwd_error;
   const std::filesystem::path cwd = std::filesystem::current_path(cwd_error);
   if (cwd_error) {
-    spdlog::error("cannot read the working directory: {}", cwd_error.message());
-    return 2;
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read the working directory: ", cwd_error.message()));
   }
-  absl::StatusOr<tally::worker::DataRoots> roots = tally::worker::DataRoots::Make(data_roots, cwd);
+  absl::StatusOr<tally::worker::DataRoots> roots =
+      tally::worker::DataRoots::Make(o.data_roots, cwd);
   if (!roots.ok()) {
-    spdlog::error("{}{}", std::string(roots.status().message()),
-                  roots_from_env ? " (from $TALLY_DATA_ROOTS)" : "");
-    return 2;
+    return absl::InvalidArgumentError(absl::StrCat(
+        roots.status().message(), o.data_roots_from_env ? " (from $TALLY_DATA_ROOTS)" : ""));
   }
   runner.data_roots = *std::move(roots);
   if (runner.data_roots.confining()) {
@@ -296,32 +265,25 @@ int main(int argc, char** argv) {
                  "worker's permissions; confine them with --data_root=DIR[,DIR...] (or "
                  "$TALLY_DATA_ROOTS)");
   }
-  runner.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  if (runner.checkpoint_dir.empty()) {
-    const char* env = std::getenv("TALLY_CHECKPOINT_DIR");
-    runner.checkpoint_dir = env && *env ? env : "tally-checkpoints";
-  }
-  runner.peak_flops = absl::GetFlag(FLAGS_peak_tflops) > 0
-                          ? absl::GetFlag(FLAGS_peak_tflops) * 1e12
-                          : tally::worker::PeakFlopsFor(options.gpu_type);
-  if (absl::GetFlag(FLAGS_threads) < 0) {
-    spdlog::error("--threads: must be >= 0, got {}", absl::GetFlag(FLAGS_threads));
-    return 2;
-  }
-  tally::train::SetCpuThreads(absl::GetFlag(FLAGS_threads));
-  if (absl::Status s = tally::train::CheckDevice(options.device); !s.ok()) {
-    spdlog::error("--device: {}", std::string(s.message()));
-    return 2;
-  }
+  runner.checkpoint_dir = o.checkpoint_dir;
+  runner.peak_flops =
+      o.peak_tflops > 0 ? o.peak_tflops * 1e12 : tally::worker::PeakFlopsFor(agent.gpu_type);
+  return runner;
+}
 
+// Runs the agent until it ends; SIGTERM and SIGINT (blocked here, taken by
+// a thread of their own) are preemptions.
+int RunAgent(const tally::worker::AgentOptions& options,
+             tally::worker::TrainerRunnerOptions runner) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  const std::string checkpoint_dir = runner.checkpoint_dir;
   tally::worker::Agent agent(options,
-                             std::make_unique<tally::worker::TrainerRunner>(runner));
+                             std::make_unique<tally::worker::TrainerRunner>(std::move(runner)));
   std::thread waiter([&] {
     while (true) {
       int sig = 0;
@@ -335,7 +297,7 @@ int main(int argc, char** argv) {
   waiter.detach();
   spdlog::info("tally-worker {} ({} / {}, {}) -> {}, checkpoints in {}", options.worker_id,
                options.device, options.gpu_type, options.capacity, options.controller,
-               runner.checkpoint_dir);
+               checkpoint_dir);
   if (options.exit_when_idle > absl::ZeroDuration()) {
     spdlog::info("tally-worker: leaves after {} connected with no assignment (--exit_when_idle)",
                  absl::FormatDuration(options.exit_when_idle));
@@ -355,4 +317,40 @@ int main(int argc, char** argv) {
     std::_Exit(rc);
   }
   return rc;
+}
+
+}  // namespace
+
+// Flags into WorkerOptions, Validate(), build the agent and its runner, run.
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tally-worker: runs training assignments from tallyd.\n\nUsage: "
+      "tally-worker --controller=HOST:PORT[,HOST:PORT...] [--worker_id=ID] [--device=cpu] "
+      "[--ca_cert=PEM [--tls_cert=PEM --tls_key=PEM]] [--token_file=FILE] "
+      "[--data_root=DIR[,DIR...]]");
+  absl::ParseCommandLine(argc, argv);
+
+  const WorkerOptions flags = OptionsFromFlags();
+  if (absl::Status s = flags.Validate(); !s.ok()) {
+    spdlog::error("{}", std::string(s.message()));
+    return 2;
+  }
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  absl::StatusOr<tally::worker::AgentOptions> options = AgentOptionsFrom(flags, host);
+  if (!options.ok()) {
+    spdlog::error("{}", std::string(options.status().message()));
+    return 2;
+  }
+  absl::StatusOr<tally::worker::TrainerRunnerOptions> runner = RunnerOptionsFrom(flags, *options);
+  if (!runner.ok()) {
+    spdlog::error("{}", std::string(runner.status().message()));
+    return 2;
+  }
+  tally::train::SetCpuThreads(flags.threads);
+  if (absl::Status s = tally::train::CheckDevice(options->device); !s.ok()) {
+    spdlog::error("--device: {}", std::string(s.message()));
+    return 2;
+  }
+  return RunAgent(*options, *std::move(runner));
 }
