@@ -257,6 +257,125 @@ tally::data::CorpusOptions CorpusOptionsFromFlags(int* code, std::string* error)
   return options;
 }
 
+// How the input becomes tokens: bytes, a SentencePiece model, or ids
+// already in the input (--vocab_size).
+struct Tokenizing {
+  bool pretokenized = false;
+  int64_t vocab = 0;
+  tally::data::TokenizerRecord record;
+  std::unique_ptr<tally::data::SentencePieceTokenizer> spm;  // null: bytes
+};
+
+// The tokenizer flags, checked (INVALID_ARGUMENT naming the flag).
+absl::StatusOr<Tokenizing> TokenizingFromFlags(const std::string& format) {
+  const int64_t vocab = absl::GetFlag(FLAGS_vocab_size);
+  const std::string tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  Tokenizing t;
+  t.vocab = vocab;
+  t.pretokenized = vocab != 0;
+  tally::data::TokenizerRecord& record = t.record;
+  std::string error;
+  if (t.pretokenized) {
+    if (format != "jsonl") {
+      return absl::InvalidArgumentError(
+          "--vocab_size: pre-tokenized input is read from JSONL (--format=jsonl "
+          "--field=input_ids)");
+    }
+    if (tokenizer != "byte") {
+      return absl::InvalidArgumentError(
+          "--tokenizer: pre-tokenized input (--vocab_size) is not tokenized again; "
+          "drop --tokenizer");
+    }
+    if (vocab < 2 || vocab > tally::data::kMaxVocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--vocab_size: must be between 2 and ", tally::data::kMaxVocab, ", got ", vocab));
+    }
+    record.kind = "pretokenized";
+    record.vocab_size = vocab;
+    if (!ParseSpecial("bos", absl::GetFlag(FLAGS_bos), vocab, &record.bos, &error) ||
+        !ParseSpecial("eos", absl::GetFlag(FLAGS_eos), vocab, &record.eos, &error)) {
+      return absl::InvalidArgumentError(error);
+    }
+  } else if (absl::GetFlag(FLAGS_bos) != "none" || absl::GetFlag(FLAGS_eos) != "none") {
+    return absl::InvalidArgumentError(
+        "--bos/--eos: only for pre-tokenized input (with --vocab_size); a tokenizer "
+        "brings its own");
+  } else if (absl::StartsWith(tokenizer, "sentencepiece:")) {
+    auto loaded = tally::data::SentencePieceTokenizer::Load(tokenizer.substr(14));
+    if (!loaded.ok()) {
+      return absl::InvalidArgumentError("--tokenizer: " + std::string(loaded.status().message()));
+    }
+    t.spm = *std::move(loaded);
+    record = t.spm->record();
+  } else if (tokenizer != "byte") {
+    return absl::InvalidArgumentError("--tokenizer: must be byte or sentencepiece:PATH, got \"" +
+                                      tokenizer + "\"");
+  }
+  return t;
+}
+
+// Splits each input's documents between the two writers (by a seeded hash
+// of the document) and tokenizes them; INVALID_ARGUMENT names the file and
+// line of a document that cannot be. Counts the text's bytes.
+absl::Status WriteDocuments(const std::vector<std::string>& inputs,
+                            const tally::data::CorpusOptions& options, const Tokenizing& tok,
+                            tally::data::DatasetWriter& train, tally::data::DatasetWriter& val,
+                            int64_t* text_bytes) {
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const uint64_t threshold =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_val_fraction) * 1e9);
+  const tally::data::TokenizerRecord& record = tok.record;
+  const int64_t vocab = tok.vocab;
+  const tally::data::SentencePieceTokenizer* spm = tok.spm.get();
+  std::vector<uint16_t> bytes;
+  std::vector<uint32_t> tokens;
+  auto where = [](const tally::data::DocumentSource& at) {
+    return absl::StrCat(*at.file, ":", at.first_line, ": ");
+  };
+  for (const std::string& path : inputs) {
+    absl::Status s;
+    if (tok.pretokenized) {
+      s = tally::data::ReadTokenIdsFile(
+          path, options, vocab,
+          [&](absl::Span<const uint32_t> ids, const tally::data::DocumentSource& at) {
+            tokens.clear();
+            if (record.bos >= 0 && ids.front() != static_cast<uint32_t>(record.bos)) {
+              tokens.push_back(static_cast<uint32_t>(record.bos));
+            }
+            tokens.insert(tokens.end(), ids.begin(), ids.end());
+            if (record.eos >= 0 && ids.back() != static_cast<uint32_t>(record.eos)) {
+              tokens.push_back(static_cast<uint32_t>(record.eos));
+            }
+            const absl::string_view key(reinterpret_cast<const char*>(tokens.data()),
+                                        tokens.size() * sizeof(uint32_t));
+            auto& w = Fnv1a(key, seed) % 1000000000ULL < threshold ? val : train;
+            absl::Status added = w.Add(tokens, 0);
+            return added.ok()
+                       ? added
+                       : absl::InvalidArgumentError(where(at) + std::string(added.message()));
+          });
+    } else {
+      s = tally::data::ReadCorpusFile(
+          path, options, [&](absl::string_view text, const tally::data::DocumentSource& at) {
+            *text_bytes += static_cast<int64_t>(text.size());
+            auto& w = Fnv1a(text, seed) % 1000000000ULL < threshold ? val : train;
+            if (spm == nullptr) {
+              bytes.clear();
+              tally::data::ByteTokenizer::Encode(text, &bytes);
+              return w.Add(bytes);
+            }
+            tokens.clear();
+            if (absl::Status e = spm->Encode(text, &tokens); !e.ok()) {
+              return absl::InvalidArgumentError(where(at) + std::string(e.message()));
+            }
+            return w.Add(tokens, static_cast<int64_t>(text.size()));
+          });
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -289,49 +408,10 @@ int main(int argc, char** argv) {
   const tally::data::CorpusOptions options = CorpusOptionsFromFlags(&code, &error);
   if (code != 0) return Fail(error, code);
   const std::string format = absl::GetFlag(FLAGS_format);
-  // The tokenizer: bytes, a SentencePiece model, or ids already in the input.
-  const int64_t vocab = absl::GetFlag(FLAGS_vocab_size);
-  const std::string tokenizer = absl::GetFlag(FLAGS_tokenizer);
-  const bool pretokenized = vocab != 0;
-  tally::data::TokenizerRecord record;
-  std::unique_ptr<tally::data::SentencePieceTokenizer> spm;
-  if (pretokenized) {
-    if (format != "jsonl") {
-      return Fail(
-          "--vocab_size: pre-tokenized input is read from JSONL (--format=jsonl "
-          "--field=input_ids)",
-          2);
-    }
-    if (tokenizer != "byte") {
-      return Fail(
-          "--tokenizer: pre-tokenized input (--vocab_size) is not tokenized again; "
-          "drop --tokenizer",
-          2);
-    }
-    if (vocab < 2 || vocab > tally::data::kMaxVocab) {
-      return Fail(absl::StrCat("--vocab_size: must be between 2 and ", tally::data::kMaxVocab,
-                               ", got ", vocab),
-                  2);
-    }
-    record.kind = "pretokenized";
-    record.vocab_size = vocab;
-    if (!ParseSpecial("bos", absl::GetFlag(FLAGS_bos), vocab, &record.bos, &error) ||
-        !ParseSpecial("eos", absl::GetFlag(FLAGS_eos), vocab, &record.eos, &error)) {
-      return Fail(error, 2);
-    }
-  } else if (absl::GetFlag(FLAGS_bos) != "none" || absl::GetFlag(FLAGS_eos) != "none") {
-    return Fail(
-        "--bos/--eos: only for pre-tokenized input (with --vocab_size); a tokenizer "
-        "brings its own",
-        2);
-  } else if (absl::StartsWith(tokenizer, "sentencepiece:")) {
-    auto loaded = tally::data::SentencePieceTokenizer::Load(tokenizer.substr(14));
-    if (!loaded.ok()) return Fail("--tokenizer: " + std::string(loaded.status().message()), 2);
-    spm = *std::move(loaded);
-    record = spm->record();
-  } else if (tokenizer != "byte") {
-    return Fail("--tokenizer: must be byte or sentencepiece:PATH, got \"" + tokenizer + "\"", 2);
-  }
+  absl::StatusOr<Tokenizing> tok = TokenizingFromFlags(format);
+  if (!tok.ok()) return Fail(std::string(tok.status().message()), 2);
+  const tally::data::TokenizerRecord& record = tok->record;
+  const bool pretokenized = tok->pretokenized;
   const double val_fraction = absl::GetFlag(FLAGS_val_fraction);
   if (!(val_fraction > 0 && val_fraction < 1)) {
     return Fail(absl::StrCat("--val_fraction: must be between 0 and 1 (exclusive), got ",
@@ -345,54 +425,10 @@ int main(int argc, char** argv) {
   if (!train.ok()) return Fail(std::string(train.status().message()));
   auto val = tally::data::DatasetWriter::Create(out + "/val", record);
   if (!val.ok()) return Fail(std::string(val.status().message()));
-  const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  const uint64_t threshold = static_cast<uint64_t>(val_fraction * 1e9);
-  std::vector<uint16_t> bytes;
-  std::vector<uint32_t> tokens;
   int64_t text_bytes = 0;
-  auto where = [](const tally::data::DocumentSource& at) {
-    return absl::StrCat(*at.file, ":", at.first_line, ": ");
-  };
-  for (const std::string& path : inputs) {
-    absl::Status s;
-    if (pretokenized) {
-      s = tally::data::ReadTokenIdsFile(
-          path, options, vocab,
-          [&](absl::Span<const uint32_t> ids, const tally::data::DocumentSource& at) {
-            tokens.clear();
-            if (record.bos >= 0 && ids.front() != static_cast<uint32_t>(record.bos)) {
-              tokens.push_back(static_cast<uint32_t>(record.bos));
-            }
-            tokens.insert(tokens.end(), ids.begin(), ids.end());
-            if (record.eos >= 0 && ids.back() != static_cast<uint32_t>(record.eos)) {
-              tokens.push_back(static_cast<uint32_t>(record.eos));
-            }
-            const absl::string_view key(reinterpret_cast<const char*>(tokens.data()),
-                                        tokens.size() * sizeof(uint32_t));
-            auto& w = Fnv1a(key, seed) % 1000000000ULL < threshold ? *val : *train;
-            absl::Status added = w->Add(tokens, 0);
-            return added.ok()
-                       ? added
-                       : absl::InvalidArgumentError(where(at) + std::string(added.message()));
-          });
-    } else {
-      s = tally::data::ReadCorpusFile(
-          path, options, [&](absl::string_view text, const tally::data::DocumentSource& at) {
-            text_bytes += static_cast<int64_t>(text.size());
-            auto& w = Fnv1a(text, seed) % 1000000000ULL < threshold ? *val : *train;
-            if (spm == nullptr) {
-              bytes.clear();
-              tally::data::ByteTokenizer::Encode(text, &bytes);
-              return w->Add(bytes);
-            }
-            tokens.clear();
-            if (absl::Status e = spm->Encode(text, &tokens); !e.ok()) {
-              return absl::InvalidArgumentError(where(at) + std::string(e.message()));
-            }
-            return w->Add(tokens, static_cast<int64_t>(text.size()));
-          });
-    }
-    if (!s.ok()) return Fail(std::string(s.message()), 2);
+  if (absl::Status s = WriteDocuments(inputs, options, *tok, **train, **val, &text_bytes);
+      !s.ok()) {
+    return Fail(std::string(s.message()), 2);
   }
   if ((*train)->num_docs() + (*val)->num_docs() == 0) {
     return Fail(absl::StrCat("the corpus is empty: no documents in ",
@@ -406,9 +442,12 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> recorded(
       inputs.begin(), inputs.begin() + std::min(inputs.size(), kMaxRecordedSources));
-  nlohmann::json extra = {{"sources", recorded}, {"num_sources", inputs.size()},
-                          {"format", format},    {"val_fraction", val_fraction},
-                          {"seed", seed},        {"field", format == "jsonl" ? options.field : ""}};
+  nlohmann::json extra = {{"sources", recorded},
+                          {"num_sources", inputs.size()},
+                          {"format", format},
+                          {"val_fraction", val_fraction},
+                          {"seed", absl::GetFlag(FLAGS_seed)},
+                          {"field", format == "jsonl" ? options.field : ""}};
   for (auto& [writer, split_name] : {std::pair{train->get(), "train"},
                                       std::pair{val->get(), "val"}}) {
     extra["split"] = split_name;

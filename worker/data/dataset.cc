@@ -184,6 +184,96 @@ std::string ValidationPrefixFor(const std::string& train_prefix) {
   return dir + "val";
 }
 
+namespace {
+
+absl::Status Damaged(const std::string& path, const std::string& what) {
+  return absl::DataLossError(absl::StrCat(path, ": ", what, "; ", kRerun));
+}
+
+// The fields' agreement with one another and with what this build reads
+// (the tokenizer, its vocabulary and ids, the token width, the counts), and
+// a SentencePiece tokenizer's model file.
+absl::Status CheckMetadataFields(const nlohmann::json& j, const std::string& path,
+                                 DatasetMetadata& m) {
+  auto damaged = [&](const std::string& what) { return Damaged(path, what); };
+  const int64_t version = m.version;
+  const bool byte = m.tokenizer == ByteTokenizer::kName;
+  if (!byte &&
+      (version == 1 || (m.tokenizer != "sentencepiece" && m.tokenizer != "pretokenized"))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": tokenizer \"", m.tokenizer.substr(0, 64),
+                     "\" is not supported (this build reads byte, sentencepiece and pretokenized); "
+                     "prepare the data with tally-prep"));
+  }
+  if (byte && (m.vocab_size != ByteTokenizer::kVocabSize || m.bos != ByteTokenizer::kBos ||
+               m.eos != ByteTokenizer::kEos)) {
+    return damaged(absl::StrCat("\"vocab_size\" ", m.vocab_size, ", \"bos\" ", m.bos,
+                                ", \"eos\" ", m.eos, " do not match the ", ByteTokenizer::kName,
+                                " tokenizer's ", ByteTokenizer::kVocabSize, ", ",
+                                ByteTokenizer::kBos, ", ", ByteTokenizer::kEos));
+  }
+  if (m.vocab_size < 1 || m.vocab_size > kMaxVocab) {
+    return damaged(
+        absl::StrCat("\"vocab_size\" ", m.vocab_size, " is not between 1 and ", kMaxVocab));
+  }
+  if (m.token_bytes != 2 && !(version >= 2 && m.token_bytes == 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": \"token_bytes\" ", m.token_bytes,
+                                                   " is not supported (this build reads 2",
+                                                   version >= 2 ? " and 4" : " in version 1", ")"));
+  }
+  if (m.token_bytes == 2 && m.vocab_size > kMaxTwoByteVocab) {
+    return damaged(
+        absl::StrCat("\"vocab_size\" ", m.vocab_size, " does not fit \"token_bytes\" 2"));
+  }
+  if (m.tokenizer == "sentencepiece") {
+    auto it = j.find("tokenizer_model");
+    if (it == j.end() || !it->is_object() || !it->contains("path") || !(*it)["path"].is_string() ||
+        !it->contains("sha256") || !(*it)["sha256"].is_string() ||
+        !IsSha256Hex((*it)["sha256"].get<std::string>())) {
+      return damaged("\"tokenizer_model\" must name the SentencePiece model's path and sha256");
+    }
+    m.tokenizer_model_path = (*it)["path"].get<std::string>();
+    m.tokenizer_model_sha256 = (*it)["sha256"].get<std::string>();
+  }
+  if (m.num_docs < 1) return damaged("\"num_docs\" is 0: the dataset has no documents");
+  if (m.num_tokens < m.num_docs) {
+    return damaged(absl::StrCat("\"num_tokens\" ", m.num_tokens, " is less than \"num_docs\" ",
+                                m.num_docs, " (every document has a token)"));
+  }
+  if (m.max_doc_tokens < 1 || m.max_doc_tokens > m.num_tokens) {
+    return damaged(absl::StrCat("\"max_doc_tokens\" ", m.max_doc_tokens,
+                                " is not between 1 and \"num_tokens\" ", m.num_tokens));
+  }
+  return absl::OkStatus();
+}
+
+// The optional "content_sha256": the .bin and .idx files' hashes, and the
+// hash of the sampled check.
+absl::Status ReadContentHashes(const nlohmann::json& j, const std::string& path,
+                               DatasetMetadata& m) {
+  auto damaged = [&](const std::string& what) { return Damaged(path, what); };
+  if (auto it = j.find("content_sha256"); it != j.end()) {
+    if (!it->is_object()) return damaged("\"content_sha256\" is not an object");
+    for (auto [key, out] : {std::pair{"bin", &m.bin_sha256}, std::pair{"idx", &m.idx_sha256}}) {
+      auto h = it->find(key);
+      if (h == it->end() || !h->is_string() || !IsSha256Hex(h->get<std::string>())) {
+        return damaged(absl::StrCat("\"content_sha256\".\"", key,
+                                    "\" is missing or not 64 lower-case hex digits"));
+      }
+      *out = h->get<std::string>();
+    }
+    if (auto h = it->find("check"); h != it->end()) {
+      if (!h->is_string() || !IsSha256Hex(h->get<std::string>())) {
+        return damaged("\"content_sha256\".\"check\" is not 64 lower-case hex digits");
+      }
+      m.content_check = h->get<std::string>();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
                                                      const std::string& path) {
   auto damaged = [&](const std::string& what) {
@@ -274,70 +364,8 @@ absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
     }
   }
 
-  const bool byte = m.tokenizer == ByteTokenizer::kName;
-  if (!byte &&
-      (version == 1 || (m.tokenizer != "sentencepiece" && m.tokenizer != "pretokenized"))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": tokenizer \"", m.tokenizer.substr(0, 64),
-                     "\" is not supported (this build reads byte, sentencepiece and pretokenized); "
-                     "prepare the data with tally-prep"));
-  }
-  if (byte && (m.vocab_size != ByteTokenizer::kVocabSize || m.bos != ByteTokenizer::kBos ||
-               m.eos != ByteTokenizer::kEos)) {
-    return damaged(absl::StrCat("\"vocab_size\" ", m.vocab_size, ", \"bos\" ", m.bos,
-                                ", \"eos\" ", m.eos, " do not match the ", ByteTokenizer::kName,
-                                " tokenizer's ", ByteTokenizer::kVocabSize, ", ",
-                                ByteTokenizer::kBos, ", ", ByteTokenizer::kEos));
-  }
-  if (m.vocab_size < 1 || m.vocab_size > kMaxVocab) {
-    return damaged(
-        absl::StrCat("\"vocab_size\" ", m.vocab_size, " is not between 1 and ", kMaxVocab));
-  }
-  if (m.token_bytes != 2 && !(version >= 2 && m.token_bytes == 4)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": \"token_bytes\" ", m.token_bytes,
-                                                   " is not supported (this build reads 2",
-                                                   version >= 2 ? " and 4" : " in version 1", ")"));
-  }
-  if (m.token_bytes == 2 && m.vocab_size > kMaxTwoByteVocab) {
-    return damaged(
-        absl::StrCat("\"vocab_size\" ", m.vocab_size, " does not fit \"token_bytes\" 2"));
-  }
-  if (m.tokenizer == "sentencepiece") {
-    auto it = j.find("tokenizer_model");
-    if (it == j.end() || !it->is_object() || !it->contains("path") || !(*it)["path"].is_string() ||
-        !it->contains("sha256") || !(*it)["sha256"].is_string() ||
-        !IsSha256Hex((*it)["sha256"].get<std::string>())) {
-      return damaged("\"tokenizer_model\" must name the SentencePiece model's path and sha256");
-    }
-    m.tokenizer_model_path = (*it)["path"].get<std::string>();
-    m.tokenizer_model_sha256 = (*it)["sha256"].get<std::string>();
-  }
-  if (m.num_docs < 1) return damaged("\"num_docs\" is 0: the dataset has no documents");
-  if (m.num_tokens < m.num_docs) {
-    return damaged(absl::StrCat("\"num_tokens\" ", m.num_tokens, " is less than \"num_docs\" ",
-                                m.num_docs, " (every document has a token)"));
-  }
-  if (m.max_doc_tokens < 1 || m.max_doc_tokens > m.num_tokens) {
-    return damaged(absl::StrCat("\"max_doc_tokens\" ", m.max_doc_tokens,
-                                " is not between 1 and \"num_tokens\" ", m.num_tokens));
-  }
-  if (auto it = j.find("content_sha256"); it != j.end()) {
-    if (!it->is_object()) return damaged("\"content_sha256\" is not an object");
-    for (auto [key, out] : {std::pair{"bin", &m.bin_sha256}, std::pair{"idx", &m.idx_sha256}}) {
-      auto h = it->find(key);
-      if (h == it->end() || !h->is_string() || !IsSha256Hex(h->get<std::string>())) {
-        return damaged(absl::StrCat("\"content_sha256\".\"", key,
-                                    "\" is missing or not 64 lower-case hex digits"));
-      }
-      *out = h->get<std::string>();
-    }
-    if (auto h = it->find("check"); h != it->end()) {
-      if (!h->is_string() || !IsSha256Hex(h->get<std::string>())) {
-        return damaged("\"content_sha256\".\"check\" is not 64 lower-case hex digits");
-      }
-      m.content_check = h->get<std::string>();
-    }
-  }
+  if (auto s = CheckMetadataFields(j, path, m); !s.ok()) return s;
+  if (auto s = ReadContentHashes(j, path, m); !s.ok()) return s;
   return m;
 }
 
