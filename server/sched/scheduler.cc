@@ -109,12 +109,10 @@ absl::Status Scheduler::Recover() {
   ASSIGN_OR_RETURN(std::vector<store::JobRecord> jobs, store_->ListActiveJobs());
   const absl::Time now = clock_->Now();
   // The tenants' spend of the last month, for their quotas.
-  absl::StatusOr<std::vector<store::SpendRecord>> spent = store_->ListSpend(
-      ledger::TenantSpend::HourOf(now) - absl::ToInt64Hours(ledger::kQuotaMonth));
-  if (!spent.ok() && !absl::IsUnimplemented(spent.status())) return spent.status();
-  if (spent.ok()) {
-    for (const store::SpendRecord& r : *spent) spend_.Add(r.tenant, r.hour, r.usd);
-  }
+  ASSIGN_OR_RETURN(std::vector<store::SpendRecord> spent,
+                   store_->ListSpend(ledger::TenantSpend::HourOf(now) -
+                                     absl::ToInt64Hours(ledger::kQuotaMonth)));
+  for (const store::SpendRecord& r : spent) spend_.Add(r.tenant, r.hour, r.usd);
   for (auto& rec : jobs) {
     ActiveJob job;
     job.rec = rec;
