@@ -133,7 +133,7 @@ absl::Status Scheduler::Recover() {
     if (orphan) {
       // RUNNING without a running attempt: the attempt's end was recorded
       // but not the job's; requeue it.
-      Plan p = NewPlan(active_[id], now);
+      Plan p = NewPlan(Ctx(now), active_[id]);
       AddEvent(p, "requeued", "recovered without a running attempt", "",
                tally::v1::JOB_STATE_QUEUED);
       p.requeued = true;
@@ -249,7 +249,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::Cancel(int64_t job_id, const std::stri
   if (it == active_.end()) return EndedError(job_id, "be cancelled");
   std::string why = reason.empty() ? "cancelled by request" : absl::StrCat("cancelled: ", reason);
   if (!by.empty()) absl::StrAppend(&why, " (by ", by, ")");
-  Plan p = PlanStopNow(it->second, tally::v1::JOB_STATE_CANCELLED, "cancelled", why, "");
+  Plan p = PlanStopNow(Ctx(), it->second, tally::v1::JOB_STATE_CANCELLED, "cancelled", why, "");
   p.rec.mutable_job()->set_cancelled_by(by);
   for (tally::v1::JobEvent& e : p.events) e.set_principal(by);
   tally::v1::Job ended = p.rec.job();
@@ -269,7 +269,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
   if (job.rec.job().target_val_loss() == target || job.rec.job().has_pending_stop()) {
     return job.rec.job();
   }
-  Plan p = NewPlan(job, clock_->Now());
+  Plan p = NewPlan(Ctx(), job);
   tally::v1::Job& j = *p.rec.mutable_job();
   j.set_target_val_loss(target);
   j.clear_target_reached();
@@ -280,10 +280,10 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
     const tally::v1::EvalResult ev = LatestEval(j);
     if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt &&
         ev.step() < j.spec().training().max_steps()) {
-      PendingStopFor(p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", reason, policy::rules::kTarget,
-                     ev);
+      PendingStopFor(Ctx(), p, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", reason,
+                     policy::rules::kTarget, ev);
     } else if (j.state() == tally::v1::JOB_STATE_QUEUED) {
-      Plan stop = PlanStopNow(job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", reason, "");
+      Plan stop = PlanStopNow(Ctx(), job, tally::v1::JOB_STATE_SUCCEEDED, "succeeded", reason, "");
       stop.end_rule = policy::rules::kTarget;
       // Keep what this plan recorded (the target and where it was reached).
       stop.rec.mutable_job()->set_target_val_loss(target);
@@ -307,12 +307,12 @@ absl::StatusOr<tally::v1::Job> Scheduler::StopJob(int64_t job_id, JobState state
                            : state == tally::v1::JOB_STATE_BUDGET_EXHAUSTED
                                ? "budget_exhausted"
                                : absl::AsciiStrToLower(StateName(state));
-  Plan p = NewPlan(job, clock_->Now());
+  Plan p = NewPlan(Ctx(), job);
   const tally::v1::Job& j = p.rec.job();
   if (j.state() == tally::v1::JOB_STATE_RUNNING && p.attempt && j.curve_size() > 0) {
-    PendingStopFor(p, state, type, reason, rule, LatestEval(j));
+    PendingStopFor(Ctx(), p, state, type, reason, rule, LatestEval(j));
   } else {
-    p = PlanStopNow(job, state, type, reason, absl::StrCat("rule ", rule));
+    p = PlanStopNow(Ctx(), job, state, type, reason, absl::StrCat("rule ", rule));
     p.rec.mutable_job()->mutable_early_stopping()->set_stop_rule(rule);
     p.end_rule = rule;
     if (state == tally::v1::JOB_STATE_EARLY_STOPPED) p.early_stop_rule = rule;
@@ -329,14 +329,14 @@ absl::StatusOr<tally::v1::Job> Scheduler::HoldJob(int64_t job_id, const std::str
   const ActiveJob& job = it->second;
   const tally::v1::Job& current = job.rec.job();
   if (!current.hold().empty() || current.has_pending_stop()) return current;
-  Plan p = NewPlan(job, clock_->Now());
+  Plan p = NewPlan(Ctx(), job);
   if (!current.preemption().pending_for().empty()) {
     // Already leaving its slot (for a job of higher priority): that
     // preemption stands; once requeued, the hold keeps it there.
     AddEvent(p, "held", reason, "kept out of placement until released, once its preemption ends");
   } else if (current.state() == tally::v1::JOB_STATE_RUNNING && p.attempt) {
     // Out of its slot first: it checkpoints and requeues, held.
-    p = PlanPreempting(job, holder, reason);
+    p = PlanPreempting(Ctx(), job, holder, reason);
   } else {
     AddEvent(p, "held", reason, "kept out of placement until released");
   }
@@ -351,7 +351,7 @@ absl::StatusOr<tally::v1::Job> Scheduler::ReleaseJob(int64_t job_id, const std::
   if (it == active_.end()) return EndedError(job_id, "be released");
   const ActiveJob& job = it->second;
   if (job.rec.job().hold().empty()) return job.rec.job();
-  Plan p = NewPlan(job, clock_->Now());
+  Plan p = NewPlan(Ctx(), job);
   p.rec.mutable_job()->clear_hold();
   AddEvent(p, "released", reason, "placeable again");
   tally::v1::Job out = p.rec.job();
@@ -369,20 +369,35 @@ void Scheduler::SendStop(const std::string& worker_id, const std::string& job, i
   channel_->Send(worker_id, StopMessage(job, attempt, reason));
 }
 
-std::string Scheduler::PickRendezvous(const std::string& leader) const {
-  if (!workers_.CanLead(leader)) return "";  // the ranks fail with "rendezvous: is required"
-  const store::WorkerRecord& rec = workers_.Find(leader)->rec;
-  std::set<std::string> taken;
+PlanContext Scheduler::Ctx(absl::Time now) const {
+  PlanContext ctx;
+  ctx.now = now;
+  ctx.stop_grace = options_.stop_grace;
+  ctx.ledger = &ledger_;
+  ctx.workers = &workers_;
+  return ctx;
+}
+
+absl::StatusOr<Checkpoints> Scheduler::CheckpointsOf(const ActiveJob& job) const {
+  return store_->ListCheckpoints(job.rec.id());
+}
+
+absl::StatusOr<std::optional<tally::v1::Checkpoint>> Scheduler::LatestCheckpoint(
+    const ActiveJob& job) const {
+  // Read from the store once per job life in this process (e.g. after a
+  // restart); afterwards the job keeps its latest checkpoint.
+  if (job.last_checkpoint) return job.last_checkpoint;
+  ASSIGN_OR_RETURN(Checkpoints cks, CheckpointsOf(job));
+  if (cks.empty()) return std::optional<tally::v1::Checkpoint>();
+  return std::optional<tally::v1::Checkpoint>(cks.back());
+}
+
+std::set<std::string> Scheduler::RendezvousInUse() const {
+  std::set<std::string> in_use;
   for (const auto& [id, job] : active_) {
-    if (job.attempt && job.attempt->worker_ids_size() > 1 && job.attempt->worker_ids(0) == leader) {
-      taken.insert(job.attempt->rendezvous());
-    }
+    if (job.attempt && job.attempt->worker_ids_size() > 1) in_use.insert(job.attempt->rendezvous());
   }
-  for (int k = 0; k < std::max(1, rec.slots()); ++k) {
-    std::string address = absl::StrCat(rec.rendezvous_host(), ":", rec.rendezvous_port() + k);
-    if (!taken.count(address)) return address;
-  }
-  return absl::StrCat(rec.rendezvous_host(), ":", rec.rendezvous_port());
+  return in_use;
 }
 
 std::optional<tally::v1::Job> Scheduler::ActiveJobView(int64_t job_id) const {
@@ -405,7 +420,7 @@ absl::Status Scheduler::SetPrices(ledger::PriceTable prices) {
   for (int64_t id : ids) {
     auto it = active_.find(id);
     if (it == active_.end()) continue;
-    if (absl::Status s = Execute(id, NewPlan(it->second, now)); !s.ok() && failed.ok()) {
+    if (absl::Status s = Execute(id, NewPlan(Ctx(now), it->second)); !s.ok() && failed.ok()) {
       failed = absl::Status(s.code(), absl::StrCat("jobs/", id, ": its spend at the old prices "
                                                    "was not committed: ", s.message()));
     }

@@ -72,9 +72,11 @@
 #include "server/policy/forecast.h"
 #include "server/policy/placement.h"
 #include "server/policy/target.h"
+#include "server/sched/active_job.h"
 #include "server/sched/eval_decision.h"
 #include "server/sched/observer.h"
 #include "server/sched/plan.h"
+#include "server/sched/plans.h"
 #include "server/sched/sched_metrics.h"
 #include "server/sched/worker_channel.h"
 #include "server/sched/worker_registry.h"
@@ -282,81 +284,29 @@ class Scheduler {
       std::vector<std::pair<int64_t, std::string>>* held) const;
   using AttemptKey = sched::AttemptKey;  // (job id, attempt)
 
-  struct ActiveJob {
-    store::JobRecord rec;  // as committed, plus the latest progress fields
-    absl::Time queued_since;
-    std::optional<store::AttemptRecord> attempt;  // when RUNNING
-    absl::Time last_progress_event;
-    // The latest recorded checkpoint (loaded from the store on first need),
-    // which the next one is priced against.
-    std::optional<tally::v1::Checkpoint> last_checkpoint;
-    // MoE routing collapse (metrics::AssessMoeLayer) at the latest progress,
-    // and where (the streak is in rec's routing).
-    bool routing_collapsed = false;
-    std::string collapse_where;
-    // The latest progress of the current attempt (steps and tokens only go
-    // forward within an attempt): its number, step and tokens.
-    int32_t progress_attempt = 0;
-    int64_t progress_step = -1;
-    int64_t progress_tokens = -1;
-    int progress_reports = 0;  // of progress_attempt, taken
-    // "WORKER attempt N": the going-away notice this job's events recorded
-    // (once committed); a notice sent again records nothing more.
-    std::string notice_recorded;
-  };
+  using ActiveJob = sched::ActiveJob;
 
-  // --- Plans (decide). Each starts from the job as committed and changes
-  // only the plan.
-  Plan NewPlan(const ActiveJob& job, absl::Time now) const;
-  // Appends an event made from the plan's record; with `state`, the job
-  // enters it (state_reason and end_time follow).
-  void AddEvent(Plan& p, const std::string& type, const std::string& reason,
-                const std::string& detail,
-                std::optional<tally::v1::JobState> state = std::nullopt) const;
-  // An event an evaluation decided (eval_decision.h).
-  void AddEvent(Plan& p, const EvalEvent& e) const;
-  void StopOrders(Plan& p, const std::string& reason, bool checkpoint,
-                  const std::string& except_worker = "", bool preempt = false) const;
-  // Ends a job at once in a terminal state on tallyd's decision.
-  Plan PlanStopNow(const ActiveJob& job, tally::v1::JobState state, const std::string& type,
-                   const std::string& reason, const std::string& detail) const;
-  // What else an ending attempt says about the job.
-  struct EndAttemptNotes {
-    // Requeue without counting against max_attempts (at most
-    // kMaxAttemptsNotCounted times per job; then it counts like any other).
-    bool not_counted = false;
-    // The recorded checkpoint the attempt found damaged (recorded on the
-    // job, never resumed from again), and the one the next attempt resumes
-    // from instead (none: it starts from step 0).
-    std::optional<tally::v1::DamagedCheckpoint> damaged;
-    std::optional<tally::v1::Checkpoint> resume_instead;
-  };
-  static constexpr int32_t kMaxAttemptsNotCounted = 32;
-  // Ends the current attempt in `attempt_state`; requeues the job if it may
-  // retry, else fails it. A job with a pending stop ends as decided instead.
-  absl::StatusOr<Plan> PlanEndAttempt(const ActiveJob& job, store::AttemptState attempt_state,
-                                      const std::string& reason, bool may_retry,
-                                      const EndAttemptNotes& notes) const;
-  absl::StatusOr<Plan> PlanEndAttempt(const ActiveJob& job, store::AttemptState attempt_state,
-                                      const std::string& reason, bool may_retry) const;
-  // The recorded checkpoint an attempt resumes from: the newest one no
-  // worker has found damaged (nullopt: start from step 0).
-  static std::optional<tally::v1::Checkpoint> ResumePoint(
-      const tally::v1::Job& job, const std::vector<tally::v1::Checkpoint>& checkpoints);
-  // Ends a job with a pending stop as decided, naming its best checkpoint.
-  absl::StatusOr<Plan> PlanFinishStop(
-      const ActiveJob& job, const std::string& how,
-      store::AttemptState attempt_state = store::ATTEMPT_STATE_STOPPED) const;
-  // Ends the current attempt as preempted (`cause`: sigterm, sigint,
-  // notice_file, priority or unknown) at `step`: requeued at once without
-  // counting against max_attempts (or FAILED past max_preemptions), its
-  // spend since the latest checkpoint recorded as redone unless that
-  // checkpoint is of `step`. A job with a pending stop ends as decided.
-  absl::StatusOr<Plan> PlanPreempted(const ActiveJob& job, const std::string& cause,
-                                     const std::string& reason, int64_t step) const;
-  // Orders a running job's attempt to checkpoint and stop for `for_job`.
-  Plan PlanPreempting(const ActiveJob& job, const std::string& for_job,
-                      const std::string& reason) const;
+  // --- Decide: the plans are free functions (plans.h); these give them
+  // their snapshot.
+  PlanContext Ctx(absl::Time now) const;
+  PlanContext Ctx() const { return Ctx(clock_->Now()); }
+  // The job's recorded checkpoints (the store's), for the plans that read
+  // them.
+  absl::StatusOr<Checkpoints> CheckpointsOf(const ActiveJob& job) const;
+  // A plan that reads the job's checkpoints: `plan(checkpoints)`, or the
+  // store's error reading them.
+  template <typename F>
+  absl::StatusOr<Plan> WithCheckpoints(const ActiveJob& job, F plan) const {
+    absl::StatusOr<Checkpoints> checkpoints = CheckpointsOf(job);
+    if (!checkpoints.ok()) return checkpoints.status();
+    return plan(*checkpoints);
+  }
+  // The rendezvous addresses of running multi-rank attempts.
+  std::set<std::string> RendezvousInUse() const;
+  // The job's latest recorded checkpoint (the store's, until the job has
+  // one in memory), or nullopt when it has none.
+  absl::StatusOr<std::optional<tally::v1::Checkpoint>> LatestCheckpoint(const ActiveJob& job) const;
+
   // Tick's passes; each returns the first error of the changes it
   // committed one by one. Workers silent past the heartbeat timeout lose
   // what they hold.
@@ -374,31 +324,6 @@ class Scheduler {
   // The preemption pass of Tick: queued jobs still waiting may preempt.
   void PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting, absl::Time now,
                          const std::function<void(const absl::Status&)>& note);
-  // An attempt whose worker was lost (silent, or back without it): preempted
-  // when the worker had sent a notice (`draining`, its cause) or the job was
-  // being preempted, else lost like any other.
-  absl::StatusOr<Plan> LoseAttempt(const ActiveJob& job, const std::string& draining,
-                                   const std::string& reason) const;
-  // The cause of a PREEMPTED exit that does not name one: a pending
-  // preemption's, a draining worker's of the attempt, else "unknown".
-  std::string PreemptionCause(const ActiveJob& job, const tally::v1::AttemptExit& exit) const;
-  absl::StatusOr<Plan> PlanStart(const ActiveJob& job,
-                                 std::vector<std::string> rank_workers) const;
-  // The evaluation's outcome (ApplyEval) as a plan: the job after it, its
-  // events and a decided stop.
-  Plan PlanEval(const ActiveJob& job, const tally::v1::EvalResult& eval) const;
-  // The job's latest recorded checkpoint (the store's, until the job has
-  // one in memory), or nullopt when it has none.
-  absl::StatusOr<std::optional<tally::v1::Checkpoint>> LatestCheckpoint(
-      const ActiveJob& job) const;
-  // The checkpoint recorded and priced against `previous` (the job's latest).
-  Plan PlanCheckpoint(const ActiveJob& job, const tally::v1::CheckpointRecord& c,
-                      const std::optional<tally::v1::Checkpoint>& previous) const;
-  // Records a decided stop that waits for the workers' final checkpoint.
-  void PendingStopFor(Plan& p, tally::v1::JobState state, const std::string& type,
-                      const std::string& reason, const std::string& rule,
-                      const tally::v1::EvalResult& ev) const;
-
   // --- Commit, then act. On a failed commit nothing changes.
   absl::Status Execute(int64_t job_id, Plan plan);
 
@@ -411,11 +336,6 @@ class Scheduler {
   // records a "notice" event once.
   absl::Status HandleNotice(const std::string& worker_id, WorkerState& sender,
                             const tally::v1::Notice& notice);
-  // For an exit naming a damaged checkpoint: the checkpoint struck out and
-  // where the next attempt resumes. Names anything but the checkpoint the
-  // attempt resumed from: no notes (the exit is a plain failure), counted.
-  absl::StatusOr<EndAttemptNotes> DamagedCheckpointNotes(
-      const ActiveJob& job, const tally::v1::AttemptExit& exit) const;
   // INVALID_ARGUMENT naming the field for counts no worker can report
   // (negative steps or tokens): they would poison the job's record and its
   // cost arithmetic.
@@ -441,8 +361,6 @@ class Scheduler {
   // decided stops and preemptions ordered again); the others are stale:
   // told to stop, their ranks held until their exits arrive.
   absl::Status AdoptRunning(const tally::v1::Hello& hello, absl::Time now);
-  // host:port for a new multi-rank attempt led by `leader`.
-  std::string PickRendezvous(const std::string& leader) const;
   void SendStop(const std::string& worker_id, const std::string& job, int32_t attempt,
                 const std::string& reason);
   // GPUs held by each tenant's running jobs.

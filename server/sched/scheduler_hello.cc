@@ -168,9 +168,11 @@ absl::Status Scheduler::LoseForgotten(const tally::v1::Hello& hello,
       workers_.Release(hello.worker_id(), key);
       continue;
     }
-    absl::StatusOr<Plan> p = LoseAttempt(
-        it->second, was_draining,
-        absl::StrCat("worker ", hello.worker_id(), " reconnected without it (the worker restarted)"));
+    const std::string reason = absl::StrCat("worker ", hello.worker_id(),
+                                            " reconnected without it (the worker restarted)");
+    absl::StatusOr<Plan> p = WithCheckpoints(it->second, [&](const Checkpoints& cks) {
+      return LoseAttempt(Ctx(), it->second, cks, was_draining, reason);
+    });
     absl::Status s = p.status();
     if (p.ok()) {
       p->release.emplace_back(hello.worker_id(), key);
@@ -200,7 +202,7 @@ absl::Status Scheduler::AdoptRunning(const tally::v1::Hello& hello, absl::Time n
       }
       continue;
     }
-    Plan p = NewPlan(*job, now);
+    Plan p = NewPlan(Ctx(now), *job);
     AddEvent(p, "adopted", "worker reconnected",
              absl::StrCat("attempt ", r.attempt(), " on ", hello.worker_id()),
              tally::v1::JOB_STATE_RUNNING);

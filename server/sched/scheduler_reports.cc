@@ -112,7 +112,7 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   std::optional<ledger::BudgetStop> stop;
   if (!j.has_pending_stop()) stop = ledger_.CheckBudget(j, accrued);
   if (stop) {
-    return Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED,
+    return Execute(id, PlanStopNow(Ctx(), job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED,
                                    "budget_exhausted", stop->reason, stop->detail));
   }
   // The tenant's dollar quota, with this job's spend not yet committed.
@@ -120,7 +120,7 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
     if (std::optional<ledger::QuotaStop> q =
             ledger::CheckDollarQuota(j.tenant(), options_.quotas, spend_, now,
                                      accrued.cost_usd() - j.cost().cost_usd())) {
-      Plan plan = PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
+      Plan plan = PlanStopNow(Ctx(), job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
                               q->reason, q->detail);
       plan.end_rule = policy::rules::kTenantQuota;
       return Execute(id, std::move(plan));
@@ -128,7 +128,7 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   }
   if (!p.fp8_grouped_off().empty() && j.fp8_grouped_off_attempt() != p.attempt()) {
     // Once per attempt: the worker's products got slower, not wrong.
-    Plan plan = NewPlan(job, now);
+    Plan plan = NewPlan(Ctx(now), job);
     plan.rec.mutable_job()->set_fp8_grouped_off_attempt(p.attempt());
     AddEvent(plan, "warning",
              absl::StrCat("FP8 grouped expert products turned off for attempt ", p.attempt(),
@@ -141,7 +141,7 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
     metrics_.jobs().Update(j, accrued);
     return absl::OkStatus();
   }
-  Plan plan = NewPlan(job, now);
+  Plan plan = NewPlan(Ctx(now), job);
   const std::string detail =
       p.trained() ? absl::StrCat("lr ", p.lr(), ", grad_norm ", p.grad_norm(), ", ",
                                  p.useful_tokens_per_second(), " useful tokens/s, padding ",
@@ -382,7 +382,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
         metrics_.OnReportRefused("repeated");
         break;
       }
-      s = Execute(job->rec.id(), PlanEval(*job, msg.eval()));
+      s = Execute(job->rec.id(), PlanEval(Ctx(), *job, msg.eval()));
       break;
     }
     case tally::v1::WorkerMessage::kCheckpoint: {
@@ -413,10 +413,11 @@ absl::Status Scheduler::HandleCheckpoint(ActiveJob& job, const tally::v1::Checkp
   if (absl::Status where = CheckCheckpointPath(job.rec.job().name(), c.path(), c.step());
       !where.ok()) {
     // Never recorded, so never resumed from: the attempt fails saying why.
-    absl::StatusOr<Plan> p =
-        PlanEndAttempt(job, store::ATTEMPT_STATE_FAILED,
-                       absl::StrCat("checkpoint record refused: ", where.message()),
-                       /*may_retry=*/true);
+    const std::string reason = absl::StrCat("checkpoint record refused: ", where.message());
+    absl::StatusOr<Plan> p = WithCheckpoints(job, [&](const Checkpoints& cks) {
+      return PlanEndAttempt(Ctx(), job, cks, store::ATTEMPT_STATE_FAILED, reason,
+                            /*may_retry=*/true);
+    });
     absl::Status s = p.ok() ? Execute(job.rec.id(), *std::move(p)) : p.status();
     // Counted once the failure has committed, like every other effect.
     if (s.ok()) metrics_.OnReportRefused("checkpoint_path");
@@ -429,7 +430,7 @@ absl::Status Scheduler::HandleCheckpoint(ActiveJob& job, const tally::v1::Checkp
     metrics_.OnReportRefused("repeated");
     return absl::OkStatus();
   }
-  return Execute(job.rec.id(), PlanCheckpoint(job, c, latest));
+  return Execute(job.rec.id(), PlanCheckpoint(Ctx(), job, c, latest));
 }
 
 absl::Status Scheduler::HandleNotice(const std::string& worker_id, WorkerState& sender,
@@ -449,7 +450,7 @@ absl::Status Scheduler::HandleNotice(const std::string& worker_id, WorkerState& 
   }
   absl::Status first_error;
   for (int64_t id : ids) {
-    Plan p = NewPlan(active_.at(id), clock_->Now());
+    Plan p = NewPlan(Ctx(), active_.at(id));
     AddEvent(p, "notice",
              absl::StrFormat("worker %s is going away (%s): the attempt checkpoints and stops "
                              "within %.0fs",
@@ -498,17 +499,19 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
       if (pending) {
         // Trained to the end before the stop arrived: the decision stands,
         // with whatever checkpoints it reported.
-        plan = PlanFinishStop(*job, "the attempt completed before the stop arrived",
-                              store::ATTEMPT_STATE_SUCCEEDED);
+        plan = WithCheckpoints(*job, [&](const Checkpoints& cks) {
+          return PlanFinishStop(Ctx(), *job, cks, "the attempt completed before the stop arrived",
+                                store::ATTEMPT_STATE_SUCCEEDED);
+        });
         break;
       }
-      Plan p = NewPlan(*job, clock_->Now());
+      Plan p = NewPlan(Ctx(), *job);
       p.attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
       *p.attempt->mutable_end_time() = ToProto(p.now);
       p.attempt->set_reason(exit.reason());
       p.write_attempt = true;
       // The other ranks end the same step; any still running is told to stop.
-      StopOrders(p, "the attempt succeeded", /*checkpoint=*/false, worker_id);
+      StopOrders(Ctx(), p, "the attempt succeeded", /*checkpoint=*/false, worker_id);
       p.attempts_ended.push_back("succeeded");
       p.rec.mutable_job()->clear_pending_stop();
       AddEvent(p, "succeeded", exit.reason().empty() ? "completed" : exit.reason(), "",
@@ -523,49 +526,57 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
       if (exit.not_started()) {
         // Refused before it ran (the worker was still stopping an attempt
         // tallyd had given up on, or is shutting down): nothing was tried.
-        plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_FAILED,
-                              absl::StrCat("worker ", worker_id,
-                                           " did not start it: ", exit.reason()),
-                              /*may_retry=*/true, {.not_counted = true});
+        const std::string reason =
+            absl::StrCat("worker ", worker_id, " did not start it: ", exit.reason());
+        plan = WithCheckpoints(*job, [&](const Checkpoints& cks) {
+          return PlanEndAttempt(Ctx(), *job, cks, store::ATTEMPT_STATE_FAILED, reason,
+                                /*may_retry=*/true, {.not_counted = true});
+        });
         break;
       }
-      EndAttemptNotes notes;
-      if (!exit.damaged_checkpoint().empty()) {
-        absl::StatusOr<EndAttemptNotes> damaged = DamagedCheckpointNotes(*job, exit);
-        RETURN_IF_ERROR(damaged.status());
-        notes = *std::move(damaged);
-      }
-      // A claim about another checkpoint is refused (counted once the
-      // failure commits) and the exit is a plain failure.
-      refused_damage_claim = !exit.damaged_checkpoint().empty() && !notes.damaged;
-      plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_FAILED, exit.reason(),
-                            exit.retryable() || notes.damaged.has_value(), notes);
+      plan = WithCheckpoints(*job, [&](const Checkpoints& cks) {
+        EndAttemptNotes notes;
+        if (!exit.damaged_checkpoint().empty()) notes = DamagedCheckpointNotes(*job, cks, exit);
+        // A claim about another checkpoint is refused (counted once the
+        // failure commits) and the exit is a plain failure.
+        refused_damage_claim = !exit.damaged_checkpoint().empty() && !notes.damaged;
+        return PlanEndAttempt(Ctx(), *job, cks, store::ATTEMPT_STATE_FAILED, exit.reason(),
+                              exit.retryable() || notes.damaged.has_value(), notes);
+      });
       break;
     }
     case tally::v1::ATTEMPT_OUTCOME_PREEMPTED:
       // Rank 0 reports the preemption checkpoint before its exit: its exit
       // requeues the job (another rank's may come first).
       if (gang && !lead) return release_now();
-      plan = PlanPreempted(*job, PreemptionCause(*job, exit), exit.reason(), exit.step());
+      plan = WithCheckpoints(*job, [&](const Checkpoints& cks) {
+        return PlanPreempted(Ctx(), *job, cks, PreemptionCause(Ctx(), *job, exit), exit.reason(),
+                             exit.step());
+      });
       break;
     default:
       if (pending) {
         // The stop it was asked for: rank 0 reports the final checkpoint
         // before its exit, so its exit ends the job.
         if (gang && exit.rank() != 0) return release_now();
-        plan = PlanFinishStop(*job, "");
+        plan = WithCheckpoints(
+            *job, [&](const Checkpoints& cks) { return PlanFinishStop(Ctx(), *job, cks, ""); });
         break;
       }
       if (preempting) {
         // Stopped on the preemption order (a worker that checkpointed it).
         if (gang && !lead) return release_now();
-        plan = PlanPreempted(*job, OrderedPreemptionCause(job->rec.job()), exit.reason(),
-                             exit.step());
+        plan = WithCheckpoints(*job, [&](const Checkpoints& cks) {
+          return PlanPreempted(Ctx(), *job, cks, OrderedPreemptionCause(job->rec.job()),
+                               exit.reason(), exit.step());
+        });
         break;
       }
-      plan = PlanEndAttempt(*job, store::ATTEMPT_STATE_STOPPED,
-                            absl::StrCat("worker ", worker_id, " stopped it: ", exit.reason()),
-                            true);
+      plan = WithCheckpoints(*job, [&](const Checkpoints& cks) {
+        return PlanEndAttempt(Ctx(), *job, cks, store::ATTEMPT_STATE_STOPPED,
+                              absl::StrCat("worker ", worker_id, " stopped it: ", exit.reason()),
+                              true);
+      });
   }
   RETURN_IF_ERROR(plan.status());
   if (exit.step() > 0) plan->rec.mutable_job()->set_step(exit.step());
@@ -583,29 +594,6 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Scheduler::EndAttemptNotes> Scheduler::DamagedCheckpointNotes(
-    const ActiveJob& job, const tally::v1::AttemptExit& exit) const {
-  EndAttemptNotes notes;
-  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> checkpoints,
-                   store_->ListCheckpoints(job.rec.id()));
-  // Only the checkpoint this attempt was told to resume from: a worker
-  // cannot strike out others by naming them.
-  const std::optional<tally::v1::Checkpoint> resumed = ResumePoint(job.rec.job(), checkpoints);
-  if (!resumed || resumed->path() != exit.damaged_checkpoint()) return notes;
-  tally::v1::DamagedCheckpoint& d = notes.damaged.emplace();
-  d.set_step(resumed->step());
-  d.set_path(resumed->path());
-  d.set_reason(exit.reason().substr(0, 512));
-  d.set_attempt(exit.attempt());
-  tally::v1::Job after = job.rec.job();
-  *after.add_damaged_checkpoints() = d;
-  notes.resume_instead = ResumePoint(after, checkpoints);
-  // With an intact one to resume from the attempt was not the job's
-  // failure; without, the next one starts over and counts.
-  notes.not_counted = notes.resume_instead.has_value();
-  return notes;
-}
-
 absl::Status Scheduler::RetryExits(const std::string& worker_id) {
   WorkerState* w = workers_.Find(worker_id);
   if (w == nullptr || w->unconfirmed_exits.empty()) return absl::OkStatus();
@@ -620,6 +608,22 @@ absl::Status Scheduler::RetryExits(const std::string& worker_id) {
     }
   }
   return first_error;
+}
+
+bool RepeatedEval(const tally::v1::Job& j, const tally::v1::EvalResult& ev) {
+  // The curve keeps its latest point; within an attempt steps only go
+  // forward, so one of the latest point's attempt at or before its step was
+  // taken already. (Another attempt evaluating earlier steps is a resumed
+  // one, and is taken.)
+  if (j.curve_size() == 0) return false;
+  const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
+  return last.attempt() != 0 && last.attempt() == ev.attempt() && ev.step() <= last.step();
+}
+
+bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
+                        const tally::v1::CheckpointRecord& c) {
+  return latest.has_value() && latest->attempt() == c.attempt() && latest->step() == c.step() &&
+         latest->path() == c.path();
 }
 
 }  // namespace tally::sched

@@ -89,7 +89,9 @@ absl::Status Scheduler::LoseSilentWorkers(absl::Time now) {
         if (!connected) ws.held.erase(key);
         continue;
       }
-      absl::StatusOr<Plan> p = LoseAttempt(jit->second, draining, reason);
+      absl::StatusOr<Plan> p = WithCheckpoints(jit->second, [&](const Checkpoints& cks) {
+        return LoseAttempt(Ctx(now), jit->second, cks, draining, reason);
+      });
       absl::Status s = p.status();
       if (p.ok()) {
         if (!connected) p->release.emplace_back(worker_id, key);
@@ -149,12 +151,12 @@ absl::Status Scheduler::EnforceBudgetsAndDeadlines(absl::Time now) {
       }
     }
     if (stop) {
-      note(Execute(id, PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
-                                   stop->reason, stop->detail)));
+      note(Execute(id, PlanStopNow(Ctx(), job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED,
+                                   "budget_exhausted", stop->reason, stop->detail)));
     } else if (quota) {
       // The tenant's running jobs together reached its cap: each stops (the
       // job ended here commits its spend, so the next is judged on it).
-      Plan plan = PlanStopNow(job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
+      Plan plan = PlanStopNow(Ctx(), job, tally::v1::JOB_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
                               quota->reason, quota->detail);
       plan.end_rule = policy::rules::kTenantQuota;
       const double added = plan.cost_added_usd;
@@ -165,19 +167,21 @@ absl::Status Scheduler::EnforceBudgetsAndDeadlines(absl::Time now) {
         note(s);
       }
     } else if (view.has_pending_stop() && now >= FromProto(view.pending_stop().deadline())) {
-      absl::StatusOr<Plan> p = PlanFinishStop(
-          job, absl::StrCat("the workers did not confirm the stop within ",
-                            ShortSeconds(options_.stop_grace)));
+      const std::string how = absl::StrCat("the workers did not confirm the stop within ",
+                                           ShortSeconds(options_.stop_grace));
+      absl::StatusOr<Plan> p = WithCheckpoints(
+          job, [&](const Checkpoints& cks) { return PlanFinishStop(Ctx(), job, cks, how); });
       note(p.ok() ? Execute(id, *std::move(p)) : p.status());
     } else if (!view.preemption().pending_for().empty() &&
                now >= FromProto(view.preemption().pending_deadline())) {
       // The workers did not confirm: preempted without their checkpoint
       // (their slots stay held until they report the exit or are lost).
-      absl::StatusOr<Plan> p = PlanPreempted(
-          job, OrderedPreemptionCause(view),
+      const std::string reason =
           absl::StrCat(view.preemption().pending_reason(), "; the workers did not confirm within ",
-                       ShortSeconds(options_.stop_grace)),
-          0);
+                       ShortSeconds(options_.stop_grace));
+      absl::StatusOr<Plan> p = WithCheckpoints(job, [&](const Checkpoints& cks) {
+        return PlanPreempted(Ctx(), job, cks, OrderedPreemptionCause(view), reason, 0);
+      });
       note(p.ok() ? Execute(id, *std::move(p)) : p.status());
     } else {
       metrics_.jobs().Update(view, cost);
@@ -257,7 +261,7 @@ absl::Status Scheduler::StartWhatFits(absl::Time now) {
   for (const auto& [id, why] : over_quota) {
     const ActiveJob& job = active_.at(id);
     if (job.rec.job().state_reason() == why) continue;
-    Plan p = NewPlan(job, now);
+    Plan p = NewPlan(Ctx(now), job);
     p.rec.mutable_job()->set_state_reason(why);
     AddEvent(p, "waiting", why, "");
     note(Execute(id, std::move(p)));
@@ -265,7 +269,10 @@ absl::Status Scheduler::StartWhatFits(absl::Time now) {
   if (!queued.empty()) {
     std::set<int64_t> started;
     for (const auto& placed : policy::PlaceJobs(queued, workers_.FreeSlots(now))) {
-      absl::StatusOr<Plan> p = PlanStart(active_.at(placed.job_id), placed.rank_workers);
+      const ActiveJob& job = active_.at(placed.job_id);
+      absl::StatusOr<Plan> p = WithCheckpoints(job, [&](const Checkpoints& cks) {
+        return PlanStart(Ctx(), job, cks, placed.rank_workers, RendezvousInUse());
+      });
       absl::Status s = p.ok() ? Execute(placed.job_id, *std::move(p)) : p.status();
       if (s.ok()) started.insert(placed.job_id);
       note(s);
@@ -371,7 +378,7 @@ void Scheduler::PreemptForWaiting(const std::vector<policy::QueuedJob>& waiting,
                       : absl::StrCat("preempted for a higher-priority job (priority ",
                                      q.priority, " > ", victim_priority, ")");
       const std::optional<store::AttemptRecord> attempt = vit->second.attempt;
-      absl::Status s = Execute(victim, PlanPreempting(vit->second, name, reason));
+      absl::Status s = Execute(victim, PlanPreempting(Ctx(), vit->second, name, reason));
       note(s);
       if (!s.ok()) continue;
       // Its slots are the waiting job's until they are released.

@@ -1,20 +1,18 @@
-// Scheduler: the plans (decide). Each starts from the job as committed and
-// changes only the plan; Execute commits it.
-#include "server/sched/scheduler.h"
+#include "server/sched/plans.h"
 
 #include <algorithm>
 #include <cmath>
 #include <tuple>
 
-#include "absl/strings/str_cat.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/names.h"
 #include "common/proto_time.h"
 #include "common/spec_validation.h"
@@ -45,9 +43,8 @@ void ClearPendingPreemption(tally::v1::Job& j) {
 
 }  // namespace
 
-// ---------------------------------------------------------------- plans
-
-Plan Scheduler::NewPlan(const ActiveJob& job, absl::Time now) const {
+Plan NewPlan(const PlanContext& ctx, const ActiveJob& job) {
+  const absl::Time now = ctx.now;
   Plan p;
   p.job_id = job.rec.id();
   p.now = now;
@@ -56,14 +53,14 @@ Plan Scheduler::NewPlan(const ActiveJob& job, absl::Time now) const {
   p.keep_attempt = job.attempt.has_value();
   const bool running =
       job.rec.job().state() == tally::v1::JOB_STATE_RUNNING && job.attempt.has_value();
-  ledger::Accrual a = ledger_.Accrue(job.rec.job(), running, now);
+  ledger::Accrual a = ctx.ledger->Accrue(job.rec.job(), running, now);
   *p.rec.mutable_job()->mutable_cost() = std::move(a.cost);
   p.cost_added_usd = a.added_usd;
   return p;
 }
 
-void Scheduler::AddEvent(Plan& p, const std::string& type, const std::string& reason,
-                         const std::string& detail, std::optional<JobState> state) const {
+void AddEvent(Plan& p, const std::string& type, const std::string& reason,
+              const std::string& detail, std::optional<JobState> state) {
   tally::v1::Job& j = *p.rec.mutable_job();
   if (state) {
     if (j.state() != *state) {
@@ -87,20 +84,19 @@ void Scheduler::AddEvent(Plan& p, const std::string& type, const std::string& re
   e.set_tokens(j.tokens());
   e.set_cost_usd(j.cost().cost_usd());
   e.set_patience_left(j.spec().early_stopping().patience() > 0
-                          ? (j.early_stopping().evals() > 0
-                                 ? j.early_stopping().patience_left()
-                                 : j.spec().early_stopping().patience())
+                          ? (j.early_stopping().evals() > 0 ? j.early_stopping().patience_left()
+                                                            : j.spec().early_stopping().patience())
                           : -1);
 }
 
-void Scheduler::StopOrders(Plan& p, const std::string& reason, bool checkpoint,
-                           const std::string& except_worker, bool preempt) const {
+void StopOrders(const PlanContext& ctx, Plan& p, const std::string& reason, bool checkpoint,
+                const std::string& except_worker, bool preempt) {
   if (!p.attempt) return;
   const AttemptKey key{p.job_id, p.attempt->attempt()};
   std::set<std::string> workers(p.attempt->worker_ids().begin(), p.attempt->worker_ids().end());
   for (const auto& w : workers) {
     if (w == except_worker) continue;
-    const WorkerState* ws = workers_.Find(w);
+    const WorkerState* ws = ctx.workers->Find(w);
     if (ws == nullptr) continue;
     if (ws->connected) {
       // Its slots stay held until it reports the exit, so nothing new is
@@ -114,16 +110,15 @@ void Scheduler::StopOrders(Plan& p, const std::string& reason, bool checkpoint,
   }
 }
 
-Plan Scheduler::PlanStopNow(const ActiveJob& job, JobState state,
-                                       const std::string& type, const std::string& reason,
-                                       const std::string& detail) const {
-  Plan p = NewPlan(job, clock_->Now());
+Plan PlanStopNow(const PlanContext& ctx, const ActiveJob& job, JobState state,
+                 const std::string& type, const std::string& reason, const std::string& detail) {
+  Plan p = NewPlan(ctx, job);
   if (p.attempt) {
     p.attempt->set_state(store::ATTEMPT_STATE_STOPPED);
     *p.attempt->mutable_end_time() = ToProto(p.now);
     p.attempt->set_reason(reason);
     p.write_attempt = true;
-    StopOrders(p, reason, /*checkpoint=*/false);
+    StopOrders(ctx, p, reason, /*checkpoint=*/false);
     p.attempts_ended.push_back("stopped");
   }
   p.rec.mutable_job()->clear_pending_stop();
@@ -134,24 +129,22 @@ Plan Scheduler::PlanStopNow(const ActiveJob& job, JobState state,
   return p;
 }
 
-absl::StatusOr<Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
-                                                          const std::string& how,
-                                                          store::AttemptState attempt_state) const {
+Plan PlanFinishStop(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& cks,
+                    const std::string& how, store::AttemptState attempt_state) {
   const tally::v1::PendingStop ps = job.rec.job().pending_stop();
   // The best checkpoint: the lowest recorded validation loss, else the latest.
-  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks, store_->ListCheckpoints(job.rec.id()));
   const tally::v1::Checkpoint* best = cks.empty() ? nullptr : &cks.back();
   for (const auto& c : cks) {
     if (c.val_loss() > 0 && (best->val_loss() <= 0 || c.val_loss() < best->val_loss())) {
       best = &c;
     }
   }
-  Plan p = NewPlan(job, clock_->Now());
+  Plan p = NewPlan(ctx, job);
   tally::v1::Job& j = *p.rec.mutable_job();
   if (attempt_state == store::ATTEMPT_STATE_LOST || attempt_state == store::ATTEMPT_STATE_FAILED) {
     // The attempt ended without confirming: its spend since the last
     // checkpoint kept nothing.
-    ledger::Accrual lost = ledger_.ChargeLost(j.cost());
+    ledger::Accrual lost = ctx.ledger->ChargeLost(j.cost());
     *j.mutable_cost() = std::move(lost.cost);
     p.lost_added_usd = lost.added_usd;
   }
@@ -160,7 +153,7 @@ absl::StatusOr<Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
     *p.attempt->mutable_end_time() = ToProto(p.now);
     p.attempt->set_reason(how.empty() ? ps.reason() : how);
     p.write_attempt = true;
-    StopOrders(p, ps.reason(), /*checkpoint=*/false);
+    StopOrders(ctx, p, ps.reason(), /*checkpoint=*/false);
     p.attempts_ended.push_back(Outcome(attempt_state));
   }
   std::string detail = "no checkpoint yet";
@@ -183,23 +176,15 @@ absl::StatusOr<Plan> Scheduler::PlanFinishStop(const ActiveJob& job,
   return p;
 }
 
-absl::StatusOr<Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
-                                                          store::AttemptState attempt_state,
-                                                          const std::string& reason,
-                                                          bool may_retry) const {
-  return PlanEndAttempt(job, attempt_state, reason, may_retry, EndAttemptNotes{});
-}
-
-absl::StatusOr<Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
-                                                          store::AttemptState attempt_state,
-                                                          const std::string& reason,
-                                                          bool may_retry,
-                                                          const EndAttemptNotes& notes) const {
+Plan PlanEndAttempt(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& checkpoints,
+                    store::AttemptState attempt_state, const std::string& reason, bool may_retry,
+                    const EndAttemptNotes& notes) {
   if (job.rec.job().has_pending_stop()) {
     // The stop was decided; the attempt ending early does not undo it.
-    return PlanFinishStop(job, absl::StrCat("the attempt ended: ", reason), attempt_state);
+    return PlanFinishStop(ctx, job, checkpoints, absl::StrCat("the attempt ended: ", reason),
+                          attempt_state);
   }
-  Plan p = NewPlan(job, clock_->Now());
+  Plan p = NewPlan(ctx, job);
   tally::v1::Job& j = *p.rec.mutable_job();
   ClearPendingPreemption(j);
   if (notes.damaged) {
@@ -207,11 +192,11 @@ absl::StatusOr<Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
     AddEvent(p, "checkpoint_damaged",
              absl::StrCat("the checkpoint at step ", notes.damaged->step(),
                           " is damaged: ", notes.damaged->reason()),
-             notes.resume_instead ? absl::StrCat("the next attempt resumes from step ",
-                                                 notes.resume_instead->step(), " (",
-                                                 notes.resume_instead->path(), ")")
-                                  : "no intact checkpoint is left: the next attempt starts "
-                                    "from step 0");
+             notes.resume_instead
+                 ? absl::StrCat("the next attempt resumes from step ", notes.resume_instead->step(),
+                                " (", notes.resume_instead->path(), ")")
+                 : "no intact checkpoint is left: the next attempt starts "
+                   "from step 0");
   }
   // Not counted: tallyd's own doing (a slot it placed on too early), or a
   // damaged checkpoint with an intact one to fall back to. Bounded, so a
@@ -222,7 +207,7 @@ absl::StatusOr<Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
   // Preempted attempts do not count against max_attempts.
   const int32_t n = j.attempt() - j.preemption().count() - j.attempts_not_counted();
   const int32_t max = j.spec().max_attempts();
-  ledger::Accrual lost = ledger_.ChargeLost(j.cost());
+  ledger::Accrual lost = ctx.ledger->ChargeLost(j.cost());
   *j.mutable_cost() = std::move(lost.cost);
   p.lost_added_usd = lost.added_usd;
   if (p.attempt) {
@@ -231,7 +216,7 @@ absl::StatusOr<Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
     p.attempt->set_reason(reason);
     p.write_attempt = true;
     // The other ranks of a gang cannot go on without this one.
-    StopOrders(p, reason, /*checkpoint=*/false);
+    StopOrders(ctx, p, reason, /*checkpoint=*/false);
   }
   const char* outcome = Outcome(attempt_state);
   p.attempts_ended.push_back(outcome);
@@ -252,32 +237,32 @@ absl::StatusOr<Plan> Scheduler::PlanEndAttempt(const ActiveJob& job,
     p.requeued = true;
     return p;
   }
-  const std::string why =
-      may_retry ? absl::StrCat("attempt ", n, " of ", max, " ", outcome, ": ", reason,
-                               "; no attempts left (max_attempts ", max, ")")
-                : absl::StrCat("attempt ", n, " ", outcome, ": ", reason);
+  const std::string why = may_retry
+                              ? absl::StrCat("attempt ", n, " of ", max, " ", outcome, ": ", reason,
+                                             "; no attempts left (max_attempts ", max, ")")
+                              : absl::StrCat("attempt ", n, " ", outcome, ": ", reason);
   AddEvent(p, "failed", why, "", tally::v1::JOB_STATE_FAILED);
   p.finished = true;
   return p;
 }
 
-absl::StatusOr<Plan> Scheduler::PlanPreempted(const ActiveJob& job,
-                                                         const std::string& cause,
-                                                         const std::string& reason,
-                                                         int64_t step) const {
+Plan PlanPreempted(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& checkpoints,
+                   const std::string& cause, const std::string& reason, int64_t step) {
   if (job.rec.job().has_pending_stop()) {
     // The stop was decided first: the job ends as decided, keeping what it has.
-    return PlanFinishStop(job, absl::StrCat("the attempt was preempted (", cause, "): ", reason),
+    return PlanFinishStop(ctx, job, checkpoints,
+                          absl::StrCat("the attempt was preempted (", cause, "): ", reason),
                           store::ATTEMPT_STATE_PREEMPTED);
   }
-  ASSIGN_OR_RETURN(const std::optional<tally::v1::Checkpoint> last, LatestCheckpoint(job));
-  Plan p = NewPlan(job, clock_->Now());
+  const std::optional<tally::v1::Checkpoint> last =
+      checkpoints.empty() ? std::nullopt : std::optional<tally::v1::Checkpoint>(checkpoints.back());
+  Plan p = NewPlan(ctx, job);
   tally::v1::Job& j = *p.rec.mutable_job();
   // Where the attempt got to: its exit's step, or its latest report (an
   // exit made at the worker's deadline may not know it).
   step = std::max(step, j.step());
   const bool kept = last.has_value() && last->step() >= step;
-  ledger::Accrual redone = ledger_.ChargeRedone(j.cost(), kept);
+  ledger::Accrual redone = ctx.ledger->ChargeRedone(j.cost(), kept);
   *j.mutable_cost() = std::move(redone.cost);
   p.redone_added_usd = redone.added_usd;
   const std::string by = j.preemption().pending_for();
@@ -293,7 +278,8 @@ absl::StatusOr<Plan> Scheduler::PlanPreempted(const ActiveJob& job,
     constexpr int kMaxPreemptedBy = 64;
     if (!by.empty() && std::find(ps.preempted_by().begin(), ps.preempted_by().end(), by) ==
                            ps.preempted_by().end()) {
-      if (ps.preempted_by_size() >= kMaxPreemptedBy) ps.mutable_preempted_by()->DeleteSubrange(0, 1);
+      if (ps.preempted_by_size() >= kMaxPreemptedBy)
+        ps.mutable_preempted_by()->DeleteSubrange(0, 1);
       ps.add_preempted_by(by);
     }
   } else {
@@ -306,7 +292,7 @@ absl::StatusOr<Plan> Scheduler::PlanPreempted(const ActiveJob& job,
     p.attempt->set_preemption_cause(cause);
     p.write_attempt = true;
     // Other ranks still running end too (a gang stops as one).
-    StopOrders(p, absl::StrCat("preempted: ", reason), /*checkpoint=*/false);
+    StopOrders(ctx, p, absl::StrCat("preempted: ", reason), /*checkpoint=*/false);
   }
   p.attempts_ended.push_back("preempted");
   p.preemption_cause = cause;
@@ -337,40 +323,39 @@ absl::StatusOr<Plan> Scheduler::PlanPreempted(const ActiveJob& job,
   return p;
 }
 
-Plan Scheduler::PlanPreempting(const ActiveJob& job, const std::string& for_job,
-                                          const std::string& reason) const {
-  Plan p = NewPlan(job, clock_->Now());
+Plan PlanPreempting(const PlanContext& ctx, const ActiveJob& job, const std::string& for_job,
+                    const std::string& reason) {
+  Plan p = NewPlan(ctx, job);
   tally::v1::PreemptionStatus& ps = *p.rec.mutable_job()->mutable_preemption();
   ps.set_pending_for(for_job);
   ps.set_pending_reason(reason);
-  *ps.mutable_pending_deadline() = ToProto(p.now + options_.stop_grace);
+  *ps.mutable_pending_deadline() = ToProto(p.now + ctx.stop_grace);
   AddEvent(p, "preempting", reason,
            absl::StrCat("the workers checkpoint the latest step and stop (at most ",
-                        ShortSeconds(options_.stop_grace), "); the job then waits in the queue"));
-  StopOrders(p, reason, /*checkpoint=*/true, "", /*preempt=*/true);
+                        ShortSeconds(ctx.stop_grace), "); the job then waits in the queue"));
+  StopOrders(ctx, p, reason, /*checkpoint=*/true, "", /*preempt=*/true);
   return p;
 }
 
-absl::StatusOr<Plan> Scheduler::LoseAttempt(const ActiveJob& job,
-                                                       const std::string& draining,
-                                                       const std::string& reason) const {
+Plan LoseAttempt(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& checkpoints,
+                 const std::string& draining, const std::string& reason) {
   // A worker lost after its preemption notice, or while preempted for
   // another job, was being preempted: not a failure.
   const bool preempting = !job.rec.job().preemption().pending_for().empty();
   if (KnownPreemptionCause(draining) || preempting) {
     const std::string cause =
         preempting ? OrderedPreemptionCause(job.rec.job()) : std::string(draining);
-    return PlanPreempted(job, cause,
-                         absl::StrCat(reason, "; it was ",
-                                      preempting ? "being preempted" : "going away",
-                                      ", its exit never arrived"),
-                         0);
+    return PlanPreempted(
+        ctx, job, checkpoints, cause,
+        absl::StrCat(reason, "; it was ", preempting ? "being preempted" : "going away",
+                     ", its exit never arrived"),
+        0);
   }
-  return PlanEndAttempt(job, store::ATTEMPT_STATE_LOST, reason, true);
+  return PlanEndAttempt(ctx, job, checkpoints, store::ATTEMPT_STATE_LOST, reason, true);
 }
 
-std::string Scheduler::PreemptionCause(const ActiveJob& job,
-                                       const tally::v1::AttemptExit& exit) const {
+std::string PreemptionCause(const PlanContext& ctx, const ActiveJob& job,
+                            const tally::v1::AttemptExit& exit) {
   // tallyd's own order first: the worker cannot know an experiment held it.
   if (!job.rec.job().preemption().pending_for().empty()) {
     return OrderedPreemptionCause(job.rec.job());
@@ -378,25 +363,25 @@ std::string Scheduler::PreemptionCause(const ActiveJob& job,
   if (KnownPreemptionCause(exit.preemption_cause())) return exit.preemption_cause();
   if (job.attempt) {
     for (const std::string& w : job.attempt->worker_ids()) {
-      const WorkerState* ws = workers_.Find(w);
+      const WorkerState* ws = ctx.workers->Find(w);
       if (ws != nullptr && KnownPreemptionCause(ws->draining)) return ws->draining;
     }
   }
   return "unknown";
 }
 
-absl::StatusOr<Plan> Scheduler::PlanStart(const ActiveJob& job,
-                                                     std::vector<std::string> rank_workers) const {
+Plan PlanStart(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& checkpoints,
+               std::vector<std::string> rank_workers,
+               const std::set<std::string>& rendezvous_in_use) {
   // Rank 0 hosts the rendezvous: a worker that advertises one leads.
-  if (rank_workers.size() > 1 && !workers_.CanLead(rank_workers[0])) {
+  if (rank_workers.size() > 1 && !ctx.workers->CanLead(rank_workers[0])) {
     auto leader = std::find_if(rank_workers.begin(), rank_workers.end(),
-                               [&](const std::string& w) { return workers_.CanLead(w); });
+                               [&](const std::string& w) { return ctx.workers->CanLead(w); });
     if (leader != rank_workers.end()) std::iter_swap(rank_workers.begin(), leader);
   }
   const int64_t id = job.rec.id();
-  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> checkpoints, store_->ListCheckpoints(id));
   const std::optional<tally::v1::Checkpoint> resume = ResumePoint(job.rec.job(), checkpoints);
-  Plan p = NewPlan(job, clock_->Now());  // queued time costs nothing
+  Plan p = NewPlan(ctx, job);  // queued time costs nothing
   tally::v1::Job& j = *p.rec.mutable_job();
   j.set_attempt(j.attempt() + 1);
   j.clear_worker_ids();
@@ -411,13 +396,14 @@ absl::StatusOr<Plan> Scheduler::PlanStart(const ActiveJob& job,
   attempt.set_state(store::ATTEMPT_STATE_RUNNING);
   *attempt.mutable_start_time() = ToProto(p.now);
   if (resume) attempt.set_resume_step(resume->step());
-  if (rank_workers.size() > 1) attempt.set_rendezvous(PickRendezvous(rank_workers[0]));
+  if (rank_workers.size() > 1)
+    attempt.set_rendezvous(PickRendezvous(*ctx.workers, rank_workers[0], rendezvous_in_use));
   p.write_attempt = true;
   p.keep_attempt = true;
 
   int32_t spot = 0;
   for (const auto& w : rank_workers) {
-    const WorkerState* ws = workers_.Find(w);
+    const WorkerState* ws = ctx.workers->Find(w);
     spot += ws != nullptr && ws->rec.capacity() == "spot";
   }
   attempt.set_spot_gpus(spot);
@@ -431,13 +417,13 @@ absl::StatusOr<Plan> Scheduler::PlanStart(const ActiveJob& job,
       preemptions == 0 && not_counted == 0
           ? absl::StrCat("attempt ", j.attempt(), " of ", j.spec().max_attempts(), " on ",
                          absl::StrJoin(rank_workers, ","))
-          : absl::StrCat("attempt ", j.attempt(), " (", j.attempt() - preemptions - not_counted,
-                         " of ", j.spec().max_attempts(), " counted",
-                         preemptions > 0 ? absl::StrCat("; ", preemptions, " preempted before")
-                                         : std::string(),
-                         not_counted > 0 ? absl::StrCat("; ", not_counted, " not counted")
-                                         : std::string(),
-                         ") on ", absl::StrJoin(rank_workers, ","));
+          : absl::StrCat(
+                "attempt ", j.attempt(), " (", j.attempt() - preemptions - not_counted, " of ",
+                j.spec().max_attempts(), " counted",
+                preemptions > 0 ? absl::StrCat("; ", preemptions, " preempted before")
+                                : std::string(),
+                not_counted > 0 ? absl::StrCat("; ", not_counted, " not counted") : std::string(),
+                ") on ", absl::StrJoin(rank_workers, ","));
   if (spot > 0) absl::StrAppend(&detail, " (", spot, " of ", rank_workers.size(), " on spot)");
   if (ranks < gpus) {
     absl::StrAppend(&detail, ", world size ", ranks, " of ", gpus,
@@ -465,38 +451,39 @@ absl::StatusOr<Plan> Scheduler::PlanStart(const ActiveJob& job,
     }
     p.sends.emplace_back(rank_workers[rank], std::move(msg));
   }
-  for (const auto& [w, n] : ranks_per_worker) p.hold.emplace_back(w, AttemptKey{id, started.attempt()}, n);
+  for (const auto& [w, n] : ranks_per_worker)
+    p.hold.emplace_back(w, AttemptKey{id, started.attempt()}, n);
   return p;
 }
 
-std::optional<tally::v1::Checkpoint> Scheduler::ResumePoint(
-    const tally::v1::Job& job, const std::vector<tally::v1::Checkpoint>& checkpoints) {
+std::optional<tally::v1::Checkpoint> ResumePoint(const tally::v1::Job& job,
+                                                 const Checkpoints& checkpoints) {
   for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
-    const bool damaged = std::any_of(
-        job.damaged_checkpoints().begin(), job.damaged_checkpoints().end(),
-        [&](const tally::v1::DamagedCheckpoint& d) { return d.path() == it->path(); });
+    const bool damaged =
+        std::any_of(job.damaged_checkpoints().begin(), job.damaged_checkpoints().end(),
+                    [&](const tally::v1::DamagedCheckpoint& d) { return d.path() == it->path(); });
     if (!damaged) return *it;
   }
   return std::nullopt;
 }
 
-Plan Scheduler::PlanEval(const ActiveJob& job, const tally::v1::EvalResult& ev) const {
-  Plan p = NewPlan(job, clock_->Now());
+Plan PlanEval(const PlanContext& ctx, const ActiveJob& job, const tally::v1::EvalResult& ev) {
+  Plan p = NewPlan(ctx, job);
   EvalOutcome o = ApplyEval(p.rec.job(), ev, job.routing_collapsed, job.collapse_where);
   *p.rec.mutable_job() = std::move(o.job);
   for (const EvalEvent& e : o.events) AddEvent(p, e);
-  if (o.stop) PendingStopFor(p, o.stop->state, o.stop->type, o.stop->reason, o.stop->rule, ev);
+  if (o.stop) PendingStopFor(ctx, p, o.stop->state, o.stop->type, o.stop->reason, o.stop->rule, ev);
   return p;
 }
 
-void Scheduler::AddEvent(Plan& p, const EvalEvent& e) const {
+void AddEvent(Plan& p, const EvalEvent& e) {
   AddEvent(p, e.type, e.reason, e.detail);
   if (e.val_loss) p.events.back().set_val_loss(*e.val_loss);
 }
 
-void Scheduler::PendingStopFor(Plan& p, JobState state, const std::string& type,
-                               const std::string& reason, const std::string& rule,
-                               const tally::v1::EvalResult& ev) const {
+void PendingStopFor(const PlanContext& ctx, Plan& p, JobState state, const std::string& type,
+                    const std::string& reason, const std::string& rule,
+                    const tally::v1::EvalResult& ev) {
   // Decided: the job keeps running until its workers have checkpointed the
   // state this evaluation measured and exited.
   tally::v1::PendingStop& ps = *p.rec.mutable_job()->mutable_pending_stop();
@@ -506,44 +493,18 @@ void Scheduler::PendingStopFor(Plan& p, JobState state, const std::string& type,
   ps.set_rule(rule);
   ps.set_step(ev.step());
   ps.set_val_loss(ev.val_loss());
-  *ps.mutable_deadline() = ToProto(p.now + options_.stop_grace);
+  *ps.mutable_deadline() = ToProto(p.now + ctx.stop_grace);
   AddEvent(p, "stopping", reason,
            absl::StrCat("rule ", rule, " at step ", ev.step(),
                         "; waiting for the workers' final checkpoint (at most ",
-                        ShortSeconds(options_.stop_grace), ")"));
-  StopOrders(p, reason, /*checkpoint=*/true);
+                        ShortSeconds(ctx.stop_grace), ")"));
+  StopOrders(ctx, p, reason, /*checkpoint=*/true);
 }
 
-bool RepeatedEval(const tally::v1::Job& j, const tally::v1::EvalResult& ev) {
-  // The curve keeps its latest point; within an attempt steps only go
-  // forward, so one of the latest point's attempt at or before its step was
-  // taken already. (Another attempt evaluating earlier steps is a resumed
-  // one, and is taken.)
-  if (j.curve_size() == 0) return false;
-  const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
-  return last.attempt() != 0 && last.attempt() == ev.attempt() && ev.step() <= last.step();
-}
-
-bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
-                        const tally::v1::CheckpointRecord& c) {
-  return latest.has_value() && latest->attempt() == c.attempt() && latest->step() == c.step() &&
-         latest->path() == c.path();
-}
-
-absl::StatusOr<std::optional<tally::v1::Checkpoint>> Scheduler::LatestCheckpoint(
-    const ActiveJob& job) const {
-  // Read from the store once per job life in this process (e.g. after a
-  // restart); afterwards the job keeps its latest checkpoint.
-  if (job.last_checkpoint) return job.last_checkpoint;
-  ASSIGN_OR_RETURN(std::vector<tally::v1::Checkpoint> cks, store_->ListCheckpoints(job.rec.id()));
-  if (cks.empty()) return std::optional<tally::v1::Checkpoint>();
-  return std::optional<tally::v1::Checkpoint>(cks.back());
-}
-
-Plan Scheduler::PlanCheckpoint(
-    const ActiveJob& job, const tally::v1::CheckpointRecord& c,
-    const std::optional<tally::v1::Checkpoint>& previous) const {
-  Plan p = NewPlan(job, clock_->Now());
+Plan PlanCheckpoint(const PlanContext& ctx, const ActiveJob& job,
+                    const tally::v1::CheckpointRecord& c,
+                    const std::optional<tally::v1::Checkpoint>& previous) {
+  Plan p = NewPlan(ctx, job);
   tally::v1::Job& j = *p.rec.mutable_job();
   j.set_step(c.step());
   j.set_tokens(c.tokens());
@@ -565,12 +526,44 @@ Plan Scheduler::PlanCheckpoint(
     if (curve[i].step() < c.step()) break;
   }
   *ck.mutable_time() = ToProto(p.now);
-  ck = ledger_.PriceCheckpoint(j, std::move(ck), previous);
+  ck = ctx.ledger->PriceCheckpoint(j, std::move(ck), previous);
   j.mutable_cost()->set_attempt_usd_since_checkpoint(0);
   p.checkpoints.push_back(ck);
   p.last_checkpoint = ck;
   AddEvent(p, "checkpoint", "", c.path());
   return p;
+}
+
+EndAttemptNotes DamagedCheckpointNotes(const ActiveJob& job, const Checkpoints& checkpoints,
+                                       const tally::v1::AttemptExit& exit) {
+  EndAttemptNotes notes;
+  // Only the checkpoint this attempt was told to resume from: a worker
+  // cannot strike out others by naming them.
+  const std::optional<tally::v1::Checkpoint> resumed = ResumePoint(job.rec.job(), checkpoints);
+  if (!resumed || resumed->path() != exit.damaged_checkpoint()) return notes;
+  tally::v1::DamagedCheckpoint& d = notes.damaged.emplace();
+  d.set_step(resumed->step());
+  d.set_path(resumed->path());
+  d.set_reason(exit.reason().substr(0, 512));
+  d.set_attempt(exit.attempt());
+  tally::v1::Job after = job.rec.job();
+  *after.add_damaged_checkpoints() = d;
+  notes.resume_instead = ResumePoint(after, checkpoints);
+  // With an intact one to resume from the attempt was not the job's
+  // failure; without, the next one starts over and counts.
+  notes.not_counted = notes.resume_instead.has_value();
+  return notes;
+}
+
+std::string PickRendezvous(const WorkerRegistry& workers, const std::string& leader,
+                           const std::set<std::string>& in_use) {
+  if (!workers.CanLead(leader)) return "";  // the ranks fail with "rendezvous: is required"
+  const store::WorkerRecord& rec = workers.Find(leader)->rec;
+  for (int k = 0; k < std::max(1, rec.slots()); ++k) {
+    std::string address = absl::StrCat(rec.rendezvous_host(), ":", rec.rendezvous_port() + k);
+    if (!in_use.count(address)) return address;
+  }
+  return absl::StrCat(rec.rendezvous_host(), ":", rec.rendezvous_port());
 }
 
 }  // namespace tally::sched
