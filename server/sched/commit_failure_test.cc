@@ -809,5 +809,42 @@ TEST_F(CommitFailureTest, ForgottenAttemptOnReconnect) {
   EXPECT_EQ(sched_->Workers()[0].used_slots, 0);
 }
 
+// Two attempts adopted after a restart, each with a decided stop: the
+// second adoption's commit fails, so the Hello is refused (the worker is not
+// attached, and what was sent to it during the Hello is dropped with it).
+// Nothing is lost for good: the stops are committed state, and the worker's
+// next Hello adopts both and asks for both stops again.
+TEST_F(CommitFailureTest, AFailedAdoptionLosesNoOrderOfTheAdoptionsThatCommitted) {
+  auto first = sched_->Submit(Spec(), "");
+  auto second = sched_->Submit(Spec(), "");
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE(sched_->OnHello(HelloMessage("w0", {}, /*slots=*/2)).ok());
+  ASSERT_TRUE(sched_->Tick().ok());
+  std::vector<int64_t> ids;
+  for (const auto& j : {*first, *second}) {
+    const int64_t id = std::stoll(j.name().substr(5));
+    ASSERT_EQ(sched_->ActiveJobView(id)->state(), tally::v1::JOB_STATE_RUNNING);
+    ASSERT_TRUE(Eval(id, 0, 5.0).ok());
+    ASSERT_TRUE(Eval(id, 10, 5.0).ok());  // patience 1: a stop is decided
+    ids.push_back(id);
+  }
+  Restart();
+  channel_.sent.clear();
+  const tally::v1::Hello hello = HelloMessage("w0", ids, /*slots=*/2);
+  store_.FailCommitsAfter(1);
+  EXPECT_FALSE(sched_->OnHello(hello).ok());
+  store_.FailCommits(false);
+  EXPECT_FALSE(sched_->Workers()[0].connected) << "a refused Hello attaches nothing";
+  EXPECT_EQ(EventTypes(ids[0]).back(), "adopted");
+  EXPECT_NE(EventTypes(ids[1]).back(), "adopted");
+
+  channel_.sent.clear();
+  ASSERT_TRUE(sched_->OnHello(hello).ok());
+  EXPECT_EQ(Stops(/*with_checkpoint=*/true), 2) << "both decided stops asked for again";
+  for (int64_t id : ids) EXPECT_EQ(EventTypes(id).back(), "adopted");
+  EXPECT_TRUE(sched_->Workers()[0].connected);
+  EXPECT_EQ(sched_->Workers()[0].used_slots, 2);
+}
+
 }  // namespace
 }  // namespace tally::sched

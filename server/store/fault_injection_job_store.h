@@ -36,7 +36,14 @@ class FaultInjectionJobStore final : public JobStore {
   void FailWrites(bool fail) { fail_writes_ = fail; }
   // While set, Commit and CommitExperiment (only) fail with UNAVAILABLE: a store that still
   // creates jobs and records workers but cannot commit a state change.
-  void FailCommits(bool fail) { fail_commits_ = fail; }
+  void FailCommits(bool fail) {
+    fail_commits_ = fail;
+    commits_before_failing_ = -1;
+  }
+  // The next `n` commits go through, then Commit fails as with
+  // FailCommits(true) until FailCommits(false): a change that fails half way
+  // through a sequence of commits.
+  void FailCommitsAfter(int n) { commits_before_failing_ = n; }
   // While set, every read fails with UNAVAILABLE.
   void FailReads(bool fail) { fail_reads_ = fail; }
   // Writes that reached the base store, and writes refused.
@@ -48,6 +55,7 @@ class FaultInjectionJobStore final : public JobStore {
     return base_->CreateJob(std::move(job), std::move(first));
   }
   absl::Status Commit(const Mutation& m) override {
+    if (commits_before_failing_ >= 0 && commits_before_failing_-- == 0) fail_commits_ = true;
     if (fail_commits_) {
       ++failed_writes_;
       return absl::UnavailableError("injected fault: the store refused the commit");
@@ -134,6 +142,7 @@ class FaultInjectionJobStore final : public JobStore {
   std::atomic<bool> fail_writes_{false};
   std::atomic<bool> fail_reads_{false};
   std::atomic<bool> fail_commits_{false};
+  std::atomic<int> commits_before_failing_{-1};  // -1: not counting
   std::atomic<int> writes_{0};
   std::atomic<int> failed_writes_{0};
 };
