@@ -27,24 +27,13 @@
 #include "server/policy/stop_rules.h"
 #include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
+#include "server/sched/progress_reading.h"
 #include "server/sched/report_checks.h"
 
 namespace tally::sched {
 namespace {
 
 using tally::v1::JobState;
-
-// One step time into the job's sample (policy/step_times.h).
-void AddStepTime(double seconds, tally::v1::StepTimes* t) {
-  policy::StepTimeSample s;
-  s.seconds.assign(t->seconds().begin(), t->seconds().end());
-  s.stride = t->stride();
-  s.reports = t->reports();
-  if (!policy::AddStepTime(seconds, &s)) return;
-  t->mutable_seconds()->Assign(s.seconds.begin(), s.seconds.end());
-  t->set_stride(s.stride);
-  t->set_reports(s.reports);
-}
 
 }  // namespace
 
@@ -70,42 +59,10 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   const absl::Time now = clock_->Now();
   // The report's numbers are measurements: they go into the in-memory record
   // at once and reach the store with the job's next commit.
+  const ProgressReading reading = ReadProgress(job, p);
+  ApplyProgressReading(reading, job);
   tally::v1::Job& j = *job.rec.mutable_job();
-  j.set_step(p.step());
-  j.set_tokens(p.tokens());
-  std::vector<metrics::MoeLayerHealth> moe;
-  if (p.trained()) {
-    j.set_train_loss(p.train_loss());
-    j.set_padding_tokens(p.padding_tokens());
-    // Steady-state step times, for recipe costs: a new step, past the
-    // attempt's start-up reports.
-    const bool same = job.progress_attempt == p.attempt();
-    if (same && job.progress_reports >= policy::kStartupReports && p.step() > job.progress_step) {
-      AddStepTime(p.step_seconds(), j.mutable_step_times());
-    }
-    if (p.moe_size() > 0) {
-      job.routing_collapsed = false;
-      job.collapse_where.clear();
-      moe.reserve(p.moe_size());
-      for (const auto& l : p.moe()) {
-        moe.push_back(metrics::AssessMoeLayer(l, j.spec().model().moe().top_k()));
-        const metrics::MoeLayerHealth& h = moe.back();
-        if (!h.collapsed || job.routing_collapsed) continue;
-        job.routing_collapsed = true;
-        job.collapse_where =
-            h.idle_experts > 0
-                ? absl::StrFormat("layer %d has %d of %d experts idle (below %.0f%% of their "
-                                  "fair share %.1f%% of its tokens)",
-                                  h.layer, h.idle_experts, h.num_experts,
-                                  100 * metrics::kIdleFractionOfFair, 100 * h.fair_share)
-                : absl::StrFormat("layer %d expert %d took %.0f%% of its layer's tokens (fair "
-                                  "share %.1f%%)",
-                                  h.layer, h.busiest_expert, 100 * h.busiest_share,
-                                  100 * h.fair_share);
-      }
-    }
-  }
-  metrics_.jobs().OnProgress(j, p, moe);
+  metrics_.jobs().OnProgress(j, p, reading.moe);
   const int64_t id = job.rec.id();
   const tally::v1::CostStatus accrued = ledger_.Accrue(j, true, now).cost;
   // A decided stop is not undone by the budget: stop_grace bounds its spend.
