@@ -301,50 +301,47 @@ void CheckDistill(Problems* p, const tally::v1::DistillSpec& d) {
   }
 }
 
-}  // namespace
-
-absl::Status ValidateJobSpec(const JobSpec& spec) {
-  Problems p;
-  if (Utf8Length(spec.display_name()) > kMaxDisplayNameChars) {
-    p.Add("display_name", absl::StrCat("must be at most ", kMaxDisplayNameChars,
-                                       " characters, got ",
-                                       Utf8Length(spec.display_name())));
-  }
-
+// model: sizes, the heads, init_from and its upcycle (MoE in CheckMoe).
+void CheckModel(const JobSpec& spec, Problems* p) {
   const auto& model = spec.model();
-  p.Range("model.num_layers", model.num_layers(), 1, 256);
-  p.Range("model.d_model", model.d_model(), 1, 65536);
-  p.Range("model.num_heads", model.num_heads(), 1, 1024);
+  p->Range("model.num_layers", model.num_layers(), 1, 256);
+  p->Range("model.d_model", model.d_model(), 1, 65536);
+  p->Range("model.num_heads", model.num_heads(), 1, 1024);
   if (model.num_heads() > 0 && model.d_model() > 0) {
     if (model.d_model() % model.num_heads() != 0) {
-      p.Add("model.num_heads",
+      p->Add("model.num_heads",
             absl::StrCat("must divide model.d_model (", model.d_model(),
                          "), got ", model.num_heads()));
     } else if ((model.d_model() / model.num_heads()) % 2 != 0) {
-      p.Add("model.num_heads",
+      p->Add("model.num_heads",
             "d_model / num_heads must be even (RoPE rotates pairs)");
     }
   }
-  p.Range("model.d_ff", model.d_ff(), 0, 1 << 20);
+  p->Range("model.d_ff", model.d_ff(), 0, 1 << 20);
   const auto& init = model.init_from();
-  CheckWeightSource(&p, "model.init_from", init.hf(), init.checkpoint());
-  if (init.has_upcycle()) CheckUpcycle(&p, model);
-  p.Range("model.vocab_size", model.vocab_size(), 0, 1 << 22);
+  CheckWeightSource(p, "model.init_from", init.hf(), init.checkpoint());
+  if (init.has_upcycle()) CheckUpcycle(p, model);
+  p->Range("model.vocab_size", model.vocab_size(), 0, 1 << 22);
+}
+
+// model.moe: routing for an MoE model; for a dense one, no MoE option set.
+void CheckMoe(const JobSpec& spec, Problems* p) {
+  const auto& model = spec.model();
   const auto& moe = model.moe();
-  p.Range("model.moe.num_experts", moe.num_experts(), 0, 1024);
+  p->Range("model.moe.num_experts", moe.num_experts(), 0, 1024);
   if (moe.num_experts() > 0) {
-    p.Range("model.moe.top_k", moe.top_k(), 1, moe.num_experts());
-    p.Range("model.moe.every_n_layers", moe.every_n_layers(), 1,
+    p->Range("model.moe.top_k", moe.top_k(), 1, moe.num_experts());
+    p->Range("model.moe.every_n_layers", moe.every_n_layers(), 1,
             std::max(1, model.num_layers()));
     const int ranks = spec.resources().gpu_count();
     if (moe.expert_parallel() && ranks > 1 && moe.num_experts() % ranks != 0) {
-      p.Add("model.moe.expert_parallel",
+      p->Add("model.moe.expert_parallel",
             absl::StrCat("num_experts (", moe.num_experts(),
                          ") must be a multiple of resources.gpu_count (", ranks,
                          "); change either, or turn expert_parallel off"));
     }
     if (moe.router() != "softmax" && moe.router() != "sigmoid") {
-      p.Add("model.moe.router",
+      p->Add("model.moe.router",
             absl::StrCat("must be \"softmax\" or \"sigmoid\", got ",
                          Quoted(moe.router())));
     }
@@ -360,73 +357,81 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
       }
     }
     if (!options.empty()) {
-      p.Add("model.moe.num_experts",
+      p->Add("model.moe.num_experts",
             absl::StrCat("MoE options are set (", absl::StrJoin(options, ", "),
                          ") but num_experts is ", moe.num_experts(),
                          "; set num_experts >= 1 or remove them"));
     }
   }
-  p.Finite("model.moe.aux_loss_coef", moe.aux_loss_coef(), 0, 10);
-  p.Finite("model.moe.z_loss_coef", moe.z_loss_coef(), 0, 10);
-  p.Finite("model.moe.capacity_factor", moe.capacity_factor(), 0, 64);
+  p->Finite("model.moe.aux_loss_coef", moe.aux_loss_coef(), 0, 10);
+  p->Finite("model.moe.z_loss_coef", moe.z_loss_coef(), 0, 10);
+  p->Finite("model.moe.capacity_factor", moe.capacity_factor(), 0, 64);
+}
 
-  const auto& precision = spec.precision();
+void CheckPrecision(const tally::v1::PrecisionSpec& precision, Problems* p) {
   if (!tally::v1::Precision_IsValid(precision.compute())) {
-    p.Add("precision.compute", "must be one of PRECISION_FP32, "
+    p->Add("precision.compute", "must be one of PRECISION_FP32, "
                                "PRECISION_BF16, PRECISION_FP8");
   }
   if (precision.compute() != tally::v1::PRECISION_FP8 &&
       (precision.fp8_recipe() != tally::v1::FP8_RECIPE_UNSPECIFIED ||
        precision.amax_history_len() != 0)) {
-    p.Add("precision.fp8_recipe",
+    p->Add("precision.fp8_recipe",
           "FP8 options are set but precision.compute is not PRECISION_FP8");
   }
-  p.Range("precision.amax_history_len", precision.amax_history_len(), 0,
+  p->Range("precision.amax_history_len", precision.amax_history_len(), 0,
           1024);
-  p.Range("precision.fp8_margin", precision.fp8_margin(), 0, 8);
+  p->Range("precision.fp8_margin", precision.fp8_margin(), 0, 8);
+}
 
-  const auto& data = spec.data();
+void CheckData(const tally::v1::DataSpec& data, Problems* p) {
   if (data.train_path().empty()) {
-    p.Add("data.train_path",
+    p->Add("data.train_path",
           "is required: the dataset prefix written by tally-prep");
   }
   if (data.train_path().size() > kMaxPathBytes) {
-    p.Add("data.train_path",
+    p->Add("data.train_path",
           absl::StrCat("must be at most ", kMaxPathBytes, " bytes"));
   }
   if (data.val_path().size() > kMaxPathBytes) {
-    p.Add("data.val_path",
+    p->Add("data.val_path",
           absl::StrCat("must be at most ", kMaxPathBytes, " bytes"));
   }
-  p.Range("data.seq_len", data.seq_len(), 8, 1 << 17);
-  p.Range("data.shuffle_window", data.shuffle_window(), 1, 1 << 20);
+  p->Range("data.seq_len", data.seq_len(), 8, 1 << 17);
+  p->Range("data.shuffle_window", data.shuffle_window(), 1, 1 << 20);
   if (!tally::v1::PackingMode_IsValid(data.packing())) {
-    p.Add("data.packing", "must be PACKING_MODE_PACKED, "
+    p->Add("data.packing", "must be PACKING_MODE_PACKED, "
                           "PACKING_MODE_PAD_TO_SEQ_LEN or "
                           "PACKING_MODE_PAD_TO_LONGEST");
   }
+}
 
+void CheckOptimizer(const tally::v1::OptimizerSpec& opt, Problems* p) {
+  p->Finite("optimizer.lr", opt.lr(), 1e-9, 10);
+  p->Finite("optimizer.min_lr", opt.min_lr(), 0, opt.lr());
+  p->Finite("optimizer.weight_decay", opt.weight_decay(), 0, 10);
+  p->Finite("optimizer.beta1", opt.beta1(), 0, 0.999999);
+  p->Finite("optimizer.beta2", opt.beta2(), 0, 0.999999);
+  p->Finite("optimizer.eps", opt.eps(), 1e-12, 1);
+  p->Finite("optimizer.grad_clip", opt.grad_clip(), 0, 1e6);
+}
+
+// training: distillation, steps and warmup, the batch and the intervals.
+void CheckTraining(const JobSpec& spec, Problems* p) {
+  const auto& data = spec.data();
   const auto& opt = spec.optimizer();
-  p.Finite("optimizer.lr", opt.lr(), 1e-9, 10);
-  p.Finite("optimizer.min_lr", opt.min_lr(), 0, opt.lr());
-  p.Finite("optimizer.weight_decay", opt.weight_decay(), 0, 10);
-  p.Finite("optimizer.beta1", opt.beta1(), 0, 0.999999);
-  p.Finite("optimizer.beta2", opt.beta2(), 0, 0.999999);
-  p.Finite("optimizer.eps", opt.eps(), 1e-12, 1);
-  p.Finite("optimizer.grad_clip", opt.grad_clip(), 0, 1e6);
-
   const auto& training = spec.training();
-  if (training.has_distill()) CheckDistill(&p, training.distill());
-  p.Range<int64_t>("training.max_steps", training.max_steps(), 1,
+  if (training.has_distill()) CheckDistill(p, training.distill());
+  p->Range<int64_t>("training.max_steps", training.max_steps(), 1,
                    int64_t{1} << 40);
-  p.Range<int64_t>("optimizer.warmup_steps", opt.warmup_steps(), 0,
+  p->Range<int64_t>("optimizer.warmup_steps", opt.warmup_steps(), 0,
                    std::max<int64_t>(0, training.max_steps()));
-  p.Range("training.micro_batch_rows", training.micro_batch_rows(), 1, 65536);
+  p->Range("training.micro_batch_rows", training.micro_batch_rows(), 1, 65536);
   const int64_t micro_tokens =
       int64_t{data.seq_len()} * training.micro_batch_rows();
   if (training.global_batch_tokens() <= 0 ||
       (micro_tokens > 0 && training.global_batch_tokens() % micro_tokens)) {
-    p.Add("training.global_batch_tokens",
+    p->Add("training.global_batch_tokens",
           absl::StrCat("must be a positive multiple of data.seq_len * "
                        "training.micro_batch_rows (",
                        micro_tokens, "), got ",
@@ -438,72 +443,71 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
              spec.resources().gpu_count() <= 1024 &&
              (training.global_batch_tokens() / micro_tokens) %
                  spec.resources().gpu_count()) {
-    p.Add("training.global_batch_tokens",
+    p->Add("training.global_batch_tokens",
           absl::StrCat("with resources.gpu_count ", spec.resources().gpu_count(),
                        " it must be a multiple of data.seq_len * training.micro_batch_rows * "
                        "gpu_count (", micro_tokens * spec.resources().gpu_count(),
                        "), so every rank gets the same micro-batches; got ",
                        training.global_batch_tokens()));
   }
-  p.Range<int64_t>("training.eval_interval_steps",
+  p->Range<int64_t>("training.eval_interval_steps",
                    training.eval_interval_steps(), 0, int64_t{1} << 40);
-  p.Range<int64_t>("training.eval_tokens", training.eval_tokens(), 0,
+  p->Range<int64_t>("training.eval_tokens", training.eval_tokens(), 0,
                    int64_t{1} << 40);
-  p.Range<int64_t>("training.checkpoint_interval_steps",
+  p->Range<int64_t>("training.checkpoint_interval_steps",
                    training.checkpoint_interval_steps(), 0, int64_t{1} << 40);
+}
 
-  const auto& es = spec.early_stopping();
-  p.Range("early_stopping.patience", es.patience(), 0, 10000);
-  p.Finite("early_stopping.min_rel_delta", es.min_rel_delta(), 0, 0.999);
-  p.Finite("early_stopping.min_delta", es.min_delta(), 0, 1e6);
-  p.Range("early_stopping.min_evals", es.min_evals(), 0, 10000);
+void CheckEarlyStopping(const tally::v1::EarlyStoppingSpec& es, Problems* p) {
+  p->Range("early_stopping.patience", es.patience(), 0, 10000);
+  p->Finite("early_stopping.min_rel_delta", es.min_rel_delta(), 0, 0.999);
+  p->Finite("early_stopping.min_delta", es.min_delta(), 0, 1e6);
+  p->Range("early_stopping.min_evals", es.min_evals(), 0, 10000);
   if (es.divergence_factor() != 0) {
-    p.Finite("early_stopping.divergence_factor", es.divergence_factor(), 1.0,
+    p->Finite("early_stopping.divergence_factor", es.divergence_factor(), 1.0,
              1e6);
   }
-  p.Range("early_stopping.baseline_evals", es.baseline_evals(), 0, 10000);
-  p.Finite("early_stopping.baseline_min_rel_gain", es.baseline_min_rel_gain(),
+  p->Range("early_stopping.baseline_evals", es.baseline_evals(), 0, 10000);
+  p->Finite("early_stopping.baseline_min_rel_gain", es.baseline_min_rel_gain(),
            0, 0.999);
-  p.Finite("early_stopping.target_val_loss", es.target_val_loss(), 0, 1e6);
+  p->Finite("early_stopping.target_val_loss", es.target_val_loss(), 0, 1e6);
   if (es.target_rel_to_baseline() != 0) {
-    p.Finite("early_stopping.target_rel_to_baseline", es.target_rel_to_baseline(), 1e-6,
+    p->Finite("early_stopping.target_rel_to_baseline", es.target_rel_to_baseline(), 1e-6,
              0.999999);
   }
   if (es.target_val_loss() != 0 && es.target_rel_to_baseline() != 0) {
-    p.Add("early_stopping.target_rel_to_baseline",
+    p->Add("early_stopping.target_rel_to_baseline",
           "set either target_val_loss or target_rel_to_baseline, not both");
   }
-  p.Range("early_stopping.forecast_min_evals", es.forecast_min_evals(), 0, 10000);
+  p->Range("early_stopping.forecast_min_evals", es.forecast_min_evals(), 0, 10000);
   if (es.forecast() && es.forecast_min_evals() != 0 && es.forecast_min_evals() < 2) {
-    p.Add("early_stopping.forecast_min_evals",
+    p->Add("early_stopping.forecast_min_evals",
           "a curve needs at least 2 evaluations to be fitted (default 4)");
   }
+}
 
-  p.Finite("budget.max_dollars", spec.budget().max_dollars(), 0, 1e9);
-
-  const auto& res = spec.resources();
+void CheckResources(const tally::v1::ResourceSpec& res, Problems* p) {
   const std::string& gpu_type = res.gpu_type();
   bool gpu_type_ok = !gpu_type.empty() && gpu_type.size() <= 32;
   for (char c : gpu_type) gpu_type_ok = gpu_type_ok && IsNameChar(c) && c != '/';
   if (!gpu_type_ok) {
-    p.Add("resources.gpu_type",
+    p->Add("resources.gpu_type",
           absl::StrCat("must be 1-32 characters of [a-z0-9._-] (e.g. \"cpu\", "
                        "\"h200\"), got ",
                        Quoted(gpu_type)));
   }
-  p.Range("resources.gpu_count", res.gpu_count(), 1, 1024);
+  p->Range("resources.gpu_count", res.gpu_count(), 1, 1024);
   if (!res.capacity().empty() && res.capacity() != "any" && res.capacity() != "spot" &&
       res.capacity() != "on_demand") {
-    p.Add("resources.capacity",
+    p->Add("resources.capacity",
           absl::StrCat("must be \"spot\", \"on_demand\" or \"any\" (the default), got ",
                        Quoted(res.capacity())));
   }
+}
 
-  p.Range("priority", spec.priority(), -1000, 1000);
-  p.Range("max_attempts", spec.max_attempts(), 1, 100);
-  p.Range("max_preemptions", spec.max_preemptions(), 0, 1000000);
-
-  if (spec.labels_size() > 64) p.Add("labels", "at most 64 labels");
+// Label keys and values, in key order, so equal specs get the same message.
+void CheckLabels(const JobSpec& spec, Problems* p) {
+  if (spec.labels_size() > 64) p->Add("labels", "at most 64 labels");
   // In key order, so equal specs get the same message.
   std::vector<std::pair<std::string, std::string>> labels(
       spec.labels().begin(), spec.labels().end());
@@ -513,15 +517,43 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                   (absl::ascii_islower(key[0]) || absl::ascii_isdigit(key[0]));
     for (char c : key) key_ok = key_ok && IsNameChar(c);
     if (!key_ok) {
-      p.Add(absl::StrCat("labels[", Quoted(key), "]"),
+      p->Add(absl::StrCat("labels[", Quoted(key), "]"),
             "keys are 1-63 characters of [a-z0-9._/-], starting with a "
             "letter or digit");
     }
     if (value.size() > 256) {
-      p.Add(absl::StrCat("labels[", Quoted(key), "]"),
+      p->Add(absl::StrCat("labels[", Quoted(key), "]"),
             "values are at most 256 characters");
     }
   }
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  Problems p;
+  if (Utf8Length(spec.display_name()) > kMaxDisplayNameChars) {
+    p.Add("display_name", absl::StrCat("must be at most ", kMaxDisplayNameChars,
+                                       " characters, got ",
+                                       Utf8Length(spec.display_name())));
+  }
+
+  CheckModel(spec, &p);
+  CheckMoe(spec, &p);
+  CheckPrecision(spec.precision(), &p);
+  CheckData(spec.data(), &p);
+  CheckOptimizer(spec.optimizer(), &p);
+  CheckTraining(spec, &p);
+  CheckEarlyStopping(spec.early_stopping(), &p);
+  p.Finite("budget.max_dollars", spec.budget().max_dollars(), 0, 1e9);
+
+  CheckResources(spec.resources(), &p);
+
+  p.Range("priority", spec.priority(), -1000, 1000);
+  p.Range("max_attempts", spec.max_attempts(), 1, 100);
+  p.Range("max_preemptions", spec.max_preemptions(), 0, 1000000);
+
+  CheckLabels(spec, &p);
 
   CheckAllStrings(spec, "", &p);
   return p.ToStatus();

@@ -506,6 +506,124 @@ absl::StatusOr<std::optional<std::string>> TextClaim(const Json& claims,
   return std::optional<std::string>(value);
 }
 
+// A token's header: the key type its alg names and its kid, if any.
+struct JwtHeader {
+  KeyType type;
+  std::optional<std::string> kid;
+};
+
+// "malformed token", or "unsupported alg" for an alg other than RS256 and
+// ES256.
+absl::StatusOr<JwtHeader> ParseJwtHeader(absl::string_view encoded) {
+  const absl::Status malformed = Unauthenticated("malformed token");
+  std::optional<std::string> header_text = Base64UrlDecode(encoded);
+  if (!header_text.has_value()) return malformed;
+  absl::StatusOr<Json> header = ParseStrictJson(*header_text);
+  if (!header.ok() || !header->is_object()) return malformed;
+  auto alg = header->find("alg");
+  if (alg == header->end() || !alg->is_string()) return malformed;
+  JwtHeader parsed;
+  if (*alg == "RS256") {
+    parsed.type = KeyType::kRsa;
+  } else if (*alg == "ES256") {
+    parsed.type = KeyType::kEc;
+  } else {
+    return Unauthenticated("unsupported alg");
+  }
+  // No extension is understood, so none may be critical (RFC 7515 4.1.11).
+  if (header->contains("crit")) return malformed;
+  if (auto it = header->find("kid"); it != header->end()) {
+    if (!it->is_string()) return malformed;
+    parsed.kid = it->get<std::string>();
+  }
+  return parsed;
+}
+
+// exp (required) and nbf against `now`, and the lifetime bounds.
+absl::Status CheckTokenTimes(const Json& claims, const JwtOptions& options, absl::Time now) {
+  const double now_seconds = absl::ToDoubleSeconds(now - absl::UnixEpoch());
+  const double leeway_seconds = absl::ToDoubleSeconds(options.leeway);
+  ASSIGN_OR_RETURN(std::optional<double> exp, NumericDate(claims, "exp"));
+  if (!exp.has_value()) return Unauthenticated("missing claim exp");
+  ASSIGN_OR_RETURN(std::optional<double> nbf, NumericDate(claims, "nbf"));
+  if (now_seconds >= *exp + leeway_seconds) {
+    return Unauthenticated("token expired");
+  }
+  if (nbf.has_value() && now_seconds < *nbf - leeway_seconds) {
+    return Unauthenticated("token not yet valid");
+  }
+  // Bounded lifetimes: issued for at most max_lifetime, and never valid for
+  // longer than that from now (an iat in the future or absent does not
+  // lengthen it).
+  const double max_seconds = absl::ToDoubleSeconds(options.max_lifetime);
+  ASSIGN_OR_RETURN(std::optional<double> iat, NumericDate(claims, "iat"));
+  if ((iat.has_value() && *exp - *iat > max_seconds) ||
+      *exp - now_seconds > max_seconds + leeway_seconds) {
+    return Unauthenticated(absl::StrCat(
+        "token lifetime too long: exp must be at most ",
+        absl::FormatDuration(options.max_lifetime),
+        " after iat and after now (--jwt_max_lifetime); issue shorter-lived tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckIssuerAndAudience(const Json& claims, const JwtOptions& options) {
+  auto iss = claims.find("iss");
+  if (iss == claims.end()) return Unauthenticated("missing claim iss");
+  if (!iss->is_string() || *iss != options.issuer) {
+    return Unauthenticated("wrong issuer");
+  }
+  auto aud = claims.find("aud");
+  if (aud == claims.end()) return Unauthenticated("missing claim aud");
+  bool audience_ok = false;
+  if (aud->is_string()) {
+    audience_ok = *aud == options.audience;
+  } else if (aud->is_array()) {
+    for (const Json& item : *aud) {
+      if (item.is_string() && item == options.audience) audience_ok = true;
+    }
+  }
+  if (!audience_ok) return Unauthenticated("wrong audience");
+  return absl::OkStatus();
+}
+
+// The role, the principal's name and (for users and viewers, required;
+// admins, optional) the tenant.
+absl::StatusOr<Principal> ReadPrincipal(const Json& claims, const JwtOptions& options) {
+  Principal principal;
+  principal.method = "jwt";
+  auto role = claims.find(options.role_claim);
+  if (role == claims.end()) {
+    return Unauthenticated(absl::StrCat("missing claim ", options.role_claim));
+  }
+  if (!role->is_string()) return Unauthenticated("bad role claim");
+  absl::StatusOr<Role> parsed_role =
+      ParseRole(role->get_ref<const std::string&>());
+  if (!parsed_role.ok()) return Unauthenticated("bad role claim");
+  principal.role = *parsed_role;
+
+  ASSIGN_OR_RETURN(std::optional<std::string> name,
+                   TextClaim(claims, options.principal_claim));
+  if (!name.has_value() || name->empty()) {
+    return Unauthenticated(
+        absl::StrCat("missing claim ", options.principal_claim));
+  }
+  principal.name = *std::move(name);
+
+  if (principal.role != Role::kWorker) {
+    ASSIGN_OR_RETURN(std::optional<std::string> tenant,
+                     TextClaim(claims, options.tenant_claim));
+    const bool needs_tenant =
+        principal.role == Role::kUser || principal.role == Role::kViewer;
+    if (needs_tenant && (!tenant.has_value() || tenant->empty())) {
+      return Unauthenticated(
+          absl::StrCat("missing claim ", options.tenant_claim));
+    }
+    principal.tenant = tenant.value_or("");
+  }
+  return principal;
+}
+
 absl::Status ValidateOptions(const JwtOptions& options,
                              const JwksErrors& errors) {
   if (options.issuer.empty()) {
@@ -640,28 +758,7 @@ absl::StatusOr<Principal> JwtVerifier::Verify(absl::string_view token,
   const absl::string_view signing_input = token.substr(0, dot2);
 
   // Header: alg and kid pick the keys.
-  std::optional<std::string> header_text =
-      Base64UrlDecode(token.substr(0, dot1));
-  if (!header_text.has_value()) return malformed;
-  absl::StatusOr<Json> header = ParseStrictJson(*header_text);
-  if (!header.ok() || !header->is_object()) return malformed;
-  auto alg = header->find("alg");
-  if (alg == header->end() || !alg->is_string()) return malformed;
-  KeyType type;
-  if (*alg == "RS256") {
-    type = KeyType::kRsa;
-  } else if (*alg == "ES256") {
-    type = KeyType::kEc;
-  } else {
-    return Unauthenticated("unsupported alg");
-  }
-  // No extension is understood, so none may be critical (RFC 7515 4.1.11).
-  if (header->contains("crit")) return malformed;
-  std::optional<std::string> kid;
-  if (auto it = header->find("kid"); it != header->end()) {
-    if (!it->is_string()) return malformed;
-    kid = it->get<std::string>();
-  }
+  ASSIGN_OR_RETURN(const JwtHeader header, ParseJwtHeader(token.substr(0, dot1)));
 
   std::optional<std::string> signature =
       Base64UrlDecode(token.substr(dot2 + 1));
@@ -672,8 +769,8 @@ absl::StatusOr<Principal> JwtVerifier::Verify(absl::string_view token,
   bool any_key = false;
   bool verified = false;
   for (const std::shared_ptr<const Key>& key : keys_) {
-    if (key->type != type) continue;
-    if (kid.has_value() && key->kid != kid) continue;
+    if (key->type != header.type) continue;
+    if (header.kid.has_value() && key->kid != header.kid) continue;
     any_key = true;
     if (VerifySignature(*key, signing_input, *signature)) {
       verified = true;
@@ -687,79 +784,9 @@ absl::StatusOr<Principal> JwtVerifier::Verify(absl::string_view token,
   absl::StatusOr<Json> claims = ParseStrictJson(*payload_text);
   if (!claims.ok() || !claims->is_object()) return malformed;
 
-  const double now_seconds = absl::ToDoubleSeconds(now - absl::UnixEpoch());
-  const double leeway_seconds = absl::ToDoubleSeconds(options_.leeway);
-  ASSIGN_OR_RETURN(std::optional<double> exp, NumericDate(*claims, "exp"));
-  if (!exp.has_value()) return Unauthenticated("missing claim exp");
-  ASSIGN_OR_RETURN(std::optional<double> nbf, NumericDate(*claims, "nbf"));
-  if (now_seconds >= *exp + leeway_seconds) {
-    return Unauthenticated("token expired");
-  }
-  if (nbf.has_value() && now_seconds < *nbf - leeway_seconds) {
-    return Unauthenticated("token not yet valid");
-  }
-  // Bounded lifetimes: issued for at most max_lifetime, and never valid for
-  // longer than that from now (an iat in the future or absent does not
-  // lengthen it).
-  const double max_seconds = absl::ToDoubleSeconds(options_.max_lifetime);
-  ASSIGN_OR_RETURN(std::optional<double> iat, NumericDate(*claims, "iat"));
-  if ((iat.has_value() && *exp - *iat > max_seconds) ||
-      *exp - now_seconds > max_seconds + leeway_seconds) {
-    return Unauthenticated(absl::StrCat(
-        "token lifetime too long: exp must be at most ",
-        absl::FormatDuration(options_.max_lifetime),
-        " after iat and after now (--jwt_max_lifetime); issue shorter-lived tokens"));
-  }
-
-  auto iss = claims->find("iss");
-  if (iss == claims->end()) return Unauthenticated("missing claim iss");
-  if (!iss->is_string() || *iss != options_.issuer) {
-    return Unauthenticated("wrong issuer");
-  }
-  auto aud = claims->find("aud");
-  if (aud == claims->end()) return Unauthenticated("missing claim aud");
-  bool audience_ok = false;
-  if (aud->is_string()) {
-    audience_ok = *aud == options_.audience;
-  } else if (aud->is_array()) {
-    for (const Json& item : *aud) {
-      if (item.is_string() && item == options_.audience) audience_ok = true;
-    }
-  }
-  if (!audience_ok) return Unauthenticated("wrong audience");
-
-  Principal principal;
-  principal.method = "jwt";
-  auto role = claims->find(options_.role_claim);
-  if (role == claims->end()) {
-    return Unauthenticated(absl::StrCat("missing claim ", options_.role_claim));
-  }
-  if (!role->is_string()) return Unauthenticated("bad role claim");
-  absl::StatusOr<Role> parsed_role =
-      ParseRole(role->get_ref<const std::string&>());
-  if (!parsed_role.ok()) return Unauthenticated("bad role claim");
-  principal.role = *parsed_role;
-
-  ASSIGN_OR_RETURN(std::optional<std::string> name,
-                   TextClaim(*claims, options_.principal_claim));
-  if (!name.has_value() || name->empty()) {
-    return Unauthenticated(
-        absl::StrCat("missing claim ", options_.principal_claim));
-  }
-  principal.name = *std::move(name);
-
-  if (principal.role != Role::kWorker) {
-    ASSIGN_OR_RETURN(std::optional<std::string> tenant,
-                     TextClaim(*claims, options_.tenant_claim));
-    const bool needs_tenant =
-        principal.role == Role::kUser || principal.role == Role::kViewer;
-    if (needs_tenant && (!tenant.has_value() || tenant->empty())) {
-      return Unauthenticated(
-          absl::StrCat("missing claim ", options_.tenant_claim));
-    }
-    principal.tenant = tenant.value_or("");
-  }
-  return principal;
+  RETURN_IF_ERROR(CheckTokenTimes(*claims, options_, now));
+  RETURN_IF_ERROR(CheckIssuerAndAudience(*claims, options_));
+  return ReadPrincipal(*claims, options_);
 }
 
 }  // namespace tally::auth

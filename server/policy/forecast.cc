@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -236,56 +238,151 @@ const char* ForecastStatusName(ForecastStatus status) {
   return "?";
 }
 
-LossForecast ForecastFinalLoss(const std::vector<ForecastPoint>& curve, const ForecastRun& run,
-                               const ForecastOptions& options) {
+namespace {
+
+// Why `run` and `options` cannot be forecast from; nullopt when they can.
+std::optional<std::string> InputProblem(const ForecastRun& run, const ForecastOptions& options) {
   if (run.max_steps <= 0) {
-    return Invalid(absl::StrFormat("max_steps must be positive, got %d", run.max_steps));
+    return absl::StrFormat("max_steps must be positive, got %d", run.max_steps);
   }
   if (!std::isfinite(run.tokens_per_step) || run.tokens_per_step <= 0) {
-    return Invalid(
-        absl::StrFormat("tokens_per_step must be a positive number, got %g", run.tokens_per_step));
+    return absl::StrFormat("tokens_per_step must be a positive number, got %g",
+                           run.tokens_per_step);
   }
   if (run.warmup_steps < 0) {
-    return Invalid(absl::StrFormat("warmup_steps must be >= 0, got %d", run.warmup_steps));
+    return absl::StrFormat("warmup_steps must be >= 0, got %d", run.warmup_steps);
   }
   if (!(run.min_lr_ratio >= 0 && run.min_lr_ratio <= 1)) {
-    return Invalid(absl::StrFormat("min_lr_ratio must be in [0, 1], got %g", run.min_lr_ratio));
+    return absl::StrFormat("min_lr_ratio must be in [0, 1], got %g", run.min_lr_ratio);
   }
   if (!(std::isfinite(options.settle_warmups) && options.settle_warmups >= 1 &&
         options.settle_warmups <= 100)) {
-    return Invalid(
-        absl::StrFormat("settle_warmups must be in [1, 100], got %g", options.settle_warmups));
+    return absl::StrFormat("settle_warmups must be in [1, 100], got %g", options.settle_warmups);
   }
   if (!(std::isfinite(options.band_k) && options.band_k >= 0)) {
-    return Invalid(absl::StrFormat("band_k must be a number >= 0, got %g", options.band_k));
+    return absl::StrFormat("band_k must be a number >= 0, got %g", options.band_k);
   }
   if (!(options.min_rel_std >= 0 && options.min_rel_std < 1)) {
-    return Invalid(absl::StrFormat("min_rel_std must be in [0, 1), got %g", options.min_rel_std));
+    return absl::StrFormat("min_rel_std must be in [0, 1), got %g", options.min_rel_std);
   }
   if (!(options.lr_decay_allowance >= 0 && options.lr_decay_allowance <= 1)) {
-    return Invalid(absl::StrFormat("lr_decay_allowance must be in [0, 1], got %g",
-                                   options.lr_decay_allowance));
+    return absl::StrFormat("lr_decay_allowance must be in [0, 1], got %g",
+                           options.lr_decay_allowance);
   }
+  return std::nullopt;
+}
+
+// The first evaluation of each step, in step order, into `by_step`; why the
+// curve cannot be forecast from, or nullopt.
+std::optional<std::string> FirstEvalPerStep(const std::vector<ForecastPoint>& curve,
+                                            const ForecastRun& run,
+                                            std::map<int64_t, const ForecastPoint*>* by_step) {
+  for (const ForecastPoint& p : curve) {
+    if (p.step < 0) {
+      return absl::StrFormat("an evaluation has a negative step %d", p.step);
+    }
+    if (p.step > run.max_steps) {
+      return absl::StrFormat("an evaluation at step %d is past max_steps %d", p.step,
+                             run.max_steps);
+    }
+    if (std::isfinite(p.val_loss) && p.val_loss < 0) {
+      return absl::StrFormat(
+          "the validation loss at step %d is negative (%g); a cross-entropy is >= 0", p.step,
+          p.val_loss);
+    }
+    by_step->emplace(p.step, &p);
+  }
+  return std::nullopt;
+}
+
+// Rising: a line in log tokens whose rise over the span is beyond noise.
+bool RisesBeyondNoise(const std::vector<Sample>& samples, double t_ref, double t_first,
+                      double band_k, double mean_abs) {
+  const double n = static_cast<double>(samples.size());
+  double sl = 0, sy = 0, sll = 0, sly = 0;
+  for (const Sample& p : samples) {
+    const double l = std::log(p.x);
+    sl += l;
+    sy += p.y;
+    sll += l * l;
+    sly += l * p.y;
+  }
+  const double det = n * sll - sl * sl;
+  if (!(det > 0)) return false;
+  const double slope = (n * sly - sl * sy) / det;
+  const double icept = (sy - slope * sl) / n;
+  double sse = 0;
+  for (const Sample& p : samples) {
+    const double r = p.y - icept - slope * std::log(p.x);
+    sse += r * r;
+  }
+  const double std_line = std::sqrt(sse / std::max(n - 2, 1.0));
+  const double rise = slope * std::log(t_ref / t_first);
+  return slope > 0 && rise > band_k * std_line && rise > 1e-9 * mean_abs;
+}
+
+struct Band {
+  double low = 0;
+  double high = 0;
+};
+
+// The band around `predicted` (at `x_final`) before the decay allowance: the
+// union of (1) the prediction intervals over the profile-likelihood set of c
+// and (2) the forecast one evaluation ago. `s` is the residual scale.
+Band PredictionBand(const std::vector<Sample>& samples, const Fit& fit,
+                    const std::vector<double>& grid, double x_final, double predicted, double s,
+                    double k, double mean_abs) {
+  const double n = static_cast<double>(samples.size());
+  const double dof = std::max(n - 3, 1.0);
+  // 1. Union of prediction intervals over the profile-likelihood set of c.
+  double low = predicted - k * s * std::sqrt(1 + Leverage(fit.lin, x_final, fit.c));
+  double high = predicted + k * s * std::sqrt(1 + Leverage(fit.lin, x_final, fit.c));
+  const double sse_limit = fit.lin.sse * (1 + k * k / dof) + 1e-24 * mean_abs * mean_abs * n;
+  for (double c : grid) {
+    const LinearFit lin = FitAtC(samples, c);
+    if (!(lin.sse <= sse_limit)) continue;
+    const double pred = lin.a + lin.b * InvPow(x_final, c);
+    const double half = k * s * std::sqrt(1 + Leverage(lin, x_final, c));
+    low = std::min(low, pred - half);
+    high = std::max(high, pred + half);
+  }
+  // 2. Leave-last-out: the forecast one evaluation ago.
+  if (samples.size() - 1 >= 3) {
+    std::vector<Sample> head(samples.begin(), samples.end() - 1);
+    for (Sample& p : head) p.w = 1;
+    const Fit prev = RobustFit(&head, grid, 1e-9 * std::max(mean_abs, 1e-300));
+    const double pred_prev = Predict(prev, x_final);
+    low = std::min(low, pred_prev - k * s);
+    high = std::max(high, pred_prev + k * s);
+  }
+  return Band{low, high};
+}
+
+// The share of the learning rate's cosine decay still ahead after step
+// `s_last`.
+double RemainingDecay(const ForecastRun& run, int64_t s_last) {
+  double remaining_decay = 0;
+  if (run.max_steps > run.warmup_steps) {
+    const double progress = std::clamp(static_cast<double>(s_last - run.warmup_steps) /
+                                           static_cast<double>(run.max_steps - run.warmup_steps),
+                                       0.0, 1.0);
+    remaining_decay = (1 - run.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress));
+  }
+  return remaining_decay;
+}
+
+}  // namespace
+
+LossForecast ForecastFinalLoss(const std::vector<ForecastPoint>& curve, const ForecastRun& run,
+                               const ForecastOptions& options) {
+  if (std::optional<std::string> why = InputProblem(run, options)) return Invalid(*why);
   const int min_evals = std::max(3, options.min_evals);
   const int64_t fit_after = static_cast<int64_t>(
       std::floor(options.settle_warmups * static_cast<double>(run.warmup_steps)));
 
-  // The first evaluation of each step, in step order.
   std::map<int64_t, const ForecastPoint*> by_step;
-  for (const ForecastPoint& p : curve) {
-    if (p.step < 0) {
-      return Invalid(absl::StrFormat("an evaluation has a negative step %d", p.step));
-    }
-    if (p.step > run.max_steps) {
-      return Invalid(
-          absl::StrFormat("an evaluation at step %d is past max_steps %d", p.step, run.max_steps));
-    }
-    if (std::isfinite(p.val_loss) && p.val_loss < 0) {
-      return Invalid(absl::StrFormat(
-          "the validation loss at step %d is negative (%g); a cross-entropy is >= 0", p.step,
-          p.val_loss));
-    }
-    by_step.emplace(p.step, &p);
+  if (std::optional<std::string> why = FirstEvalPerStep(curve, run, &by_step)) {
+    return Invalid(*why);
   }
 
   LossForecast f;
@@ -332,37 +429,14 @@ LossForecast ForecastFinalLoss(const std::vector<ForecastPoint>& curve, const Fo
   const double n = static_cast<double>(fitted.size());
   const double last_loss = fitted.back().val_loss;
 
-  // Rising: a line in log tokens whose rise over the span is beyond noise.
-  {
-    double sl = 0, sy = 0, sll = 0, sly = 0;
-    for (const Sample& p : samples) {
-      const double l = std::log(p.x);
-      sl += l;
-      sy += p.y;
-      sll += l * l;
-      sly += l * p.y;
-    }
-    const double det = n * sll - sl * sl;
-    if (det > 0) {
-      const double slope = (n * sly - sl * sy) / det;
-      const double icept = (sy - slope * sl) / n;
-      double sse = 0;
-      for (const Sample& p : samples) {
-        const double r = p.y - icept - slope * std::log(p.x);
-        sse += r * r;
-      }
-      const double std_line = std::sqrt(sse / std::max(n - 2, 1.0));
-      const double rise = slope * std::log(t_ref / t_first);
-      if (slope > 0 && rise > options.band_k * std_line && rise > 1e-9 * mean_abs) {
-        f.status = ForecastStatus::kRising;
-        f.reason = absl::StrFormat(
-            "forecast: the validation loss rises, from %s at step %d to %s at step %d over "
-            "%d evaluations after warm-up; a rising curve has no forecast%s",
-            Num(fitted.front().val_loss), fitted.front().step, Num(last_loss), fitted.back().step,
-            f.evals_used, excluded);
-        return f;
-      }
-    }
+  if (RisesBeyondNoise(samples, t_ref, t_first, options.band_k, mean_abs)) {
+    f.status = ForecastStatus::kRising;
+    f.reason = absl::StrFormat(
+        "forecast: the validation loss rises, from %s at step %d to %s at step %d over "
+        "%d evaluations after warm-up; a rising curve has no forecast%s",
+        Num(fitted.front().val_loss), fitted.front().step, Num(last_loss), fitted.back().step,
+        f.evals_used, excluded);
+    return f;
   }
 
   const std::vector<double> grid = Grid();
@@ -379,36 +453,13 @@ LossForecast ForecastFinalLoss(const std::vector<ForecastPoint>& curve, const Fo
   // b for tokens in their own unit: b_ref x^(-c) = b_ref t_ref^c t^(-c).
   f.b = fit.lin.b * std::pow(t_ref, fit.c);
 
-  // 1. Union of prediction intervals over the profile-likelihood set of c.
-  double low = f.predicted - k * s * std::sqrt(1 + Leverage(fit.lin, x_final, fit.c));
-  double high = f.predicted + k * s * std::sqrt(1 + Leverage(fit.lin, x_final, fit.c));
-  const double sse_limit = fit.lin.sse * (1 + k * k / dof) + 1e-24 * mean_abs * mean_abs * n;
-  for (double c : grid) {
-    const LinearFit lin = FitAtC(samples, c);
-    if (!(lin.sse <= sse_limit)) continue;
-    const double pred = lin.a + lin.b * InvPow(x_final, c);
-    const double half = k * s * std::sqrt(1 + Leverage(lin, x_final, c));
-    low = std::min(low, pred - half);
-    high = std::max(high, pred + half);
-  }
-  // 2. Leave-last-out: the forecast one evaluation ago.
-  if (samples.size() - 1 >= 3) {
-    std::vector<Sample> head(samples.begin(), samples.end() - 1);
-    for (Sample& p : head) p.w = 1;
-    const Fit prev = RobustFit(&head, grid, 1e-9 * std::max(mean_abs, 1e-300));
-    const double pred_prev = Predict(prev, x_final);
-    low = std::min(low, pred_prev - k * s);
-    high = std::max(high, pred_prev + k * s);
-  }
-  // 3. The cosine decay still ahead lowers the optimistic edge.
+  // The band: (1) and (2) in PredictionBand; (3) the cosine decay still
+  // ahead lowers the optimistic edge.
+  const Band band = PredictionBand(samples, fit, grid, x_final, f.predicted, s, k, mean_abs);
+  double low = band.low;
+  const double high = band.high;
   const int64_t s_last = fitted.back().step;
-  double remaining_decay = 0;
-  if (run.max_steps > run.warmup_steps) {
-    const double progress = std::clamp(static_cast<double>(s_last - run.warmup_steps) /
-                                           static_cast<double>(run.max_steps - run.warmup_steps),
-                                       0.0, 1.0);
-    remaining_decay = (1 - run.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress));
-  }
+  const double remaining_decay = RemainingDecay(run, s_last);
   f.decay_allowance = options.lr_decay_allowance * remaining_decay * std::abs(f.predicted);
   low -= f.decay_allowance;
   f.low = std::max(0.0, low);

@@ -166,49 +166,34 @@ std::string KindWord(const std::string& job_capacity) {
   return "";
 }
 
-}  // namespace
+// A job with several attempts listed is one candidate: it is stopped whole,
+// so it is judged by its newest start and is out if any attempt stops.
+struct RunningJob {
+  int priority = 0;
+  absl::Time started = absl::InfinitePast();
+  absl::Time last_checkpoint = absl::InfinitePast();
+  bool stopping = false;
+  int64_t usable = 0;
+  int64_t total = 0;
+};
 
-PreemptionDecision ChoosePreemptions(
-    const QueuedJob& waiting, const std::vector<int64_t>& preempted_by,
-    const std::vector<WorkerSlots>& free_slots, const std::vector<RunningAttempt>& running,
-    const std::vector<std::pair<std::string, std::string>>& worker_capacity, absl::Time now,
+// The running attempts of `waiting`'s GPU type (and options.only_tenant),
+// by job; `usable` counts the ranks on workers whose capacity it accepts.
+std::map<int64_t, RunningJob> RunningJobs(
+    const QueuedJob& waiting, const std::vector<RunningAttempt>& running,
+    const std::vector<std::pair<std::string, std::string>>& worker_capacity,
     const PreemptionOptions& options) {
-  const int64_t need = std::max(1, waiting.gpu_count);
-  const std::string& gpu = waiting.gpu_type;
-  const std::string kind = KindWord(waiting.capacity);
-
-  int64_t free_now = 0;
-  for (const WorkerSlots& w : free_slots) {
-    if (w.gpu_type == gpu && w.free_slots > 0 && CapacityMatches(waiting.capacity, w.capacity)) {
-      free_now += w.free_slots;
-    }
-  }
-  if (free_now >= need) return {{}, "fits without preemption"};
-  const int64_t short_by = need - free_now;
-
   std::map<std::string, std::string> capacity_of(worker_capacity.begin(), worker_capacity.end());
   auto accepts = [&](const std::string& worker) {
     auto it = capacity_of.find(worker);
     return CapacityMatches(waiting.capacity, it == capacity_of.end() ? "" : it->second);
   };
-  const std::set<int64_t> excluded(preempted_by.begin(), preempted_by.end());
-
-  // A job with several attempts listed is one candidate: it is stopped whole,
-  // so it is judged by its newest start and is out if any attempt stops.
-  struct Job {
-    int priority = 0;
-    absl::Time started = absl::InfinitePast();
-    absl::Time last_checkpoint = absl::InfinitePast();
-    bool stopping = false;
-    int64_t usable = 0;
-    int64_t total = 0;
-  };
-  std::map<int64_t, Job> jobs;
+  std::map<int64_t, RunningJob> jobs;
   for (const RunningAttempt& a : running) {
-    if (a.gpu_type != gpu) continue;
+    if (a.gpu_type != waiting.gpu_type) continue;
     if (options.only_tenant.has_value() && a.tenant != *options.only_tenant) continue;
     auto [it, inserted] = jobs.try_emplace(a.job_id);
-    Job& j = it->second;
+    RunningJob& j = it->second;
     j.priority = inserted ? a.priority : std::max(j.priority, a.priority);
     j.started = std::max(j.started, a.started);
     j.last_checkpoint = std::max(j.last_checkpoint, a.last_checkpoint);
@@ -218,69 +203,63 @@ PreemptionDecision ChoosePreemptions(
       if (accepts(w)) ++j.usable;
     }
   }
+  return jobs;
+}
 
+// The lower-priority jobs: those that may be preempted, and how many of the
+// others are out for each reason.
+struct Candidates {
   int num_lower = 0, num_cycle = 0, num_stopping = 0, num_young = 0, num_elsewhere = 0;
   std::vector<Candidate> cands;
+};
+
+Candidates SortCandidates(const QueuedJob& waiting, const std::map<int64_t, RunningJob>& jobs,
+                          const std::vector<int64_t>& preempted_by, absl::Time now,
+                          const PreemptionOptions& options) {
+  const std::set<int64_t> excluded(preempted_by.begin(), preempted_by.end());
+  Candidates c;
   for (const auto& [id, j] : jobs) {
     if (j.priority >= waiting.priority) continue;
-    ++num_lower;
+    ++c.num_lower;
     if (excluded.count(id) > 0) {
-      ++num_cycle;
+      ++c.num_cycle;
     } else if (j.stopping) {
-      ++num_stopping;
+      ++c.num_stopping;
     } else if (now - j.started < options.min_runtime) {
-      ++num_young;
+      ++c.num_young;
     } else if (j.usable == 0) {
-      ++num_elsewhere;
+      ++c.num_elsewhere;
     } else {
-      cands.push_back({id, j.priority, j.last_checkpoint, j.usable, j.total});
+      c.cands.push_back({id, j.priority, j.last_checkpoint, j.usable, j.total});
     }
   }
+  return c;
+}
 
-  const std::string min_runtime = absl::FormatDuration(options.min_runtime);
-  const std::string workers_word =
-      kind.empty() ? "workers it accepts" : absl::StrCat(kind, "workers");
-  std::vector<std::string> reasons;
-  if (num_young > 0) reasons.push_back(absl::StrCat(num_young, " ran under ", min_runtime));
-  if (num_cycle > 0) reasons.push_back(absl::StrCat(num_cycle, " preempted this job before"));
-  if (num_stopping > 0) reasons.push_back(absl::StrCat(num_stopping, " already stopping"));
-  if (num_elsewhere > 0) {
-    reasons.push_back(absl::StrCat(num_elsewhere, " not on ", workers_word));
+// Why no lower-priority job of `gpu` can be preempted (`c.cands` is empty).
+std::string NoCandidateReason(const Candidates& c, const std::string& gpu,
+                              const std::string& min_runtime, const std::string& workers_word,
+                              const std::vector<std::string>& reasons) {
+  const std::string subject = absl::StrCat("lower-priority attempt of ", gpu);
+  if (c.num_lower == 0) return absl::StrCat("no ", subject, " is running");
+  if (c.num_young == c.num_lower) {
+    return absl::StrCat("no ", subject, " has run ", min_runtime, " yet");
   }
-
-  if (cands.empty()) {
-    const std::string subject = absl::StrCat("lower-priority attempt of ", gpu);
-    if (num_lower == 0) return {{}, absl::StrCat("no ", subject, " is running")};
-    if (num_young == num_lower) {
-      return {{}, absl::StrCat("no ", subject, " has run ", min_runtime, " yet")};
-    }
-    if (num_cycle == num_lower) {
-      return {{}, absl::StrCat("every ", subject, " preempted this job before")};
-    }
-    if (num_stopping == num_lower) {
-      return {{}, absl::StrCat("every ", subject, " is already stopping")};
-    }
-    if (num_elsewhere == num_lower) {
-      return {{}, absl::StrCat("no ", subject, " runs on ", workers_word)};
-    }
-    return {{},
-            absl::StrCat("no ", subject, " can be preempted (", absl::StrJoin(reasons, ", "), ")")};
+  if (c.num_cycle == c.num_lower) {
+    return absl::StrCat("every ", subject, " preempted this job before");
   }
-
-  int64_t available = 0;
-  for (const Candidate& c : cands) available += c.usable;
-  if (available < short_by) {
-    std::string why = absl::StrCat("preemptible lower-priority attempts of ", gpu, " hold ",
-                                   Slots(available, kind), ", the job needs ", short_by,
-                                   free_now > 0 ? " more" : "");
-    if (!reasons.empty()) absl::StrAppend(&why, " (", absl::StrJoin(reasons, ", "), ")");
-    return {{}, why};
+  if (c.num_stopping == c.num_lower) {
+    return absl::StrCat("every ", subject, " is already stopping");
   }
+  if (c.num_elsewhere == c.num_lower) {
+    return absl::StrCat("no ", subject, " runs on ", workers_word);
+  }
+  return absl::StrCat("no ", subject, " can be preempted (", absl::StrJoin(reasons, ", "), ")");
+}
 
-  std::vector<const Candidate*> chosen = static_cast<int>(cands.size()) <= kMaxExactCandidates
-                                             ? ChooseExact(cands, short_by)
-                                             : ChooseGreedy(cands, short_by);
-  if (chosen.empty()) return {{}, "no set of victims frees enough slots"};  // not reached
+// The decision to preempt `chosen` (not empty), with its explanation.
+PreemptionDecision Preempt(std::vector<const Candidate*> chosen, int64_t need,
+                           const std::string& kind, const std::string& gpu, int64_t free_now) {
   std::sort(chosen.begin(), chosen.end(),
             [](const Candidate* a, const Candidate* b) { return a->job_id < b->job_id; });
   PreemptionDecision out;
@@ -301,6 +280,69 @@ PreemptionDecision ChoosePreemptions(
   out.why = absl::StrCat("preempting ", victims_text, " for ", Slots(need, kind), " of ", gpu);
   if (free_now > 0) absl::StrAppend(&out.why, " (", free_now, " free already)");
   return out;
+}
+
+}  // namespace
+
+PreemptionDecision ChoosePreemptions(
+    const QueuedJob& waiting, const std::vector<int64_t>& preempted_by,
+    const std::vector<WorkerSlots>& free_slots, const std::vector<RunningAttempt>& running,
+    const std::vector<std::pair<std::string, std::string>>& worker_capacity, absl::Time now,
+    const PreemptionOptions& options) {
+  const int64_t need = std::max(1, waiting.gpu_count);
+  const std::string& gpu = waiting.gpu_type;
+  const std::string kind = KindWord(waiting.capacity);
+
+  int64_t free_now = 0;
+  for (const WorkerSlots& w : free_slots) {
+    if (w.gpu_type == gpu && w.free_slots > 0 && CapacityMatches(waiting.capacity, w.capacity)) {
+      free_now += w.free_slots;
+    }
+  }
+  if (free_now >= need) return {{}, "fits without preemption"};
+  const int64_t short_by = need - free_now;
+
+  const std::map<int64_t, RunningJob> jobs =
+      RunningJobs(waiting, running, worker_capacity, options);
+  const Candidates found = SortCandidates(waiting, jobs, preempted_by, now, options);
+  const std::vector<Candidate>& cands = found.cands;
+
+  const std::string min_runtime = absl::FormatDuration(options.min_runtime);
+  const std::string workers_word =
+      kind.empty() ? "workers it accepts" : absl::StrCat(kind, "workers");
+  std::vector<std::string> reasons;
+  if (found.num_young > 0) {
+    reasons.push_back(absl::StrCat(found.num_young, " ran under ", min_runtime));
+  }
+  if (found.num_cycle > 0) {
+    reasons.push_back(absl::StrCat(found.num_cycle, " preempted this job before"));
+  }
+  if (found.num_stopping > 0) {
+    reasons.push_back(absl::StrCat(found.num_stopping, " already stopping"));
+  }
+  if (found.num_elsewhere > 0) {
+    reasons.push_back(absl::StrCat(found.num_elsewhere, " not on ", workers_word));
+  }
+
+  if (cands.empty()) {
+    return {{}, NoCandidateReason(found, gpu, min_runtime, workers_word, reasons)};
+  }
+
+  int64_t available = 0;
+  for (const Candidate& c : cands) available += c.usable;
+  if (available < short_by) {
+    std::string why = absl::StrCat("preemptible lower-priority attempts of ", gpu, " hold ",
+                                   Slots(available, kind), ", the job needs ", short_by,
+                                   free_now > 0 ? " more" : "");
+    if (!reasons.empty()) absl::StrAppend(&why, " (", absl::StrJoin(reasons, ", "), ")");
+    return {{}, why};
+  }
+
+  std::vector<const Candidate*> chosen = static_cast<int>(cands.size()) <= kMaxExactCandidates
+                                             ? ChooseExact(cands, short_by)
+                                             : ChooseGreedy(cands, short_by);
+  if (chosen.empty()) return {{}, "no set of victims frees enough slots"};  // not reached
+  return Preempt(std::move(chosen), need, kind, gpu, free_now);
 }
 
 }  // namespace tally::policy

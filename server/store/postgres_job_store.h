@@ -43,6 +43,9 @@
 #include "server/store/job_store.h"
 
 namespace tally::store {
+namespace pg {
+class Connection;  // postgres_wire.h
+}  // namespace pg
 
 class PostgresJobStore final : public JobStore {
  public:
@@ -105,7 +108,6 @@ class PostgresJobStore final : public JobStore {
       int64_t experiment_id, int64_t after_sequence, int limit) override;
 
  private:
-  class Conn;
   struct Write;
 
   PostgresJobStore(std::string dsn, const Clock* clock);
@@ -141,7 +143,7 @@ class PostgresJobStore final : public JobStore {
   const std::string server_name_;  // "PostgreSQL at host:port/dbname", for messages
 
   absl::Mutex mu_;  // the connection; held for a whole transaction
-  std::unique_ptr<Conn> conn_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<pg::Connection> conn_ ABSL_GUARDED_BY(mu_);
   const Clock* const clock_;
   absl::Time next_connect_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_);

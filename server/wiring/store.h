@@ -1,0 +1,89 @@
+// tallyd's job store, as --store names it: in memory, SQLite under
+// --data_dir, or PostgreSQL shared by a leader and standbys. With
+// PostgreSQL this tallyd serves as a standby (health NOT_SERVING, every call
+// UNAVAILABLE naming the leader, /readyz 503) until it holds the leader
+// lease; see server/ha/leader_lease.h for the protocol.
+#ifndef TALLY_SERVER_WIRING_STORE_H_
+#define TALLY_SERVER_WIRING_STORE_H_
+
+#include <grpcpp/security/server_credentials.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/config/server_limits.h"
+#include "server/config/tallyd_options.h"
+#include "server/ha/leader_lease.h"
+#include "server/ha/standby_server.h"
+#include "server/metrics/http_exporter.h"
+#include "server/metrics/registry.h"
+#include "server/store/job_store.h"
+
+namespace tally::wiring {
+
+// --store=postgres: the DSN and lease settings, read before anything is
+// served.
+struct PostgresSettings {
+  std::string dsn;
+  absl::Duration lease_timeout;
+  std::string advertise_address;
+};
+
+// nullopt unless --store=postgres; else the DSN from --postgres_dsn,
+// --postgres_dsn_file or $TALLY_POSTGRES_DSN (errors name the flag), and a
+// warning logged for a short --lease_timeout. Expects options that passed
+// Validate().
+absl::StatusOr<std::optional<PostgresSettings>> LoadPostgresSettings(
+    const config::TallydOptions& options);
+
+// What opening the store needs; borrowed, must outlive the call.
+struct StoreInputs {
+  const config::TallydOptions& options;
+  const std::optional<PostgresSettings>& postgres;
+  std::shared_ptr<grpc::ServerCredentials> server_credentials;
+  const config::GrpcServerLimits& grpc_server;
+  metrics::Registry* registry;
+  std::optional<metrics::HttpExporter::Tls> metrics_tls;
+  // SIGTERM, SIGINT and SIGHUP, blocked: a standby waits for them.
+  const sigset_t& signals;
+};
+
+// The open store and, with --store=postgres, the lease that fences it and
+// the servers the standby started. Members are destroyed in reverse order:
+// the keeper's threads stop before what they use goes.
+struct OpenedStore {
+  // Started by a standby (null otherwise: start it once serving).
+  std::unique_ptr<metrics::HttpExporter> exporter;
+  // The gRPC address to bind: a standby's port 0 becomes the port it bound,
+  // so the leader it turns into serves where it was found.
+  std::string grpc_listen;
+  // A SIGHUP the standby received, to act on once it leads.
+  bool hup_while_standby = false;
+  std::unique_ptr<store::JobStore> store;
+  // Held only with --store=postgres: the lease and its keeper. lease_lost is
+  // set (and SIGTERM raised) when the keeper loses the lease.
+  std::atomic<bool> lease_lost{false};
+  int64_t lease_epoch = 0;
+  std::unique_ptr<ha::LeaderLease> lease;
+  std::unique_ptr<ha::LeaseKeeper> keeper;
+  // A standby's server keeps the port until the leader's is bound beside it
+  // (gRPC sets SO_REUSEPORT), so clients never find the port closed.
+  std::unique_ptr<ha::StandbyServer> standby;
+};
+
+// Opens the store. With --store=postgres: serves as a standby, writes
+// --address_file, waits for the lease, fences the store with its epoch and
+// keeps the lease renewed (losing it logs, raises SIGTERM, and exits with
+// code 3 if draining takes over 5 s). Null when a signal stopped the standby
+// before it led. Errors are a message to log before exiting with code 2.
+absl::StatusOr<std::unique_ptr<OpenedStore>> OpenStore(const StoreInputs& in);
+
+}  // namespace tally::wiring
+
+#endif  // TALLY_SERVER_WIRING_STORE_H_
