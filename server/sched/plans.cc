@@ -129,6 +129,24 @@ Plan PlanStopNow(const PlanContext& ctx, const ActiveJob& job, JobState state,
   return p;
 }
 
+Plan PlanSucceeded(const PlanContext& ctx, const ActiveJob& job, const std::string& worker_id,
+                   const std::string& reason) {
+  Plan p = NewPlan(ctx, job);
+  p.attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
+  *p.attempt->mutable_end_time() = ToProto(p.now);
+  p.attempt->set_reason(reason);
+  p.write_attempt = true;
+  // The other ranks end the same step; any still running is told to stop.
+  StopOrders(ctx, p, "the attempt succeeded", /*checkpoint=*/false, worker_id);
+  p.attempts_ended.push_back("succeeded");
+  p.rec.mutable_job()->clear_pending_stop();
+  AddEvent(p, "succeeded", reason.empty() ? "completed" : reason, "",
+           tally::v1::JOB_STATE_SUCCEEDED);
+  p.keep_attempt = false;
+  p.finished = true;
+  return p;
+}
+
 Plan PlanFinishStop(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& cks,
                     const std::string& how, store::AttemptState attempt_state) {
   const tally::v1::PendingStop ps = job.rec.job().pending_stop();

@@ -56,6 +56,11 @@ void StopOrders(const PlanContext& ctx, Plan& p, const std::string& reason, bool
 // Ends a job at once in a terminal state on tallyd's decision.
 Plan PlanStopNow(const PlanContext& ctx, const ActiveJob& job, tally::v1::JobState state,
                  const std::string& type, const std::string& reason, const std::string& detail);
+// The job's current attempt succeeded (rank 0's exit from `worker_id`,
+// which needs no stop order; other ranks still running get one): the job
+// ends SUCCEEDED.
+Plan PlanSucceeded(const PlanContext& ctx, const ActiveJob& job, const std::string& worker_id,
+                   const std::string& reason);
 // Ends a job with a pending stop as decided, naming its best checkpoint (the
 // lowest recorded validation loss, else the latest).
 Plan PlanFinishStop(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& checkpoints,

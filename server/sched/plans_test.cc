@@ -216,6 +216,18 @@ TEST_F(PlansTest, StopOrdersReachConnectedWorkersAndFreeTheSlotsOfGoneOnes) {
   EXPECT_EQ(p.release[0].first, "w2");
 }
 
+TEST_F(PlansTest, ASuccessEndsTheJobAndStopsTheOtherRanksOnly) {
+  Running(1, absl::Seconds(1));
+  job_.attempt->add_worker_ids("w2");
+  Plan p = PlanSucceeded(ctx_, job_, "w1", "");
+  EXPECT_EQ(p.rec.job().state(), tally::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(p.events.back().reason(), "completed");
+  EXPECT_TRUE(p.finished);
+  EXPECT_EQ(p.attempts_ended, std::vector<std::string>{"succeeded"});
+  ASSERT_EQ(p.sends.size(), 1u);
+  EXPECT_EQ(p.sends[0].first, "w2");
+}
+
 TEST_F(PlansTest, ADamageClaimOnlyStrikesOutTheCheckpointTheAttemptResumedFrom) {
   const Checkpoints cks = {Ck(10), Ck(20)};
   tally::v1::AttemptExit exit;

@@ -462,20 +462,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
         });
         break;
       }
-      Plan p = NewPlan(Ctx(), *job);
-      p.attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
-      *p.attempt->mutable_end_time() = ToProto(p.now);
-      p.attempt->set_reason(exit.reason());
-      p.write_attempt = true;
-      // The other ranks end the same step; any still running is told to stop.
-      StopOrders(Ctx(), p, "the attempt succeeded", /*checkpoint=*/false, worker_id);
-      p.attempts_ended.push_back("succeeded");
-      p.rec.mutable_job()->clear_pending_stop();
-      AddEvent(p, "succeeded", exit.reason().empty() ? "completed" : exit.reason(), "",
-               tally::v1::JOB_STATE_SUCCEEDED);
-      p.keep_attempt = false;
-      p.finished = true;
-      plan = std::move(p);
+      plan = PlanSucceeded(Ctx(), *job, worker_id, exit.reason());
       break;
     }
     case tally::v1::ATTEMPT_OUTCOME_FAILED: {
