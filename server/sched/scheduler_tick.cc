@@ -270,8 +270,11 @@ absl::Status Scheduler::StartWhatFits(absl::Time now) {
     std::set<int64_t> started;
     for (const auto& placed : policy::PlaceJobs(queued, workers_.FreeSlots(now))) {
       const ActiveJob& job = active_.at(placed.job_id);
+      // Only a gang needs a rendezvous (finding those in use walks every job).
+      const std::set<std::string> in_use =
+          placed.rank_workers.size() > 1 ? RendezvousInUse() : std::set<std::string>();
       absl::StatusOr<Plan> p = WithCheckpoints(job, [&](const Checkpoints& cks) {
-        return PlanStart(Ctx(), job, cks, placed.rank_workers, RendezvousInUse());
+        return PlanStart(Ctx(), job, cks, placed.rank_workers, in_use);
       });
       absl::Status s = p.ok() ? Execute(placed.job_id, *std::move(p)) : p.status();
       if (s.ok()) started.insert(placed.job_id);
