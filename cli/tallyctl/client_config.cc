@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -154,6 +156,232 @@ absl::Status CheckPemCertificates(const std::string& pem, absl::string_view wher
   return absl::OkStatus();
 }
 
+// A setting's value and what named it ("--context", "TALLY_CONFIG"); `by`
+// is empty for a default, and both are for none.
+struct Named {
+  std::string value;
+  std::string by;
+};
+
+// The config file: --config_file, else TALLY_CONFIG, else the default when
+// HOME is set (named by nothing); none otherwise.
+Named ChooseConfigFile(const ConnectionFlags& flags, const Environment& env) {
+  if (!flags.config_file.empty()) return {flags.config_file, "--config_file"};
+  if (auto v = Get(env, "TALLY_CONFIG")) return {*v, "TALLY_CONFIG"};
+  if (Get(env, "HOME").has_value()) return {"~/.config/tally/config.yaml", ""};
+  return {};
+}
+
+// The context --context or TALLY_CONTEXT names; none when neither is set.
+Named ChooseContext(const ConnectionFlags& flags, const Environment& env) {
+  if (!flags.context.empty()) return {flags.context, "--context"};
+  if (auto v = Get(env, "TALLY_CONTEXT")) return {*v, "TALLY_CONTEXT"};
+  return {};
+}
+
+// The config file read and checked; its path expanded in place, and set as
+// conn->config_file when it is read. nullopt for no file, which is an error
+// when the file was named, or a context was.
+absl::StatusOr<std::optional<Config>> LoadConfig(const Environment& env, const Named& context,
+                                                 Named* config_file, Connection* conn) {
+  if (config_file->value.empty()) {
+    if (context.by.empty()) return std::nullopt;
+    return absl::InvalidArgumentError(
+        absl::StrCat(context.by, " ", Quoted(context.value),
+                     ": HOME is not set, so there is no default config file; give --config_file or "
+                     "TALLY_CONFIG"));
+  }
+  absl::StatusOr<std::string> expanded = ExpandHome(config_file->value, env);
+  if (!expanded.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_file->by, " ", expanded.status().message()));
+  }
+  config_file->value = *expanded;
+  const std::string& config_path = config_file->value;
+  absl::StatusOr<std::string> text = ReadSmallFile(
+      config_path, kMaxConfigBytes, config_file->by.empty() ? "config file" : config_file->by);
+  if (text.ok()) {
+    ASSIGN_OR_RETURN(Config config, ParseClientConfig(*text, EscapeUnprintable(config_path)));
+    conn->config_file = config_path;
+    return std::optional<Config>(std::move(config));
+  }
+  if (!absl::IsNotFound(text.status())) {
+    return absl::InvalidArgumentError(text.status().message());
+  }
+  if (!config_file->by.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(text.status().message(), "; write the file or unset ", config_file->by));
+  }
+  if (!context.by.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(context.by, " ", Quoted(context.value), ": there is no config file at ",
+                     EscapeUnprintable(config_path),
+                     " to define it; write one, or point --config_file or TALLY_CONFIG at it"));
+  }
+  return std::nullopt;
+}
+
+// The context of `config` that `context` names, else the one its
+// current_context names; nullptr when neither names one.
+absl::StatusOr<const Context*> FindContext(const std::optional<Config>& config,
+                                           absl::string_view config_path, Named context) {
+  if (context.by.empty() && config.has_value() && !config->current_context().empty()) {
+    context = {config->current_context(), "current_context"};
+  }
+  if (context.value.empty()) return nullptr;
+  const Config none;
+  const Config& file = config.has_value() ? *config : none;
+  const Context* ctx = nullptr;
+  for (const Context& c : file.contexts()) {
+    if (c.name() == context.value) ctx = &c;
+  }
+  if (ctx == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        EscapeUnprintable(config_path), ": ", context.by, " ", Quoted(context.value),
+        " names no context in the file (", KnownContexts(file), "); ",
+        context.by == "current_context" ? "fix current_context, or choose one with "
+                                          "--context"
+                                        : "choose one of those"));
+  }
+  return ctx;
+}
+
+// The context the settings below fall back on.
+struct ChosenContext {
+  const Context* ctx = nullptr;  // nullptr: none
+  std::string config_path;       // its file, which relative paths are beside
+  std::string in_context;        // "context \"NAME\" of PATH", for messages
+};
+
+// `path`, or its error prefixed with `source`, where the path came from.
+absl::StatusOr<std::string> PathFrom(absl::string_view source, absl::StatusOr<std::string> path) {
+  if (!path.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", path.status().message()));
+  }
+  return path;
+}
+
+// conn->address and address_source: --controller, TALLY_CONTROLLER, the
+// context, the default.
+absl::Status ResolveAddress(const ConnectionFlags& flags, const Environment& env,
+                            const ChosenContext& chosen, Connection* conn) {
+  if (!flags.controller.empty()) {
+    conn->address = flags.controller;
+    conn->address_source = "--controller";
+  } else if (auto v = Get(env, "TALLY_CONTROLLER")) {
+    conn->address = *v;
+    conn->address_source = "TALLY_CONTROLLER";
+  } else if (chosen.ctx != nullptr) {
+    conn->address = chosen.ctx->address();
+    conn->address_source = chosen.in_context;
+  } else {
+    conn->address = kDefaultController;
+  }
+  if (!IsPrintableWord(conn->address)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(conn->address_source, ": the address ", Quoted(conn->address),
+                     " has a space or an unprintable character; give host:port"));
+  }
+  return absl::OkStatus();
+}
+
+// The TLS roots (conn->ca_cert_*): --ca_cert, TALLY_CA_CERT, the context's
+// ca_cert, or none; read and checked to hold PEM certificates.
+absl::Status ResolveCaCert(const ConnectionFlags& flags, const Environment& env,
+                           const ChosenContext& chosen, Connection* conn) {
+  std::string ca_path;
+  if (!flags.ca_cert.empty()) {
+    ca_path = flags.ca_cert;
+    conn->ca_cert_source = "--ca_cert";
+  } else if (auto v = Get(env, "TALLY_CA_CERT")) {
+    ca_path = *v;
+    conn->ca_cert_source = "TALLY_CA_CERT";
+  } else if (chosen.ctx != nullptr && !chosen.ctx->ca_cert().empty()) {
+    conn->ca_cert_source = absl::StrCat(chosen.in_context, ", ca_cert");
+    ASSIGN_OR_RETURN(ca_path, PathFrom(conn->ca_cert_source,
+                                       ConfigPath(chosen.ctx->ca_cert(), chosen.config_path, env)));
+  }
+  if (ca_path.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(conn->ca_cert_path, PathFrom(conn->ca_cert_source, ExpandHome(ca_path, env)));
+  const std::string where =
+      absl::StrCat(conn->ca_cert_source, " ", EscapeUnprintable(conn->ca_cert_path));
+  absl::StatusOr<std::string> pem =
+      ReadSmallFile(conn->ca_cert_path, kMaxCaCertBytes, conn->ca_cert_source);
+  if (!pem.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        pem.status().message(),
+        absl::IsNotFound(pem.status()) ? "; give the CA certificate file (PEM)" : ""));
+  }
+  RETURN_IF_ERROR(CheckPemCertificates(*pem, where));
+  conn->ca_cert_pem = *std::move(pem);
+  return absl::OkStatus();
+}
+
+// The name checked in tallyd's certificate: --tls_server_name (which needs
+// TLS roots), else the context's when there are roots.
+absl::Status ResolveTlsServerName(const ConnectionFlags& flags, const ChosenContext& chosen,
+                                  Connection* conn) {
+  if (!flags.tls_server_name.empty()) {
+    if (!IsPrintableWord(flags.tls_server_name)) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls_server_name ",
+                                                     Quoted(flags.tls_server_name),
+                                                     " has a space or an unprintable character"));
+    }
+    if (conn->ca_cert_pem.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_server_name is set without TLS roots; the name is checked only over TLS, so "
+          "also give --ca_cert (or TALLY_CA_CERT, or a context with ca_cert)");
+    }
+    conn->tls_server_name = flags.tls_server_name;
+  } else if (chosen.ctx != nullptr && !conn->ca_cert_pem.empty()) {
+    conn->tls_server_name = chosen.ctx->tls_server_name();
+  }
+  return absl::OkStatus();
+}
+
+// The token (conn->token, token_source): --token, --token_file, TALLY_TOKEN,
+// the context's token_file, or none; checked to be sendable.
+absl::Status ResolveToken(const ConnectionFlags& flags, const Environment& env,
+                          const ChosenContext& chosen, Connection* conn) {
+  if (!flags.token.empty() && !flags.token_file.empty()) {
+    return absl::InvalidArgumentError("--token and --token_file are both set; give one");
+  }
+  std::string token_path;
+  if (!flags.token.empty()) {
+    conn->token = flags.token;
+    conn->token_source = "--token";
+  } else if (!flags.token_file.empty()) {
+    token_path = flags.token_file;
+    conn->token_source = "--token_file";
+  } else if (auto v = Get(env, "TALLY_TOKEN")) {
+    conn->token = *v;
+    conn->token_source = "TALLY_TOKEN";
+  } else if (chosen.ctx != nullptr && !chosen.ctx->token_file().empty()) {
+    conn->token_source = absl::StrCat(chosen.in_context, ", token_file");
+    ASSIGN_OR_RETURN(token_path,
+                     PathFrom(conn->token_source,
+                              ConfigPath(chosen.ctx->token_file(), chosen.config_path, env)));
+  }
+  if (!token_path.empty()) {
+    ASSIGN_OR_RETURN(const std::string path,
+                     PathFrom(conn->token_source, ExpandHome(token_path, env)));
+    absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxTokenBytes + 64, conn->token_source);
+    if (!text.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(text.status().message(),
+                       absl::IsNotFound(text.status())
+                           ? "; give the file holding the token (tallyctl token create prints one)"
+                           : ""));
+    }
+    conn->token_source = absl::StrCat(conn->token_source, " ", EscapeUnprintable(path));
+    conn->token = std::string(absl::StripAsciiWhitespace(*text));
+  }
+  if (!conn->token_source.empty()) {
+    RETURN_IF_ERROR(CheckToken(conn->token, conn->token_source));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Environment ProcessEnvironment() {
@@ -288,203 +516,21 @@ absl::StatusOr<Config> ParseClientConfig(absl::string_view text, absl::string_vi
 
 absl::StatusOr<Connection> ResolveConnection(const ConnectionFlags& flags, const Environment& env) {
   Connection conn;
-
-  // The config file, and whether it was named (then it must exist).
-  std::string config_path;
-  std::string config_named_by;
-  if (!flags.config_file.empty()) {
-    config_path = flags.config_file;
-    config_named_by = "--config_file";
-  } else if (auto v = Get(env, "TALLY_CONFIG")) {
-    config_path = *v;
-    config_named_by = "TALLY_CONFIG";
-  } else if (Get(env, "HOME").has_value()) {
-    config_path = "~/.config/tally/config.yaml";
+  Named config_file = ChooseConfigFile(flags, env);
+  const Named context = ChooseContext(flags, env);
+  ASSIGN_OR_RETURN(const std::optional<Config> config,
+                   LoadConfig(env, context, &config_file, &conn));
+  ChosenContext chosen{.config_path = config_file.value};
+  ASSIGN_OR_RETURN(chosen.ctx, FindContext(config, chosen.config_path, context));
+  if (chosen.ctx != nullptr) {
+    conn.context = chosen.ctx->name();
+    chosen.in_context = absl::StrCat("context ", Quoted(chosen.ctx->name()), " of ",
+                                     EscapeUnprintable(chosen.config_path));
   }
-  std::string context_name;
-  std::string context_named_by;
-  if (!flags.context.empty()) {
-    context_name = flags.context;
-    context_named_by = "--context";
-  } else if (auto v = Get(env, "TALLY_CONTEXT")) {
-    context_name = *v;
-    context_named_by = "TALLY_CONTEXT";
-  }
-
-  Config config;
-  bool have_config = false;
-  if (!config_path.empty()) {
-    absl::StatusOr<std::string> expanded = ExpandHome(config_path, env);
-    if (!expanded.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(config_named_by, " ", expanded.status().message()));
-    }
-    config_path = *expanded;
-    absl::StatusOr<std::string> text = ReadSmallFile(
-        config_path, kMaxConfigBytes, config_named_by.empty() ? "config file" : config_named_by);
-    if (text.ok()) {
-      ASSIGN_OR_RETURN(config, ParseClientConfig(*text, EscapeUnprintable(config_path)));
-      have_config = true;
-      conn.config_file = config_path;
-    } else if (!absl::IsNotFound(text.status())) {
-      return absl::InvalidArgumentError(text.status().message());
-    } else if (!config_named_by.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(text.status().message(), "; write the file or unset ", config_named_by));
-    } else if (!context_named_by.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(context_named_by, " ", Quoted(context_name), ": there is no config file at ",
-                       EscapeUnprintable(config_path),
-                       " to define it; write one, or point --config_file or TALLY_CONFIG at it"));
-    }
-  } else if (!context_named_by.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(context_named_by, " ", Quoted(context_name),
-                     ": HOME is not set, so there is no default config file; give --config_file or "
-                     "TALLY_CONFIG"));
-  }
-
-  // The chosen context.
-  if (context_named_by.empty() && have_config && !config.current_context().empty()) {
-    context_name = config.current_context();
-    context_named_by = "current_context";
-  }
-  const Context* ctx = nullptr;
-  if (!context_name.empty()) {
-    for (const Context& c : config.contexts()) {
-      if (c.name() == context_name) ctx = &c;
-    }
-    if (ctx == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          EscapeUnprintable(config_path), ": ", context_named_by, " ", Quoted(context_name),
-          " names no context in the file (", KnownContexts(config), "); ",
-          context_named_by == "current_context" ? "fix current_context, or choose one with "
-                                                  "--context"
-                                                : "choose one of those"));
-    }
-    conn.context = ctx->name();
-  }
-  const std::string in_context =
-      ctx == nullptr
-          ? std::string()
-          : absl::StrCat("context ", Quoted(ctx->name()), " of ", EscapeUnprintable(config_path));
-
-  // The address.
-  if (!flags.controller.empty()) {
-    conn.address = flags.controller;
-    conn.address_source = "--controller";
-  } else if (auto v = Get(env, "TALLY_CONTROLLER")) {
-    conn.address = *v;
-    conn.address_source = "TALLY_CONTROLLER";
-  } else if (ctx != nullptr) {
-    conn.address = ctx->address();
-    conn.address_source = in_context;
-  } else {
-    conn.address = kDefaultController;
-  }
-  if (!IsPrintableWord(conn.address)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(conn.address_source, ": the address ", Quoted(conn.address),
-                     " has a space or an unprintable character; give host:port"));
-  }
-
-  // TLS roots.
-  std::string ca_path;
-  if (!flags.ca_cert.empty()) {
-    ca_path = flags.ca_cert;
-    conn.ca_cert_source = "--ca_cert";
-  } else if (auto v = Get(env, "TALLY_CA_CERT")) {
-    ca_path = *v;
-    conn.ca_cert_source = "TALLY_CA_CERT";
-  } else if (ctx != nullptr && !ctx->ca_cert().empty()) {
-    conn.ca_cert_source = absl::StrCat(in_context, ", ca_cert");
-    absl::StatusOr<std::string> p = ConfigPath(ctx->ca_cert(), config_path, env);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(conn.ca_cert_source, ": ", p.status().message()));
-    }
-    ca_path = *p;
-  }
-  if (!ca_path.empty()) {
-    absl::StatusOr<std::string> p = ExpandHome(ca_path, env);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(conn.ca_cert_source, ": ", p.status().message()));
-    }
-    conn.ca_cert_path = *p;
-    const std::string where =
-        absl::StrCat(conn.ca_cert_source, " ", EscapeUnprintable(conn.ca_cert_path));
-    absl::StatusOr<std::string> pem =
-        ReadSmallFile(conn.ca_cert_path, kMaxCaCertBytes, conn.ca_cert_source);
-    if (!pem.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          pem.status().message(),
-          absl::IsNotFound(pem.status()) ? "; give the CA certificate file (PEM)" : ""));
-    }
-    RETURN_IF_ERROR(CheckPemCertificates(*pem, where));
-    conn.ca_cert_pem = *std::move(pem);
-  }
-
-  // The name checked in tallyd's certificate.
-  if (!flags.tls_server_name.empty()) {
-    if (!IsPrintableWord(flags.tls_server_name)) {
-      return absl::InvalidArgumentError(absl::StrCat("--tls_server_name ",
-                                                     Quoted(flags.tls_server_name),
-                                                     " has a space or an unprintable character"));
-    }
-    if (conn.ca_cert_pem.empty()) {
-      return absl::InvalidArgumentError(
-          "--tls_server_name is set without TLS roots; the name is checked only over TLS, so "
-          "also give --ca_cert (or TALLY_CA_CERT, or a context with ca_cert)");
-    }
-    conn.tls_server_name = flags.tls_server_name;
-  } else if (ctx != nullptr && !conn.ca_cert_pem.empty()) {
-    conn.tls_server_name = ctx->tls_server_name();
-  }
-
-  // The token.
-  if (!flags.token.empty() && !flags.token_file.empty()) {
-    return absl::InvalidArgumentError("--token and --token_file are both set; give one");
-  }
-  std::string token_path;
-  if (!flags.token.empty()) {
-    conn.token = flags.token;
-    conn.token_source = "--token";
-  } else if (!flags.token_file.empty()) {
-    token_path = flags.token_file;
-    conn.token_source = "--token_file";
-  } else if (auto v = Get(env, "TALLY_TOKEN")) {
-    conn.token = *v;
-    conn.token_source = "TALLY_TOKEN";
-  } else if (ctx != nullptr && !ctx->token_file().empty()) {
-    conn.token_source = absl::StrCat(in_context, ", token_file");
-    absl::StatusOr<std::string> p = ConfigPath(ctx->token_file(), config_path, env);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(conn.token_source, ": ", p.status().message()));
-    }
-    token_path = *p;
-  }
-  if (!token_path.empty()) {
-    absl::StatusOr<std::string> p = ExpandHome(token_path, env);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(conn.token_source, ": ", p.status().message()));
-    }
-    absl::StatusOr<std::string> text = ReadSmallFile(*p, kMaxTokenBytes + 64, conn.token_source);
-    if (!text.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(text.status().message(),
-                       absl::IsNotFound(text.status())
-                           ? "; give the file holding the token (tallyctl token create prints one)"
-                           : ""));
-    }
-    conn.token_source = absl::StrCat(conn.token_source, " ", EscapeUnprintable(*p));
-    conn.token = std::string(absl::StripAsciiWhitespace(*text));
-  }
-  if (!conn.token_source.empty()) {
-    RETURN_IF_ERROR(CheckToken(conn.token, conn.token_source));
-  }
+  RETURN_IF_ERROR(ResolveAddress(flags, env, chosen, &conn));
+  RETURN_IF_ERROR(ResolveCaCert(flags, env, chosen, &conn));
+  RETURN_IF_ERROR(ResolveTlsServerName(flags, chosen, &conn));
+  RETURN_IF_ERROR(ResolveToken(flags, env, chosen, &conn));
   return conn;
 }
 

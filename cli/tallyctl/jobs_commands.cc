@@ -1,0 +1,454 @@
+#include "cli/tallyctl/jobs_commands.h"
+
+#include <unistd.h>
+
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "cli/tallyctl/flags.h"
+#include "cli/tallyctl/job_format.h"
+#include "cli/tallyctl/output.h"
+#include "cli/tallyctl/watch_reconnect.h"
+#include "common/spec_validation.h"
+#include "common/spec_yaml.h"
+
+namespace tally::cli {
+namespace {
+
+std::string NormalizeName(const std::string& arg) {
+  return absl::StartsWith(arg, "jobs/") ? arg : absl::StrCat("jobs/", arg);
+}
+
+bool IsTerminalState(tally::v1::JobState s) {
+  return s == tally::v1::JOB_STATE_SUCCEEDED || s == tally::v1::JOB_STATE_EARLY_STOPPED ||
+         s == tally::v1::JOB_STATE_BUDGET_EXHAUSTED || s == tally::v1::JOB_STATE_CANCELLED ||
+         s == tally::v1::JOB_STATE_FAILED;
+}
+
+void PrintJob(const tally::v1::Job& j) {
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(j) << "\n";
+    return;
+  }
+  const auto& spec = j.spec();
+  std::cout << Safe(j.name()) << "  " << StateName(j.state());
+  if (!j.state_reason().empty()) std::cout << "  (" << Safe(j.state_reason()) << ")";
+  std::cout << "\n";
+  if (!spec.display_name().empty()) {
+    std::cout << "  name:      " << Safe(spec.display_name()) << "\n";
+  }
+  std::cout << "  model:     " << spec.model().num_layers() << " layers, d_model "
+            << spec.model().d_model() << ", " << spec.model().num_heads() << " heads"
+            << (spec.model().moe().num_experts() > 0
+                    ? absl::StrCat(", MoE ", spec.model().moe().num_experts(), "x top-",
+                                   spec.model().moe().top_k())
+                    : "")
+            << "\n";
+  std::cout << ModelOriginLines(spec) << ResourcesLine(spec) << ProgressLine(j);
+  if (j.worker_ids_size() > 0) {
+    std::cout << "  workers:   " << Safe(absl::StrJoin(j.worker_ids(), ", ")) << "\n";
+  }
+  std::cout << OwnershipLine(j.tenant(), "submitted by", j.submitted_by(), j.cancelled_by());
+  std::cout << "  created:   " << Time(j.create_time()) << "   started: "
+            << Time(j.start_time()) << "   ended: " << Time(j.end_time()) << "\n";
+  std::cout << absl::StrFormat("  cost:      $%.4f (%.1f GPU-seconds at $%.4f/GPU-hour)",
+                               j.cost().cost_usd(), j.cost().gpu_seconds(),
+                               j.cost().usd_per_gpu_hour());
+  if (j.cost().lost_usd() > 0) {
+    std::cout << absl::StrFormat(", $%.4f lost to failures", j.cost().lost_usd());
+  }
+  if (spec.budget().max_dollars() > 0) {
+    std::cout << absl::StrFormat(", budget $%.4f", spec.budget().max_dollars());
+  }
+  std::cout << "\n" << SpotUsageLine(j) << PreemptionLines(j, absl::LocalTimeZone());
+  const auto& es = j.early_stopping();
+  if (es.has_best()) {
+    std::cout << absl::StrFormat("  val loss:  latest %.4f, best %.4f at step %d", j.val_loss(),
+                                 es.best_val_loss(), es.best_step());
+    if (spec.early_stopping().patience() > 0) {
+      std::cout << absl::StrFormat(", patience left %d of %d", es.patience_left(),
+                                   spec.early_stopping().patience());
+    }
+    std::cout << "\n";
+  }
+  if (!es.best_checkpoint().empty()) {
+    std::cout << "  best checkpoint: " << Safe(es.best_checkpoint()) << "\n";
+  }
+  if (j.target_val_loss() > 0) {
+    std::cout << absl::StrFormat("  target:    val loss %.4f", j.target_val_loss());
+    if (j.has_target_reached()) {
+      const auto& t = j.target_reached();
+      std::cout << absl::StrFormat(
+          ", reached at step %d (val %.4f, $%.4f); to the target itself $%.4f, %.0f tokens, "
+          "%.1f GPU-seconds",
+          t.step(), t.val_loss(), t.cost_usd(), t.cost_to_target_usd(), t.tokens_to_target(),
+          t.gpu_seconds_to_target());
+    } else {
+      std::cout << ", not reached";
+    }
+    std::cout << "\n";
+  }
+  if (j.forecast().valid()) {
+    const auto& f = j.forecast();
+    std::cout << absl::StrFormat(
+        "  forecast:  val loss %.4f (%.4f-%.4f) at step %d, from %d evals up to step %d\n",
+        f.final_val_loss(), f.low(), f.high(), spec.training().max_steps(), f.evals_used(),
+        f.step());
+  } else if (!j.forecast().reason().empty() && !IsTerminalState(j.state())) {
+    std::cout << "  forecast:  none yet (" << Safe(j.forecast().reason()) << ")\n";
+  }
+  if (j.has_pending_stop()) {
+    std::cout << "  stopping:  " << Safe(j.pending_stop().reason())
+              << " (waiting for the workers' final checkpoint)\n";
+  }
+}
+
+// Reads -f (a file, or - for stdin) into `spec` and checks it with
+// PrepareJobSpec, the check tallyd makes; kOk or the exit code. `spec` is the
+// spec as written, without defaults: tallyd applies its own. `prepared`, when
+// given, receives it with defaults applied.
+int ReadSpecFlag(const char* cmd, tally::v1::JobSpec* spec,
+                 tally::v1::JobSpec* prepared = nullptr) {
+  const std::string file = absl::GetFlag(FLAGS_file);
+  if (file.empty()) {
+    std::cerr << "tallyctl " << cmd << ": -f job.yaml is required\n";
+    return kUsage;
+  }
+  absl::StatusOr<tally::v1::JobSpec> parsed =
+      file == "-" ? ReadJobSpecStream(std::cin, "<stdin>") : ReadJobSpecFile(file);
+  if (!parsed.ok()) {
+    std::cerr << "tallyctl: " << parsed.status().message() << "\n";
+    return parsed.status().code() == absl::StatusCode::kNotFound ? kNotFound : kUsage;
+  }
+  tally::v1::JobSpec checked = *parsed;
+  if (absl::Status s = PrepareJobSpec(&checked); !s.ok()) {
+    std::cerr << "tallyctl: " << (file == "-" ? "<stdin>" : Safe(file)) << ": "
+              << s.message() << "\n";
+    return kUsage;
+  }
+  *spec = *std::move(parsed);
+  if (prepared != nullptr) *prepared = std::move(checked);
+  return kOk;
+}
+
+}  // namespace
+
+int Submit(Client& c) {
+  tally::v1::SubmitJobRequest req;
+  if (int rc = ReadSpecFlag("submit", req.mutable_spec()); rc != kOk) return rc;
+  req.set_request_id(RequestId());
+  tally::v1::Job job;
+  // Retries reuse the request id, so a submit whose answer was lost makes
+  // no second job.
+  grpc::Status s = WithRetries(
+      c, [&](grpc::ClientContext* ctx) { return c.stub()->SubmitJob(ctx, req, &job); });
+  if (!s.ok()) return Fail(s, c);
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(job) << "\n";
+  } else {
+    std::cout << Safe(job.name()) << "\n";
+  }
+  return kOk;
+}
+
+int Estimate(Client& c) {
+  tally::v1::EstimateCostRequest req;
+  if (int rc = ReadSpecFlag("estimate", req.mutable_spec()); rc != kOk) return rc;
+  tally::v1::CostEstimate e;
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.stub()->EstimateCost(ctx, req, &e); });
+  if (!s.ok()) return Fail(s, c);
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(e) << "\n";
+  } else {
+    std::cout << EstimateText(e);
+  }
+  return kOk;
+}
+
+int Cost(Client& c, const std::string& name) {
+  tally::v1::GetJobRequest req;
+  req.set_name(NormalizeName(name));
+  tally::v1::Job j;
+  grpc::Status s = c.Call([&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, req, &j); });
+  if (!s.ok()) return Fail(s, c);
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(j.cost()) << "\n";
+    return kOk;
+  }
+  const auto& cost = j.cost();
+  std::cout << Safe(j.name()) << "  " << StateName(j.state()) << "  "
+            << j.spec().resources().gpu_count() << " x " << Safe(j.spec().resources().gpu_type())
+            << absl::StrFormat(" at $%.4f/GPU-hour\n", cost.usd_per_gpu_hour());
+  std::cout << "  estimate:  " << EstimateText(cost.estimate(), "  ");
+  std::cout << absl::StrFormat("  actual:    $%.4f: %.1f GPU-seconds, %d tokens", cost.cost_usd(),
+                               cost.gpu_seconds(), j.tokens());
+  if (cost.estimate().cost_usd() > 0 && j.has_end_time()) {
+    std::cout << absl::StrFormat(" (%.2fx the estimate)",
+                                 cost.cost_usd() / cost.estimate().cost_usd());
+  }
+  std::cout << absl::StrFormat("\n  lost to failures: $%.4f\n", cost.lost_usd())
+            << RedoneLine(j) << SpotUsageLine(j);
+  if (j.spec().budget().max_dollars() > 0) {
+    std::cout << absl::StrFormat("  budget:    $%.4f (%.0f%% used)\n",
+                                 j.spec().budget().max_dollars(),
+                                 100 * cost.cost_usd() / j.spec().budget().max_dollars());
+  }
+  std::cout << "\n";
+  return Checkpoints(c, name);
+}
+
+int Get(Client& c, const std::string& name) {
+  tally::v1::GetJobRequest req;
+  req.set_name(NormalizeName(name));
+  tally::v1::Job job;
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, req, &job); });
+  if (!s.ok()) return Fail(s, c);
+  PrintJob(job);
+  return kOk;
+}
+
+int List(Client& c) {
+  tally::v1::ListJobsRequest req;
+  req.set_page_size(absl::GetFlag(FLAGS_page_size));
+  req.set_page_token(absl::GetFlag(FLAGS_page_token));
+  req.set_tenant(absl::GetFlag(FLAGS_tenant));
+  for (absl::string_view s :
+       absl::StrSplit(absl::GetFlag(FLAGS_state), ',', absl::SkipEmpty())) {
+    tally::v1::JobState state;
+    std::string full = absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(s));
+    if (!tally::v1::JobState_Parse(full, &state) ||
+        state == tally::v1::JOB_STATE_UNSPECIFIED) {
+      std::cerr << "tallyctl list: --state: unknown state \"" << s
+                << "\"; use queued, running, succeeded, early_stopped, "
+                   "budget_exhausted, cancelled, failed\n";
+      return kUsage;
+    }
+    req.add_states(state);
+  }
+  tally::v1::ListJobsResponse resp;
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.stub()->ListJobs(ctx, req, &resp); });
+  if (!s.ok()) return Fail(s, c);
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(resp) << "\n";
+    return kOk;
+  }
+  std::cout << absl::StrFormat("%-12s %-17s %-8s %-12s %s\n", "JOB", "STATE", "ATTEMPT",
+                               "STEP", "NAME");
+  for (const auto& j : resp.jobs()) {
+    std::cout << absl::StrFormat(
+        "%-12s %-17s %-8s %-12s %s\n", Safe(j.name()), StateName(j.state()),
+        absl::StrCat(j.attempt(), "/", j.spec().max_attempts()),
+        absl::StrCat(j.step(), "/", j.spec().training().max_steps()),
+        Safe(j.spec().display_name()));
+  }
+  if (!resp.next_page_token().empty()) {
+    std::cout << "more: --page_token=" << Safe(resp.next_page_token()) << "\n";
+  }
+  return kOk;
+}
+
+int Cancel(Client& c, const std::string& name) {
+  tally::v1::CancelJobRequest req;
+  req.set_name(NormalizeName(name));
+  req.set_reason(absl::GetFlag(FLAGS_reason));
+  tally::v1::Job job;
+  int sent = 0;
+  grpc::Status first;
+  grpc::Status s = c.Call([&](grpc::ClientContext* ctx) {
+    grpc::Status r = c.stub()->CancelJob(ctx, req, &job);
+    if (sent++ == 0) first = r;
+    return r;
+  });
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && sent > 1 &&
+      first.error_code() == grpc::StatusCode::CANCELLED) {
+    // The first tallyd went away mid-call (a leader losing its lease), so it
+    // may have committed this cancel before it did: a job now CANCELLED is
+    // this cancel's doing, not an error.
+    tally::v1::GetJobRequest get;
+    get.set_name(req.name());
+    tally::v1::Job now;
+    grpc::Status g =
+        c.Call([&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, get, &now); });
+    if (g.ok() && now.state() == tally::v1::JOB_STATE_CANCELLED) {
+      PrintJob(now);
+      return kOk;
+    }
+  }
+  if (!s.ok()) return Fail(s, c);
+  PrintJob(job);
+  return kOk;
+}
+
+int Checkpoints(Client& c, const std::string& name) {
+  tally::v1::ListCheckpointsRequest req;
+  req.set_name(NormalizeName(name));
+  tally::v1::ListCheckpointsResponse resp;
+  grpc::Status s = c.Call(
+      [&](grpc::ClientContext* ctx) { return c.stub()->ListCheckpoints(ctx, req, &resp); });
+  if (!s.ok()) return Fail(s, c);
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << Json(resp) << "\n";
+    return kOk;
+  }
+  // Checkpoints a worker found damaged (the job lists them): marked, and
+  // never the best. Without the job (an older tallyd) none are known.
+  std::map<std::string, std::string> damaged;
+  {
+    tally::v1::GetJobRequest get;
+    get.set_name(NormalizeName(name));
+    tally::v1::Job job;
+    if (c.Call([&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, get, &job); })
+            .ok()) {
+      for (const auto& d : job.damaged_checkpoints()) damaged[d.path()] = d.reason();
+    }
+  }
+  // The best: the lowest validation loss (0: not evaluated); with none
+  // evaluated, the latest.
+  int best = -1;
+  for (int i = 0; i < resp.checkpoints_size(); ++i) {
+    const auto& ck = resp.checkpoints(i);
+    if (damaged.count(ck.path())) continue;
+    if (ck.val_loss() != 0 && (best < 0 || resp.checkpoints(best).val_loss() == 0 ||
+                               ck.val_loss() < resp.checkpoints(best).val_loss())) {
+      best = i;
+    } else if (best < 0 || (resp.checkpoints(best).val_loss() == 0 && ck.val_loss() == 0 &&
+                            ck.step() >= resp.checkpoints(best).step())) {
+      best = i;
+    }
+  }
+  std::cout << absl::StrFormat("%-5s %-7s %-8s %-10s %-9s %-10s %-10s %-12s %s\n", "BEST",
+                               "ATTEMPT", "STEP", "TOKENS", "VAL_LOSS", "COST_USD", "SINCE_USD",
+                               "USD_PER_GAIN", "PATH");
+  for (int i = 0; i < resp.checkpoints_size(); ++i) {
+    const auto& ck = resp.checkpoints(i);
+    // 0 means no evaluation at the checkpoint's step, or no gain.
+    const std::string val =
+        ck.val_loss() != 0 ? absl::StrFormat("%.4f", ck.val_loss()) : std::string("-");
+    const std::string per_gain = ck.usd_per_val_loss_improvement() != 0
+                                     ? absl::StrFormat("%.6f", ck.usd_per_val_loss_improvement())
+                                     : std::string("-");
+    const bool bad = damaged.count(ck.path()) > 0;
+    std::cout << absl::StrFormat("%-5s %-7d %-8d %-10d %-9s %-10.6f %-10.6f %-12s %s%s\n",
+                                 i == best ? "*" : (bad ? "bad" : ""), ck.attempt(), ck.step(),
+                                 ck.tokens(), val, ck.cost_usd(), ck.cost_since_previous_usd(),
+                                 per_gain, Safe(ck.path()),
+                                 bad ? "  (damaged: " + Safe(damaged[ck.path()]) + ")" : "");
+  }
+  if (best >= 0) {
+    const auto& b = resp.checkpoints(best);
+    const std::string job = NormalizeName(name);
+    std::cout << "\nbest: step " << b.step()
+              << (b.val_loss() != 0 ? absl::StrFormat(" (val loss %.4f)", b.val_loss())
+                                    : std::string(" (latest; none evaluated)"))
+              << ", $" << absl::StrFormat("%.6f", b.cost_usd()) << "\n"
+              << "export it as a Hugging Face model:\n  tally-export --job=" << Safe(job)
+              << " --which=best --out=DIR\n  (or tally-export --checkpoint=" << Safe(b.path())
+              << " --out=DIR)\n";
+  } else {
+    std::cout << "no checkpoints yet\n";
+  }
+  return kOk;
+}
+
+int Watch(Client& c, const std::string& arg) {
+  const std::string name = NormalizeName(arg);
+  const bool tty = isatty(STDOUT_FILENO) && absl::GetFlag(FLAGS_output) != "json";
+  // A mistyped --controller fails in seconds; a watch under way waits longer.
+  Retry retry{.limit = 5};
+  int64_t max_steps = 0;
+  tally::v1::Job job;
+  while (true) {
+    tally::v1::GetJobRequest req;
+    req.set_name(name);
+    grpc::Status s = c.Call(
+        [&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, req, &job); });
+    if (s.ok()) {
+      max_steps = job.spec().training().max_steps();
+      break;
+    }
+    if (!retry.Again(s)) return Fail(s, c);
+    if (retry.failures == 1) {
+      std::cerr << "tallyctl: waiting for tallyd at " << Safe(c.Addresses()) << " ("
+                << Safe(c.Redact(s.error_message())) << ")\n";
+    }
+    retry.Wait();
+  }
+  retry = Retry();
+  int64_t after = absl::GetFlag(FLAGS_after);
+  PreemptionTally preemptions(job.preemption().count(), job.last_event_sequence(), after);
+  tally::v1::JobState last_state = tally::v1::JOB_STATE_UNSPECIFIED;
+  bool bar_shown = false;
+  WatchConnection connection;
+  while (true) {
+    tally::v1::WatchJobRequest req;
+    req.set_name(name);
+    req.set_after_sequence(after);
+    grpc::ClientContext ctx;
+    c.Authorize(&ctx);
+    auto reader = c.stub()->WatchJob(&ctx, req);
+    reader->WaitForInitialMetadata();
+    if (connection.Check(ctx, false, after)) retry.Reset();  // an idle watch is no failure
+    tally::v1::JobEvent e;
+    while (reader->Read(&e)) {
+      connection.Check(ctx, true, after);
+      retry.Reset();
+      after = e.sequence();
+      last_state = e.state();
+      preemptions.Observe(e);
+      if (absl::GetFlag(FLAGS_output) == "json") {
+        std::cout << JsonLine(e) << std::endl;
+        continue;
+      }
+      if (tty && e.type() == "progress") {
+        std::cout << "\r" << ProgressBar(e, max_steps, preemptions.count()) << "   "
+                  << std::flush;
+        bar_shown = true;
+        continue;
+      }
+      if (bar_shown) std::cout << "\n";
+      bar_shown = false;
+      std::cout << EventLine(e, absl::LocalTimeZone(), preemptions.count()) << std::endl;
+    }
+    grpc::Status s = reader->Finish();
+    if (s.ok()) break;
+    if (bar_shown) std::cout << "\n";
+    bar_shown = false;
+    if (!retry.Again(s)) return Fail(s, c);
+    // tallyd restarting or unreachable: resume after the last event seen,
+    // at the next address when there are several.
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) c.Next();
+    connection.Lost(Safe(c.Redact(s.error_message())), after);
+    retry.Wait();
+  }
+  if (bar_shown) std::cout << "\n";
+  switch (last_state) {
+    case tally::v1::JOB_STATE_SUCCEEDED:
+    case tally::v1::JOB_STATE_EARLY_STOPPED:
+      return kOk;
+    default:
+      return kJobUnsuccessful;
+  }
+}
+
+int Validate() {
+  tally::v1::JobSpec spec, prepared;
+  if (int rc = ReadSpecFlag("validate", &spec, &prepared); rc != kOk) return rc;
+  const std::string file = absl::GetFlag(FLAGS_file);
+  std::cout << (file == "-" ? "<stdin>" : Safe(file)) << ": ok\n";
+  if (absl::GetFlag(FLAGS_output) == "json") std::cout << Json(prepared) << "\n";
+  return kOk;
+}
+
+}  // namespace tally::cli
