@@ -80,10 +80,11 @@ Agent::Agent(AgentOptions options, std::unique_ptr<Runner> runner, AgentSeams se
       backoff_seed_(seams.backoff_seed.has_value() ? *seams.backoff_seed
                                                    : std::random_device{}()) {}
 
-bool Agent::AwaitUntil(const absl::Condition& cond, absl::Time deadline) {
+bool Agent::AwaitUntil(const absl::Condition& cond, absl::Time deadline, uint64_t* num_checks) {
   while (true) {
     const absl::Duration left = deadline - clock_->Now();
     if (left <= absl::ZeroDuration()) return cond.Eval();
+    if (num_checks != nullptr) ++*num_checks;
     if (mu_.AwaitWithTimeout(cond, std::min(left, kClockPoll))) return true;
   }
 }
@@ -299,6 +300,7 @@ void Agent::WriteReports(StreamState* st, Stream* stream, grpc::ClientContext* c
     } else {
       m.mutable_heartbeat();
     }
+    ++counters_.num_writes_chosen;
     mu_.Unlock();
     const bool ok = stream->Write(m);
     mu_.Lock();
@@ -339,6 +341,7 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
   {
     absl::MutexLock lock(&mu_);
     connected_ = true;
+    ++counters_.num_hellos;
     // Nothing is written on this stream yet: what the last one wrote and
     // tallyd did not acknowledge goes again, first.
     outbox_.Rewind();
@@ -463,6 +466,7 @@ int Agent::Run() {
           (outbox_.empty() || refused || ++tries_after_shutdown > 3)) {
         break;
       }
+      ++counters_.num_connections_ended;
     }
     // Jittered, so a fleet that lost tallyd does not return in lockstep.
     absl::Duration wait = backoff.Next(clock_->Now() - start);
@@ -476,6 +480,7 @@ int Agent::Run() {
           give_up = true;
           break;
         }
+        ++counters_.num_backoff_checks;
       }
       if (refused && shutdown_.load()) {
         // Shutting down while refused: once the attempts have stopped there
@@ -553,7 +558,8 @@ void Agent::Drain(absl::Time deadline) {
   // The stream's allowance to deliver the exits queued at the deadline.
   const absl::Duration delivery = std::min(absl::Seconds(2), options_.preemption_deadline / 5);
   absl::MutexLock lock(&mu_);
-  if (!AwaitUntil(absl::Condition(this, &Agent::Delivered), deadline - delivery)) {
+  if (!AwaitUntil(absl::Condition(this, &Agent::Delivered), deadline - delivery,
+                  &counters_.num_deadline_checks)) {
     for (auto& [key, a] : running_) {
       if (a->abandoned) continue;
       const tally::v1::Assignment& as = a->assignment;
@@ -572,7 +578,8 @@ void Agent::Drain(absl::Time deadline) {
       a->abandoned = true;
     }
     outbox_cv_.SignalAll();
-    if (!AwaitUntil(absl::Condition(this, &Agent::Delivered), deadline)) {
+    if (!AwaitUntil(absl::Condition(this, &Agent::Delivered), deadline,
+                    &counters_.num_deadline_checks)) {
       spdlog::error("tally-worker: {} message(s) not delivered to tallyd by the preemption's "
                     "deadline", outbox_.size());
       // Time is up: end the stream now, whatever it is doing.
@@ -599,6 +606,7 @@ void Agent::WatchIdle(std::atomic<bool>* stop) {
         PreemptLocked("idle");
         return;
       }
+      ++counters_.num_idle_checks;
     }
     absl::SleepFor(kClockPoll);
   }
@@ -612,6 +620,11 @@ bool Agent::LeftIdle() {
 size_t Agent::QueuedReports() {
   absl::MutexLock lock(&mu_);
   return outbox_.size();
+}
+
+Agent::Counters Agent::counters() {
+  absl::MutexLock lock(&mu_);
+  return counters_;
 }
 
 bool Agent::HasAbandonedAttempts() {
@@ -632,6 +645,10 @@ void Agent::WatchNoticeFile(std::atomic<bool>* stop) {
                    options_.preemption_notice_file);
       Preempt("notice_file");
       return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++counters_.num_notice_checks;
     }
     absl::SleepFor(options_.notice_poll_interval);
   }

@@ -155,6 +155,37 @@ class Agent {
   // acknowledged by a tallyd that acknowledges.
   size_t QueuedReports();
 
+  // How far the agent's loops have got, counted from construction: for
+  // tests, which wait for a count to move instead of sleeping. Each count
+  // moves under the agent's lock once what it counts is done, so a count
+  // that moves after some event shows that the agent has been there since
+  // (for the looks, that it looked at its state and left it be). Where the
+  // look itself happens before the lock is taken (the clock between
+  // connections, the notice file), a move of 2 is needed to be sure the
+  // look came after the event. Nothing in the agent reads them; they change
+  // nothing it does.
+  struct Counters {
+    // Hellos written: the worker is connected and its idle timer runs.
+    uint64_t num_hellos = 0;
+    // Connections over (however they ended) after which Run() went on.
+    uint64_t num_connections_ended = 0;
+    // The stream writer's choices of what to write next: a report, or a
+    // heartbeat when there is none it may write.
+    uint64_t num_writes_chosen = 0;
+    // Looks at the clock, while waiting between connections, that found
+    // the wait not over.
+    uint64_t num_backoff_checks = 0;
+    // Looks at the clock, while a preemption waits for its attempts and
+    // reports, that found its deadline not reached.
+    uint64_t num_deadline_checks = 0;
+    // The idle watcher's looks that found the worker busy, disconnected or
+    // not idle for long enough.
+    uint64_t num_idle_checks = 0;
+    // Looks for the preemption notice file that did not find it.
+    uint64_t num_notice_checks = 0;
+  };
+  Counters counters();
+
  private:
   struct Attempt {
     tally::v1::Assignment assignment;
@@ -188,9 +219,10 @@ class Agent {
   // written while the worker leaves.
   void WriteReports(StreamState* st, Stream* stream, grpc::ClientContext* context);
   // Waits with mu_ held until `cond` holds (true) or `deadline` on clock_
-  // passes (false unless `cond` holds by then).
-  bool AwaitUntil(const absl::Condition& cond, absl::Time deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // passes (false unless `cond` holds by then). Each look at the clock
+  // that finds the deadline ahead adds one to `*num_checks` (if given).
+  bool AwaitUntil(const absl::Condition& cond, absl::Time deadline,
+                  uint64_t* num_checks = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A report of `a`'s, dropped once `a` is abandoned.
   void EnqueueReport(Attempt* a, tally::v1::WorkerMessage m);
   // Waits for the attempts to exit and the stream to take their reports,
@@ -235,6 +267,7 @@ class Agent {
   // last attempt's exit); InfiniteFuture while one runs.
   absl::Time idle_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::thread drain_thread_;  // started by the first Preempt()
+  Counters counters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tally::worker

@@ -46,6 +46,18 @@ std::string Read(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
+// The one place these tests poll: true once `cond` holds (looked at every
+// millisecond), false if it still does not after `timeout`. Tests wait for
+// events this way, never for time to pass.
+bool WaitUntil(const std::function<bool()>& cond, absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (cond()) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 class NoRunner final : public Runner {
  public:
   tally::v1::AttemptExit Run(const tally::v1::Assignment&, Reporter*,
@@ -92,12 +104,7 @@ class FakeWorkers final : public tally::v1::Workers::Service {
   }
   // Waits until at least `n` connections were made; false after 20 s.
   bool WaitFor(size_t n) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline) {
-      if (connections().size() >= n) return true;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return false;
+    return WaitUntil([&] { return connections().size() >= n; });
   }
 
  private:
@@ -125,6 +132,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
       if (welcome_) {
         tally::v1::ControllerMessage welcome;
         welcome.mutable_welcome()->set_acks(acks_);
+        welcome.mutable_welcome()->set_heartbeat_interval_seconds(heartbeat_interval_seconds_);
         stream->Write(welcome);
       }
     }
@@ -165,6 +173,11 @@ class FakeTallyd final : public tally::v1::Workers::Service {
     absl::MutexLock lock(&mu_);
     acks_ = acks;
   }
+  // Asks for heartbeats this often (0: the worker's default, 2 s).
+  void set_heartbeat_interval(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_interval_seconds_ = absl::ToDoubleSeconds(d);
+  }
   bool Ack(uint64_t seq) {
     tally::v1::ControllerMessage m;
     m.mutable_ack()->set_seq(seq);
@@ -192,19 +205,20 @@ class FakeTallyd final : public tally::v1::Workers::Service {
   // Waits up to 20 s for a received message that `match` accepts.
   std::optional<tally::v1::WorkerMessage> WaitFor(
       const std::function<bool(const tally::v1::WorkerMessage&)>& match) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline) {
+    std::optional<tally::v1::WorkerMessage> found;
+    WaitUntil([&] {
       for (const auto& m : received()) {
-        if (match(m)) return m;
+        if (match(m)) {
+          found = m;
+          return true;
+        }
       }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    return std::nullopt;
+      return false;
+    });
+    return found;
   }
   bool WaitConnected() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline && !connected()) absl::SleepFor(absl::Milliseconds(5));
-    return connected();
+    return WaitUntil([this] { return connected(); });
   }
 
  private:
@@ -216,6 +230,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
   std::optional<tally::v1::ControllerMessage> reply_to_notice_ ABSL_GUARDED_BY(mu_);
   bool welcome_ ABSL_GUARDED_BY(mu_) = true;
   bool acks_ ABSL_GUARDED_BY(mu_) = false;
+  double heartbeat_interval_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Runs until asked to stop. A preemption reports a checkpoint of step 7 and
@@ -242,14 +257,15 @@ class FakeRunner final : public Runner {
     p.set_attempt(a.attempt());
     p.set_step(7);
     reporter->Progress(p);
+    // Polls its stop flag, as the trainer does at each step.
     train::StopKind kind = train::StopKind::kNone;
-    while (true) {
-      kind = stop->requested();
-      if (kind == train::StopKind::kNow) break;
-      if (kind == train::StopKind::kPreempt && !ignore_preempt_) break;
-      if (kind == train::StopKind::kKeepState) break;
-      absl::SleepFor(absl::Milliseconds(2));
-    }
+    WaitUntil(
+        [&] {
+          kind = stop->requested();
+          return kind == train::StopKind::kNow || kind == train::StopKind::kKeepState ||
+                 (kind == train::StopKind::kPreempt && !ignore_preempt_);
+        },
+        absl::InfiniteDuration());
     {
       absl::MutexLock lock(&mu_);
       seen_[me].stop = kind;
@@ -283,9 +299,7 @@ class FakeRunner final : public Runner {
   }
   // Waits up to 20 s until `n` assignments have started.
   bool WaitStarted(size_t n) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline && seen().size() < n) absl::SleepFor(absl::Milliseconds(2));
-    return seen().size() >= n;
+    return WaitUntil([&] { return seen().size() >= n; });
   }
   void Release() {
     absl::MutexLock lock(&mu_);
@@ -416,9 +430,8 @@ class HeldRunner final : public Runner {
       reporter_ = reporter;
     }
     train::StopKind kind = train::StopKind::kNone;
-    while ((kind = stop->requested()) == train::StopKind::kNone) {
-      absl::SleepFor(absl::Milliseconds(2));
-    }
+    WaitUntil([&] { return (kind = stop->requested()) != train::StopKind::kNone; },
+              absl::InfiniteDuration());
     absl::MutexLock lock(&mu_);
     stopped_with_ = kind;
     reporter_ = nullptr;
@@ -451,13 +464,11 @@ class HeldRunner final : public Runner {
 // Advances `clock` by `step` about every millisecond of real time until
 // `done` holds; false after 20 s.
 bool AdvanceUntil(FakeClock* clock, absl::Duration step, const std::function<bool()>& done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
+  return WaitUntil([&] {
     if (done()) return true;
     clock->Advance(step);
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return done();
+    return false;
+  });
 }
 
 tally::v1::EvalResult EvalAt(const std::string& job, int32_t attempt, int64_t step) {
@@ -576,7 +587,7 @@ class AgentTest : public ::testing::Test {
   // tallyd goes away (its streams end, connections are refused); returns
   // its port.
   int StopTallyd() {
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
+    server_->Shutdown(absl::ToChronoTime(absl::Now()));
     server_.reset();
     return std::stoi(address_.substr(address_.rfind(':') + 1));
   }
@@ -612,11 +623,21 @@ class AgentTest : public ::testing::Test {
 
   // Waits up to 20 s until the agent holds `n` reports for tallyd.
   bool WaitQueued(size_t n) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (absl::Now() < deadline && agent_->QueuedReports() != n) {
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    return agent_->QueuedReports() == n;
+    return WaitUntil([&] { return agent_->QueuedReports() == n; });
+  }
+
+  // Waits up to 20 s until the agent's `count` (Agent::Counters) is at
+  // least `n`.
+  bool WaitCount(uint64_t Agent::Counters::*count, uint64_t n) {
+    return WaitUntil([&] { return agent_->counters().*count >= n; });
+  }
+  // Waits up to 20 s until the agent's `count` has moved `by` past its
+  // value now: the agent has looked at its state again since this call and
+  // left it be. By 2 where the look reads the clock before the count's
+  // lock (Agent::Counters::num_backoff_checks), so that a look under way
+  // now does not count.
+  bool WaitForMore(uint64_t Agent::Counters::*count, uint64_t by = 1) {
+    return WaitCount(count, agent_->counters().*count + by);
   }
 
   std::string Logged() {
@@ -649,11 +670,9 @@ TEST_F(AgentTest, TheTokenIsSentAsBearerMetadataAndReadAgainOnReconnect) {
   ASSERT_TRUE(service_->WaitFor(1));
   WriteFile("token", "  rotated-token \n");
   // Every connection after the rotation carries the new token.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline &&
-         service_->connections().back().authorization != "Bearer rotated-token") {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  ASSERT_TRUE(WaitUntil([this] {
+    return service_->connections().back().authorization == "Bearer rotated-token";
+  }));
   const auto c = service_->connections();
   EXPECT_EQ(c.front().authorization, "Bearer first-token");
   EXPECT_EQ(c.front().worker_id, "w1");
@@ -689,12 +708,15 @@ TEST_F(AgentTest, ARefusedWorkerLogsTallydsReasonAndRetriesNoFasterThanTheInterv
   files.token = WriteFile("token", "wrong-token");
   AgentOptions options = Options(files);
   options.refused_retry_interval = absl::Milliseconds(400);
-  StartAgent(options);
-  ASSERT_TRUE(service_->WaitFor(3));
-  const auto c = service_->connections();
-  for (size_t i = 1; i < c.size(); ++i) {
+  StartAgent(options, nullptr, FakeSeams(server_.get()));
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(10),
+                           [this] { return connections_.Attempts().size() >= 3; }));
+  ASSERT_TRUE(service_->WaitFor(2));
+  EXPECT_EQ(service_->connections()[0].authorization, "Bearer wrong-token");
+  const std::vector<absl::Time> at = connections_.Attempts();
+  for (size_t i = 1; i < at.size(); ++i) {
     // 10 to 40 ms apart after other errors; here at least the interval.
-    EXPECT_GE(c[i].time - c[i - 1].time, absl::Milliseconds(390)) << "connection " << i;
+    EXPECT_GE(at[i] - at[i - 1], absl::Milliseconds(400)) << "connection " << i;
   }
   EXPECT_THAT(Logged(),
               AllOf(HasSubstr("refused worker w1 (UNAUTHENTICATED; connecting with plaintext, "
@@ -707,10 +729,11 @@ TEST_F(AgentTest, PermissionDeniedWaitsTheIntervalToo) {
   StartServer(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "worker id w1 is not yours"));
   AgentOptions options = Options({});
   options.refused_retry_interval = absl::Milliseconds(400);
-  StartAgent(options);
-  ASSERT_TRUE(service_->WaitFor(2));
-  const auto c = service_->connections();
-  EXPECT_GE(c[1].time - c[0].time, absl::Milliseconds(390));
+  StartAgent(options, nullptr, FakeSeams(server_.get()));
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(10),
+                           [this] { return connections_.Attempts().size() >= 2; }));
+  const std::vector<absl::Time> at = connections_.Attempts();
+  EXPECT_GE(at[1] - at[0], absl::Milliseconds(400));
   EXPECT_THAT(Logged(), AllOf(HasSubstr("PERMISSION_DENIED"),
                               HasSubstr("worker id w1 is not yours")));
 }
@@ -770,7 +793,9 @@ TEST_F(AgentTest, ATallydWhoseCertificateTheCaDidNotSignIsNeverTalkedTo) {
   CredentialFiles files;
   files.ca_cert = kTestdata + "/worker.pem";
   StartAgent(Options(files));
-  absl::SleepFor(absl::Milliseconds(500));
+  // Two connections over: one that reached the service would have been
+  // recorded there before its stream ended.
+  ASSERT_TRUE(WaitCount(&Agent::Counters::num_connections_ended, 2));
   EXPECT_TRUE(service_->connections().empty());
 }
 
@@ -839,8 +864,10 @@ TEST_F(AgentTest, ANewAssignmentWhileGoingAwayIsAnsweredPreemptedNotFailed) {
   EXPECT_EQ(refused->exit().preemption_cause(), "notice_file");
   EXPECT_EQ(refused->exit().reason(), "worker is going away (notice_file)");
   EXPECT_EQ(fake->seen().size(), 1u);  // never started
-  // Still draining: the running attempt has not exited.
-  EXPECT_EQ(RunReturned(absl::Milliseconds(100)), absl::InfinitePast());
+  // Still draining: the running attempt has not exited, and the agent has
+  // looked since and waits on.
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_deadline_checks));
+  EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
   fake->Release();
   auto exit = tallyd_->WaitFor(ExitOf("jobs/1"));
   ASSERT_TRUE(exit.has_value());
@@ -855,17 +882,18 @@ TEST_F(AgentTest, AtTheDeadlineAnAttemptThatHasNotStoppedExitsPreemptedAndRunRet
   options.preemption_deadline = absl::Seconds(1);
   auto runner = std::make_unique<FakeRunner>(/*ignore_preempt=*/true);
   FakeRunner* fake = runner.get();
-  StartAgent(options, std::move(runner));
+  StartAgent(options, std::move(runner), FakeSeams(server_.get()));
   ASSERT_TRUE(tallyd_->WaitConnected());
   ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
   ASSERT_TRUE(fake->WaitStarted(1));
-  const absl::Time start = absl::Now();
   agent_->Preempt("sigterm");
-  const absl::Time returned = RunReturned(absl::Seconds(20));
-  ASSERT_NE(returned, absl::InfinitePast()) << "Run() did not return";
-  // Given up a delivery allowance (a fifth of 1 s) before the deadline.
-  EXPECT_GE(returned - start, absl::Milliseconds(750));
-  EXPECT_LT(returned - start, absl::Milliseconds(1500));
+  // Given up a delivery allowance (a fifth of 1 s) before the deadline:
+  // not a tick sooner (the agent has looked at its clock since it moved).
+  clock_.Advance(absl::Milliseconds(799));
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_deadline_checks));
+  EXPECT_FALSE(agent_->HasAbandonedAttempts());
+  clock_.Advance(absl::Milliseconds(1));
+  ASSERT_NE(RunReturned(absl::Seconds(20)), absl::InfinitePast()) << "Run() did not return";
   EXPECT_TRUE(agent_->HasAbandonedAttempts());
   auto exit = tallyd_->WaitFor(ExitOf("jobs/1"));
   ASSERT_TRUE(exit.has_value());
@@ -926,7 +954,8 @@ TEST_F(AgentTest, TheNoticeFileAppearingPreemptsTheWorker) {
   options.notice_poll_interval = absl::Milliseconds(20);
   StartAgent(options);
   ASSERT_TRUE(tallyd_->WaitConnected());
-  absl::SleepFor(absl::Milliseconds(100));
+  // The watcher has looked and found no file: nothing happened.
+  ASSERT_TRUE(WaitCount(&Agent::Counters::num_notice_checks, 1));
   EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
   WriteFile("notice", "");
   auto notice = tallyd_->WaitFor([](const auto& m) { return m.has_notice(); });
@@ -946,10 +975,13 @@ TEST_F(AgentTest, APreemptionWhileDisconnectedDeliversItsReportsWhenTallydReturn
   ASSERT_TRUE(fake->WaitStarted(1));
   ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_progress(); }));
   const int port = StopTallyd();
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(WaitCount(&Agent::Counters::num_connections_ended, 1));  // disconnected
   agent_->Preempt("sigterm");
-  // The attempt checkpoints and exits though nobody hears it yet.
-  absl::SleepFor(absl::Milliseconds(300));
+  // The attempt checkpoints and exits though nobody hears it yet: the
+  // notice, its checkpoint and its exit are queued, and the worker keeps
+  // trying to deliver them (a connection failed since, and Run() went on).
+  ASSERT_TRUE(WaitQueued(3));
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_connections_ended));
   EXPECT_EQ(fake->seen()[0].stop, train::StopKind::kPreempt);
   EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
   StartTallyd(port);  // back, before the deadline
@@ -969,15 +1001,13 @@ TEST_F(AgentTest, APreemptionWhileDisconnectedDeliversItsReportsWhenTallydReturn
 }
 
 TEST_F(AgentTest, AnIdleWorkerWithoutTallydLeavesAtOnceOnAPreemption) {
-  StartTallyd();
-  StopTallyd();  // an unused port
-  StartAgent(Options({}));
-  absl::SleepFor(absl::Milliseconds(200));  // connections refused meanwhile
-  const absl::Time start = absl::Now();
+  StartAgent(Options({}), nullptr, FakeSeams(/*server=*/nullptr));
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(10),
+                           [this] { return connections_.Attempts().size() >= 2; }));
+  // Run() returns with the agent's clock standing still: it waits neither
+  // for the deadline nor for the next connection.
   agent_->Preempt("sigterm");
-  const absl::Time returned = RunReturned(absl::Seconds(20));
-  ASSERT_NE(returned, absl::InfinitePast());
-  EXPECT_LT(returned - start, absl::Seconds(1));
+  EXPECT_NE(RunReturned(absl::Seconds(20)), absl::InfinitePast());
 }
 
 TEST_F(AgentTest, ConnectionsAreRetriedAfterTheBackoffOnTheAgentsClock) {
@@ -985,31 +1015,35 @@ TEST_F(AgentTest, ConnectionsAreRetriedAfterTheBackoffOnTheAgentsClock) {
   options.initial_backoff = absl::Milliseconds(100);
   options.max_backoff = absl::Milliseconds(400);
   StartAgent(options, nullptr, FakeSeams(/*server=*/nullptr, /*backoff_seed=*/5));
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline && connections_.Attempts().empty()) {
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  ASSERT_EQ(connections_.Attempts().size(), 1u);
-  // Real time passing is not the agent's time: no retry until its clock
-  // moves.
-  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(WaitUntil([this] { return !connections_.Attempts().empty(); }));
+  // Real time passing is not the agent's time: it looks at its clock again
+  // and again, and does not retry until the clock moves.
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_backoff_checks, 3));
   EXPECT_EQ(connections_.Attempts().size(), 1u);
 
-  constexpr size_t kAttempts = 6;
-  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(1),
-                           [&] { return connections_.Attempts().size() >= kAttempts; }));
   // The waits are the Backoff's with the same seed: 100 ms doubling to the
-  // 400 ms cap, each jittered below its bound.
+  // 400 ms cap, each jittered below its bound. The clock moves only here,
+  // so each retry comes exactly when its wait is over, not a tick before.
+  constexpr size_t kAttempts = 6;
   Backoff expected(options.initial_backoff, options.max_backoff, 5);
-  const std::vector<absl::Time> at = connections_.Attempts();
   for (size_t i = 1; i < kAttempts; ++i) {
     const absl::Duration bound = expected.bound();
     const absl::Duration wait = expected.Next(absl::ZeroDuration());
-    const absl::Duration gap = at[i] - at[i - 1];
-    EXPECT_GE(gap, wait) << "attempt " << i;
-    EXPECT_LT(gap, wait + absl::Milliseconds(200)) << "attempt " << i;  // a loose sanity bound
     EXPECT_LT(wait, bound);
     EXPECT_GE(wait, bound / 2);
+    ASSERT_TRUE(WaitForMore(&Agent::Counters::num_backoff_checks)) << "attempt " << i;  // waiting
+    clock_.Advance(wait - absl::Milliseconds(1));
+    ASSERT_TRUE(WaitForMore(&Agent::Counters::num_backoff_checks, 2)) << "attempt " << i;
+    ASSERT_EQ(connections_.Attempts().size(), i) << "attempt " << i;
+    clock_.Advance(absl::Milliseconds(1));
+    ASSERT_TRUE(WaitUntil([&] { return connections_.Attempts().size() > i; }))
+        << "attempt " << i;
+  }
+  const std::vector<absl::Time> at = connections_.Attempts();
+  ASSERT_EQ(at.size(), kAttempts);
+  Backoff again(options.initial_backoff, options.max_backoff, 5);
+  for (size_t i = 1; i < kAttempts; ++i) {
+    EXPECT_EQ(at[i] - at[i - 1], again.Next(absl::ZeroDuration())) << "attempt " << i;
   }
   EXPECT_THAT(Logged(), HasSubstr("cannot reach tallyd at " + address_ +
                                   ": failed to connect to all addresses"));
@@ -1020,6 +1054,8 @@ TEST_F(AgentTest, ConnectionsAreRetriedAfterTheBackoffOnTheAgentsClock) {
 // welcomes the worker, and then arrive in order.
 TEST_F(AgentTest, ReportsWaitForTheWelcomeSoAStreamRefusedAfterTheHelloLosesNone) {
   StartTallyd();
+  // Frequent heartbeats: the writer wakes often, reports or not.
+  tallyd_->set_heartbeat_interval(absl::Milliseconds(20));
   HeldRunner* held = nullptr;
   Reporter* reporter = StartHeldAttempt("jobs/1", 2, &held);
   ASSERT_NE(reporter, nullptr);
@@ -1032,7 +1068,10 @@ TEST_F(AgentTest, ReportsWaitForTheWelcomeSoAStreamRefusedAfterTheHelloLosesNone
   const tally::v1::EvalResult eval = EvalAt("jobs/1", 2, 5);
   reporter->Progress(ProgressAt("jobs/1", 2, 5));
   reporter->Eval(eval);
-  absl::SleepFor(absl::Milliseconds(300));  // time for writes that must not happen
+  // The writer has chosen what to write since the reports were queued: a
+  // heartbeat, not them. (Had it written them, they would show here or,
+  // dropped as written, be missing from the next stream below.)
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_writes_chosen));
   EXPECT_THAT(Kinds(tallyd_->received()), ::testing::ElementsAre("hello", "progress jobs/1 4",
                                                                   "hello"));
 
@@ -1168,9 +1207,11 @@ TEST_F(AgentTest, ThePreemptionDeadlineIsKeptOnTheAgentsClock) {
   ASSERT_TRUE(notice.has_value());
   EXPECT_EQ(notice->notice().deadline_seconds(), 25);  // no time passed on the clock
   // Up to the delivery allowance (2 s) before the deadline, the attempt may
-  // still checkpoint: however long that takes in real time.
+  // still checkpoint: however long that takes in real time. The agent has
+  // looked at its clock since it moved, and waits on.
   clock_.Advance(absl::Seconds(22));
-  EXPECT_EQ(RunReturned(absl::Milliseconds(300)), absl::InfinitePast());
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_deadline_checks));
+  EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
   EXPECT_FALSE(agent_->HasAbandonedAttempts());
   clock_.Advance(absl::Seconds(1) + absl::Milliseconds(1));
   auto exit = tallyd_->WaitFor(ExitOf("jobs/1"));
@@ -1198,23 +1239,30 @@ TEST_F(AgentTest, AnIdleWorkerLeavesAfterExitWhenIdleButNeverWhileAnAttemptRuns)
   FakeRunner* fake = runner.get();
   StartAgent(options, std::move(runner), FakeSeams(server_.get()));
   ASSERT_TRUE(tallyd_->WaitConnected());
-  absl::SleepFor(absl::Milliseconds(100));  // the Hello's write returns: the timer starts
+  // The Hello's write returned: the timer started.
+  ASSERT_TRUE(WaitCount(&Agent::Counters::num_hellos, 1));
+  // Each "stays" below: the idle watcher has looked since the clock moved,
+  // and left the worker be.
   clock_.Advance(absl::Seconds(29));
-  EXPECT_EQ(RunReturned(absl::Milliseconds(300)), absl::InfinitePast());
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_idle_checks));
+  EXPECT_FALSE(agent_->LeftIdle());
 
   // A job arrives in time; it runs far past the idle timeout untouched.
   ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/1")));
   ASSERT_TRUE(fake->WaitStarted(1));
   clock_.Advance(absl::Minutes(10));
-  EXPECT_EQ(RunReturned(absl::Milliseconds(300)), absl::InfinitePast());
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_idle_checks));
+  EXPECT_FALSE(agent_->LeftIdle());
+  EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
   EXPECT_EQ(fake->seen()[0].stop, train::StopKind::kNone);
 
-  // The timer starts again at the attempt's exit.
+  // The timer starts again at the attempt's exit (set before the exit is
+  // queued, so before tallyd reads it).
   ASSERT_TRUE(tallyd_->Send(StopMessage("jobs/1")));
   ASSERT_TRUE(tallyd_->WaitFor(ExitOf("jobs/1")).has_value());
-  absl::SleepFor(absl::Milliseconds(100));
   clock_.Advance(absl::Seconds(29));
-  EXPECT_EQ(RunReturned(absl::Milliseconds(300)), absl::InfinitePast());
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_idle_checks));
+  EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
   EXPECT_FALSE(agent_->LeftIdle());
   clock_.Advance(absl::Seconds(1));
   ASSERT_NE(RunReturned(absl::Seconds(20)), absl::InfinitePast()) << "Run() did not return";
@@ -1238,7 +1286,7 @@ TEST_F(AgentTest, AnAssignmentRacingTheIdleNoticeIsNeverRunNorFailed) {
   FakeRunner* fake = runner.get();
   StartAgent(options, std::move(runner), FakeSeams(server_.get()));
   ASSERT_TRUE(tallyd_->WaitConnected());
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(WaitCount(&Agent::Counters::num_hellos, 1));  // the timer started
   clock_.Advance(absl::Seconds(5));
   // If the answer was queued after the stream ended, the worker reconnects
   // to deliver it (the wait before that is on the agent's clock).
@@ -1268,7 +1316,9 @@ TEST_F(AgentTest, WithoutTallydAnIdleWorkerKeepsTryingInsteadOfLeaving) {
   StartAgent(options, nullptr, FakeSeams(nullptr));
   ASSERT_TRUE(AdvanceUntil(&clock_, absl::Seconds(1),
                            [this] { return connections_.Attempts().size() >= 20; }));
-  EXPECT_EQ(RunReturned(absl::Milliseconds(200)), absl::InfinitePast());
+  // The idle watcher has looked since, and left the worker be.
+  ASSERT_TRUE(WaitForMore(&Agent::Counters::num_idle_checks));
+  EXPECT_EQ(RunReturned(absl::ZeroDuration()), absl::InfinitePast());
   EXPECT_FALSE(agent_->LeftIdle());
 }
 
