@@ -4,20 +4,25 @@
 
 namespace tally {
 
-EnvReader ProcessEnv() {
-  return [](const char* name) -> const char* { return std::getenv(name); };
+Environment ProcessEnvironment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
 }
 
-bool FromEnv(const std::string& flag, const char* env, const EnvReader& read) {
+bool FromEnv(const std::string& flag, const std::string& env, const Environment& read) {
   if (!flag.empty()) return false;
-  const char* value = read(env);
-  return value != nullptr && *value != '\0';
+  const std::optional<std::string> value = read(env);
+  return value.has_value() && !value->empty();
 }
 
-std::string FlagOrEnv(const std::string& flag, const char* env, const std::string& fallback,
-                      const EnvReader& read) {
+std::string FlagOrEnv(const std::string& flag, const std::string& env,
+                      const std::string& fallback, const Environment& read) {
   if (!flag.empty()) return flag;
-  return FromEnv(flag, env, read) ? std::string(read(env)) : fallback;
+  const std::optional<std::string> value = read(env);
+  return value.has_value() && !value->empty() ? *value : fallback;
 }
 
 }  // namespace tally

@@ -10,9 +10,10 @@ namespace {
 
 TEST(FlagEnvTest, FlagThenEnvironmentThenDefault) {
   std::map<std::string, std::string> env = {{"TALLY_SET", "from-env"}, {"TALLY_EMPTY", ""}};
-  EnvReader read = [&](const char* name) -> const char* {
+  Environment read = [&](const std::string& name) -> std::optional<std::string> {
     auto it = env.find(name);
-    return it == env.end() ? nullptr : it->second.c_str();
+    if (it == env.end()) return std::nullopt;
+    return it->second;
   };
   EXPECT_EQ(FlagOrEnv("flag", "TALLY_SET", "default", read), "flag");
   EXPECT_EQ(FlagOrEnv("", "TALLY_SET", "default", read), "from-env");

@@ -25,6 +25,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/flag_env.h"
 #include "common/status_macros.h"
 #include "server/api/core.h"
 #include "server/api/data_roots.h"
@@ -223,8 +224,7 @@ config::TallydOptions OptionsFromFlags() {
   o.metrics_tls_cert = absl::GetFlag(FLAGS_metrics_tls_cert);
   o.metrics_tls_key = absl::GetFlag(FLAGS_metrics_tls_key);
   o.data_roots = absl::GetFlag(FLAGS_data_roots);
-  const char* env = std::getenv("TALLY_POSTGRES_DSN");
-  o.postgres_dsn_env = env != nullptr ? env : "";
+  o.postgres_dsn_env = FlagOrEnv("", "TALLY_POSTGRES_DSN");
   return o;
 }
 

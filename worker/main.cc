@@ -156,7 +156,7 @@ WorkerOptions OptionsFromFlags() {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.data_roots = absl::GetFlag(FLAGS_data_root);
   if (o.data_roots.empty() && tally::FromEnv("", "TALLY_DATA_ROOTS")) {
-    o.data_roots = absl::StrSplit(std::getenv("TALLY_DATA_ROOTS"), ',');
+    o.data_roots = absl::StrSplit(tally::FlagOrEnv("", "TALLY_DATA_ROOTS"), ',');
     o.data_roots_from_env = true;
   }
   o.test_fp8_overflow_fraction = absl::GetFlag(FLAGS_testonly_fp8_overflow_fraction);

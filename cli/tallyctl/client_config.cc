@@ -384,14 +384,6 @@ absl::Status ResolveToken(const ConnectionFlags& flags, const Environment& env,
 
 }  // namespace
 
-Environment ProcessEnvironment() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    const char* v = std::getenv(name.c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
-}
-
 absl::StatusOr<std::string> ExpandHome(absl::string_view path, const Environment& env) {
   if (!absl::StartsWith(path, "~")) return std::string(path);
   if (path.size() > 1 && path[1] != '/') {

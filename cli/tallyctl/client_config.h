@@ -49,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/flag_env.h"
 #include "tallyctl/client_config.pb.h"
 
 namespace tally::cli {
@@ -72,12 +73,10 @@ struct ConnectionFlags {
   std::string config_file;
 };
 
-// An environment variable's value; nullopt when it is unset. An empty value
-// counts as unset.
-using Environment = std::function<std::optional<std::string>(const std::string& name)>;
-
-// The process's own environment (getenv).
-Environment ProcessEnvironment();
+// The environment is read through common/flag_env.h's Environment (an
+// empty value counts as unset).
+using ::tally::Environment;
+using ::tally::ProcessEnvironment;
 
 // How to reach tallyd, resolved.
 struct Connection {
