@@ -1,19 +1,25 @@
 #include "server/api/gate.h"
 
+#include <algorithm>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "openssl/bn.h"
 #include "openssl/core_names.h"
 #include "openssl/evp.h"
 #include "openssl/rsa.h"
-#include "openssl/sha.h"
+#include "server/api/gate_test_util.h"
+#include "tally/v1/experiments.pb.h"
+#include "tally/v1/jobs.pb.h"
 
 namespace tally::api {
 namespace {
@@ -21,24 +27,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
-
-std::string Hex(absl::string_view token) {
-  unsigned char d[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), d);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d), sizeof(d)));
-}
-
-std::shared_ptr<const auth::TokenTable> Table(const std::vector<std::vector<std::string>>& rows,
-                                              auth::TokenTable::Kind kind) {
-  std::string yaml = "principals:\n";
-  for (const auto& r : rows) {  // name, tenant, role, token
-    absl::StrAppend(&yaml, "  - {name: ", r[0], ", tenant: \"", r[1], "\", role: ", r[2],
-                    ", token_sha256: \"", Hex(r[3]), "\"}\n");
-  }
-  absl::StatusOr<auth::TokenTable> t = auth::TokenTable::Parse(yaml, kind, "t.yaml");
-  EXPECT_TRUE(t.ok()) << t.status();
-  return std::make_shared<const auth::TokenTable>(*std::move(t));
-}
 
 std::string B64(absl::string_view data) {
   std::string out;
@@ -125,13 +113,13 @@ class GateTest : public ::testing::Test {
  protected:
   Credentials Base() const {
     Credentials c;
-    c.users = Table({{"alice", "research", "user", "tok-alice"},
-                     {"bob", "dev", "user", "tok-bob"},
-                     {"ra", "research", "admin", "tok-ra"},
-                     {"ops", "", "admin", "tok-ops"}},
-                    auth::TokenTable::Kind::kUsers);
-    c.workers = Table({{"w1", "", "worker", "tok-w1"}, {"w2", "", "worker", "tok-w2"}},
-                      auth::TokenTable::Kind::kWorkers);
+    c.users = TokenTableOf({{"alice", "research", "user", "tok-alice"},
+                            {"bob", "dev", "user", "tok-bob"},
+                            {"ra", "research", "admin", "tok-ra"},
+                            {"ops", "", "admin", "tok-ops"}},
+                           auth::TokenTable::Kind::kUsers);
+    c.workers = TokenTableOf({{"w1", "", "worker", "tok-w1"}, {"w2", "", "worker", "tok-w2"}},
+                             auth::TokenTable::Kind::kWorkers);
     c.jwt = issuer_.Verifier();
     c.client_certificates = true;
     return c;
@@ -180,8 +168,8 @@ TEST_F(GateTest, AReloadEndsTheStreamsOfRemovedTokensBeforeItReturns) {
   EXPECT_EQ(gate.RecheckStreams(), 0);
 
   Credentials next = Base();
-  next.users = Table({{"bob", "dev", "user", "tok-bob"}}, auth::TokenTable::Kind::kUsers);
-  next.workers = Table({{"w2", "", "worker", "tok-w2"}}, auth::TokenTable::Kind::kWorkers);
+  next.users = TokenTableOf({{"bob", "dev", "user", "tok-bob"}}, auth::TokenTable::Kind::kUsers);
+  next.workers = TokenTableOf({{"w2", "", "worker", "tok-w2"}}, auth::TokenTable::Kind::kWorkers);
   EXPECT_EQ(gate.Reload(next), 2);
   EXPECT_EQ(alice_told.times, 1);
   EXPECT_EQ(alice_told.why.code(), absl::StatusCode::kUnauthenticated);
@@ -211,7 +199,8 @@ TEST_F(GateTest, AStreamWhoseTokenNowNamesAnotherRoleOrTenantEnds) {
   Gate::StreamWatch a =
       gate.WatchUserStream(Bearer("tok-alice"), Access::kRead, "WatchJob", *alice, told.Fn());
   Credentials next = Base();
-  next.users = Table({{"alice", "dev", "user", "tok-alice"}}, auth::TokenTable::Kind::kUsers);
+  next.users =
+      TokenTableOf({{"alice", "dev", "user", "tok-alice"}}, auth::TokenTable::Kind::kUsers);
   EXPECT_EQ(gate.Reload(next), 1);
   EXPECT_EQ(told.why.code(), absl::StatusCode::kPermissionDenied);
 }
@@ -300,6 +289,228 @@ TEST_F(GateTest, ClientCertificates) {
   Presented refused = Bearer("tok-w1");
   refused.certificate = absl::PermissionDeniedError("client certificate: a CA certificate");
   EXPECT_EQ(gate.AdmitWorker(refused).status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+// The access each user-facing RPC asks the gate for, as its handler in
+// services.cc passes it to AdmitUser.
+struct Rpc {
+  std::string name;  // "tally.v1.Jobs.SubmitJob"
+  Access access;
+};
+
+const std::vector<Rpc>& UserRpcs() {
+  static const std::vector<Rpc> rpcs = {
+      {"tally.v1.Jobs.SubmitJob", Access::kWrite},
+      {"tally.v1.Jobs.GetJob", Access::kRead},
+      {"tally.v1.Jobs.ListJobs", Access::kRead},
+      {"tally.v1.Jobs.CancelJob", Access::kWrite},
+      {"tally.v1.Jobs.WatchJob", Access::kRead},
+      {"tally.v1.Jobs.ListCheckpoints", Access::kRead},
+      {"tally.v1.Jobs.EstimateCost", Access::kRead},
+      {"tally.v1.Experiments.CreateExperiment", Access::kWrite},
+      {"tally.v1.Experiments.GetExperiment", Access::kRead},
+      {"tally.v1.Experiments.ListExperiments", Access::kRead},
+      {"tally.v1.Experiments.CancelExperiment", Access::kWrite},
+      {"tally.v1.Experiments.WatchExperiment", Access::kRead},
+  };
+  return rpcs;
+}
+
+// A method added to Jobs or Experiments must be classified above (and its
+// access pinned down by the tables below and by services_test).
+TEST(UserRpcsTest, ListEveryMethodOfJobsAndExperiments) {
+  std::set<std::string> in_protos;
+  for (const google::protobuf::ServiceDescriptor* service :
+       {tally::v1::Job::descriptor()->file()->FindServiceByName("Jobs"),
+        tally::v1::Experiment::descriptor()->file()->FindServiceByName("Experiments")}) {
+    ASSERT_NE(service, nullptr);
+    for (int i = 0; i < service->method_count(); ++i) {
+      in_protos.insert(service->method(i)->full_name());
+    }
+  }
+  std::set<std::string> classified;
+  for (const Rpc& rpc : UserRpcs()) classified.insert(rpc.name);
+  EXPECT_EQ(classified, in_protos);
+}
+
+// What the gate makes of a caller and an object of a tenant: it sees the
+// object, it is admitted but the object is another tenant's (the handlers
+// answer NOT_FOUND, as for a missing one), or it is refused.
+enum Outcome { kSees, kHidden, kUnauthenticated, kPermissionDenied };
+
+std::string OutcomeName(Outcome o) {
+  switch (o) {
+    case kSees:
+      return "sees";
+    case kHidden:
+      return "hidden";
+    case kUnauthenticated:
+      return absl::StatusCodeToString(absl::StatusCode::kUnauthenticated);
+    case kPermissionDenied:
+      return absl::StatusCodeToString(absl::StatusCode::kPermissionDenied);
+  }
+  return "?";
+}
+
+// As OutcomeName names it; any other refusal by its code.
+std::string OutcomeOf(const absl::StatusOr<auth::Principal>& p, const std::string& tenant) {
+  if (!p.ok()) return absl::StatusCodeToString(p.status().code());
+  return OutcomeName(CanSee(*p, tenant) ? kSees : kHidden);
+}
+
+TEST_F(GateTest, EveryUserRpcByRoleAndTenant) {
+  Credentials c = Base();
+  c.users = TokenTableOf({{"alice", "research", "user", "tok-alice"},
+                          {"vera", "research", "viewer", "tok-vera"},
+                          {"ra", "research", "admin", "tok-ra"},
+                          {"ops", "", "admin", "tok-ops"}},
+                         auth::TokenTable::Kind::kUsers);
+  const Gate gate(&clock_, c);
+  const Gate open(&clock_, Credentials());  // no user authentication configured
+  const absl::Time later = clock_.Now() + absl::Hours(1);
+  Presented certificate;
+  certificate.certificate = auth::ClientCertificate{{"w1"}, later};
+  Presented malformed;
+  malformed.bearer = absl::UnauthenticatedError("the authorization header is not a bearer token");
+
+  struct Caller {
+    std::string who;
+    const Gate* gate;
+    Presented presented;
+    // Reading, then writing, an object of its own tenant (research) and of
+    // another (dev).
+    Outcome read_own, read_other, write_own, write_other;
+    std::string message;  // in the refusal's message; with the RPC's name for PERMISSION_DENIED
+  };
+  const std::vector<Caller> callers = {
+      {"global admin", &gate, Bearer("tok-ops"), kSees, kSees, kSees, kSees, ""},
+      {"anonymous admin of an open tallyd", &open, Presented(), kSees, kSees, kSees, kSees, ""},
+      {"tenant admin", &gate, Bearer("tok-ra"), kSees, kHidden, kSees, kHidden, ""},
+      {"user", &gate, Bearer("tok-alice"), kSees, kHidden, kSees, kHidden, ""},
+      {"user by JWT", &gate, Bearer(issuer_.Token("al", "user", later, "research")), kSees, kHidden,
+       kSees, kHidden, ""},
+      {"tenant admin by JWT", &gate, Bearer(issuer_.Token("ad", "admin", later, "research")), kSees,
+       kHidden, kSees, kHidden, ""},
+      {"viewer", &gate, Bearer("tok-vera"), kSees, kHidden, kPermissionDenied, kPermissionDenied,
+       "is a viewer (read-only) and cannot call"},
+      {"viewer by JWT", &gate, Bearer(issuer_.Token("vi", "viewer", later, "research")), kSees,
+       kHidden, kPermissionDenied, kPermissionDenied, "is a viewer (read-only) and cannot call"},
+      {"worker token", &gate, Bearer("tok-w1"), kPermissionDenied, kPermissionDenied,
+       kPermissionDenied, kPermissionDenied, "a worker token cannot call"},
+      {"worker JWT", &gate, Bearer(issuer_.Token("w1", "worker", later)), kPermissionDenied,
+       kPermissionDenied, kPermissionDenied, kPermissionDenied, "a worker identity cannot call"},
+      {"worker certificate", &gate, certificate, kPermissionDenied, kPermissionDenied,
+       kPermissionDenied, kPermissionDenied, "a worker certificate cannot call"},
+      {"no token", &gate, Presented(), kUnauthenticated, kUnauthenticated, kUnauthenticated,
+       kUnauthenticated, "no credentials: send `authorization: Bearer TOKEN`"},
+      {"unknown token", &gate, Bearer("tok-nobody"), kUnauthenticated, kUnauthenticated,
+       kUnauthenticated, kUnauthenticated, "unknown token"},
+      {"malformed authorization header", &gate, malformed, kUnauthenticated, kUnauthenticated,
+       kUnauthenticated, kUnauthenticated, "not a bearer token"},
+      {"expired JWT", &gate,
+       Bearer(issuer_.Token("al", "user", clock_.Now() - absl::Hours(1), "research")),
+       kUnauthenticated, kUnauthenticated, kUnauthenticated, kUnauthenticated,
+       "JWT refused: token expired"},
+      {"JWT of another key", &gate, Bearer(Issuer().Token("al", "user", later, "research")),
+       kUnauthenticated, kUnauthenticated, kUnauthenticated, kUnauthenticated,
+       "JWT refused: bad signature"},
+  };
+  for (const Rpc& rpc : UserRpcs()) {
+    const std::string method = rpc.name.substr(rpc.name.rfind('.') + 1);
+    for (const Caller& caller : callers) {
+      SCOPED_TRACE(absl::StrCat(method, " by ", caller.who));
+      const absl::StatusOr<auth::Principal> p =
+          caller.gate->AdmitUser(caller.presented, rpc.access, method);
+      const bool write = rpc.access == Access::kWrite;
+      EXPECT_EQ(OutcomeOf(p, "research"), OutcomeName(write ? caller.write_own : caller.read_own));
+      EXPECT_EQ(OutcomeOf(p, "dev"), OutcomeName(write ? caller.write_other : caller.read_other));
+      if (p.ok()) continue;
+      EXPECT_THAT(p.status().message(), HasSubstr(caller.message));
+      if (p.status().code() == absl::StatusCode::kPermissionDenied) {
+        EXPECT_THAT(p.status().message(), HasSubstr(method)) << "names the call refused";
+      }
+    }
+  }
+}
+
+// Workers.Connect admission: a worker credential speaks for its own worker
+// ids and no other; a user's credential opens no worker stream.
+TEST_F(GateTest, AWorkerCredentialIsAdmittedForItsOwnWorkerIdOnly) {
+  const Gate gate(&clock_, Base());
+  const absl::Time later = clock_.Now() + absl::Hours(1);
+  Presented certificate;
+  certificate.certificate = auth::ClientCertificate{{"w1", "w1.pool"}, later};
+  Presented expired_certificate;
+  expired_certificate.certificate =
+      auth::ClientCertificate{{"w1"}, clock_.Now() - absl::Seconds(1)};
+  struct Row {
+    std::string who;
+    Presented presented;
+    absl::StatusCode code;
+    std::vector<std::string> names;  // when admitted
+    std::string message;             // in the refusal
+  };
+  const std::vector<Row> rows = {
+      {"worker token w1", Bearer("tok-w1"), absl::StatusCode::kOk, {"w1"}, ""},
+      {"worker token w2", Bearer("tok-w2"), absl::StatusCode::kOk, {"w2"}, ""},
+      {"worker JWT w2",
+       Bearer(issuer_.Token("w2", "worker", later)),
+       absl::StatusCode::kOk,
+       {"w2"},
+       ""},
+      {"certificate", certificate, absl::StatusCode::kOk, {"w1", "w1.pool"}, ""},
+      {"user token",
+       Bearer("tok-alice"),
+       absl::StatusCode::kPermissionDenied,
+       {},
+       "a user token cannot open a worker stream"},
+      {"global admin token",
+       Bearer("tok-ops"),
+       absl::StatusCode::kPermissionDenied,
+       {},
+       "a user token cannot open a worker stream"},
+      {"user JWT",
+       Bearer(issuer_.Token("w1", "user", later, "research")),
+       absl::StatusCode::kPermissionDenied,
+       {},
+       "role claim must be worker"},
+      {"no token",
+       Presented(),
+       absl::StatusCode::kUnauthenticated,
+       {},
+       "workers must authenticate"},
+      {"unknown token",
+       Bearer("tok-nobody"),
+       absl::StatusCode::kUnauthenticated,
+       {},
+       "unknown worker token"},
+      {"expired worker JWT",
+       Bearer(issuer_.Token("w1", "worker", clock_.Now() - absl::Hours(1))),
+       absl::StatusCode::kUnauthenticated,
+       {},
+       "JWT refused: token expired"},
+      {"expired certificate",
+       expired_certificate,
+       absl::StatusCode::kUnauthenticated,
+       {},
+       "client certificate has expired"},
+  };
+  const std::vector<std::string> ids = {"w1", "w1.pool", "w2", "w3"};
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.who);
+    absl::StatusOr<WorkerIdentity> id = gate.AdmitWorker(row.presented);
+    EXPECT_EQ(id.status().code(), row.code) << id.status();
+    if (!id.ok()) {
+      EXPECT_THAT(id.status().message(), HasSubstr(row.message));
+      continue;
+    }
+    EXPECT_FALSE(id->anonymous);
+    EXPECT_EQ(id->names, row.names);
+    for (const std::string& worker : ids) {
+      const bool own = std::find(row.names.begin(), row.names.end(), worker) != row.names.end();
+      EXPECT_EQ(id->Allows(worker), own) << worker;
+    }
+  }
 }
 
 }  // namespace
