@@ -1,6 +1,9 @@
 // Gate: who is calling tallyd, and may they make this call. Every Jobs and
 // Experiments handler and every Workers.Connect stream is admitted here
-// first; the table of what each role may do lives in this one place.
+// first; what each role may do (read or write, its own tenant or every
+// tenant) lives in this one place. Each handler names its method's access
+// (Access::kRead or kWrite) where it is admitted (services.cc's ADMIT_USER);
+// gate_test pins every method's access against the protos' descriptors.
 //
 // Users present `authorization: Bearer TOKEN`: a token from --auth_tokens, or
 // a JWT checked against --jwt_jwks. Workers present a client certificate
