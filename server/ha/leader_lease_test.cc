@@ -5,11 +5,11 @@
 #include <libpq-fe.h>
 
 #include <atomic>
-#include <chrono>
 #include <memory>
 #include <string>
 
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ha/await_lease.h"
@@ -144,7 +144,8 @@ TEST_F(LeaderLeaseTest, FencedStoreRefusesWritesAfterTakeover) {
 
 TEST_F(LeaderLeaseTest, KeeperRenewsAndReportsLossOnce) {
   LeaderLease a(dsn_, "a:1", absl::Milliseconds(1500));
-  const auto sent = std::chrono::steady_clock::now();
+  // The keeper's default clock, the real one: renewals run on real time here.
+  const absl::Duration sent = RealMonotonicClock::Get()->Elapsed();
   auto epoch = a.TryAcquire();
   ASSERT_TRUE(epoch.ok() && epoch->has_value());
   std::atomic<int> lost{0};
@@ -191,7 +192,7 @@ TEST_F(LeaderLeaseTest, KeeperGivesUpWhenTheStoreMustRestart) {
     why = w;
     done.Notify();
   };
-  LeaseKeeper keeper(&a, **epoch, std::chrono::steady_clock::now(), options);
+  LeaseKeeper keeper(&a, **epoch, RealMonotonicClock::Get()->Elapsed(), options);
   must_restart.store(true);
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_THAT(why, HasSubstr("recovered from the database"));
@@ -213,7 +214,7 @@ TEST_F(LeaderLeaseTest, KeeperGivesUpWhenRenewalsFail) {
     why = w;
     done.Notify();
   };
-  LeaseKeeper keeper(&broken, **epoch, std::chrono::steady_clock::now(), options);
+  LeaseKeeper keeper(&broken, **epoch, RealMonotonicClock::Get()->Elapsed(), options);
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_THAT(why, HasSubstr("was not renewed"));
 }
