@@ -27,7 +27,7 @@ absl::StatusOr<std::optional<Acquired>> AwaitLease(LeaderLease* lease,
       }
     }
     if (prepared) {
-      const auto sent = std::chrono::steady_clock::now();
+      const absl::Duration sent = options.clock->Elapsed();
       absl::StatusOr<std::optional<int64_t>> epoch = lease->TryAcquire();
       if (epoch.ok() && epoch->has_value()) return Acquired{**epoch, sent};
       absl::StatusOr<LeaseState> state =

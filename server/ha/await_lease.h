@@ -2,7 +2,6 @@
 #ifndef TALLY_SERVER_HA_AWAIT_LEASE_H_
 #define TALLY_SERVER_HA_AWAIT_LEASE_H_
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -10,14 +9,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "server/ha/leader_lease.h"
 
 namespace tally::ha {
 
 struct Acquired {
   int64_t epoch = 0;
-  // When the acquiring statement was sent (for LeaseKeeper).
-  std::chrono::steady_clock::time_point sent;
+  // AwaitOptions::clock->Elapsed() read before the acquiring statement was
+  // sent: LeaseKeeper's acquired_at (give the keeper the same clock).
+  absl::Duration sent;
 };
 
 struct AwaitOptions {
@@ -31,6 +32,9 @@ struct AwaitOptions {
   std::function<bool(absl::Duration)> wait;
   // Told who leads whenever that changes ("HOST:PORT (epoch N)").
   std::function<void(const std::string&)> on_leader;
+  // Stamps Acquired::sent; nothing here decides on time (`wait` paces the
+  // attempts). Not owned; must outlive the call.
+  const MonotonicClock* clock = RealMonotonicClock::Get();
 };
 
 // Tries at once, then every poll_interval, until the lease is ours (its

@@ -8,13 +8,6 @@
 #include "spdlog/spdlog.h"
 
 namespace tally::ha {
-namespace {
-
-int64_t Ticks(std::chrono::steady_clock::time_point t) {
-  return t.time_since_epoch().count();
-}
-
-}  // namespace
 
 std::string LeaseState::Describe() const {
   if (!valid || holder.empty()) return "unknown (no valid lease)";
@@ -160,12 +153,12 @@ absl::StatusOr<LeaseState> LeaderLease::Read() {
   return s;
 }
 
-LeaseKeeper::LeaseKeeper(LeaderLease* lease, int64_t epoch,
-                         std::chrono::steady_clock::time_point acquired_at, Options options)
+LeaseKeeper::LeaseKeeper(LeaderLease* lease, int64_t epoch, absl::Duration acquired_at,
+                         Options options)
     : lease_(lease),
       epoch_(epoch),
       options_(std::move(options)),
-      last_renewed_(Ticks(acquired_at)) {
+      deadline_(options_.clock, options_.lease_timeout, acquired_at) {
   renewer_ = std::thread([this] { RenewLoop(); });
   watcher_ = std::thread([this] { WatchLoop(); });
 }
@@ -187,10 +180,10 @@ void LeaseKeeper::RenewLoop() {
   const absl::Duration every = options_.lease_timeout / 3;
   while (!stop_.WaitForNotificationWithTimeout(every)) {
     if (lost_.load()) return;
-    const auto sent = std::chrono::steady_clock::now();
+    const absl::Duration sent = options_.clock->Elapsed();
     absl::Status s = lease_->Renew(epoch_);
     if (s.ok()) {
-      last_renewed_.store(Ticks(sent));
+      deadline_.Renewed(sent);
     } else if (absl::IsFailedPrecondition(s)) {
       Lose(std::string(s.message()));
       return;
@@ -202,7 +195,6 @@ void LeaseKeeper::RenewLoop() {
 }
 
 void LeaseKeeper::WatchLoop() {
-  const auto timeout = std::chrono::nanoseconds(absl::ToInt64Nanoseconds(options_.lease_timeout));
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
     if (lost_.load()) return;
     if (options_.must_restart && options_.must_restart()) {
@@ -210,9 +202,7 @@ void LeaseKeeper::WatchLoop() {
            "state must be recovered from the database");
       return;
     }
-    const auto last = std::chrono::steady_clock::time_point(
-        std::chrono::steady_clock::duration(last_renewed_.load()));
-    if (std::chrono::steady_clock::now() - last >= timeout) {
+    if (deadline_.Expired()) {
       Lose(absl::StrCat("the leader lease (epoch ", epoch_, ") was not renewed for ",
                         absl::FormatDuration(options_.lease_timeout),
                         " (--lease_timeout); another tallyd may have taken over"));

@@ -22,7 +22,6 @@
 #define TALLY_SERVER_HA_LEADER_LEASE_H_
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +34,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/ha/lease_deadline.h"
 
 typedef struct pg_conn PGconn;
 
@@ -98,25 +99,32 @@ class LeaderLease {
 
 // Keeps a held lease: renews it every lease_timeout/3 on one thread, and on a
 // second thread watches that the last successful renewal was sent less than
-// lease_timeout ago and that the store does not need a restart. When either
-// fails, or a renewal finds the lease taken, it calls `on_lost` once, with
-// the reason, from one of its threads. Stop() (or the destructor) joins both
-// threads; after it returns no renewal is in flight, so Release is safe.
+// lease_timeout ago (LeaseDeadline, on options.clock) and that the store does
+// not need a restart. When either fails, or a renewal finds the lease taken,
+// it calls `on_lost` once, with the reason, from one of its threads. Stop()
+// (or the destructor) joins both threads; after it returns no renewal is in
+// flight, so Release is safe.
+//
+// The threads pace themselves on real time (a renewal every lease_timeout/3,
+// a watch pass every 50 ms); what they decide on time (when a renewal was
+// sent, whether the deadline has passed) is read from options.clock only.
 class LeaseKeeper {
  public:
   struct Options {
     absl::Duration lease_timeout = absl::Seconds(10);
-    // Polled every 50 ms; true means the store's state is no longer
-    // trustworthy (PostgresJobStore::MustRestart).
+    // Polled every 50 ms, before the deadline is checked; true means the
+    // store's state is no longer trustworthy (PostgresJobStore::MustRestart).
     std::function<bool()> must_restart;
     std::function<void(const std::string& why)> on_lost;
+    // Not owned; must outlive the keeper. Tests pass a FakeMonotonicClock.
+    const MonotonicClock* clock = RealMonotonicClock::Get();
   };
 
   // `lease` must outlive the keeper and is used only by its renewal thread
-  // until Stop() returns. `acquired_at` is when the acquiring statement was
-  // sent (the lease is valid for lease_timeout from no earlier than that).
-  LeaseKeeper(LeaderLease* lease, int64_t epoch,
-              std::chrono::steady_clock::time_point acquired_at, Options options);
+  // until Stop() returns. `acquired_at` is options.clock->Elapsed() read
+  // before the acquiring statement was sent (Acquired::sent): the lease is
+  // valid for lease_timeout from no earlier than that.
+  LeaseKeeper(LeaderLease* lease, int64_t epoch, absl::Duration acquired_at, Options options);
   ~LeaseKeeper();
   void Stop();
   bool lost() const { return lost_.load(); }
@@ -129,9 +137,8 @@ class LeaseKeeper {
   LeaderLease* const lease_;
   const int64_t epoch_;
   const Options options_;
-  // When the last successful renewal (or the acquisition) was sent, in
-  // steady_clock ticks.
-  std::atomic<int64_t> last_renewed_;
+  // Renewed by the renewal thread, checked by the watcher.
+  LeaseDeadline deadline_;
   std::atomic<bool> lost_{false};
   absl::Notification stop_;
   std::thread renewer_;

