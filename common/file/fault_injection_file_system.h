@@ -22,12 +22,14 @@ class FaultInjectionFileSystem final : public FileSystem {
   explicit FaultInjectionFileSystem(FileSystem* base) : base_(base) {}
 
   // Appends fail once this many bytes have been appended to a file (-1:
-  // never), as a full disk would.
+  // never), as a full disk would; so does a WriteAt that would take the
+  // bytes written (appended or overwritten) past it.
   void FailAppendsAfter(int64_t bytes) { fail_after_ = bytes; }
   // Commit fails (the file is not renamed into place).
   void FailCommits(bool fail) { fail_commits_ = fail; }
   // NewAtomicFile fails.
   void FailCreates(bool fail) { fail_creates_ = fail; }
+  // ReadAtMost, FileSize and an AtomicFile's ReadAt fail.
   void FailReads(bool fail) { fail_reads_ = fail; }
 
   absl::StatusOr<std::unique_ptr<AtomicFile>> NewAtomicFile(const std::string& path) override {
@@ -40,6 +42,10 @@ class FaultInjectionFileSystem final : public FileSystem {
     if (fail_reads_) return absl::InternalError("injected fault: reading " + path);
     return base_->ReadAtMost(path, max_bytes);
   }
+  absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
+    if (fail_reads_) return absl::InternalError("injected fault: stat " + path);
+    return base_->FileSize(path);
+  }
 
  private:
   class File final : public AtomicFile {
@@ -47,13 +53,18 @@ class FaultInjectionFileSystem final : public FileSystem {
     File(FaultInjectionFileSystem* fs, std::unique_ptr<AtomicFile> base, std::string path)
         : fs_(fs), base_(std::move(base)), path_(std::move(path)) {}
     absl::Status Append(absl::string_view bytes) override {
-      const int64_t limit = fs_->fail_after_;
-      if (limit >= 0 && written_ + static_cast<int64_t>(bytes.size()) > limit) {
-        return absl::InternalError(
-            absl::StrCat("injected fault: writing ", path_, ".tmp after ", written_, " bytes"));
-      }
-      written_ += static_cast<int64_t>(bytes.size());
+      if (auto s = Count(bytes.size(), ""); !s.ok()) return s;
       return base_->Append(bytes);
+    }
+    absl::Status WriteAt(uint64_t offset, absl::string_view bytes) override {
+      if (auto s = Count(bytes.size(), absl::StrCat(" at ", offset)); !s.ok()) return s;
+      return base_->WriteAt(offset, bytes);
+    }
+    absl::StatusOr<std::string> ReadAt(uint64_t offset, size_t n) override {
+      if (fs_->fail_reads_) {
+        return absl::InternalError("injected fault: reading back " + path_ + ".tmp");
+      }
+      return base_->ReadAt(offset, n);
     }
     absl::Status Commit() override {
       if (fs_->fail_commits_) return absl::InternalError("injected fault: renaming " + path_);
@@ -61,6 +72,17 @@ class FaultInjectionFileSystem final : public FileSystem {
     }
 
    private:
+    // Counts `n` more bytes written, or fails them once past the limit.
+    absl::Status Count(size_t n, const std::string& where) {
+      const int64_t limit = fs_->fail_after_;
+      if (limit >= 0 && written_ + static_cast<int64_t>(n) > limit) {
+        return absl::InternalError(absl::StrCat("injected fault: writing ", path_, ".tmp", where,
+                                                " after ", written_, " bytes"));
+      }
+      written_ += static_cast<int64_t>(n);
+      return absl::OkStatus();
+    }
+
     FaultInjectionFileSystem* fs_;
     std::unique_ptr<AtomicFile> base_;
     std::string path_;

@@ -1,12 +1,12 @@
 #include "common/file/file_system.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -27,7 +27,7 @@ class PosixAtomicFile final : public AtomicFile {
   }
 
   absl::Status Append(absl::string_view bytes) override {
-    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(tmp_, " is closed"));
+    if (fd_ < 0) return Closed();
     const char* p = bytes.data();
     size_t n = bytes.size();
     while (n > 0) {
@@ -36,12 +36,46 @@ class PosixAtomicFile final : public AtomicFile {
       if (w <= 0) return Errno("writing " + tmp_);
       p += w;
       n -= static_cast<size_t>(w);
+      size_ += static_cast<uint64_t>(w);
     }
     return absl::OkStatus();
   }
 
+  absl::Status WriteAt(uint64_t offset, absl::string_view bytes) override {
+    if (fd_ < 0) return Closed();
+    if (offset > size_ || bytes.size() > size_ - offset) {
+      return absl::OutOfRangeError(absl::StrCat("writing ", tmp_, ": ", bytes.size(), " bytes at ",
+                                                offset, " pass its end at ", size_));
+    }
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t w = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
+                                 static_cast<off_t>(offset + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return Errno("writing " + tmp_);
+      done += static_cast<size_t>(w);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> ReadAt(uint64_t offset, size_t n) override {
+    if (fd_ < 0) return Closed();
+    std::string out(offset < size_ ? std::min<uint64_t>(n, size_ - offset) : 0, '\0');
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t r =
+          ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Errno("reading back " + tmp_);
+      if (r == 0) break;  // truncated behind our back
+      done += static_cast<size_t>(r);
+    }
+    out.resize(done);
+    return out;
+  }
+
   absl::Status Commit() override {
-    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(tmp_, " is closed"));
+    if (fd_ < 0) return Closed();
     if (::fsync(fd_) != 0) return Errno("writing " + tmp_);
     const int fd = fd_;
     fd_ = -1;
@@ -59,8 +93,13 @@ class PosixAtomicFile final : public AtomicFile {
   }
 
  private:
+  absl::Status Closed() const {
+    return absl::FailedPreconditionError(absl::StrCat(tmp_, " is closed"));
+  }
+
   const std::string path_, tmp_;
   int fd_;
+  uint64_t size_ = 0;  // bytes appended
   bool committed_ = false;
 };
 
@@ -69,16 +108,70 @@ class PosixFileSystem final : public FileSystem {
   absl::StatusOr<std::unique_ptr<AtomicFile>> NewAtomicFile(const std::string& path) override {
     const std::string tmp = path + ".tmp";
     if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) return Errno("removing " + tmp);
-    const int fd =
-        ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    // Read-write: ReadAt reads back what was written.
+    const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return Errno("creating " + tmp);
     return std::unique_ptr<AtomicFile>(new PosixAtomicFile(path, tmp, fd));
   }
 
   absl::StatusOr<std::string> ReadAtMost(const std::string& path, size_t max_bytes) override {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be opened"));
-    return file::ReadAtMost(in, max_bytes);
+    // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and
+    // reading a terminal for a line.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+      if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+      return Errno("opening " + path);
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      absl::Status s = Errno("stat " + path);
+      ::close(fd);
+      return s;
+    }
+    if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+      ::close(fd);
+      return NotRegular(path);
+    }
+    std::string text;
+    char buf[16384];
+    while (text.size() <= max_bytes) {
+      const ssize_t n = ::read(fd, buf, std::min(sizeof(buf), max_bytes + 1 - text.size()));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        absl::Status s = Errno("reading " + path);
+        ::close(fd);
+        return s;
+      }
+      if (n == 0) break;
+      text.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return text;
+  }
+
+  absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
+    // O_PATH: the file is found, not opened for reading, so a FIFO does not
+    // wait for a writer and a file without read permission is still sized
+    // (ReadAtMost then says why it cannot be read).
+    const int fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+      return Errno("opening " + path);
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      absl::Status s = Errno("stat " + path);
+      ::close(fd);
+      return s;
+    }
+    ::close(fd);
+    if (!S_ISREG(st.st_mode)) return NotRegular(path);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+ private:
+  static absl::Status NotRegular(const std::string& path) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": not a regular file"));
   }
 };
 

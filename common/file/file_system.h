@@ -1,9 +1,10 @@
 // FileSystem: the one seam between Tally's file formats and the disk, as
 // LevelDB's Env is for its tables. Writers of files that must never be seen
-// half written (checkpoints, their SHA-256 sidecars, safetensors exports) go
-// through NewAtomicFile; readers of files that must stay small (job specs,
-// token files) through ReadAtMost. Tests substitute a FileSystem that fails
-// on demand (tests/support/fault_injection_file_system.h).
+// half written (checkpoints, their SHA-256 sidecars, safetensors exports,
+// datasets) go through NewAtomicFile; readers of files that must stay small
+// (job specs, token files, a dataset's metadata) through FileSize and
+// ReadAtMost. Tests substitute a FileSystem that fails on demand
+// (common/file/fault_injection_file_system.h).
 //
 // No LibTorch, no protobuf: the trainer-only build links it.
 //
@@ -12,6 +13,7 @@
 #define TALLY_COMMON_FILE_FILE_SYSTEM_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <istream>
 #include <memory>
 #include <string>
@@ -27,10 +29,22 @@ namespace tally::file {
 // entry PATH is, never writing through a link there) and fsyncs the folder,
 // so a crash leaves either the old file or the new one. Destroyed without a
 // successful Commit(), it removes PATH.tmp.
+//
+// A writer that learns a header's contents only at the end (a count) appends
+// a placeholder, overwrites it with WriteAt, and may read the file back with
+// ReadAt (to hash it) before Commit, so that it never holds the file in
+// memory. Errors name PATH.tmp; once Commit has succeeded, every call is
+// FailedPrecondition.
 class AtomicFile {
  public:
   virtual ~AtomicFile() = default;
   virtual absl::Status Append(absl::string_view bytes) = 0;
+  // Overwrites bytes already appended, from `offset`; the file does not
+  // grow: OutOfRange when offset + bytes.size() passes what was appended.
+  virtual absl::Status WriteAt(uint64_t offset, absl::string_view bytes) = 0;
+  // Up to `n` bytes of what was written, from `offset`: fewer at the end,
+  // none past it.
+  virtual absl::StatusOr<std::string> ReadAt(uint64_t offset, size_t n) = 0;
   virtual absl::Status Commit() = 0;
 };
 
@@ -46,9 +60,20 @@ class FileSystem {
 
   // The file's first max_bytes + 1 bytes at most: a result longer than
   // max_bytes says the file is too long, without reading an endless one
-  // (/dev/zero) to its end. NotFound when it cannot be opened, Internal
-  // when a read fails.
+  // (/dev/zero) to its end. Never waits for another process: the file is
+  // opened and read without blocking, and a FIFO or socket is refused
+  // (FailedPrecondition "PATH: not a regular file"), never read. NotFound
+  // when there is no such file; Internal naming the file and the OS's reason
+  // when it cannot be opened or read.
   virtual absl::StatusOr<std::string> ReadAtMost(const std::string& path, size_t max_bytes) = 0;
+
+  // The size in bytes of the regular file at `path` (links followed), asked
+  // without opening it for reading, so a reader can refuse a file by its
+  // size or type before reading it. NotFound when there is no such file;
+  // FailedPrecondition "PATH: not a regular file" for a folder, FIFO,
+  // device or socket (their sizes say nothing of what a read returns);
+  // Internal naming the file and the OS's reason otherwise.
+  virtual absl::StatusOr<uint64_t> FileSize(const std::string& path) = 0;
 };
 
 // The operating system's.

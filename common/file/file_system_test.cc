@@ -1,5 +1,6 @@
 #include "common/file/file_system.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -129,6 +130,85 @@ TEST_F(FileSystemTest, InjectedFaultsLeaveTheOldFile) {
   EXPECT_FALSE(faulty.NewAtomicFile(path).ok());
   faulty.FailReads(true);
   EXPECT_FALSE(faulty.ReadAtMost(path, 10).ok());
+}
+
+// A header learnt at the end: appended as a placeholder, overwritten in
+// place, read back before Commit; the file never grows by a WriteAt.
+TEST_F(FileSystemTest, WriteAtOverwritesAndReadAtReadsBack) {
+  const std::string path = Path("g.idx");
+  auto f = Posix()->NewAtomicFile(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE((*f)->Append("0000body").ok());
+  ASSERT_TRUE((*f)->WriteAt(0, "HEAD").ok());
+  ASSERT_TRUE((*f)->WriteAt(6, "dY").ok());
+  EXPECT_EQ(*(*f)->ReadAt(0, 100), "HEADbodY");
+  EXPECT_EQ(*(*f)->ReadAt(3, 2), "Db");
+  EXPECT_EQ(*(*f)->ReadAt(8, 4), "");
+  EXPECT_EQ(*(*f)->ReadAt(100, 4), "");
+  absl::Status past = (*f)->WriteAt(6, "XYZ");
+  EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange) << past;
+  EXPECT_THAT(past.message(), HasSubstr(path + ".tmp"));
+  EXPECT_EQ((*f)->WriteAt(9, "").code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE((*f)->Append("+").ok());
+  ASSERT_TRUE((*f)->WriteAt(8, "!").ok());  // what was appended since
+  ASSERT_TRUE((*f)->Commit().ok());
+  EXPECT_EQ(Read(path), "HEADbodY!");
+  EXPECT_EQ((*f)->WriteAt(0, "x").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*f)->ReadAt(0, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(FileSystemTest, FileSizeIsForRegularFilesOnly) {
+  const std::string path = Path("h.json");
+  Write(path, std::string(123, 'a'));
+  EXPECT_EQ(*Posix()->FileSize(path), 123u);
+  const std::string link = Path("link");
+  fs::create_symlink(path, link);
+  EXPECT_EQ(*Posix()->FileSize(link), 123u);
+  auto absent = Posix()->FileSize(Path("absent"));
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(absent.status().message(), HasSubstr(Path("absent")));
+  const std::string fifo = Path("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& other : {fifo, std::string("/dev/zero"), dir_.string()}) {
+    auto size = Posix()->FileSize(other);
+    EXPECT_EQ(size.status().code(), absl::StatusCode::kFailedPrecondition) << other;
+    EXPECT_EQ(size.status().message(), other + ": not a regular file");
+  }
+}
+
+// A FIFO with no writer would block an ordinary open forever (the test would
+// hang); ReadAtMost refuses it at once.
+TEST_F(FileSystemTest, ReadAtMostRefusesAFifoWithoutBlocking) {
+  const std::string fifo = Path("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto r = Posix()->ReadAtMost(fifo, 10);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(), fifo + ": not a regular file");
+  EXPECT_EQ(*Posix()->ReadAtMost("/dev/null", 10), "");  // a device is read
+}
+
+TEST_F(FileSystemTest, InjectedFaultsCoverWriteAtReadAtAndFileSize) {
+  const std::string path = Path("i.idx");
+  FaultInjectionFileSystem faulty(Posix());
+  faulty.FailAppendsAfter(6);
+  {
+    auto f = faulty.NewAtomicFile(path);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE((*f)->Append("0000").ok());
+    ASSERT_TRUE((*f)->WriteAt(0, "AB").ok());  // 6 bytes written in all
+    absl::Status s = (*f)->WriteAt(2, "C");
+    EXPECT_THAT(s.message(), HasSubstr("injected fault: writing " + path + ".tmp at 2 after 6"));
+    EXPECT_EQ(*(*f)->ReadAt(0, 4), "AB00");
+    faulty.FailReads(true);
+    EXPECT_THAT((*f)->ReadAt(0, 4).status().message(),
+                HasSubstr("injected fault: reading back " + path + ".tmp"));
+  }
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  Write(path, "x");
+  EXPECT_FALSE(faulty.FileSize(path).ok());
+  faulty.FailReads(false);
+  EXPECT_EQ(*faulty.FileSize(path), 1u);
 }
 
 }  // namespace

@@ -33,12 +33,7 @@ absl::Status Errno(const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
-absl::Status WriteAll(FILE* f, const void* data, size_t n, const std::string& path) {
-  if (n > 0 && std::fwrite(data, 1, n, f) != n) return Errno("writing " + path);
-  return absl::OkStatus();
-}
-
-// Opens a regular file for reading. O_NONBLOCK so that a FIFO named like a
+// Opens a regular file for mapping. O_NONBLOCK so that a FIFO named like a
 // dataset file cannot block the open; it is then refused as not regular.
 absl::StatusOr<int> OpenRegular(const std::string& path, struct stat* st) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -77,34 +72,6 @@ absl::StatusOr<std::pair<void*, size_t>> MapFile(const std::string& path) {
   }
   ::close(*fd);
   return std::make_pair(map, size);
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path, int64_t max_bytes) {
-  struct stat st;
-  absl::StatusOr<int> fd = OpenRegular(path, &st);
-  if (!fd.ok()) return fd.status();
-  if (st.st_size > max_bytes) {
-    ::close(*fd);
-    return absl::DataLossError(absl::StrCat(path, ": ", st.st_size,
-                                            " bytes, more than the ", max_bytes,
-                                            " a dataset's metadata may have; ", kRerun));
-  }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(*fd, text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      absl::Status s = Errno("reading " + path);
-      ::close(*fd);
-      return s;
-    }
-    if (n == 0) break;  // shrank while being read
-    got += static_cast<size_t>(n);
-  }
-  ::close(*fd);
-  text.resize(got);
-  return text;
 }
 
 std::string Hex(const unsigned char* digest, size_t n) {
@@ -188,6 +155,33 @@ namespace {
 
 absl::Status Damaged(const std::string& path, const std::string& what) {
   return absl::DataLossError(absl::StrCat(path, ": ", what, "; ", kRerun));
+}
+
+absl::Status MetadataTooLarge(const std::string& path, uint64_t bytes) {
+  return Damaged(path, absl::StrCat(bytes, " bytes, more than the ", kMaxMetadataBytes,
+                                    " a dataset's metadata may have"));
+}
+
+// PREFIX.json through the seam, its size and type asked first so that a
+// huge file or a FIFO is refused unread. A file that grows past the limit
+// after being sized is read one byte past it, and ParseDatasetMetadata
+// refuses it.
+absl::StatusOr<std::string> ReadMetadata(file::FileSystem* fs, const std::string& path) {
+  absl::StatusOr<uint64_t> size = fs->FileSize(path);
+  if (size.ok() && *size > static_cast<uint64_t>(kMaxMetadataBytes)) {
+    return MetadataTooLarge(path, *size);
+  }
+  absl::StatusOr<std::string> text =
+      size.ok() ? fs->ReadAtMost(path, kMaxMetadataBytes) : size.status();
+  switch (text.status().code()) {
+    case absl::StatusCode::kNotFound:
+      return absl::NotFoundError(
+          absl::StrCat(path, ": no such file (write the dataset with tally-prep)"));
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
+    default:
+      return text;
+  }
 }
 
 // The fields' agreement with one another and with what this build reads
@@ -276,12 +270,9 @@ absl::Status ReadContentHashes(const nlohmann::json& j, const std::string& path,
 
 absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
                                                      const std::string& path) {
-  auto damaged = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat(path, ": ", what, "; ", kRerun));
-  };
+  auto damaged = [&](const std::string& what) { return Damaged(path, what); };
   if (json.size() > static_cast<size_t>(kMaxMetadataBytes)) {
-    return damaged(absl::StrCat(json.size(), " bytes, more than the ", kMaxMetadataBytes,
-                                " a dataset's metadata may have"));
+    return MetadataTooLarge(path, json.size());
   }
   if (JsonNestsDeeperThan(json, kMaxMetadataDepth)) {
     return damaged(absl::StrCat("JSON nested deeper than ", kMaxMetadataDepth,
@@ -369,14 +360,65 @@ absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
   return m;
 }
 
-DatasetWriter::DatasetWriter(std::string prefix, TokenizerRecord tokenizer)
+// An AtomicFile appended a block at a time, as stdio would buffer it, so that
+// a document costs no system call of its own; memory stays one block.
+class BlockAppender {
+ public:
+  static constexpr size_t kBlockBytes = 1 << 20;
+
+  explicit BlockAppender(std::unique_ptr<file::AtomicFile> file) : file_(std::move(file)) {}
+
+  absl::Status Append(const void* data, size_t n) {
+    const char* bytes = static_cast<const char*>(data);
+    if (pending_.size() + n >= kBlockBytes) {
+      if (auto s = Flush(); !s.ok()) return s;
+      // A document of a block or more is not copied again.
+      if (n >= kBlockBytes) return file_->Append(absl::string_view(bytes, n));
+    }
+    pending_.append(bytes, n);
+    return absl::OkStatus();
+  }
+
+  // Appends what is pending; then the file holds everything.
+  absl::Status Flush() {
+    absl::Status s = file_->Append(pending_);
+    pending_.clear();
+    return s;
+  }
+
+  file::AtomicFile& file() { return *file_; }
+
+ private:
+  std::unique_ptr<file::AtomicFile> file_;
+  std::string pending_;
+};
+
+namespace {
+
+// The SHA-256 of everything written to `f`, read back a block at a time.
+absl::StatusOr<std::string> HashWritten(file::AtomicFile& f) {
+  Sha256Hasher sha;
+  for (uint64_t at = 0;;) {
+    absl::StatusOr<std::string> block = f.ReadAt(at, BlockAppender::kBlockBytes);
+    if (!block.ok()) return block.status();
+    if (block->empty()) return sha.HexDigest();
+    sha.Update(block->data(), block->size());
+    at += block->size();
+  }
+}
+
+}  // namespace
+
+DatasetWriter::DatasetWriter(std::string prefix, TokenizerRecord tokenizer, file::FileSystem* fs)
     : prefix_(std::move(prefix)),
       tokenizer_(std::move(tokenizer)),
+      fs_(fs),
       token_bytes_(tokenizer_.vocab_size > kMaxTwoByteVocab ? 4 : 2),
       bin_sha_(std::make_unique<Sha256Hasher>()) {}
 
 absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(std::string prefix,
-                                                                     TokenizerRecord tokenizer) {
+                                                                     TokenizerRecord tokenizer,
+                                                                     file::FileSystem* fs) {
   if (tokenizer.vocab_size < 1 || tokenizer.vocab_size > kMaxVocab || tokenizer.bos < -1 ||
       tokenizer.bos >= tokenizer.vocab_size || tokenizer.eos < -1 ||
       tokenizer.eos >= tokenizer.vocab_size) {
@@ -384,22 +426,27 @@ absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(std::string
         absl::StrCat("tokenizer: vocab_size ", tokenizer.vocab_size, " must be 1..", kMaxVocab,
                      " and bos/eos (", tokenizer.bos, ", ", tokenizer.eos, ") ids below it or -1"));
   }
-  std::unique_ptr<DatasetWriter> w(new DatasetWriter(std::move(prefix), std::move(tokenizer)));
-  w->bin_ = std::fopen((w->prefix_ + ".bin.tmp").c_str(), "wb");
-  if (!w->bin_) return Errno("creating " + w->prefix_ + ".bin.tmp");
-  w->idx_ = std::fopen((w->prefix_ + ".idx.tmp").c_str(), "wb");
-  if (!w->idx_) return Errno("creating " + w->prefix_ + ".idx.tmp");
-  // The header is rewritten with the document count by Finish().
+  std::unique_ptr<DatasetWriter> w(new DatasetWriter(std::move(prefix), std::move(tokenizer), fs));
+  for (auto [ext, out] : {std::pair{".bin", &w->bin_}, std::pair{".idx", &w->idx_}}) {
+    auto f = fs->NewAtomicFile(w->prefix_ + ext);
+    if (!f.ok()) return f.status();
+    *out = std::make_unique<BlockAppender>(*std::move(f));
+  }
+  // The header is overwritten with the document count by Finish().
   char header[kHeaderSize] = {};
   uint64_t zero = 0;
-  if (auto s = WriteAll(w->idx_, header, kHeaderSize, w->prefix_); !s.ok()) return s;
-  if (auto s = WriteAll(w->idx_, &zero, sizeof(zero), w->prefix_); !s.ok()) return s;
+  if (auto s = w->idx_->Append(header, kHeaderSize); !s.ok()) return s;
+  if (auto s = w->idx_->Append(&zero, sizeof(zero)); !s.ok()) return s;
   return w;
 }
 
-DatasetWriter::~DatasetWriter() {
-  if (bin_) std::fclose(bin_);
-  if (idx_) std::fclose(idx_);
+DatasetWriter::~DatasetWriter() = default;
+
+absl::Status DatasetWriter::Abandon(absl::Status failure) {
+  failed_ = true;
+  bin_.reset();
+  idx_.reset();
+  return failure;
 }
 
 absl::Status DatasetWriter::Add(absl::Span<const uint16_t> tokens) {
@@ -411,6 +458,7 @@ absl::Status DatasetWriter::Add(absl::Span<const uint16_t> tokens) {
 
 absl::Status DatasetWriter::Add(absl::Span<const uint32_t> tokens, int64_t text_bytes) {
   if (tokens.empty()) return absl::InvalidArgumentError("empty document");
+  if (failed_) return absl::FailedPreconditionError(prefix_ + ": Add after a failed write");
   if (!bin_) return absl::FailedPreconditionError(prefix_ + ": Add after Finish");
   int64_t text_tokens = 0;
   for (uint32_t t : tokens) {
@@ -427,15 +475,13 @@ absl::Status DatasetWriter::Add(absl::Span<const uint32_t> tokens, int64_t text_
     bytes = narrow_.data();
   }
   const size_t n = tokens.size() * static_cast<size_t>(token_bytes_);
-  if (auto s = WriteAll(bin_, bytes, n, prefix_ + ".bin"); !s.ok()) return s;
+  if (auto s = bin_->Append(bytes, n); !s.ok()) return Abandon(s);
   bin_sha_->Update(bytes, n);
   text_bytes_ += text_bytes;
   text_tokens_ += text_tokens;
   num_tokens_ += static_cast<int64_t>(tokens.size());
   const uint64_t offset = static_cast<uint64_t>(num_tokens_);
-  if (auto s = WriteAll(idx_, &offset, sizeof(offset), prefix_ + ".idx"); !s.ok()) {
-    return s;
-  }
+  if (auto s = idx_->Append(&offset, sizeof(offset)); !s.ok()) return Abandon(s);
   ++num_docs_;
   const int64_t len = static_cast<int64_t>(tokens.size());
   max_len_ = std::max(max_len_, len);
@@ -446,6 +492,7 @@ absl::Status DatasetWriter::Add(absl::Span<const uint32_t> tokens, int64_t text_
 }
 
 absl::Status DatasetWriter::Finish(const std::string& extra_json) {
+  if (failed_) return absl::FailedPreconditionError(prefix_ + ": Finish after a failed write");
   if (!bin_) return absl::FailedPreconditionError(prefix_ + ": Finish called twice");
   nlohmann::ordered_json extra;
   if (!extra_json.empty()) {
@@ -454,6 +501,9 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
       return absl::InvalidArgumentError("DatasetWriter::Finish: extra_json is not a JSON object");
     }
   }
+  // From here a failure ends the writer: its files go with it, and a second
+  // Finish is refused.
+  std::unique_ptr<BlockAppender> bin = std::move(bin_), idx = std::move(idx_);
   char header[kHeaderSize];
   std::memcpy(header, kMagic, 8);
   const uint32_t token_bytes = static_cast<uint32_t>(token_bytes_);
@@ -461,32 +511,20 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
   std::memcpy(header + 8, &kVersion, 4);
   std::memcpy(header + 12, &token_bytes, 4);
   std::memcpy(header + 16, &num_docs, 8);
-  if (std::fseek(idx_, 0, SEEK_SET) != 0) return Errno("seek " + prefix_ + ".idx");
-  if (auto s = WriteAll(idx_, header, kHeaderSize, prefix_ + ".idx"); !s.ok()) return s;
-  for (FILE** f : {&bin_, &idx_}) {
-    if (std::fflush(*f) != 0 || ::fsync(fileno(*f)) != 0 || std::fclose(*f) != 0) {
-      *f = nullptr;
-      return Errno("closing " + prefix_);
-    }
-    *f = nullptr;
+  for (BlockAppender* f : {bin.get(), idx.get()}) {
+    if (auto s = f->Flush(); !s.ok()) return s;
   }
-  // The header went in last, so .idx is hashed from the file once complete.
-  Sha256Hasher idx_sha;
-  {
-    FILE* idx = std::fopen((prefix_ + ".idx.tmp").c_str(), "rb");
-    if (!idx) return Errno("reading back " + prefix_ + ".idx.tmp");
-    std::vector<char> buf(1 << 20);
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), idx)) > 0) idx_sha.Update(buf.data(), n);
-    const bool failed = std::ferror(idx) != 0;
-    std::fclose(idx);
-    if (failed) return Errno("reading back " + prefix_ + ".idx.tmp");
+  if (auto s = idx->file().WriteAt(0, absl::string_view(header, kHeaderSize)); !s.ok()) {
+    return s;
   }
+  // The header went in last, so .idx is hashed from what was written.
+  absl::StatusOr<std::string> idx_hex = HashWritten(idx->file());
+  if (!idx_hex.ok()) return idx_hex.status();
   nlohmann::ordered_json hist = nlohmann::ordered_json::object();
   for (const auto& [bucket, n] : length_log2_histogram_) {
     hist[std::to_string(int64_t{1} << bucket)] = n;
   }
-  const std::string bin_hex = bin_sha_->HexDigest(), idx_hex = idx_sha.HexDigest();
+  const std::string bin_hex = bin_sha_->HexDigest();
   nlohmann::ordered_json meta = {
       {"format", kFormat},
       {"version", kVersion},
@@ -508,29 +546,27 @@ absl::Status DatasetWriter::Finish(const std::string& extra_json) {
       {"max_doc_tokens", max_len_},
       {"doc_tokens_histogram_log2", hist},
       {"content_sha256",
-       {{"bin", bin_hex}, {"idx", idx_hex}, {"check", ContentCheck(bin_hex, idx_hex)}}},
+       {{"bin", bin_hex}, {"idx", *idx_hex}, {"check", ContentCheck(bin_hex, *idx_hex)}}},
   });
   if (!extra.is_null()) meta["extra"] = extra;
   const std::string json = meta.dump(2) + "\n";
-  FILE* out = std::fopen((prefix_ + ".json.tmp").c_str(), "wb");
-  if (!out) return Errno("creating " + prefix_ + ".json.tmp");
-  const bool ok = std::fwrite(json.data(), 1, json.size(), out) == json.size();
-  if (std::fclose(out) != 0 || !ok) return Errno("writing " + prefix_ + ".json");
-  for (const char* ext : {".bin", ".idx", ".json"}) {
-    const std::string to = prefix_ + ext;
-    if (std::rename((to + ".tmp").c_str(), to.c_str()) != 0) {
-      return Errno("renaming " + to);
-    }
+  auto json_file = fs_->NewAtomicFile(prefix_ + ".json");
+  if (!json_file.ok()) return json_file.status();
+  if (auto s = (*json_file)->Append(json); !s.ok()) return s;
+  // .json last: a reader that finds it finds the data it describes.
+  for (file::AtomicFile* f : {&bin->file(), &idx->file(), json_file->get()}) {
+    if (auto s = f->Commit(); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& prefix,
-                                                       int64_t model_vocab_size) {
+                                                       int64_t model_vocab_size,
+                                                       file::FileSystem* fs) {
   std::unique_ptr<Dataset> d(new Dataset());
   d->prefix_ = prefix;
   const std::string json_path = prefix + ".json";
-  absl::StatusOr<std::string> json = ReadSmallFile(json_path, kMaxMetadataBytes);
+  absl::StatusOr<std::string> json = ReadMetadata(fs, json_path);
   if (!json.ok()) return json.status();
   absl::StatusOr<DatasetMetadata> meta = ParseDatasetMetadata(*json, json_path);
   if (!meta.ok()) return meta.status();

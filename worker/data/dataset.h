@@ -5,6 +5,11 @@
 // SHA-256 of .bin and .idx, sources). tally-prep writes it with
 // DatasetWriter; the trainer reads it memory-mapped with Dataset.
 //
+// Files go through file::FileSystem (common/file/file_system.h): the writer's
+// three files are AtomicFiles, the .json is read with FileSize and
+// ReadAtMost. Only the .bin and .idx maps are made outside it: a zero-copy
+// mmap is not a file format's read, and the seam has no maps to offer.
+//
 // .idx layout: "TALLYIDX" (8 bytes), uint32 version (1 or 2), uint32 bytes
 // per token (2; version 2 also 4), uint64 num_docs, uint64 offsets[num_docs +
 // 1].
@@ -40,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/file/file_system.h"
 
 namespace tally::data {
 
@@ -100,19 +106,29 @@ std::string ContentCheck(const std::string& bin_sha256, const std::string& idx_s
 absl::StatusOr<DatasetMetadata> ParseDatasetMetadata(absl::string_view json,
                                                      const std::string& path);
 
-class Sha256Hasher;  // defined in dataset.cc
+class Sha256Hasher;   // defined in dataset.cc
+class BlockAppender;  // defined in dataset.cc
 
 // Streams documents to disk: memory use does not grow with the corpus (only
-// the length histogram is kept). Files are written as PREFIX.*.tmp and
-// renamed by Finish(), so a reader never sees a half-written dataset. The
-// SHA-256 of .bin is computed as it is written, that of .idx in Finish().
-// Not thread-safe.
+// the length histogram and a block of each file not yet appended are kept).
+// The three files are AtomicFiles of `fs`, written as PREFIX.*.tmp and
+// committed by Finish() in the order .bin, .idx, .json, so that a reader
+// that sees the .json sees complete data. The .idx header, whose document
+// count is known only at the end, is written as zeros and overwritten by
+// Finish() (AtomicFile::WriteAt), which then reads the .idx back to hash it
+// (AtomicFile::ReadAt); the SHA-256 of .bin is computed as it is written.
+// A failed write ends the writer: Add and Finish then fail
+// (FailedPrecondition), and it leaves no PREFIX.*.tmp and no new file in
+// place (but a .json commit that fails after the .bin and .idx commits
+// leaves those two beside the old .json, whose counts Dataset::Open checks
+// against them). Not thread-safe.
 class DatasetWriter {
  public:
   // `tokenizer` decides the token width (2 bytes while vocab_size fits) and
-  // is recorded in the .json.
+  // is recorded in the .json. `fs` must outlive the writer.
   static absl::StatusOr<std::unique_ptr<DatasetWriter>> Create(
-      std::string prefix, TokenizerRecord tokenizer = TokenizerRecord());
+      std::string prefix, TokenizerRecord tokenizer = TokenizerRecord(),
+      file::FileSystem* fs = file::Posix());
   ~DatasetWriter();
 
   // A document of the byte tokenizer (its text bytes are its non-special
@@ -128,15 +144,19 @@ class DatasetWriter {
   int64_t num_tokens() const { return num_tokens_; }
 
  private:
-  DatasetWriter(std::string prefix, TokenizerRecord tokenizer);
+  DatasetWriter(std::string prefix, TokenizerRecord tokenizer, file::FileSystem* fs);
+  // Ends the writer after a failed write: its files are removed.
+  absl::Status Abandon(absl::Status failure);
   std::string prefix_;
   TokenizerRecord tokenizer_;
+  file::FileSystem* fs_;
   int token_bytes_ = 2;
   int64_t text_bytes_ = 0;
   int64_t text_tokens_ = 0;
   std::vector<uint16_t> narrow_;  // scratch for 2-byte tokens
-  FILE* bin_ = nullptr;
-  FILE* idx_ = nullptr;
+  // Null after Finish or a failed write (failed_).
+  std::unique_ptr<BlockAppender> bin_, idx_;
+  bool failed_ = false;
   std::unique_ptr<Sha256Hasher> bin_sha_;
   int64_t num_docs_ = 0;
   int64_t num_tokens_ = 0;
@@ -163,9 +183,12 @@ class Dataset {
   // Regular files only: a FIFO or device is refused, never read. Errors name
   // the file: NotFound when a file is missing; DataLoss when the files are
   // damaged or disagree; InvalidArgument when the dataset does not fit the
-  // model or this build; Internal for I/O failures.
+  // model or this build; Internal for I/O failures. PREFIX.json is read
+  // through `fs`; .idx and .bin are mapped directly (see the top of this
+  // file).
   static absl::StatusOr<std::unique_ptr<Dataset>> Open(const std::string& prefix,
-                                                       int64_t model_vocab_size = 0);
+                                                       int64_t model_vocab_size = 0,
+                                                       file::FileSystem* fs = file::Posix());
   ~Dataset();
   Dataset(const Dataset&) = delete;
   Dataset& operator=(const Dataset&) = delete;
