@@ -161,7 +161,7 @@ std::optional<EvalEvent> RecordTargetReached(tally::v1::Job& j) {
   return e;
 }
 
-EvalOutcome ApplyEval(const tally::v1::Job& job, const tally::v1::EvalResult& ev,
+EvalOutcome DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& ev,
                       bool routing_collapsed, const std::string& collapse_where) {
   EvalOutcome o;
   o.job = job;

@@ -90,7 +90,7 @@ struct EvalOutcome {
 // the forecast (shown for every job; a stop only with
 // early_stopping.forecast). No stop is decided at or after max_steps.
 // `collapse_where` names the collapsed layer for the routing warning.
-EvalOutcome ApplyEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
+EvalOutcome DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
                       bool routing_collapsed, const std::string& collapse_where);
 
 }  // namespace tally::sched

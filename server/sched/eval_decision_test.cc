@@ -122,7 +122,7 @@ TEST(EvalDecisionTest, CurveOfCarriesEveryPoint) {
   EXPECT_EQ(c[0].val_loss, 2.5);
 }
 
-// Feeds `losses` through ApplyEval as the scheduler does (one evaluation
+// Feeds `losses` through DecideEval as the scheduler does (one evaluation
 // every 10 steps from step 0, spending $0.01 a step); returns the outcome
 // of the last, or of the first that decided a stop.
 EvalOutcome FeedOutcome(tally::v1::Job job, const std::vector<double>& losses) {
@@ -133,7 +133,7 @@ EvalOutcome FeedOutcome(tally::v1::Job job, const std::vector<double>& losses) {
     tally::v1::EvalResult ev = Eval(step, losses[i]);
     ev.set_attempt(1);
     ev.set_tokens(step * 100);
-    o = ApplyEval(job, ev, false, "");
+    o = DecideEval(job, ev, false, "");
     if (o.stop) return o;
     job = o.job;
   }
@@ -146,7 +146,7 @@ std::vector<std::string> Types(const EvalOutcome& o) {
   return out;
 }
 
-TEST(ApplyEvalTest, TheTargetRulesAndForecastInTheirOrder) {
+TEST(DecideEvalTest, TheTargetRulesAndForecastInTheirOrder) {
   struct Case {
     const char* name;
     tally::v1::Job job;
@@ -198,7 +198,7 @@ TEST(ApplyEvalTest, TheTargetRulesAndForecastInTheirOrder) {
   }
 }
 
-TEST(ApplyEvalTest, ATargetReachedRecordsWhereAndWhatItCost) {
+TEST(DecideEvalTest, ATargetReachedRecordsWhereAndWhatItCost) {
   tally::v1::Job job = JobWith(0, 0);
   job.mutable_spec()->mutable_early_stopping()->set_target_val_loss(3.5);
   const EvalOutcome o = FeedOutcome(job, {5, 4, 3});
@@ -216,7 +216,7 @@ TEST(ApplyEvalTest, ATargetReachedRecordsWhereAndWhatItCost) {
   EXPECT_EQ(*o.events[0].val_loss, 3);
 }
 
-TEST(ApplyEvalTest, TheForecastIsShownWithTheEvaluationAndAStoppingJobIsOnlyRecorded) {
+TEST(DecideEvalTest, TheForecastIsShownWithTheEvaluationAndAStoppingJobIsOnlyRecorded) {
   tally::v1::Job job = JobWith(0, 0, 100000);
   job.mutable_spec()->mutable_training()->set_global_batch_tokens(100);
   EvalOutcome o = FeedOutcome(job, {5, 4.2, 4.0, 3.9, 3.85, 3.82, 3.81});
@@ -230,7 +230,7 @@ TEST(ApplyEvalTest, TheForecastIsShownWithTheEvaluationAndAStoppingJobIsOnlyReco
   stopping.mutable_pending_stop()->set_rule("patience");
   tally::v1::EvalResult last = Eval(70, 3.0);
   last.set_attempt(1);
-  const EvalOutcome final_eval = ApplyEval(stopping, last, false, "");
+  const EvalOutcome final_eval = DecideEval(stopping, last, false, "");
   EXPECT_FALSE(final_eval.stop.has_value());
   EXPECT_EQ(Types(final_eval), std::vector<std::string>{"eval"});
   EXPECT_EQ(final_eval.job.early_stopping().best_val_loss(), 3.0);
@@ -240,11 +240,11 @@ TEST(ApplyEvalTest, TheForecastIsShownWithTheEvaluationAndAStoppingJobIsOnlyReco
   EXPECT_EQ(final_eval.job.curve_size(), stopping.curve_size() + 1);
 }
 
-TEST(ApplyEvalTest, TheRoutingWarningNamesWhere) {
+TEST(DecideEvalTest, TheRoutingWarningNamesWhere) {
   tally::v1::Job job = JobWith(0, 0);
   EvalOutcome o;
   for (int i = 0; i < kCollapseEvals; ++i) {
-    o = ApplyEval(job, Eval(10 * i, 4.0), true, "layer 1 expert 3 took 90%");
+    o = DecideEval(job, Eval(10 * i, 4.0), true, "layer 1 expert 3 took 90%");
     job = o.job;
   }
   EXPECT_EQ(Types(o), (std::vector<std::string>{"eval", "warning"}));

@@ -487,7 +487,7 @@ std::optional<tally::v1::Checkpoint> ResumePoint(const tally::v1::Job& job,
 
 Plan PlanEval(const PlanContext& ctx, const ActiveJob& job, const tally::v1::EvalResult& ev) {
   Plan p = NewPlan(ctx, job);
-  EvalOutcome o = ApplyEval(p.rec.job(), ev, job.routing_collapsed, job.collapse_where);
+  EvalOutcome o = DecideEval(p.rec.job(), ev, job.routing_collapsed, job.collapse_where);
   *p.rec.mutable_job() = std::move(o.job);
   for (const EvalEvent& e : o.events) AddEvent(p, e);
   if (o.stop) PendingStopFor(ctx, p, o.stop->state, o.stop->type, o.stop->reason, o.stop->rule, ev);

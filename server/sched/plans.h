@@ -126,7 +126,7 @@ Plan PlanStart(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& 
                std::vector<std::string> rank_workers,
                const std::set<std::string>& rendezvous_in_use);
 
-// The evaluation's outcome (ApplyEval) as a plan: the job after it, its
+// The evaluation's outcome (DecideEval) as a plan: the job after it, its
 // events and a decided stop.
 Plan PlanEval(const PlanContext& ctx, const ActiveJob& job, const tally::v1::EvalResult& eval);
 // Records a decided stop that waits for the workers' final checkpoint.

@@ -5,7 +5,7 @@
 // event at most every progress_event_interval, or any other change), and
 // each report measures them afresh, so a restart loses at most one
 // interval's worth. The routing collapse read here feeds the next
-// evaluation's warning (ApplyEval).
+// evaluation's warning (DecideEval).
 #ifndef TALLY_SERVER_SCHED_PROGRESS_READING_H_
 #define TALLY_SERVER_SCHED_PROGRESS_READING_H_
 
