@@ -4,7 +4,7 @@
 // datasets) go through NewAtomicFile; readers of files that must stay small
 // (job specs, token files, a dataset's metadata) through FileSize and
 // ReadAtMost. Tests substitute a FileSystem that fails on demand
-// (common/file/fault_injection_file_system.h).
+// (tests/support/file/fault_injection_file_system.h).
 //
 // No LibTorch, no protobuf: the trainer-only build links it.
 //

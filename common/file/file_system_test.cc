@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "common/file/fault_injection_file_system.h"
+#include "tests/support/file/fault_injection_file_system.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

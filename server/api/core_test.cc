@@ -22,7 +22,7 @@
 #include "server/ledger/tenant_quota.h"
 #include "server/metrics/registry.h"
 #include "server/sched/scheduler_test_util.h"
-#include "server/store/fault_injection_job_store.h"
+#include "tests/support/store/fault_injection_job_store.h"
 #include "server/store/memory_job_store.h"
 #include "server/store/sqlite_job_store.h"
 

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/sched/scheduler_test_util.h"
-#include "server/store/fault_injection_job_store.h"
+#include "tests/support/store/fault_injection_job_store.h"
 #include "server/store/memory_job_store.h"
 
 namespace tally::experiments {

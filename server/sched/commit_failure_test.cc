@@ -17,7 +17,7 @@
 #include "server/metrics/text_serializer.h"
 #include "server/sched/scheduler.h"
 #include "server/sched/scheduler_test_util.h"
-#include "server/store/fault_injection_job_store.h"
+#include "tests/support/store/fault_injection_job_store.h"
 #include "server/store/memory_job_store.h"
 
 namespace tally::sched {

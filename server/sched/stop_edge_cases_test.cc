@@ -12,7 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "server/sched/scheduler.h"
 #include "server/sched/scheduler_test_util.h"
-#include "server/store/fault_injection_job_store.h"
+#include "tests/support/store/fault_injection_job_store.h"
 #include "server/store/memory_job_store.h"
 
 namespace tally::sched {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/file/fault_injection_file_system.h"
+#include "tests/support/file/fault_injection_file_system.h"
 #include "common/file/file_system.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

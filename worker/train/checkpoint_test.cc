@@ -12,7 +12,7 @@
 #include <iterator>
 
 #include "absl/strings/escaping.h"
-#include "common/file/fault_injection_file_system.h"
+#include "tests/support/file/fault_injection_file_system.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/train/checksum_file.h"

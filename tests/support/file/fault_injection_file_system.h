@@ -2,8 +2,8 @@
 // on demand, as LevelDB's FaultInjectionTestEnv does, so that tests can show
 // a failed write leaves the file that was there (or none) and nothing half
 // written. Header-only; for tests.
-#ifndef TALLY_COMMON_FILE_FAULT_INJECTION_FILE_SYSTEM_H_
-#define TALLY_COMMON_FILE_FAULT_INJECTION_FILE_SYSTEM_H_
+#ifndef TALLY_TESTS_SUPPORT_FILE_FAULT_INJECTION_FILE_SYSTEM_H_
+#define TALLY_TESTS_SUPPORT_FILE_FAULT_INJECTION_FILE_SYSTEM_H_
 
 #include <atomic>
 #include <cstdint>
@@ -96,4 +96,4 @@ class FaultInjectionFileSystem final : public FileSystem {
 
 }  // namespace tally::file
 
-#endif  // TALLY_COMMON_FILE_FAULT_INJECTION_FILE_SYSTEM_H_
+#endif  // TALLY_TESTS_SUPPORT_FILE_FAULT_INJECTION_FILE_SYSTEM_H_

@@ -3,8 +3,8 @@
 // use it to prove that a state change whose commit fails changes nothing.
 //
 // Thread-safe (the switches are atomics; the base store is thread-safe).
-#ifndef TALLY_SERVER_STORE_FAULT_INJECTION_JOB_STORE_H_
-#define TALLY_SERVER_STORE_FAULT_INJECTION_JOB_STORE_H_
+#ifndef TALLY_TESTS_SUPPORT_STORE_FAULT_INJECTION_JOB_STORE_H_
+#define TALLY_TESTS_SUPPORT_STORE_FAULT_INJECTION_JOB_STORE_H_
 
 #include <atomic>
 
@@ -152,4 +152,4 @@ class FaultInjectionJobStore final : public JobStore {
 
 }  // namespace tally::store
 
-#endif  // TALLY_SERVER_STORE_FAULT_INJECTION_JOB_STORE_H_
+#endif  // TALLY_TESTS_SUPPORT_STORE_FAULT_INJECTION_JOB_STORE_H_
