@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/file/file_system.h"
 
 namespace tally {
 namespace {
@@ -54,15 +55,11 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_by
   if (!in) {
     return absl::InvalidArgumentError(std::strerror(errno));
   }
-  std::string bytes;
-  char buf[8192];
-  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
-    bytes.append(buf, static_cast<size_t>(in.gcount()));
-    if (bytes.size() > max_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("larger than ", max_bytes, " bytes"));
-    }
+  absl::StatusOr<std::string> bytes = file::ReadAtMost(in, max_bytes);
+  if (!bytes.ok()) return absl::InvalidArgumentError("a read failed");
+  if (bytes->size() > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("larger than ", max_bytes, " bytes"));
   }
-  if (in.bad()) return absl::InvalidArgumentError("a read failed");
   return bytes;
 }
 

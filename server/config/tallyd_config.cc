@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/file/file_system.h"
 #include "common/status_macros.h"
 #include "common/text.h"
 #include "yaml-cpp/yaml.h"
@@ -187,11 +188,10 @@ absl::StatusOr<TallydConfig> LoadTallydConfig(const std::string& path) {
   if (path.empty()) return TallydConfig{};
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("--config: cannot read ", path));
-  std::string text;
-  text.resize(kMaxConfigBytes + 1);
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  auto config = ParseTallydConfig(text);
+  // One byte past the limit: ParseTallydConfig refuses a longer file.
+  absl::StatusOr<std::string> text = file::ReadAtMost(in, kMaxConfigBytes);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("--config: cannot read ", path));
+  auto config = ParseTallydConfig(*text);
   if (!config.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--config: ", path, ": ", config.status().message()));

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/file/file_system.h"
 
 namespace tally::wiring {
 
@@ -20,22 +21,17 @@ absl::Status CheckAddressFile(const std::string& path) {
 }
 
 absl::Status WriteAddressFile(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text << "\n";
-    out.flush();
-    if (!out) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--address_file: cannot write ", tmp, " (does its directory exist and is it writable?)"));
-    }
+  // Through the file seam: a reader sees the old file or the whole new one,
+  // and it survives a crash once written.
+  absl::StatusOr<std::unique_ptr<file::AtomicFile>> out = file::Posix()->NewAtomicFile(path);
+  if (!out.ok() || !(*out)->Append(text + "\n").ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--address_file: cannot write ", path,
+                                                      ".tmp (does its directory exist and is "
+                                                      "it writable?)"));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
+  if (absl::Status s = (*out)->Commit(); !s.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--address_file: cannot rename ", tmp, " to ", path, ": ", ec.message()));
+        absl::StrCat("--address_file: cannot replace ", path, ": ", s.message()));
   }
   return absl::OkStatus();
 }
