@@ -11,8 +11,14 @@
 #ifndef TALLY_SERVER_SCHED_REPORT_CHECKS_H_
 #define TALLY_SERVER_SCHED_REPORT_CHECKS_H_
 
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "tally/v1/jobs.pb.h"
 #include "tally/v1/spec.pb.h"
 #include "tally/v1/workers.pb.h"
 
@@ -28,6 +34,31 @@ absl::Status CheckReportFigures(const tally::v1::WorkerMessage& msg);
 // max_steps.
 absl::Status CheckReportAgainstSpec(const tally::v1::JobSpec& spec,
                                     const tally::v1::WorkerMessage& msg);
+
+// INVALID_ARGUMENT naming the field for counts no worker can report
+// (negative steps or tokens): they would poison the job's record and its
+// cost arithmetic.
+absl::Status CheckReportCounts(const tally::v1::WorkerMessage& msg);
+
+// The job and attempt a report is about; an empty job for other messages.
+std::pair<std::string, int32_t> ReportedAttempt(const tally::v1::WorkerMessage& msg);
+
+// OK when a reported checkpoint path is the file a worker writes for `step`
+// in `job`'s own checkpoint folder ("jobs/7", step 10:
+// ROOT/job-7/step-00000010.ckpt) with no ".", ".." or empty components;
+// else INVALID_ARGUMENT saying why. tallyd does not see the
+// workers' files: workers resolve symlinks and keep every checkpoint they
+// write or resume from inside their checkpoint root
+// (worker/agent/path_confinement.h); this is tallyd's check of the text.
+absl::Status CheckCheckpointPath(const std::string& job, const std::string& path, int64_t step);
+
+// Reports a worker sends again after a stream broke before tallyd's Ack
+// arrived: an evaluation of the attempt that made the curve's latest point,
+// at or before that step; the job's latest recorded checkpoint (same
+// attempt, step and path). Each is taken once.
+bool RepeatedEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval);
+bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
+                        const tally::v1::CheckpointRecord& checkpoint);
 
 // A value that becomes a metric label (a worker's gpu_type): 1-64
 // characters of [A-Za-z0-9_.:-]. INVALID_ARGUMENT naming `field`.

@@ -77,6 +77,7 @@
 #include "server/sched/observer.h"
 #include "server/sched/plan.h"
 #include "server/sched/plans.h"
+#include "server/sched/report_checks.h"
 #include "server/sched/sched_metrics.h"
 #include "server/sched/worker_channel.h"
 #include "server/sched/worker_registry.h"
@@ -113,23 +114,6 @@ struct SchedulerOptions {
   // batched commits. false: Submit under the lock, one transaction each.
   bool group_commit = true;
 };
-
-// OK when a reported checkpoint path is the file a worker writes for `step`
-// in `job`'s own checkpoint folder ("jobs/7", step 10:
-// ROOT/job-7/step-00000010.ckpt) with no ".", ".." or empty components;
-// else INVALID_ARGUMENT saying why. tallyd does not see the
-// workers' files: workers resolve symlinks and keep every checkpoint they
-// write or resume from inside their checkpoint root
-// (worker/agent/path_confinement.h); this is tallyd's check of the text.
-absl::Status CheckCheckpointPath(const std::string& job, const std::string& path, int64_t step);
-
-// Reports a worker sends again after a stream broke before tallyd's Ack
-// arrived: an evaluation of the attempt that made the curve's latest point,
-// at or before that step; the job's latest recorded checkpoint (same
-// attempt, step and path). Each is taken once.
-bool RepeatedEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval);
-bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
-                        const tally::v1::CheckpointRecord& checkpoint);
 
 // Who asks for a change: a principal's name and tenant (empty when tallyd
 // runs without authentication, or for tallyd's own decisions).
@@ -336,12 +320,6 @@ class Scheduler {
   // records a "notice" event once.
   absl::Status HandleNotice(const std::string& worker_id, WorkerState& sender,
                             const tally::v1::Notice& notice);
-  // INVALID_ARGUMENT naming the field for counts no worker can report
-  // (negative steps or tokens): they would poison the job's record and its
-  // cost arithmetic.
-  static absl::Status CheckReport(const tally::v1::WorkerMessage& msg);
-  // The job and attempt a report is about; an empty job for other messages.
-  static std::pair<std::string, int32_t> ReportedAttempt(const tally::v1::WorkerMessage& msg);
   // Retries the worker's exits whose commit failed; the first error.
   absl::Status RetryExits(const std::string& worker_id);
   absl::Status HandleProgress(ActiveJob& job, const tally::v1::Progress& p);
@@ -378,7 +356,6 @@ class Scheduler {
   absl::Time last_housekeeping_ = absl::InfinitePast();
   std::map<int64_t, ActiveJob> active_;
   WorkerRegistry workers_;
-  int64_t next_generation_ = 1;
 
   SchedMetrics metrics_;
   // A waiting job's claim on the slots its preemptions free: the (worker,

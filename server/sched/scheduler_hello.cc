@@ -115,7 +115,7 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   const std::string draining_before_hello = ws.draining;
   ws.rec = rec;
   ws.connected = true;
-  ws.generation = next_generation_++;
+  ws.generation = workers_.NewGeneration();
   ws.last_seen = now;
   // Dollar totals exist (at 0) for every GPU type that has a worker, so
   // dashboards and alerts see a series before the first dollar.

@@ -110,156 +110,6 @@ absl::Status Scheduler::HandleProgress(ActiveJob& job, const tally::v1::Progress
   return Execute(id, std::move(plan));
 }
 
-absl::Status CheckCheckpointPath(const std::string& job, const std::string& path,
-                                 int64_t step) {
-  // The folder workers write a job's checkpoints in, under their checkpoint
-  // root: "jobs/7" -> "job-7" (worker/agent/path_confinement.h).
-  const std::string folder = absl::StrReplaceAll(job, {{"s/", "-"}});
-  const auto refuse = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint.path ", QuoteForMessage(path, 200), " ", why,
-        "; a worker writes a job's checkpoints as CHECKPOINT_ROOT/", folder, "/FILE"));
-  };
-  if (path.empty() || path.size() > 4096) return refuse("must be 1-4096 bytes");
-  if (UnprintableReason(path)) return refuse("is not printable text");
-  std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if ((parts[i].empty() && i > 0) || parts[i] == "." || parts[i] == "..") {
-      return refuse("must not contain empty, \".\" or \"..\" components");
-    }
-  }
-  if (parts.size() < 2 || parts[parts.size() - 2] != folder) {
-    return refuse(absl::StrCat("is not in the job's checkpoint folder \"", folder, "\""));
-  }
-  // The file is the worker's own name for the step it reports
-  // (step-00000010.ckpt), not any file that folder could hold.
-  const absl::string_view file = parts.back();
-  int64_t named = -1;
-  if (!absl::ConsumePrefix(&parts.back(), "step-") || !absl::ConsumeSuffix(&parts.back(), ".ckpt") ||
-      parts.back().empty() ||
-      !std::all_of(parts.back().begin(), parts.back().end(), absl::ascii_isdigit) ||
-      !absl::SimpleAtoi(parts.back(), &named) || named != step) {
-    return refuse(absl::StrCat("is not the checkpoint file of step ", step, " (",
-                               absl::StrFormat("step-%08d.ckpt", step), "), got ",
-                               QuoteForMessage(file, 80)));
-  }
-  return absl::OkStatus();
-}
-
-std::pair<std::string, int32_t> Scheduler::ReportedAttempt(const tally::v1::WorkerMessage& msg) {
-  switch (msg.msg_case()) {
-    case tally::v1::WorkerMessage::kProgress:
-      return {msg.progress().job(), msg.progress().attempt()};
-    case tally::v1::WorkerMessage::kEval:
-      return {msg.eval().job(), msg.eval().attempt()};
-    case tally::v1::WorkerMessage::kCheckpoint:
-      return {msg.checkpoint().job(), msg.checkpoint().attempt()};
-    case tally::v1::WorkerMessage::kExit:
-      return {msg.exit().job(), msg.exit().attempt()};
-    default:
-      return {"", 0};
-  }
-}
-
-absl::Status Scheduler::CheckReport(const tally::v1::WorkerMessage& msg) {
-  auto counts = [](const char* what, int64_t step, int64_t tokens) -> absl::Status {
-    if (step < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ".step: must not be negative, got ", step));
-    }
-    if (tokens < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ".tokens: must not be negative, got ", tokens));
-    }
-    return absl::OkStatus();
-  };
-  switch (msg.msg_case()) {
-    case tally::v1::WorkerMessage::kProgress: {
-      const tally::v1::Progress& p = msg.progress();
-      if (p.padding_tokens() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "progress.padding_tokens: must not be negative, got ", p.padding_tokens()));
-      }
-      if (p.fp8_grouped_off().size() > 4096) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("progress.fp8_grouped_off: at most 4096 bytes, got ",
-                         p.fp8_grouped_off().size()));
-      }
-      if (p.fp8_values() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("progress.fp8_values: must not be negative, got ", p.fp8_values()));
-      }
-      if (p.fp8_overflows() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "progress.fp8_overflows: must not be negative, got ", p.fp8_overflows()));
-      }
-      // Bounds on what becomes metric series: no model has more.
-      constexpr int kMaxMoeLayers = 1024, kMaxExperts = 4096, kMaxAmaxGroups = 256;
-      if (p.moe_size() > kMaxMoeLayers) {
-        return absl::InvalidArgumentError(absl::StrCat("progress.moe: at most ", kMaxMoeLayers,
-                                                       " layers, got ", p.moe_size()));
-      }
-      for (const auto& l : p.moe()) {
-        if (l.tokens_per_expert_size() > kMaxExperts) {
-          return absl::InvalidArgumentError(absl::StrCat("progress.moe.tokens_per_expert: at most ",
-                                                         kMaxExperts, " experts, got ",
-                                                         l.tokens_per_expert_size()));
-        }
-        for (int64_t n : l.tokens_per_expert()) {
-          if (n < 0) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "progress.moe.tokens_per_expert: must not be negative, got ", n));
-          }
-        }
-      }
-      if (p.fp8_amax_size() > kMaxAmaxGroups) {
-        return absl::InvalidArgumentError(absl::StrCat("progress.fp8_amax: at most ",
-                                                       kMaxAmaxGroups, " groups, got ",
-                                                       p.fp8_amax_size()));
-      }
-      // Each group becomes a series: only the trainer's own tensor groups.
-      for (const auto& [group, amax] : p.fp8_amax()) {
-        static const auto* const kGroups = new absl::flat_hash_set<std::string>{
-            "attention.input", "attention.weight", "attention.grad",
-            "ffn.input",       "ffn.weight",       "ffn.grad"};
-        if (!kGroups->contains(group)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "progress.fp8_amax: unknown tensor group ", QuoteForMessage(group),
-              " (known: {attention,ffn}.{input,weight,grad})"));
-        }
-      }
-      return counts("progress", p.step(), p.tokens());
-    }
-    case tally::v1::WorkerMessage::kEval:
-      return counts("eval", msg.eval().step(), msg.eval().tokens());
-    case tally::v1::WorkerMessage::kCheckpoint:
-      return counts("checkpoint", msg.checkpoint().step(), msg.checkpoint().tokens());
-    case tally::v1::WorkerMessage::kExit:
-      if (!msg.exit().preemption_cause().empty() &&
-          !KnownPreemptionCause(msg.exit().preemption_cause())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "exit.preemption_cause: must be sigterm, sigint, notice_file, idle or priority, got ",
-            QuoteForMessage(msg.exit().preemption_cause(), 64)));
-      }
-      return counts("exit", msg.exit().step(), 0);
-    case tally::v1::WorkerMessage::kNotice: {
-      const tally::v1::Notice& n = msg.notice();
-      if (n.cause() != "sigterm" && n.cause() != "sigint" && n.cause() != "notice_file" &&
-          n.cause() != "idle") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("notice.cause: must be sigterm, sigint, notice_file or idle, got ",
-                         QuoteForMessage(n.cause(), 64)));
-      }
-      if (!(n.deadline_seconds() >= 0 && n.deadline_seconds() <= 86400)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "notice.deadline_seconds: must be between 0 and 86400, got ", n.deadline_seconds()));
-      }
-      return absl::OkStatus();
-    }
-    default:
-      return absl::OkStatus();
-  }
-}
 
 absl::Status Scheduler::OnMessage(const std::string& worker_id,
                                   const tally::v1::WorkerMessage& msg) {
@@ -292,7 +142,7 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
   // Every figure is checked before it reaches a record or a series; a
   // report out of range is counted and ends the worker's stream (it
   // reconnects; what it runs is adopted again).
-  absl::Status valid = CheckReport(msg);
+  absl::Status valid = CheckReportCounts(msg);
   if (valid.ok()) valid = CheckReportFigures(msg);
   if (valid.ok()) {
     if (const auto [job, attempt] = ReportedAttempt(msg); !job.empty()) {
@@ -552,22 +402,6 @@ absl::Status Scheduler::RetryExits(const std::string& worker_id) {
     }
   }
   return first_error;
-}
-
-bool RepeatedEval(const tally::v1::Job& j, const tally::v1::EvalResult& ev) {
-  // The curve keeps its latest point; within an attempt steps only go
-  // forward, so one of the latest point's attempt at or before its step was
-  // taken already. (Another attempt evaluating earlier steps is a resumed
-  // one, and is taken.)
-  if (j.curve_size() == 0) return false;
-  const tally::v1::EvalPoint& last = j.curve(j.curve_size() - 1);
-  return last.attempt() != 0 && last.attempt() == ev.attempt() && ev.step() <= last.step();
-}
-
-bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
-                        const tally::v1::CheckpointRecord& c) {
-  return latest.has_value() && latest->attempt() == c.attempt() && latest->step() == c.step() &&
-         latest->path() == c.path();
 }
 
 }  // namespace tally::sched

@@ -97,9 +97,15 @@ class WorkerRegistry {
   bool CanLead(const std::string& id) const;
   std::vector<WorkerView> Views() const;
 
+  // A session's generation: each Hello gets a new one, greater than every
+  // earlier one, so a stale stream's disconnect (an older generation) is
+  // told apart from the current one's.
+  int64_t NewGeneration() { return next_generation_++; }
+
  private:
   const absl::Duration heartbeat_timeout_;
   Map workers_;
+  int64_t next_generation_ = 1;
 };
 
 }  // namespace tally::sched

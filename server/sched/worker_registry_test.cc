@@ -115,5 +115,13 @@ TEST(WorkerRegistryTest, ViewsIdsAndForget) {
   EXPECT_THAT(r.Ids(), ElementsAre("a"));
 }
 
+TEST(WorkerRegistryGenerationTest, EachSessionGetsANewerGeneration) {
+  WorkerRegistry workers(absl::Seconds(10));
+  const int64_t first = workers.NewGeneration();
+  const int64_t second = workers.NewGeneration();
+  EXPECT_GT(first, 0);
+  EXPECT_GT(second, first);
+}
+
 }  // namespace
 }  // namespace tally::sched
