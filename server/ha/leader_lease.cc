@@ -119,10 +119,18 @@ absl::StatusOr<std::optional<int64_t>> LeaderLease::TryAcquire() {
 }
 
 absl::Status LeaderLease::Renew(int64_t epoch) {
-  auto rows = Exec(
+  const char* const sql =
       "UPDATE tally_lease SET expires_at = now() + $2::interval "
-      "WHERE id = 1 AND epoch = $1 RETURNING epoch",
-      {absl::StrCat(epoch), IntervalParam()});
+      "WHERE id = 1 AND epoch = $1 RETURNING epoch";
+  const bool had_connection = conn_ != nullptr;
+  auto rows = Exec(sql, {absl::StrCat(epoch), IntervalParam()});
+  if (!rows.ok() && absl::IsUnavailable(rows.status()) && had_connection && conn_ == nullptr) {
+    // The database dropped the connection (a restart): the first statement
+    // sent on it fails. A renewal is idempotent, so it goes once more, on a
+    // fresh connection, rather than waiting a third of the lease for the
+    // next one.
+    rows = Exec(sql, {absl::StrCat(epoch), IntervalParam()});
+  }
   if (!rows.ok()) return rows.status();
   if (rows->empty()) {
     return absl::FailedPreconditionError(

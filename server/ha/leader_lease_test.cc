@@ -176,6 +176,19 @@ TEST_F(LeaderLeaseTest, KeeperRenewsAndReportsLossOnce) {
   EXPECT_THAT(why, HasSubstr("another tallyd took over"));
 }
 
+// A PostgreSQL restart drops the holder's connection; the next renewal
+// still succeeds (on a fresh connection), so a restart alone costs no
+// renewal and no lease.
+TEST_F(LeaderLeaseTest, ARenewalSurvivesADatabaseRestart) {
+  LeaderLease a(dsn_, "a:1", absl::Seconds(60));
+  auto epoch = a.TryAcquire();
+  ASSERT_TRUE(epoch.ok() && epoch->has_value()) << epoch.status();
+  ASSERT_TRUE(a.Renew(**epoch).ok());  // its connection is open
+  ASSERT_TRUE(server_->Restart().ok());
+  absl::Status renewed = a.Renew(**epoch);
+  EXPECT_TRUE(renewed.ok()) << renewed;
+}
+
 TEST_F(LeaderLeaseTest, AwaitLeaseNamesTheLeaderThenTakesOver) {
   LeaderLease a(dsn_, "a:1", absl::Seconds(60));
   auto first = a.TryAcquire();
