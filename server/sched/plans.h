@@ -38,6 +38,9 @@ struct PlanContext {
 };
 
 // The job's recorded checkpoints, oldest first (JobStore::ListCheckpoints).
+// The plans that end an attempt read every one only for a job with a
+// decided stop (PlanFinishStop names the best); otherwise only the latest
+// (back()), so the scheduler may hand them just that one.
 using Checkpoints = std::vector<tally::v1::Checkpoint>;
 
 // A plan of no change yet: the job's record with its cost accrued to `now`.

@@ -382,6 +382,12 @@ absl::StatusOr<Checkpoints> Scheduler::CheckpointsOf(const ActiveJob& job) const
   return store_->ListCheckpoints(job.rec.id());
 }
 
+absl::StatusOr<Checkpoints> Scheduler::EndingCheckpoints(const ActiveJob& job) const {
+  if (job.rec.job().has_pending_stop()) return CheckpointsOf(job);
+  ASSIGN_OR_RETURN(std::optional<tally::v1::Checkpoint> latest, LatestCheckpoint(job));
+  return latest ? Checkpoints{*latest} : Checkpoints{};
+}
+
 absl::StatusOr<std::optional<tally::v1::Checkpoint>> Scheduler::LatestCheckpoint(
     const ActiveJob& job) const {
   // Read from the store once per job life in this process (e.g. after a

@@ -277,11 +277,26 @@ class Scheduler {
   // The job's recorded checkpoints (the store's), for the plans that read
   // them.
   absl::StatusOr<Checkpoints> CheckpointsOf(const ActiveJob& job) const;
-  // A plan that reads the job's checkpoints: `plan(checkpoints)`, or the
+  // The checkpoints a plan that ends the current attempt reads: every one
+  // when the job has a decided stop (its best is named), else only the
+  // latest (kept in memory once read), which a preemption prices its redone
+  // spend against. An attempt's end reads the store no more than that.
+  absl::StatusOr<Checkpoints> EndingCheckpoints(const ActiveJob& job) const;
+  // A plan that ends the current attempt (PlanEndAttempt, PlanPreempted,
+  // LoseAttempt, PlanFinishStop): `plan(EndingCheckpoints(job))`, or the
   // store's error reading them.
   template <typename F>
   absl::StatusOr<Plan> WithCheckpoints(const ActiveJob& job, F plan) const {
-    absl::StatusOr<Checkpoints> checkpoints = CheckpointsOf(job);
+    return Call(EndingCheckpoints(job), plan);
+  }
+  // A plan that reads every recorded checkpoint (a start's resume point, a
+  // damage claim): `plan(CheckpointsOf(job))`.
+  template <typename F>
+  absl::StatusOr<Plan> WithAllCheckpoints(const ActiveJob& job, F plan) const {
+    return Call(CheckpointsOf(job), plan);
+  }
+  template <typename F>
+  static absl::StatusOr<Plan> Call(const absl::StatusOr<Checkpoints>& checkpoints, F plan) {
     if (!checkpoints.ok()) return checkpoints.status();
     return plan(*checkpoints);
   }

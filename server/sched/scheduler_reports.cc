@@ -328,7 +328,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
         });
         break;
       }
-      plan = WithCheckpoints(*job, [&](const Checkpoints& cks) {
+      plan = WithAllCheckpoints(*job, [&](const Checkpoints& cks) {
         EndAttemptNotes notes;
         if (!exit.damaged_checkpoint().empty()) notes = DamagedCheckpointNotes(*job, cks, exit);
         // A claim about another checkpoint is refused (counted once the

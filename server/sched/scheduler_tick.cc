@@ -273,7 +273,7 @@ absl::Status Scheduler::StartWhatFits(absl::Time now) {
       // Only a gang needs a rendezvous (finding those in use walks every job).
       const std::set<std::string> in_use =
           placed.rank_workers.size() > 1 ? RendezvousInUse() : std::set<std::string>();
-      absl::StatusOr<Plan> p = WithCheckpoints(job, [&](const Checkpoints& cks) {
+      absl::StatusOr<Plan> p = WithAllCheckpoints(job, [&](const Checkpoints& cks) {
         return PlanStart(Ctx(), job, cks, placed.rank_workers, in_use);
       });
       absl::Status s = p.ok() ? Execute(placed.job_id, *std::move(p)) : p.status();
