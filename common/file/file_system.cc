@@ -103,6 +103,22 @@ class PosixAtomicFile final : public AtomicFile {
   bool committed_ = false;
 };
 
+// Opens `path` with `flags` and stats it: the descriptor (the caller closes
+// it), NotFound "PATH: no such file", or Internal naming the step.
+absl::StatusOr<int> OpenAndStat(const std::string& path, int flags, struct stat* st) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return Errno("opening " + path);
+  }
+  if (::fstat(fd, st) != 0) {
+    absl::Status s = Errno("stat " + path);
+    ::close(fd);
+    return s;
+  }
+  return fd;
+}
+
 class PosixFileSystem final : public FileSystem {
  public:
   absl::StatusOr<std::unique_ptr<AtomicFile>> NewAtomicFile(const std::string& path) override {
@@ -117,17 +133,10 @@ class PosixFileSystem final : public FileSystem {
   absl::StatusOr<std::string> ReadAtMost(const std::string& path, size_t max_bytes) override {
     // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and
     // reading a terminal for a line.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-      if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-      return Errno("opening " + path);
-    }
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      absl::Status s = Errno("stat " + path);
-      ::close(fd);
-      return s;
-    }
+    absl::StatusOr<int> opened = OpenAndStat(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, &st);
+    if (!opened.ok()) return opened.status();
+    const int fd = *opened;
     if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
       ::close(fd);
       return NotRegular(path);
@@ -153,18 +162,10 @@ class PosixFileSystem final : public FileSystem {
     // O_PATH: the file is found, not opened for reading, so a FIFO does not
     // wait for a writer and a file without read permission is still sized
     // (ReadAtMost then says why it cannot be read).
-    const int fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-      return Errno("opening " + path);
-    }
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      absl::Status s = Errno("stat " + path);
-      ::close(fd);
-      return s;
-    }
-    ::close(fd);
+    absl::StatusOr<int> opened = OpenAndStat(path, O_PATH | O_CLOEXEC, &st);
+    if (!opened.ok()) return opened.status();
+    ::close(*opened);
     if (!S_ISREG(st.st_mode)) return NotRegular(path);
     return static_cast<uint64_t>(st.st_size);
   }
