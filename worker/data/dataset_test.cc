@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/data/dataset_test_util.h"
 #include "worker/data/tokenizer.h"
 
 namespace tally::data {
@@ -22,17 +23,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string TempPrefix(const std::string& name) {
-  char dir[] = "/tmp/tally_data_XXXXXX";
-  EXPECT_NE(mkdtemp(dir), nullptr);
-  return std::string(dir) + "/" + name;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
 
 void WriteFile(const std::string& path, const std::string& content) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
