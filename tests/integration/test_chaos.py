@@ -75,6 +75,11 @@ CKPT_RE = re.compile(r"^step-(\d+)\.ckpt$")
 CKPT_TMP_RE = re.compile(r"^step-(\d+)\.ckpt\.tmp$")
 WORKER_EXIT_RE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{3})\] .*attempt (\d+) "
                             r"of (jobs/\d+): ATTEMPT_OUTCOME_")
+# A worker's connection to tallyd, from its log: its Hello went out
+# ("connected"), or its stream ended ("stream to tallyd ended"); a worker
+# process starts unconnected.
+WORKER_LINK_RE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.(\d{3})\] \[\w+\] "
+                            r"(connected to tallyd at|stream to tallyd ended|tally-worker )")
 BATCH_TOKENS = 14 * 2 * 64
 
 ENDED_TYPES = {"succeeded", "failed", "early_stopped", "cancelled", "budget_exhausted"}
@@ -209,6 +214,11 @@ class ChaosSoakTest(ClusterTest):
                 "\ninvariants broken so far:" + so_far if so_far else "")) from e
         wall = time.monotonic() - started
         self.summarize(wall)
+        if self.findings:
+            # Printed here as well as in the failure: a log cut to its head and
+            # tail (CI's) still shows them next to the summary.
+            print("INVARIANTS BROKEN (%d):\n  %s" % (len(self.findings),
+                                                      "\n  ".join(self.findings)), flush=True)
         if not self.findings:
             # Hundreds of checkpoints: kept only as evidence of a failure.
             shutil.rmtree(os.path.join(self.dir, "checkpoints"), ignore_errors=True)
@@ -263,7 +273,7 @@ class ChaosSoakTest(ClusterTest):
                 if self.all_ended():
                     print("%6.1fs every job has ended; %d kill(s) of the plan skipped"
                           % (now - start, len(kills)), flush=True)
-                    self.skipped_kills = len(kills)
+                    self.skipped_kills += len(kills)
                     kills = []
                     continue
             if now - start > CHAOS_SECONDS + SCHEDULE_SLACK_SECONDS:
@@ -325,6 +335,13 @@ class ChaosSoakTest(ClusterTest):
                         except (grpc.RpcError, grpc.FutureCancelledError):
                             self.lost_submits.append(due[0][0])
                 else:
+                    if any(r[1] == target for r in restarts):
+                        # Still down from a kill the damage aimed at it: a
+                        # second kill would start it twice when both are due.
+                        print("%6.1fs %s is down already: kill skipped" % (now - start, target),
+                              flush=True)
+                        self.skipped_kills += 1
+                        continue
                     w = self.worker(target)
                     self.check_alive("worker " + target, w.proc)
                     self.kill_log.append((time.time(), target))
@@ -660,13 +677,14 @@ class ChaosSoakTest(ClusterTest):
             a = records_pb2.AttemptRecord.FromString(blob)
             attempts[a.job_id].append(a)
         exits = self.worker_exits()
+        offline = self.worker_offline()
         for name in self.final:
             if name not in jobs:
                 self.findings.append("%s: GetJob has it, tallyd's database does not" % name)
                 continue
             rec = jobs[name]
             self.check_attempt_dollars(name, rec, attempts[rec.id])
-            self.check_checkpoint_files(name, rec, attempts[rec.id], exits)
+            self.check_checkpoint_files(name, rec, attempts[rec.id], exits, offline)
         root = os.path.join(self.dir, "checkpoints")
         known = {"job-%d" % r.id for r in jobs.values()}
         if os.path.isdir(root):
@@ -724,6 +742,32 @@ class ChaosSoakTest(ClusterTest):
                    % (final.cost_usd, final.gpu_seconds, cost.cost_usd, cost.gpu_seconds))
         self.stats["attempt_gpu_seconds"] += gpu_seconds
 
+    @staticmethod
+    def log_time(m):
+        return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+
+    def worker_offline(self):
+        """{worker_id: [(from, until)]}: the spans its log shows it without a
+        stream to tallyd (until: its next Hello; infinity when none came)."""
+        offline = collections.defaultdict(list)
+        for w in self.workers:
+            since = None
+            with open(w.log_path) as f:
+                for line in f:
+                    m = WORKER_LINK_RE.match(line)
+                    if m is None:
+                        continue
+                    t = self.log_time(m)
+                    if m.group(3).startswith("connected"):
+                        if since is not None:
+                            offline[w.worker_id].append((since, t))
+                        since = None
+                    elif since is None:
+                        since = t
+            if since is not None:
+                offline[w.worker_id].append((since, float("inf")))
+        return offline
+
     def worker_exits(self):
         """{(job, attempt): [times]} each worker logged an attempt's end (it
         logs it once the trainer has returned: nothing is written after)."""
@@ -733,12 +777,11 @@ class ChaosSoakTest(ClusterTest):
                 for line in f:
                     m = WORKER_EXIT_RE.match(line)
                     if m:
-                        t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
                         exits[(m.group(4), int(m.group(3)), w.worker_id)].append(
-                            t + int(m.group(2)) / 1000)
+                            self.log_time(m))
         return exits
 
-    def check_checkpoint_files(self, name, rec, attempts, exits):
+    def check_checkpoint_files(self, name, rec, attempts, exits, offline):
         """Every step-*.ckpt in the job's folder is a recorded checkpoint.
 
         The worker writes step-N.ckpt.tmp, fsyncs, renames it into place,
@@ -754,7 +797,9 @@ class ChaosSoakTest(ClusterTest):
             declared lost while its worker kept training, e.g. not back
             within heartbeat_timeout of a tallyd restart): written while
             that attempt's rank 0 still ran it, with the report reaching
-            tallyd after the end (late, or held while tallyd was down).
+            tallyd after the end (late, held while tallyd was down, or held
+            while the writer was reconnecting and back only after the end:
+            its backoff reaches 5 s, past the 3 s heartbeat timeout).
         Anything else is a report tallyd lost or a file nobody reported."""
         folder = os.path.join(self.dir, "checkpoints", "job-%d" % rec.id)
         if not os.path.isdir(folder):
@@ -793,7 +838,10 @@ class ChaosSoakTest(ClusterTest):
                      if a.state != records_pb2.ATTEMPT_STATE_SUCCEEDED
                      and start <= mtime <= last and end < last
                      and (mtime + REPORT_SECONDS >= end
-                          or any(mtime - REPORT_SECONDS <= t <= end for t in tallyd_kills))]
+                          or any(mtime - REPORT_SECONDS <= t <= end for t in tallyd_kills)
+                          or any(since <= mtime + REPORT_SECONDS and mtime <= until
+                                 and until + REPORT_SECONDS >= end
+                                 for since, until in offline.get(writer, [])))]
             if stale:
                 self.stats["unrecorded_from_stale_attempt"] += 1
                 continue
