@@ -2,7 +2,6 @@
 // name, open the store (as a standby until it leads, with --store=postgres),
 // serve Jobs, Experiments and Workers over gRPC and /metrics over HTTP, tick
 // the scheduler, reload on SIGHUP, drain on SIGTERM.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
@@ -29,20 +28,20 @@
 #include "common/status_macros.h"
 #include "server/api/core.h"
 #include "server/api/data_roots.h"
+#include "server/api/frontend.h"
 #include "server/api/gate.h"
-#include "server/api/grpc_server_limits.h"
 #include "server/api/priority_caps.h"
 #include "server/api/rate_limiter.h"
 #include "server/api/services.h"
 #include "server/api/tls_files.h"
 #include "server/config/tallyd_config.h"
 #include "server/config/tallyd_options.h"
-#include "server/ha/standby_server.h"
 #include "server/metrics/build_info.h"
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/registry.h"
 #include "server/wiring/address_file.h"
 #include "server/wiring/credentials.h"
+#include "server/wiring/grpc_server.h"
 #include "server/wiring/reload.h"
 #include "server/wiring/store.h"
 #include "spdlog/spdlog.h"
@@ -362,40 +361,15 @@ struct Serving {
   api::PriorityCaps& priority_caps;
   api::RateLimiter& submit_limiter;
   const sigset_t& signals;
-  std::shared_ptr<grpc::ServerCredentials> server_credentials;
+  api::Frontend& frontend;
+  grpc::Server& server;
+  int grpc_port;
   const Clock& clock;
   metrics::Registry& registry;
   const ServerMetrics& server_metrics;
   const std::optional<metrics::HttpExporter::Tls>& metrics_tls;
   wiring::OpenedStore& opened;
 };
-
-struct GrpcServer {
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-};
-
-// The leader's gRPC server (with health checks, reflection unless
-// --reflection=false, and per-method metrics); server null or port 0 when
-// it could not bind.
-GrpcServer StartGrpcServer(const Serving& s, const std::vector<grpc::Service*>& services) {
-  grpc::EnableDefaultHealthCheckService(true);
-  if (s.options.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  api::ApplyGrpcServerLimits(s.files.config.grpc_server, &builder);
-  GrpcServer g;
-  builder.AddListeningPort(s.opened.grpc_listen, s.server_credentials, &g.port);
-  for (grpc::Service* service : services) builder.RegisterService(service);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
-      interceptors;
-  interceptors.push_back(
-      std::make_unique<api::MetricsInterceptorFactory>(
-          &s.registry, &s.clock,
-          std::vector<std::string>{"tally.v1.Jobs", "tally.v1.Experiments", "tally.v1.Workers"}));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  g.server = builder.BuildAndStart();
-  return g;
-}
 
 // Ticks the scheduler every --tick_interval until `stop`. While the store
 // refuses writes, one small write per tick finds out when it takes writes
@@ -439,18 +413,13 @@ std::thread StartCredentialChecker(const api::Gate& gate, const Clock& clock,
   });
 }
 
-// Makes this tallyd the one that serves: the standby's port handed over to
-// the leader's server, /metrics started (unless the standby started it) and
-// ready, health SERVING, and the addresses printed and written to
-// --address_file. Errors are a message to log before exiting with code 2.
-absl::Status Announce(const Serving& s, grpc::Server& server, int grpc_port) {
+// Makes this tallyd the one that serves (its gRPC server already passes
+// calls to the leader's services): /metrics started (unless the standby
+// started it) and ready, health SERVING, and the addresses printed and
+// written to --address_file. Errors are a message to log before exiting
+// with code 2.
+absl::Status Announce(const Serving& s) {
   wiring::OpenedStore& opened = s.opened;
-  if (opened.exporter != nullptr) opened.exporter->SetReady(true);
-  s.server_metrics.leader.Set(1);
-  if (opened.standby != nullptr) {
-    opened.standby->Shutdown();
-    opened.standby.reset();
-  }
   if (opened.exporter == nullptr) {
     ASSIGN_OR_RETURN(opened.exporter, metrics::HttpExporter::Start(s.options.metrics_listen,
                                                                    &s.registry, s.metrics_tls));
@@ -463,13 +432,13 @@ absl::Status Announce(const Serving& s, grpc::Server& server, int grpc_port) {
   });
   spdlog::info("tallyd: /metrics over {} on {}", s.metrics_tls ? "HTTPS" : "plain HTTP",
                s.options.metrics_listen);
-  server.GetHealthCheckService()->SetServingStatus(true);
-  server.GetHealthCheckService()->SetServingStatus(ha::kLivenessService, true);
+  s.server.GetHealthCheckService()->SetServingStatus(true);
+  s.server.GetHealthCheckService()->SetServingStatus(api::kLivenessService, true);
   opened.exporter->SetReady(true);
   s.server_metrics.leader.Set(1);
-  const std::string addresses =
-      absl::StrCat("grpc=", config::HostOf(s.options.listen), ":", grpc_port, " metrics=",
-                   config::HostOf(s.options.metrics_listen), ":", opened.exporter->port());
+  const std::string addresses = absl::StrCat(
+      "grpc=", config::HostOf(s.options.listen), ":", s.grpc_port,
+      " metrics=", config::HostOf(s.options.metrics_listen), ":", opened.exporter->port());
   std::printf("tallyd serving %s\n", addresses.c_str());
   std::fflush(stdout);
   if (!s.options.address_file.empty()) {
@@ -561,16 +530,14 @@ int Lead(const Serving& s) {
   workers_options.max_streams = o.max_worker_streams;
   workers_options.gate = &gate;
   api::WorkersService workers(&core, workers_options);
-  GrpcServer grpc = StartGrpcServer(s, {&jobs, &experiments, &workers});
-  if (grpc.server == nullptr || grpc.port == 0) {
-    spdlog::error("--listen: cannot listen on {} (address in use?)", o.listen);
-    return 2;
-  }
-  if (absl::Status st = Announce(s, *grpc.server, grpc.port); !st.ok()) {
-    grpc.server->Shutdown();
+  // From here on the server's calls reach the services above: it must be
+  // shut down before they go (Drain does; so does a failed Announce).
+  s.frontend.Serve(&jobs, &experiments, &workers);
+  if (absl::Status st = Announce(s); !st.ok()) {
+    s.server.Shutdown();
     return Refuse(st);
   }
-  return ServeUntilSignalled(s, core, gate, *grpc.server);
+  return ServeUntilSignalled(s, core, gate, s.server);
 }
 
 int Run(const config::TallydOptions& o) {
@@ -591,13 +558,19 @@ int Run(const config::TallydOptions& o) {
   if (!o.metrics_tls_cert.empty()) {
     metrics_tls = metrics::HttpExporter::Tls{o.metrics_tls_cert, o.metrics_tls_key};
   }
-  absl::StatusOr<std::unique_ptr<wiring::OpenedStore>> opened =
-      wiring::OpenStore({o, files->postgres, server_credentials, files->config.grpc_server,
-                         &registry, metrics_tls, signals});
+  // Bound once, before the store opens: until Lead() serves, every call is
+  // refused UNAVAILABLE (a standby's names the leader).
+  api::Frontend frontend("tallyd is starting: recovering its state from the store");
+  absl::StatusOr<wiring::GrpcServer> grpc = wiring::StartGrpcServer(
+      {o.listen, server_credentials, files->config.grpc_server, o.reflection, &registry, &clock},
+      &frontend);
+  if (!grpc.ok()) return Refuse(grpc.status());
+  absl::StatusOr<std::unique_ptr<wiring::OpenedStore>> opened = wiring::OpenStore(
+      {o, files->postgres, &frontend, grpc->port, &registry, metrics_tls, signals});
   if (!opened.ok()) return Refuse(opened.status());
   if (*opened == nullptr) return 0;  // a standby stopped by a signal
-  return Lead({o, *files, priority_caps, submit_limiter, signals, server_credentials, clock,
-               registry, server_metrics, metrics_tls, **opened});
+  return Lead({o, *files, priority_caps, submit_limiter, signals, frontend, *grpc->server,
+               grpc->port, clock, registry, server_metrics, metrics_tls, **opened});
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
 #include "server/wiring/store.h"
 
-#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/api/grpc_server_limits.h"
 #include "server/ha/await_lease.h"
 #include "server/ha/dsn.h"
 #include "server/store/memory_job_store.h"
@@ -65,21 +63,22 @@ absl::StatusOr<std::unique_ptr<store::JobStore>> OpenSqlite(const std::string& d
   return std::unique_ptr<store::JobStore>(std::move(opened));
 }
 
-// The standby's gRPC server and /metrics, and --address_file naming them;
+// What a standby's calls are refused with, naming the leader.
+std::string StandbyRefusal(const std::string& leader) {
+  return absl::StrCat("this tallyd is a standby; the leader is ", leader);
+}
+
+// The standby's /metrics, and --address_file naming it and the gRPC port;
 // returns the addresses ("grpc=... metrics=...").
 absl::StatusOr<std::string> StartStandby(const StoreInputs& in, OpenedStore* out) {
-  const std::string& listen = in.options.listen;
-  ASSIGN_OR_RETURN(out->standby,
-                   ha::StandbyServer::Start(listen, in.server_credentials,
-                                            [&](grpc::ServerBuilder* b) {
-                                              api::ApplyGrpcServerLimits(in.grpc_server, b);
-                                            }));
-  out->grpc_listen = absl::StrCat(config::HostOf(listen), ":", out->standby->port());
+  in.frontend->SetRefusal(StandbyRefusal("not known yet (this tallyd is still reading the lease)"));
+  const std::string grpc_address =
+      absl::StrCat(config::HostOf(in.options.listen), ":", in.grpc_port);
   ASSIGN_OR_RETURN(out->exporter, metrics::HttpExporter::Start(in.options.metrics_listen,
                                                                in.registry, in.metrics_tls));
   const std::string addresses =
-      absl::StrCat("grpc=", out->grpc_listen, " metrics=",
-                   config::HostOf(in.options.metrics_listen), ":", out->exporter->port());
+      absl::StrCat("grpc=", grpc_address, " metrics=", config::HostOf(in.options.metrics_listen),
+                   ":", out->exporter->port());
   if (!in.options.address_file.empty()) {
     RETURN_IF_ERROR(WriteAddressFile(in.options.address_file, addresses));
   }
@@ -116,7 +115,7 @@ void KeepLease(const PostgresSettings& pg, const ha::Acquired& acquired,
 absl::StatusOr<bool> LeadOnPostgres(const StoreInputs& in, const PostgresSettings& pg,
                                     OpenedStore* out) {
   ASSIGN_OR_RETURN(const std::string addresses, StartStandby(in, out));
-  const std::string holder = LeaseHolder(pg, in.options.listen, out->standby->port());
+  const std::string holder = LeaseHolder(pg, in.options.listen, in.grpc_port);
   spdlog::info("tallyd: standby {} on PostgreSQL {}, waiting for the leader lease "
                "(--lease_timeout={})",
                addresses, ha::RedactDsn(pg.dsn), absl::FormatDuration(pg.lease_timeout));
@@ -134,7 +133,9 @@ absl::StatusOr<bool> LeadOnPostgres(const StoreInputs& in, const PostgresSetting
   await.wait = [&](absl::Duration d) {
     return WaitForSignal(in.signals, d, &out->hup_while_standby);
   };
-  await.on_leader = [&](const std::string& leader) { out->standby->SetLeader(leader); };
+  await.on_leader = [&](const std::string& leader) {
+    in.frontend->SetRefusal(StandbyRefusal(leader));
+  };
   ASSIGN_OR_RETURN(std::optional<ha::Acquired> acquired, ha::AwaitLease(out->lease.get(), await));
   if (!acquired.has_value()) {
     spdlog::info("tallyd: standby stopped by a signal");
@@ -147,8 +148,8 @@ absl::StatusOr<bool> LeadOnPostgres(const StoreInputs& in, const PostgresSetting
   KeepLease(pg, *acquired, opened.get(), out);
   spdlog::info("tallyd: took the leader lease (epoch {}, holder {}); recovering state",
                out->lease_epoch, holder);
-  out->standby->SetLeader(absl::StrCat(holder, " (epoch ", out->lease_epoch,
-                                       "): this tallyd, recovering its state"));
+  in.frontend->SetRefusal(StandbyRefusal(
+      absl::StrCat(holder, " (epoch ", out->lease_epoch, "): this tallyd, recovering its state")));
   out->store = std::move(opened);
   return true;
 }
@@ -174,7 +175,6 @@ absl::StatusOr<std::optional<PostgresSettings>> LoadPostgresSettings(
 
 absl::StatusOr<std::unique_ptr<OpenedStore>> OpenStore(const StoreInputs& in) {
   auto out = std::make_unique<OpenedStore>();
-  out->grpc_listen = in.options.listen;
   if (in.options.store == "memory") {
     out->store = std::make_unique<store::InMemoryJobStore>();
   } else if (in.options.store == "sqlite") {

@@ -2,11 +2,12 @@
 // --data_dir, or PostgreSQL shared by a leader and standbys. With
 // PostgreSQL this tallyd serves as a standby (health NOT_SERVING, every call
 // UNAVAILABLE naming the leader, /readyz 503) until it holds the leader
-// lease; see server/ha/leader_lease.h for the protocol.
+// lease; see server/ha/leader_lease.h for the protocol. The gRPC server is
+// already bound (server/wiring/grpc_server.h): a standby only sets what its
+// api::Frontend refuses calls with.
 #ifndef TALLY_SERVER_WIRING_STORE_H_
 #define TALLY_SERVER_WIRING_STORE_H_
 
-#include <grpcpp/security/server_credentials.h>
 #include <signal.h>
 
 #include <atomic>
@@ -17,10 +18,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/config/server_limits.h"
+#include "server/api/frontend.h"
 #include "server/config/tallyd_options.h"
 #include "server/ha/leader_lease.h"
-#include "server/ha/standby_server.h"
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/registry.h"
 #include "server/store/job_store.h"
@@ -46,8 +46,9 @@ absl::StatusOr<std::optional<PostgresSettings>> LoadPostgresSettings(
 struct StoreInputs {
   const config::TallydOptions& options;
   const std::optional<PostgresSettings>& postgres;
-  std::shared_ptr<grpc::ServerCredentials> server_credentials;
-  const config::GrpcServerLimits& grpc_server;
+  // The gRPC server's services and the port it bound.
+  api::Frontend* frontend;
+  int grpc_port;
   metrics::Registry* registry;
   std::optional<metrics::HttpExporter::Tls> metrics_tls;
   // SIGTERM, SIGINT and SIGHUP, blocked: a standby waits for them.
@@ -55,14 +56,11 @@ struct StoreInputs {
 };
 
 // The open store and, with --store=postgres, the lease that fences it and
-// the servers the standby started. Members are destroyed in reverse order:
-// the keeper's threads stop before what they use goes.
+// the /metrics server the standby started. Members are destroyed in reverse
+// order: the keeper's threads stop before what they use goes.
 struct OpenedStore {
   // Started by a standby (null otherwise: start it once serving).
   std::unique_ptr<metrics::HttpExporter> exporter;
-  // The gRPC address to bind: a standby's port 0 becomes the port it bound,
-  // so the leader it turns into serves where it was found.
-  std::string grpc_listen;
   // A SIGHUP the standby received, to act on once it leads.
   bool hup_while_standby = false;
   std::unique_ptr<store::JobStore> store;
@@ -72,9 +70,6 @@ struct OpenedStore {
   int64_t lease_epoch = 0;
   std::unique_ptr<ha::LeaderLease> lease;
   std::unique_ptr<ha::LeaseKeeper> keeper;
-  // A standby's server keeps the port until the leader's is bound beside it
-  // (gRPC sets SO_REUSEPORT), so clients never find the port closed.
-  std::unique_ptr<ha::StandbyServer> standby;
 };
 
 // Opens the store. With --store=postgres: serves as a standby, writes

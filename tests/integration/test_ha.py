@@ -3,6 +3,7 @@ health and readiness of each, failover after kill -9 with nothing
 acknowledged lost and the running attempt re-adopted, fencing of a paused
 leader (SIGSTOP/SIGCONT), and the fast hand-over of a clean SIGTERM."""
 
+import collections
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import urllib.error
 import urllib.request
 
 import harness
-from harness import Tallyd, Worker, jobs_pb2, spec, wait_for
+from harness import Tallyd, Worker, jobs_pb2, jobs_pb2_grpc, spec, wait_for
 from postgres import DatabaseTestCase
 
 import grpc
@@ -232,6 +233,54 @@ class HaTest(DatabaseTestCase):
         self.assertLess(took, 9.0, "the standby waited for the 10 s lease to expire")
         self.assertIn("released the leader lease", a.logs())
         self.assertEqual(self.get(b, job.name).spec.display_name, "kept")
+
+    def test_a_standby_taking_over_cuts_no_call_short(self):
+        # Clients hammer the standby while the leader dies: before the
+        # takeover every call is refused UNAVAILABLE (naming the leader),
+        # after it they are served. None may end CANCELLED: the port is bound
+        # once, so nothing is handed over (a standby that shut its own server
+        # down at the takeover cancelled the calls racing it).
+        a, b = self.leader_and_standby()
+        stop = threading.Event()
+        outcomes = collections.Counter()
+        details = []
+        lock = threading.Lock()
+
+        def hammer(i):
+            channel = b.open_channel()
+            stub = jobs_pb2_grpc.JobsStub(channel)
+            n = 0
+            while not stop.is_set():
+                n += 1
+                rid = "hammer-%d-%d" % (i, n)
+                try:
+                    stub.SubmitJob(jobs_pb2.SubmitJobRequest(spec=spec(name=rid), request_id=rid),
+                                   timeout=10)
+                    code = grpc.StatusCode.OK
+                except grpc.RpcError as e:
+                    code = e.code()
+                    if code != grpc.StatusCode.UNAVAILABLE:
+                        with lock:
+                            details.append("%s: %s" % (code, e.details()))
+                with lock:
+                    outcomes[code] += 1
+            channel.close()
+        threads = [threading.Thread(target=hammer, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.5)
+            self.assertEqual(a.kill(signal.SIGKILL), -signal.SIGKILL)
+            self.wait_leader(b)
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        self.assertGreater(outcomes[grpc.StatusCode.UNAVAILABLE], 0, dict(outcomes))
+        self.assertGreater(outcomes[grpc.StatusCode.OK], 0, dict(outcomes))
+        self.assertEqual(set(outcomes) - {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, set(),
+                         "outcomes %s; first others: %s" % (dict(outcomes), details[:5]))
 
     def test_bad_postgres_flags_are_refused(self):
         env = dict(os.environ)
