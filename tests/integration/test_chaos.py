@@ -314,8 +314,15 @@ class ChaosSoakTest(ClusterTest):
                     continue
                 if target == "damage":
                     target = self.damage_a_checkpoint() if tallyd_up else None
-                    if target is None or any(r[1] == target for r in restarts):
+                    if target is None:
                         print("%6.1fs no running job with a checkpoint to damage" % (now - start),
+                              flush=True)
+                        continue
+                    if any(r[1] == target for r in restarts):
+                        # tallyd still shows the job on a worker killed and
+                        # not back yet: the damage stands, the kill is done.
+                        print("%6.1fs the damaged checkpoint's worker %s is down already "
+                              "(killed, not back yet): no second kill" % (now - start, target),
                               flush=True)
                         continue
                 if target == "tallyd":
