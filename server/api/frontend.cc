@@ -16,23 +16,19 @@ class Frontend::Jobs final
 
   grpc::Status SubmitJob(grpc::ServerContext* c, const tally::v1::SubmitJobRequest* req,
                          tally::v1::Job* resp) override {
-    JobsService* to = owner_->leader().jobs;
-    return to != nullptr ? to->SubmitJob(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::jobs, &JobsService::SubmitJob>(c, req, resp);
   }
   grpc::Status GetJob(grpc::ServerContext* c, const tally::v1::GetJobRequest* req,
                       tally::v1::Job* resp) override {
-    JobsService* to = owner_->leader().jobs;
-    return to != nullptr ? to->GetJob(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::jobs, &JobsService::GetJob>(c, req, resp);
   }
   grpc::Status ListJobs(grpc::ServerContext* c, const tally::v1::ListJobsRequest* req,
                         tally::v1::ListJobsResponse* resp) override {
-    JobsService* to = owner_->leader().jobs;
-    return to != nullptr ? to->ListJobs(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::jobs, &JobsService::ListJobs>(c, req, resp);
   }
   grpc::Status CancelJob(grpc::ServerContext* c, const tally::v1::CancelJobRequest* req,
                          tally::v1::Job* resp) override {
-    JobsService* to = owner_->leader().jobs;
-    return to != nullptr ? to->CancelJob(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::jobs, &JobsService::CancelJob>(c, req, resp);
   }
   grpc::ServerWriteReactor<tally::v1::JobEvent>* WatchJob(
       grpc::CallbackServerContext* c, const tally::v1::WatchJobRequest* req) override {
@@ -42,13 +38,11 @@ class Frontend::Jobs final
   }
   grpc::Status ListCheckpoints(grpc::ServerContext* c, const tally::v1::ListCheckpointsRequest* req,
                                tally::v1::ListCheckpointsResponse* resp) override {
-    JobsService* to = owner_->leader().jobs;
-    return to != nullptr ? to->ListCheckpoints(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::jobs, &JobsService::ListCheckpoints>(c, req, resp);
   }
   grpc::Status EstimateCost(grpc::ServerContext* c, const tally::v1::EstimateCostRequest* req,
                             tally::v1::CostEstimate* resp) override {
-    JobsService* to = owner_->leader().jobs;
-    return to != nullptr ? to->EstimateCost(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::jobs, &JobsService::EstimateCost>(c, req, resp);
   }
 
  private:
@@ -62,29 +56,27 @@ class Frontend::Experiments final : public tally::v1::Experiments::Service {
   grpc::Status CreateExperiment(grpc::ServerContext* c,
                                 const tally::v1::CreateExperimentRequest* req,
                                 tally::v1::Experiment* resp) override {
-    ExperimentsService* to = owner_->leader().experiments;
-    return to != nullptr ? to->CreateExperiment(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::experiments, &ExperimentsService::CreateExperiment>(c, req,
+                                                                                        resp);
   }
   grpc::Status GetExperiment(grpc::ServerContext* c, const tally::v1::GetExperimentRequest* req,
                              tally::v1::Experiment* resp) override {
-    ExperimentsService* to = owner_->leader().experiments;
-    return to != nullptr ? to->GetExperiment(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::experiments, &ExperimentsService::GetExperiment>(c, req, resp);
   }
   grpc::Status ListExperiments(grpc::ServerContext* c, const tally::v1::ListExperimentsRequest* req,
                                tally::v1::ListExperimentsResponse* resp) override {
-    ExperimentsService* to = owner_->leader().experiments;
-    return to != nullptr ? to->ListExperiments(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::experiments, &ExperimentsService::ListExperiments>(c, req,
+                                                                                       resp);
   }
   grpc::Status CancelExperiment(grpc::ServerContext* c,
                                 const tally::v1::CancelExperimentRequest* req,
                                 tally::v1::Experiment* resp) override {
-    ExperimentsService* to = owner_->leader().experiments;
-    return to != nullptr ? to->CancelExperiment(c, req, resp) : owner_->Unavailable();
+    return owner_->Forward<&Leader::experiments, &ExperimentsService::CancelExperiment>(c, req,
+                                                                                        resp);
   }
   grpc::Status WatchExperiment(grpc::ServerContext* c, const tally::v1::WatchExperimentRequest* req,
                                grpc::ServerWriter<tally::v1::ExperimentEvent>* w) override {
-    ExperimentsService* to = owner_->leader().experiments;
-    return to != nullptr ? to->WatchExperiment(c, req, w) : owner_->Unavailable();
+    return owner_->Forward<&Leader::experiments, &ExperimentsService::WatchExperiment>(c, req, w);
   }
 
  private:

@@ -63,6 +63,13 @@ class Frontend {
   // The leader's services; all null before Serve().
   Leader leader() const;
   grpc::Status Unavailable() const;
+  // A synchronous method's call: to the leader's `kService`'s `kMethod`
+  // once served, else refused.
+  template <auto kService, auto kMethod, typename... Args>
+  grpc::Status Forward(Args... args) const {
+    auto* to = leader().*kService;
+    return to != nullptr ? (to->*kMethod)(args...) : Unavailable();
+  }
 
   mutable absl::Mutex mu_;
   std::string refusal_ ABSL_GUARDED_BY(mu_);

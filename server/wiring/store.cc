@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "server/api/frontend.h"
 #include "server/ha/await_lease.h"
 #include "server/ha/dsn.h"
 #include "server/store/memory_job_store.h"

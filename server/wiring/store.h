@@ -18,12 +18,15 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/api/frontend.h"
 #include "server/config/tallyd_options.h"
 #include "server/ha/leader_lease.h"
 #include "server/metrics/http_exporter.h"
 #include "server/metrics/registry.h"
 #include "server/store/job_store.h"
+
+namespace tally::api {
+class Frontend;
+}  // namespace tally::api
 
 namespace tally::wiring {
 
