@@ -48,7 +48,7 @@ class Printer final : public tally::train::TrainEvents {
         "tally-train: %d parameters (%d active, %d in the embedding), %.3g training "
         "FLOPs/token, "
         "%d micro-batches/step, %s attention on %s; %d train / %d val documents, "
-        "first-epoch packing efficiency %.4f; model state %.3g MB (activations aside)%s%s%s\n",
+        "first-epoch packing efficiency %.4f; model state %.3g MB (activations aside)%s%s%s%s\n",
         i.num_parameters, i.num_active_parameters, i.num_embedding_parameters,
         i.flops_per_token,
         i.micro_batches_per_step, i.attention, i.device, i.train_docs, i.val_docs,
@@ -62,7 +62,8 @@ class Printer final : public tally::train::TrainEvents {
             ? absl::StrFormat("; distilling from a %d-parameter teacher (%.3g forward "
                               "FLOPs/token, counted above)",
                               i.teacher_parameters, i.teacher_flops_per_token)
-            : "");
+            : "",
+        i.eval_coverage.empty() ? "" : "\nevaluation sample: " + i.eval_coverage);
   }
   void OnStep(const tally::train::StepMetrics& m) override {
     if (jsonl_) {
@@ -96,12 +97,16 @@ class Printer final : public tally::train::TrainEvents {
   }
   void OnEval(const tally::train::EvalMetrics& e) override {
     if (jsonl_) {
-      *jsonl_ << absl::StrFormat("{\"eval_step\": %d, \"val_loss\": %.17g}", e.step,
-                                 e.val_loss)
+      *jsonl_ << absl::StrFormat(
+                     "{\"eval_step\": %d, \"val_loss\": %.17g, \"doc_val_loss\": %.17g, "
+                     "\"eval_docs\": %d, \"eval_targets\": %d}",
+                     e.step, e.val_loss, e.doc_val_loss, e.docs, e.target_tokens)
               << std::endl;
     }
-    std::cout << absl::StrFormat("eval step %d: val_loss %.4f, %.3f bits/byte (%d tokens)\n",
-                                 e.step, e.val_loss, e.bits_per_byte, e.target_tokens);
+    std::cout << absl::StrFormat(
+        "eval step %d: val_loss %.4f, %.3f bits/byte (%d tokens); document-weighted %.4f "
+        "(%d documents)\n",
+        e.step, e.val_loss, e.bits_per_byte, e.target_tokens, e.doc_val_loss, e.docs);
   }
   void OnCheckpoint(const tally::train::CheckpointInfo& c) override {
     std::cout << absl::StrFormat("checkpoint step %d: %s sha256 %s\n", c.step, c.path,

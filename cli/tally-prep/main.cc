@@ -22,10 +22,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/corpus.h"
 #include "worker/data/dataset.h"
+#include "worker/data/holdout.h"
 #include "worker/data/sentencepiece.h"
 #include "worker/data/tokenizer.h"
 
@@ -52,7 +55,13 @@ ABSL_FLAG(std::string, eos, "none",
           "pre-tokenized input: the EOS id, put after each document that does not end with "
           "it, or none");
 ABSL_FLAG(std::string, model_type, "bpe", "train-tokenizer: bpe or unigram");
-ABSL_FLAG(double, val_fraction, 0.05, "fraction of documents held out for validation");
+ABSL_FLAG(double, val_fraction, 0.05,
+          "fraction of documents held out for validation (by a seeded hash of each)");
+ABSL_FLAG(int64_t, val_tokens, 0,
+          "hold out about this many tokens instead of --val_fraction, with documents spread "
+          "across lengths (systematic sampling over the documents sorted by length); a "
+          "document longer than 10% of it stays in training, so that no one document decides "
+          "the validation loss. Reads the corpus twice");
 ABSL_FLAG(uint64_t, seed, 0, "changes which documents are held out");
 ABSL_FLAG(int64_t, max_line_bytes, int64_t{64} << 20,
           "longest input line accepted, in bytes (a JSONL line holds a whole document)");
@@ -314,16 +323,43 @@ absl::StatusOr<Tokenizing> TokenizingFromFlags(const std::string& format) {
   return t;
 }
 
-// Splits each input's documents between the two writers (by a seeded hash
-// of the document) and tokenizes them; INVALID_ARGUMENT names the file and
-// line of a document that cannot be. Counts the text's bytes.
+// Where each document goes. By default a seeded hash of the document picks
+// (--val_fraction); with `held_out` its ordinal in the corpus does
+// (--val_tokens); with `measure` nothing is written, each document's token
+// count is recorded (the first of --val_tokens' two passes). `val_lengths`
+// collects the token counts of what went to validation.
+struct Routing {
+  const std::vector<bool>* held_out = nullptr;
+  std::vector<int64_t>* measure = nullptr;
+  std::vector<int64_t>* val_lengths = nullptr;
+};
+
+// Splits each input's documents between the two writers as `routing` says
+// and tokenizes them; INVALID_ARGUMENT names the file and line of a document
+// that cannot be. Counts the text's bytes.
 absl::Status WriteDocuments(const std::vector<std::string>& inputs,
                             const tally::data::CorpusOptions& options, const Tokenizing& tok,
-                            tally::data::DatasetWriter& train, tally::data::DatasetWriter& val,
-                            int64_t* text_bytes) {
+                            tally::data::DatasetWriter* train, tally::data::DatasetWriter* val,
+                            const Routing& routing, int64_t* text_bytes) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const uint64_t threshold =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_val_fraction) * 1e9);
+  int64_t ordinal = 0;
+  // The writer for the next document (nullptr: only measured), whose key
+  // is `key` and length `n` tokens.
+  auto route = [&](absl::string_view key, size_t n) -> tally::data::DatasetWriter* {
+    const int64_t at = ordinal++;
+    if (routing.measure) {
+      routing.measure->push_back(static_cast<int64_t>(n));
+      return nullptr;
+    }
+    const bool to_val =
+        routing.held_out ? (at < static_cast<int64_t>(routing.held_out->size()) &&
+                            (*routing.held_out)[at])
+                         : Fnv1a(key, seed) % 1000000000ULL < threshold;
+    if (to_val && routing.val_lengths) routing.val_lengths->push_back(static_cast<int64_t>(n));
+    return to_val ? val : train;
+  };
   const tally::data::TokenizerRecord& record = tok.record;
   const int64_t vocab = tok.vocab;
   const tally::data::SentencePieceTokenizer* spm = tok.spm.get();
@@ -348,8 +384,9 @@ absl::Status WriteDocuments(const std::vector<std::string>& inputs,
             }
             const absl::string_view key(reinterpret_cast<const char*>(tokens.data()),
                                         tokens.size() * sizeof(uint32_t));
-            auto& w = Fnv1a(key, seed) % 1000000000ULL < threshold ? val : train;
-            absl::Status added = w.Add(tokens, 0);
+            tally::data::DatasetWriter* w = route(key, tokens.size());
+            if (w == nullptr) return absl::OkStatus();
+            absl::Status added = w->Add(tokens, 0);
             return added.ok()
                        ? added
                        : absl::InvalidArgumentError(where(at) + std::string(added.message()));
@@ -357,23 +394,62 @@ absl::Status WriteDocuments(const std::vector<std::string>& inputs,
     } else {
       s = tally::data::ReadCorpusFile(
           path, options, [&](absl::string_view text, const tally::data::DocumentSource& at) {
-            *text_bytes += static_cast<int64_t>(text.size());
-            auto& w = Fnv1a(text, seed) % 1000000000ULL < threshold ? val : train;
             if (spm == nullptr) {
               bytes.clear();
               tally::data::ByteTokenizer::Encode(text, &bytes);
-              return w.Add(bytes);
+              tally::data::DatasetWriter* w = route(text, bytes.size());
+              if (w == nullptr) return absl::OkStatus();
+              *text_bytes += static_cast<int64_t>(text.size());
+              return w->Add(bytes);
             }
             tokens.clear();
             if (absl::Status e = spm->Encode(text, &tokens); !e.ok()) {
               return absl::InvalidArgumentError(where(at) + std::string(e.message()));
             }
-            return w.Add(tokens, static_cast<int64_t>(text.size()));
+            tally::data::DatasetWriter* w = route(text, tokens.size());
+            if (w == nullptr) return absl::OkStatus();
+            *text_bytes += static_cast<int64_t>(text.size());
+            return w->Add(tokens, static_cast<int64_t>(text.size()));
           });
     }
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+// Whether --NAME (or -NAME, with =VALUE or a separate value) is among the
+// arguments, before a "--" that ends the flags.
+bool GivenOnCommandLine(int argc, char** argv, absl::string_view name) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (a == "--") break;
+    if (!absl::ConsumePrefix(&a, "--")) absl::ConsumePrefix(&a, "-");
+    if (a == name || absl::StartsWith(a, absl::StrCat(name, "="))) return true;
+  }
+  return false;
+}
+
+// How concentrated the validation split is, and what --val_tokens left out.
+// A split whose tokens sit in a few documents gives a loss that mostly says
+// whether the model saw text like those few: warned above 10%.
+void ReportValidationSplit(const std::vector<int64_t>& val_lengths,
+                           const tally::data::Holdout* holdout) {
+  const double share = tally::data::LargestDocumentShare(val_lengths);
+  std::cout << absl::StrFormat(
+      "tally-prep: validation split: its largest document holds %.1f%% of its tokens\n",
+      100 * share);
+  if (holdout != nullptr && holdout->num_too_long > 0) {
+    std::cout << "tally-prep: --val_tokens: " << holdout->num_too_long
+              << " documents longer than 10% of it stayed in training\n";
+  }
+  if (share > tally::data::kConcentratedShare) {
+    std::cerr << absl::StrFormat(
+        "tally-prep: warning: the validation split is concentrated: one document holds "
+        "%.1f%% of its tokens (over %.0f%%), so a few long documents decide its "
+        "token-weighted loss; hold out by tokens with --val_tokens=N (documents spread "
+        "across lengths), or judge by the document-weighted loss (doc_val_loss)\n",
+        100 * share, 100 * tally::data::kConcentratedShare);
+  }
 }
 
 }  // namespace
@@ -417,6 +493,15 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--val_fraction: must be between 0 and 1 (exclusive), got ",
                              val_fraction), 2);
   }
+  const int64_t val_tokens = absl::GetFlag(FLAGS_val_tokens);
+  if (val_tokens < 0) {
+    return Fail(absl::StrCat("--val_tokens: must be >= 0 (0: hold out by --val_fraction), got ",
+                             val_tokens), 2);
+  }
+  if (val_tokens > 0 && GivenOnCommandLine(argc, argv, "val_fraction")) {
+    return Fail("--val_tokens and --val_fraction: give one (--val_tokens holds out by tokens, "
+                "--val_fraction by documents)", 2);
+  }
   if (std::system(("mkdir -p '" + out + "'").c_str()) != 0) {
     return Fail("cannot create --out directory " + out);
   }
@@ -426,7 +511,24 @@ int main(int argc, char** argv) {
   auto val = tally::data::DatasetWriter::Create(out + "/val", record);
   if (!val.ok()) return Fail(std::string(val.status().message()));
   int64_t text_bytes = 0;
-  if (absl::Status s = WriteDocuments(inputs, options, *tok, **train, **val, &text_bytes);
+  std::vector<int64_t> val_lengths;
+  Routing routing;
+  routing.val_lengths = &val_lengths;
+  tally::data::Holdout holdout;
+  if (val_tokens > 0) {
+    std::vector<int64_t> lengths;
+    Routing measure;
+    measure.measure = &lengths;
+    int64_t unused = 0;
+    if (absl::Status s = WriteDocuments(inputs, options, *tok, nullptr, nullptr, measure, &unused);
+        !s.ok()) {
+      return Fail(std::string(s.message()), 2);
+    }
+    holdout = tally::data::StratifiedHoldout(lengths, val_tokens, absl::GetFlag(FLAGS_seed));
+    routing.held_out = &holdout.held_out;
+  }
+  if (absl::Status s =
+          WriteDocuments(inputs, options, *tok, train->get(), val->get(), routing, &text_bytes);
       !s.ok()) {
     return Fail(std::string(s.message()), 2);
   }
@@ -438,14 +540,15 @@ int main(int argc, char** argv) {
   if ((*val)->num_docs() == 0 || (*train)->num_docs() == 0) {
     return Fail(absl::StrCat("only ", (*train)->num_docs() + (*val)->num_docs(),
                              " documents: too few for a train/validation split "
-                             "(raise --val_fraction or add documents)"), 2);
+                             "(raise --val_fraction or --val_tokens, or add documents)"), 2);
   }
   const std::vector<std::string> recorded(
       inputs.begin(), inputs.begin() + std::min(inputs.size(), kMaxRecordedSources));
   nlohmann::json extra = {{"sources", recorded},
                           {"num_sources", inputs.size()},
                           {"format", format},
-                          {"val_fraction", val_fraction},
+                          {"val_fraction", val_tokens > 0 ? 0.0 : val_fraction},
+                          {"val_tokens", val_tokens},
                           {"seed", absl::GetFlag(FLAGS_seed)},
                           {"field", format == "jsonl" ? options.field : ""}};
   for (auto& [writer, split_name] : {std::pair{train->get(), "train"},
@@ -462,5 +565,6 @@ int main(int argc, char** argv) {
   } else {
     std::cout << " (" << text_bytes << " bytes of text)\n";
   }
+  ReportValidationSplit(val_lengths, val_tokens > 0 ? &holdout : nullptr);
   return 0;
 }

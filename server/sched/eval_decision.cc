@@ -172,6 +172,10 @@ EvalOutcome DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& e
   EvalEvent& eval_event = o.events.emplace_back();
   eval_event.type = "eval";
   eval_event.detail = absl::StrCat(ev.bits_per_byte(), " bits/byte");
+  if (ev.docs() > 0) {
+    absl::StrAppend(&eval_event.detail, "; document-weighted val_loss ", ev.doc_val_loss(),
+                    " over ", ev.docs(), " documents");
+  }
   eval_event.val_loss = ev.val_loss();
   if (j.has_pending_stop()) {
     // Stopping already (the final evaluation of the stopped state): recorded,

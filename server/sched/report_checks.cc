@@ -127,6 +127,11 @@ absl::Status CheckReportFigures(const tally::v1::WorkerMessage& msg) {
     case tally::v1::WorkerMessage::kEval: {
       const tally::v1::EvalResult& e = msg.eval();
       if (absl::Status s = LossLike("eval.val_loss", e.val_loss()); !s.ok()) return s;
+      if (absl::Status s = LossLike("eval.doc_val_loss", e.doc_val_loss()); !s.ok()) return s;
+      if (e.docs() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("eval.docs: must be >= 0, got ", e.docs()));
+      }
       return LossLike("eval.bits_per_byte", e.bits_per_byte());
     }
     case tally::v1::WorkerMessage::kCheckpoint: {

@@ -129,3 +129,69 @@ class HostileInputTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def read_lengths(prefix):
+    """Document lengths of a dataset, from its .idx (worker/data/dataset.h):
+    a 24-byte header, then num_docs + 1 uint64 offsets."""
+    with open(prefix + ".idx", "rb") as f:
+        data = f.read()
+    offsets = struct.unpack_from("<%dQ" % ((len(data) - IDX_HEADER) // 8), data, IDX_HEADER)
+    return [b - a for a, b in zip(offsets, offsets[1:])]
+
+
+class ValidationSplitTest(unittest.TestCase):
+    """How concentrated the validation split is, and --val_tokens."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="tally_prep_split_")
+        self.addCleanup(shutil.rmtree, self.dir)
+        # A long tail: 600 short documents, a few long, one very long.
+        self.corpus = os.path.join(self.dir, "corpus.txt")
+        with open(self.corpus, "w") as f:
+            for i in range(600):
+                n = 20 if i % 97 else 600
+                if i == 300:
+                    n = 8000
+                f.write("entry %d: %s\n%%\n" % (i, "lorem ipsum " * (n // 12 + i % 5)))
+
+    def test_val_tokens_holds_out_about_that_many_with_no_document_over_ten_percent(self):
+        out = os.path.join(self.dir, "data")
+        r = run("--out=" + out, "--val_tokens=20000", self.corpus)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lengths = read_lengths(out + "/val")
+        self.assertGreater(sum(lengths), 15000)
+        self.assertLess(sum(lengths), 25000)
+        self.assertLessEqual(max(lengths), 0.10 * 20000)
+        self.assertIn("validation split: its largest document holds", r.stdout)
+        self.assertIn("stayed in training", r.stdout)
+        self.assertNotIn("warning", r.stderr)
+        with open(out + "/val.json") as f:
+            meta = json.load(f)
+        self.assertEqual(meta["extra"]["val_tokens"], 20000)
+        # Every document is in one split or the other.
+        self.assertEqual(len(lengths) + len(read_lengths(out + "/train")), 600)
+
+    def test_a_concentrated_split_is_warned_about(self):
+        out = os.path.join(self.dir, "few")
+        # A tiny split by fraction: the long documents dominate it whenever
+        # one is held out; with seed search, find one that is held out.
+        for seed in range(40):
+            r = run("--out=" + out, "--val_fraction=0.02", "--seed=%d" % seed, self.corpus)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            lengths = read_lengths(out + "/val")
+            if max(lengths) > 0.1 * sum(lengths):
+                self.assertIn("warning: the validation split is concentrated", r.stderr)
+                self.assertIn("--val_tokens", r.stderr)
+                return
+            self.assertNotIn("warning", r.stderr)
+        self.fail("no seed held out a long document")
+
+    def test_val_tokens_usage_errors(self):
+        out = os.path.join(self.dir, "bad")
+        r = run("--out=" + out, "--val_tokens=-1", self.corpus)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--val_tokens", r.stderr)
+        r = run("--out=" + out, "--val_tokens=1000", "--val_fraction=0.1", self.corpus)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("give one", r.stderr)

@@ -21,7 +21,7 @@ class ReportingEvents final : public train::TrainEvents {
   void OnStart(const train::RunInfo& i) override {
     spdlog::info(
         "{} attempt {}: {} parameters ({} active), {:.3g} FLOPs/token, {} attention on {}, {} train / {} "
-        "val documents, packing efficiency {:.4f}, model state {:.3g} MB{}{}{}{}",
+        "val documents, packing efficiency {:.4f}, model state {:.3g} MB{}{}{}{}{}",
         a_.job(), a_.attempt(), i.num_parameters, i.num_active_parameters, i.flops_per_token,
         i.attention, i.device, i.train_docs, i.val_docs, i.packing_efficiency,
         i.state_bytes / 1e6,
@@ -36,7 +36,8 @@ class ReportingEvents final : public train::TrainEvents {
         i.num_resident_parameters < i.num_parameters
             ? absl::StrCat(", experts sharded: ", i.num_resident_parameters,
                            " parameters held here")
-            : "");
+            : "",
+        i.eval_coverage.empty() ? "" : absl::StrCat(", evaluating on ", i.eval_coverage));
   }
   void OnStep(const train::StepMetrics& m) override {
     tally::v1::Progress p;
@@ -76,8 +77,10 @@ class ReportingEvents final : public train::TrainEvents {
     reporter_->Progress(p);
   }
   void OnEval(const train::EvalMetrics& e) override {
-    spdlog::info("{} attempt {}: step {} val_loss {:.4f} ({:.3f} bits/byte)", a_.job(),
-                 a_.attempt(), e.step, e.val_loss, e.bits_per_byte);
+    spdlog::info("{} attempt {}: step {} val_loss {:.4f} ({:.3f} bits/byte; {:.4f} a document, "
+                 "over {} documents)",
+                 a_.job(), a_.attempt(), e.step, e.val_loss, e.bits_per_byte, e.doc_val_loss,
+                 e.docs);
     tally::v1::EvalResult r;
     r.set_job(a_.job());
     r.set_attempt(a_.attempt());
@@ -85,6 +88,8 @@ class ReportingEvents final : public train::TrainEvents {
     r.set_tokens(e.tokens);
     r.set_val_loss(e.val_loss);
     r.set_bits_per_byte(e.bits_per_byte);
+    r.set_doc_val_loss(e.doc_val_loss);
+    r.set_docs(e.docs);
     reporter_->Eval(r);
   }
   void OnCheckpoint(const train::CheckpointInfo& c) override {

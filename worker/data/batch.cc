@@ -23,12 +23,13 @@ MicroBatch BuildMicroBatch(const Dataset& dataset, absl::Span<const Row> rows,
   b.real.assign(n, 0);
   b.cu_seqlens.push_back(0);
   int64_t segment_id = 0;
-  auto add_segment = [&](size_t start, int32_t length) {
+  auto add_segment = [&](size_t start, int32_t length, int64_t doc) {
     for (int32_t i = 0; i < length; ++i) {
       b.positions[start + i] = i;
       b.segment_ids[start + i] = segment_id;
     }
     ++segment_id;
+    b.segment_docs.push_back(doc);
     b.cu_seqlens.push_back(static_cast<int32_t>(start + length));
     b.max_seqlen = std::max(b.max_seqlen, length);
   };
@@ -45,12 +46,12 @@ MicroBatch BuildMicroBatch(const Dataset& dataset, absl::Span<const Row> rows,
           if (!dataset.IsSpecial(next)) ++b.text_targets;
         }
       }
-      add_segment(at, s.length);
+      add_segment(at, s.length, s.doc);
       std::fill(b.real.begin() + at, b.real.begin() + at + s.length, 1);
       at += s.length;
       b.real_tokens += s.length;
     }
-    if (at < row_end) add_segment(at, static_cast<int32_t>(row_end - at));
+    if (at < row_end) add_segment(at, static_cast<int32_t>(row_end - at), -1);
   }
   b.padding_tokens = static_cast<int64_t>(n) - b.real_tokens;
   return b;

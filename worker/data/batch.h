@@ -31,6 +31,7 @@ struct MicroBatch {
   std::vector<int64_t> segment_ids; // [B*T]; distinct per segment in the batch
   std::vector<uint8_t> real;        // [B*T]; 1 for document tokens, 0 for padding
   std::vector<int32_t> cu_seqlens;  // segment starts over the flat B*T, + end
+  std::vector<int64_t> segment_docs; // per segment id: its document, -1 for padding
   int32_t max_seqlen = 0;           // longest segment
   int64_t real_tokens = 0;          // document tokens
   int64_t padding_tokens = 0;       // B*T - real_tokens

@@ -3,10 +3,12 @@
 #include "worker/train/trainer_run.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Reduction.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -119,13 +121,23 @@ EvalMetrics Run::Evaluate() {
   // autocast region reads the weights as they are now.
   precision::AutocastRegion autocast(device_.type(), autocast_);
   if (fp8_) fp8_->SetTraining(false);
-  double loss_sum = 0;
-  int64_t targets = 0, text_targets = 0;
+  const std::vector<data::Row>& eval_rows = eval_.rows;
+  // Per sampled document (in eval_.docs' order): its loss and target sums,
+  // then the token-weighted totals, summed over the ranks in one vector.
+  const size_t num_docs = eval_.docs.size();
+  std::vector<double> sums(2 * num_docs + 3, 0.0);
+  double& loss_sum = sums[2 * num_docs];
+  double& targets = sums[2 * num_docs + 1];
+  double& text_targets = sums[2 * num_docs + 2];
+  auto doc_slot = [&](int64_t doc) {
+    return static_cast<size_t>(std::lower_bound(eval_.docs.begin(), eval_.docs.end(), doc) -
+                               eval_.docs.begin());
+  };
   // Chunks of micro_batch_rows rows, dealt round-robin to the ranks. With
   // expert parallelism every rank runs as many forward passes as the
   // busiest (they exchange tokens in each), discarding the extra ones.
   const size_t rows = static_cast<size_t>(c_.micro_batch_rows);
-  const size_t chunks = (eval_rows_.size() + rows - 1) / rows;
+  const size_t chunks = (eval_rows.size() + rows - 1) / rows;
   const size_t W = static_cast<size_t>(c_.parallel.world_size);
   const size_t passes = exchange_ ? (chunks + W - 1) / W : chunks;
   for (size_t t = 0; t < passes; ++t) {
@@ -134,31 +146,49 @@ EvalMetrics Run::Evaluate() {
     if (!exchange_ && chunk % W != static_cast<size_t>(c_.parallel.rank)) continue;
     const bool extra = chunk >= chunks;
     const size_t i = (extra ? 0 : chunk) * rows;
-    const size_t n = std::min(rows, eval_rows_.size() - i);
+    const size_t n = std::min(rows, eval_rows.size() - i);
     const data::MicroBatch mb = data::BuildMicroBatch(
-        *val_, absl::MakeConstSpan(eval_rows_).subspan(i, n), c_.data.seq_len,
+        *val_, absl::MakeConstSpan(eval_rows).subspan(i, n), c_.data.seq_len,
         data::PackingMode::kPacked);
-    const double loss = LossSum(*model_, ToDevice(mb, device_), kernel_).ce_sum.item<double>();
+    const DeviceBatch d = ToDevice(mb, device_);
+    const Losses l = LossSum(*model_, d, kernel_);
     if (extra) continue;
-    loss_sum += loss;
-    targets += mb.num_targets;
-    text_targets += mb.text_targets;
+    // Each segment's summed loss, from the per-token losses (0 where there
+    // is no target), in one copy to the host.
+    const at::Tensor ce_N = at::cross_entropy_loss(l.logits_NV.to(at::kFloat), d.targets_N, {},
+                                                   at::Reduction::None, data::kIgnoreTarget);
+    const at::Tensor by_segment =
+        at::zeros({static_cast<int64_t>(mb.segment_docs.size())}, ce_N.options())
+            .index_add_(0, d.input.segments_BT.reshape({-1}), ce_N)
+            .to(at::kCPU, at::kDouble);
+    const double* seg_loss = by_segment.data_ptr<double>();
+    for (size_t s = 0; s < mb.segment_docs.size(); ++s) {
+      if (mb.segment_docs[s] < 0) continue;  // padding
+      const size_t slot = doc_slot(mb.segment_docs[s]);
+      sums[2 * slot] += seg_loss[s];
+      sums[2 * slot + 1] += (mb.cu_seqlens[s + 1] - mb.cu_seqlens[s]) - 1;
+    }
+    loss_sum += l.ce_sum.item<double>();
+    targets += static_cast<double>(mb.num_targets);
+    text_targets += static_cast<double>(mb.text_targets);
   }
-  std::vector<double> sums = {loss_sum, static_cast<double>(targets),
-                              static_cast<double>(text_targets)};
   SumOverRanks(&sums);
-  loss_sum = sums[0];
-  targets = static_cast<int64_t>(sums[1]);
-  text_targets = static_cast<int64_t>(sums[2]);
   EvalMetrics e;
   e.step = state_.step;
   e.tokens = state_.tokens;
-  e.target_tokens = targets;
-  e.val_loss = targets ? loss_sum / targets : 0;
+  e.target_tokens = static_cast<int64_t>(targets);
+  e.val_loss = targets > 0 ? loss_sum / targets : 0;
+  double doc_means = 0;
+  for (size_t k = 0; k < num_docs; ++k) {
+    if (sums[2 * k + 1] <= 0) continue;  // a one-token document has no target
+    doc_means += sums[2 * k] / sums[2 * k + 1];
+    ++e.docs;
+  }
+  e.doc_val_loss = e.docs > 0 ? doc_means / static_cast<double>(e.docs) : 0;
   // Bits per byte of text whatever the tokenizer: the text targets stand
   // for the bytes of text they were prepared from (tally-prep records the
   // ratio; 1 for the byte tokenizer, unknown for pre-tokenized input).
-  const double target_bytes = static_cast<double>(text_targets) * val_->bytes_per_text_token();
+  const double target_bytes = text_targets * val_->bytes_per_text_token();
   e.bits_per_byte = target_bytes > 0 ? loss_sum / std::log(2.0) / target_bytes : 0;
   state_.last_eval_step = state_.step;
   if (fp8_) fp8_->SetTraining(true);

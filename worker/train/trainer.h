@@ -226,6 +226,9 @@ struct RunInfo {
   int64_t micro_batches_per_step = 0;
   int64_t start_step = 0;          // > 0 when resumed
   int64_t train_docs = 0, val_docs = 0;
+  // What each evaluation scores, e.g. "40 of 171 documents, 31204 of 124678
+  // tokens (25.0% of the split)"; empty without evaluations.
+  std::string eval_coverage;
   double packing_efficiency = 0;   // real / slot tokens of the first epoch's plan
   std::string device;
   std::string attention;           // "block-diagonal mask" or "varlen flash"
@@ -282,6 +285,10 @@ struct EvalMetrics {
   int64_t step = 0;
   int64_t tokens = 0;
   double val_loss = 0;             // mean per real target token (nats)
+  // Each sampled document's mean loss per target token, averaged over the
+  // documents: a handful of long documents cannot decide it alone.
+  double doc_val_loss = 0;
+  int64_t docs = 0;                // documents scored
   double bits_per_byte = 0;
   int64_t target_tokens = 0;
 };

@@ -33,6 +33,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/data/batch.h"
 #include "worker/data/dataset.h"
+#include "worker/data/eval_sample.h"
 #include "worker/data/tokenizer.h"
 #include "worker/dist/expert_parallel.h"
 #include "worker/dist/grad_sync.h"
@@ -182,7 +183,7 @@ class Run {
   std::unique_ptr<model::Transformer> teacher_;  // training.distill; forward only
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<precision::Fp8Linears> fp8_;
-  std::vector<data::Row> eval_rows_;
+  data::EvalSample eval_;  // what every evaluation scores (data/eval_sample.h)
   std::unique_ptr<dist::Group> group_;  // null with one rank
   std::unique_ptr<dist::GradientSync> sync_;  // with group_
   std::unique_ptr<dist::Group> expert_group_;    // expert parallelism

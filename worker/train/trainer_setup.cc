@@ -156,15 +156,7 @@ std::optional<TrainResult> Run::OpenData() {
     auto val = data::Dataset::Open(val_path, train_->metadata().vocab_size);
     if (!val.ok()) return Fail("data.val_path: " + std::string(val.status().message()), false);
     val_ = std::move(*val);
-    data::PackOptions eval_opts;
-    eval_opts.seq_len = c_.data.seq_len;
-    eval_opts.shuffle = false;
-    int64_t taken = 0;
-    for (data::Row& r : data::PlanEpoch(val_->DocLengths(), eval_opts, 0)) {
-      if (c_.eval_tokens > 0 && taken >= c_.eval_tokens) break;
-      taken += r.num_tokens;
-      eval_rows_.push_back(std::move(r));
-    }
+    eval_ = data::PlanEvalSample(val_->DocLengths(), c_.data.seq_len, c_.eval_tokens);
   }
   data::PackOptions pack;
   pack.seq_len = c_.data.seq_len;
@@ -261,6 +253,7 @@ RunInfo Run::Info() const {
   info.start_step = state_.step;
   info.train_docs = train_->num_docs();
   info.val_docs = val_ ? val_->num_docs() : 0;
+  if (val_) info.eval_coverage = eval_.Coverage();
   info.packing_efficiency = rows_->epoch_stats().efficiency();
   info.device = c_.device;
   info.attention = kernel_ == model::AttentionKernel::kVarlenFlash ? "varlen flash"
