@@ -182,12 +182,14 @@ void ApplySpecDefaults(JobSpec* spec) {
     if (precision->amax_history_len() == 0) precision->set_amax_history_len(16);
   }
   auto* opt = spec->mutable_optimizer();
-  if (opt->lr() == 0) opt->set_lr(3e-4);
-  if (opt->beta1() == 0) opt->set_beta1(0.9);
-  if (opt->beta2() == 0) opt->set_beta2(0.95);
-  if (opt->eps() == 0) opt->set_eps(1e-8);
+  // Unset, not zero: a value given is kept, and validation refuses one out
+  // of range (lr: 0 names optimizer.lr instead of training at 3e-4).
+  if (!opt->has_lr()) opt->set_lr(3e-4);
+  if (!opt->has_beta1()) opt->set_beta1(0.9);
+  if (!opt->has_beta2()) opt->set_beta2(0.95);
+  if (!opt->has_eps()) opt->set_eps(1e-8);
   auto* training = spec->mutable_training();
-  if (training->micro_batch_rows() == 0) training->set_micro_batch_rows(8);
+  if (!training->has_micro_batch_rows()) training->set_micro_batch_rows(8);
   if (training->has_distill()) {
     auto* distill = training->mutable_distill();
     if (distill->temperature() == 0) distill->set_temperature(1.0);
@@ -195,7 +197,7 @@ void ApplySpecDefaults(JobSpec* spec) {
   }
   // One micro-batch per rank and step.
   const int ranks = std::max(1, spec->resources().gpu_count());
-  if (training->global_batch_tokens() == 0) {
+  if (!training->has_global_batch_tokens()) {
     // In 128 bits: out-of-range factors must not overflow; validation
     // refuses them.
     const absl::int128 tokens = absl::int128(data->seq_len()) *

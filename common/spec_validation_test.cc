@@ -4,8 +4,11 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "common/spec_yaml.h"
 #include "common/text.h"
 #include "gmock/gmock.h"
@@ -522,6 +525,56 @@ TEST(SpecValidationTest, ReportsEveryProblemAtOnce) {
   absl::Status status = ValidateJobSpec(spec);
   EXPECT_THAT(std::string(status.message()), HasSubstr("spec.model.num_layers"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("spec.data.train_path"));
+}
+
+}  // namespace
+}  // namespace tally
+
+namespace tally {
+namespace {
+
+// A field written as 0 is kept as written, never replaced by its default:
+// refused where 0 is out of range, taken where it is a value.
+TEST(SpecValidationTest, AnExplicitZeroIsKeptOrRefusedNeverReplaced) {
+  auto prepared = [](const std::string& extra) {
+    auto spec = ParseJobSpecYaml(
+        "model: {num_layers: 2, d_model: 64, num_heads: 4}\n"
+        "data: {train_path: /data/corpus, seq_len: 128}\n"
+        "training: {max_steps: 10}\n" + extra);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    absl::Status s = PrepareJobSpec(&*spec);
+    return std::make_pair(s, *spec);
+  };
+  for (const auto& [yaml, field] : std::vector<std::pair<std::string, std::string>>{
+           {"optimizer: {lr: 0}", "optimizer.lr"},
+           {"optimizer: {eps: 0}", "optimizer.eps"},
+           {"training: {max_steps: 10, micro_batch_rows: 0}", "training.micro_batch_rows"},
+           {"training: {max_steps: 10, global_batch_tokens: 0}",
+            "training.global_batch_tokens"}}) {
+    std::string text = yaml;
+    // The training line above is replaced, not repeated.
+    auto spec = ParseJobSpecYaml(
+        "model: {num_layers: 2, d_model: 64, num_heads: 4}\n"
+        "data: {train_path: /data/corpus, seq_len: 128}\n" +
+        (absl::StartsWith(text, "training") ? text : "training: {max_steps: 10}\n" + text));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const absl::Status s = PrepareJobSpec(&*spec);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << yaml;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("spec." + field + ":")) << yaml;
+  }
+  // 0 is a value for the betas: kept.
+  auto [ok, spec] = prepared("optimizer: {beta1: 0, beta2: 0}");
+  EXPECT_TRUE(ok.ok()) << ok;
+  EXPECT_EQ(spec.optimizer().beta1(), 0);
+  EXPECT_EQ(spec.optimizer().beta2(), 0);
+  // Unset: the defaults.
+  auto [ok2, plain] = prepared("");
+  EXPECT_TRUE(ok2.ok()) << ok2;
+  EXPECT_EQ(plain.optimizer().lr(), 3e-4);
+  EXPECT_EQ(plain.optimizer().beta1(), 0.9);
+  EXPECT_EQ(plain.optimizer().eps(), 1e-8);
+  EXPECT_EQ(plain.training().micro_batch_rows(), 8);
+  EXPECT_EQ(plain.training().global_batch_tokens(), 128 * 8);
 }
 
 }  // namespace

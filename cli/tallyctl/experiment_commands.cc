@@ -132,7 +132,7 @@ int ExperimentCreate(Client& c) {
   });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
-    std::cout << JsonAll(e) << "\n";
+    std::cout << Json(e) << "\n";
   } else {
     std::cout << Safe(e.name()) << "\n";
   }
@@ -143,7 +143,7 @@ int ExperimentGet(Client& c, const std::string& arg) {
   tally::v1::Experiment e;
   if (int rc = GetExperiment(c, arg, &e); rc != kOk) return rc;
   if (absl::GetFlag(FLAGS_output) == "json") {
-    std::cout << JsonAll(e) << "\n";
+    std::cout << Json(e) << "\n";
   } else {
     PrintExperiment(e);
   }
@@ -160,7 +160,7 @@ int ExperimentList(Client& c) {
       [&](grpc::ClientContext* ctx) { return c.experiments()->ListExperiments(ctx, req, &resp); });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
-    std::cout << JsonAll(resp) << "\n";
+    std::cout << Json(resp) << "\n";
     return kOk;
   }
   std::cout << absl::StrFormat("%-16s %-17s %-9s %-10s %-9s %s\n", "EXPERIMENT", "STATE",
@@ -186,7 +186,7 @@ int ExperimentCancel(Client& c, const std::string& arg) {
       [&](grpc::ClientContext* ctx) { return c.experiments()->CancelExperiment(ctx, req, &e); });
   if (!s.ok()) return Fail(s, c);
   if (absl::GetFlag(FLAGS_output) == "json") {
-    std::cout << JsonAll(e) << "\n";
+    std::cout << Json(e) << "\n";
   } else {
     PrintExperiment(e);
   }
@@ -318,7 +318,7 @@ int ExperimentReport(Client& c, const std::string& arg) {
     curves.push_back({v.name(), {job.curve().begin(), job.curve().end()}});
   }
   if (absl::GetFlag(FLAGS_output) == "json") {
-    std::cout << JsonAll(e) << "\n";
+    std::cout << Json(e) << "\n";
   } else {
     PrintExperiment(e);
   }

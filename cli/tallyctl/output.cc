@@ -22,11 +22,21 @@ std::string StateName(tally::v1::JobState s) {
   return std::string(name);
 }
 
+namespace {
+
+google::protobuf::util::JsonPrintOptions EveryField() {
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  return opts;
+}
+
+}  // namespace
+
 std::string Json(const google::protobuf::Message& m) {
   std::string out;
-  google::protobuf::util::JsonPrintOptions opts;
+  google::protobuf::util::JsonPrintOptions opts = EveryField();
   opts.add_whitespace = true;
-  opts.preserve_proto_field_names = true;
   if (auto s = google::protobuf::util::MessageToJsonString(m, &out, opts); !s.ok()) {
     std::cerr << "tallyctl: cannot print as JSON: " << Safe(s.ToString()) << "\n";
   }
@@ -35,22 +45,8 @@ std::string Json(const google::protobuf::Message& m) {
 
 std::string JsonLine(const google::protobuf::Message& m) {
   std::string line;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &line, opts);
+  (void)google::protobuf::util::MessageToJsonString(m, &line, EveryField());
   return line;
-}
-
-std::string JsonAll(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
-  opts.preserve_proto_field_names = true;
-  opts.always_print_primitive_fields = true;
-  if (auto s = google::protobuf::util::MessageToJsonString(m, &out, opts); !s.ok()) {
-    std::cerr << "tallyctl: cannot print as JSON: " << Safe(s.ToString()) << "\n";
-  }
-  return out;
 }
 
 std::string Time(const google::protobuf::Timestamp& t) {

@@ -20,16 +20,15 @@ std::string Safe(absl::string_view text);
 // The state without its prefix, e.g. "RUNNING".
 std::string StateName(tally::v1::JobState s);
 
-// `m` as indented JSON with the proto's field names, default values left
-// out; a message that cannot be printed is reported on stderr.
+// `m` as indented JSON with the proto's field names and every field, zeros
+// and false included (a curve's step-0 point has its "step"): scripts read
+// the figures by name and should find each one. A message that cannot be
+// printed is reported on stderr.
 std::string Json(const google::protobuf::Message& m);
 
-// One message as one line of JSON (watch --output=json).
+// One message as one line of JSON, every field included (watch
+// --output=json).
 std::string JsonLine(const google::protobuf::Message& m);
-
-// As Json, with every field, zeros and false included: outside tools read
-// the figures by name and should find each one.
-std::string JsonAll(const google::protobuf::Message& m);
 
 // `t` in the local time zone (FormatTimestamp in job_format.h).
 std::string Time(const google::protobuf::Timestamp& t);

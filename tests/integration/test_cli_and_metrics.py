@@ -47,6 +47,8 @@ class TallyctlTest(ClusterTest):
         self.assertEqual(job["state"], "JOB_STATE_SUCCEEDED")
         self.assertEqual(job["spec"]["display_name"], "tiny-packed")
         self.assertEqual(job["spec"]["labels"], {"team": "research"})
+        # Every field, zeros included: the step-0 evaluation has its "step".
+        self.assertEqual(job["curve"][0]["step"], "0")
         lst = self.tallyctl("list", "--state=succeeded")
         self.assertEqual(lst.returncode, 0, lst.stderr)
         self.assertIn(name, lst.stdout)
@@ -71,6 +73,13 @@ class TallyctlTest(ClusterTest):
         r = self.tallyctl("submit", "-f", "-", stdin=invalid)
         self.assertEqual(r.returncode, 2)
         self.assertIn("spec.model.num_layers", r.stderr)
+        # An explicit 0 is never replaced by the default: it is refused.
+        zero_lr = ("model: {num_layers: 2, d_model: 64, num_heads: 4}\n"
+                   "data: {train_path: /data/corpus, seq_len: 128}\n"
+                   "training: {max_steps: 10}\noptimizer: {lr: 0}\n")
+        r = self.tallyctl("validate", "-f", "-", stdin=zero_lr)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("spec.optimizer.lr", r.stderr)
         self.assertEqual(self.tallyctl("get", "jobs/999").returncode, 3)
         self.assertEqual(self.tallyctl("submit", "-f", "/nonexistent.yaml").returncode, 3)
         self.assertEqual(self.tallyctl("frobnicate").returncode, 2)
