@@ -177,6 +177,7 @@ void ApplyExperimentDefaults(ExperimentSpec* spec) {
   if (spec->strategy() == tally::v1::EXPERIMENT_STRATEGY_UNSPECIFIED) {
     spec->set_strategy(tally::v1::EXPERIMENT_STRATEGY_ALL);
   }
+  if (spec->replicates() == 0) spec->set_replicates(1);
 }
 
 absl::Status ValidateExperimentSpec(const ExperimentSpec& spec) {
@@ -213,6 +214,11 @@ absl::Status ValidateExperimentSpec(const ExperimentSpec& spec) {
       add(field, absl::StrCat("\"", name, "\" is also the name of variants[",
                               it->second, "]; names must be unique"));
     }
+  }
+
+  if (spec.replicates() < 0 || spec.replicates() > kMaxExperimentReplicates) {
+    add("replicates", absl::StrCat("must be 1 to ", kMaxExperimentReplicates,
+                                   " (0: 1), got ", spec.replicates()));
   }
 
   const tally::v1::ExperimentTarget& target = spec.target();

@@ -11,6 +11,7 @@
 //   target: {from_variant: naive}               # or {val_loss: 2.5}
 //   budget: {max_dollars: 5.0}                  # optional; 0 means none
 //   strategy: all                               # or successive_halving
+//   replicates: 3                               # optional; runs of each variant
 //
 // A variant's spec is the base with its overrides merged in, field by field:
 // - a message (model, model.moe, ...) merges: fields the override does not
@@ -49,6 +50,7 @@ namespace tally {
 
 inline constexpr int kMaxExperimentVariants = 32;
 inline constexpr int kMaxVariantNameChars = 64;
+inline constexpr int kMaxExperimentReplicates = 8;
 
 // Reads an experiment file with the job spec reader's strictness and limits
 // (kMaxSpecBytes, no anchors or aliases, no duplicate keys, one document,
@@ -77,7 +79,7 @@ absl::Status MergeOverrides(const google::protobuf::Struct& overrides,
                             absl::string_view root = "spec");
 
 // Fills fields whose zero value means "default": strategy UNSPECIFIED
-// becomes ALL. Idempotent.
+// becomes ALL, replicates 0 becomes 1. Idempotent.
 void ApplyExperimentDefaults(tally::v1::ExperimentSpec* spec);
 
 // OK, or INVALID_ARGUMENT listing every problem:

@@ -89,7 +89,9 @@ void PrintExperiment(const tally::v1::Experiment& e) {
   if (e.target_val_loss() > 0) {
     std::cout << absl::StrFormat("val loss %.4f", e.target_val_loss());
     if (e.spec().target().has_from_variant()) {
-      std::cout << " (the final loss of " << Safe(e.spec().target().from_variant()) << ")";
+      std::cout << (e.spec().replicates() > 1 ? " (the highest final loss of the runs of "
+                                              : " (the final loss of ")
+                << Safe(e.spec().target().from_variant()) << ")";
     }
   } else if (e.spec().target().has_from_variant()) {
     std::cout << "the final loss of " << Safe(e.spec().target().from_variant())

@@ -387,6 +387,9 @@ void AppendLegend(const std::vector<Series>& series, double target, XAxis x_axis
 struct Crossing {
   const Series* series;
   double x;
+  // With replicates: the 90% interval of the variant's mean to the target
+  // (low = high: none), drawn as a whisker on the target line.
+  double low = 0, high = 0;
 };
 
 // The axes, the target line, the curves and the crossings, scaled to what
@@ -406,8 +409,8 @@ void AppendPlot(const std::vector<Series>& series, const std::vector<Crossing>& 
     }
   }
   for (const Crossing& c : crossings) {
-    x_lo = std::min(x_lo, c.x);
-    x_hi = std::max(x_hi, c.x);
+    x_lo = std::min({x_lo, c.x, c.low < c.high ? c.low : c.x});
+    x_hi = std::max({x_hi, c.x, c.high});
   }
   if (Degenerate(x_lo, x_hi)) x_hi = x_lo + std::max(1.0, std::abs(x_lo));
   // The region around the target: what tells the variants apart there
@@ -490,6 +493,20 @@ void AppendPlot(const std::vector<Series>& series, const std::vector<Crossing>& 
   }
   if (clipped) absl::StrAppend(&svg, "</g>\n");
   for (const Crossing& c : crossings) {
+    if (!(c.low < c.high)) continue;
+    const std::string name = Xml(c.series->name);
+    const std::string y = Px(py(target)), lo = Px(px(c.low)), hi = Px(px(c.high));
+    const std::string y0 = Px(py(target) - 6), y1 = Px(py(target) + 6);
+    absl::StrAppend(&svg, "<path class=\"interval\" data-variant=\"", name, "\" d=\"M", lo, " ",
+                    y, " L", hi, " ", y, " M", lo, " ", y0, " L", lo, " ", y1, " M", hi, " ", y0,
+                    " L", hi, " ", y1, "\" fill=\"none\" stroke=\"", Color(c.series->color),
+                    "\" stroke-width=\"2\"><title>", name, ": 90% interval of the mean over "
+                    "replicates, ",
+                    tokens ? absl::StrCat(Si(c.low), "-", Si(c.high), " tokens")
+                           : absl::StrCat(Dollars(c.low), "-", Dollars(c.high)),
+                    "</title></path>\n");
+  }
+  for (const Crossing& c : crossings) {
     const std::string name = Xml(c.series->name);
     absl::StrAppend(&svg, "<circle class=\"crossing\" data-variant=\"", name, "\" cx=\"",
                     Px(px(c.x)), "\" cy=\"", Px(py(target)),
@@ -519,7 +536,22 @@ std::string RenderExperimentSvg(const Experiment& experiment,
     for (const Series& s : series) {
       if (s.status == nullptr || !s.status->reached_target()) continue;
       const double x = ToTarget(*s.status, x_axis);
-      if (Plottable(x)) crossings.push_back({&s, x});
+      if (!Plottable(x)) continue;
+      Crossing c{&s, x};
+      // With replicates: the mean's interval, on an axis the summary has.
+      for (const auto& summary : experiment.summaries()) {
+        if (summary.name() != s.name || summary.replicates() < 2) continue;
+        const bool recipe = x_axis == XAxis::kRecipeDollars;
+        const double lo = recipe ? summary.recipe_cost_ci90_low_usd()
+                          : tokens ? summary.tokens_ci90_low() : 0;
+        const double hi = recipe ? summary.recipe_cost_ci90_high_usd()
+                          : tokens ? summary.tokens_ci90_high() : 0;
+        if (Plottable(lo) && Plottable(hi) && lo < hi) {
+          c.low = lo;
+          c.high = hi;
+        }
+      }
+      crossings.push_back(c);
     }
   }
 

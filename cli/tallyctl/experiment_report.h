@@ -47,6 +47,10 @@ struct ReportOptions {
 //  - a dashed horizontal line (class="target") at experiment.target_val_loss()
 //    when it is > 0, and a marker (class="crossing" data-variant="NAME") at
 //    (cost_to_target_usd, target) for every VariantStatus that reached it;
+//  - with replicates (spec.replicates > 1), the first run of each variant is
+//    its curve, and a whisker (class="interval" data-variant="NAME") on the
+//    target line spans the 90% interval of the variant's mean to the target
+//    (recipe dollars or tokens; none on a billed axis);
 //  - linear axes with round ticks, a legend with each variant's cost to the
 //    target (or why there is none), and a title with the experiment's display
 //    name and name.

@@ -494,6 +494,46 @@ TEST(ExperimentReportTest, RecipeDollarsAreTheDefaultAxisAndBilledOnRequest) {
               HasSubstr("a variant has no step times"));
 }
 
+// With replicates, a whisker on the target line spans each variant's 90%
+// interval of the mean recipe cost; none on a billed axis.
+TEST(ExperimentReportTest, ReplicatesDrawTheIntervalOfTheMeanOnTheTargetLine) {
+  Experiment e = MakeExperiment({"naive", "packed"}, 3.0);
+  e.mutable_spec()->set_replicates(3);
+  for (int i = 0; i < 2; ++i) {
+    auto* v = e.mutable_variants(i);
+    v->set_recipe_usd_per_step(0.01);
+    v->set_reached_target(true);
+    v->set_recipe_cost_to_target_usd(i == 0 ? 1.0 : 0.5);
+    v->set_cost_to_target_usd(i == 0 ? 1.0 : 0.5);
+  }
+  auto* s = e.add_summaries();
+  s->set_name("packed");
+  s->set_replicates(3);
+  s->set_recipe_cost_ci90_low_usd(0.4);
+  s->set_recipe_cost_ci90_high_usd(0.7);
+  auto at = [](int64_t step, double billed, double loss) {
+    EvalPoint p = Eval(billed, loss);
+    p.set_step(step);
+    return p;
+  };
+  const std::vector<VariantCurve> curves = {
+      {"naive", {at(0, 0, 5.0), at(50, 0.5, 3.5), at(150, 1.5, 2.5)}},
+      {"packed", {at(0, 0, 5.0), at(25, 0.25, 3.5), at(75, 0.75, 2.5)}}};
+  const Document doc = Render(e, curves);
+  const auto whiskers = WithClass(doc, "path", "interval");
+  ASSERT_THAT(whiskers, SizeIs(1));
+  EXPECT_EQ(whiskers[0]->attrs.at("data-variant"), "packed");
+  EXPECT_THAT(AllText(doc), HasSubstr("90% interval of the mean over replicates"));
+  // It spans $0.40 to $0.70 on the same scale as packed's crossing at $0.50.
+  const std::vector<XY> w = Vertices(*whiskers[0]);
+  ASSERT_GE(w.size(), 2u);
+  const double cross = Attr(*WithClass(doc, "circle", "crossing")[1], "cx");
+  EXPECT_NEAR((cross - w[0].x) / (w[1].x - w[0].x), (0.5 - 0.4) / (0.7 - 0.4), 0.01);
+  ReportOptions billed;
+  billed.billed = true;
+  EXPECT_THAT(WithClass(Render(e, curves, billed), "path", "interval"), IsEmpty());
+}
+
 // The y axis zooms to the region around the target (the curves' early,
 // steep part is alike for every variant), clipping what lies above it;
 // --svg_y=full shows every loss.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -271,8 +272,11 @@ std::string VariantTable(const tally::v1::Experiment& e) {
       if (r > 1.25 || r < 0.8) notes.push_back(absl::StrFormat("billed %.2fx its recipe cost", r));
     }
     const bool recipe = v.recipe_cost_to_target_usd() > 0;
+    const std::string name = v.replicate() > 0 && e.spec().replicates() > 1
+                                 ? absl::StrCat(v.name(), "#", v.replicate())
+                                 : v.name();
     absl::StrAppendFormat(
-        &out, kRow, Safe(v.name()), state, absl::StrCat(v.step()), LossOrDash(v.val_loss()),
+        &out, kRow, Safe(name), state, absl::StrCat(v.step()), LossOrDash(v.val_loss()),
         LossOrDash(v.best_val_loss()),
         v.reached_target() ? absl::StrFormat("%.1f", v.steps_to_target()) : std::string("-"),
         v.reached_target() ? Count(v.tokens_to_target()) : std::string("-"),
@@ -292,6 +296,46 @@ std::string VariantTable(const tally::v1::Experiment& e) {
                   "  recipe $: steps to the target x the variant's median step time x its GPUs' "
                   "price (the recipe's cost, wherever it ran); billed $: tallyd's clock (start-up, "
                   "evaluations and a busy machine included)\n");
+  if (e.spec().replicates() > 1) absl::StrAppend(&out, SummaryTable(e));
+  return out;
+}
+
+namespace {
+
+// "12.3 (10.1-14.5)": a mean and its interval, or "-".
+std::string WithInterval(double mean, double low, double high, int reached,
+                         const std::function<std::string(double)>& f) {
+  if (reached == 0) return "-";
+  return absl::StrCat(f(mean), " (", f(low), "-", f(high), ")");
+}
+
+}  // namespace
+
+std::string SummaryTable(const tally::v1::Experiment& e) {
+  std::string out = absl::StrFormat("  over %d replicates (mean and 90%% interval):\n",
+                                    e.spec().replicates());
+  const char* kRow = "  %-20s %-7s %-22s %-22s %-32s %-22s %s\n";
+  absl::StrAppendFormat(&out, kRow, "VARIANT", "REACHED", "STEPS TO T", "TOKENS TO T",
+                        "RECIPE $ TO T", "x REF", "VERDICT");
+  auto steps = [](double x) { return absl::StrFormat("%.1f", x); };
+  auto dollars = [](double x) { return FormatDollars(x); };
+  auto ratio = [](double x) { return absl::StrFormat("%.2fx", x); };
+  for (const auto& s : e.summaries()) {
+    absl::StrAppendFormat(
+        &out, kRow, Safe(s.name()), absl::StrCat(s.reached_target(), "/", s.replicates()),
+        WithInterval(s.steps_to_target(), s.steps_ci90_low(), s.steps_ci90_high(),
+                     s.reached_target(), steps),
+        WithInterval(s.tokens_to_target(), s.tokens_ci90_low(), s.tokens_ci90_high(),
+                     s.reached_target(), Count),
+        WithInterval(s.recipe_cost_to_target_usd(), s.recipe_cost_ci90_low_usd(),
+                     s.recipe_cost_ci90_high_usd(), s.recipe_cost_to_target_usd() > 0, dollars),
+        WithInterval(s.recipe_ratio_to_reference(), s.recipe_ratio_ci90_low(),
+                     s.recipe_ratio_ci90_high(), s.ratio_pairs(), ratio),
+        Safe(s.verdict()));
+  }
+  absl::StrAppend(&out,
+                  "  x REF pairs each run with the reference's run of the same seed; \"cheaper\" "
+                  "only when the whole interval is below 1\n");
   return out;
 }
 

@@ -89,7 +89,14 @@ std::string ProgressBar(const tally::v1::JobEvent& e, int64_t max_steps, int pre
 // the recipe cost with its p10-p90 interval and ratio, the billed dollars
 // and ratio, dollars so far, notes), then a line saying what the two dollar
 // figures are.
+// With replicates, one line per run ("packed#2"), then SummaryTable.
 std::string VariantTable(const tally::v1::Experiment& e);
+
+// Each variant over its replicates: how many reached the target, the mean
+// and 90% interval of steps, tokens and recipe dollars to it and of the
+// ratio to the reference, and the verdict ("cheaper" only when the ratio's
+// interval is below 1).
+std::string SummaryTable(const tally::v1::Experiment& e);
 
 }  // namespace tally::cli
 

@@ -361,6 +361,47 @@ TEST(JobFormatTest, TheVariantTableShowsBothFiguresAndSaysWhy) {
   EXPECT_THAT(t, HasSubstr("recipe $: steps to the target"));
 }
 
+TEST(JobFormatTest, WithReplicatesEachRunIsNamedAndEachVariantSummarised) {
+  tally::v1::Experiment e;
+  e.mutable_spec()->set_replicates(3);
+  e.set_reference_variant("naive");
+  for (int r = 1; r <= 3; ++r) {
+    auto* v = e.add_variants();
+    v->set_name("packed");
+    v->set_replicate(r);
+  }
+  auto* naive = e.add_summaries();
+  naive->set_name("naive");
+  naive->set_replicates(3);
+  naive->set_verdict("reference");
+  auto* s = e.add_summaries();
+  s->set_name("packed");
+  s->set_replicates(3);
+  s->set_reached_target(3);
+  s->set_steps_to_target(61.5);
+  s->set_steps_ci90_low(50.25);
+  s->set_steps_ci90_high(72.75);
+  s->set_tokens_to_target(1.2e6);
+  s->set_tokens_ci90_low(1.0e6);
+  s->set_tokens_ci90_high(1.4e6);
+  s->set_recipe_cost_to_target_usd(0.0615);
+  s->set_recipe_cost_ci90_low_usd(0.0502);
+  s->set_recipe_cost_ci90_high_usd(0.0728);
+  s->set_recipe_ratio_to_reference(0.61);
+  s->set_recipe_ratio_ci90_low(0.55);
+  s->set_recipe_ratio_ci90_high(0.68);
+  s->set_ratio_pairs(3);
+  s->set_verdict("cheaper");
+  const std::string t = VariantTable(e);
+  EXPECT_THAT(t, HasSubstr("packed#2"));
+  EXPECT_THAT(t, HasSubstr("over 3 replicates (mean and 90% interval)"));
+  EXPECT_THAT(t, HasSubstr("3/3     61.5 (50.2-72.8)"));
+  EXPECT_THAT(t, HasSubstr("$0.0615 ($0.0502-$0.0728)"));
+  EXPECT_THAT(t, HasSubstr("0.61x (0.55x-0.68x)"));
+  EXPECT_THAT(t, HasSubstr("cheaper"));
+  EXPECT_THAT(t, HasSubstr("reference"));
+}
+
 TEST(JobFormatTest, ModelOriginNamesTheUpcycledSourceAndTheTeacher) {
   tally::v1::JobSpec spec;
   EXPECT_THAT(ModelOriginLines(spec), IsEmpty());

@@ -10,7 +10,8 @@ from typing import Any
 
 from tally.v1 import experiments_pb2, jobs_pb2
 
-__all__ = ["ExperimentReport", "EvalHistory", "VARIANT_COLUMNS", "EVAL_COLUMNS"]
+__all__ = ["ExperimentReport", "EvalHistory", "VARIANT_COLUMNS", "SUMMARY_COLUMNS",
+           "EVAL_COLUMNS", "run_name"]
 
 # The variant table's columns: VariantStatus fields, in this order.
 VARIANT_COLUMNS = (
@@ -19,7 +20,15 @@ VARIANT_COLUMNS = (
     "ratio_to_reference", "target_step", "recipe_cost_to_target_usd", "recipe_cost_low_usd",
     "recipe_cost_high_usd", "recipe_ratio_to_reference", "steps_to_target", "flops_to_target",
     "step_seconds", "step_seconds_spread", "step_time_varied", "recipe_usd_per_step", "halted",
-    "note")
+    "note", "replicate", "seed")
+# A variant over its replicates (VariantSummary fields, in this order): the
+# means with their 90% intervals, and the verdict.
+SUMMARY_COLUMNS = (
+    "name", "replicates", "reached_target", "steps_to_target", "steps_ci90_low",
+    "steps_ci90_high", "tokens_to_target", "tokens_ci90_low", "tokens_ci90_high",
+    "recipe_cost_to_target_usd", "recipe_cost_ci90_low_usd", "recipe_cost_ci90_high_usd",
+    "recipe_ratio_to_reference", "recipe_ratio_ci90_low", "recipe_ratio_ci90_high",
+    "ratio_pairs", "cost_to_target_usd", "verdict")
 EVAL_COLUMNS = ("step", "tokens", "cost_usd", "gpu_seconds", "val_loss")
 
 
@@ -30,6 +39,11 @@ def _pandas() -> Any:
         raise ImportError("to_dataframe() needs pandas: pip install 'tally-client[pandas]'") \
             from None
     return pandas
+
+
+def run_name(v: experiments_pb2.VariantStatus) -> str:
+    """A run's name: the variant's, with "#r" for replicate r > 1 of it."""
+    return v.name if v.replicate <= 1 else "%s#%d" % (v.name, v.replicate)
 
 
 def _state(v: experiments_pb2.VariantStatus) -> str:
@@ -72,9 +86,23 @@ class ExperimentReport:
 
     def to_dataframe(self) -> Any:
         """The variant table as a pandas DataFrame indexed by variant name
-        (needs the ``pandas`` extra)."""
+        (needs the ``pandas`` extra); with replicates, one row per run,
+        indexed by (name, replicate)."""
         pd = _pandas()
-        return pd.DataFrame(self.rows(), columns=list(VARIANT_COLUMNS)).set_index("name")
+        df = pd.DataFrame(self.rows(), columns=list(VARIANT_COLUMNS))
+        if self.experiment.spec.replicates > 1:
+            return df.set_index(["name", "replicate"])
+        return df.set_index("name")
+
+    def summary_rows(self) -> list[dict[str, Any]]:
+        """One dict per variant with SUMMARY_COLUMNS as keys: the means over
+        its replicates, their 90% intervals and the verdict."""
+        return [{c: getattr(s, c) for c in SUMMARY_COLUMNS} for s in self.experiment.summaries]
+
+    def summary_dataframe(self) -> Any:
+        """summary_rows() as a pandas DataFrame indexed by variant name."""
+        pd = _pandas()
+        return pd.DataFrame(self.summary_rows(), columns=list(SUMMARY_COLUMNS)).set_index("name")
 
     def table(self) -> str:
         """The table as text: each variant's state, losses and dollars to the
@@ -90,7 +118,7 @@ class ExperimentReport:
                      "RATIO", "NOTE")]
         for v in e.variants:
             lines.append("%-20s %-17s %-9s %-9s %-10s %-12s %-12s %-7s %s" % (
-                v.name, _state(v),
+                run_name(v), _state(v),
                 "%.4f" % v.final_val_loss if v.final_val_loss > 0 else "-",
                 "%.4f" % v.best_val_loss if v.best_val_loss > 0 else "-",
                 "$%.4f" % v.cost_usd,
@@ -98,6 +126,22 @@ class ExperimentReport:
                 "$%.4f" % v.cost_to_target_usd if v.reached_target else "-",
                 "%.2fx" % v.recipe_ratio_to_reference if v.recipe_ratio_to_reference > 0 else "-",
                 v.note))
+        if e.spec.replicates > 1:
+            lines.append("over %d replicates (mean and 90%% interval):" % e.spec.replicates)
+            lines.append("%-20s %-8s %-32s %-22s %s" % (
+                "VARIANT", "REACHED", "RECIPE_$ (90%)", "RATIO (90%)", "VERDICT"))
+            for su in e.summaries:
+                lines.append("%-20s %-8s %-32s %-22s %s" % (
+                    su.name, "%d/%d" % (su.reached_target, su.replicates),
+                    "$%.4f ($%.4f-$%.4f)" % (su.recipe_cost_to_target_usd,
+                                              su.recipe_cost_ci90_low_usd,
+                                              su.recipe_cost_ci90_high_usd)
+                    if su.recipe_cost_to_target_usd > 0 else "-",
+                    "%.2fx (%.2fx-%.2fx)" % (su.recipe_ratio_to_reference,
+                                             su.recipe_ratio_ci90_low,
+                                             su.recipe_ratio_ci90_high)
+                    if su.ratio_pairs > 0 else "-",
+                    su.verdict))
         return "\n".join(lines)
 
     def __str__(self) -> str:

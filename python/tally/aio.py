@@ -16,7 +16,7 @@ import grpc.aio
 from tally import _common
 from tally._config import Connection
 from tally._errors import TallyError, error_from_rpc
-from tally._report import EvalHistory, ExperimentReport
+from tally._report import EvalHistory, ExperimentReport, run_name
 from tally._spec import SpecInput, load_experiment_spec, load_job_spec
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
 
@@ -306,5 +306,5 @@ class Experiments:
         curves = {}
         for v in e.variants:
             if v.job:
-                curves[v.name] = list((await self._c.jobs.get(v.job)).curve)
+                curves[run_name(v)] = list((await self._c.jobs.get(v.job)).curve)
         return ExperimentReport(experiment=e, curves=curves)

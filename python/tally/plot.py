@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tally._report import ExperimentReport
+from tally._report import ExperimentReport, run_name
 from tally.v1 import experiments_pb2
 
 __all__ = ["plot_loss_vs_dollars", "PALETTE"]
@@ -52,9 +52,9 @@ def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = 
             raise ValueError("plot_loss_vs_dollars: give an ExperimentReport, or a client too")
         report = client.experiments.report(experiment)
     e: experiments_pb2.Experiment = report.experiment
-    names = [v.name for v in e.variants]
+    names = [run_name(v) for v in e.variants]
     names += [n for n in report.curves if n not in names]
-    status = {v.name: v for v in e.variants}
+    status = {run_name(v): v for v in e.variants}
 
     any_loss = any(_ok(p.val_loss) for c in report.curves.values() for p in c)
     any_cost = any(_ok(p.val_loss) and _ok(p.cost_usd) and p.cost_usd > 0

@@ -13,6 +13,7 @@
 #include "server/policy/stop_rules.h"
 #include "server/ledger/cost_ledger.h"
 #include "server/policy/step_times.h"
+#include "server/policy/replicates.h"
 #include "server/policy/target.h"
 #include "server/sched/eval_decision.h"
 #include "server/store/job_store.h"
@@ -122,8 +123,27 @@ Score ScoreOf(const VariantStatus& v) {
 
 }  // namespace
 
-std::string VariantRequestId(const std::string& experiment_name, const std::string& variant) {
-  return absl::StrCat(experiment_name, "/variants/", variant);
+std::string VariantRequestId(const std::string& experiment_name, const std::string& variant,
+                             int replicate) {
+  std::string id = absl::StrCat(experiment_name, "/variants/", variant);
+  if (replicate > 1) absl::StrAppend(&id, "/replicates/", replicate);
+  return id;
+}
+
+bool IsReference(const Experiment& e, int run) {
+  const tally::v1::ExperimentSpec& spec = e.spec();
+  const int ref = ReferenceIndex(spec);
+  return ref < spec.variants_size() && run < e.variants_size() &&
+         e.variants(run).name() == spec.variants(ref).name();
+}
+
+int ReplicateOf(const VariantStatus& v) { return std::max(1, v.replicate()); }
+
+int ReferenceRun(const Experiment& e, int replicate) {
+  for (int i = 0; i < e.variants_size(); ++i) {
+    if (IsReference(e, i) && ReplicateOf(e.variants(i)) == replicate) return i;
+  }
+  return -1;
 }
 
 int ReferenceIndex(const tally::v1::ExperimentSpec& spec) {
@@ -221,17 +241,69 @@ void FillFigures(const std::vector<std::optional<Job>>& jobs, Experiment* e) {
     v->set_recipe_ratio_to_reference(0);
   }
   e->set_cost_usd(total);
-  const int ref = ReferenceIndex(e->spec());
-  if (ref >= e->variants_size()) return;
-  const VariantStatus& r = e->variants(ref);
+  // Each run against the reference's run of the same replicate (the same
+  // seed offset).
   for (int i = 0; i < e->variants_size(); ++i) {
     VariantStatus* v = e->mutable_variants(i);
+    const int ref = ReferenceRun(*e, ReplicateOf(*v));
+    if (ref < 0) continue;
+    const VariantStatus& r = e->variants(ref);
     if (v->reached_target() && r.reached_target() && r.cost_to_target_usd() > 0) {
       v->set_ratio_to_reference(v->cost_to_target_usd() / r.cost_to_target_usd());
     }
     if (v->recipe_cost_to_target_usd() > 0 && r.recipe_cost_to_target_usd() > 0) {
       v->set_recipe_ratio_to_reference(v->recipe_cost_to_target_usd() /
                                        r.recipe_cost_to_target_usd());
+    }
+  }
+  FillSummaries(e);
+}
+
+void FillSummaries(Experiment* e) {
+  e->clear_summaries();
+  for (const auto& variant : e->spec().variants()) {
+    tally::v1::VariantSummary* s = e->add_summaries();
+    s->set_name(variant.name());
+    std::vector<double> steps, tokens, recipe, billed, ratios;
+    for (const VariantStatus& v : e->variants()) {
+      if (v.name() != variant.name()) continue;
+      s->set_replicates(s->replicates() + 1);
+      if (!v.reached_target()) continue;
+      s->set_reached_target(s->reached_target() + 1);
+      steps.push_back(v.steps_to_target());
+      tokens.push_back(v.tokens_to_target());
+      billed.push_back(v.cost_to_target_usd());
+      if (v.recipe_cost_to_target_usd() > 0) recipe.push_back(v.recipe_cost_to_target_usd());
+      if (v.recipe_ratio_to_reference() > 0) ratios.push_back(v.recipe_ratio_to_reference());
+    }
+    if (auto i = policy::MeanInterval90(steps)) {
+      s->set_steps_to_target(i->mean);
+      s->set_steps_ci90_low(i->low);
+      s->set_steps_ci90_high(i->high);
+    }
+    if (auto i = policy::MeanInterval90(tokens)) {
+      s->set_tokens_to_target(i->mean);
+      s->set_tokens_ci90_low(i->low);
+      s->set_tokens_ci90_high(i->high);
+    }
+    if (auto i = policy::MeanInterval90(billed)) s->set_cost_to_target_usd(i->mean);
+    if (auto i = policy::MeanInterval90(recipe)) {
+      s->set_recipe_cost_to_target_usd(i->mean);
+      s->set_recipe_cost_ci90_low_usd(std::max(0.0, i->low));
+      s->set_recipe_cost_ci90_high_usd(i->high);
+    }
+    const bool reference =
+        variant.name() == e->spec().variants(ReferenceIndex(e->spec())).name();
+    if (reference) {
+      s->set_verdict("reference");
+    } else if (auto i = policy::RatioInterval90(ratios)) {
+      s->set_recipe_ratio_to_reference(i->mean);
+      s->set_recipe_ratio_ci90_low(i->low);
+      s->set_recipe_ratio_ci90_high(i->high);
+      s->set_ratio_pairs(i->n);
+      s->set_verdict(policy::RatioVerdict(*i));
+    } else {
+      s->set_verdict("not reached");
     }
   }
 }
@@ -271,47 +343,85 @@ Action HoldOrRelease(bool hold, int variant, const std::string& reason) {
   return a;
 }
 
-// Rung k judged, every contender having reached its mark: the worse half by
-// ScoreOf stop, the held among the rest are released.
+// Rung k judged, every contender having reached its mark: the worse half of
+// the variants by ScoreOf (a variant's runs by their mean) stop, the held
+// among the rest are released. A variant's runs are kept or stopped
+// together.
 void JudgeRung(const std::vector<int>& contenders, const Rung& r, const std::string& mark,
                absl::Time now, Plan* plan) {
   Plan& p = *plan;
   Experiment& e = *p.rec.mutable_experiment();
   const int k = e.rung();
-  std::vector<int> ranked = contenders;
-  std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) {
-    return ScoreOf(e.variants(a)).value < ScoreOf(e.variants(b)).value;
-  });
-  const size_t keep = ranked.size() - ranked.size() / 2;
-  std::vector<std::string> kept, halted;
-  for (size_t j = 0; j < ranked.size(); ++j) {
-    VariantStatus* v = e.mutable_variants(ranked[j]);
-    const Score score = ScoreOf(*v);
-    const std::string line =
-        absl::StrFormat("%s (%s %.4f)", v->name(), score.figure, score.value);
-    const bool was_held = v->held_at_rung() > 0;
-    v->set_held_at_rung(0);
-    if (j < keep) {
-      kept.push_back(line);
-      if (was_held) {
-        p.actions.push_back(HoldOrRelease(false, ranked[j],
-                                          absl::StrCat("experiment ", e.name(), ": rung ", k + 1,
-                                                       " judged, ", v->name(), " goes on")));
-      }
+  // The variants in the race, in the file's order, each with its runs.
+  struct Group {
+    std::string name;
+    std::vector<int> runs;
+    Score score;
+  };
+  std::vector<Group> groups;
+  for (int i : contenders) {
+    const std::string& name = e.variants(i).name();
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const Group& g) { return g.name == name; });
+    if (it == groups.end()) {
+      groups.push_back({name, {}, {}});
+      it = groups.end() - 1;
+    }
+    it->runs.push_back(i);
+  }
+  for (Group& g : groups) {
+    if (g.runs.size() == 1) {
+      g.score = ScoreOf(e.variants(g.runs[0]));
       continue;
     }
-    halted.push_back(line);
-    v->set_halted(true);
-    Action a;
-    a.kind = Action::kStop;
-    a.variant = ranked[j];
-    a.state = tally::v1::JOB_STATE_EARLY_STOPPED;
-    a.rule = policy::rules::kExperimentHalving;
-    a.reason = absl::StrFormat(
-        "successive halving, rung %d of %d: %s %.4f is in the worse half of %d "
-        "variants (experiment %s)",
-        k + 1, r.rungs, score.figure, score.value, ranked.size(), e.name());
-    p.actions.push_back(std::move(a));
+    double sum = 0;
+    int n = 0;
+    std::string figure;
+    for (int i : g.runs) {
+      const Score s = ScoreOf(e.variants(i));
+      if (!std::isfinite(s.value)) continue;
+      sum += s.value;
+      ++n;
+      figure = figure.empty() || figure == s.figure ? s.figure : "figure";
+    }
+    if (n > 0) {
+      g.score = {sum / n, absl::StrCat("mean over ", n, " runs of its ", figure)};
+    }
+  }
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const Group& a, const Group& b) { return a.score.value < b.score.value; });
+  const size_t keep = groups.size() - groups.size() / 2;
+  std::vector<std::string> kept, halted;
+  for (size_t j = 0; j < groups.size(); ++j) {
+    const Group& g = groups[j];
+    const std::string line =
+        absl::StrFormat("%s (%s %.4f)", g.name, g.score.figure, g.score.value);
+    (j < keep ? kept : halted).push_back(line);
+    for (int i : g.runs) {
+      VariantStatus* v = e.mutable_variants(i);
+      const bool was_held = v->held_at_rung() > 0;
+      v->set_held_at_rung(0);
+      if (j < keep) {
+        if (was_held) {
+          p.actions.push_back(HoldOrRelease(
+              false, i,
+              absl::StrCat("experiment ", e.name(), ": rung ", k + 1, " judged, ", v->name(),
+                           " goes on")));
+        }
+        continue;
+      }
+      v->set_halted(true);
+      Action a;
+      a.kind = Action::kStop;
+      a.variant = i;
+      a.state = tally::v1::JOB_STATE_EARLY_STOPPED;
+      a.rule = policy::rules::kExperimentHalving;
+      a.reason = absl::StrFormat(
+          "successive halving, rung %d of %d: %s %.4f is in the worse half of %d "
+          "variants (experiment %s)",
+          k + 1, r.rungs, g.score.figure, g.score.value, groups.size(), e.name());
+      p.actions.push_back(std::move(a));
+    }
   }
   e.set_rung(k + 1);
   AddEvent(p, "halving", "",
@@ -350,6 +460,9 @@ void ActAgainOnEnded(const std::vector<std::optional<Job>>& jobs, Plan* plan) {
 
 // A from_variant target: the reference's final loss, once it has ended (or
 // none, if it ended without one or never ran; every variant then says so).
+// With replicates, the highest final loss among the reference's runs, once
+// every one of them has ended (those that ended without a loss left out):
+// each of them reached it, so every replicate has a pair to be judged by.
 void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int ref,
                              absl::Time now, Plan* plan) {
   Plan& p = *plan;
@@ -357,32 +470,59 @@ void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int re
   const int n = e.variants_size();
   const bool from_variant = e.spec().target().has_from_variant();
   auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
-  if (from_variant && e.target_val_loss() <= 0 && !p.rec.target_unavailable() &&
-      job_of(ref) && store::IsTerminal(job_of(ref)->state())) {
-    const double final_loss = FinalLoss(*job_of(ref));
-    if (final_loss > 0) {
-      e.set_target_val_loss(final_loss);
-      FillFigures(jobs, &e);
-      AddEvent(p, "target", e.variants(ref).name(),
-               absl::StrFormat("target val_loss %.4f: the final validation loss of %s (%s)",
-                               final_loss, e.variants(ref).name(), job_of(ref)->name()),
-               "", now);
+  std::vector<int> runs;
+  for (int i = 0; i < n; ++i) {
+    if (IsReference(e, i)) runs.push_back(i);
+  }
+  if (!from_variant || e.target_val_loss() > 0 || p.rec.target_unavailable() ||
+      runs.empty()) {
+    runs.clear();
+  }
+  bool all_ended = !runs.empty(), any_job = false;
+  double worst = 0;
+  int with_loss = 0;
+  std::vector<std::string> names;
+  for (int i : runs) {
+    const std::optional<Job>& job = job_of(i);
+    if (job) {
+      any_job = true;
+      all_ended = all_ended && store::IsTerminal(job->state());
+      if (store::IsTerminal(job->state()) && FinalLoss(*job) > 0) {
+        worst = std::max(worst, FinalLoss(*job));
+        ++with_loss;
+        names.push_back(job->name());
+      }
     } else {
-      p.rec.set_target_unavailable(true);
-      AddEvent(p, "target", e.variants(ref).name(),
-               absl::StrCat("no target: the reference variant ", e.variants(ref).name(),
-                            " ended ", ShortState(job_of(ref)->state()),
-                            " without a validation loss"),
-               "", now);
+      all_ended = all_ended && store::IsTerminal(e.variants(i).state());
     }
   }
-  if (from_variant && e.target_val_loss() <= 0 && !p.rec.target_unavailable() &&
-      !job_of(ref) && store::IsTerminal(e.variants(ref).state())) {
-    p.rec.set_target_unavailable(true);
-    AddEvent(p, "target", e.variants(ref).name(),
-             absl::StrCat("no target: the reference variant ", e.variants(ref).name(),
-                          " never ran"),
+  const std::string& ref_name = e.variants(ref).name();
+  if (all_ended && with_loss > 0) {
+    const double target = worst;
+    e.set_target_val_loss(target);
+    FillFigures(jobs, &e);
+    AddEvent(p, "target", ref_name,
+             runs.size() == 1
+                 ? absl::StrFormat("target val_loss %.4f: the final validation loss of %s (%s)",
+                                   target, ref_name, names[0])
+                 : absl::StrFormat(
+                       "target val_loss %.4f: the highest final validation loss of %s's %d "
+                       "runs (%s), so that each of them reached it",
+                       target, ref_name, with_loss, absl::StrJoin(names, ", ")),
              "", now);
+  } else if (all_ended && any_job) {
+    p.rec.set_target_unavailable(true);
+    const std::optional<Job>& job = job_of(runs[0]);
+    AddEvent(p, "target", ref_name,
+             absl::StrCat("no target: the reference variant ", ref_name, " ended ",
+                          job ? ShortState(job->state()) : "FAILED",
+                          " without a validation loss"),
+             "", now);
+  } else if (all_ended) {
+    p.rec.set_target_unavailable(true);
+    AddEvent(p, "target", ref_name,
+             absl::StrCat("no target: the reference variant ", ref_name, " never ran"), "",
+             now);
   }
   if (p.rec.target_unavailable()) {
     for (int i = 0; i < n; ++i) {
@@ -422,8 +562,7 @@ void AddEndedEvents(const std::vector<std::optional<Job>>& jobs,
 
 // Successive halving's pass: holds at the rung's mark, the rung judged once
 // every variant in the race has reached it, and releases.
-void DecideHalving(const std::vector<std::optional<Job>>& jobs, int ref, bool from_variant,
-                   absl::Time now, Plan* plan) {
+void DecideHalving(const std::vector<std::optional<Job>>& jobs, absl::Time now, Plan* plan) {
   Plan& p = *plan;
   Experiment& e = *p.rec.mutable_experiment();
   const int n = e.variants_size();
@@ -431,11 +570,12 @@ void DecideHalving(const std::vector<std::optional<Job>>& jobs, int ref, bool fr
   const Rung r = RungOf(e);
   const int k = e.rung();
   // In the race at this rung: not ended, not halted, not stopping, not the
-  // reference of a from_variant target. A variant without a job yet (it
-  // is submitted this pass) is in it, waiting.
+  // reference (every ratio is to it, so it runs to its end whatever the
+  // target). A variant without a job yet (it is submitted this pass) is in
+  // it, waiting.
   std::vector<int> contenders;
   for (int i = 0; i < n; ++i) {
-    if ((from_variant && i == ref) || e.variants(i).halted()) continue;
+    if (IsReference(e, i) || e.variants(i).halted()) continue;
     const std::optional<Job>& job = job_of(i);
     if (job ? (Active(job) && !job->has_pending_stop())
             : !store::IsTerminal(e.variants(i).state())) {
@@ -445,7 +585,14 @@ void DecideHalving(const std::vector<std::optional<Job>>& jobs, int ref, bool fr
   // A mark left on a variant that ended, was halted or is out of the
   // race, or by a race that is over (fewer than two left, or the last
   // rung judged): nothing holds it any more (released below).
-  const bool racing = k < r.rungs && contenders.size() >= 2;
+  std::vector<std::string> racing_names;
+  for (int i : contenders) {
+    if (std::find(racing_names.begin(), racing_names.end(), e.variants(i).name()) ==
+        racing_names.end()) {
+      racing_names.push_back(e.variants(i).name());
+    }
+  }
+  const bool racing = k < r.rungs && racing_names.size() >= 2;
   for (int i = 0; i < n; ++i) {
     VariantStatus* v = e.mutable_variants(i);
     if (v->held_at_rung() == 0) continue;
@@ -562,6 +709,44 @@ std::string Verdict(const Experiment& e, int ref) {
   if (best->name() != rv.name() && ratio > 0) {
     absl::StrAppendFormat(&reason, ", %.2fx %s's %s", ratio, rv.name(), FormatDollars(figure(rv)));
   }
+  absl::StrAppend(&reason, "; one run of each, so no interval (replicates: N runs each N times)");
+  return reason;
+}
+
+// The verdict over replicates: the variant with the lowest mean recipe cost
+// to the target, with its 90% interval, and whether its ratio to the
+// reference is told apart from 1.
+std::string ReplicatesVerdict(const Experiment& e) {
+  std::string reason = "every variant ended";
+  if (e.target_val_loss() <= 0) return reason + "; no target was known";
+  const tally::v1::VariantSummary* best = nullptr;
+  const tally::v1::VariantSummary* ref = nullptr;
+  for (const auto& s : e.summaries()) {
+    if (s.verdict() == "reference") ref = &s;
+    if (s.recipe_cost_to_target_usd() > 0 &&
+        (best == nullptr || s.recipe_cost_to_target_usd() < best->recipe_cost_to_target_usd())) {
+      best = &s;
+    }
+  }
+  if (best == nullptr) {
+    absl::StrAppendFormat(&reason, "; no variant reached the target %.4f with a recipe cost",
+                          e.target_val_loss());
+    return reason;
+  }
+  absl::StrAppendFormat(&reason,
+                        "; lowest mean recipe cost to the target %.4f: %s at %s (90%% interval "
+                        "%s to %s, %d of %d runs reached it)",
+                        e.target_val_loss(), best->name(),
+                        FormatDollars(best->recipe_cost_to_target_usd()),
+                        FormatDollars(best->recipe_cost_ci90_low_usd()),
+                        FormatDollars(best->recipe_cost_ci90_high_usd()),
+                        best->reached_target(), best->replicates());
+  if (best != ref && ref != nullptr && best->recipe_ratio_to_reference() > 0) {
+    absl::StrAppendFormat(&reason, ", %.2fx %s's (90%% interval %.2fx to %.2fx over %d pairs): %s",
+                          best->recipe_ratio_to_reference(), ref->name(),
+                          best->recipe_ratio_ci90_low(), best->recipe_ratio_ci90_high(),
+                          best->ratio_pairs(), best->verdict());
+  }
   return reason;
 }
 
@@ -581,7 +766,7 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
     return p;
   }
 
-  const int ref = ReferenceIndex(spec);
+  const int ref = std::max(0, ReferenceRun(e, 1));  // the reference's first run
   const bool from_variant = spec.target().has_from_variant();
   if (!from_variant && e.target_val_loss() <= 0 && spec.target().val_loss() > 0) {
     e.set_target_val_loss(spec.target().val_loss());
@@ -617,9 +802,11 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
 
   // Submit what has no job yet, the reference first.
   std::vector<int> order;
-  order.push_back(ref);
   for (int i = 0; i < n; ++i) {
-    if (i != ref) order.push_back(i);
+    if (IsReference(e, i)) order.push_back(i);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (!IsReference(e, i)) order.push_back(i);
   }
   for (int i : order) {
     if (job_of(i) || store::IsTerminal(e.variants(i).state()) || i >= p.rec.resolved_size()) {
@@ -631,14 +818,15 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
     a.spec = p.rec.resolved(i);
     (*a.spec.mutable_labels())["experiment"] = e.name();
     (*a.spec.mutable_labels())["variant"] = e.variants(i).name();
-    a.request_id = VariantRequestId(e.name(), e.variants(i).name());
+    a.request_id =
+        VariantRequestId(e.name(), e.variants(i).name(), e.variants(i).replicate());
     p.actions.push_back(std::move(a));
   }
 
   // The target in force on every variant still to finish.
   if (e.target_val_loss() > 0) {
     for (int i = 0; i < n; ++i) {
-      if (from_variant && i == ref) continue;
+      if (from_variant && IsReference(e, i)) continue;
       const std::optional<Job>& job = job_of(i);
       if (!Active(job) || job->target_val_loss() == e.target_val_loss() ||
           job->has_pending_stop()) {
@@ -657,7 +845,7 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
   }
 
   if (spec.strategy() == tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING) {
-    DecideHalving(jobs, ref, from_variant, now, &p);
+    DecideHalving(jobs, now, &p);
   }
 
   // Done when every variant has a job and every job has ended.
@@ -668,7 +856,8 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
                         : store::IsTerminal(e.variants(i).state()));  // refused
   }
   if (done) {
-    End(p, tally::v1::EXPERIMENT_STATE_SUCCEEDED, "succeeded", Verdict(e, ref), now);
+    End(p, tally::v1::EXPERIMENT_STATE_SUCCEEDED, "succeeded",
+        spec.replicates() > 1 ? ReplicatesVerdict(e) : Verdict(e, ref), now);
   }
   return p;
 }

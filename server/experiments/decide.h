@@ -39,10 +39,20 @@
 //   the worse half, ranked by their forecast final loss (the latest loss
 //   when a variant has no forecast yet; the event says which figure each
 //   was ranked by), stop EARLY_STOPPED with rule "experiment_halving", and
-//   the rest are released. The reference of a from_variant target is never
-//   halved or held. Variants that ended on their own are not ranked.
+//   the rest are released. The reference (target.from_variant, else the
+//   first variant) is never halved or held, whatever the target: every
+//   ratio is to it. Variants that ended on their own are not ranked.
 // - The experiment SUCCEEDS once every variant has a job and every job has
 //   ended, whatever each job's outcome: a failed variant does not fail it.
+// - replicates N > 1: each variant is N runs (Experiment.variants holds one
+//   VariantStatus per run, replicate 1..N, training.seed + r - 1), each an
+//   ordinary job. A run's ratio is to the reference's run of the same
+//   replicate; Experiment.summaries gives each variant's means and 90%
+//   intervals (policy/replicates.h) and its verdict, and the experiment's
+//   verdict names a variant cheaper only when its ratio's interval is below
+//   1. A from_variant target is the highest final loss among the
+//   reference's runs, once they have all ended (each of them reached it). Halving ranks a variant by its runs' mean and
+//   stops or keeps its runs together.
 #ifndef TALLY_SERVER_EXPERIMENTS_DECIDE_H_
 #define TALLY_SERVER_EXPERIMENTS_DECIDE_H_
 
@@ -76,19 +86,35 @@ struct Plan {
   bool commit = false;             // the record changed in a way worth storing
 };
 
-// The request_id a variant's job is submitted with.
+// The request_id a variant's job is submitted with (replicate r > 1 of it:
+// with "/replicates/r" after it).
 std::string VariantRequestId(const std::string& experiment_name,
-                             const std::string& variant);
+                             const std::string& variant, int replicate = 1);
 
-// The index of the reference variant (target.from_variant, else 0).
+// The index of the reference variant in the spec (target.from_variant, else
+// 0).
 int ReferenceIndex(const tally::v1::ExperimentSpec& spec);
+
+// Whether run `run` (an index into e.variants) is one of the reference's.
+bool IsReference(const tally::v1::Experiment& e, int run);
+
+// The run of the reference with replicate `replicate` (1-based), or -1.
+int ReferenceRun(const tally::v1::Experiment& e, int replicate);
+
+// A run's replicate, 1-based (0, from before replicates, reads as 1).
+int ReplicateOf(const tally::v1::VariantStatus& v);
 
 // A variant's figures from its job against `target` (0: none known yet).
 // Leaves name, halved and the ratio as they are.
 void FillVariantFigures(const tally::v1::Job& job, double target,
                         tally::v1::VariantStatus* v);
 
-// Fills every variant's figures, the ratios and the experiment's total.
+// Each variant's VariantSummary from its runs' figures (FillFigures calls
+// it).
+void FillSummaries(tally::v1::Experiment* e);
+
+// Fills every variant's figures, the ratios, the summaries and the
+// experiment's total.
 // `jobs[i]` is variant i's job, nullopt before it has one.
 void FillFigures(const std::vector<std::optional<tally::v1::Job>>& jobs,
                  tally::v1::Experiment* e);

@@ -288,8 +288,10 @@ Job WithForecast(Job j, double final_loss) {
 
 TEST(DecideTest, SuccessiveHalvingStopsTheWorseHalfByForecastAfterEachRung) {
   // 4 variants: 2 rungs; without dollars the first ends at 1/4 of max_steps.
+  // a is the reference (the first variant of a val_loss target): never
+  // halved, whatever its forecast, so every ratio has its denominator.
   std::vector<Job> jobs = {
-      WithForecast(MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}), 2.0),
+      WithForecast(MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}), 9.0),
       WithForecast(MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}), 2.5),
       WithForecast(MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}), 1.5),
       MakeJob(4, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {200, 3.1}}),
@@ -305,28 +307,28 @@ TEST(DecideTest, SuccessiveHalvingStopsTheWorseHalfByForecastAfterEachRung) {
   jobs[3] = MakeJob(4, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {260, 3.1}});
   jobs[3].set_target_val_loss(1.0);  // no forecast yet: ranked by its latest loss
   Plan p = Decide(rec, Opt(jobs), kNow);
-  ASSERT_EQ(Count(p, Action::kStop), 2);
-  std::vector<int> stopped;
+  ASSERT_EQ(Count(p, Action::kStop), 1);
   for (const auto& a : p.actions) {
     EXPECT_EQ(a.state, tally::v1::JOB_STATE_EARLY_STOPPED);
     EXPECT_EQ(a.rule, "experiment_halving");
-    stopped.push_back(a.variant);
+    EXPECT_EQ(a.variant, 3);  // 3.1, the worst of b, c and d
   }
-  EXPECT_THAT(stopped, ::testing::UnorderedElementsAre(1, 3));  // 2.5 and 3.1
   EXPECT_EQ(p.rec.experiment().rung(), 1);
-  EXPECT_TRUE(p.rec.experiment().variants(1).halted());
+  EXPECT_TRUE(p.rec.experiment().variants(3).halted());
+  EXPECT_FALSE(p.rec.experiment().variants(0).halted());
   ASSERT_NE(Event(p, "halving"), nullptr);
   EXPECT_THAT(Event(p, "halving")->reason(), HasSubstr("rung 1 of 2"));
+  EXPECT_THAT(Event(p, "halving")->reason(), ::testing::Not(HasSubstr("a (")));
 
   // The next rung (1/2 of max_steps) between the two left.
-  jobs[1].set_state(tally::v1::JOB_STATE_EARLY_STOPPED);
   jobs[3].set_state(tally::v1::JOB_STATE_EARLY_STOPPED);
-  jobs[0] = WithForecast(MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 2.0}}), 1.8);
+  jobs[0] = WithForecast(MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 4.0}}), 9.0);
+  jobs[1] = WithForecast(MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 2.0}}), 1.8);
   jobs[2] = WithForecast(MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 2.0}}), 1.2);
   for (auto& j : jobs) j.set_target_val_loss(1.0);
   Plan p2 = Decide(p.rec, Opt(jobs), kNow);
   ASSERT_EQ(Count(p2, Action::kStop), 1);
-  EXPECT_EQ(p2.actions[0].variant, 0);
+  EXPECT_EQ(p2.actions[0].variant, 1);
   EXPECT_EQ(p2.rec.experiment().rung(), 2);
   // No third rung.
   Plan p3 = Decide(p2.rec, Opt(jobs), kNow);
@@ -338,12 +340,14 @@ TEST(DecideTest, SuccessiveHalvingStopsTheWorseHalfByForecastAfterEachRung) {
 // only once every variant has reached it; the kept are released, and a hold
 // or release decided but not yet in force is asked for again.
 TEST(DecideTest, HalvingHoldsAVariantAtTheMarkWhileAnotherWaits) {
+  // ref, the reference, races no one: it is neither held nor judged.
   std::vector<Job> jobs = {
+      MakeJob(9, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {300, 3.9}}),  // the reference
       MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.0}}),  // at the mark
       MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {100, 4.0}}),  // on its way
       MakeJob(3, tally::v1::JOB_STATE_QUEUED, {}),                     // no slot yet
   };
-  auto rec = WithJobs(Record({"a", "b", "c"}, "", 1.0), jobs);
+  auto rec = WithJobs(Record({"ref", "a", "b", "c"}, "", 1.0), jobs);
   rec.mutable_experiment()->mutable_spec()->set_strategy(
       tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
   rec.mutable_experiment()->set_target_val_loss(1.0);
@@ -351,7 +355,8 @@ TEST(DecideTest, HalvingHoldsAVariantAtTheMarkWhileAnotherWaits) {
   Plan p = Decide(rec, Opt(jobs), kNow);
   ASSERT_EQ(Count(p, Action::kHold), 1);
   EXPECT_EQ(Count(p, Action::kStop), 0) << "c has not started: nothing is judged";
-  EXPECT_EQ(p.rec.experiment().variants(0).held_at_rung(), 1);
+  EXPECT_EQ(p.rec.experiment().variants(1).held_at_rung(), 1);
+  EXPECT_EQ(p.rec.experiment().variants(0).held_at_rung(), 0) << "the reference is never held";
   ASSERT_NE(Event(p, "held"), nullptr);
   EXPECT_EQ(Event(p, "held")->variant(), "a");
   // The hold lost to a crash before it was made: asked for again.
@@ -360,22 +365,22 @@ TEST(DecideTest, HalvingHoldsAVariantAtTheMarkWhileAnotherWaits) {
   EXPECT_EQ(Event(again, "held"), nullptr) << "one event per hold";
 
   // a is held (preempted, queued); b and c reach the mark.
-  jobs[0].set_state(tally::v1::JOB_STATE_QUEUED);
-  jobs[0].set_hold("experiments/7 holds a");
-  jobs[1] = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 2.5}});
-  jobs[2] = MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.5}});
+  jobs[1].set_state(tally::v1::JOB_STATE_QUEUED);
+  jobs[1].set_hold("experiments/7 holds a");
+  jobs[2] = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 2.5}});
+  jobs[3] = MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {250, 3.5}});
   for (auto& j : jobs) j.set_target_val_loss(1.0);
   Plan judged = Decide(p.rec, Opt(jobs), kNow);
   ASSERT_EQ(Count(judged, Action::kStop), 1);
   EXPECT_EQ(judged.rec.experiment().rung(), 1);
   // c (3.5) is worse than a (3.0) and b (2.5): kept are a and b; a, held,
-  // is released.
+  // is released. ref (3.9) is not ranked.
   for (const auto& a : judged.actions) {
-    if (a.kind == Action::kStop) EXPECT_EQ(a.variant, 2);
-    if (a.kind == Action::kRelease) EXPECT_EQ(a.variant, 0);
+    if (a.kind == Action::kStop) EXPECT_EQ(a.variant, 3);
+    if (a.kind == Action::kRelease) EXPECT_EQ(a.variant, 1);
   }
   EXPECT_EQ(Count(judged, Action::kRelease), 1);
-  EXPECT_EQ(judged.rec.experiment().variants(0).held_at_rung(), 0);
+  EXPECT_EQ(judged.rec.experiment().variants(1).held_at_rung(), 0);
   EXPECT_THAT(Event(judged, "halving")->reason(), HasSubstr("latest val_loss 3.5000"));
   // The release lost to a crash: asked for again.
   Plan released = Decide(judged.rec, Opt(jobs), kNow);
@@ -383,27 +388,29 @@ TEST(DecideTest, HalvingHoldsAVariantAtTheMarkWhileAnotherWaits) {
 }
 
 TEST(DecideTest, AHoldEndsWhenTheRaceDoes) {
-  // Two variants, one worker: a is held at the mark while b runs; b then
-  // ends below the mark (it reached the target). a is alone in the race:
-  // released, not held for a rung that will never be judged.
+  // Two variants racing on one worker (beside the reference): a is held at
+  // the mark while b runs; b then ends below the mark (it reached the
+  // target). a is alone in the race: released, not held for a rung that
+  // will never be judged.
   std::vector<Job> jobs = {
+      MakeJob(9, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5}, {1000, 2.0}}),  // the reference
       MakeJob(1, tally::v1::JOB_STATE_QUEUED, {{0, 5}, {500, 3.0}}),
       MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {100, 4.0}}),
   };
-  jobs[0].set_hold("experiments/7 holds a");
-  auto rec = WithJobs(Record({"a", "b"}, "", 1.0), jobs);
+  jobs[1].set_hold("experiments/7 holds a");
+  auto rec = WithJobs(Record({"ref", "a", "b"}, "", 1.0), jobs);
   rec.mutable_experiment()->mutable_spec()->set_strategy(
       tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
-  rec.mutable_experiment()->mutable_variants(0)->set_held_at_rung(1);
+  rec.mutable_experiment()->mutable_variants(1)->set_held_at_rung(1);
   Plan running = Decide(rec, Opt(jobs), kNow);
   EXPECT_EQ(Count(running, Action::kRelease), 0) << "b is still on its way to the mark";
-  EXPECT_EQ(running.rec.experiment().variants(0).held_at_rung(), 1);
+  EXPECT_EQ(running.rec.experiment().variants(1).held_at_rung(), 1);
 
-  jobs[1] = MakeJob(2, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5}, {150, 0.9}});
+  jobs[2] = MakeJob(2, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5}, {150, 0.9}});
   Plan p = Decide(running.rec, Opt(jobs), kNow);
   ASSERT_EQ(Count(p, Action::kRelease), 1);
-  EXPECT_EQ(p.actions.back().variant, 0);
-  EXPECT_EQ(p.rec.experiment().variants(0).held_at_rung(), 0);
+  EXPECT_EQ(p.actions.back().variant, 1);
+  EXPECT_EQ(p.rec.experiment().variants(1).held_at_rung(), 0);
   EXPECT_EQ(Count(p, Action::kStop), 0);
   EXPECT_NE(p.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED)
       << "a still has to run";
@@ -411,21 +418,22 @@ TEST(DecideTest, AHoldEndsWhenTheRaceDoes) {
 
 TEST(DecideTest, NoHoldFreesASlotAWaitingVariantCannotUse) {
   std::vector<Job> jobs = {
-      MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 3.0}}),  // at the mark
-      MakeJob(2, tally::v1::JOB_STATE_QUEUED, {}),                     // waits for an h100
+      MakeJob(9, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5}, {1000, 2.0}}),  // the reference
+      MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {500, 3.0}}),     // at the mark
+      MakeJob(2, tally::v1::JOB_STATE_QUEUED, {}),                        // waits for an h100
   };
-  jobs[0].mutable_spec()->mutable_resources()->set_gpu_type("cpu");
-  jobs[1].mutable_spec()->mutable_resources()->set_gpu_type("h100");
-  auto rec = WithJobs(Record({"a", "b"}, "", 1.0), jobs);
+  jobs[1].mutable_spec()->mutable_resources()->set_gpu_type("cpu");
+  jobs[2].mutable_spec()->mutable_resources()->set_gpu_type("h100");
+  auto rec = WithJobs(Record({"ref", "a", "b"}, "", 1.0), jobs);
   rec.mutable_experiment()->mutable_spec()->set_strategy(
       tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
   EXPECT_EQ(Count(Decide(rec, Opt(jobs), kNow), Action::kHold), 0)
       << "a's cpu slot cannot run b: holding a would only stop it";
-  jobs[1].mutable_spec()->mutable_resources()->set_gpu_type("cpu");
-  jobs[1].mutable_spec()->mutable_resources()->set_gpu_count(2);
+  jobs[2].mutable_spec()->mutable_resources()->set_gpu_type("cpu");
+  jobs[2].mutable_spec()->mutable_resources()->set_gpu_count(2);
   EXPECT_EQ(Count(Decide(rec, Opt(jobs), kNow), Action::kHold), 0)
       << "b needs two GPUs, a frees one";
-  jobs[1].mutable_spec()->mutable_resources()->set_gpu_count(1);
+  jobs[2].mutable_spec()->mutable_resources()->set_gpu_count(1);
   EXPECT_EQ(Count(Decide(rec, Opt(jobs), kNow), Action::kHold), 1);
 }
 
@@ -473,6 +481,154 @@ TEST(DecideTest, EventsFollowTheLastSequence) {
     EXPECT_EQ(p.events[i].experiment(), "experiments/7");
   }
   EXPECT_EQ(p.rec.experiment().last_event_sequence(), 4 + static_cast<int64_t>(p.events.size()));
+}
+
+}  // namespace
+}  // namespace tally::experiments
+
+namespace tally::experiments {
+namespace {
+
+// An experiment of `variants` x `replicates` runs, as the manager stores it.
+store::ExperimentRecord Replicated(const std::vector<std::string>& variants, int replicates,
+                                   const std::string& from_variant, double val_loss = 0) {
+  store::ExperimentRecord rec = Record(variants, from_variant, val_loss);
+  tally::v1::Experiment& e = *rec.mutable_experiment();
+  e.mutable_spec()->set_replicates(replicates);
+  e.clear_variants();
+  rec.clear_resolved();
+  for (const auto& v : variants) {
+    for (int r = 1; r <= replicates; ++r) {
+      auto* s = e.add_variants();
+      s->set_name(v);
+      s->set_replicate(r);
+      s->set_seed(r - 1);
+      tally::v1::JobSpec& js = *rec.add_resolved();
+      js.set_display_name(v);
+      js.mutable_training()->set_max_steps(1000);
+      js.mutable_training()->set_seed(r - 1);
+    }
+  }
+  return rec;
+}
+
+// A run reaching loss 2.0 at step `steps`, its steps timed at 1 s ($0.001).
+Job ReachedAt(int id, double steps) {
+  Job j = MakeJob(id, tally::v1::JOB_STATE_SUCCEEDED,
+                  {{0, 5.0}, {static_cast<int64_t>(steps), 2.0}});
+  j.mutable_cost()->set_usd_per_gpu_hour(3.6);
+  for (int i = 0; i < 20; ++i) j.mutable_step_times()->add_seconds(1.0);
+  return j;
+}
+
+TEST(DecideTest, ReplicatesPairRunsBySeedAndJudgeByTheInterval) {
+  // naive (the reference) and two recipes, three replicates each. "steady"
+  // is ~0.6x naive on every seed; "noisy" is 0.4x on one seed and 1.4x on
+  // another: its mean is below 1 but its interval is not.
+  auto rec = Replicated({"naive", "steady", "noisy"}, 3, "", 2.0);
+  const std::vector<Job> jobs = {
+      ReachedAt(1, 100), ReachedAt(2, 120), ReachedAt(3, 90),   // naive
+      ReachedAt(4, 60),  ReachedAt(5, 74),  ReachedAt(6, 55),   // steady
+      ReachedAt(7, 40),  ReachedAt(8, 168), ReachedAt(9, 80)};  // noisy
+  rec = WithJobs(rec, jobs);
+  Plan p = Decide(rec, Opt(jobs), kNow);
+  const auto& e = p.rec.experiment();
+  ASSERT_EQ(e.variants_size(), 9);
+  // Each run against the reference's run of its replicate.
+  EXPECT_NEAR(e.variants(4).recipe_ratio_to_reference(), 74.0 / 120, 1e-9);
+  EXPECT_NEAR(e.variants(8).recipe_ratio_to_reference(), 80.0 / 90, 1e-9);
+  ASSERT_EQ(e.summaries_size(), 3);
+  const auto& naive = e.summaries(0);
+  EXPECT_EQ(naive.name(), "naive");
+  EXPECT_EQ(naive.verdict(), "reference");
+  EXPECT_EQ(naive.replicates(), 3);
+  EXPECT_EQ(naive.reached_target(), 3);
+  EXPECT_NEAR(naive.steps_to_target(), 310.0 / 3, 1e-9);
+  EXPECT_NEAR(naive.recipe_cost_to_target_usd(), 0.310 / 3, 1e-9);
+  EXPECT_LT(naive.recipe_cost_ci90_low_usd(), naive.recipe_cost_to_target_usd());
+  EXPECT_GT(naive.recipe_cost_ci90_high_usd(), naive.recipe_cost_to_target_usd());
+  const auto& steady = e.summaries(1);
+  EXPECT_EQ(steady.verdict(), "cheaper");
+  EXPECT_EQ(steady.ratio_pairs(), 3);
+  EXPECT_LT(steady.recipe_ratio_ci90_high(), 1);
+  EXPECT_GT(steady.recipe_ratio_ci90_low(), 0.5);
+  EXPECT_NEAR(steady.recipe_ratio_to_reference(),
+              std::cbrt(60.0 / 100 * 74.0 / 120 * 55.0 / 90), 1e-9);
+  const auto& noisy = e.summaries(2);
+  EXPECT_LT(noisy.recipe_ratio_to_reference(), 1);
+  EXPECT_LT(noisy.recipe_ratio_ci90_low(), 1);
+  EXPECT_GT(noisy.recipe_ratio_ci90_high(), 1);
+  EXPECT_EQ(noisy.verdict(), "no clear difference");
+  // The experiment's verdict: the lowest mean, with its interval.
+  EXPECT_EQ(e.state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  EXPECT_THAT(e.state_reason(), HasSubstr("lowest mean recipe cost to the target 2.0000: "));
+  EXPECT_THAT(e.state_reason(), HasSubstr("90% interval"));
+}
+
+TEST(DecideTest, ReplicatesGetTheirOwnRequestIdsAndTheReferenceRunsFirst) {
+  auto rec = Replicated({"packed", "naive"}, 2, "naive");
+  Plan p = Decide(rec, std::vector<std::optional<Job>>(4), kNow);
+  ASSERT_EQ(Count(p, Action::kSubmit), 4);
+  std::vector<std::string> ids;
+  for (const auto& a : p.actions) ids.push_back(a.request_id);
+  EXPECT_EQ(ids, (std::vector<std::string>{
+                     "experiments/7/variants/naive", "experiments/7/variants/naive/replicates/2",
+                     "experiments/7/variants/packed",
+                     "experiments/7/variants/packed/replicates/2"}));
+  EXPECT_EQ(p.actions[1].spec.training().seed(), 1u);
+}
+
+TEST(DecideTest, AFromVariantTargetWithReplicatesIsTheReferencesWorstFinalLoss) {
+  auto rec = Replicated({"naive", "packed"}, 2, "naive");
+  std::vector<Job> jobs = {MakeJob(1, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5}, {100, 2.0}}),
+                           MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {50, 2.5}}),
+                           MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {50, 2.4}}),
+                           MakeJob(4, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {50, 2.6}})};
+  rec = WithJobs(rec, jobs);
+  Plan running = Decide(rec, Opt(jobs), kNow);
+  EXPECT_EQ(running.rec.experiment().target_val_loss(), 0) << "one reference run still runs";
+  jobs[1] = MakeJob(2, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5}, {100, 2.2}});
+  Plan p = Decide(running.rec, Opt(jobs), kNow);
+  // The highest of 2.0 and 2.2: both reference runs reached it.
+  EXPECT_NEAR(p.rec.experiment().target_val_loss(), 2.2, 1e-12);
+  ASSERT_NE(Event(p, "target"), nullptr);
+  EXPECT_THAT(Event(p, "target")->reason(), HasSubstr("highest final validation loss of naive's 2"));
+  // Both of packed's runs get it; neither of naive's.
+  int targets = 0;
+  for (const auto& a : p.actions) {
+    if (a.kind != Action::kSetTarget) continue;
+    ++targets;
+    EXPECT_GE(a.variant, 2);
+  }
+  EXPECT_EQ(targets, 2);
+}
+
+TEST(DecideTest, HalvingRanksAVariantByItsReplicatesMean) {
+  // 3 variants x 2 runs, a the reference: b's runs forecast 2.0 and 3.0
+  // (mean 2.5), c's 2.2 and 2.6 (mean 2.4). By the mean c goes on and both
+  // of b's runs stop, though b's best run is the best of all.
+  auto rec = Replicated({"a", "b", "c"}, 2, "", 1.0);
+  rec.mutable_experiment()->mutable_spec()->set_strategy(
+      tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
+  rec.mutable_experiment()->set_target_val_loss(1.0);
+  std::vector<Job> jobs = {
+      WithForecast(MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {600, 3.0}}), 9.0),
+      WithForecast(MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {600, 3.0}}), 9.0),
+      WithForecast(MakeJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {600, 3.0}}), 2.0),
+      WithForecast(MakeJob(4, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {600, 3.0}}), 3.0),
+      WithForecast(MakeJob(5, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {600, 3.0}}), 2.2),
+      WithForecast(MakeJob(6, tally::v1::JOB_STATE_RUNNING, {{0, 5}, {600, 3.0}}), 2.6),
+  };
+  for (auto& j : jobs) j.set_target_val_loss(1.0);
+  rec = WithJobs(rec, jobs);
+  Plan p = Decide(rec, Opt(jobs), kNow);
+  std::vector<int> stopped;
+  for (const auto& a : p.actions) {
+    if (a.kind == Action::kStop) stopped.push_back(a.variant);
+  }
+  EXPECT_THAT(stopped, ::testing::UnorderedElementsAre(2, 3));
+  ASSERT_NE(Event(p, "halving"), nullptr);
+  EXPECT_THAT(Event(p, "halving")->reason(), HasSubstr("b (mean over 2 runs of its forecast"));
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "server/experiments/manager.h"
 
+#include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -138,13 +140,29 @@ absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec s
     tally::v1::JobSpec check = resolved;
     (*check.mutable_labels())["experiment"] = kLongestName;
     (*check.mutable_labels())["variant"] = variant;
+    if (spec.replicates() > 1) (*check.mutable_labels())["replicate"] = "8";
     if (absl::Status s = PrepareJobSpec(&check); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "variants[", i, "] (", EscapeUnprintable(variant), "): spec.", s.message(),
           " (each variant's job carries the labels experiment and variant)"));
     }
-    *rec.add_resolved() = std::move(resolved);
-    e.add_variants()->set_name(variant);
+    // Replicate r trains with the variant's seed + r - 1: one run per seed.
+    const int replicates = std::max(1, spec.replicates());
+    const uint64_t seed = resolved.training().seed();
+    for (int r = 1; r <= replicates; ++r) {
+      tally::v1::JobSpec run = resolved;
+      run.mutable_training()->set_seed(seed + static_cast<uint64_t>(r - 1));
+      if (replicates > 1) {
+        (*run.mutable_labels())["replicate"] = absl::StrCat(r);
+        std::string name = absl::StrCat(run.display_name(), "#", r);
+        if (Utf8Length(name) <= kMaxDisplayNameChars) run.set_display_name(name);
+      }
+      *rec.add_resolved() = std::move(run);
+      tally::v1::VariantStatus* v = e.add_variants();
+      v->set_name(variant);
+      v->set_replicate(r);
+      v->set_seed(seed + static_cast<uint64_t>(r - 1));
+    }
   }
   *e.mutable_spec() = spec;
   e.set_state(tally::v1::EXPERIMENT_STATE_RUNNING);
@@ -160,8 +178,11 @@ absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec s
   first.set_type("created");
   first.set_state(tally::v1::EXPERIMENT_STATE_RUNNING);
   *first.mutable_time() = ToProto(now);
-  first.set_reason(absl::StrCat(spec.variants_size(), " variants, reference ",
-                                e.reference_variant()));
+  first.set_reason(absl::StrCat(spec.variants_size(), " variants",
+                                spec.replicates() > 1
+                                    ? absl::StrCat(" x ", spec.replicates(), " replicates")
+                                    : "",
+                                ", reference ", e.reference_variant()));
   first.set_detail(spec.target().has_from_variant()
                        ? absl::StrCat("target: the final validation loss of ",
                                       spec.target().from_variant())
@@ -330,15 +351,28 @@ void ExperimentManager::Export(const Experiment& e) {
   const metrics::Labels exp{{"experiment", e.name()}};
   cost_->Add(exp).Set(e.cost_usd());
   if (e.target_val_loss() > 0) target_->Add(exp).Set(e.target_val_loss());
+  // One series per variant: with replicates, its first run's loss and
+  // whether it reached the target, its runs' dollars together, and the mean
+  // cost to the target over its runs (VariantSummary).
+  std::map<std::string, double> spent;
+  for (const auto& v : e.variants()) spent[v.name()] += v.cost_usd();
   for (const auto& v : e.variants()) {
-    if (v.job().empty()) continue;
+    if (v.job().empty() || v.replicate() > 1) continue;
     const metrics::Labels l{{"experiment", e.name()}, {"variant", v.name()}};
-    variant_cost_->Add(l).Set(v.cost_usd());
+    variant_cost_->Add(l).Set(spent[v.name()]);
     if (v.val_loss() > 0) variant_val_loss_->Add(l).Set(v.val_loss());
     variant_reached_->Add(l).Set(v.reached_target() ? 1 : 0);
     if (v.reached_target()) variant_cost_to_target_->Add(l).Set(v.cost_to_target_usd());
     if (v.recipe_cost_to_target_usd() > 0) {
       variant_recipe_cost_to_target_->Add(l).Set(v.recipe_cost_to_target_usd());
+    }
+  }
+  for (const auto& s : e.summaries()) {
+    if (s.replicates() < 2) continue;
+    const metrics::Labels l{{"experiment", e.name()}, {"variant", s.name()}};
+    if (s.cost_to_target_usd() > 0) variant_cost_to_target_->Add(l).Set(s.cost_to_target_usd());
+    if (s.recipe_cost_to_target_usd() > 0) {
+      variant_recipe_cost_to_target_->Add(l).Set(s.recipe_cost_to_target_usd());
     }
   }
 }

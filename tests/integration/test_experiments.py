@@ -60,6 +60,18 @@ class ExperimentsTest(ClusterTest):
                                       third_overrides=third_overrides) + extra)
         return path
 
+    def create_edited(self, path, old, new):
+        """Replaces `old` with `new` in the experiment file, creates it with
+        tallyctl, and returns its name."""
+        with open(path) as f:
+            text = f.read()
+        self.assertIn(old, text)
+        with open(path, "w") as f:
+            f.write(text.replace(old, new))
+        out = self.tallyctl("experiment", "create", "-f", path)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return out.stdout.strip()
+
     def get_exp(self, name):
         return self.tallyd.experiments.GetExperiment(
             experiments_pb2.GetExperimentRequest(name=name), timeout=10)
@@ -261,19 +273,12 @@ class ExperimentsTest(ClusterTest):
         self.add_worker("w2")
         path = self.write(steps=1600, every=50, third="packed-lowlr",
                           third_overrides="{optimizer: {lr: 1.0e-4, min_lr: 1.0e-5}}")
-        with open(path) as f:
-            text = f.read()
         # A fourth variant, an absolute target out of reach, and halving.
-        text = text.replace("target: {from_variant: naive}\n",
-                            "  - name: packed-tinylr\n"
-                            "    overrides: {optimizer: {lr: 1.0e-5, min_lr: 1.0e-6}}\n"
-                            "target: {val_loss: 0.5}\n"
-                            "strategy: successive_halving\n")
-        with open(path, "w") as f:
-            f.write(text)
-        out = self.tallyctl("experiment", "create", "-f", path)
-        self.assertEqual(out.returncode, 0, out.stderr)
-        name = out.stdout.strip()
+        name = self.create_edited(path, "target: {from_variant: naive}\n",
+                                  "  - name: packed-tinylr\n"
+                                  "    overrides: {optimizer: {lr: 1.0e-5, min_lr: 1.0e-6}}\n"
+                                  "target: {val_loss: 0.5}\n"
+                                  "strategy: successive_halving\n")
         e = self.wait_exp(name, timeout=400)
         self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_SUCCEEDED, e.state_reason)
         halted = {v.name for v in e.variants if v.halted}
@@ -294,12 +299,80 @@ class ExperimentsTest(ClusterTest):
             self.assertIn("held there", ev.reason)
         halvings = [ev for ev in events if ev.type == "halving"]
         self.assertEqual(len(halvings), 2, [(ev.type, ev.reason) for ev in events])
-        # Rung 1 judged all four, each at the mark (none still queued, none
+        # Rung 1 judged all three in the race, each at the mark (none still queued, none
         # run to its end first), naming the figure it was ranked by.
         first = halvings[0].reason + " " + halvings[0].detail
-        for v in ("naive", "packed", "packed-lowlr", "packed-tinylr"):
+        for v in ("packed", "packed-lowlr", "packed-tinylr"):
             self.assertIn(v + " (", first)
+        # naive is the reference (the first variant of a val_loss target):
+        # never halved, so every ratio has its denominator.
+        self.assertNotIn("naive (", first)
+        self.assertNotIn("naive", halted)
         self.assertRegex(first, r"\((forecast final val_loss|latest val_loss) [0-9.]+\)")
+
+    def test_replicates_run_each_variant_per_seed_with_intervals_and_a_verdict(self):
+        self.add_worker("w1")
+        self.add_worker("w2")
+        path = self.write(steps=60, every=20, extra="replicates: 2\n")
+        # naive, packed, and naive again under another name: the same recipe
+        # and seeds, so the same curve, run by run.
+        name = self.create_edited(path, "  - name: packed-moe\n"
+                                  "    overrides: {model: {moe: {num_experts: 4, top_k: 1}}}\n",
+                                  "  - name: again\n"
+                                  "    overrides: {data: {packing: pad_to_seq_len}}\n")
+        e = self.wait_exp(name, timeout=400)
+        self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_SUCCEEDED, e.state_reason)
+        self.assertEqual(e.spec.replicates, 2)
+        # Six jobs: each variant twice, with seeds 1 and 2.
+        jobs = self.experiment_jobs(name)
+        runs = sorted((j.spec.labels["variant"], j.spec.labels["replicate"],
+                       j.spec.training.seed) for j in jobs)
+        self.assertEqual(runs, [("again", "1", 1), ("again", "2", 2),
+                                ("naive", "1", 1), ("naive", "2", 2),
+                                ("packed", "1", 1), ("packed", "2", 2)])
+        self.assertEqual([(v.name, v.replicate) for v in e.variants],
+                         [("naive", 1), ("naive", 2), ("packed", 1), ("packed", 2),
+                          ("again", 1), ("again", 2)])
+        # Replicate r of each variant trains with the same seed: the same
+        # recipe gives the same curve, so the same steps to the target.
+        self.assertEqual([v.steps_to_target for v in e.variants if v.name == "again"],
+                         [v.steps_to_target for v in e.variants if v.name == "naive"])
+        # The target: the worse of naive's two final losses; both reached it.
+        finals = [v.final_val_loss for v in e.variants if v.name == "naive"]
+        self.assertAlmostEqual(e.target_val_loss, max(finals), places=9)
+        self.assertTrue(all(v.reached_target for v in e.variants if v.name == "naive"))
+        self.assertEqual([s.name for s in e.summaries], ["naive", "packed", "again"])
+        naive, packed, again = e.summaries
+        self.assertEqual(naive.verdict, "reference")
+        self.assertEqual(naive.replicates, 2)
+        self.assertEqual(naive.reached_target, 2)
+        self.assertLessEqual(naive.recipe_cost_ci90_low_usd, naive.recipe_cost_to_target_usd)
+        self.assertGreaterEqual(naive.recipe_cost_ci90_high_usd, naive.recipe_cost_to_target_usd)
+        # Each run of "again" pairs with naive's run of its seed: the ratio
+        # is the two step times', the interval around their geometric mean.
+        self.assertEqual(again.ratio_pairs, 2)
+        self.assertEqual(again.reached_target, 2)
+        self.assertLessEqual(again.recipe_ratio_ci90_low, again.recipe_ratio_to_reference)
+        self.assertGreaterEqual(again.recipe_ratio_ci90_high, again.recipe_ratio_to_reference)
+        self.assertIn(again.verdict, ("cheaper", "dearer", "no clear difference"))
+        ratios = [v.recipe_ratio_to_reference for v in e.variants if v.name == "again"]
+        self.assertAlmostEqual(again.recipe_ratio_to_reference,
+                               (ratios[0] * ratios[1]) ** 0.5, places=6)
+        self.assertIn(packed.verdict, ("cheaper", "dearer", "no clear difference",
+                                       "not reached"))
+        self.assertIn("90% interval", e.state_reason)
+        text = self.tallyctl("experiment", "get", name)
+        self.assertIn("packed#2", text.stdout)
+        self.assertIn("over 2 replicates", text.stdout)
+        got = json.loads(self.tallyctl("experiment", "get", name, "--output=json").stdout)
+        for field in ("recipe_cost_ci90_low_usd", "recipe_cost_ci90_high_usd",
+                      "recipe_ratio_ci90_low", "recipe_ratio_ci90_high", "verdict"):
+            self.assertIn(field, got["summaries"][1])
+        svg = os.path.join(self.dir, "replicates.svg")
+        rep = self.tallyctl("experiment", "report", name, "--svg=" + svg)
+        self.assertEqual(rep.returncode, 0, rep.stderr)
+        ET.parse(svg)
+        print("\n" + text.stdout)
 
     def test_list_pages_newest_first(self):
         path = self.write()  # no workers: the variants stay queued
