@@ -5,9 +5,12 @@
 # clients), the scheduler's Tick() and /metrics rendering at fleet scale.
 # ONLY=packing, ONLY=fp8, ONLY=moe, ONLY=dp, ONLY=watch (bench/watch_load.py:
 # idle and live WatchJob streams), ONLY=cost_to_target (recipe experiments
-# on two corpora), ONLY=upcycle (dense vs upcycled vs MoE from scratch at one
-# budget), ONLY=distill (a student with and without a teacher) or
-# ONLY=controller runs one part.
+# on two corpora), ONLY=replicates (the demo's experiment with each variant
+# run three times: means, 90% intervals and verdicts), ONLY=eval_sample (the
+# evaluation sample against the whole validation split on three corpora),
+# ONLY=upcycle (dense vs upcycled vs MoE from scratch at one budget),
+# ONLY=distill (a student with and without a teacher) or ONLY=controller runs
+# one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -60,6 +63,20 @@ if [ -z "$ONLY" ] || [ "$ONLY" = cost_to_target ]; then
   echo
 fi
 [ "$ONLY" = cost_to_target ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = replicates ]; then
+  echo "== Replicates: the demo's recipe experiment, each variant three times (bench/replicates.sh) =="
+  BUILD_DIR="$B" bench/replicates.sh
+  echo
+fi
+[ "$ONLY" = replicates ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = eval_sample ]; then
+  echo "== Evaluation sample: 25% of the validation documents vs all (bench/eval_sample.sh) =="
+  BUILD_DIR="$B" bench/eval_sample.sh
+  echo
+fi
+[ "$ONLY" = eval_sample ] && exit 0
 
 if [ -z "$ONLY" ] || [ "$ONLY" = upcycle ]; then
   echo "== Upcycling: dense, upcycled and MoE from scratch at one budget (bench/upcycle.sh) =="

@@ -392,6 +392,23 @@ struct Crossing {
   double low = 0, high = 0;
 };
 
+// A whisker on the target line (at y_px) from lo_px to hi_px: the interval
+// of `c`'s variant's mean over its replicates.
+void AppendInterval(const Crossing& c, double lo_px, double hi_px, double y_px, bool tokens,
+                    std::string* svg) {
+  const std::string name = Xml(c.series->name);
+  const std::string y = Px(y_px), lo = Px(lo_px), hi = Px(hi_px);
+  const std::string y0 = Px(y_px - 6), y1 = Px(y_px + 6);
+  absl::StrAppend(svg, "<path class=\"interval\" data-variant=\"", name, "\" d=\"M", lo, " ", y,
+                  " L", hi, " ", y, " M", lo, " ", y0, " L", lo, " ", y1, " M", hi, " ", y0, " L",
+                  hi, " ", y1, "\" fill=\"none\" stroke=\"", Color(c.series->color),
+                  "\" stroke-width=\"2\"><title>", name,
+                  ": 90% interval of the mean over replicates, ",
+                  tokens ? absl::StrCat(Si(c.low), "-", Si(c.high), " tokens")
+                         : absl::StrCat(Dollars(c.low), "-", Dollars(c.high)),
+                  "</title></path>\n");
+}
+
 // The axes, the target line, the curves and the crossings, scaled to what
 // there is to draw (zoomed to the target's region when `zoom`).
 void AppendPlot(const std::vector<Series>& series, const std::vector<Crossing>& crossings,
@@ -493,18 +510,7 @@ void AppendPlot(const std::vector<Series>& series, const std::vector<Crossing>& 
   }
   if (clipped) absl::StrAppend(&svg, "</g>\n");
   for (const Crossing& c : crossings) {
-    if (!(c.low < c.high)) continue;
-    const std::string name = Xml(c.series->name);
-    const std::string y = Px(py(target)), lo = Px(px(c.low)), hi = Px(px(c.high));
-    const std::string y0 = Px(py(target) - 6), y1 = Px(py(target) + 6);
-    absl::StrAppend(&svg, "<path class=\"interval\" data-variant=\"", name, "\" d=\"M", lo, " ",
-                    y, " L", hi, " ", y, " M", lo, " ", y0, " L", lo, " ", y1, " M", hi, " ", y0,
-                    " L", hi, " ", y1, "\" fill=\"none\" stroke=\"", Color(c.series->color),
-                    "\" stroke-width=\"2\"><title>", name, ": 90% interval of the mean over "
-                    "replicates, ",
-                    tokens ? absl::StrCat(Si(c.low), "-", Si(c.high), " tokens")
-                           : absl::StrCat(Dollars(c.low), "-", Dollars(c.high)),
-                    "</title></path>\n");
+    if (c.low < c.high) AppendInterval(c, px(c.low), px(c.high), py(target), tokens, &svg);
   }
   for (const Crossing& c : crossings) {
     const std::string name = Xml(c.series->name);

@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "server/experiments/figures.h"
 #include "tally/store/records.pb.h"
 #include "tally/v1/experiments.pb.h"
 #include "tally/v1/jobs.pb.h"
@@ -90,34 +91,6 @@ struct Plan {
 // with "/replicates/r" after it).
 std::string VariantRequestId(const std::string& experiment_name,
                              const std::string& variant, int replicate = 1);
-
-// The index of the reference variant in the spec (target.from_variant, else
-// 0).
-int ReferenceIndex(const tally::v1::ExperimentSpec& spec);
-
-// Whether run `run` (an index into e.variants) is one of the reference's.
-bool IsReference(const tally::v1::Experiment& e, int run);
-
-// The run of the reference with replicate `replicate` (1-based), or -1.
-int ReferenceRun(const tally::v1::Experiment& e, int replicate);
-
-// A run's replicate, 1-based (0, from before replicates, reads as 1).
-int ReplicateOf(const tally::v1::VariantStatus& v);
-
-// A variant's figures from its job against `target` (0: none known yet).
-// Leaves name, halved and the ratio as they are.
-void FillVariantFigures(const tally::v1::Job& job, double target,
-                        tally::v1::VariantStatus* v);
-
-// Each variant's VariantSummary from its runs' figures (FillFigures calls
-// it).
-void FillSummaries(tally::v1::Experiment* e);
-
-// Fills every variant's figures, the ratios, the summaries and the
-// experiment's total.
-// `jobs[i]` is variant i's job, nullopt before it has one.
-void FillFigures(const std::vector<std::optional<tally::v1::Job>>& jobs,
-                 tally::v1::Experiment* e);
 
 // One pass over a RUNNING experiment (and, for an ended one, the acts its
 // end still asks for: cancels or stops of jobs that have not ended).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 
 #include "gtest/gtest.h"
 
@@ -48,38 +49,39 @@ TEST(EvalSampleTest, ZeroTakesTheWholeSplitInRowsOfAtMostSeqLen) {
   EXPECT_EQ(s.Coverage(), "5 of 6 documents, 1070 of 1070 tokens (100.0% of the split)");
 }
 
-TEST(EvalSampleTest, TakesWholeDocumentsUntilEvalTokensWhateverTheirLength) {
+TEST(EvalSampleTest, TakesWholeDocumentsOfEveryLengthToAboutEvalTokens) {
   const std::vector<int64_t> lengths = LongTail(2000, 7);
   int64_t total = 0;
   for (int64_t l : lengths) total += l;
   const int64_t want = total / 4;
   const EvalSample s = PlanEvalSample(lengths, 512, want);
-  EXPECT_GE(s.num_tokens, want);
+  // About eval_tokens: a quarter of the documents of every length, give or
+  // take the two very long ones (25,000 and 10,000 tokens).
+  EXPECT_NEAR(static_cast<double>(s.num_tokens), want, 0.1 * want);
+  EXPECT_NEAR(s.token_fraction(), 0.25, 0.025);
   // Whole documents: each sampled document is in the rows with all its
   // tokens, and nothing else is.
   const auto by_doc = TokensByDoc(s);
   ASSERT_EQ(by_doc.size(), s.docs.size());
   for (int64_t d : s.docs) EXPECT_EQ(by_doc.at(d), lengths[d]) << d;
-  // It stopped as soon as it had enough: without its last document (any of
-  // them, as the order is random) it could be short of `want`, never of a
-  // whole extra document's worth more.
-  int64_t longest = 0;
-  for (int64_t d : s.docs) longest = std::max(longest, lengths[d]);
-  EXPECT_LT(s.num_tokens - longest, want);
-  // Not chosen by length: the sampled documents' median length is near the
-  // split's (the old plan took the longest first: all of them far above).
-  auto median = [](std::vector<int64_t> v) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  };
-  std::vector<int64_t> sampled;
-  for (int64_t d : s.docs) sampled.push_back(lengths[d]);
-  const double ratio = static_cast<double>(median(sampled)) / median(lengths);
-  EXPECT_GT(ratio, 0.8);
-  EXPECT_LT(ratio, 1.25);
-  // A quarter of the documents, give or take the sampling.
-  EXPECT_GT(s.docs.size(), 2000 / 4 * 0.75);
-  EXPECT_LT(s.docs.size(), 2000 / 4 * 1.33);
+  // Stratified by length: each length quartile of the split gives a quarter
+  // of its documents (the old plan took the longest first).
+  std::vector<int64_t> sorted = lengths;
+  std::sort(sorted.begin(), sorted.end());
+  std::set<int64_t> in_sample(s.docs.begin(), s.docs.end());
+  for (int q = 0; q < 4; ++q) {
+    const int64_t lo = sorted[sorted.size() * q / 4];
+    const int64_t hi = q == 3 ? INT64_MAX : sorted[sorted.size() * (q + 1) / 4];
+    int64_t in = 0, taken = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      if (lengths[i] < lo || lengths[i] >= hi) continue;
+      ++in;
+      taken += in_sample.count(static_cast<int64_t>(i));
+    }
+    ASSERT_GT(in, 100);
+    EXPECT_NEAR(static_cast<double>(taken) / in, 0.25, 0.02) << "quartile " << q;
+  }
+  EXPECT_NEAR(static_cast<double>(s.docs.size()), 500, 10);
 }
 
 TEST(EvalSampleTest, TheSameForEveryCallAndIndependentOfSeqLen) {
@@ -98,6 +100,7 @@ TEST(EvalSampleTest, TheSameForEveryCallAndIndependentOfSeqLen) {
 
 TEST(EvalSampleTest, EvalTokensBeyondTheSplitTakesItAll) {
   const std::vector<int64_t> lengths = {10, 20, 30};
+  EXPECT_EQ(PlanEvalSample(lengths, 16, 60).docs, (std::vector<int64_t>{0, 1, 2}));
   const EvalSample s = PlanEvalSample(lengths, 16, 1000);
   EXPECT_EQ(s.docs, (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(s.num_tokens, 60);

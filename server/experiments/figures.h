@@ -1,0 +1,50 @@
+// An experiment's figures (pure): each run's from its job against the
+// target, the ratios to the reference's run of the same replicate, and each
+// variant's summary over its replicates (means, 90% intervals, verdict).
+// decide.h's passes call FillFigures; the manager's views read what it
+// fills.
+#ifndef TALLY_SERVER_EXPERIMENTS_FIGURES_H_
+#define TALLY_SERVER_EXPERIMENTS_FIGURES_H_
+
+#include <optional>
+#include <vector>
+
+#include "tally/v1/experiments.pb.h"
+#include "tally/v1/jobs.pb.h"
+
+namespace tally::experiments {
+
+// A job's last evaluation's loss, or 0.
+double FinalLoss(const tally::v1::Job& job);
+
+// The index of the reference variant in the spec (target.from_variant, else
+// 0).
+int ReferenceIndex(const tally::v1::ExperimentSpec& spec);
+
+// Whether run `run` (an index into e.variants) is one of the reference's.
+bool IsReference(const tally::v1::Experiment& e, int run);
+
+// The run of the reference with replicate `replicate` (1-based), or -1.
+int ReferenceRun(const tally::v1::Experiment& e, int replicate);
+
+// A run's replicate, 1-based (0, from before replicates, reads as 1).
+int ReplicateOf(const tally::v1::VariantStatus& v);
+
+// A variant's figures from its job against `target` (0: none known yet).
+// Leaves name, halved and the ratio as they are.
+void FillVariantFigures(const tally::v1::Job& job, double target,
+                        tally::v1::VariantStatus* v);
+
+// Each variant's VariantSummary from its runs' figures (FillFigures calls
+// it).
+void FillSummaries(tally::v1::Experiment* e);
+
+// Fills every variant's figures, the ratios, the summaries and the
+// experiment's total.
+// `jobs[i]` is variant i's job, nullopt before it has one.
+void FillFigures(const std::vector<std::optional<tally::v1::Job>>& jobs,
+                 tally::v1::Experiment* e);
+
+}  // namespace tally::experiments
+
+#endif  // TALLY_SERVER_EXPERIMENTS_FIGURES_H_
