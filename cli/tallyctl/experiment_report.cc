@@ -213,7 +213,8 @@ struct Point {
 struct Series {
   std::string name;
   size_t color = 0;
-  const VariantStatus* status = nullptr;
+  const VariantStatus* status = nullptr;  // with replicates, its first run's
+  const tally::v1::VariantSummary* summary = nullptr;  // with replicates
   const std::vector<EvalPoint>* curve = nullptr;
   std::vector<Point> points;
 };
@@ -284,6 +285,12 @@ std::string Detail(const Series& s, double target, XAxis x) {
   } else {
     detail = absl::StrFormat("latest loss %.4f", s.points.back().y);
   }
+  if (s.summary != nullptr && target > 0 && x == XAxis::kRecipeDollars &&
+      s.summary->recipe_cost_to_target_usd() > 0) {
+    detail = absl::StrCat("mean ", Dollars(s.summary->recipe_cost_to_target_usd()),
+                          " to target, ", s.summary->reached_target(), " of ",
+                          s.summary->replicates(), " runs");
+  }
   if (s.status != nullptr && s.status->halted()) detail += " (halted)";
   return detail;
 }
@@ -306,6 +313,9 @@ std::vector<Series> CollectSeries(const Experiment& experiment,
     s.name = v.name();
     s.color = series.size();
     s.status = &v;
+    for (const auto& summary : experiment.summaries()) {
+      if (summary.name() == v.name() && summary.replicates() > 1) s.summary = &summary;
+    }
     series.push_back(std::move(s));
   }
   for (const VariantCurve& c : curves) {

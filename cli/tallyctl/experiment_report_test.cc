@@ -524,6 +524,9 @@ TEST(ExperimentReportTest, ReplicatesDrawTheIntervalOfTheMeanOnTheTargetLine) {
   ASSERT_THAT(whiskers, SizeIs(1));
   EXPECT_EQ(whiskers[0]->attrs.at("data-variant"), "packed");
   EXPECT_THAT(AllText(doc), HasSubstr("90% interval of the mean over replicates"));
+  s->set_recipe_cost_to_target_usd(0.55);
+  s->set_reached_target(3);
+  EXPECT_THAT(AllText(Render(e, curves)), HasSubstr("mean $0.55 to target, 3 of 3 runs"));
   // It spans $0.40 to $0.70 on the same scale as packed's crossing at $0.50.
   const std::vector<XY> w = Vertices(*whiskers[0]);
   ASSERT_GE(w.size(), 2u);

@@ -263,6 +263,21 @@ class PrometheusTest(ClusterTest):
         r = self.query(expr)
         return float(r[0]["value"][1]) if r else None
 
+    def settled(self, expr, ok, what, timeout=20):
+        """The scraped value of `expr` once `ok(value)` holds: Prometheus
+        scrapes every second, and on a loaded machine a later change can
+        land a scrape or two after the one a test waited for."""
+        got = []
+
+        def check():
+            got[:] = [self.value(expr)]
+            return got[0] is not None and ok(got[0])
+        try:
+            wait_for(check, timeout=timeout, interval=0.5, what=what)
+        except AssertionError:
+            raise AssertionError("%s: %s read %r" % (what, expr, got[0] if got else None))
+        return got[0]
+
     def firing_jobs(self, name):
         return sorted(a["metric"].get("tally_job", "") for a in self.alerts(name))
 
@@ -337,42 +352,46 @@ class PrometheusTest(ClusterTest):
         # After they ended: final values, with the terminal state.
         wait_for(lambda: self.value('tally_job_info{tally_job="%s",state="budget_exhausted"}'
                                     % job.name) == 1, timeout=15, what="the job's final state")
-        self.assertEqual(self.value('tally_job_step{tally_job="%s"}' % first.name), 5)
-        self.assertEqual(self.value('tally_job_info{tally_job="%s",state="succeeded",'
-                                    'display_name="first"}' % first.name), 1)
-        self.assertGreaterEqual(
-            self.value('tally_job_budget_used_ratio{tally_job="%s"}' % job.name), 1.0)
-        self.assertAlmostEqual(self.value('tally_job_cost_dollars{tally_job="%s"}' % job.name),
-                               done.cost.cost_usd, places=6)
-        self.assertGreaterEqual(self.value('tally_job_step{tally_job="%s"}' % job.name),
-                                done.step)
-        self.assertEqual(self.value('tally_job_best_val_loss{tally_job="%s"}' % job.name),
-                         done.early_stopping.best_val_loss)
-        self.assertEqual(self.value('tally_job_ends_total{state="budget_exhausted",'
-                                    'reason_rule="budget"}'), 1)
-        self.assertEqual(self.value('tally_job_ends_total{state="succeeded",'
-                                    'reason_rule="max_steps"}'), 2)
+        # Each read waits for the value it expects: the scrape that showed
+        # the job's end may predate the others' (a loaded machine).
+        self.settled('tally_job_step{tally_job="%s"}' % first.name, lambda v: v == 5,
+                     "first's final step")
+        self.settled('tally_job_info{tally_job="%s",state="succeeded",display_name="first"}'
+                     % first.name, lambda v: v == 1, "first's final state")
+        self.settled('tally_job_budget_used_ratio{tally_job="%s"}' % job.name,
+                     lambda v: v >= 1.0, "the budget used")
+        self.settled('tally_job_cost_dollars{tally_job="%s"}' % job.name,
+                     lambda v: abs(v - done.cost.cost_usd) < 5e-7, "the job's final cost")
+        self.settled('tally_job_step{tally_job="%s"}' % job.name, lambda v: v >= done.step,
+                     "the job's final step")
+        self.settled('tally_job_best_val_loss{tally_job="%s"}' % job.name,
+                     lambda v: v == done.early_stopping.best_val_loss, "the job's best loss")
+        self.settled('tally_job_ends_total{state="budget_exhausted",reason_rule="budget"}',
+                     lambda v: v == 1, "one budget end")
+        self.settled('tally_job_ends_total{state="succeeded",reason_rule="max_steps"}',
+                     lambda v: v == 2, "two max_steps ends")
         # Tokens and FP8 values computed: each fleet counter is the jobs'
         # counters summed.
         for fleet_counter, job_counter in (
                 ('tally_tokens_total{kind="useful"}', 'tally_job_tokens_total{kind="useful"}'),
                 ("tally_fp8_values_total", "tally_job_fp8_values_total"),
                 ("tally_fp8_overflows_total", "tally_job_fp8_overflows_total")):
-            fleet = self.value("sum(%s)" % fleet_counter)
-            self.assertGreater(fleet, 0, fleet_counter)
-            self.assertEqual(fleet, self.value("sum(%s)" % job_counter), fleet_counter)
-        self.assertGreater(self.value('tally_tokens_total{kind="useful",gpu_type="cpu"}'), 0)
+            self.settled("sum(%s)" % fleet_counter, lambda v: v > 0, fleet_counter)
+            self.settled("sum(%s) - sum(%s)" % (fleet_counter, job_counter), lambda v: v == 0,
+                         "%s the sum of %s" % (fleet_counter, job_counter))
+        self.settled('tally_tokens_total{kind="useful",gpu_type="cpu"}', lambda v: v > 0,
+                     "useful tokens on cpu")
 
         # The forced job: the fraction of its values cast that overflowed is
         # above the alert's threshold (and below the 1% at which the trainer
         # fails a run); the normal FP8 job's is below it. Both alerts fire
         # for the forced job and for no other.
         def fraction(name):
-            return (self.value('tally_job_fp8_overflows_total{tally_job="%s"}' % name)
-                    / self.value('tally_job_fp8_values_total{tally_job="%s"}' % name))
-        self.assertGreater(fraction(forced.name), 0.001)
-        self.assertLess(fraction(forced.name), 0.01)
-        self.assertLess(fraction(job.name), 0.001)
+            return ('tally_job_fp8_overflows_total{tally_job="%s"} / '
+                    'tally_job_fp8_values_total{tally_job="%s"}' % (name, name))
+        self.settled(fraction(forced.name), lambda v: 0.001 < v < 0.01,
+                     "the forced job's overflow fraction")
+        self.settled(fraction(job.name), lambda v: v < 0.001, "the FP8 job's overflow fraction")
         for name in ("TallyFp8Overflows", "TallyExpertCollapse"):
             wait_for(lambda: self.firing_jobs(name), timeout=20, what=name + " to fire")
             self.assertEqual(self.firing_jobs(name), [forced.name], name)
