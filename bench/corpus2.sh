@@ -11,7 +11,8 @@
 # Installs the packages if missing (they come with python3 on Debian 12) and
 # does nothing when OUT_DIR/train.idx exists. PYVER (default 3.11) picks the
 # packages; TALLY_PREP the tally-prep binary (default: the checkout's
-# ${BUILD_DIR:-build}/cli/tally-prep).
+# ${BUILD_DIR:-build}/cli/tally-prep); PREP_ARGS more tally-prep flags (e.g.
+# --val_tokens=65536).
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 OUT_DIR" >&2; exit 2; }
 # Paths given are relative to where the script is run from; the default
@@ -57,5 +58,6 @@ dpkg-query -L "${PACKAGES[@]}" | { grep -E '\.py$' || true; } |
 [ -s "$list" ] || { echo "corpus2: no Python sources found in ${PACKAGES[*]}" >&2; exit 1; }
 echo "corpus2: $(wc -l <"$list") files from ${PACKAGES[*]}"
 rm -rf "$tmp" && mkdir -p "$tmp"
-xargs -d '\n' "$PREP" --out="$tmp" --split=file <"$list"
+# shellcheck disable=SC2086  # PREP_ARGS: more tally-prep flags, split on spaces
+xargs -d '\n' "$PREP" --out="$tmp" --split=file ${PREP_ARGS:-} <"$list"
 rm -rf "$OUT" && mv "$tmp" "$OUT"

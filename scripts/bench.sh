@@ -5,7 +5,9 @@
 # clients), the scheduler's Tick() and /metrics rendering at fleet scale.
 # ONLY=packing, ONLY=fp8, ONLY=moe, ONLY=dp, ONLY=watch (bench/watch_load.py:
 # idle and live WatchJob streams), ONLY=cost_to_target (recipe experiments
-# on two corpora), ONLY=replicates (the demo's experiment with each variant
+# on two corpora), ONLY=packing_efficiency (packed vs padded by tokens and
+# steps to the same loss, three corpora x seeds), ONLY=replicates (the demo's
+# experiment with each variant
 # run three times: means, 90% intervals and verdicts), ONLY=eval_sample (the
 # evaluation sample against the whole validation split on three corpora),
 # ONLY=upcycle (dense vs upcycled vs MoE from scratch at one budget),
@@ -70,6 +72,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = replicates ]; then
   echo
 fi
 [ "$ONLY" = replicates ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = packing_efficiency ]; then
+  echo "== Packing efficiency: tokens and steps to the padded baseline's loss, over seeds (bench/packing_efficiency.sh) =="
+  BUILD_DIR="$B" bench/packing_efficiency.sh
+  echo
+fi
+[ "$ONLY" = packing_efficiency ] && exit 0
 
 if [ -z "$ONLY" ] || [ "$ONLY" = eval_sample ]; then
   echo "== Evaluation sample: 25% of the validation documents vs all (bench/eval_sample.sh) =="

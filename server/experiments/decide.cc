@@ -305,7 +305,8 @@ void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int re
       all_ended = all_ended && store::IsTerminal(e.variants(i).state());
     }
   }
-  const std::string& ref_name = e.variants(ref).name();
+  const std::string ref_name =
+      ref < n ? e.variants(ref).name() : std::string();  // n == 0: nothing ends
   if (all_ended && with_loss > 0) {
     const double target = worst;
     e.set_target_val_loss(target);
