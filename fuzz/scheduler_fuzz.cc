@@ -200,6 +200,8 @@ WorkerMessage PickMessage(FuzzedDataProvider& in, const std::vector<tally::v1::A
       e->set_tokens(PickInt(in));
       e->set_val_loss(PickDouble(in));
       e->set_bits_per_byte(PickDouble(in));
+      e->set_doc_val_loss(PickDouble(in));
+      e->set_docs(PickInt(in));
       break;
     }
     case 3: {

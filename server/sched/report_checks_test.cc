@@ -120,6 +120,18 @@ INSTANTIATE_TEST_SUITE_P(
                m.mutable_eval()->set_step(10);
                m.mutable_eval()->set_val_loss(-1e308);
              }, "eval.val_loss"},
+        Case{"a_negative_document_weighted_loss", [](auto& m) {
+               m.mutable_eval()->set_job("jobs/1");
+               m.mutable_eval()->set_step(10);
+               m.mutable_eval()->set_val_loss(2);
+               m.mutable_eval()->set_doc_val_loss(-0.5);
+             }, "eval.doc_val_loss"},
+        Case{"a_negative_document_count", [](auto& m) {
+               m.mutable_eval()->set_job("jobs/1");
+               m.mutable_eval()->set_step(10);
+               m.mutable_eval()->set_val_loss(2);
+               m.mutable_eval()->set_docs(-3);
+             }, "eval.docs"},
         Case{"a_diverged_eval_passes", [](auto& m) {
                m.mutable_eval()->set_job("jobs/1");
                m.mutable_eval()->set_step(10);

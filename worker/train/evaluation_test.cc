@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -86,6 +87,7 @@ class EvaluationTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
   }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
   static std::string dir_;
 
   static TrainConfig Config(const std::string& corpus) {
