@@ -166,6 +166,10 @@ print("Combined saving, by recipe cost (steps to the target x each variant's med
 if b_ref > 0 and b_best > 0:
     print("Billed (what the ledger charged, with the machine's load in it): $%.6f and $%.6f,"
           " %.2fx." % (b_ref, b_best, b_ref / b_best))
+print("One seed each: a ratio from one run is one sample. With `replicates: 3` in the file"
+      " each variant\nruns three times and the verdict says \"cheaper\" only when the 90%"
+      " interval of its ratio is\nbelow 1 (bench/replicates.sh: packed 0.59x, 0.47x-0.74x;"
+      " packed-moe 0.75x, 0.56x-1.02x).")
 PY
 echo
 echo "From /metrics:"

@@ -519,7 +519,8 @@ std::string Verdict(const Experiment& e, int ref) {
   if (best->name() != rv.name() && ratio > 0) {
     absl::StrAppendFormat(&reason, ", %.2fx %s's %s", ratio, rv.name(), FormatDollars(figure(rv)));
   }
-  absl::StrAppend(&reason, "; one run of each, so no interval (replicates: N runs each N times)");
+  absl::StrAppend(&reason,
+                  "; one run of each, so no interval (set replicates to run each several times)");
   return reason;
 }
 
