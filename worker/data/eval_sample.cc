@@ -51,6 +51,16 @@ EvalSample PlanEvalSample(absl::Span<const int64_t> doc_lengths, int32_t seq_len
       acc -= 1.0;
       taken.push_back(d);
     }
+    // A sample smaller than one document's share of the split could take
+    // none: it then takes one, at a seeded place in the length order, with
+    // a target (two tokens or more) where the split has one.
+    if (taken.empty() && !order.empty()) {
+      size_t at = static_cast<size_t>(Mix64(seed ^ 0x5A17ULL) % order.size());
+      for (size_t tried = 0; tried < order.size() && doc_lengths[order[at]] < 2; ++tried) {
+        at = (at + 1) % order.size();
+      }
+      taken.push_back(order[at]);
+    }
     order = std::move(taken);
     std::sort(order.begin(), order.end());
   }

@@ -107,6 +107,22 @@ TEST(EvalSampleTest, EvalTokensBeyondTheSplitTakesItAll) {
   EXPECT_EQ(TokensByDoc(s).at(2), 30);
 }
 
+TEST(EvalSampleTest, ASampleSmallerThanAnyDocumentsShareStillScoresOne) {
+  // 24 long documents and eval_tokens a fiftieth of the split: the walk
+  // alone could take none (an evaluation with nothing to score).
+  std::vector<int64_t> lengths(24, 20000);
+  lengths[3] = 1;  // no target
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    const EvalSample s = PlanEvalSample(lengths, 512, 8192, seed);
+    ASSERT_FALSE(s.docs.empty()) << seed;
+    EXPECT_GE(lengths[s.docs[0]], 2) << seed;
+    EXPECT_GT(s.num_tokens, 0);
+  }
+  // Only documents without a target: one is still taken (the evaluation
+  // then has no target, which the trainer reports as it always has).
+  EXPECT_EQ(PlanEvalSample(std::vector<int64_t>{1, 1, 1}, 16, 1).docs.size(), 1u);
+}
+
 TEST(EvalSampleTest, EmptySplit) {
   const EvalSample s = PlanEvalSample({}, 16, 100);
   EXPECT_TRUE(s.rows.empty());
