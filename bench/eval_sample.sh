@@ -16,18 +16,14 @@ B=${BUILD_DIR:-build}
 OUT=$B/bench/eval_sample
 SEEDS=${SEEDS:-"1 2 3"}
 STEPS=${STEPS:-200}
-SHAKESPEARE=${SHAKESPEARE:-../shared/data/tinyshakespeare.txt}
 mkdir -p "$OUT"
 
 . bench/lib/models.sh
 ensure_fortunes
 TALLY_PREP="$B/cli/tally-prep" bench/corpus2.sh "$B/bench/corpus2" >/dev/null
 corpora="fortunes:$B/demo/fortunes corpus2:$B/bench/corpus2"
-if [ -s "$SHAKESPEARE" ]; then
-  [ -s "$OUT/shakespeare/train.idx" ] ||
-    "$B/cli/tally-prep" --out="$OUT/shakespeare" --split=blank "$SHAKESPEARE" >/dev/null
-  corpora="$corpora shakespeare:$OUT/shakespeare"
-fi
+shakespeare=$(ensure_shakespeare)
+[ -z "$shakespeare" ] || corpora="$corpora shakespeare:$shakespeare"
 
 # Trains CORPUS_DIR with SEED, evaluating EVAL_TOKENS, into OUT_FILE (the
 # metrics' JSON lines; the run's output beside it).

@@ -25,7 +25,6 @@ SEEDS=${SEEDS:-"1 2 3"}
 STEPS=${STEPS:-300}
 EVERY=${EVERY:-25}
 ROWS=${ROWS:-8}
-SHAKESPEARE=${SHAKESPEARE:-../shared/data/tinyshakespeare.txt}
 mkdir -p "$OUT"
 
 . bench/lib/models.sh
@@ -35,11 +34,8 @@ PREP="$B/cli/tally-prep"
 # split gives one module 17.8% of the validation tokens).
 PREP_ARGS=--val_tokens=65536 TALLY_PREP="$PREP" bench/corpus2.sh "$OUT/stdlib" >/dev/null
 CONFIGS="fortunes:$B/demo/fortunes:256 fortunes:$B/demo/fortunes:128 stdlib:$OUT/stdlib:256"
-if [ -s "$SHAKESPEARE" ]; then
-  [ -s "$OUT/shakespeare/train.idx" ] ||
-    "$PREP" --out="$OUT/shakespeare" --split=blank "$SHAKESPEARE" >/dev/null
-  CONFIGS="$CONFIGS shakespeare:$OUT/shakespeare:256"
-fi
+shakespeare=$(ensure_shakespeare)
+[ -z "$shakespeare" ] || CONFIGS="$CONFIGS shakespeare:$shakespeare:256"
 
 # Rows a packed step needs for the useful tokens of a padded step of ROWS
 # rows: ROWS x the padded plan's useful fraction (from the documents'

@@ -8,6 +8,17 @@ ensure_fortunes() {
   fi
 }
 
+# tinyshakespeare ($SHAKESPEARE, default ../shared/data/tinyshakespeare.txt)
+# cut into speeches at blank lines, as $B/bench/shakespeare: prints that
+# folder, or nothing where the text is missing.
+ensure_shakespeare() {
+  local text=${SHAKESPEARE:-../shared/data/tinyshakespeare.txt}
+  [ -s "$text" ] || return 0
+  [ -s "$B/bench/shakespeare/train.idx" ] ||
+    "$B/cli/tally-prep" --out="$B/bench/shakespeare" --split=blank "$text" >/dev/null
+  echo "$B/bench/shakespeare"
+}
+
 # The dense model bench/upcycle/dense.yaml trains (600 steps on fortunes),
 # checkpointed at $DENSE.
 DENSE=$B/bench/upcycle/dense/step-00000600.ckpt

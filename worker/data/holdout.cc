@@ -1,8 +1,9 @@
 #include "worker/data/holdout.h"
 
 #include <algorithm>
-#include <numeric>
-#include <random>
+#include <utility>
+
+#include "worker/data/stratified.h"
 
 namespace tally::data {
 
@@ -33,18 +34,8 @@ Holdout StratifiedHoldout(absl::Span<const int64_t> doc_lengths, int64_t val_tok
     eligible_tokens += doc_lengths[i];
   }
   if (eligible_tokens == 0) return h;
-  std::stable_sort(eligible.begin(), eligible.end(),
-                   [&](int64_t a, int64_t b) { return doc_lengths[a] < doc_lengths[b]; });
-  const double fraction =
-      std::min(1.0, static_cast<double>(val_tokens) / static_cast<double>(eligible_tokens));
-  // One document every 1/fraction along the sorted list, from a seeded
-  // offset: each length stratum gives `fraction` of its documents.
-  std::mt19937_64 rng(seed ^ 0x4A9B1D5E3C7F2061ULL);
-  double acc = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-  for (int64_t d : eligible) {
-    acc += fraction;
-    if (acc < 1.0) continue;
-    acc -= 1.0;
+  const double fraction = static_cast<double>(val_tokens) / static_cast<double>(eligible_tokens);
+  for (int64_t d : SampleByLength(doc_lengths, std::move(eligible), fraction, seed)) {
     h.held_out[d] = true;
     ++h.num_docs;
     h.num_tokens += doc_lengths[d];

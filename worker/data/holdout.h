@@ -30,13 +30,13 @@ struct Holdout {
   int64_t num_too_long = 0;
 };
 
-// Systematic sampling over the documents sorted by length (ties in corpus
-// order) from a seeded start: every stretch of lengths gives the same
-// fraction of its documents, val_tokens / (the eligible tokens), so the
-// split has short, middling and long documents in the corpus's proportions
-// and about val_tokens tokens. Documents longer than val_tokens *
-// kConcentratedShare are never held out. val_tokens >= the eligible tokens
-// holds out every eligible document.
+// SampleByLength (stratified.h) over the eligible documents: every stretch
+// of lengths gives the same fraction of its documents, val_tokens / (the
+// eligible tokens), so the split has short, middling and long documents in
+// the corpus's proportions and about val_tokens tokens (at least one
+// document). Documents longer than val_tokens * kConcentratedShare are
+// never held out. val_tokens >= the eligible tokens holds out every
+// eligible document.
 Holdout StratifiedHoldout(absl::Span<const int64_t> doc_lengths, int64_t val_tokens,
                           uint64_t seed);
 

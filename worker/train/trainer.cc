@@ -151,24 +151,28 @@ EvalMetrics Run::Evaluate() {
         *val_, absl::MakeConstSpan(eval_rows).subspan(i, n), c_.data.seq_len,
         data::PackingMode::kPacked);
     const DeviceBatch d = ToDevice(mb, device_);
-    const Losses l = LossSum(*model_, d, kernel_);
+    const at::Tensor logits_BTV = model_->Run(d.input, kernel_).logits_BTV;
     if (extra) continue;
-    // Each segment's summed loss, from the per-token losses (0 where there
-    // is no target), in one copy to the host.
-    const at::Tensor ce_N = at::cross_entropy_loss(l.logits_NV.to(at::kFloat), d.targets_N, {},
-                                                   at::Reduction::None, data::kIgnoreTarget);
-    const at::Tensor by_segment =
-        at::zeros({static_cast<int64_t>(mb.segment_docs.size())}, ce_N.options())
-            .index_add_(0, d.input.segments_BT.reshape({-1}), ce_N)
+    // The per-token losses (0 where there is no target), once: summed per
+    // segment (each document's share) and in all (the evaluation's), in one
+    // copy to the host, the total last.
+    const at::Tensor ce_N =
+        at::cross_entropy_loss(logits_BTV.reshape({-1, logits_BTV.size(-1)}).to(at::kFloat),
+                               d.targets_N, {}, at::Reduction::None, data::kIgnoreTarget);
+    const size_t num_segments = mb.segment_docs.size();
+    const at::Tensor sums_S =
+        at::cat({at::zeros({static_cast<int64_t>(num_segments)}, ce_N.options())
+                     .index_add_(0, d.input.segments_BT.reshape({-1}), ce_N),
+                 ce_N.sum().reshape({1})})
             .to(at::kCPU, at::kDouble);
-    const double* seg_loss = by_segment.data_ptr<double>();
-    for (size_t s = 0; s < mb.segment_docs.size(); ++s) {
+    const double* seg_loss = sums_S.data_ptr<double>();
+    for (size_t s = 0; s < num_segments; ++s) {
       if (mb.segment_docs[s] < 0) continue;  // padding
       const size_t slot = doc_slot(mb.segment_docs[s]);
       sums[2 * slot] += seg_loss[s];
       sums[2 * slot + 1] += (mb.cu_seqlens[s + 1] - mb.cu_seqlens[s]) - 1;
     }
-    loss_sum += l.ce_sum.item<double>();
+    loss_sum += seg_loss[num_segments];
     targets += static_cast<double>(mb.num_targets);
     text_targets += static_cast<double>(mb.text_targets);
   }
