@@ -276,6 +276,13 @@ EvalPoint Eval(double cost_usd, double val_loss, int64_t tokens = 0) {
   return p;
 }
 
+// An evaluation at `step` that had been billed `billed` dollars.
+EvalPoint EvalAt(int64_t step, double billed, double loss) {
+  EvalPoint p = Eval(billed, loss);
+  p.set_step(step);
+  return p;
+}
+
 Experiment MakeExperiment(std::vector<std::string> names, double target = 0) {
   Experiment e;
   e.set_name("experiments/7");
@@ -464,14 +471,9 @@ TEST(ExperimentReportTest, RecipeDollarsAreTheDefaultAxisAndBilledOnRequest) {
   packed->set_reached_target(true);
   packed->set_recipe_cost_to_target_usd(0.5);
   packed->set_cost_to_target_usd(0.6);
-  auto at = [](int64_t step, double billed, double loss) {
-    EvalPoint p = Eval(billed, loss);
-    p.set_step(step);
-    return p;
-  };
   const std::vector<VariantCurve> curves = {
-      {"naive", {at(0, 0, 5.0), at(50, 2.0, 3.5), at(150, 4.0, 2.5)}},
-      {"packed", {at(0, 0, 5.0), at(25, 0.3, 3.5), at(75, 0.9, 2.5)}}};
+      {"naive", {EvalAt(0, 0, 5.0), EvalAt(50, 2.0, 3.5), EvalAt(150, 4.0, 2.5)}},
+      {"packed", {EvalAt(0, 0, 5.0), EvalAt(25, 0.3, 3.5), EvalAt(75, 0.9, 2.5)}}};
   const Document recipe = Render(e, curves);
   EXPECT_THAT(WithClass(recipe, "text", "axis-label")[0]->text, HasSubstr("recipe dollars"));
   EXPECT_THAT(AllText(recipe), HasSubstr("$1.00 to target"));
@@ -511,14 +513,9 @@ TEST(ExperimentReportTest, ReplicatesDrawTheIntervalOfTheMeanOnTheTargetLine) {
   s->set_replicates(3);
   s->set_recipe_cost_ci90_low_usd(0.4);
   s->set_recipe_cost_ci90_high_usd(0.7);
-  auto at = [](int64_t step, double billed, double loss) {
-    EvalPoint p = Eval(billed, loss);
-    p.set_step(step);
-    return p;
-  };
   const std::vector<VariantCurve> curves = {
-      {"naive", {at(0, 0, 5.0), at(50, 0.5, 3.5), at(150, 1.5, 2.5)}},
-      {"packed", {at(0, 0, 5.0), at(25, 0.25, 3.5), at(75, 0.75, 2.5)}}};
+      {"naive", {EvalAt(0, 0, 5.0), EvalAt(50, 0.5, 3.5), EvalAt(150, 1.5, 2.5)}},
+      {"packed", {EvalAt(0, 0, 5.0), EvalAt(25, 0.25, 3.5), EvalAt(75, 0.75, 2.5)}}};
   const Document doc = Render(e, curves);
   const auto whiskers = WithClass(doc, "path", "interval");
   ASSERT_THAT(whiskers, SizeIs(1));
