@@ -35,14 +35,6 @@ bool IsVariantNameChar(char c) {
          c == '_' || c == '-';
 }
 
-bool IsVariantName(absl::string_view name) {
-  if (name.empty() || name.size() > kMaxVariantNameChars) return false;
-  for (char c : name) {
-    if (!IsVariantNameChar(c)) return false;
-  }
-  return true;
-}
-
 // "variants[2] (packed-moe)": the name as written when it is a valid one,
 // else quoted and escaped.
 std::string VariantLabel(const ExperimentSpec& spec, int index) {
@@ -141,6 +133,15 @@ std::optional<JobSpec> Resolve(const ExperimentSpec& spec, int index,
 }
 
 }  // namespace
+
+bool IsVariantName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxVariantNameChars) return false;
+  for (char c : name) {
+    if (!IsVariantNameChar(c)) return false;
+  }
+  return true;
+}
+
 
 absl::Status MergeOverrides(const google::protobuf::Struct& overrides,
                             Message* base, absl::string_view root) {

@@ -52,6 +52,9 @@ inline constexpr int kMaxExperimentVariants = 32;
 inline constexpr int kMaxVariantNameChars = 64;
 inline constexpr int kMaxExperimentReplicates = 8;
 
+// 1 to kMaxVariantNameChars characters of a-z, 0-9, '.', '_' and '-'.
+bool IsVariantName(absl::string_view name);
+
 // Reads an experiment file with the job spec reader's strictness and limits
 // (kMaxSpecBytes, no anchors or aliases, no duplicate keys, one document,
 // unknown fields refused; two targets are refused too). `base` is read as a

@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/experiment_spec.h"
 #include "common/text.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -111,6 +112,9 @@ void CheckAllStrings(const Message& m, const std::string& prefix, Problems* p) {
   r->ListFields(m, &fields);
   for (const FieldDescriptor* f : fields) {
     const std::string path = prefix + f->name();
+    // A calibration's names and specs have checks of their own
+    // (CheckCalibration), the specs' strings among them.
+    if (f->message_type() == tally::v1::TimingCalibrationSpec::descriptor()) continue;
     if (f->is_map()) {
       const FieldDescriptor* key_f = f->message_type()->map_key();
       const FieldDescriptor* val_f = f->message_type()->map_value();
@@ -216,6 +220,15 @@ void ApplySpecDefaults(JobSpec* spec) {
   if (resources->gpu_count() == 0) resources->set_gpu_count(1);
   if (resources->capacity().empty()) resources->set_capacity("any");
   if (spec->max_attempts() == 0) spec->set_max_attempts(3);
+  if (spec->has_calibration()) {
+    auto* cal = spec->mutable_calibration();
+    if (cal->rounds() == 0) cal->set_rounds(kDefaultCalibrationRounds);
+    if (cal->steps() == 0) cal->set_steps(kDefaultCalibrationSteps);
+    // One level: a calibration inside one is refused, not defaulted.
+    for (auto& v : *cal->mutable_variants()) {
+      if (!v.spec().has_calibration()) ApplySpecDefaults(v.mutable_spec());
+    }
+  }
 }
 
 namespace {
@@ -530,6 +543,40 @@ void CheckLabels(const JobSpec& spec, Problems* p) {
   }
 }
 
+// A timing calibration: its bounds, and each spec it times as a job of its
+// own (their problems named under calibration.variants[i].spec).
+void CheckCalibration(const JobSpec& spec, Problems* p) {
+  if (!spec.has_calibration()) return;
+  const tally::v1::TimingCalibrationSpec& cal = spec.calibration();
+  p->Range("calibration.rounds", cal.rounds(), 1, kMaxCalibrationRounds);
+  p->Range("calibration.steps", cal.steps(), 1, kMaxCalibrationSteps);
+  if (cal.variants_size() == 0 || cal.variants_size() > kMaxExperimentVariants) {
+    p->Add("calibration.variants", absl::StrCat("must list 1 to ", kMaxExperimentVariants,
+                                                " specs to time, got ", cal.variants_size()));
+  }
+  std::vector<std::string> seen;
+  for (int i = 0; i < cal.variants_size() && i < kMaxExperimentVariants; ++i) {
+    const tally::v1::CalibrationVariant& v = cal.variants(i);
+    const std::string field = absl::StrCat("calibration.variants[", i, "]");
+    if (!IsVariantName(v.name())) {
+      p->Add(field + ".name", absl::StrCat(Quoted(v.name()), " must be 1 to ",
+                                           kMaxVariantNameChars,
+                                           " characters of a-z, 0-9, '.', '_' and '-'"));
+    } else if (std::find(seen.begin(), seen.end(), v.name()) != seen.end()) {
+      p->Add(field + ".name", absl::StrCat("\"", v.name(), "\" is listed twice; names must be unique"));
+    }
+    seen.push_back(v.name());
+    if (v.spec().has_calibration()) {
+      p->Add(field + ".spec.calibration",
+             "a spec to time cannot be a calibration itself; remove it");
+      continue;
+    }
+    if (absl::Status s = ValidateJobSpec(v.spec()); !s.ok()) {
+      p->Add(field + ".spec", s.message());
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
@@ -556,6 +603,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   p.Range("max_preemptions", spec.max_preemptions(), 0, 1000000);
 
   CheckLabels(spec, &p);
+  CheckCalibration(spec, &p);
 
   CheckAllStrings(spec, "", &p);
   return p.ToStatus();

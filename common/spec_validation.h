@@ -11,6 +11,12 @@
 
 namespace tally {
 
+// A timing calibration's bounds (JobSpec.calibration) and defaults.
+inline constexpr int kDefaultCalibrationRounds = 3;
+inline constexpr int kDefaultCalibrationSteps = 5;
+inline constexpr int kMaxCalibrationRounds = 20;
+inline constexpr int kMaxCalibrationSteps = 50;
+
 // ApplySpecDefaults then ValidateJobSpec: the one check a spec passes to be
 // accepted. tallyd's SubmitJob and EstimateCost and `tallyctl validate`,
 // `submit` and `estimate` all call it, so what `tallyctl validate` accepts is

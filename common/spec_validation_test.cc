@@ -579,3 +579,69 @@ TEST(SpecValidationTest, AnExplicitZeroIsKeptOrRefusedNeverReplaced) {
 
 }  // namespace
 }  // namespace tally
+
+namespace tally {
+namespace {
+
+// A timing calibration of two specs, after defaults.
+JobSpec CalibrationJob() {
+  JobSpec spec = GoodSpec();
+  for (const char* name : {"naive", "packed"}) {
+    auto* v = spec.mutable_calibration()->add_variants();
+    v->set_name(name);
+    *v->mutable_spec() = GoodSpec();
+    v->mutable_spec()->clear_optimizer();  // defaults fill it again
+  }
+  ApplySpecDefaults(&spec);
+  return spec;
+}
+
+TEST(CalibrationSpecTest, DefaultsFillTheCalibrationAndItsSpecs) {
+  const JobSpec spec = CalibrationJob();
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec);
+  EXPECT_EQ(spec.calibration().rounds(), kDefaultCalibrationRounds);
+  EXPECT_EQ(spec.calibration().steps(), kDefaultCalibrationSteps);
+  EXPECT_DOUBLE_EQ(spec.calibration().variants(1).spec().optimizer().lr(), 3e-4);
+}
+
+TEST(CalibrationSpecTest, EachProblemNamesItsField) {
+  JobSpec spec = CalibrationJob();
+  spec.mutable_calibration()->set_rounds(21);
+  spec.mutable_calibration()->set_steps(-1);
+  spec.mutable_calibration()->mutable_variants(1)->set_name("naive");
+  spec.mutable_calibration()->mutable_variants(0)->mutable_spec()->mutable_data()->set_seq_len(0);
+  const absl::Status s = ValidateJobSpec(spec);
+  EXPECT_THAT(s.message(), HasSubstr("spec.calibration.rounds: must be between 1 and 20"));
+  EXPECT_THAT(s.message(), HasSubstr("spec.calibration.steps: must be between 1 and 50"));
+  EXPECT_THAT(s.message(), HasSubstr("spec.calibration.variants[1].name: \"naive\" is listed twice"));
+  EXPECT_THAT(s.message(), HasSubstr("spec.calibration.variants[0].spec: spec.data.seq_len"));
+
+  JobSpec bad_name = CalibrationJob();
+  bad_name.mutable_calibration()->mutable_variants(0)->set_name("Bad Name\n");
+  EXPECT_THAT(ValidateJobSpec(bad_name).message(),
+              HasSubstr("spec.calibration.variants[0].name: \"Bad Name\\n\" must be 1 to 64"));
+}
+
+TEST(CalibrationSpecTest, NoCalibrationInsideOneAndNotTooMany) {
+  JobSpec nested = CalibrationJob();
+  *nested.mutable_calibration()->mutable_variants(0)->mutable_spec() = CalibrationJob();
+  EXPECT_THAT(ValidateJobSpec(nested).message(),
+              HasSubstr("spec.calibration.variants[0].spec.calibration: a spec to time cannot "
+                        "be a calibration itself"));
+  JobSpec many = GoodSpec();
+  for (int i = 0; i < 33; ++i) {
+    auto* v = many.mutable_calibration()->add_variants();
+    v->set_name(absl::StrCat("v", i));
+    *v->mutable_spec() = GoodSpec();
+  }
+  ApplySpecDefaults(&many);
+  EXPECT_THAT(ValidateJobSpec(many).message(),
+              HasSubstr("spec.calibration.variants: must list 1 to 32 specs to time, got 33"));
+  JobSpec none = GoodSpec();
+  none.mutable_calibration()->set_rounds(1);
+  ApplySpecDefaults(&none);
+  EXPECT_THAT(ValidateJobSpec(none).message(), HasSubstr("got 0"));
+}
+
+}  // namespace
+}  // namespace tally

@@ -105,6 +105,7 @@ void PrintExperiment(const tally::v1::Experiment& e) {
                     ? absl::StrCat("successive halving, rung ", e.rung())
                     : std::string("all"))
             << "\n";
+  std::cout << "  timing:    " << TimingLine(e) << "\n";
   std::cout << "  spent:     " << FormatDollars(e.cost_usd());
   if (e.spec().budget().max_dollars() > 0) {
     std::cout << " of a " << FormatDollars(e.spec().budget().max_dollars()) << " budget";

@@ -245,6 +245,38 @@ std::string ProgressBar(const tally::v1::JobEvent& e, int64_t max_steps, int pre
 // The variants' table: one line each. The recipe cost (steps to the target
 // at the variant's own median step time, with the 10th-90th percentile
 // interval) is what the verdict uses; billed is what tallyd's clock billed.
+std::string TimingLine(const tally::v1::Experiment& e) {
+  const tally::v1::TimingCalibrationStatus& c = e.calibration();
+  if (!c.enabled()) {
+    if (!c.note().empty()) return Safe(c.note());
+    return "each variant's own step times (timing.calibrate: false): they depend on what ran "
+           "beside it";
+  }
+  std::string line;
+  if (c.job().empty()) {
+    line = "calibration not submitted yet";
+  } else if (c.times_size() > 0) {
+    std::vector<std::string> times;
+    for (const auto& t : c.times()) {
+      times.push_back(absl::StrFormat("%s %.4gs", Safe(t.name()), t.median_seconds()));
+    }
+    line = absl::StrCat("calibrated by ", c.job(), " (", FormatDollars(c.cost_usd()),
+                        "): ", absl::StrJoin(times, ", "), " a step");
+  } else {
+    const bool running = c.state() == tally::v1::JOB_STATE_QUEUED ||
+                         c.state() == tally::v1::JOB_STATE_RUNNING ||
+                         c.state() == tally::v1::JOB_STATE_UNSPECIFIED;
+    line = absl::StrCat("calibration ", c.job(), " ", StateText(c.state()),
+                        c.state_reason().empty() || running
+                            ? ""
+                            : absl::StrCat(" (", Safe(c.state_reason()), ")"),
+                        running ? "; until it ends, each variant's own step times"
+                                : "; each variant's own step times");
+  }
+  if (!c.note().empty()) absl::StrAppend(&line, "; ", Safe(c.note()));
+  return line;
+}
+
 std::string VariantTable(const tally::v1::Experiment& e) {
   std::string out;
   const char* kRow =

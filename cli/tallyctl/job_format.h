@@ -90,6 +90,9 @@ std::string ProgressBar(const tally::v1::JobEvent& e, int64_t max_steps, int pre
 // and ratio, dollars so far, notes), then a line saying what the two dollar
 // figures are.
 // With replicates, one line per run ("packed#2"), then SummaryTable.
+// How the experiment's variants are timed: its calibration's state and
+// times, or why there is none.
+std::string TimingLine(const tally::v1::Experiment& e);
 std::string VariantTable(const tally::v1::Experiment& e);
 
 // Each variant over its replicates: how many reached the target, the mean

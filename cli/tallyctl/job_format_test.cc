@@ -419,3 +419,28 @@ TEST(JobFormatTest, ModelOriginNamesTheUpcycledSourceAndTheTeacher) {
 
 }  // namespace
 }  // namespace tally::cli
+
+namespace tally::cli {
+namespace {
+
+TEST(TimingLineTest, SaysHowTheVariantsWereTimed) {
+  tally::v1::Experiment e;
+  EXPECT_NE(TimingLine(e).find("timing.calibrate: false"), std::string::npos) << TimingLine(e);
+  e.mutable_calibration()->set_enabled(true);
+  e.mutable_calibration()->set_job("jobs/9");
+  e.mutable_calibration()->set_state(tally::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(TimingLine(e), "calibration jobs/9 RUNNING; until it ends, each variant's own step times");
+  auto* t = e.mutable_calibration()->add_times();
+  t->set_name("naive");
+  t->set_median_seconds(0.0123);
+  e.mutable_calibration()->set_cost_usd(0.5);
+  e.mutable_calibration()->set_state(tally::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(TimingLine(e), "calibrated by jobs/9 ($0.5000): naive 0.0123s a step");
+  e.mutable_calibration()->clear_times();
+  e.mutable_calibration()->set_state(tally::v1::JOB_STATE_FAILED);
+  e.mutable_calibration()->set_state_reason("boom");
+  EXPECT_EQ(TimingLine(e), "calibration jobs/9 FAILED (boom); each variant's own step times");
+}
+
+}  // namespace
+}  // namespace tally::cli

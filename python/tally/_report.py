@@ -20,7 +20,7 @@ VARIANT_COLUMNS = (
     "ratio_to_reference", "target_step", "recipe_cost_to_target_usd", "recipe_cost_low_usd",
     "recipe_cost_high_usd", "recipe_ratio_to_reference", "steps_to_target", "flops_to_target",
     "step_seconds", "step_seconds_spread", "step_time_varied", "recipe_usd_per_step", "halted",
-    "note", "replicate", "seed")
+    "note", "replicate", "seed", "timing_calibrated", "own_step_seconds")
 # A variant over its replicates (VariantSummary fields, in this order): the
 # means with their 90% intervals, and the verdict.
 SUMMARY_COLUMNS = (

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/proto_time.h"
 #include "common/text.h"
+#include "server/experiments/calibration.h"
 #include "server/policy/stop_rules.h"
 #include "server/policy/target.h"
 #include "server/store/job_store.h"
@@ -117,12 +118,16 @@ std::string VariantRequestId(const std::string& experiment_name, const std::stri
   return id;
 }
 
+std::string CalibrationRequestId(const std::string& experiment_name) {
+  return absl::StrCat(experiment_name, "/timing");
+}
+
 Plan DecideCancel(const store::ExperimentRecord& rec,
                   const std::vector<std::optional<Job>>& jobs, const std::string& reason,
-                  absl::Time now) {
+                  absl::Time now, const std::optional<Job>& calibration) {
   Plan p;
   p.rec = rec;
-  FillFigures(jobs, p.rec.mutable_experiment());
+  FillFigures(jobs, p.rec.mutable_experiment(), calibration);
   const std::string why = reason.empty() ? "cancelled by request" : "cancelled: " + reason;
   End(p, tally::v1::EXPERIMENT_STATE_CANCELLED, "cancelled", why, now);
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -133,6 +138,13 @@ Plan DecideCancel(const store::ExperimentRecord& rec,
       a.reason = absl::StrCat("experiment ", rec.experiment().name(), " ", why);
       p.actions.push_back(std::move(a));
     }
+  }
+  if (Active(calibration)) {
+    Action a;
+    a.kind = Action::kCancel;
+    a.variant = kCalibration;
+    a.reason = absl::StrCat("experiment ", rec.experiment().name(), " ", why);
+    p.actions.push_back(std::move(a));
   }
   return p;
 }
@@ -244,12 +256,15 @@ void JudgeRung(const std::vector<int>& contenders, const Rung& r, const std::str
 
 // An ended experiment's acts, again (a crash may have come between the
 // commit and them).
-void ActAgainOnEnded(const std::vector<std::optional<Job>>& jobs, Plan* plan) {
+void ActAgainOnEnded(const std::vector<std::optional<Job>>& jobs,
+                     const std::optional<Job>& calibration, Plan* plan) {
   Plan& p = *plan;
   Experiment& e = *p.rec.mutable_experiment();
   const int n = e.variants_size();
-  auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
-  for (int i = 0; i < n; ++i) {
+  auto job_of = [&](int i) -> const std::optional<Job>& {
+    return i == kCalibration ? calibration : JobOf(jobs, i);
+  };
+  for (int i = kCalibration; i < n; ++i) {
     if (!Active(job_of(i))) continue;
     Action a;
     a.variant = i;
@@ -264,7 +279,7 @@ void ActAgainOnEnded(const std::vector<std::optional<Job>>& jobs, Plan* plan) {
     }
     p.actions.push_back(std::move(a));
   }
-  FillFigures(jobs, &e);
+  FillFigures(jobs, &e, calibration);
 }
 
 // A from_variant target: the reference's final loss, once it has ended (or
@@ -342,6 +357,23 @@ void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int re
       }
     }
   }
+}
+
+// calibration_ended once the calibration's job has ended, with its times.
+void AddCalibrationEvents(JobState before, absl::Time now, Plan* plan) {
+  const tally::v1::TimingCalibrationStatus& c = plan->rec.experiment().calibration();
+  if (c.job().empty() || !store::IsTerminal(c.state()) || store::IsTerminal(before)) return;
+  std::vector<std::string> times;
+  for (const auto& t : c.times()) {
+    times.push_back(absl::StrFormat("%s %.4g s a step", t.name(), t.median_seconds()));
+  }
+  AddEvent(*plan, "calibration_ended", "",
+           absl::StrCat("timing calibration ", c.job(), " ended ", ShortState(c.state()),
+                        c.state_reason().empty() ? "" : ": " + c.state_reason()),
+           times.empty() ? std::string("each variant is priced at its own step times")
+                         : absl::StrCat(absl::StrJoin(times, ", "), "; ",
+                                        FormatDollars(c.cost_usd())),
+           now);
 }
 
 // variant_ended for each variant whose job ended since the last pass.
@@ -561,57 +593,14 @@ std::string ReplicatesVerdict(const Experiment& e) {
   return reason;
 }
 
-}  // namespace
-
-Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<Job>>& jobs,
-            absl::Time now) {
-  Plan p;
-  p.rec = rec;
+// Submits what has no job yet: the variants, the reference first, then
+// the timing calibration.
+void SubmitMissing(const std::vector<std::optional<Job>>& jobs,
+                   const std::optional<Job>& calibration, Plan* plan) {
+  Plan& p = *plan;
   Experiment& e = *p.rec.mutable_experiment();
-  const tally::v1::ExperimentSpec& spec = e.spec();
   const int n = e.variants_size();
   auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
-
-  if (e.state() != tally::v1::EXPERIMENT_STATE_RUNNING) {
-    ActAgainOnEnded(jobs, &p);
-    return p;
-  }
-
-  const int ref = std::max(0, ReferenceRun(e, 1));  // the reference's first run
-  const bool from_variant = spec.target().has_from_variant();
-  if (!from_variant && e.target_val_loss() <= 0 && spec.target().val_loss() > 0) {
-    e.set_target_val_loss(spec.target().val_loss());
-  }
-
-  // Variants that ended since the last pass.
-  std::vector<JobState> before(n);
-  for (int i = 0; i < n; ++i) before[i] = e.variants(i).state();
-  FillFigures(jobs, &e);
-
-  TakeTargetFromReference(jobs, ref, now, &p);
-
-  AddEndedEvents(jobs, before, now, &p);
-
-  // The budget, for all variants together.
-  const double max_dollars = spec.budget().max_dollars();
-  if (max_dollars > 0 && e.cost_usd() >= max_dollars) {
-    End(p, tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
-        absl::StrFormat("budget spent: %s of %s", FormatDollars(e.cost_usd()), FormatDollars(max_dollars)),
-        now);
-    for (int i = 0; i < n; ++i) {
-      if (!Active(job_of(i))) continue;
-      Action a;
-      a.kind = Action::kStop;
-      a.variant = i;
-      a.state = tally::v1::JOB_STATE_BUDGET_EXHAUSTED;
-      a.rule = policy::rules::kExperimentBudget;
-      a.reason = absl::StrCat("experiment ", e.name(), " ", e.state_reason());
-      p.actions.push_back(std::move(a));
-    }
-    return p;
-  }
-
-  // Submit what has no job yet, the reference first.
   std::vector<int> order;
   for (int i = 0; i < n; ++i) {
     if (IsReference(e, i)) order.push_back(i);
@@ -633,6 +622,73 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
         VariantRequestId(e.name(), e.variants(i).name(), e.variants(i).replicate());
     p.actions.push_back(std::move(a));
   }
+  // Then the timing calibration, after them.
+  if (p.rec.has_calibration_spec() && !calibration && e.calibration().job().empty() &&
+      !store::IsTerminal(e.calibration().state())) {
+    Action a;
+    a.kind = Action::kSubmit;
+    a.variant = kCalibration;
+    a.spec = p.rec.calibration_spec();
+    (*a.spec.mutable_labels())["experiment"] = e.name();
+    (*a.spec.mutable_labels())["calibration"] = "timing";
+    a.request_id = CalibrationRequestId(e.name());
+    p.actions.push_back(std::move(a));
+  }
+}
+
+}  // namespace
+
+Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<Job>>& jobs,
+            absl::Time now, const std::optional<Job>& calibration) {
+  Plan p;
+  p.rec = rec;
+  Experiment& e = *p.rec.mutable_experiment();
+  const tally::v1::ExperimentSpec& spec = e.spec();
+  const int n = e.variants_size();
+  auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
+
+  if (e.state() != tally::v1::EXPERIMENT_STATE_RUNNING) {
+    ActAgainOnEnded(jobs, calibration, &p);
+    return p;
+  }
+
+  const int ref = std::max(0, ReferenceRun(e, 1));  // the reference's first run
+  const bool from_variant = spec.target().has_from_variant();
+  if (!from_variant && e.target_val_loss() <= 0 && spec.target().val_loss() > 0) {
+    e.set_target_val_loss(spec.target().val_loss());
+  }
+
+  // Variants that ended since the last pass.
+  std::vector<JobState> before(n);
+  for (int i = 0; i < n; ++i) before[i] = e.variants(i).state();
+  const JobState calibration_before = e.calibration().state();
+  FillFigures(jobs, &e, calibration);
+  AddCalibrationEvents(calibration_before, now, &p);
+
+  TakeTargetFromReference(jobs, ref, now, &p);
+
+  AddEndedEvents(jobs, before, now, &p);
+
+  // The budget, for all variants together.
+  const double max_dollars = spec.budget().max_dollars();
+  if (max_dollars > 0 && e.cost_usd() >= max_dollars) {
+    End(p, tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED, "budget_exhausted",
+        absl::StrFormat("budget spent: %s of %s", FormatDollars(e.cost_usd()), FormatDollars(max_dollars)),
+        now);
+    for (int i = kCalibration; i < n; ++i) {
+      if (!Active(i == kCalibration ? calibration : job_of(i))) continue;
+      Action a;
+      a.kind = Action::kStop;
+      a.variant = i;
+      a.state = tally::v1::JOB_STATE_BUDGET_EXHAUSTED;
+      a.rule = policy::rules::kExperimentBudget;
+      a.reason = absl::StrCat("experiment ", e.name(), " ", e.state_reason());
+      p.actions.push_back(std::move(a));
+    }
+    return p;
+  }
+
+  SubmitMissing(jobs, calibration, &p);
 
   // The target in force on every variant still to finish.
   if (e.target_val_loss() > 0) {
@@ -659,8 +715,11 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
     DecideHalving(jobs, now, &p);
   }
 
-  // Done when every variant has a job and every job has ended.
-  bool done = n > 0;
+  // Done when every variant has a job and every job has ended, the
+  // calibration's included.
+  const bool timed = p.rec.has_calibration_spec();
+  bool done = n > 0 && (!timed || (calibration ? store::IsTerminal(calibration->state())
+                                               : store::IsTerminal(e.calibration().state())));
   for (int i = 0; i < n; ++i) {
     const std::optional<Job>& job = job_of(i);
     done = done && (job ? store::IsTerminal(job->state())
@@ -668,7 +727,9 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
   }
   if (done) {
     End(p, tally::v1::EXPERIMENT_STATE_SUCCEEDED, "succeeded",
-        spec.replicates() > 1 ? ReplicatesVerdict(e) : Verdict(e, ref), now);
+        absl::StrCat(spec.replicates() > 1 ? ReplicatesVerdict(e) : Verdict(e, ref), "; ",
+                     TimingSentence(e)),
+        now);
   }
   return p;
 }
@@ -677,6 +738,15 @@ Plan DecideSubmitted(const store::ExperimentRecord& rec, int variant, const Job&
                      absl::Time now) {
   Plan p;
   p.rec = rec;
+  if (variant == kCalibration) {
+    FillCalibration(job, p.rec.mutable_experiment());
+    AddEvent(p, "calibration_submitted", "", absl::StrCat("timing calibration: ", job.name()),
+             absl::StrCat(job.spec().calibration().variants_size(), " variants, ",
+                          job.spec().calibration().rounds(), " rounds of ",
+                          job.spec().calibration().steps(), " timed steps each"),
+             now);
+    return p;
+  }
   VariantStatus* v = p.rec.mutable_experiment()->mutable_variants(variant);
   FillVariantFigures(job, p.rec.experiment().target_val_loss(), v);
   AddEvent(p, "variant_submitted", v->name(), absl::StrCat(v->name(), ": ", job.name()),
@@ -688,6 +758,15 @@ Plan DecideSubmitRefused(const store::ExperimentRecord& rec, int variant,
                          const std::string& error, absl::Time now) {
   Plan p;
   p.rec = rec;
+  if (variant == kCalibration) {
+    tally::v1::TimingCalibrationStatus* c = p.rec.mutable_experiment()->mutable_calibration();
+    c->set_state(tally::v1::JOB_STATE_FAILED);
+    c->set_state_reason(absl::StrCat("tallyd refused its job: ", error));
+    AddEvent(p, "calibration_ended", "", absl::StrCat("timing calibration ended FAILED: ",
+                                                      c->state_reason()),
+             "each variant is priced at its own step times", now);
+    return p;
+  }
   VariantStatus* v = p.rec.mutable_experiment()->mutable_variants(variant);
   v->set_state(tally::v1::JOB_STATE_FAILED);
   v->set_state_reason(absl::StrCat("tallyd refused its job: ", error));

@@ -53,6 +53,12 @@
 //   1. A from_variant target is the highest final loss among the
 //   reference's runs, once they have all ended (each of them reached it). Halving ranks a variant by its runs' mean and
 //   stops or keeps its runs together.
+// - Timing (calibration.h): the calibration job is submitted after the
+//   variants; the experiment SUCCEEDS only once it has ended too (a
+//   calibration that failed leaves each variant priced at its own step
+//   times, which the verdict says); it is stopped with the variants when the
+//   budget is spent, cancelled with them, and its dollars are the
+//   experiment's.
 #ifndef TALLY_SERVER_EXPERIMENTS_DECIDE_H_
 #define TALLY_SERVER_EXPERIMENTS_DECIDE_H_
 
@@ -68,10 +74,13 @@
 
 namespace tally::experiments {
 
+// Action::variant of an act on the timing calibration's job.
+inline constexpr int kCalibration = -1;
+
 struct Action {
   enum Kind { kSubmit, kSetTarget, kStop, kCancel, kHold, kRelease };
   Kind kind = kSubmit;
-  int variant = 0;                 // index into the experiment's variants
+  int variant = 0;                 // index into the experiment's variants, or kCalibration
   tally::v1::JobSpec spec;         // kSubmit: the spec, labels included
   std::string request_id;          // kSubmit
   double target_val_loss = 0;      // kSetTarget
@@ -92,22 +101,31 @@ struct Plan {
 std::string VariantRequestId(const std::string& experiment_name,
                              const std::string& variant, int replicate = 1);
 
+// The request_id of the experiment's timing calibration job.
+std::string CalibrationRequestId(const std::string& experiment_name);
+
 // One pass over a RUNNING experiment (and, for an ended one, the acts its
 // end still asks for: cancels or stops of jobs that have not ended).
+// `calibration` is the timing calibration's job (calibration.h), nullopt
+// before it has one.
 Plan Decide(const store::ExperimentRecord& rec,
-            const std::vector<std::optional<tally::v1::Job>>& jobs, absl::Time now);
+            const std::vector<std::optional<tally::v1::Job>>& jobs, absl::Time now,
+            const std::optional<tally::v1::Job>& calibration = std::nullopt);
 
-// Cancelling: the experiment ends CANCELLED, every variant job still queued
-// or running is cancelled, variants not submitted never are.
+// Cancelling: the experiment ends CANCELLED, every variant job (and the
+// calibration) still queued or running is cancelled, variants not submitted
+// never are.
 Plan DecideCancel(const store::ExperimentRecord& rec,
                   const std::vector<std::optional<tally::v1::Job>>& jobs,
-                  const std::string& reason, absl::Time now);
+                  const std::string& reason, absl::Time now,
+                  const std::optional<tally::v1::Job>& calibration = std::nullopt);
 
-// After a kSubmit: the variant has its job.
+// After a kSubmit: the variant (or kCalibration) has its job.
 Plan DecideSubmitted(const store::ExperimentRecord& rec, int variant,
                      const tally::v1::Job& job, absl::Time now);
 // After a kSubmit tallyd refused for good (not a passing store error): the
-// variant ends FAILED without a job, with the refusal as its reason.
+// variant ends FAILED without a job, with the refusal as its reason (the
+// calibration: the variants keep their own step times).
 Plan DecideSubmitRefused(const store::ExperimentRecord& rec, int variant,
                          const std::string& error, absl::Time now);
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "server/experiments/calibration.h"
 #include "server/ledger/cost_ledger.h"
 #include "server/policy/replicates.h"
 #include "server/policy/step_times.h"
@@ -51,7 +52,8 @@ int ReferenceIndex(const tally::v1::ExperimentSpec& spec) {
   return 0;
 }
 
-void FillVariantFigures(const Job& job, double target, VariantStatus* v) {
+void FillVariantFigures(const Job& job, double target, VariantStatus* v,
+                        const tally::v1::CalibratedStepTime* calibrated) {
   v->set_job(job.name());
   v->set_state(job.state());
   v->set_state_reason(job.state_reason());
@@ -79,9 +81,19 @@ void FillVariantFigures(const Job& job, double target, VariantStatus* v) {
   v->set_recipe_cost_low_usd(0);
   v->set_recipe_cost_high_usd(0);
   v->clear_note();
-  // Its own steady-state step times: what a step of this recipe costs.
-  const std::optional<policy::StepTimeSummary> times = policy::Summarize(
+  // What a step of this recipe costs: the experiment's calibration of it
+  // (every variant timed side by side), else its own steady-state step
+  // times.
+  std::optional<policy::StepTimeSummary> times = policy::Summarize(
       std::vector<double>(job.step_times().seconds().begin(), job.step_times().seconds().end()));
+  v->set_own_step_seconds(times ? times->median : 0);
+  v->set_timing_calibrated(calibrated != nullptr);
+  if (calibrated != nullptr) {
+    times = policy::StepTimeSummary{.median = calibrated->median_seconds(),
+                                    .p10 = calibrated->p10_seconds(),
+                                    .p90 = calibrated->p90_seconds(),
+                                    .n = calibrated->samples()};
+  }
   v->set_step_seconds(times ? times->median : 0);
   v->set_step_seconds_spread(times ? times->spread() : 0);
   v->set_step_time_varied(times && times->varied());
@@ -124,13 +136,15 @@ void FillVariantFigures(const Job& job, double target, VariantStatus* v) {
   }
 }
 
-void FillFigures(const std::vector<std::optional<Job>>& jobs, Experiment* e) {
+void FillFigures(const std::vector<std::optional<Job>>& jobs, Experiment* e,
+                 const std::optional<Job>& calibration) {
   const double target = e->target_val_loss();
-  double total = 0;
+  FillCalibration(calibration, e);
+  double total = e->calibration().cost_usd();
   for (int i = 0; i < e->variants_size(); ++i) {
     VariantStatus* v = e->mutable_variants(i);
     if (i < static_cast<int>(jobs.size()) && jobs[i]) {
-      FillVariantFigures(*jobs[i], target, v);
+      FillVariantFigures(*jobs[i], target, v, CalibratedTimeOf(*e, v->name()));
       total += v->cost_usd();
     }
     v->set_ratio_to_reference(0);

@@ -31,19 +31,24 @@ int ReferenceRun(const tally::v1::Experiment& e, int replicate);
 int ReplicateOf(const tally::v1::VariantStatus& v);
 
 // A variant's figures from its job against `target` (0: none known yet).
-// Leaves name, halved and the ratio as they are.
+// Leaves name, halved and the ratio as they are. With `calibrated` (the
+// experiment's timing calibration of this variant), its recipe cost is
+// priced at the calibration's step time instead of its own.
 void FillVariantFigures(const tally::v1::Job& job, double target,
-                        tally::v1::VariantStatus* v);
+                        tally::v1::VariantStatus* v,
+                        const tally::v1::CalibratedStepTime* calibrated = nullptr);
 
 // Each variant's VariantSummary from its runs' figures (FillFigures calls
 // it).
 void FillSummaries(tally::v1::Experiment* e);
 
-// Fills every variant's figures, the ratios, the summaries and the
-// experiment's total.
+// Fills the timing calibration's status (from `calibration`, its job),
+// every variant's figures, the ratios, the summaries and the experiment's
+// total (the calibration's cost included).
 // `jobs[i]` is variant i's job, nullopt before it has one.
 void FillFigures(const std::vector<std::optional<tally::v1::Job>>& jobs,
-                 tally::v1::Experiment* e);
+                 tally::v1::Experiment* e,
+                 const std::optional<tally::v1::Job>& calibration = std::nullopt);
 
 }  // namespace tally::experiments
 

@@ -12,6 +12,7 @@
 #include "common/spec_validation.h"
 #include "common/status_macros.h"
 #include "common/text.h"
+#include "server/experiments/calibration.h"
 
 namespace tally::experiments {
 namespace {
@@ -97,26 +98,30 @@ absl::Status ExperimentManager::Recover() {
   return absl::OkStatus();
 }
 
+std::optional<Job> ExperimentManager::JobNamed(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  absl::StatusOr<int64_t> id = ParseJobName(name);
+  if (!id.ok()) return std::nullopt;
+  if (auto view = scheduler_->ActiveJobView(*id)) return view;
+  auto it = ended_jobs_.find(*id);
+  if (it == ended_jobs_.end()) {
+    absl::StatusOr<store::JobRecord> stored = store_->GetJob(*id);
+    if (!stored.ok()) return std::nullopt;  // read again on the next pass
+    it = ended_jobs_.emplace(*id, stored->job()).first;
+  }
+  return it->second;
+}
+
 std::vector<std::optional<Job>> ExperimentManager::JobsOf(const store::ExperimentRecord& rec) {
   std::vector<std::optional<Job>> jobs(rec.experiment().variants_size());
   for (int i = 0; i < rec.experiment().variants_size(); ++i) {
-    const std::string& name = rec.experiment().variants(i).job();
-    if (name.empty()) continue;
-    absl::StatusOr<int64_t> id = ParseJobName(name);
-    if (!id.ok()) continue;
-    if (auto view = scheduler_->ActiveJobView(*id)) {
-      jobs[i] = std::move(*view);
-      continue;
-    }
-    auto it = ended_jobs_.find(*id);
-    if (it == ended_jobs_.end()) {
-      absl::StatusOr<store::JobRecord> stored = store_->GetJob(*id);
-      if (!stored.ok()) continue;  // read again on the next pass
-      it = ended_jobs_.emplace(*id, stored->job()).first;
-    }
-    jobs[i] = it->second;
+    jobs[i] = JobNamed(rec.experiment().variants(i).job());
   }
   return jobs;
+}
+
+std::optional<Job> ExperimentManager::CalibrationJobOf(const store::ExperimentRecord& rec) {
+  return JobNamed(rec.experiment().calibration().job());
 }
 
 absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec spec,
@@ -164,6 +169,7 @@ absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec s
       v->set_seed(seed + static_cast<uint64_t>(r - 1));
     }
   }
+  RETURN_IF_ERROR(PlanTiming(spec, &rec));
   *e.mutable_spec() = spec;
   e.set_state(tally::v1::EXPERIMENT_STATE_RUNNING);
   e.set_state_reason("running its variants");
@@ -225,8 +231,34 @@ absl::StatusOr<std::vector<Experiment>> ExperimentManager::List(
 
 Experiment ExperimentManager::View(const store::ExperimentRecord& rec) {
   Experiment e = rec.experiment();
-  FillFigures(JobsOf(rec), &e);
+  FillFigures(JobsOf(rec), &e, CalibrationJobOf(rec));
   return e;
+}
+
+absl::Status ExperimentManager::PlanTiming(const tally::v1::ExperimentSpec& spec,
+                                           store::ExperimentRecord* rec) {
+  std::vector<tally::v1::JobSpec> firsts;  // each variant's first run
+  for (int i = 0; i < rec->experiment().variants_size(); ++i) {
+    if (rec->experiment().variants(i).replicate() <= 1) firsts.push_back(rec->resolved(i));
+  }
+  CalibrationPlan plan = PlanCalibration(
+      spec, firsts, spec.display_name().empty() ? "experiment" : spec.display_name());
+  tally::v1::TimingCalibrationStatus* status =
+      rec->mutable_experiment()->mutable_calibration();
+  status->set_enabled(plan.spec.has_value());
+  status->set_note(plan.note);
+  if (!plan.spec) return absl::OkStatus();
+  // As it will be submitted, labels included.
+  tally::v1::JobSpec check = *plan.spec;
+  (*check.mutable_labels())["experiment"] = kLongestName;
+  (*check.mutable_labels())["calibration"] = "timing";
+  if (absl::Status s = PrepareJobSpec(&check); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timing: the calibration job's spec is refused (", s.message(),
+                     "); set timing.calibrate: false to run without it"));
+  }
+  *rec->mutable_calibration_spec() = std::move(*plan.spec);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Experiment> ExperimentManager::Cancel(int64_t id, const std::string& reason,
@@ -244,7 +276,8 @@ absl::StatusOr<Experiment> ExperimentManager::Cancel(int64_t id, const std::stri
     return absl::FailedPreconditionError(absl::StrCat(
         it->second.experiment().name(), " has already ended; its variants are stopping"));
   }
-  Plan plan = DecideCancel(it->second, JobsOf(it->second), reason, clock_->Now());
+  Plan plan = DecideCancel(it->second, JobsOf(it->second), reason, clock_->Now(),
+                           CalibrationJobOf(it->second));
   if (!by.empty()) {
     plan.rec.mutable_experiment()->set_cancelled_by(by);
     for (tally::v1::ExperimentEvent& e : plan.events) e.set_principal(by);
@@ -273,7 +306,9 @@ absl::Status ExperimentManager::Act(int64_t id, const Plan& plan) {
     if (!s.ok() && !absl::IsFailedPrecondition(s) && first.ok()) first = std::move(s);
   };
   for (const Action& a : plan.actions) {
-    const std::string& job_name = plan.rec.experiment().variants(a.variant).job();
+    const std::string& job_name = a.variant == kCalibration
+                                      ? plan.rec.experiment().calibration().job()
+                                      : plan.rec.experiment().variants(a.variant).job();
     switch (a.kind) {
       case Action::kSubmit: {
         // The variant's job belongs to the experiment's tenant and creator.
@@ -326,7 +361,7 @@ absl::Status ExperimentManager::Act(int64_t id, const Plan& plan) {
 absl::Status ExperimentManager::ReconcileOne(int64_t id) {
   auto it = active_.find(id);
   if (it == active_.end()) return absl::OkStatus();
-  Plan plan = Decide(it->second, JobsOf(it->second), clock_->Now());
+  Plan plan = Decide(it->second, JobsOf(it->second), clock_->Now(), CalibrationJobOf(it->second));
   RETURN_IF_ERROR(CommitPlan(plan));
   if (plan.rec.experiment().state() != tally::v1::EXPERIMENT_STATE_RUNNING &&
       plan.actions.empty()) {

@@ -69,6 +69,12 @@ class ExperimentManager {
   absl::Status ReconcileOne(int64_t id);
   // Variant i's job as it is now (nullopt before it has one).
   std::vector<std::optional<tally::v1::Job>> JobsOf(const store::ExperimentRecord& rec);
+  // The timing calibration's job as it is now (nullopt before it has one).
+  std::optional<tally::v1::Job> CalibrationJobOf(const store::ExperimentRecord& rec);
+  std::optional<tally::v1::Job> JobNamed(const std::string& name);
+  // The timing calibration (calibration.h), into a new record: its status
+  // and its job's spec, checked as it will be submitted.
+  absl::Status PlanTiming(const tally::v1::ExperimentSpec& spec, store::ExperimentRecord* rec);
   absl::Status CommitPlan(Plan& plan);
   absl::Status Act(int64_t id, const Plan& plan);
   tally::v1::Experiment View(const store::ExperimentRecord& rec);

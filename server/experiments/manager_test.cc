@@ -38,8 +38,11 @@ class ManagerTest : public ::testing::Test {
                                                    registries_.back().get());
     ASSERT_TRUE(manager_->Recover().ok());
   }
-  static tally::v1::ExperimentSpec Spec(int variants = 3) {
+  // Without a timing calibration unless `calibrate`: these fake workers
+  // answer the variants' jobs only, unless a test answers the calibration.
+  static tally::v1::ExperimentSpec Spec(int variants = 3, bool calibrate = false) {
     tally::v1::ExperimentSpec s;
+    s.mutable_timing()->set_calibrate(calibrate);
     s.set_display_name("ab");
     *s.mutable_base() = sched::TinySpec();
     const char* names[] = {"naive", "packed", "moe", "d"};
@@ -72,6 +75,36 @@ class ManagerTest : public ::testing::Test {
     m.mutable_exit()->set_job(job);
     m.mutable_exit()->set_attempt(Job(job).attempt());
     m.mutable_exit()->set_outcome(outcome);
+    return sched_->OnMessage(w, m);
+  }
+  // A calibration job's successful exit with `seconds[i]` for its i-th
+  // spec.
+  absl::Status CalibrationExit(const std::string& w, const std::string& job,
+                               const std::vector<double>& seconds) {
+    const tally::v1::Job j = Job(job);
+    tally::v1::WorkerMessage m;
+    m.mutable_exit()->set_job(job);
+    m.mutable_exit()->set_attempt(j.attempt());
+    m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
+    for (int i = 0; i < j.spec().calibration().variants_size(); ++i) {
+      tally::v1::CalibratedStepTime* t = m.mutable_exit()->add_calibration();
+      t->set_name(j.spec().calibration().variants(i).name());
+      t->set_median_seconds(seconds.at(i));
+      t->set_p10_seconds(seconds.at(i) * 0.9);
+      t->set_p90_seconds(seconds.at(i) * 1.1);
+      t->set_samples(15);
+    }
+    return sched_->OnMessage(w, m);
+  }
+  absl::Status Progress(const std::string& w, const std::string& job, int64_t step,
+                        double seconds) {
+    tally::v1::WorkerMessage m;
+    m.mutable_progress()->set_job(job);
+    m.mutable_progress()->set_attempt(Job(job).attempt());
+    m.mutable_progress()->set_step(step);
+    m.mutable_progress()->set_tokens(step * 100);
+    m.mutable_progress()->set_trained(true);
+    m.mutable_progress()->set_step_seconds(seconds);
     return sched_->OnMessage(w, m);
   }
   std::vector<store::JobRecord> AllJobs() {
@@ -267,6 +300,149 @@ TEST_F(ManagerTest, MetricsShowEachVariantsDollarsToTarget) {
   EXPECT_TRUE(reached);
 }
 
+// Two variants whose own step times differ 4x only because of when they
+// ran: the calibration times both alike, and the recipe ratio is then the
+// ratio of their steps to the target.
+TEST_F(ManagerTest, TheTimingCalibrationPricesEveryVariantAlike) {
+  auto e = manager_->Create(Spec(2, /*calibrate=*/true), "");
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->calibration().enabled());
+  const std::string naive = e->variants(0).job(), packed = e->variants(1).job();
+  const std::string cal = e->calibration().job();
+  ASSERT_FALSE(cal.empty());
+  EXPECT_EQ(AllJobs().size(), 3u);
+  const tally::v1::Job cj = Job(cal);
+  EXPECT_EQ(cj.spec().labels().at("experiment"), "experiments/1");
+  EXPECT_EQ(cj.spec().labels().at("calibration"), "timing");
+  EXPECT_EQ(cj.spec().display_name(), "ab/timing");
+  ASSERT_EQ(cj.spec().calibration().variants_size(), 2);
+  EXPECT_EQ(cj.spec().calibration().variants(1).name(), "packed");
+  EXPECT_EQ(cj.spec().calibration().rounds(), 3);
+  EXPECT_EQ(cj.spec().calibration().steps(), 5);
+  EXPECT_FALSE(cj.spec().calibration().variants(0).spec().training().eval_interval_steps());
+  EXPECT_EQ(cj.spec().training().max_steps(), 2 * 3 * 6);
+
+  Hello("w", 3);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_EQ(Job(cal).state(), tally::v1::JOB_STATE_RUNNING);
+  for (int step = 10; step <= 100; step += 10) {
+    ASSERT_TRUE(Progress("w", naive, step, 0.1).ok());
+    ASSERT_TRUE(Progress("w", packed, step, 0.4).ok());  // it ran beside a busy loop
+  }
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_TRUE(Eval("w", packed, 50, 2.0).ok());
+  ASSERT_TRUE(Eval("w", naive, 100, 2.5).ok());
+  ASSERT_TRUE(Exit("w", naive, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(manager_->Reconcile().ok());
+  ASSERT_TRUE(Exit("w", packed, tally::v1::ATTEMPT_OUTCOME_STOPPED).ok());
+  ASSERT_TRUE(manager_->Reconcile().ok());
+  auto got = manager_->Get(1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state(), tally::v1::EXPERIMENT_STATE_RUNNING)
+      << "it waits for its calibration";
+  // Meanwhile each is priced at its own step times.
+  EXPECT_FALSE(got->variants(1).timing_calibrated());
+  EXPECT_NEAR(got->variants(1).step_seconds(), 0.4, 1e-9);
+
+  ASSERT_TRUE(CalibrationExit("w", cal, {0.2, 0.2}).ok());
+  ASSERT_TRUE(manager_->Reconcile().ok());
+  got = manager_->Get(1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED) << got->state_reason();
+  EXPECT_EQ(got->calibration().state(), tally::v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(got->calibration().times_size(), 2);
+  for (const auto& v : got->variants()) {
+    EXPECT_TRUE(v.timing_calibrated()) << v.name();
+    EXPECT_NEAR(v.step_seconds(), 0.2, 1e-9) << v.name();
+  }
+  EXPECT_NEAR(got->variants(1).own_step_seconds(), 0.4, 1e-9);
+  // packed reached 2.5 at step 50 (its first evaluation is already below:
+  // the crossing is that step), naive at 100: half the steps at the same
+  // step time.
+  EXPECT_NEAR(got->variants(1).recipe_ratio_to_reference(),
+              got->variants(1).steps_to_target() / got->variants(0).steps_to_target(), 1e-9);
+  EXPECT_NEAR(got->cost_usd(),
+              got->variants(0).cost_usd() + got->variants(1).cost_usd() +
+                  got->calibration().cost_usd(),
+              1e-12);
+  EXPECT_GT(got->calibration().cost_usd(), 0) << "the calibration is billed to the experiment";
+  EXPECT_THAT(got->state_reason(), HasSubstr("timing calibrated by " + cal));
+  auto events = base_.ListExperimentEvents(1, 0, 100);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> types;
+  for (const auto& ev : *events) types.push_back(ev.type());
+  EXPECT_THAT(types, ::testing::Contains("calibration_submitted"));
+  EXPECT_THAT(types, ::testing::Contains("calibration_ended"));
+}
+
+TEST_F(ManagerTest, WithoutCalibrationTheVerdictSaysSo) {
+  auto e = manager_->Create(Spec(2), "");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_FALSE(e->calibration().enabled());
+  EXPECT_TRUE(e->calibration().job().empty());
+  const std::string naive = e->variants(0).job(), packed = e->variants(1).job();
+  Hello("w", 2);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Eval("w", naive, 100, 2.5).ok());
+  ASSERT_TRUE(Exit("w", naive, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(Exit("w", packed, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(manager_->Reconcile().ok());
+  auto got = manager_->Get(1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  EXPECT_THAT(got->state_reason(), HasSubstr("timing not calibrated (timing.calibrate: false)"));
+}
+
+TEST_F(ManagerTest, AFailedCalibrationLeavesOwnStepTimesAndEndsTheExperiment) {
+  auto e = manager_->Create(Spec(2, /*calibrate=*/true), "");
+  ASSERT_TRUE(e.ok()) << e.status();
+  const std::string naive = e->variants(0).job(), packed = e->variants(1).job();
+  const std::string cal = e->calibration().job();
+  Hello("w", 3);
+  ASSERT_TRUE(sched_->Tick().ok());
+  ASSERT_TRUE(Exit("w", cal, tally::v1::ATTEMPT_OUTCOME_FAILED).ok());  // not retryable
+  ASSERT_EQ(Job(cal).state(), tally::v1::JOB_STATE_FAILED);
+  ASSERT_TRUE(Eval("w", naive, 100, 2.5).ok());
+  ASSERT_TRUE(Exit("w", naive, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(Exit("w", packed, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  ASSERT_TRUE(manager_->Reconcile().ok());
+  auto got = manager_->Get(1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  EXPECT_THAT(got->state_reason(),
+              HasSubstr("timing not calibrated: the calibration " + cal + " ended FAILED"));
+  EXPECT_FALSE(got->variants(0).timing_calibrated());
+}
+
+TEST_F(ManagerTest, CancellingCancelsTheCalibrationToo) {
+  auto e = manager_->Create(Spec(2, /*calibrate=*/true), "");
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto c = manager_->Cancel(1, "enough");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Job(e->calibration().job()).state(), tally::v1::JOB_STATE_CANCELLED);
+}
+
+TEST_F(ManagerTest, VariantsOneWorkerCannotRunAreTimedByTheirOwnSteps) {
+  tally::v1::ExperimentSpec spec = Spec(3, /*calibrate=*/true);
+  auto* o = spec.mutable_variants(2)->mutable_overrides()->mutable_fields();
+  (*o)["resources"].mutable_struct_value()->mutable_fields()->operator[]("gpu_count")
+      .set_number_value(2);
+  auto e = manager_->Create(spec, "");
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(e->calibration().enabled());
+  EXPECT_THAT(e->calibration().note(), HasSubstr("moe (2 GPUs)"));
+  EXPECT_EQ(Job(e->calibration().job()).spec().calibration().variants_size(), 2);
+
+  tally::v1::ExperimentSpec alone = Spec(2, /*calibrate=*/true);
+  (*alone.mutable_variants(1)->mutable_overrides()->mutable_fields())["resources"]
+      .mutable_struct_value()->mutable_fields()->operator[]("gpu_count").set_number_value(2);
+  auto f = manager_->Create(alone, "");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_FALSE(f->calibration().enabled());
+  EXPECT_THAT(f->calibration().note(), HasSubstr("no timing calibration"));
+  EXPECT_TRUE(f->calibration().job().empty());
+}
+
 // Every experiment's series (the ended ones' too) as "name,label=value,...".
 std::map<std::string, double> ExperimentSeries(const metrics::Registry& registry) {
   std::map<std::string, double> out;
@@ -335,6 +511,7 @@ class HalvingTest : public ManagerTest {
     spec.mutable_target()->set_val_loss(0.5);  // out of reach: every variant runs
     spec.set_strategy(tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
     for (int w = 0; w < workers; ++w) Hello("w" + std::to_string(w), 1);
+    // The timing calibration takes a slot too, queued after the variants.
     absl::StatusOr<Experiment> created = manager_->Create(spec, "");
     EXPECT_TRUE(created.ok()) << created.status();
     const std::string name = created->name();
@@ -347,6 +524,13 @@ class HalvingTest : public ManagerTest {
       if (e.state() != tally::v1::EXPERIMENT_STATE_RUNNING) {
         out.e = e;
         break;
+      }
+      if (const std::string& cal = e.calibration().job(); !cal.empty()) {
+        const tally::v1::Job j = Job(cal);
+        if (j.state() == tally::v1::JOB_STATE_RUNNING && j.worker_ids_size() > 0) {
+          EXPECT_TRUE(CalibrationExit(j.worker_ids(0), cal,
+                                      std::vector<double>(variants, 0.1)).ok());
+        }
       }
       for (int i = 0; i < e.variants_size(); ++i) {
         const std::string& job_name = e.variants(i).job();
@@ -376,6 +560,7 @@ class HalvingTest : public ManagerTest {
       }
     }
     EXPECT_NE(out.e.state(), tally::v1::EXPERIMENT_STATE_RUNNING) << "the experiment ended";
+    EXPECT_EQ(out.e.calibration().times_size(), variants) << "the calibration ran too";
     for (const auto& v : out.e.variants()) out.steps_at_end[v.name()] = Job(v.job()).step();
     const auto events = base_.ListExperimentEvents(1, 0, 1000);
     EXPECT_TRUE(events.ok());

@@ -130,8 +130,11 @@ Plan PlanStopNow(const PlanContext& ctx, const ActiveJob& job, JobState state,
 }
 
 Plan PlanSucceeded(const PlanContext& ctx, const ActiveJob& job, const std::string& worker_id,
-                   const std::string& reason) {
+                   const std::string& reason,
+                   const google::protobuf::RepeatedPtrField<tally::v1::CalibratedStepTime>&
+                       calibration) {
   Plan p = NewPlan(ctx, job);
+  *p.rec.mutable_job()->mutable_calibration() = calibration;
   p.attempt->set_state(store::ATTEMPT_STATE_SUCCEEDED);
   *p.attempt->mutable_end_time() = ToProto(p.now);
   p.attempt->set_reason(reason);

@@ -62,8 +62,12 @@ Plan PlanStopNow(const PlanContext& ctx, const ActiveJob& job, tally::v1::JobSta
 // The job's current attempt succeeded (rank 0's exit from `worker_id`,
 // which needs no stop order; other ranks still running get one): the job
 // ends SUCCEEDED.
+// A timing calibration's exit carries its times (checked by report_checks):
+// they become the job's `calibration`.
 Plan PlanSucceeded(const PlanContext& ctx, const ActiveJob& job, const std::string& worker_id,
-                   const std::string& reason);
+                   const std::string& reason,
+                   const google::protobuf::RepeatedPtrField<tally::v1::CalibratedStepTime>&
+                       calibration = {});
 // Ends a job with a pending stop as decided, naming its best checkpoint (the
 // lowest recorded validation loss, else the latest).
 Plan PlanFinishStop(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& checkpoints,

@@ -118,6 +118,53 @@ absl::Status StepWithin(absl::string_view field, const tally::v1::JobSpec& spec,
                                                  spec.training().max_steps(), "), got ", step));
 }
 
+// A calibration's times: only on a calibration's successful exit, one per
+// spec it lists, in its order, each a finite positive time of at most a day
+// with its percentiles around it.
+absl::Status CalibrationWithin(const tally::v1::JobSpec& spec, const tally::v1::AttemptExit& x) {
+  if (x.calibration_size() == 0) return absl::OkStatus();
+  if (!spec.has_calibration()) {
+    return absl::InvalidArgumentError(
+        "exit.calibration: the job is not a timing calibration (spec.calibration is not set)");
+  }
+  if (x.outcome() != tally::v1::ATTEMPT_OUTCOME_SUCCEEDED) {
+    return absl::InvalidArgumentError(
+        "exit.calibration: only a SUCCEEDED exit carries a calibration's times");
+  }
+  const tally::v1::TimingCalibrationSpec& cal = spec.calibration();
+  if (x.calibration_size() != cal.variants_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("exit.calibration: one time per spec in spec.calibration.variants (",
+                     cal.variants_size(), "), got ", x.calibration_size()));
+  }
+  for (int i = 0; i < x.calibration_size(); ++i) {
+    const tally::v1::CalibratedStepTime& t = x.calibration(i);
+    const std::string field = absl::StrCat("exit.calibration[", i, "]");
+    if (t.name() != cal.variants(i).name()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".name: must be spec.calibration.variants[", i, "].name \"",
+          cal.variants(i).name(), "\", got ", QuoteForMessage(t.name(), 80)));
+    }
+    if (absl::Status s = InRange(field + ".median_seconds", t.median_seconds(), 1e-9, kMaxSeconds);
+        !s.ok()) {
+      return s;
+    }
+    if (!(t.p10_seconds() > 0 && t.p10_seconds() <= t.median_seconds() &&
+          t.median_seconds() <= t.p90_seconds() && t.p90_seconds() <= kMaxSeconds)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": must have 0 < p10_seconds <= median_seconds <= p90_seconds <= ", kMaxSeconds,
+          ", got ", t.p10_seconds(), ", ", t.median_seconds(), ", ", t.p90_seconds()));
+    }
+    const int64_t most = int64_t{cal.rounds()} * cal.steps();
+    if (t.samples() < 1 || t.samples() > most) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".samples: must be 1 to ", most,
+                       " (spec.calibration rounds x steps), got ", t.samples()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CheckReportFigures(const tally::v1::WorkerMessage& msg) {
@@ -213,8 +260,11 @@ absl::Status CheckReportAgainstSpec(const tally::v1::JobSpec& spec,
       if (absl::Status s = StepWithin("checkpoint.step", spec, c.step()); !s.ok()) return s;
       return TokensWithin("checkpoint.tokens", spec, c.step(), c.tokens());
     }
-    case tally::v1::WorkerMessage::kExit:
-      return StepWithin("exit.step", spec, msg.exit().step());
+    case tally::v1::WorkerMessage::kExit: {
+      const tally::v1::AttemptExit& x = msg.exit();
+      if (absl::Status s = StepWithin("exit.step", spec, x.step()); !s.ok()) return s;
+      return CalibrationWithin(spec, x);
+    }
     default:
       return absl::OkStatus();
   }

@@ -152,6 +152,103 @@ INSTANTIATE_TEST_SUITE_P(
              }, ""}),
     [](const auto& info) { return info.param.name; });
 
+// A calibration job of two specs, and its worker's successful exit.
+tally::v1::JobSpec CalibrationSpec() {
+  tally::v1::JobSpec s = TinySpec();
+  s.mutable_training()->set_max_steps(36);
+  auto* cal = s.mutable_calibration();
+  cal->set_rounds(3);
+  cal->set_steps(5);
+  for (const char* name : {"naive", "packed"}) {
+    auto* v = cal->add_variants();
+    v->set_name(name);
+    *v->mutable_spec() = TinySpec();
+  }
+  return s;
+}
+
+tally::v1::WorkerMessage CalibrationExit() {
+  tally::v1::WorkerMessage m;
+  auto* x = m.mutable_exit();
+  x->set_job("jobs/1");
+  x->set_attempt(1);
+  x->set_step(36);
+  x->set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
+  for (const char* name : {"naive", "packed"}) {
+    auto* t = x->add_calibration();
+    t->set_name(name);
+    t->set_median_seconds(0.2);
+    t->set_p10_seconds(0.18);
+    t->set_p90_seconds(0.25);
+    t->set_samples(15);
+  }
+  return m;
+}
+
+struct ExitCase {
+  std::string name;
+  std::function<void(tally::v1::WorkerMessage&, tally::v1::JobSpec&)> edit;
+  std::string refused;
+};
+void PrintTo(const ExitCase& c, std::ostream* os) { *os << c.name; }
+
+class CalibrationExitTest : public ::testing::TestWithParam<ExitCase> {};
+
+TEST_P(CalibrationExitTest, ChecksTheTimes) {
+  tally::v1::WorkerMessage m = CalibrationExit();
+  tally::v1::JobSpec spec = CalibrationSpec();
+  GetParam().edit(m, spec);
+  absl::Status s = CheckReportFigures(m);
+  if (s.ok()) s = CheckReportAgainstSpec(spec, m);
+  if (GetParam().refused.empty()) {
+    EXPECT_TRUE(s.ok()) << s;
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(GetParam().refused));
+  }
+}
+
+tally::v1::CalibratedStepTime& T(tally::v1::WorkerMessage& m, int i) {
+  return *m.mutable_exit()->mutable_calibration(i);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, CalibrationExitTest,
+    ::testing::Values(
+        ExitCase{"a_real_exit", [](auto&, auto&) {}, ""},
+        ExitCase{"on_a_job_that_is_no_calibration",
+                 [](auto&, auto& spec) { spec.clear_calibration(); },
+                 "exit.calibration: the job is not a timing calibration"},
+        ExitCase{"on_a_failed_exit",
+                 [](auto& m, auto&) {
+                   m.mutable_exit()->set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+                 },
+                 "only a SUCCEEDED exit"},
+        ExitCase{"one_time_missing",
+                 [](auto& m, auto&) { m.mutable_exit()->mutable_calibration()->RemoveLast(); },
+                 "one time per spec"},
+        ExitCase{"another_name", [](auto& m, auto&) { T(m, 1).set_name("moe"); },
+                 "exit.calibration[1].name"},
+        ExitCase{"nan_median", [](auto& m, auto&) { T(m, 0).set_median_seconds(kNaN); },
+                 "exit.calibration[0].median_seconds"},
+        ExitCase{"zero_median", [](auto& m, auto&) { T(m, 0).set_median_seconds(0); },
+                 "exit.calibration[0].median_seconds"},
+        ExitCase{"longer_than_a_day",
+                 [](auto& m, auto&) {
+                   T(m, 0).set_median_seconds(1e6);
+                   T(m, 0).set_p90_seconds(1e6);
+                 },
+                 "exit.calibration[0].median_seconds"},
+        ExitCase{"percentiles_out_of_order",
+                 [](auto& m, auto&) { T(m, 0).set_p10_seconds(0.3); },
+                 "p10_seconds <= median_seconds"},
+        ExitCase{"more_samples_than_timed",
+                 [](auto& m, auto&) { T(m, 0).set_samples(16); },
+                 "exit.calibration[0].samples"},
+        ExitCase{"no_samples", [](auto& m, auto&) { T(m, 0).set_samples(0); },
+                 "exit.calibration[0].samples"}),
+    [](const auto& info) { return info.param.name; });
+
 TEST(CheckLabelValueTest, BoundsAGpuType) {
   EXPECT_TRUE(CheckLabelValue("hello.gpu_type", "h200").ok());
   EXPECT_TRUE(CheckLabelValue("hello.gpu_type", "nvidia-h200_sxm:141g").ok());

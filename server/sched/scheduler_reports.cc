@@ -312,7 +312,7 @@ absl::Status Scheduler::HandleExit(const std::string& worker_id,
         });
         break;
       }
-      plan = PlanSucceeded(Ctx(), *job, worker_id, exit.reason());
+      plan = PlanSucceeded(Ctx(), *job, worker_id, exit.reason(), exit.calibration());
       break;
     }
     case tally::v1::ATTEMPT_OUTCOME_FAILED: {

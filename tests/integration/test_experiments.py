@@ -81,10 +81,13 @@ class ExperimentsTest(ClusterTest):
             self.get_exp(name)), timeout=timeout, interval=0.2,
             what="%s to end" % name)
 
-    def experiment_jobs(self, name):
+    def experiment_jobs(self, name, calibration=False):
+        """The experiment's variant jobs (its timing calibration's with
+        calibration=True)."""
         jobs = self.tallyd.jobs.ListJobs(jobs_pb2.ListJobsRequest(page_size=1000),
                                          timeout=10).jobs
-        return [j for j in jobs if j.spec.labels.get("experiment") == name]
+        return [j for j in jobs if j.spec.labels.get("experiment") == name
+                and ("calibration" in j.spec.labels) == calibration]
 
     def test_three_variants_reach_a_result_with_figures_a_report_and_metrics(self):
         # One slot: the reference, submitted first, runs first, so the others
@@ -144,7 +147,27 @@ class ExperimentsTest(ClusterTest):
             else:
                 self.assertEqual(v.ratio_to_reference, 0)
                 self.assertEqual(v.note, "never reached the target")
-        self.assertAlmostEqual(e.cost_usd, sum(v.cost_usd for v in e.variants), places=9)
+        # The timing calibration: one job that timed every variant's step on
+        # the same worker; its dollars are the experiment's, its times price
+        # every recipe.
+        [cal] = self.experiment_jobs(name, calibration=True)
+        self.assertEqual(cal.name, e.calibration.job)
+        self.assertEqual(cal.state, jobs_pb2.JOB_STATE_SUCCEEDED, cal.state_reason)
+        self.assertEqual([t.name for t in cal.calibration], ["naive", "packed", "packed-moe"])
+        self.assertTrue(e.calibration.enabled)
+        self.assertGreater(e.calibration.cost_usd, 0)
+        self.assertIn("timing calibrated by " + cal.name, e.state_reason)
+        times = {t.name: t for t in e.calibration.times}
+        for v in e.variants:
+            t = times[v.name]
+            self.assertEqual(t.samples, 15)  # 3 rounds x 5 timed steps
+            self.assertLessEqual(t.p10_seconds, t.median_seconds)
+            self.assertLessEqual(t.median_seconds, t.p90_seconds)
+            self.assertTrue(v.timing_calibrated, v.name)
+            self.assertAlmostEqual(v.step_seconds, t.median_seconds, places=12)
+            self.assertGreater(v.own_step_seconds, 0)
+        self.assertAlmostEqual(e.cost_usd, sum(v.cost_usd for v in e.variants)
+                               + e.calibration.cost_usd, places=9)
 
         # The contract outside tools read: every field, by these names.
         got = self.tallyctl("experiment", "get", name, "--output=json")
@@ -222,6 +245,8 @@ class ExperimentsTest(ClusterTest):
         e = self.wait_exp(name, timeout=400)
         self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_SUCCEEDED, e.state_reason)
         self.assertEqual(len(self.experiment_jobs(name)), 3, "no variant submitted twice")
+        self.assertEqual(len(self.experiment_jobs(name, calibration=True)), 1,
+                         "nor the calibration")
         self.assertGreater(e.target_val_loss, 0)
         events = list(self.tallyd.experiments.WatchExperiment(
             experiments_pb2.WatchExperimentRequest(name=name), timeout=30))
@@ -241,7 +266,7 @@ class ExperimentsTest(ClusterTest):
         e = self.get_exp(name)
         self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_CANCELLED)
         self.assertEqual(e.state_reason, "cancelled: enough")
-        for j in self.experiment_jobs(name):
+        for j in self.experiment_jobs(name) + self.experiment_jobs(name, calibration=True):
             self.assertEqual(j.state, jobs_pb2.JOB_STATE_CANCELLED, j.name)
         again = self.tallyctl("experiment", "cancel", name)
         self.assertEqual(again.returncode, 4, again.stderr)

@@ -8,6 +8,7 @@
 #include "worker/agent/path_confinement.h"
 #include "worker/agent/train_spec.h"
 #include "worker/data/dataset.h"
+#include "worker/train/calibrate.h"
 #include "worker/train/trainer.h"
 
 namespace tally::worker {
@@ -109,11 +110,111 @@ class ReportingEvents final : public train::TrainEvents {
   int64_t fp8_overflows_ = 0, fp8_underflows_ = 0, fp8_values_ = 0;
 };
 
+// The files a config reads, against the data roots: its training data,
+// the weights it starts from or distills from, and its validation split
+// when it evaluates. `field` prefixes each field's name ("spec.").
+absl::Status CheckConfigPaths(const DataRoots& roots, const std::string& field,
+                              const train::TrainConfig& c) {
+  if (absl::Status s = roots.CheckDataset(field + "data.train_path", c.data.train_path); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = roots.CheckInitFrom(field, c.init_from_hf, c.init_from_checkpoint);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = roots.CheckWeights(field + "training.distill.teacher",
+                                          c.distill.teacher_hf, c.distill.teacher_checkpoint);
+      !s.ok()) {
+    return s;
+  }
+  if (c.eval_interval_steps > 0) {  // the trainer opens the validation split
+    const bool beside = c.data.val_path.empty();
+    return roots.CheckDataset(
+        beside ? field + "data.val_path (empty: the split beside train_path)"
+               : field + "data.val_path",
+        beside ? data::ValidationPrefixFor(c.data.train_path) : c.data.val_path);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+tally::v1::AttemptExit TrainerRunner::Calibrate(const tally::v1::Assignment& assignment,
+                                                Reporter* reporter,
+                                                const train::StopFlag* stop) {
+  tally::v1::AttemptExit exit;
+  exit.set_job(assignment.job());
+  exit.set_attempt(assignment.attempt());
+  const tally::v1::TimingCalibrationSpec& cal = assignment.spec().calibration();
+  // Every spec is checked before anything runs: a spec this worker refuses
+  // fails the calibration for good.
+  DeviceOptions device;
+  device.device = options_.device;
+  device.peak_flops = options_.peak_flops;
+  std::vector<train::CalibrationConfig> configs;
+  for (int i = 0; i < cal.variants_size(); ++i) {
+    const std::string field = absl::StrCat("spec.calibration.variants[", i, "].spec.");
+    absl::StatusOr<train::TrainConfig> config =
+        TrainConfigFromSpec(cal.variants(i).spec(), device);
+    absl::Status s = config.status();
+    if (s.ok()) s = CheckConfigPaths(options_.data_roots, field, *config);
+    if (!s.ok()) {
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+      exit.set_reason(absl::StrCat(field.substr(0, field.size() - 1), ": ", s.message()));
+      return exit;
+    }
+    config->eval_interval_steps = 0;
+    config->model.moe.test_forced_expert = options_.test_moe_forced_expert;
+    configs.push_back({cal.variants(i).name(), *std::move(config)});
+  }
+  spdlog::info("{} attempt {}: timing calibration of {} specs, {} rounds of {} timed steps each",
+               assignment.job(), assignment.attempt(), configs.size(), cal.rounds(), cal.steps());
+  const train::CalibrationResult r = train::Calibrate(
+      configs, cal.rounds(), cal.steps(), stop, [&](int64_t done, int64_t, double loss) {
+        tally::v1::Progress p;
+        p.set_job(assignment.job());
+        p.set_attempt(assignment.attempt());
+        p.set_step(done);
+        p.set_train_loss(loss);
+        p.set_trained(true);
+        reporter->Progress(p);
+      });
+  exit.set_step(r.steps_done);
+  exit.set_reason(r.reason);
+  exit.set_retryable(r.retryable);
+  switch (r.outcome) {
+    case train::TrainResult::Outcome::kSucceeded:
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
+      for (const train::CalibratedTime& t : r.times) {
+        spdlog::info("{} attempt {}: {} {:.4g} s a step (10th-90th percentile {:.4g}-{:.4g} s, "
+                     "{} steps)",
+                     assignment.job(), assignment.attempt(), t.name, t.median_seconds,
+                     t.p10_seconds, t.p90_seconds, t.samples);
+        tally::v1::CalibratedStepTime* out = exit.add_calibration();
+        out->set_name(t.name);
+        out->set_median_seconds(t.median_seconds);
+        out->set_p10_seconds(t.p10_seconds);
+        out->set_p90_seconds(t.p90_seconds);
+        out->set_samples(t.samples);
+      }
+      break;
+    case train::TrainResult::Outcome::kStopped:
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
+      break;
+    case train::TrainResult::Outcome::kFailed:
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
+      break;
+    case train::TrainResult::Outcome::kPreempted:
+      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
+      break;
+  }
+  return exit;
+}
 
 tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignment,
                                           Reporter* reporter,
                                           const train::StopFlag* stop) {
+  if (assignment.spec().has_calibration()) return Calibrate(assignment, reporter, stop);
   tally::v1::AttemptExit exit;
   exit.set_job(assignment.job());
   exit.set_attempt(assignment.attempt());
@@ -147,31 +248,8 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   device.parallel.rendezvous_local_host = options_.rendezvous_local_host;
   auto config = TrainConfigFromSpec(assignment.spec(), device);
   if (!config.ok()) return refuse(config.status());
-  if (absl::Status s =
-          options_.data_roots.CheckDataset("spec.data.train_path", config->data.train_path);
-      !s.ok()) {
+  if (absl::Status s = CheckConfigPaths(options_.data_roots, "spec.", *config); !s.ok()) {
     return refuse(s);
-  }
-  if (absl::Status s = options_.data_roots.CheckInitFrom("spec.", config->init_from_hf,
-                                                         config->init_from_checkpoint);
-      !s.ok()) {
-    return refuse(s);
-  }
-  if (absl::Status s = options_.data_roots.CheckWeights("spec.training.distill.teacher",
-                                                        config->distill.teacher_hf,
-                                                        config->distill.teacher_checkpoint);
-      !s.ok()) {
-    return refuse(s);
-  }
-  if (config->eval_interval_steps > 0) {  // the trainer opens the validation split
-    const bool beside = config->data.val_path.empty();
-    if (absl::Status s = options_.data_roots.CheckDataset(
-            beside ? "spec.data.val_path (empty: the split beside train_path)"
-                   : "spec.data.val_path",
-            beside ? data::ValidationPrefixFor(config->data.train_path) : config->data.val_path);
-        !s.ok()) {
-      return refuse(s);
-    }
   }
   if (const std::string& resume = assignment.resume_from().path(); !resume.empty()) {
     // Workers write checkpoints as regular files and never as links: a link

@@ -23,6 +23,11 @@
 // checkpoint's resolved path (no symlink, "." or ".."), a regular file
 // directly in the job's folder (train::TrainConfig::checkpoint_root).
 //
+// An assignment whose spec is a timing calibration (JobSpec.calibration)
+// trains nothing of its own: every spec it lists is checked as above, then
+// timed in bursts (train/calibrate.h); a SUCCEEDED exit carries each one's
+// step time.
+//
 // A preemption (StopKind::kPreempt) ends the attempt as
 // ATTEMPT_OUTCOME_PREEMPTED, after the checkpoint of its last step is
 // reported; the runner leaves AttemptExit.preemption_cause to the agent,
@@ -61,6 +66,12 @@ class TrainerRunner final : public Runner {
                              const train::StopFlag* stop) override;
 
  private:
+  // A timing calibration (JobSpec.calibration): every spec's step timed in
+  // bursts (train/calibrate.h), reported on the exit; Progress after each
+  // burst (steps so far, the burst's mean train loss, no tokens).
+  tally::v1::AttemptExit Calibrate(const tally::v1::Assignment& assignment, Reporter* reporter,
+                                   const train::StopFlag* stop);
+
   const TrainerRunnerOptions options_;
 };
 
