@@ -8,7 +8,9 @@
 # on two corpora), ONLY=packing_efficiency (packed vs padded by tokens and
 # steps to the same loss, three corpora x seeds), ONLY=replicates (the demo's
 # experiment with each variant
-# run three times: means, 90% intervals and verdicts), ONLY=eval_sample (the
+# run three times: means, 90% intervals and verdicts), ONLY=timing_calibration
+# (recipe prices with and without the timing calibration, under load),
+# ONLY=eval_sample (the
 # evaluation sample against the whole validation split on three corpora),
 # ONLY=upcycle (dense vs upcycled vs MoE from scratch at one budget),
 # ONLY=distill (a student with and without a teacher) or ONLY=controller runs
@@ -72,6 +74,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = replicates ]; then
   echo
 fi
 [ "$ONLY" = replicates ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = timing_calibration ]; then
+  echo "== Timing calibration: identical variants and the demo, with and without load (bench/timing_calibration.sh) =="
+  BUILD_DIR="$B" bench/timing_calibration.sh
+  echo
+fi
+[ "$ONLY" = timing_calibration ] && exit 0
 
 if [ -z "$ONLY" ] || [ "$ONLY" = packing_efficiency ]; then
   echo "== Packing efficiency: tokens and steps to the padded baseline's loss, over seeds (bench/packing_efficiency.sh) =="
