@@ -457,6 +457,7 @@ int Agent::Run() {
                                                                    : "PERMISSION_DENIED",
           options_.credential_files.Describe(), status.error_message(),
           absl::FormatDuration(options_.refused_retry_interval));
+      StopRefusedAttempts(status);
     }
     ReapFinished();
     {
@@ -505,6 +506,20 @@ int Agent::Run() {
   if (idle_watcher.joinable()) idle_watcher.join();
   ReapFinished();
   return 0;
+}
+
+void Agent::StopRefusedAttempts(const grpc::Status& status) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, a] : running_) {
+    if (a->stop.requested() == train::StopKind::kNow) continue;
+    // tallyd no longer accepts this worker's reports, so it has given the
+    // job up (or will): another worker may be running it now, and every
+    // step or checkpoint from here is work nobody records.
+    spdlog::error("stopping attempt {} of {} at once, without a checkpoint: tallyd refused this "
+                  "worker's credential ({})",
+                  a->assignment.attempt(), a->assignment.job(), status.error_message());
+    a->stop.Request(train::StopKind::kNow);
+  }
 }
 
 void Agent::Shutdown() {

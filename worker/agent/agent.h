@@ -11,7 +11,9 @@
 // rotated files are picked up; a read that fails keeps the last good ones.
 // A stream tallyd refuses as UNAUTHENTICATED or PERMISSION_DENIED is logged
 // with tallyd's reason and retried like any other, but at most once per
-// `refused_retry_interval`.
+// `refused_retry_interval`; the attempts the worker is running stop at once
+// (StopKind::kNow: no further step or checkpoint), since tallyd no longer
+// records what they do and may have given their jobs to other workers.
 //
 // Preemption (Preempt(): SIGTERM, SIGINT or --preemption_notice_file): the
 // worker is going away within `preemption_deadline`. It tells tallyd (a
@@ -198,6 +200,10 @@ class Agent {
     bool abandoned = false;
   };
   class AttemptReporter;
+  // tallyd refused this worker's credential (UNAUTHENTICATED or
+  // PERMISSION_DENIED): every running attempt stops at once (StopKind::
+  // kNow, no checkpoint), saying why in the log.
+  void StopRefusedAttempts(const grpc::Status& status);
 
   using Stream =
       grpc::ClientReaderWriterInterface<tally::v1::WorkerMessage, tally::v1::ControllerMessage>;

@@ -127,6 +127,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
     {
       absl::MutexLock lock(&mu_);
       received_.push_back(m);
+      if (!refuse_.ok()) return refuse_;
       stream_ = stream;
       context_ = context;
       if (welcome_) {
@@ -159,6 +160,13 @@ class FakeTallyd final : public tally::v1::Workers::Service {
     if (context_ == nullptr) return false;
     context_->TryCancel();
     return true;
+  }
+
+  // Every stream from now on is refused with `s` after its hello (OK:
+  // accepted again).
+  void set_refuse(grpc::Status s) {
+    absl::MutexLock lock(&mu_);
+    refuse_ = std::move(s);
   }
 
   // Answers the next Notice read with `m`, on the same stream (once).
@@ -228,6 +236,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
       ABSL_GUARDED_BY(mu_) = nullptr;
   grpc::ServerContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<tally::v1::ControllerMessage> reply_to_notice_ ABSL_GUARDED_BY(mu_);
+  grpc::Status refuse_ ABSL_GUARDED_BY(mu_);
   bool welcome_ ABSL_GUARDED_BY(mu_) = true;
   bool acks_ ABSL_GUARDED_BY(mu_) = false;
   double heartbeat_interval_seconds_ ABSL_GUARDED_BY(mu_) = 0;
@@ -736,6 +745,22 @@ TEST_F(AgentTest, PermissionDeniedWaitsTheIntervalToo) {
   EXPECT_GE(at[1] - at[0], absl::Milliseconds(400));
   EXPECT_THAT(Logged(), AllOf(HasSubstr("PERMISSION_DENIED"),
                               HasSubstr("worker id w1 is not yours")));
+}
+
+TEST_F(AgentTest, ARevokedWorkerStopsItsAttemptsAtOnce) {
+  StartTallyd();
+  HeldRunner* held = nullptr;
+  ASSERT_NE(StartHeldAttempt("jobs/2", 1, &held), nullptr);
+  // The worker's token is removed and tallyd reloads: the stream ends, and
+  // every reconnection is refused.
+  tallyd_->set_refuse(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown worker token"));
+  ASSERT_TRUE(tallyd_->Hangup());
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(10), [&] {
+    return held->stopped_with() != train::StopKind::kNone;
+  }));
+  EXPECT_EQ(held->stopped_with(), train::StopKind::kNow) << "no checkpoint of a step nobody records";
+  EXPECT_THAT(Logged(), HasSubstr("stopping attempt 1 of jobs/2 at once, without a checkpoint: "
+                                  "tallyd refused this worker's credential (unknown worker token)"));
 }
 
 TEST_F(AgentTest, UnavailableIsRetriedSoon) {
