@@ -392,11 +392,14 @@ TEST_F(ServicesTest, ATenantSeesAndActsOnItsOwnJobsAndExperimentsOnly) {
   ASSERT_TRUE(GetExperiment(kAlice, alices_experiment.name(), &e).ok());
   EXPECT_EQ(e.state(), tally::v1::EXPERIMENT_STATE_RUNNING);
 
-  // The experiment's variants are alice's jobs too.
+  // The experiment's variants, and its timing calibration, are alice's
+  // jobs too.
   std::vector<std::string> research;
   for (const auto& v : e.variants()) {
     if (!v.job().empty()) research.push_back(v.job());
   }
+  ASSERT_FALSE(e.calibration().job().empty());
+  research.push_back(e.calibration().job());
   research.push_back(alices);
   EXPECT_THAT(List(kBob), ElementsAre(bobs));
   EXPECT_THAT(List(kAlice), UnorderedElementsAreArray(research));

@@ -156,11 +156,15 @@ tally::v1::AttemptExit TrainerRunner::Calibrate(const tally::v1::Assignment& ass
     const std::string field = absl::StrCat("spec.calibration.variants[", i, "].spec.");
     absl::StatusOr<train::TrainConfig> config =
         TrainConfigFromSpec(cal.variants(i).spec(), device);
-    absl::Status s = config.status();
-    if (s.ok()) s = CheckConfigPaths(options_.data_roots, field, *config);
+    // A path refusal names its field with `field` already; the spec's own
+    // problems are named within it.
+    absl::Status s = config.ok() ? CheckConfigPaths(options_.data_roots, field, *config)
+                                 : absl::InvalidArgumentError(absl::StrCat(
+                                       field.substr(0, field.size() - 1), ": ",
+                                       config.status().message()));
     if (!s.ok()) {
       exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
-      exit.set_reason(absl::StrCat(field.substr(0, field.size() - 1), ": ", s.message()));
+      exit.set_reason(std::string(s.message()));
       return exit;
     }
     config->eval_interval_steps = 0;

@@ -462,3 +462,66 @@ TEST_F(TrainerRunnerTest, ASymlinkedJobFolderIsNeverWrittenThrough) {
 
 }  // namespace
 }  // namespace tally::worker
+
+namespace tally::worker {
+namespace {
+
+// A calibration of two specs: this fixture's spec and a wider one.
+tally::v1::Assignment CalibrationAssignment(tally::v1::Assignment a) {
+  tally::v1::JobSpec base = a.spec();
+  a.mutable_spec()->mutable_training()->set_max_steps(2 * 2 * 3);
+  auto* cal = a.mutable_spec()->mutable_calibration();
+  cal->set_rounds(2);
+  cal->set_steps(2);
+  for (const char* name : {"narrow", "wide"}) {
+    auto* v = cal->add_variants();
+    v->set_name(name);
+    *v->mutable_spec() = base;
+  }
+  cal->mutable_variants(1)->mutable_spec()->mutable_model()->set_d_model(64);
+  return a;
+}
+
+TEST_F(TrainerRunnerTest, ACalibrationTimesEachSpecAndReportsItOnTheExit) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-calibration";
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, -1, train::StopKind::kNow);
+  const tally::v1::AttemptExit exit =
+      runner.Run(CalibrationAssignment(Assignment()), &reporter, &stop);
+  ASSERT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_SUCCEEDED) << exit.reason();
+  EXPECT_EQ(exit.step(), 12);
+  ASSERT_EQ(exit.calibration_size(), 2);
+  EXPECT_EQ(exit.calibration(0).name(), "narrow");
+  EXPECT_EQ(exit.calibration(1).name(), "wide");
+  for (const auto& t : exit.calibration()) {
+    EXPECT_EQ(t.samples(), 4) << t.name();
+    EXPECT_GT(t.median_seconds(), 0) << t.name();
+  }
+  // A progress report after each burst, and nothing evaluated or saved.
+  EXPECT_EQ(reporter.log(), (std::vector<std::string>{"progress 3", "progress 6", "progress 9",
+                                                      "progress 12"}));
+  EXPECT_FALSE(std::filesystem::exists(*dir_ + "/ckpt-calibration/job-1"));
+}
+
+TEST_F(TrainerRunnerTest, ACalibrationSpecOutsideTheDataRootsFailsItBeforeAnythingRuns) {
+  TrainerRunnerOptions o;
+  o.checkpoint_dir = *dir_ + "/ckpt-calibration";
+  std::filesystem::create_directories(*dir_ + "/roots/c");
+  o.data_roots = RootsOf({*dir_ + "/roots/c"});
+  TrainerRunner runner(o);
+  train::StopFlag stop;
+  RecordingReporter reporter(&stop, -1, train::StopKind::kNow);
+  const tally::v1::AttemptExit exit =
+      runner.Run(CalibrationAssignment(Assignment()), &reporter, &stop);
+  EXPECT_EQ(exit.outcome(), tally::v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_FALSE(exit.retryable());
+  EXPECT_THAT(exit.reason(),
+              AllOf(HasSubstr("spec.calibration.variants[0].spec.data.train_path"),
+                    HasSubstr("outside the worker's data roots")));
+  EXPECT_TRUE(reporter.log().empty());
+}
+
+}  // namespace
+}  // namespace tally::worker
