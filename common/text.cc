@@ -1,7 +1,9 @@
 #include "common/text.h"
 
+#include <algorithm>
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -124,6 +126,19 @@ std::string QuoteForMessage(absl::string_view text, size_t max_bytes) {
 std::string FormatDollars(double usd) {
   if (usd != 0 && usd < 0.01 && usd > -0.01) return absl::StrFormat("$%.6f", usd);
   return absl::StrFormat("$%.4f", usd);
+}
+
+absl::Status CheckLabelValue(absl::string_view field, absl::string_view value) {
+  const bool ok = !value.empty() && value.size() <= 64 &&
+                  std::all_of(value.begin(), value.end(), [](char c) {
+                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' ||
+                           c == '-';
+                  });
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": must be 1-64 characters of letters, digits and _ . : -, got ",
+      QuoteForMessage(value, 64), " (", value.size(), " bytes)"));
 }
 
 }  // namespace tally

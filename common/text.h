@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace tally {
@@ -46,6 +47,10 @@ std::string QuoteForMessage(absl::string_view text, size_t max_bytes = 64);
 // Dollars as tables and messages show them: "$1.2346", with six decimals for
 // a non-zero amount under a cent ("$0.000837", tiny CPU runs).
 std::string FormatDollars(double usd);
+
+// A value that becomes a metric label (a worker's gpu_type): 1-64
+// characters of [A-Za-z0-9_.:-]. INVALID_ARGUMENT naming `field`.
+absl::Status CheckLabelValue(absl::string_view field, absl::string_view value);
 
 }  // namespace tally
 

@@ -290,6 +290,7 @@ sched::SchedulerOptions SchedulerOptionsFrom(const config::TallydOptions& o,
   s.prices = config.prices;
   s.quotas = config.quotas;
   s.cross_tenant_preemption = config.tenancy.cross_tenant_preemption;
+  s.checkpoint_root = config.checkpoint_root;
   return s;
 }
 

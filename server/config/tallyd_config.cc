@@ -2,9 +2,13 @@
 
 #include <cmath>
 #include <fstream>
+#include <algorithm>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/file/file_system.h"
 #include "common/status_macros.h"
 #include "common/text.h"
@@ -100,6 +104,58 @@ absl::Status TallydConfig::Validate() const {
   return CheckTable("flops_per_second_per_gpu", prices.flops_per_second_per_gpu, true);
 }
 
+namespace {
+
+// worker_gpu_types: a list of GPU type names, each a valid label value.
+absl::Status ParseGpuTypeList(const YAML::Node& node, int line, std::vector<std::string>* out) {
+  if (!node.IsSequence()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker_gpu_types (line ", line, "): expected a list of GPU types, e.g. [h100, h200]"));
+  }
+  for (const auto& item : node) {
+    const int at = item.Mark().line + 1;
+    if (!item.IsScalar()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker_gpu_types (line ", at, "): each entry is a GPU type name"));
+    }
+    const std::string type = item.as<std::string>();
+    if (absl::Status s = CheckLabelValue("worker_gpu_types entry", type); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(s.message(), " (line ", at, ")"));
+    }
+    if (std::find(out->begin(), out->end(), type) != out->end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker_gpu_types (line ", at, "): ", type, " is listed twice"));
+    }
+    out->push_back(type);
+  }
+  return absl::OkStatus();
+}
+
+// checkpoint_root: an absolute path without ".", ".." or empty components
+// (a trailing '/' dropped).
+absl::Status ParseCheckpointRoot(const YAML::Node& node, int line, std::string* out) {
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint_root (line ", line, "): ", why,
+        "; give the workers' --checkpoint_dir as they resolve it, e.g. /mnt/tally-checkpoints"));
+  };
+  if (!node.IsScalar()) return bad("expected a path");
+  std::string root = node.as<std::string>();
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  if (root.empty() || root[0] != '/') return bad("must be an absolute path");
+  if (root == "/") return bad("must not be / itself");
+  for (absl::string_view part : absl::StrSplit(root.substr(1), '/')) {
+    if (part.empty() || part == "." || part == "..") {
+      return bad("must not contain empty, \".\" or \"..\" components");
+    }
+  }
+  if (UnprintableReason(root)) return bad("is not printable text");
+  *out = std::move(root);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
   if (text.size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(absl::StrCat("the file is ", text.size(),
@@ -138,6 +194,14 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
         RETURN_IF_ERROR(ParseTenancyPolicy(section.second, line, &config.tenancy));
         continue;
       }
+      if (key == "checkpoint_root") {
+        RETURN_IF_ERROR(ParseCheckpointRoot(section.second, line, &config.checkpoint_root));
+        continue;
+      }
+      if (key == "worker_gpu_types") {
+        RETURN_IF_ERROR(ParseGpuTypeList(section.second, line, &config.prices.worker_gpu_types));
+        continue;
+      }
       if (key == "usd_per_gpu_hour") {
         into = &config.prices.usd_per_gpu_hour;
       } else if (key == "spot_usd_per_gpu_hour") {
@@ -148,7 +212,8 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
         return absl::InvalidArgumentError(absl::StrCat(
             key, " (line ", line,
             "): unknown key; expected usd_per_gpu_hour, spot_usd_per_gpu_hour, "
-            "flops_per_second_per_gpu, tenants, grpc_server, limits or tenancy"));
+            "flops_per_second_per_gpu, worker_gpu_types, checkpoint_root, tenants, grpc_server, "
+            "limits or tenancy"));
       }
       if (!section.second.IsMap()) {
         return absl::InvalidArgumentError(

@@ -7,6 +7,8 @@
 //   flops_per_second_per_gpu: {cpu: 2.0e10, h200: 4.0e14}   # for estimates
 //   tenants:
 //     research: {max_gpus: 8, max_dollars_per_day: 200, max_dollars_per_month: 3000}
+//   worker_gpu_types: [l4]                # announced by workers, not priced
+//   checkpoint_root: /mnt/tally-checkpoints
 //
 // A GPU type with no spot price is priced on spot at its on-demand price; a
 // spot price above the on-demand one is accepted as given.
@@ -39,6 +41,11 @@ struct TallydConfig {
   PrincipalLimits limits;
   // tenancy: priority caps and cross-tenant preemption (tenancy.h).
   TenancyPolicy tenancy;
+  // checkpoint_root: where workers write checkpoints (their --checkpoint_dir,
+  // as they resolve it; an absolute path, no "." or ".." components): tallyd
+  // then records only checkpoints in ROOT/job-N/. Empty: not checked.
+  // Read at start; SIGHUP does not move it.
+  std::string checkpoint_root;
 
   // InvalidArgument for a negative or non-finite price (on-demand or spot),
   // or a throughput that is not a positive finite number, naming the key.

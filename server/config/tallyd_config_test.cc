@@ -167,3 +167,40 @@ TEST(TallydConfigTest, TenantQuotas) {
 
 }  // namespace
 }  // namespace tally::config
+
+namespace tally::config {
+namespace {
+
+TEST(TallydConfigTest, WorkerGpuTypesAreKnownBesideThePricedOnes) {
+  auto c = ParseTallydConfig("usd_per_gpu_hour: {h200: 3.5}\nworker_gpu_types: [l4, cpu-forced]\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prices.worker_gpu_types, (std::vector<std::string>{"l4", "cpu-forced"}));
+  EXPECT_EQ(c->prices.KnownGpuTypes(), (std::vector<std::string>{"cpu-forced", "h200", "l4"}));
+  EXPECT_TRUE(ParseTallydConfig("")->prices.KnownGpuTypes().empty());
+}
+
+TEST(TallydConfigTest, BadWorkerGpuTypesNameTheEntryAndLine) {
+  auto notalist = ParseTallydConfig("worker_gpu_types: l4\n");
+  EXPECT_THAT(notalist.status().message(),
+              HasSubstr("worker_gpu_types (line 1): expected a list of GPU types"));
+  auto twice = ParseTallydConfig("worker_gpu_types:\n  - l4\n  - l4\n");
+  EXPECT_THAT(twice.status().message(), HasSubstr("worker_gpu_types (line 3): l4 is listed twice"));
+  auto bad = ParseTallydConfig("worker_gpu_types: [\"a b\"]\n");
+  EXPECT_THAT(bad.status().message(),
+              AllOf(HasSubstr("worker_gpu_types entry: must be 1-64 characters"),
+                    HasSubstr("(line 1)")));
+}
+
+TEST(TallydConfigTest, CheckpointRootIsAnAbsolutePathWithoutDots) {
+  auto c = ParseTallydConfig("checkpoint_root: /mnt/ckpt/\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->checkpoint_root, "/mnt/ckpt");
+  for (const char* bad : {"checkpoint_root: ckpt\n", "checkpoint_root: /mnt/../etc\n",
+                          "checkpoint_root: /\n", "checkpoint_root: [a]\n"}) {
+    EXPECT_THAT(ParseTallydConfig(bad).status().message(), HasSubstr("checkpoint_root (line 1)"))
+        << bad;
+  }
+}
+
+}  // namespace
+}  // namespace tally::config

@@ -1,6 +1,7 @@
 #include "server/ledger/cost_ledger.h"
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,14 @@ double PriceTable::PriceFor(const std::string& gpu_type, int gpus, int spot_gpus
   if (spot == 0) return Price(gpu_type);
   if (spot == n) return SpotPrice(gpu_type);
   return ((n - spot) * Price(gpu_type) + spot * SpotPrice(gpu_type)) / n;
+}
+
+std::vector<std::string> PriceTable::KnownGpuTypes() const {
+  std::set<std::string> known(worker_gpu_types.begin(), worker_gpu_types.end());
+  for (const auto* table : {&usd_per_gpu_hour, &spot_usd_per_gpu_hour, &flops_per_second_per_gpu}) {
+    for (const auto& [type, value] : *table) known.insert(type);
+  }
+  return {known.begin(), known.end()};
 }
 
 std::string PriceTable::Describe() const {

@@ -46,6 +46,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -61,6 +62,12 @@ struct PriceTable {
   std::map<std::string, double> usd_per_gpu_hour;
   std::map<std::string, double> spot_usd_per_gpu_hour;
   std::map<std::string, double> flops_per_second_per_gpu;
+  // GPU types workers may announce besides those the tables above name
+  // (tallyd's config: worker_gpu_types).
+  std::vector<std::string> worker_gpu_types;
+  // Every type the tables and worker_gpu_types name, sorted; empty when
+  // nothing is configured.
+  std::vector<std::string> KnownGpuTypes() const;
   double Price(const std::string& gpu_type) const;  // 0 when unpriced
   // The configured spot price; Price(gpu_type) when there is none.
   double SpotPrice(const std::string& gpu_type) const;

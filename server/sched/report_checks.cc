@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -270,21 +271,8 @@ absl::Status CheckReportAgainstSpec(const tally::v1::JobSpec& spec,
   }
 }
 
-absl::Status CheckLabelValue(absl::string_view field, absl::string_view value) {
-  const bool ok = !value.empty() && value.size() <= 64 &&
-                  std::all_of(value.begin(), value.end(), [](char c) {
-                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':' ||
-                           c == '-';
-                  });
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": must be 1-64 characters of letters, digits and _ . : -, got ",
-      QuoteForMessage(value, 64), " (", value.size(), " bytes)"));
-}
-
 absl::Status CheckCheckpointPath(const std::string& job, const std::string& path,
-                                 int64_t step) {
+                                 int64_t step, const std::string& root) {
   // The folder workers write a job's checkpoints in, under their checkpoint
   // root: "jobs/7" -> "job-7" (worker/agent/path_confinement.h).
   const std::string folder = absl::StrReplaceAll(job, {{"s/", "-"}});
@@ -303,6 +291,16 @@ absl::Status CheckCheckpointPath(const std::string& job, const std::string& path
   }
   if (parts.size() < 2 || parts[parts.size() - 2] != folder) {
     return refuse(absl::StrCat("is not in the job's checkpoint folder \"", folder, "\""));
+  }
+  if (path[0] != '/') return refuse("must be absolute (workers report resolved paths)");
+  for (const char* system : {"/proc/", "/sys/", "/dev/"}) {
+    if (absl::StartsWith(path, system)) return refuse(absl::StrCat("must not be under ", system));
+  }
+  if (!root.empty() &&
+      absl::string_view(path).substr(0, path.size() - parts.back().size() - 1) !=
+          absl::StrCat(root, "/", folder)) {
+    return refuse(absl::StrCat("is not in ", root, "/", folder,
+                               " (tallyd's checkpoint_root, where workers write)"));
   }
   // The file is the worker's own name for the step it reports
   // (step-00000010.ckpt), not any file that folder could hold.

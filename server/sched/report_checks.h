@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/text.h"
 #include "tally/v1/jobs.pb.h"
 #include "tally/v1/spec.pb.h"
 #include "tally/v1/workers.pb.h"
@@ -50,7 +51,12 @@ std::pair<std::string, int32_t> ReportedAttempt(const tally::v1::WorkerMessage& 
 // workers' files: workers resolve symlinks and keep every checkpoint they
 // write or resume from inside their checkpoint root
 // (worker/agent/path_confinement.h); this is tallyd's check of the text.
-absl::Status CheckCheckpointPath(const std::string& job, const std::string& path, int64_t step);
+// The path must be absolute (workers report resolved paths) and not under
+// /proc, /sys or /dev; with `root` (tallyd's config checkpoint_root, the
+// folder workers are given as --checkpoint_dir, as they resolve it) it must
+// be exactly ROOT/job-N/step-SSSSSSSS.ckpt.
+absl::Status CheckCheckpointPath(const std::string& job, const std::string& path, int64_t step,
+                                 const std::string& root = "");
 
 // Reports a worker sends again after a stream broke before tallyd's Ack
 // arrived: an evaluation of the attempt that made the curve's latest point,
@@ -60,9 +66,7 @@ bool RepeatedEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval);
 bool RepeatedCheckpoint(const std::optional<tally::v1::Checkpoint>& latest,
                         const tally::v1::CheckpointRecord& checkpoint);
 
-// A value that becomes a metric label (a worker's gpu_type): 1-64
-// characters of [A-Za-z0-9_.:-]. INVALID_ARGUMENT naming `field`.
-absl::Status CheckLabelValue(absl::string_view field, absl::string_view value);
+using ::tally::CheckLabelValue;  // common/text.h
 
 }  // namespace tally::sched
 

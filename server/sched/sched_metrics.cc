@@ -176,11 +176,12 @@ void SchedMetrics::RegisterFleetFamilies(metrics::Registry& registry) {
                               "one the attempt resumed from (damaged_checkpoint), a figure out "
                               "of range (invalid: the worker's stream ends), an evaluation or "
                               "checkpoint taken already, sent again after a broken stream "
-                              "lost its acknowledgement (repeated).")
+                              "lost its acknowledgement (repeated), a hello announcing a GPU "
+                              "type tallyd's config does not name (hello).")
                         .Register(registry);
   for (const char* kind : {"progress", "eval", "checkpoint", "exit", "checkpoint_path",
                            "progress_out_of_order", "damaged_checkpoint", "invalid",
-                           "repeated"}) {
+                           "repeated", "hello"}) {
     refused_reports_->Add({{"kind", kind}});
   }
   gpus_wanted_ = &metrics::BuildGauge()

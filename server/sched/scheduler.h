@@ -113,6 +113,11 @@ struct SchedulerOptions {
   // CreateJob, ActOnSubmit), so concurrent submits share the store's
   // batched commits. false: Submit under the lock, one transaction each.
   bool group_commit = true;
+  // Where workers write checkpoints (tallyd's config checkpoint_root: the
+  // workers' --checkpoint_dir as they resolve it): a reported checkpoint
+  // outside ROOT/job-N/ is refused. Empty: any absolute path in the job's
+  // folder (report_checks.h CheckCheckpointPath).
+  std::string checkpoint_root;
 };
 
 // Who asks for a change: a principal's name and tenant (empty when tallyd
@@ -203,6 +208,10 @@ class Scheduler {
   absl::StatusOr<int64_t> OnHello(const tally::v1::Hello& hello);
   // INVALID_ARGUMENT naming the field of a Hello OnHello would refuse.
   static absl::Status ValidateHello(const tally::v1::Hello& hello);
+  // Types a worker may announce: those tallyd's config names (prices,
+  // throughputs, worker_gpu_types); with none named, any, up to
+  // kMaxUnlistedGpuTypes distinct ones among the workers it knows.
+  static constexpr int kMaxUnlistedGpuTypes = 16;
   // The worker is connected and was heard from within heartbeat_timeout.
   bool WorkerLive(const std::string& worker_id) const;
   // OK: the message is taken (committed, or dropped on purpose and counted);

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <string>
+#include <vector>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -89,8 +92,41 @@ bool Scheduler::WorkerLive(const std::string& worker_id) const {
   return workers_.Live(worker_id, clock_->Now());
 }
 
+namespace {
+
+absl::Status CheckGpuTypeKnown(const std::string& gpu_type, const ledger::PriceTable& prices,
+                               const WorkerRegistry& workers) {
+  const std::vector<std::string> known = prices.KnownGpuTypes();
+  if (!known.empty()) {
+    if (std::binary_search(known.begin(), known.end(), gpu_type)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hello.gpu_type: ", QuoteForMessage(gpu_type), " is not a GPU type tallyd knows (",
+        absl::StrJoin(known, ", "),
+        "); set tally-worker --gpu_type to one of them, or add it to worker_gpu_types (or "
+        "price it in usd_per_gpu_hour) in tallyd's --config"));
+  }
+  // Nothing configured: any type, but no more than a few distinct ones, so
+  // that one credential cannot grow the fleet's series without bound.
+  std::set<std::string> seen;
+  for (const auto& [id, w] : workers.all()) seen.insert(w.rec.gpu_type());
+  if (seen.count(gpu_type) || static_cast<int>(seen.size()) < Scheduler::kMaxUnlistedGpuTypes) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "hello.gpu_type: ", QuoteForMessage(gpu_type), " would be GPU type number ",
+      seen.size() + 1, " and tallyd's --config names none (at most ", Scheduler::kMaxUnlistedGpuTypes,
+      " then); list the types workers may announce in worker_gpu_types (or price them in "
+      "usd_per_gpu_hour)"));
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   RETURN_IF_ERROR(ValidateHello(hello));
+  if (absl::Status s = CheckGpuTypeKnown(hello.gpu_type(), ledger_.prices(), workers_); !s.ok()) {
+    metrics_.OnReportRefused("hello");
+    return s;
+  }
   const absl::Time now = clock_->Now();
   store::WorkerRecord rec;
   if (const WorkerState* known = workers_.Find(hello.worker_id())) rec = known->rec;

@@ -217,7 +217,8 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
 }
 
 absl::Status Scheduler::HandleCheckpoint(ActiveJob& job, const tally::v1::CheckpointRecord& c) {
-  if (absl::Status where = CheckCheckpointPath(job.rec.job().name(), c.path(), c.step());
+  if (absl::Status where = CheckCheckpointPath(job.rec.job().name(), c.path(), c.step(),
+                                               options_.checkpoint_root);
       !where.ok()) {
     // Never recorded, so never resumed from: the attempt fails saying why.
     const std::string reason = absl::StrCat("checkpoint record refused: ", where.message());

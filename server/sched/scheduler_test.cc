@@ -750,11 +750,41 @@ TEST_F(SchedulerTest, FleetCountersExistAtZeroForKnownLabels) {
     ASSERT_EQ(v.count(key), 1u) << key;
     EXPECT_EQ(v[key], 0) << key;
   }
-  // A GPU type first seen in a worker's Hello.
+  // A GPU type first seen in a worker's Hello (listed, not priced).
+  options_.prices.worker_gpu_types = {"a100"};
+  sched_ = NewScheduler();
   ASSERT_TRUE(sched_->OnHello(Hello("w1", 1, "a100")).ok());
   v = MetricValues(*registries_.back());
   EXPECT_EQ(v.count("tally_workers_lost_total,gpu_type=a100"), 1u);
   EXPECT_EQ(v.count("tally_tokens_total,gpu_type=a100,kind=padding"), 1u);
+}
+
+TEST_F(SchedulerTest, AWorkerMayAnnounceOnlyAGpuTypeTheConfigNames) {
+  options_.prices.usd_per_gpu_hour["h200"] = 3.5;
+  options_.prices.worker_gpu_types = {"cpu"};
+  sched_ = NewScheduler();
+  EXPECT_TRUE(sched_->OnHello(Hello("w1", 1, "h200")).ok());
+  EXPECT_TRUE(sched_->OnHello(Hello("w2", 1, "cpu")).ok());
+  const auto refused = sched_->OnHello(Hello("w3", 1, "h200-typo"));
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status()));
+  EXPECT_THAT(refused.status().message(),
+              AllOf(HasSubstr("hello.gpu_type: \"h200-typo\" is not a GPU type tallyd knows "
+                              "(cpu, h200)"),
+                    HasSubstr("worker_gpu_types")));
+  EXPECT_EQ(MetricValues(*registries_.back())["tally_worker_reports_refused_total,kind=hello"], 1);
+  auto v = MetricValues(*registries_.back());
+  EXPECT_EQ(v.count("tally_workers_lost_total,gpu_type=h200-typo"), 0u) << "no series for it";
+}
+
+TEST_F(SchedulerTest, WithNoTypeConfiguredTheFleetHoldsAFewTypesAtMost) {
+  for (int i = 0; i < Scheduler::kMaxUnlistedGpuTypes; ++i) {
+    ASSERT_TRUE(sched_->OnHello(Hello("w" + std::to_string(i), 1, "t" + std::to_string(i))).ok());
+  }
+  // A known type is always welcome; a new one past the bound is not.
+  EXPECT_TRUE(sched_->OnHello(Hello("again", 1, "t0")).ok());
+  const auto refused = sched_->OnHello(Hello("more", 1, "t99"));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("would be GPU type number 17 and tallyd's --config names none"));
 }
 
 TEST_F(SchedulerTest, ASilentWorkerIsCountedLostOncePerSilence) {
@@ -1035,9 +1065,11 @@ namespace {
 
 TEST(CheckCheckpointPathTest, OnlyTheJobsOwnFileOfTheStepWithoutDotComponents) {
   EXPECT_TRUE(CheckCheckpointPath("jobs/7", "/ckpt/job-7/step-00000010.ckpt", 10).ok());
-  EXPECT_TRUE(CheckCheckpointPath("jobs/7", "tally-checkpoints/job-7/step-1.ckpt", 1).ok());
+  EXPECT_TRUE(CheckCheckpointPath("jobs/7", "/ckpt/job-7/step-1.ckpt", 1, "/ckpt").ok());
   for (const char* bad :
        {"/etc/passwd", "/etc/job-7/passwd", "/ckpt/job-7/step-00000011.ckpt",
+        "tally-checkpoints/job-7/step-00000010.ckpt", "/proc/self/cwd/job-7/step-00000010.ckpt",
+        "/dev/shm/job-7/step-00000010.ckpt",
         "/ckpt/job-7/step-.ckpt", "/ckpt/job-7/step-1x.ckpt", "/ckpt/job-7/step-00000010.ckpt.tmp",
         "/ckpt/job-8/step-00000010.ckpt", "/ckpt/job-7/../job-8/x", "/ckpt/job-7/./x",
         "/ckpt/job-7//x", "/ckpt/job-7/", "job-7", "/ckpt/job-7/x\n", ""}) {
@@ -1047,6 +1079,14 @@ TEST(CheckCheckpointPathTest, OnlyTheJobsOwnFileOfTheStepWithoutDotComponents) {
   }
   EXPECT_THAT(CheckCheckpointPath("jobs/7", "/etc/passwd", 10).message(),
               testing::HasSubstr("job-7"));
+  // With tallyd's checkpoint_root: the job's folder there, nowhere else.
+  EXPECT_TRUE(CheckCheckpointPath("jobs/16", "/ckpt/job-16/step-00000010.ckpt", 10, "/ckpt").ok());
+  for (const char* bad : {"/etc/job-16/step-00000010.ckpt", "/ckpt/x/job-16/step-00000010.ckpt",
+                          "/ckpt2/job-16/step-00000010.ckpt"}) {
+    EXPECT_THAT(CheckCheckpointPath("jobs/16", bad, 10, "/ckpt").message(),
+                testing::HasSubstr("is not in /ckpt/job-16 (tallyd's checkpoint_root"))
+        << bad;
+  }
 }
 
 }  // namespace

@@ -208,7 +208,8 @@ class PrometheusTest(ClusterTest):
         super().setUp()
         config = os.path.join(self.dir, "tallyd.yaml")
         with open(config, "w") as f:
-            f.write("usd_per_gpu_hour: {cpu: 36}\n")  # $0.01 a second
+            f.write("usd_per_gpu_hour: {cpu: 36}\n"  # $0.01 a second
+                    "worker_gpu_types: [%s]\n" % FORCED_GPU_TYPE)  # announced, not priced
         self.tallyd.extra_args = ["--config=" + config]
         self.tallyd.restart()
         self.prom_addr = "127.0.0.1:%d" % free_port()

@@ -708,7 +708,11 @@ class MetricsTlsTest(SecureCluster):
             self.assertNotIn(path, body)
         self.assertNotIn("eyJ", body)  # the start of every JWT
         # No label holds a file path (datasets, credentials, checkpoints).
-        values = [v for key in series for v in re.findall(r'="((?:[^"\\]|\\.)*)"', key)]
+        # Display names are the user's own text ("sec/timing", an
+        # experiment's calibration job).
+        values = [v for key in series
+                  for name, v in re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', key)
+                  if name != "display_name"]
         self.assertTrue(values)
         self.assertEqual([v for v in values if "/" in v and not v.startswith("tally.v1.")
                           and not v.startswith("jobs/") and not v.startswith("experiments/")],

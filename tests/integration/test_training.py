@@ -151,3 +151,40 @@ class TrainingTest(ClusterTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CheckpointRootTest(ClusterTest):
+    """tallyd's checkpoint_root: checkpoints are recorded only from the
+    workers' checkpoint folder; one reported elsewhere fails its attempt."""
+
+    def start_with_root(self, root):
+        config = os.path.join(self.dir, "tallyd.yaml")
+        with open(config, "w") as f:
+            f.write("checkpoint_root: %s\n" % root)
+        self.tallyd.extra_args = ["--config=" + config]
+        self.tallyd.restart()
+
+    def test_checkpoints_in_the_root_are_recorded(self):
+        root = os.path.realpath(os.path.join(self.dir, "checkpoints"))
+        self.start_with_root(root)
+        self.add_worker("w1")
+        job = self.submit(spec(max_steps=20, checkpoint_interval=10))
+        done = self.wait_state(job.name, jobs_pb2.JOB_STATE_SUCCEEDED, timeout=60)
+        listed = self.tallyd.jobs.ListCheckpoints(
+            jobs_pb2.ListCheckpointsRequest(name=done.name), timeout=10).checkpoints
+        self.assertEqual([c.step for c in listed], [10, 20])
+        for c in listed:
+            self.assertTrue(c.path.startswith(root + "/job-"), c.path)
+
+    def test_a_worker_writing_elsewhere_gets_no_checkpoint_recorded(self):
+        # tallyd's root is not where this worker writes.
+        self.start_with_root(os.path.realpath(self.dir) + "/elsewhere")
+        self.add_worker("w1")
+        job = self.submit(spec(max_steps=20, checkpoint_interval=10, max_attempts=1))
+        failed = self.wait_state(job.name, jobs_pb2.JOB_STATE_FAILED, timeout=60)
+        self.assertIn("checkpoint record refused", failed.state_reason)
+        self.assertIn("tallyd's checkpoint_root", failed.state_reason)
+        self.assertEqual(list(self.tallyd.jobs.ListCheckpoints(
+            jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints), [])
+        self.assertEqual(self.metric("tally_worker_reports_refused_total",
+                                     kind="checkpoint_path"), 1)
