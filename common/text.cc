@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -139,6 +140,16 @@ absl::Status CheckLabelValue(absl::string_view field, absl::string_view value) {
   return absl::InvalidArgumentError(absl::StrCat(
       field, ": must be 1-64 characters of letters, digits and _ . : -, got ",
       QuoteForMessage(value, 64), " (", value.size(), " bytes)"));
+}
+
+absl::StatusOr<std::string> TenantName(absl::string_view field, absl::string_view raw) {
+  const absl::string_view name = absl::StripAsciiWhitespace(raw);
+  if (name.empty()) return std::string();
+  if (absl::Status s = CheckLabelValue(field, name); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.message(), " (a tenant name becomes a metric label)"));
+  }
+  return std::string(name);
 }
 
 }  // namespace tally

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace tally {
@@ -51,6 +52,12 @@ std::string FormatDollars(double usd);
 // A value that becomes a metric label (a worker's gpu_type): 1-64
 // characters of [A-Za-z0-9_.:-]. INVALID_ARGUMENT naming `field`.
 absl::Status CheckLabelValue(absl::string_view field, absl::string_view value);
+
+// A tenant's name as written in a token file, a JWT claim or tallyd's
+// config: surrounding whitespace dropped, then a label value (as
+// CheckLabelValue: it names metric series); "" stays "" (no tenant).
+// INVALID_ARGUMENT naming `field`.
+absl::StatusOr<std::string> TenantName(absl::string_view field, absl::string_view raw);
 
 }  // namespace tally
 

@@ -615,11 +615,14 @@ absl::StatusOr<Principal> ReadPrincipal(const Json& claims, const JwtOptions& op
                      TextClaim(claims, options.tenant_claim));
     const bool needs_tenant =
         principal.role == Role::kUser || principal.role == Role::kViewer;
-    if (needs_tenant && (!tenant.has_value() || tenant->empty())) {
+    absl::StatusOr<std::string> name =
+        TenantName(absl::StrCat("claim ", options.tenant_claim), tenant.value_or(""));
+    if (!name.ok()) return Unauthenticated(std::string(name.status().message()));
+    if (needs_tenant && name->empty()) {
       return Unauthenticated(
           absl::StrCat("missing claim ", options.tenant_claim));
     }
-    principal.tenant = tenant.value_or("");
+    principal.tenant = *std::move(name);
   }
   return principal;
 }

@@ -141,10 +141,12 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view yaml, Kind kind,
     entry.principal.name = p.name();
 
     RETURN_IF_ERROR(check.CheckText(i, "tenant", p.tenant()));
+    absl::StatusOr<std::string> tenant = TenantName("tenant", p.tenant());
+    if (!tenant.ok()) return check.Error(i, "tenant", tenant.status().message());
     switch (*role) {
       case Role::kUser:
       case Role::kViewer:
-        if (p.tenant().empty()) {
+        if (tenant->empty()) {
           return check.Error(
               i, "tenant",
               absl::StrCat("is missing; a ", RoleName(*role),
@@ -154,7 +156,7 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view yaml, Kind kind,
         }
         break;
       case Role::kWorker:
-        if (!p.tenant().empty()) {
+        if (!tenant->empty()) {
           return check.Error(i, "tenant",
                              "must be empty or absent for a worker; remove it");
         }
@@ -162,7 +164,7 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view yaml, Kind kind,
       case Role::kAdmin:
         break;
     }
-    entry.principal.tenant = p.tenant();
+    entry.principal.tenant = *std::move(tenant);
 
     std::optional<Digest> digest = ParseHexDigest(p.token_sha256());
     if (!digest.has_value()) {

@@ -314,3 +314,26 @@ TEST(TokenTableTest, LoadReadsAFileAndReportsMissingOnes) {
 
 }  // namespace
 }  // namespace tally::auth
+
+namespace tally::auth {
+namespace {
+
+TEST(TokenTableTest, TenantNamesAreTrimmedAndCheckedLikeLabels) {
+  absl::StatusOr<TokenTable> table = TokenTable::Parse(
+      absl::StrCat("principals:\n", Entry("alice", "research ", "user", "tok-alice")),
+      TokenTable::Kind::kUsers, "t.yaml");
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->Find("tok-alice")->tenant, "research") << "the same tenant as \"research\"";
+  const absl::Status bad = ParseError(
+      absl::StrCat("principals:\n", Entry("bob", "r&d team", "user", "tok-bob")));
+  EXPECT_THAT(bad.message(),
+              AllOf(HasSubstr("principals[0].tenant"),
+                    HasSubstr("must be 1-64 characters of letters, digits and _ . : -"),
+                    HasSubstr("a tenant name becomes a metric label")));
+  EXPECT_THAT(ParseError(absl::StrCat("principals:\n", Entry("carol", "  ", "user", "tok-c")))
+                  .message(),
+              HasSubstr("tenant: is missing"));
+}
+
+}  // namespace
+}  // namespace tally::auth

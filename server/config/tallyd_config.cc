@@ -40,13 +40,16 @@ absl::Status ParseTenants(const YAML::Node& node, int line, ledger::TenantQuotas
         "): expected a mapping of tenant to its limits, e.g. tenants: {research: {max_gpus: 8}}"));
   }
   for (const auto& entry : node) {
-    const std::string tenant = entry.first.as<std::string>();
     const int at = entry.first.Mark().line + 1;
-    const std::string where = absl::StrCat("tenants.", tenant, " (line ", at, ")");
-    if (tenant.empty() || UnprintableReason(tenant) || tenant.size() > 128) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tenants (line ", at, "): a tenant name is 1-128 printable characters"));
+    absl::StatusOr<std::string> name = TenantName("tenant name", entry.first.as<std::string>());
+    if (!name.ok() || name->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenants (line ", at, "): ",
+          name.ok() ? "a tenant name is 1-64 characters of letters, digits and _ . : -"
+                    : name.status().message()));
     }
+    const std::string& tenant = *name;
+    const std::string where = absl::StrCat("tenants.", tenant, " (line ", at, ")");
     if (out->count(tenant)) return absl::InvalidArgumentError(absl::StrCat(where, ": given twice"));
     if (!entry.second.IsMap()) {
       return absl::InvalidArgumentError(absl::StrCat(

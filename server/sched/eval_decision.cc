@@ -166,8 +166,12 @@ EvalOutcome DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& e
   EvalOutcome o;
   o.job = job;
   tally::v1::Job& j = o.job;
-  j.set_step(ev.step());
-  j.set_tokens(ev.tokens());
+  // An evaluation of an older step (sent again, or late) never moves the
+  // job's shown step back.
+  if (ev.step() >= j.step()) {
+    j.set_step(ev.step());
+    j.set_tokens(ev.tokens());
+  }
   j.set_val_loss(ev.val_loss());
   EvalEvent& eval_event = o.events.emplace_back();
   eval_event.type = "eval";

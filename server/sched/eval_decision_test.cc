@@ -254,3 +254,20 @@ TEST(DecideEvalTest, TheRoutingWarningNamesWhere) {
 
 }  // namespace
 }  // namespace tally::sched
+
+namespace tally::sched {
+namespace {
+
+TEST(DecideEvalTest, AnOlderStepsEvaluationNeverMovesTheShownStepBack) {
+  tally::v1::Job job;
+  job.set_step(34);
+  job.set_tokens(3400);
+  const EvalOutcome o = DecideEval(job, Eval(11, 2.5), false, "");
+  EXPECT_EQ(o.job.step(), 34);
+  EXPECT_EQ(o.job.tokens(), 3400);
+  EXPECT_DOUBLE_EQ(o.job.val_loss(), 2.5) << "it is still the latest evaluation";
+  EXPECT_EQ(DecideEval(job, Eval(40, 2.4), false, "").job.step(), 40);
+}
+
+}  // namespace
+}  // namespace tally::sched

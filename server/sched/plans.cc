@@ -527,8 +527,10 @@ Plan PlanCheckpoint(const PlanContext& ctx, const ActiveJob& job,
                     const std::optional<tally::v1::Checkpoint>& previous) {
   Plan p = NewPlan(ctx, job);
   tally::v1::Job& j = *p.rec.mutable_job();
-  j.set_step(c.step());
-  j.set_tokens(c.tokens());
+  if (c.step() >= j.step()) {  // an older step's checkpoint never moves it back
+    j.set_step(c.step());
+    j.set_tokens(c.tokens());
+  }
   tally::v1::Checkpoint ck;
   ck.set_job(c.job());
   ck.set_attempt(c.attempt());

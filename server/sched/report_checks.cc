@@ -37,6 +37,7 @@ absl::Status InRange(absl::string_view field, double v, double lo, double hi) {
 }
 
 constexpr double kMaxSeconds = 86400;           // one step, one day at most
+constexpr double kMinLoss = 1e-6;               // nats a token: no model is this sure
 constexpr double kMaxTokensPerSecond = 1e12;    // far past any fleet
 constexpr double kMaxMfu = 100;                 // a wrong peak, not a lie
 constexpr int64_t kSha256Hex = 64;
@@ -176,6 +177,17 @@ absl::Status CheckReportFigures(const tally::v1::WorkerMessage& msg) {
       const tally::v1::EvalResult& e = msg.eval();
       if (absl::Status s = LossLike("eval.val_loss", e.val_loss()); !s.ok()) return s;
       if (absl::Status s = LossLike("eval.doc_val_loss", e.doc_val_loss()); !s.ok()) return s;
+      // No model scores text at next to nothing per token: such a value is
+      // a broken or lying worker, and would become the job's best.
+      if (e.val_loss() < kMinLoss) {
+        return Bad("eval.val_loss", absl::StrCat("must be at least ", kMinLoss, " nats a token"),
+                   e.val_loss());
+      }
+      if (e.doc_val_loss() != 0 && e.doc_val_loss() < kMinLoss) {
+        return Bad("eval.doc_val_loss",
+                   absl::StrCat("must be 0 (not reported) or at least ", kMinLoss, " nats a token"),
+                   e.doc_val_loss());
+      }
       if (e.docs() < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("eval.docs: must be >= 0, got ", e.docs()));

@@ -132,6 +132,21 @@ INSTANTIATE_TEST_SUITE_P(
                m.mutable_eval()->set_val_loss(2);
                m.mutable_eval()->set_docs(-3);
              }, "eval.docs"},
+        Case{"a_loss_no_model_reaches", [](auto& m) {
+               m.mutable_eval()->set_job("jobs/1");
+               m.mutable_eval()->set_step(10);
+               m.mutable_eval()->set_val_loss(1e-300);
+             }, "eval.val_loss: must be at least 1e-06"},
+        Case{"a_zero_eval_loss", [](auto& m) {
+               m.mutable_eval()->set_job("jobs/1");
+               m.mutable_eval()->set_step(10);
+             }, "eval.val_loss"},
+        Case{"a_document_weighted_loss_no_model_reaches", [](auto& m) {
+               m.mutable_eval()->set_job("jobs/1");
+               m.mutable_eval()->set_step(10);
+               m.mutable_eval()->set_val_loss(2);
+               m.mutable_eval()->set_doc_val_loss(1e-9);
+             }, "eval.doc_val_loss"},
         Case{"a_diverged_eval_passes", [](auto& m) {
                m.mutable_eval()->set_job("jobs/1");
                m.mutable_eval()->set_step(10);
