@@ -848,3 +848,55 @@ TEST_F(CommitFailureTest, AFailedAdoptionLosesNoOrderOfTheAdoptionsThatCommitted
 
 }  // namespace
 }  // namespace tally::sched
+
+namespace tally::sched {
+namespace {
+
+// The disk fills for 20 s while a job runs: the worker's reports cannot be
+// committed (tallyd ends its stream) and its hellos cannot be recorded. Once
+// writes work again it is back within its heartbeat timeout: the attempt
+// was never lost, and the job ends SUCCEEDED on its first attempt.
+TEST_F(CommitFailureTest, AStoreThatRefusesWritesCostsNoAttempt) {
+  const int64_t id = Running();
+  ASSERT_TRUE(Progress(id, 10).ok());
+  store_.FailWrites(true);
+  EXPECT_FALSE(Progress(id, 150).ok() && Checkpoint(id, 150).ok());
+  sched_->OnDisconnect("w0", 1);  // tallyd ended the stream
+  for (int s = 0; s < 20; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    EXPECT_FALSE(sched_->OnHello(HelloMessage("w0", {id})).ok()) << "the hello is not recorded";
+    sched_->Tick().IgnoreError();
+  }
+  store_.FailWrites(false);
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(sched_->Tick().ok());
+  EXPECT_EQ(sched_->ActiveJobView(id)->state(), tally::v1::JOB_STATE_RUNNING)
+      << "not lost for the silence tallyd caused";
+  Hello("w0", {id});
+  ASSERT_TRUE(Checkpoint(id, 150).ok());
+  ASSERT_TRUE(Exit(id, tally::v1::ATTEMPT_OUTCOME_SUCCEEDED).ok());
+  const tally::v1::Job job = *base_.GetJob(id)->mutable_job();
+  EXPECT_EQ(job.state(), tally::v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.step(), 150);
+
+  // The clock pauses, it does not restart: a worker already silent 30 s
+  // when the store first refused a write (the loss's own commit) is lost
+  // as soon as writes work again.
+  const int64_t other = Running();
+  sched_->OnDisconnect("w0", 2);
+  clock_.Advance(absl::Seconds(30));
+  store_.FailWrites(true);
+  sched_->Tick().IgnoreError();
+  store_.FailWrites(false);
+  clock_.Advance(absl::Seconds(11));
+  ASSERT_TRUE(sched_->Tick().ok());
+  const tally::v1::Job lost = *sched_->ActiveJobView(other);
+  EXPECT_EQ(lost.state(), tally::v1::JOB_STATE_QUEUED) << "lost and requeued";
+  // (Its silence leaves out the outages and the 5 s after each that a
+  // turned-away worker may take to come back.)
+  EXPECT_THAT(lost.state_reason(), testing::HasSubstr("attempt 1 lost: worker w0 silent for"));
+}
+
+}  // namespace
+}  // namespace tally::sched

@@ -61,6 +61,32 @@ Scheduler::~Scheduler() = default;
 
 // ---------------------------------------------------------------- commit, act
 
+void Scheduler::NoteStoreFailure() {
+  if (store_down_since_ == absl::InfiniteFuture()) store_down_since_ = clock_->Now();
+}
+
+void Scheduler::NoteStoreSuccess() {
+  if (store_down_since_ == absl::InfiniteFuture()) return;
+  store_down_.emplace_back(store_down_since_, clock_->Now());
+  store_down_since_ = absl::InfiniteFuture();
+  constexpr size_t kKeptOutages = 64;
+  while (store_down_.size() > kKeptOutages) store_down_.pop_front();
+}
+
+absl::Duration Scheduler::StoreDownBetween(absl::Time from, absl::Time to) const {
+  absl::Duration down;
+  auto add = [&](absl::Time a, absl::Time b) {
+    a = std::max(a, from);
+    b = std::min(b, to);
+    if (b > a) down += b - a;
+  };
+  // After an outage the workers it turned away come back at their next
+  // try: up to their longest wait between connections later.
+  for (const auto& [a, b] : store_down_) add(a, b + kReconnectAllowance);
+  if (store_down_since_ != absl::InfiniteFuture()) add(store_down_since_, to);
+  return down;
+}
+
 absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
   auto it = active_.find(job_id);
   if (it == active_.end()) return absl::InternalError(absl::StrCat("jobs/", job_id, " is not active"));
@@ -74,7 +100,11 @@ absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
   const std::string& tenant = plan.rec.job().tenant();
   const int64_t hour = ledger::TenantSpend::HourOf(plan.now);
   if (plan.cost_added_usd > 0) m.spend.push_back({tenant, hour, plan.cost_added_usd});
-  RETURN_IF_ERROR(store_->Commit(m));
+  if (absl::Status s = store_->Commit(m); !s.ok()) {
+    NoteStoreFailure();
+    return s;
+  }
+  NoteStoreSuccess();
   if (plan.cost_added_usd > 0) spend_.Add(tenant, hour, plan.cost_added_usd);
 
   // Committed: now memory, workers, metrics and observers follow.

@@ -54,6 +54,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -375,6 +376,17 @@ class Scheduler {
   WorkerChannel* const channel_;
   const Clock* const clock_;
   SchedulerOptions options_;
+  // When the store refused writes (a commit, a worker's record): from a
+  // failed write to the next one that succeeds. No worker is counted silent
+  // for that time (LoseSilentWorkers). The latest 64 outages are kept.
+  std::deque<std::pair<absl::Time, absl::Time>> store_down_;
+  absl::Time store_down_since_ = absl::InfiniteFuture();  // open outage
+  void NoteStoreFailure();
+  void NoteStoreSuccess();
+  absl::Duration StoreDownBetween(absl::Time from, absl::Time to) const;
+  // tally-worker's longest wait between connections (AgentOptions::
+  // max_backoff): after an outage, silence resumes that much later.
+  static constexpr absl::Duration kReconnectAllowance = absl::Seconds(5);
   ledger::CostLedger ledger_;
   ledger::TenantSpend spend_;  // committed dollars per tenant and hour
   absl::Time last_housekeeping_ = absl::InfinitePast();

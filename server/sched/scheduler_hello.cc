@@ -143,7 +143,13 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   rec.set_capacity(hello.capacity().empty() ? "on_demand" : hello.capacity());
   *rec.mutable_first_seen() = first_seen;
   *rec.mutable_last_seen() = ToProto(now);
-  RETURN_IF_ERROR(store_->PutWorker(rec));
+  if (absl::Status s = store_->PutWorker(rec); !s.ok()) {
+    // The worker was heard: its silence clock does not run while tallyd
+    // cannot write (LoseSilentWorkers).
+    NoteStoreFailure();
+    return s;
+  }
+  NoteStoreSuccess();
 
   WorkerState& ws = workers_.Add(hello.worker_id());
   // A worker that went away after its notice (a spot VM reclaimed before its

@@ -68,7 +68,11 @@ absl::Status Scheduler::LoseSilentWorkers(absl::Time now) {
   // loss commits on its own; one that fails stays held and is retried.
   for (const std::string& worker_id : workers_.Ids()) {
     WorkerState& ws = *workers_.Find(worker_id);
-    const absl::Duration silent = now - ws.last_seen;
+    // The silence clock pauses while the store refuses writes: tallyd then
+    // ends the streams whose reports it cannot commit (and refuses hellos),
+    // so a worker goes unheard through no fault of its own.
+    const absl::Duration silent =
+        (now - ws.last_seen) - StoreDownBetween(ws.last_seen, now);
     if (silent <= options_.heartbeat_timeout) continue;
     const std::string reason = absl::StrCat(
         "worker ", worker_id, " silent for ", ShortSeconds(silent), " (heartbeat timeout ",

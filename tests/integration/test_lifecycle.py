@@ -2,12 +2,15 @@
 kill -9 of tallyd, a worker lost mid-job, concurrent and repeated submits."""
 
 import concurrent.futures
+import os
 import re
 import signal
+import subprocess
+import time
 import unittest
 
 import grpc
-from harness import ClusterTest, Tallyd, events_so_far, jobs_pb2, spec, wait_for
+from harness import STORE, ClusterTest, Tallyd, events_so_far, jobs_pb2, spec, wait_for
 
 
 class LifecycleTest(ClusterTest):
@@ -259,3 +262,60 @@ class FlagsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FullDiskTest(ClusterTest):
+    """tallyd's data directory on a small tmpfs that fills up mid-job: while
+    SQLite refuses writes, the worker trains on; once space frees, the job
+    ends SUCCEEDED on its first attempt with all its steps (nothing lost,
+    nothing counted against max_attempts)."""
+
+    def setUp(self):
+        super().setUp()
+        if STORE != "sqlite":
+            self.skipTest("the full disk is SQLite's (TALLY_TEST_STORE=%s)" % STORE)
+        if os.geteuid() != 0:
+            self.skipTest("mounting a tmpfs needs root")
+        self.mount = os.path.join(self.dir, "small")
+        os.makedirs(self.mount)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", self.mount],
+                       check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", self.mount], check=False)
+        self.tallyd.stop()
+        os.makedirs(os.path.join(self.mount, "tallyd"))
+        self.tallyd = Tallyd(os.path.join(self.mount, "tallyd"))
+
+    def fill(self):
+        """Writes a file until the tmpfs is full; returns its path."""
+        path = os.path.join(self.mount, "filler")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for size in (1 << 16, 1 << 10, 1):  # to the last byte
+                try:
+                    while True:
+                        os.write(fd, b"\0" * size)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        return path
+
+    def test_a_full_data_dir_costs_the_running_job_no_attempt_and_no_step(self):
+        self.add_worker("w1")
+        job = self.submit(spec(max_steps=3000, checkpoint_interval=500, max_attempts=3))
+        wait_for(lambda: self.get(job.name).step >= 50, timeout=60, what="the job to train")
+        filler = self.fill()
+        # Full for longer than the heartbeat timeout (3 s here): tallyd cannot
+        # record the worker's reports or its reconnections meanwhile.
+        wait_for(lambda: not self.tallyd.ready(), timeout=30, interval=0.1,
+                 what="tallyd to report it cannot write (/readyz 503)")
+        time.sleep(6)
+        os.remove(filler)
+        done = self.wait_state(job.name, {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED},
+                               timeout=120)
+        reasons = [(e.type, e.reason) for e in self.events(job.name)]
+        self.assertEqual(done.state, jobs_pb2.JOB_STATE_SUCCEEDED, done.state_reason)
+        self.assertEqual(done.attempt, 1, reasons)
+        self.assertEqual(done.step, 3000)
+        lost = [e for e in self.events(job.name) if "lost" in e.reason]
+        self.assertEqual(lost, [], [e.reason for e in lost])
