@@ -266,7 +266,7 @@ void JobMetrics::SetRecordGauges(const tally::v1::Job& j, const tally::v1::CostS
     for (const char* kind : {"useful", "padding"}) {
       Count(n, tokens_, {{"tally_job", n}, {"kind", kind}});
     }
-    for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
+    for (const char* outcome : {"succeeded", "failed", "lost", "stopped", "preempted"}) {
       Count(n, attempts_ended_, {{"tally_job", n}, {"outcome", outcome}});
     }
     if (j.spec().precision().compute() == tally::v1::PRECISION_FP8) {
@@ -327,7 +327,7 @@ void JobMetrics::Update(const tally::v1::Job& j, const tally::v1::CostStatus& co
   // waited).
   JobSeries& s = jobs_[n];
   if (!s.counters_created) {
-    for (const char* outcome : {"succeeded", "failed", "lost", "stopped"}) {
+    for (const char* outcome : {"succeeded", "failed", "lost", "stopped", "preempted"}) {
       Count(n, attempts_ended_, {{"tally_job", n}, {"outcome", outcome}});
     }
     s.counters_created = true;

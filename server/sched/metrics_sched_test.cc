@@ -96,6 +96,10 @@ TEST_F(MetricsSchedTest, EndedJobsSeriesSurviveARestartForTheRestOfTheirRetentio
   const std::string a_succeeded =
       "tally_job_attempts_ended_total,outcome=succeeded,tally_job=jobs/" + std::to_string(a);
   ASSERT_EQ(before.at(a_succeeded), 1);
+  // Every outcome's series exists from the start, preempted included.
+  EXPECT_EQ(before.at("tally_job_attempts_ended_total,outcome=preempted,tally_job=jobs/" +
+                      std::to_string(a)),
+            0);
 
   // tallyd restarts at T+10m: a new scheduler over the same store.
   clock_.Advance(absl::Seconds(1));
