@@ -273,6 +273,52 @@ TEST(DecideTest, TheBudgetStopsEveryRunningVariant) {
   EXPECT_FALSE(again.commit);
 }
 
+TEST(DecideTest, TheCalibrationCountsAgainstTheBudgetAndStopsWithTheVariants) {
+  Job a = MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {300, 3.0}});
+  Job b = MakeJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {250, 3.0}});
+  Job cal = MakeJob(3, tally::v1::JOB_STATE_RUNNING, {});
+  cal.mutable_cost()->set_cost_usd(0.1);
+  auto rec = WithJobs(Record({"a", "b"}, "a"), {a, b});
+  rec.mutable_calibration_spec()->mutable_calibration()->set_rounds(3);
+  rec.mutable_experiment()->mutable_calibration()->set_enabled(true);
+  rec.mutable_experiment()->mutable_calibration()->set_job(cal.name());
+  rec.mutable_experiment()->mutable_spec()->mutable_budget()->set_max_dollars(0.6);
+  Plan p = Decide(rec, Opt({a, b}), kNow, cal);  // 0.3 + 0.25 + 0.1 >= 0.6
+  EXPECT_EQ(p.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_BUDGET_EXHAUSTED);
+  EXPECT_NEAR(p.rec.experiment().cost_usd(), 0.65, 1e-9);
+  ASSERT_EQ(Count(p, Action::kStop), 3);
+  EXPECT_EQ(p.actions.front().variant, kCalibration);
+  // A later pass stops it again if it still runs.
+  Plan again = Decide(p.rec, Opt({a, b}), kNow, cal);
+  EXPECT_EQ(Count(again, Action::kStop), 3);
+}
+
+TEST(DecideTest, TheCalibrationIsSubmittedAfterTheVariantsOnce) {
+  auto rec = Record({"a", "b"}, "a");
+  rec.mutable_calibration_spec()->mutable_calibration()->set_rounds(3);
+  rec.mutable_experiment()->mutable_calibration()->set_enabled(true);
+  Plan p = Decide(rec, Opt({}), kNow);
+  ASSERT_EQ(Count(p, Action::kSubmit), 3);
+  const Action& last = p.actions.back();
+  EXPECT_EQ(last.variant, kCalibration);
+  EXPECT_EQ(last.request_id, "experiments/7/timing");
+  EXPECT_EQ(last.spec.labels().at("calibration"), "timing");
+  EXPECT_EQ(last.spec.labels().at("experiment"), "experiments/7");
+  // Once it has its job, it is not submitted again, and the experiment
+  // waits for it after the variants end.
+  Job a = MakeJob(1, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 3.0}});
+  Job b = MakeJob(2, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 3.0}});
+  Job cal = MakeJob(3, tally::v1::JOB_STATE_RUNNING, {});
+  auto with = WithJobs(rec, {a, b});
+  with.mutable_experiment()->mutable_calibration()->set_job(cal.name());
+  Plan waiting = Decide(with, Opt({a, b}), kNow, cal);
+  EXPECT_EQ(Count(waiting, Action::kSubmit), 0);
+  EXPECT_EQ(waiting.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_RUNNING);
+  cal.set_state(tally::v1::JOB_STATE_SUCCEEDED);
+  Plan done = Decide(waiting.rec, Opt({a, b}), kNow, cal);
+  EXPECT_EQ(done.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+}
+
 TEST(DecideTest, UnderBudgetNothingStops) {
   Job a = MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {300, 3.0}});
   auto rec = WithJobs(Record({"a"}, "a"), {a});
