@@ -157,12 +157,19 @@ if not ref["reached_target"] or not ref.get("recipe_cost_to_target_usd") or not 
 best = min(reached, key=lambda v: v["recipe_cost_to_target_usd"])
 r_ref, r_best = ref["recipe_cost_to_target_usd"], best["recipe_cost_to_target_usd"]
 b_ref, b_best = ref.get("cost_to_target_usd", 0), best.get("cost_to_target_usd", 0)
-print("Combined saving, by recipe cost (steps to the target x each variant's median step"
-      " time x its price,\nwhatever else the machine was doing): %s needs $%.6f to reach its"
+cal = e.get("calibration", {})
+timing = ("every variant's step timed back to back on one worker by %s, so that the"
+          " machine's load weighs on all alike" % cal["job"] if cal.get("times")
+          else "each variant's own median step time, which depends on what ran beside it")
+print("Combined saving, by recipe cost (steps to the target x a step's time x its price;"
+      "\n%s):\n%s needs $%.6f to reach its"
       " own final loss %.4f;\n%s reaches it for $%.6f (%.1f steps, $%.6f to $%.6f): %.2fx"
-      " cheaper." % (ref["name"], r_ref, e["target_val_loss"], best["name"], r_best,
+      " cheaper." % (timing, ref["name"], r_ref, e["target_val_loss"], best["name"], r_best,
                      best.get("steps_to_target", 0), best.get("recipe_cost_low_usd", 0),
                      best.get("recipe_cost_high_usd", 0), r_ref / r_best))
+if cal.get("times"):
+    print("The timing calibration cost $%.6f of the experiment's $%.6f."
+          % (cal.get("cost_usd", 0), e.get("cost_usd", 0)))
 if b_ref > 0 and b_best > 0:
     print("Billed (what the ledger charged, with the machine's load in it): $%.6f and $%.6f,"
           " %.2fx." % (b_ref, b_best, b_ref / b_best))
