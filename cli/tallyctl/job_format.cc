@@ -325,9 +325,10 @@ std::string VariantTable(const tally::v1::Experiment& e) {
         FormatDollars(v.cost_usd()), Safe(absl::StrJoin(notes, "; ")));
   }
   absl::StrAppend(&out,
-                  "  recipe $: steps to the target x the variant's median step time x its GPUs' "
-                  "price (the recipe's cost, wherever it ran); billed $: tallyd's clock (start-up, "
-                  "evaluations and a busy machine included)\n");
+                  "  recipe $: steps to the target x a step's time (the timing calibration's "
+                  "median, else the variant's own) x its GPUs' price (the recipe's cost, wherever "
+                  "and whenever it ran); billed $: tallyd's clock (start-up, evaluations and a "
+                  "busy machine included)\n");
   if (e.spec().replicates() > 1) absl::StrAppend(&out, SummaryTable(e));
   return out;
 }

@@ -137,6 +137,20 @@ absl::Status CheckConfigPaths(const DataRoots& roots, const std::string& field,
   return absl::OkStatus();
 }
 
+tally::v1::AttemptOutcome OutcomeOf(train::TrainResult::Outcome o) {
+  switch (o) {
+    case train::TrainResult::Outcome::kSucceeded:
+      return tally::v1::ATTEMPT_OUTCOME_SUCCEEDED;
+    case train::TrainResult::Outcome::kStopped:
+      return tally::v1::ATTEMPT_OUTCOME_STOPPED;
+    case train::TrainResult::Outcome::kPreempted:
+      return tally::v1::ATTEMPT_OUTCOME_PREEMPTED;
+    case train::TrainResult::Outcome::kFailed:
+      break;
+  }
+  return tally::v1::ATTEMPT_OUTCOME_FAILED;
+}
+
 }  // namespace
 
 tally::v1::AttemptExit TrainerRunner::Calibrate(const tally::v1::Assignment& assignment,
@@ -186,31 +200,20 @@ tally::v1::AttemptExit TrainerRunner::Calibrate(const tally::v1::Assignment& ass
   exit.set_step(r.steps_done);
   exit.set_reason(r.reason);
   exit.set_retryable(r.retryable);
-  switch (r.outcome) {
-    case train::TrainResult::Outcome::kSucceeded:
-      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
-      for (const train::CalibratedTime& t : r.times) {
-        spdlog::info("{} attempt {}: {} {:.4g} s a step (10th-90th percentile {:.4g}-{:.4g} s, "
-                     "{} steps)",
-                     assignment.job(), assignment.attempt(), t.name, t.median_seconds,
-                     t.p10_seconds, t.p90_seconds, t.samples);
-        tally::v1::CalibratedStepTime* out = exit.add_calibration();
-        out->set_name(t.name);
-        out->set_median_seconds(t.median_seconds);
-        out->set_p10_seconds(t.p10_seconds);
-        out->set_p90_seconds(t.p90_seconds);
-        out->set_samples(t.samples);
-      }
-      break;
-    case train::TrainResult::Outcome::kStopped:
-      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
-      break;
-    case train::TrainResult::Outcome::kFailed:
-      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
-      break;
-    case train::TrainResult::Outcome::kPreempted:
-      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
-      break;
+  exit.set_outcome(OutcomeOf(r.outcome));
+  if (r.outcome == train::TrainResult::Outcome::kSucceeded) {
+    for (const train::CalibratedTime& t : r.times) {
+      spdlog::info("{} attempt {}: {} {:.4g} s a step (10th-90th percentile {:.4g}-{:.4g} s, "
+                   "{} steps)",
+                   assignment.job(), assignment.attempt(), t.name, t.median_seconds,
+                   t.p10_seconds, t.p90_seconds, t.samples);
+      tally::v1::CalibratedStepTime* out = exit.add_calibration();
+      out->set_name(t.name);
+      out->set_median_seconds(t.median_seconds);
+      out->set_p10_seconds(t.p10_seconds);
+      out->set_p90_seconds(t.p90_seconds);
+      out->set_samples(t.samples);
+    }
   }
   return exit;
 }
@@ -296,20 +299,7 @@ tally::v1::AttemptExit TrainerRunner::Run(const tally::v1::Assignment& assignmen
   if (!result.damaged_checkpoint.empty()) {
     exit.set_damaged_checkpoint(assignment.resume_from().path());
   }
-  switch (result.outcome) {
-    case train::TrainResult::Outcome::kSucceeded:
-      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
-      break;
-    case train::TrainResult::Outcome::kStopped:
-      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_STOPPED);
-      break;
-    case train::TrainResult::Outcome::kFailed:
-      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_FAILED);
-      break;
-    case train::TrainResult::Outcome::kPreempted:
-      exit.set_outcome(tally::v1::ATTEMPT_OUTCOME_PREEMPTED);
-      break;
-  }
+  exit.set_outcome(OutcomeOf(result.outcome));
   return exit;
 }
 
