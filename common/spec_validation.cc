@@ -554,6 +554,17 @@ void CheckCalibration(const JobSpec& spec, Problems* p) {
     p->Add("calibration.variants", absl::StrCat("must list 1 to ", kMaxExperimentVariants,
                                                 " specs to time, got ", cal.variants_size()));
   }
+  // The worker trains exactly this many steps (and reports no step past
+  // max_steps): the job's max_steps is that number, nothing else.
+  const int64_t total =
+      int64_t{cal.variants_size()} * cal.rounds() * (int64_t{cal.steps()} + 1);
+  if (cal.variants_size() > 0 && cal.rounds() > 0 && cal.steps() > 0 &&
+      spec.training().max_steps() != total) {
+    p->Add("training.max_steps",
+           absl::StrCat("a calibration trains ", total,
+                        " steps in all (calibration.variants x rounds x (steps + 1)); set it to ",
+                        total, ", got ", spec.training().max_steps()));
+  }
   std::vector<std::string> seen;
   for (int i = 0; i < cal.variants_size() && i < kMaxExperimentVariants; ++i) {
     const tally::v1::CalibrationVariant& v = cal.variants(i);

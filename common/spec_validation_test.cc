@@ -586,6 +586,7 @@ namespace {
 // A timing calibration of two specs, after defaults.
 JobSpec CalibrationJob() {
   JobSpec spec = GoodSpec();
+  spec.mutable_training()->set_max_steps(2 * 3 * 6);  // the calibration's steps in all
   for (const char* name : {"naive", "packed"}) {
     auto* v = spec.mutable_calibration()->add_variants();
     v->set_name(name);
@@ -615,6 +616,12 @@ TEST(CalibrationSpecTest, EachProblemNamesItsField) {
   EXPECT_THAT(s.message(), HasSubstr("spec.calibration.steps: must be between 1 and 50"));
   EXPECT_THAT(s.message(), HasSubstr("spec.calibration.variants[1].name: \"naive\" is listed twice"));
   EXPECT_THAT(s.message(), HasSubstr("spec.calibration.variants[0].spec: spec.data.seq_len"));
+
+  JobSpec steps = CalibrationJob();
+  steps.mutable_training()->set_max_steps(10);
+  EXPECT_THAT(ValidateJobSpec(steps).message(),
+              HasSubstr("spec.training.max_steps: a calibration trains 36 steps in all "
+                        "(calibration.variants x rounds x (steps + 1)); set it to 36, got 10"));
 
   JobSpec bad_name = CalibrationJob();
   bad_name.mutable_calibration()->mutable_variants(0)->set_name("Bad Name\n");

@@ -144,6 +144,11 @@ absl::Status CheckLabelValue(absl::string_view field, absl::string_view value) {
 
 absl::StatusOr<std::string> TenantName(absl::string_view field, absl::string_view raw) {
   const absl::string_view name = absl::StripAsciiWhitespace(raw);
+  if (name.empty() && !raw.empty()) {
+    // Never "no tenant" (for an admin: every tenant) by accident.
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": is only whitespace; leave it out for no tenant"));
+  }
   if (name.empty()) return std::string();
   if (absl::Status s = CheckLabelValue(field, name); !s.ok()) {
     return absl::InvalidArgumentError(

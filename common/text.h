@@ -55,8 +55,9 @@ absl::Status CheckLabelValue(absl::string_view field, absl::string_view value);
 
 // A tenant's name as written in a token file, a JWT claim or tallyd's
 // config: surrounding whitespace dropped, then a label value (as
-// CheckLabelValue: it names metric series); "" stays "" (no tenant).
-// INVALID_ARGUMENT naming `field`.
+// CheckLabelValue: it names metric series); "" stays "" (no tenant), and
+// whitespace alone is refused (it would read as no tenant). INVALID_ARGUMENT
+// naming `field`.
 absl::StatusOr<std::string> TenantName(absl::string_view field, absl::string_view raw);
 
 }  // namespace tally

@@ -80,6 +80,9 @@ CalibrationPlan PlanCalibration(const tally::v1::ExperimentSpec& spec,
   job.mutable_resources()->set_gpu_count(1);
   job.mutable_training()->set_max_steps(
       int64_t{cal.variants_size()} * cal.rounds() * (int64_t{cal.steps()} + 1));
+  // The job's own schedule is never trained; it only has to be valid.
+  job.mutable_optimizer()->set_warmup_steps(
+      std::min(job.optimizer().warmup_steps(), job.training().max_steps()));
   if (job.training().global_batch_tokens() >
       int64_t{job.data().seq_len()} * std::max(1, job.training().micro_batch_rows())) {
     // One micro-batch a step is enough for the outer spec: it does not train.
@@ -113,8 +116,16 @@ std::string TimingSentence(const Experiment& e) {
   const tally::v1::TimingCalibrationStatus& c = e.calibration();
   if (!c.enabled()) {
     if (!c.note().empty()) return c.note();
-    return "timing not calibrated (timing.calibrate: false): each variant is priced at its own "
-           "step times, which depend on what ran beside it";
+    const tally::v1::ExperimentTiming& t = e.spec().timing();
+    return absl::StrCat("timing not calibrated",
+                        t.has_calibrate() && !t.calibrate() ? " (timing.calibrate: false)" : "",
+                        ": each variant is priced at its own step times, which depend on what "
+                        "ran beside it");
+  }
+  if (c.state() == tally::v1::JOB_STATE_SUCCEEDED && c.times_size() == 0) {
+    return absl::StrCat("timing not calibrated: the calibration ", c.job(),
+                        " succeeded without times (a worker older than tallyd?); each variant "
+                        "is priced at its own step times");
   }
   if (c.times_size() > 0) {
     std::string s = absl::StrCat("timing calibrated by ", c.job(), " (", c.times_size(),

@@ -593,6 +593,31 @@ std::string ReplicatesVerdict(const Experiment& e) {
   return reason;
 }
 
+// A calibration that still has no job when every variant has ended (its
+// submit refused all along, e.g. by the tenant's quota, or no variant ever
+// ran) never will: it ends FAILED so that the experiment can end.
+void GiveUpCalibration(const std::vector<std::optional<Job>>& jobs,
+                       const std::optional<Job>& calibration, absl::Time now, Plan* plan) {
+  Plan& p = *plan;
+  Experiment& e = *p.rec.mutable_experiment();
+  tally::v1::TimingCalibrationStatus* c = e.mutable_calibration();
+  if (!p.rec.has_calibration_spec() || calibration || !c->job().empty() ||
+      store::IsTerminal(c->state())) {
+    return;
+  }
+  for (int i = 0; i < e.variants_size(); ++i) {
+    const std::optional<Job>& job = JobOf(jobs, i);
+    if (job ? !store::IsTerminal(job->state()) : !store::IsTerminal(e.variants(i).state())) {
+      return;
+    }
+  }
+  c->set_state(tally::v1::JOB_STATE_FAILED);
+  c->set_state_reason("never submitted: every variant ended before tallyd accepted its job");
+  AddEvent(p, "calibration_ended", "",
+           absl::StrCat("timing calibration ended FAILED: ", c->state_reason()),
+           "each variant is priced at its own step times", now);
+}
+
 // Submits what has no job yet: the variants, the reference first, then
 // the timing calibration.
 void SubmitMissing(const std::vector<std::optional<Job>>& jobs,
@@ -688,6 +713,7 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
     return p;
   }
 
+  GiveUpCalibration(jobs, calibration, now, &p);
   SubmitMissing(jobs, calibration, &p);
 
   // The target in force on every variant still to finish.

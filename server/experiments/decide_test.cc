@@ -319,6 +319,20 @@ TEST(DecideTest, TheCalibrationIsSubmittedAfterTheVariantsOnce) {
   EXPECT_EQ(done.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
 }
 
+TEST(DecideTest, ACalibrationNeverAcceptedEndsFailedOnceTheVariantsHaveEnded) {
+  Job a = MakeJob(1, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 3.0}});
+  Job b = MakeJob(2, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 3.0}});
+  auto rec = WithJobs(Record({"a", "b"}, "a"), {a, b});
+  rec.mutable_calibration_spec()->mutable_calibration()->set_rounds(3);
+  rec.mutable_experiment()->mutable_calibration()->set_enabled(true);
+  Plan p = Decide(rec, Opt({a, b}), kNow);
+  EXPECT_EQ(Count(p, Action::kSubmit), 0) << "nothing left to time against";
+  EXPECT_EQ(p.rec.experiment().calibration().state(), tally::v1::JOB_STATE_FAILED);
+  EXPECT_EQ(p.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  EXPECT_THAT(p.rec.experiment().state_reason(),
+              HasSubstr("timing not calibrated: the calibration never ran"));
+}
+
 TEST(DecideTest, UnderBudgetNothingStops) {
   Job a = MakeJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5.0}, {300, 3.0}});
   auto rec = WithJobs(Record({"a"}, "a"), {a});

@@ -61,8 +61,16 @@ Scheduler::~Scheduler() = default;
 
 // ---------------------------------------------------------------- commit, act
 
-void Scheduler::NoteStoreFailure() {
-  if (store_down_since_ == absl::InfiniteFuture()) store_down_since_ = clock_->Now();
+void Scheduler::NoteStoreFailure(const absl::Status& s) {
+  // The store's own trouble (a full disk, a lost connection), not a write
+  // it refused for what it said.
+  if (!(absl::IsUnavailable(s) || absl::IsResourceExhausted(s) || absl::IsDeadlineExceeded(s) ||
+        absl::IsAborted(s) || absl::IsInternal(s) || absl::IsUnknown(s) || absl::IsDataLoss(s))) {
+    return;
+  }
+  const absl::Time now = clock_->Now();
+  if (store_down_since_ == absl::InfiniteFuture()) store_down_since_ = now;
+  store_last_failure_ = now;
 }
 
 void Scheduler::NoteStoreSuccess() {
@@ -74,16 +82,26 @@ void Scheduler::NoteStoreSuccess() {
 }
 
 absl::Duration Scheduler::StoreDownBetween(absl::Time from, absl::Time to) const {
+  // Each outage, and after it the time a worker it turned away may take to
+  // come back (up to its longest wait between connections); an outage still
+  // open counts to its latest failure only, so a store that works again
+  // before any write tried it does not hide a dead worker.
+  std::vector<std::pair<absl::Time, absl::Time>> spans;
+  for (const auto& [a, b] : store_down_) spans.emplace_back(a, b + kReconnectAllowance);
+  if (store_down_since_ != absl::InfiniteFuture()) {
+    spans.emplace_back(store_down_since_, store_last_failure_ + kReconnectAllowance);
+  }
+  // Chronological; merged where the allowances overlap.
   absl::Duration down;
-  auto add = [&](absl::Time a, absl::Time b) {
-    a = std::max(a, from);
+  absl::Time covered = from;
+  for (auto [a, b] : spans) {
+    a = std::max(a, covered);
     b = std::min(b, to);
-    if (b > a) down += b - a;
-  };
-  // After an outage the workers it turned away come back at their next
-  // try: up to their longest wait between connections later.
-  for (const auto& [a, b] : store_down_) add(a, b + kReconnectAllowance);
-  if (store_down_since_ != absl::InfiniteFuture()) add(store_down_since_, to);
+    if (b > a) {
+      down += b - a;
+      covered = b;
+    }
+  }
   return down;
 }
 
@@ -101,7 +119,7 @@ absl::Status Scheduler::Execute(int64_t job_id, Plan plan) {
   const int64_t hour = ledger::TenantSpend::HourOf(plan.now);
   if (plan.cost_added_usd > 0) m.spend.push_back({tenant, hour, plan.cost_added_usd});
   if (absl::Status s = store_->Commit(m); !s.ok()) {
-    NoteStoreFailure();
+    NoteStoreFailure(s);
     return s;
   }
   NoteStoreSuccess();

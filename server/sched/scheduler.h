@@ -381,7 +381,11 @@ class Scheduler {
   // for that time (LoseSilentWorkers). The latest 64 outages are kept.
   std::deque<std::pair<absl::Time, absl::Time>> store_down_;
   absl::Time store_down_since_ = absl::InfiniteFuture();  // open outage
-  void NoteStoreFailure();
+  absl::Time store_last_failure_ = absl::InfinitePast();
+  // GPU types workers have announced since tallyd started (their series
+  // stay): bounded when tallyd's config names none (OnHello).
+  std::set<std::string> gpu_types_seen_;
+  void NoteStoreFailure(const absl::Status& s);
   void NoteStoreSuccess();
   absl::Duration StoreDownBetween(absl::Time from, absl::Time to) const;
   // tally-worker's longest wait between connections (AgentOptions::

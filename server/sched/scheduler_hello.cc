@@ -95,7 +95,7 @@ bool Scheduler::WorkerLive(const std::string& worker_id) const {
 namespace {
 
 absl::Status CheckGpuTypeKnown(const std::string& gpu_type, const ledger::PriceTable& prices,
-                               const WorkerRegistry& workers) {
+                               const std::set<std::string>& seen) {
   const std::vector<std::string> known = prices.KnownGpuTypes();
   if (!known.empty()) {
     if (std::binary_search(known.begin(), known.end(), gpu_type)) return absl::OkStatus();
@@ -105,10 +105,9 @@ absl::Status CheckGpuTypeKnown(const std::string& gpu_type, const ledger::PriceT
         "); set tally-worker --gpu_type to one of them, or add it to worker_gpu_types (or "
         "price it in usd_per_gpu_hour) in tallyd's --config"));
   }
-  // Nothing configured: any type, but no more than a few distinct ones, so
-  // that one credential cannot grow the fleet's series without bound.
-  std::set<std::string> seen;
-  for (const auto& [id, w] : workers.all()) seen.insert(w.rec.gpu_type());
+  // Nothing configured: any type, but no more than a few distinct ones
+  // since tallyd started (each keeps its series), so that one credential
+  // cannot grow the fleet's series without bound.
   if (seen.count(gpu_type) || static_cast<int>(seen.size()) < Scheduler::kMaxUnlistedGpuTypes) {
     return absl::OkStatus();
   }
@@ -123,7 +122,8 @@ absl::Status CheckGpuTypeKnown(const std::string& gpu_type, const ledger::PriceT
 
 absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   RETURN_IF_ERROR(ValidateHello(hello));
-  if (absl::Status s = CheckGpuTypeKnown(hello.gpu_type(), ledger_.prices(), workers_); !s.ok()) {
+  if (absl::Status s = CheckGpuTypeKnown(hello.gpu_type(), ledger_.prices(), gpu_types_seen_);
+      !s.ok()) {
     metrics_.OnReportRefused("hello");
     return s;
   }
@@ -146,7 +146,7 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   if (absl::Status s = store_->PutWorker(rec); !s.ok()) {
     // The worker was heard: its silence clock does not run while tallyd
     // cannot write (LoseSilentWorkers).
-    NoteStoreFailure();
+    NoteStoreFailure(s);
     return s;
   }
   NoteStoreSuccess();
@@ -164,6 +164,7 @@ absl::StatusOr<int64_t> Scheduler::OnHello(const tally::v1::Hello& hello) {
   ws.counted_lost = false;
   ws.draining.clear();
   metrics_.AddGpuType(hello.gpu_type());
+  gpu_types_seen_.insert(hello.gpu_type());
 
   tally::v1::ControllerMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_seconds(

@@ -778,10 +778,16 @@ TEST_F(SchedulerTest, AWorkerMayAnnounceOnlyAGpuTypeTheConfigNames) {
 
 TEST_F(SchedulerTest, WithNoTypeConfiguredTheFleetHoldsAFewTypesAtMost) {
   for (int i = 0; i < Scheduler::kMaxUnlistedGpuTypes; ++i) {
-    ASSERT_TRUE(sched_->OnHello(Hello("w" + std::to_string(i), 1, "t" + std::to_string(i))).ok());
+    const std::string w = "w" + std::to_string(i);
+    auto generation = sched_->OnHello(Hello(w, 1, "t" + std::to_string(i)));
+    ASSERT_TRUE(generation.ok());
+    if (i > 0) sched_->OnDisconnect(w, *generation);
   }
-  // A known type is always welcome; a new one past the bound is not.
+  // A known type is always welcome; a new one past the bound is not, even
+  // once the workers that brought the others are gone (their series stay).
   EXPECT_TRUE(sched_->OnHello(Hello("again", 1, "t0")).ok());
+  clock_.Advance(absl::Minutes(10));
+  ASSERT_TRUE(sched_->Tick().ok());
   const auto refused = sched_->OnHello(Hello("more", 1, "t99"));
   EXPECT_THAT(refused.status().message(),
               HasSubstr("would be GPU type number 17 and tallyd's --config names none"));

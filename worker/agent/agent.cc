@@ -310,7 +310,9 @@ void Agent::WriteReports(StreamState* st, Stream* stream, grpc::ClientContext* c
   st->writer_exited = true;
 }
 
-grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::string& token) {
+grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::string& token,
+                          bool* welcomed) {
+  *welcomed = false;
   grpc::ClientContext context;
   if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   auto stream = stub->Connect(&context);
@@ -409,6 +411,7 @@ grpc::Status Agent::Serve(tally::v1::Workers::StubInterface* stub, const std::st
   {
     absl::MutexLock lock(&mu_);
     leaving = !preemption_cause_.empty();
+    *welcomed = st.welcomed;
   }
   if (!shutdown_.load() && !leaving && !Refused(s)) {
     spdlog::warn("stream to tallyd ended: {} {}", static_cast<int>(s.error_code()),
@@ -446,7 +449,8 @@ int Agent::Run() {
     first = false;
     // A new stub (a GrpcConnector: a new channel) for every connection.
     std::unique_ptr<tally::v1::Workers::StubInterface> stub = connector_->Connect(credentials);
-    const grpc::Status status = Serve(stub.get(), credentials.token);
+    bool welcomed = false;
+    const grpc::Status status = Serve(stub.get(), credentials.token, &welcomed);
     const bool refused = Refused(status);
     if (refused) {
       // tallyd's message says what to fix; the files are read again first.
@@ -457,7 +461,7 @@ int Agent::Run() {
                                                                    : "PERMISSION_DENIED",
           options_.credential_files.Describe(), status.error_message(),
           absl::FormatDuration(options_.refused_retry_interval));
-      StopRefusedAttempts(status);
+      if (!welcomed) StopRefusedAttempts(status);
     }
     ReapFinished();
     {

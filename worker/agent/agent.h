@@ -11,9 +11,11 @@
 // rotated files are picked up; a read that fails keeps the last good ones.
 // A stream tallyd refuses as UNAUTHENTICATED or PERMISSION_DENIED is logged
 // with tallyd's reason and retried like any other, but at most once per
-// `refused_retry_interval`; the attempts the worker is running stop at once
-// (StopKind::kNow: no further step or checkpoint), since tallyd no longer
-// records what they do and may have given their jobs to other workers.
+// `refused_retry_interval`. When the refusal comes at the hello of a new
+// connection (with the credential files just read again), the attempts the
+// worker is running stop at once (StopKind::kNow: no further step or
+// checkpoint), since tallyd no longer records what they do and may have
+// given their jobs to other workers.
 //
 // Preemption (Preempt(): SIGTERM, SIGINT or --preemption_notice_file): the
 // worker is going away within `preemption_deadline`. It tells tallyd (a
@@ -201,8 +203,11 @@ class Agent {
   };
   class AttemptReporter;
   // tallyd refused this worker's credential (UNAUTHENTICATED or
-  // PERMISSION_DENIED): every running attempt stops at once (StopKind::
-  // kNow, no checkpoint), saying why in the log.
+  // PERMISSION_DENIED) at the hello of a connection made with credentials
+  // read just before: every running attempt stops at once (StopKind::kNow,
+  // no checkpoint), saying why in the log. (A live stream ended that way,
+  // e.g. by a certificate that expired while renewed files wait on disk,
+  // is only reconnected.)
   void StopRefusedAttempts(const grpc::Status& status);
 
   using Stream =
@@ -218,8 +223,10 @@ class Agent {
     uint64_t written = 0;        // numbered reports written on this stream
   };
 
-  // One connection, until the stream ends; returns how it ended.
-  grpc::Status Serve(tally::v1::Workers::StubInterface* stub, const std::string& token);
+  // One connection, until the stream ends; returns how it ended, and in
+  // `welcomed` whether tallyd had taken its Hello.
+  grpc::Status Serve(tally::v1::Workers::StubInterface* stub, const std::string& token,
+                     bool* welcomed);
   // The stream's writer (its own thread): queued reports once welcomed,
   // heartbeats between them, and the end of our side once everything is
   // written while the worker leaves.

@@ -140,6 +140,11 @@ class FakeTallyd final : public tally::v1::Workers::Service {
     while (stream->Read(&m)) {
       absl::MutexLock lock(&mu_);
       received_.push_back(m);
+      if (!end_live_.ok()) {  // once
+        stream_ = nullptr;
+        context_ = nullptr;
+        return std::exchange(end_live_, grpc::Status::OK);
+      }
       if (m.has_notice() && reply_to_notice_.has_value()) {
         // Sent before anything after the notice is read: as if tallyd had
         // placed it just before the notice arrived.
@@ -162,6 +167,11 @@ class FakeTallyd final : public tally::v1::Workers::Service {
     return true;
   }
 
+  // The open stream ends with `s` at the next message it reads (once).
+  void EndLiveStreamWith(grpc::Status s) {
+    absl::MutexLock lock(&mu_);
+    end_live_ = std::move(s);
+  }
   // Every stream from now on is refused with `s` after its hello (OK:
   // accepted again).
   void set_refuse(grpc::Status s) {
@@ -237,6 +247,7 @@ class FakeTallyd final : public tally::v1::Workers::Service {
   grpc::ServerContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<tally::v1::ControllerMessage> reply_to_notice_ ABSL_GUARDED_BY(mu_);
   grpc::Status refuse_ ABSL_GUARDED_BY(mu_);
+  grpc::Status end_live_ ABSL_GUARDED_BY(mu_);
   bool welcome_ ABSL_GUARDED_BY(mu_) = true;
   bool acks_ ABSL_GUARDED_BY(mu_) = false;
   double heartbeat_interval_seconds_ ABSL_GUARDED_BY(mu_) = 0;
@@ -761,6 +772,29 @@ TEST_F(AgentTest, ARevokedWorkerStopsItsAttemptsAtOnce) {
   EXPECT_EQ(held->stopped_with(), train::StopKind::kNow) << "no checkpoint of a step nobody records";
   EXPECT_THAT(Logged(), HasSubstr("stopping attempt 1 of jobs/2 at once, without a checkpoint: "
                                   "tallyd refused this worker's credential (unknown worker token)"));
+}
+
+TEST_F(AgentTest, ALiveStreamEndedForItsCredentialOnlyReconnects) {
+  // tallyd ends a live stream whose certificate or token expired; renewed
+  // files are on disk, so the next connection is accepted: the attempt
+  // keeps running.
+  StartTallyd();
+  tallyd_->set_heartbeat_interval(absl::Milliseconds(20));
+  HeldRunner* held = nullptr;
+  AgentOptions options = Options({});
+  options.refused_retry_interval = absl::Milliseconds(50);
+  auto runner = std::make_unique<HeldRunner>();
+  held = runner.get();
+  StartAgent(options, std::move(runner), FakeSeams(server_.get()));
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/2", 1)));
+  ASSERT_NE(held->reporter(), nullptr);
+  tallyd_->EndLiveStreamWith(
+      grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "client certificate expired"));
+  ASSERT_TRUE(AdvanceUntil(&clock_, absl::Milliseconds(10), [&] { return Hellos() >= 2; }));
+  EXPECT_EQ(held->stopped_with(), train::StopKind::kNone);
+  EXPECT_THAT(Logged(), Not(HasSubstr("stopping attempt")));
+  agent_->Shutdown();
 }
 
 TEST_F(AgentTest, UnavailableIsRetriedSoon) {
