@@ -615,9 +615,10 @@ absl::StatusOr<Principal> ReadPrincipal(const Json& claims, const JwtOptions& op
                      TextClaim(claims, options.tenant_claim));
     const bool needs_tenant =
         principal.role == Role::kUser || principal.role == Role::kViewer;
-    absl::StatusOr<std::string> name =
-        TenantName(absl::StrCat("claim ", options.tenant_claim), tenant.value_or(""));
-    if (!name.ok()) return Unauthenticated(std::string(name.status().message()));
+    // A tenant names metric series: a label value, trimmed. The reason
+    // names the claim, never its value.
+    absl::StatusOr<std::string> name = TenantName("tenant", tenant.value_or(""));
+    if (!name.ok()) return Unauthenticated(absl::StrCat("bad claim ", options.tenant_claim));
     if (needs_tenant && name->empty()) {
       return Unauthenticated(
           absl::StrCat("missing claim ", options.tenant_claim));

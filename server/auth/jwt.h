@@ -47,7 +47,8 @@
 // "wrong audience",
 // "missing claim <name>" (absent, or an empty tenant), "bad claim <name>"
 // (wrong type, not printable, too long; "bad claim iat" for an iat that is
-// not a number) and "bad role claim".
+// not a number; a tenant that is not a label value once trimmed: 1-64 of
+// letters, digits and _ . : -) and "bad role claim".
 //
 // A JwtVerifier is immutable once built; Verify is thread-safe. Copies share
 // the keys.

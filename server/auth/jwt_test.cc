@@ -247,6 +247,17 @@ TEST_F(JwtTest, AdminAndWorkerTenants) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->tenant, "research");
 
+  // Trimmed, and a label value; whitespace alone is not "every tenant".
+  admin["org"] = " research ";
+  p = Verifier().Verify(Sign(rsa_, "RS256", "rsa-1", admin), kNow);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->tenant, "research");
+  for (const char* bad : {"  ", "re,search"}) {
+    admin["org"] = bad;
+    p = Verifier().Verify(Sign(rsa_, "RS256", "rsa-1", admin), kNow);
+    EXPECT_EQ(p.status().message(), "bad claim org") << bad;
+  }
+
   Json worker = Claims();
   worker["tally_role"] = "worker";
   worker["email"] = "gpu-node-7";
