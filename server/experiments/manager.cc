@@ -49,9 +49,10 @@ ExperimentManager::ExperimentManager(store::JobStore* store, sched::Scheduler* s
       none);
   variant_recipe_cost_to_target_ = &registry->Add<metrics::Gauge>(
       "tally_experiment_variant_recipe_cost_to_target_dollars",
-      "A variant's recipe cost to the experiment's target: its steps to the target at its own "
-      "median step time and its GPUs' price (independent of when and where it ran; what "
-      "the experiment's verdict uses); exported once reached and timed.",
+      "A variant's recipe cost to the experiment's target: its steps to the target at its "
+      "step time (the experiment's timing calibration, else its own median) and its GPUs' "
+      "price (independent of when and where it ran; what the experiment's verdict uses); "
+      "exported once reached and timed.",
       none);
   variant_reached_ = &registry->Add<metrics::Gauge>(
       "tally_experiment_variant_reached_target",
