@@ -15,8 +15,9 @@
 # Corpora: the fortunes package, Python's standard library (bench/corpus2.sh,
 # its validation split held out by tokens: --val_tokens=65536) and
 # tinyshakespeare cut into speeches (../shared/data), when present.
-#   bench/packing_efficiency.sh           # about 20 minutes here
+#   bench/packing_efficiency.sh           # about 30 minutes here
 #   SEEDS="1 2" STEPS=200 bench/packing_efficiency.sh
+#   ONLY_CONFIGS="stdlib:128 shakespeare:128" bench/packing_efficiency.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -33,9 +34,20 @@ PREP="$B/cli/tally-prep"
 # Python's standard library, held out by tokens across lengths (the default
 # split gives one module 17.8% of the validation tokens).
 PREP_ARGS=--val_tokens=65536 TALLY_PREP="$PREP" bench/corpus2.sh "$OUT/stdlib" >/dev/null
-CONFIGS="fortunes:$B/demo/fortunes:256 fortunes:$B/demo/fortunes:128 stdlib:$OUT/stdlib:256"
+CONFIGS="fortunes:$B/demo/fortunes:256 fortunes:$B/demo/fortunes:128 stdlib:$OUT/stdlib:256
+  stdlib:$OUT/stdlib:128"
 shakespeare=$(ensure_shakespeare)
-[ -z "$shakespeare" ] || CONFIGS="$CONFIGS shakespeare:$shakespeare:256"
+[ -z "$shakespeare" ] ||
+  CONFIGS="$CONFIGS shakespeare:$shakespeare:256 shakespeare:$shakespeare:128"
+# ONLY_CONFIGS="stdlib:128 shakespeare:128" runs those corpus:seq_len pairs.
+if [ -n "${ONLY_CONFIGS:-}" ]; then
+  kept=""
+  for config in $CONFIGS; do
+    IFS=: read -r corpus _ seq <<<"$config"
+    [[ " $ONLY_CONFIGS " == *" $corpus:$seq "* ]] && kept="$kept $config"
+  done
+  CONFIGS=$kept
+fi
 
 # Rows a packed step needs for the useful tokens of a padded step of ROWS
 # rows: ROWS x the padded plan's useful fraction (from the documents'
