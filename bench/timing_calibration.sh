@@ -31,7 +31,7 @@ busy_stop() {
 }
 trap 'busy_stop; stop_cluster' EXIT
 
-# tallyctl's JSON of an experiment: FIELD of variant NAME's first run.
+# The state of variant NAME's first run in experiment EXP: variant_state EXP NAME.
 variant_state() {
   "$TALLYCTL" experiment get "$1" --output=json | /usr/bin/python3 -c '
 import json, sys
@@ -57,7 +57,18 @@ timing: {calibrate: $1}
 YAML
 }
 
+# Once experiment EXP has ended: its events, JSON and table as OUT.*, the
+# cluster stopped, and OUT.json added to the results as "KIND LABEL".
 results=()
+finish() {  # EXP OUT KIND LABEL
+  "$TALLYCTL" experiment watch "$1" >"$2.events" || true
+  "$TALLYCTL" experiment get "$1" --output=json >"$2.json"
+  "$TALLYCTL" experiment get "$1" >"$2.txt"
+  stop_cluster
+  cluster_pids=()
+  results+=("$3 $4 $2.json")
+}
+
 for calibrate in true false; do
   start_cluster "$OUT/ab-$calibrate" 1
   ab_file "$calibrate" "$OUT/ab-$calibrate.yaml"
@@ -65,12 +76,7 @@ for calibrate in true false; do
   busy_start
   until [[ "$(variant_state "$exp" a)" =~ SUCCEEDED|FAILED|STOPPED|CANCELLED ]]; do sleep 1; done
   busy_stop
-  "$TALLYCTL" experiment watch "$exp" >"$OUT/ab-$calibrate.events" || true
-  "$TALLYCTL" experiment get "$exp" --output=json >"$OUT/ab-$calibrate.json"
-  "$TALLYCTL" experiment get "$exp" >"$OUT/ab-$calibrate.txt"
-  stop_cluster
-  cluster_pids=()
-  results+=("ab $calibrate $OUT/ab-$calibrate.json")
+  finish "$exp" "$OUT/ab-$calibrate" ab "$calibrate"
 done
 
 sed "s|build/demo/fortunes/train|$B/demo/fortunes/train|" examples/experiments/recipe-ab.yaml \
@@ -83,13 +89,9 @@ for load in quiet loaded; do
     (sleep "$LOADED_SECONDS"; busy_stop) &
     stopper=$!
   fi
-  "$TALLYCTL" experiment watch "$exp" >"$OUT/demo-$load.events" || true
+  "$TALLYCTL" experiment watch "$exp" >/dev/null || true
   [ "$load" = loaded ] && { wait "$stopper" || true; busy_stop; }
-  "$TALLYCTL" experiment get "$exp" --output=json >"$OUT/demo-$load.json"
-  "$TALLYCTL" experiment get "$exp" >"$OUT/demo-$load.txt"
-  stop_cluster
-  cluster_pids=()
-  results+=("demo $load $OUT/demo-$load.json")
+  finish "$exp" "$OUT/demo-$load" demo "$load"
 done
 
 /usr/bin/python3 - "${results[@]}" <<'PY'

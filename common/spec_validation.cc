@@ -556,8 +556,7 @@ void CheckCalibration(const JobSpec& spec, Problems* p) {
   }
   // The worker trains exactly this many steps (and reports no step past
   // max_steps): the job's max_steps is that number, nothing else.
-  const int64_t total =
-      int64_t{cal.variants_size()} * cal.rounds() * (int64_t{cal.steps()} + 1);
+  const int64_t total = CalibrationTotalSteps(cal);
   if (cal.variants_size() > 0 && cal.rounds() > 0 && cal.steps() > 0 &&
       spec.training().max_steps() != total) {
     p->Add("training.max_steps",

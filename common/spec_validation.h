@@ -4,6 +4,7 @@
 #ifndef TALLY_COMMON_SPEC_VALIDATION_H_
 #define TALLY_COMMON_SPEC_VALIDATION_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,6 +17,11 @@ inline constexpr int kDefaultCalibrationRounds = 3;
 inline constexpr int kDefaultCalibrationSteps = 5;
 inline constexpr int kMaxCalibrationRounds = 20;
 inline constexpr int kMaxCalibrationSteps = 50;
+// The steps a calibration trains in all (its job's training.max_steps):
+// variants x rounds x (steps + 1), each burst's untimed first step included.
+inline int64_t CalibrationTotalSteps(const tally::v1::TimingCalibrationSpec& c) {
+  return int64_t{c.variants_size()} * c.rounds() * (int64_t{c.steps()} + 1);
+}
 
 // ApplySpecDefaults then ValidateJobSpec: the one check a spec passes to be
 // accepted. tallyd's SubmitJob and EstimateCost and `tallyctl validate`,

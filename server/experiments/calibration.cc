@@ -78,8 +78,7 @@ CalibrationPlan PlanCalibration(const tally::v1::ExperimentSpec& spec,
   job.set_display_name(Utf8Length(display_name) <= 190 ? absl::StrCat(display_name, "/timing")
                                                        : "timing");
   job.mutable_resources()->set_gpu_count(1);
-  job.mutable_training()->set_max_steps(
-      int64_t{cal.variants_size()} * cal.rounds() * (int64_t{cal.steps()} + 1));
+  job.mutable_training()->set_max_steps(CalibrationTotalSteps(cal));
   // The job's own schedule is never trained; it only has to be valid.
   job.mutable_optimizer()->set_warmup_steps(
       std::min(job.optimizer().warmup_steps(), job.training().max_steps()));

@@ -665,9 +665,9 @@ Plan Decide(const store::ExperimentRecord& rec, const std::vector<std::optional<
 
   // Done when every variant has a job and every job has ended, the
   // calibration's included.
-  const bool timed = p.rec.has_calibration_spec();
-  bool done = n > 0 && (!timed || (calibration ? store::IsTerminal(calibration->state())
-                                               : store::IsTerminal(e.calibration().state())));
+  // (FillFigures has copied the calibration job's state into its status.)
+  bool done = n > 0 && (!p.rec.has_calibration_spec() ||
+                        store::IsTerminal(e.calibration().state()));
   for (int i = 0; i < n; ++i) {
     const std::optional<Job>& job = job_of(i);
     done = done && (job ? store::IsTerminal(job->state())

@@ -82,6 +82,9 @@ void Scheduler::NoteStoreSuccess() {
 }
 
 absl::Duration Scheduler::StoreDownBetween(absl::Time from, absl::Time to) const {
+  if (store_down_.empty() && store_down_since_ == absl::InfiniteFuture()) {
+    return absl::ZeroDuration();  // the store never failed: every tick's case
+  }
   // Each outage, and after it the time a worker it turned away may take to
   // come back (up to its longest wait between connections); an outage still
   // open counts to its latest failure only, so a store that works again
