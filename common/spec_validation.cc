@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/experiment_spec.h"
+#include "common/model_flops.h"
 #include "common/text.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
@@ -209,6 +210,18 @@ void ApplySpecDefaults(JobSpec* spec) {
     if (tokens > 0 && tokens <= std::numeric_limits<int64_t>::max()) {
       training->set_global_batch_tokens(static_cast<int64_t>(tokens));
     }
+  }
+  // QAT's quantized evaluation is of the format and layers it trains for.
+  if (training->has_qat()) {
+    auto* qat = training->mutable_qat();
+    if (qat->layers().empty()) qat->set_layers("ffn");
+    if (training->eval_quantized().empty()) training->set_eval_quantized(qat->format());
+    if (training->eval_quantized_layers().empty()) {
+      training->set_eval_quantized_layers(qat->layers());
+    }
+  }
+  if (!training->eval_quantized().empty() && training->eval_quantized_layers().empty()) {
+    training->set_eval_quantized_layers("ffn");
   }
   auto* es = spec->mutable_early_stopping();
   if (es->patience() > 0 && es->min_rel_delta() == 0 && es->min_delta() == 0) {
@@ -473,6 +486,69 @@ void CheckTraining(const JobSpec& spec, Problems* p) {
                    training.checkpoint_interval_steps(), 0, int64_t{1} << 40);
 }
 
+// training.qat and training.eval_quantized: GGUF's block formats, the
+// layers they cover, and weights whose input dimensions hold whole blocks.
+void CheckQuantization(const JobSpec& spec, Problems* p) {
+  const auto& training = spec.training();
+  const bool formats_ok = [&] {
+    bool ok = true;
+    auto format = [&](const std::string& field, const std::string& value, bool may_be_empty) {
+      if ((value.empty() && may_be_empty) || value == "q8_0" || value == "q4_0") return;
+      p->Add(field, absl::StrCat("must be q8_0 or q4_0 (llama.cpp's GGUF block formats)",
+                                 may_be_empty ? ", or empty for none" : "", "; got \"",
+                                 value, "\""));
+      ok = false;
+    };
+    auto layers = [&](const std::string& field, const std::string& value) {
+      if (value.empty() || value == "ffn" || value == "all_linear") return;
+      p->Add(field, absl::StrCat("must be ffn (the feed-forward weights, experts included) or "
+                                 "all_linear (those and attention's projections); got \"",
+                                 value, "\""));
+      ok = false;
+    };
+    if (training.has_qat()) {
+      format("training.qat.format", training.qat().format(), false);
+      layers("training.qat.layers", training.qat().layers());
+    }
+    format("training.eval_quantized", training.eval_quantized(), true);
+    layers("training.eval_quantized_layers", training.eval_quantized_layers());
+    return ok;
+  }();
+  if (!formats_ok) return;
+  const bool quantized = !training.eval_quantized().empty();
+  if (!quantized && !training.eval_quantized_layers().empty()) {
+    p->Add("training.eval_quantized_layers",
+           "is set but training.eval_quantized is not: name the format (q8_0 or q4_0)");
+  }
+  if (training.has_qat() && !training.eval_quantized().empty() &&
+      (training.eval_quantized() != training.qat().format() ||
+       training.eval_quantized_layers() != training.qat().layers())) {
+    p->Add("training.eval_quantized",
+           absl::StrCat("with training.qat the quantized evaluation is QAT's own (",
+                        training.qat().format(), ", ", training.qat().layers(),
+                        "); leave training.eval_quantized and eval_quantized_layers unset"));
+  }
+  if (training.has_qat() && spec.precision().compute() == tally::v1::PRECISION_FP8) {
+    p->Add("training.qat",
+           "cannot be combined with precision.compute PRECISION_FP8 (the FP8 linears would "
+           "quantize the same weights to FP8 instead of the GGUF format): train with "
+           "PRECISION_BF16 or PRECISION_FP32, or leave training.qat unset and measure "
+           "post-training quantization with training.eval_quantized");
+  }
+  if (!quantized && !training.has_qat()) return;
+  const std::string field = training.has_qat() ? "training.qat" : "training.eval_quantized";
+  const int64_t D = spec.model().d_model();
+  if (D > 0 && D % 32 != 0) {
+    p->Add(field, absl::StrCat("quantizes blocks of 32 weights along each weight's input "
+                               "dimension: model.d_model must be a multiple of 32, got ", D));
+  }
+  const int64_t F = tally::ResolveDff(D, spec.model().d_ff());
+  if (D > 0 && F % 32 != 0) {
+    p->Add(field, absl::StrCat("quantizes blocks of 32 weights along each weight's input "
+                               "dimension: model.d_ff must be a multiple of 32, got ", F));
+  }
+}
+
 void CheckEarlyStopping(const tally::v1::EarlyStoppingSpec& es, Problems* p) {
   p->Range("early_stopping.patience", es.patience(), 0, 10000);
   p->Finite("early_stopping.min_rel_delta", es.min_rel_delta(), 0, 0.999);
@@ -493,6 +569,12 @@ void CheckEarlyStopping(const tally::v1::EarlyStoppingSpec& es, Problems* p) {
   if (es.target_val_loss() != 0 && es.target_rel_to_baseline() != 0) {
     p->Add("early_stopping.target_rel_to_baseline",
           "set either target_val_loss or target_rel_to_baseline, not both");
+  }
+  if (!es.metric().empty() && es.metric() != "val_loss" &&
+      es.metric() != "quantized_val_loss") {
+    p->Add("early_stopping.metric",
+           absl::StrCat("must be val_loss (the default) or quantized_val_loss; got \"",
+                        es.metric(), "\""));
   }
   p->Range("early_stopping.forecast_min_evals", es.forecast_min_evals(), 0, 10000);
   if (es.forecast() && es.forecast_min_evals() != 0 && es.forecast_min_evals() < 2) {
@@ -604,6 +686,13 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   CheckOptimizer(spec.optimizer(), &p);
   CheckTraining(spec, &p);
   CheckEarlyStopping(spec.early_stopping(), &p);
+  CheckQuantization(spec, &p);
+  if (spec.early_stopping().metric() == "quantized_val_loss" &&
+      spec.training().eval_quantized().empty() && !spec.training().has_qat()) {
+    p.Add("early_stopping.metric",
+          "quantized_val_loss needs a quantized evaluation: set training.qat (train for the "
+          "format) or training.eval_quantized (measure post-training quantization)");
+  }
   p.Finite("budget.max_dollars", spec.budget().max_dollars(), 0, 1e9);
 
   CheckResources(spec.resources(), &p);
