@@ -41,8 +41,10 @@ namespace {
 
 class Printer final : public tally::train::TrainEvents {
  public:
-  Printer(int64_t max_steps, int log_every, std::ostream* jsonl)
-      : max_steps_(max_steps), log_every_(log_every), jsonl_(jsonl) {}
+  // quantized: what the quantized loss is of ("q4_0 ffn"); empty: none.
+  Printer(int64_t max_steps, int log_every, std::ostream* jsonl, std::string quantized)
+      : max_steps_(max_steps), log_every_(log_every), jsonl_(jsonl),
+        quantized_(std::move(quantized)) {}
   void OnStart(const tally::train::RunInfo& i) override {
     std::cout << absl::StrFormat(
         "tally-train: %d parameters (%d active, %d in the embedding), %.3g training "
@@ -99,14 +101,22 @@ class Printer final : public tally::train::TrainEvents {
     if (jsonl_) {
       *jsonl_ << absl::StrFormat(
                      "{\"eval_step\": %d, \"val_loss\": %.17g, \"doc_val_loss\": %.17g, "
-                     "\"eval_docs\": %d, \"eval_targets\": %d}",
-                     e.step, e.val_loss, e.doc_val_loss, e.docs, e.target_tokens)
-              << std::endl;
+                     "\"eval_docs\": %d, \"eval_targets\": %d",
+                     e.step, e.val_loss, e.doc_val_loss, e.docs, e.target_tokens);
+      if (e.quantized_val_loss) {
+        *jsonl_ << absl::StrFormat(", \"quantized_val_loss\": %.17g", *e.quantized_val_loss);
+      }
+      *jsonl_ << "}" << std::endl;
     }
     std::cout << absl::StrFormat(
         "eval step %d: val_loss %.4f, %.3f bits/byte (%d tokens); document-weighted %.4f "
-        "(%d documents)\n",
+        "(%d documents)",
         e.step, e.val_loss, e.bits_per_byte, e.target_tokens, e.doc_val_loss, e.docs);
+    if (e.quantized_val_loss) {
+      std::cout << absl::StrFormat("; quantized_val_loss %.4f (%s)", *e.quantized_val_loss,
+                                   quantized_);
+    }
+    std::cout << "\n";
   }
   void OnCheckpoint(const tally::train::CheckpointInfo& c) override {
     std::cout << absl::StrFormat("checkpoint step %d: %s sha256 %s\n", c.step, c.path,
@@ -117,6 +127,7 @@ class Printer final : public tally::train::TrainEvents {
   int64_t max_steps_;
   int log_every_;
   std::ostream* jsonl_;
+  std::string quantized_;
 };
 
 }  // namespace
@@ -205,8 +216,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::string quantized;
+  if (const auto& q = config->eval_quantized) {
+    quantized = absl::StrCat(q->format == tally::model::GgmlQuant::kQ4_0 ? "q4_0" : "q8_0",
+                             q->layers == tally::model::QuantLayers::kFfn ? " ffn" : " all_linear",
+                             config->qat ? ", trained for it" : ", post-training");
+  }
   Printer printer(config->max_steps, absl::GetFlag(FLAGS_log_every),
-                  jsonl.is_open() ? &jsonl : nullptr);
+                  jsonl.is_open() ? &jsonl : nullptr, std::move(quantized));
   const tally::train::TrainResult r = tally::train::Train(*config, &printer, nullptr);
   if (r.outcome != tally::train::TrainResult::Outcome::kSucceeded) {
     std::cerr << "tally-train: failed: " << r.reason << "\n";

@@ -17,6 +17,18 @@ double PeakFlopsFor(const std::string& gpu_type) {
   return 0;
 }
 
+namespace {
+
+// A validated spec's format and layers ("q8_0" | "q4_0", "ffn" | "all_linear").
+model::WeightQuantization Quantization(const std::string& format, const std::string& layers) {
+  model::WeightQuantization q;
+  q.format = format == "q4_0" ? model::GgmlQuant::kQ4_0 : model::GgmlQuant::kQ8_0;
+  q.layers = layers == "all_linear" ? model::QuantLayers::kAllLinear : model::QuantLayers::kFfn;
+  return q;
+}
+
+}  // namespace
+
 absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
                                                        const DeviceOptions& device) {
   ApplySpecDefaults(&spec);
@@ -108,6 +120,14 @@ absl::StatusOr<train::TrainConfig> TrainConfigFromSpec(tally::v1::JobSpec spec,
   }
   // CPU workers train in FP32 unless BF16 is asked for (autocast, as CUDA
   // runs it); CUDA workers always compute in BF16.
+  if (t.has_qat()) {
+    c.qat = Quantization(t.qat().format(), t.qat().layers());
+  }
+  if (!t.eval_quantized().empty()) {
+    c.eval_quantized = Quantization(t.eval_quantized(), t.eval_quantized_layers());
+  } else if (c.qat) {
+    c.eval_quantized = c.qat;
+  }
   c.bf16 = compute == tally::v1::PRECISION_BF16;
   c.fp8 = compute == tally::v1::PRECISION_FP8;
   if (c.fp8) {

@@ -82,6 +82,10 @@ class ReportingEvents final : public train::TrainEvents {
                  "over {} documents)",
                  a_.job(), a_.attempt(), e.step, e.val_loss, e.bits_per_byte, e.doc_val_loss,
                  e.docs);
+    if (e.quantized_val_loss) {
+      spdlog::info("{} attempt {}: step {} quantized_val_loss {:.4f}", a_.job(), a_.attempt(),
+                   e.step, *e.quantized_val_loss);
+    }
     tally::v1::EvalResult r;
     r.set_job(a_.job());
     r.set_attempt(a_.attempt());
@@ -90,6 +94,7 @@ class ReportingEvents final : public train::TrainEvents {
     r.set_val_loss(e.val_loss);
     r.set_bits_per_byte(e.bits_per_byte);
     r.set_doc_val_loss(e.doc_val_loss);
+    if (e.quantized_val_loss) r.set_quantized_val_loss(*e.quantized_val_loss);
     r.set_docs(e.docs);
     reporter_->Eval(r);
   }

@@ -29,6 +29,25 @@ struct MoeConfig {
   int64_t test_forced_expert = -1;
 };
 
+// llama.cpp's GGUF block formats (model/ggml_quant.h has the quantizers).
+enum class GgmlQuant { kQ8_0, kQ4_0 };
+
+// Which block linears QAT (and an export, or a quantized evaluation)
+// quantizes: the feed-forward weights (dense, shared expert and experts:
+// w1, w3, w2), or those and attention's projections (wqkv, wo). Never the
+// embedding, the norms, the MoE router or the output head.
+enum class QuantLayers { kFfn, kAllLinear };
+
+// A format and the layers it covers.
+struct WeightQuantization {
+  GgmlQuant format = GgmlQuant::kQ8_0;
+  QuantLayers layers = QuantLayers::kFfn;
+  bool operator==(const WeightQuantization& o) const {
+    return format == o.format && layers == o.layers;
+  }
+  bool operator!=(const WeightQuantization& o) const { return !(*this == o); }
+};
+
 struct ModelConfig {
   int64_t num_layers = 2;
   int64_t d_model = 64;

@@ -1,5 +1,6 @@
 #include "worker/model/ggml_quant.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstring>
@@ -35,6 +36,10 @@ bool QuantizesParameter(std::string_view name, QuantLayers layers) {
   if (rest.substr(0, 8) == "experts.") rest = rest.substr(8);
   if (rest == "w1" || rest == "w2" || rest == "w3") return true;
   return layers == QuantLayers::kAllLinear && (rest == "wqkv" || rest == "wo");
+}
+
+std::string QuantizationName(const WeightQuantization& q) {
+  return std::string(GgmlQuantName(q.format)) + " " + QuantLayersName(q.layers);
 }
 
 namespace {

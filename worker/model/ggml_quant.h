@@ -23,9 +23,9 @@
 #include <string>
 #include <string_view>
 
-namespace tally::model {
+#include "worker/model/config.h"
 
-enum class GgmlQuant { kQ8_0, kQ4_0 };
+namespace tally::model {
 
 inline constexpr int64_t kGgmlBlock = 32;
 
@@ -35,17 +35,15 @@ const char* GgmlQuantName(GgmlQuant q);
 // Bytes of one block in the file: 34 and 18.
 int64_t GgmlBlockBytes(GgmlQuant q);
 
-// Which block linears QAT (and an export, or a quantized evaluation)
-// quantizes: the feed-forward weights (dense, shared expert and experts:
-// w1, w3, w2), or those and attention's projections (wqkv, wo). Never the
-// embedding, the norms, the MoE router or the output head.
-enum class QuantLayers { kFfn, kAllLinear };
 // "ffn" / "all_linear"; nullopt otherwise.
 std::optional<QuantLayers> ParseQuantLayers(std::string_view name);
 const char* QuantLayersName(QuantLayers layers);
 // Whether a Tally parameter name ("layers.0.w1", "layers.1.experts.w2",
 // "layers.0.wqkv", ...) is one `layers` quantizes.
 bool QuantizesParameter(std::string_view name, QuantLayers layers);
+
+// "q4_0 ffn".
+std::string QuantizationName(const WeightQuantization& q);
 
 struct GgmlBlocks {
   at::Tensor scale;  // kHalf [..., n / 32]: each block's d

@@ -1,10 +1,14 @@
 #include "worker/model/ggml_quant.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#include "worker/model/transformer.h"
 
 namespace tally::model {
 namespace {
@@ -159,6 +163,46 @@ TEST(GgmlQuantTest, NamesTheLayersEachChoiceQuantizes) {
   }
   EXPECT_FALSE(ParseGgmlQuant("q4_1").has_value());
   EXPECT_FALSE(ParseQuantLayers("attention").has_value());
+}
+
+// The model under QAT computes exactly what a model holding the quantized
+// weights (an export's) computes, dense and MoE, for each choice of layers.
+TEST(GgmlQuantTest, AQuantizingModelComputesWithTheExportedWeights) {
+  for (int64_t experts : {0, 4}) {
+    for (QuantLayers layers : {QuantLayers::kFfn, QuantLayers::kAllLinear}) {
+      ModelConfig c;
+      c.num_layers = 2;
+      c.d_model = 64;
+      c.num_heads = 4;
+      c.moe.num_experts = experts;
+      c.moe.top_k = 2;
+      Transformer qat(c, 5, at::kCPU), exported(c, 5, at::kCPU);
+      WeightQuantization q;
+      q.format = GgmlQuant::kQ4_0;
+      q.layers = layers;
+      qat.SetWeightQuantization(q);
+      {
+        at::NoGradGuard no_grad;
+        for (Parameter& p : exported.parameters()) {
+          if (QuantizesParameter(p.name, layers)) {
+            p.value.copy_(QuantizeDequantize(p.value, q.format));
+          }
+        }
+      }
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+      ModelInput in;
+      in.tokens_BT = at::randint(0, 258, {2, 16}, gen, at::kLong);
+      in.positions_BT = at::arange(16, at::kLong).repeat({2, 1});
+      in.segments_BT = at::zeros({2, 16}, at::kLong);
+      in.real_BT = at::ones({2, 16}, at::kBool);
+      const at::Tensor a = qat.Forward(in, AttentionKernel::kMaskedSdpa);
+      const at::Tensor b = exported.Forward(in, AttentionKernel::kMaskedSdpa);
+      EXPECT_TRUE(at::equal(a, b)) << experts << " experts, " << QuantLayersName(layers);
+      // And not what the unquantized weights compute.
+      qat.SetWeightQuantization(std::nullopt);
+      EXPECT_FALSE(at::equal(qat.Forward(in, AttentionKernel::kMaskedSdpa), b));
+    }
+  }
 }
 
 }  // namespace

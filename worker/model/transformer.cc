@@ -9,6 +9,7 @@
 
 #include "common/model_flops.h"
 #include "worker/model/fused_ops.h"
+#include "worker/model/ggml_quant.h"
 
 namespace tally::model {
 
@@ -311,6 +312,20 @@ at::Tensor Transformer::Forward(const ModelInput& in, AttentionKernel kernel) co
   return Run(in, kernel).logits_BTV;
 }
 
+Transformer::Layer Transformer::Quantized(const Layer& layer) const {
+  Layer q = layer;
+  const GgmlQuant format = quant_->format;
+  auto fake = [&](at::Tensor& w) {
+    if (w.defined()) w = FakeQuantize(w, format);
+  };
+  for (at::Tensor* w : {&q.w1_FD, &q.w3_FD, &q.w2_DF, &q.w1_EFD, &q.w3_EFD, &q.w2_EDF}) fake(*w);
+  if (quant_->layers == QuantLayers::kAllLinear) {
+    fake(q.wqkv_3DD);
+    fake(q.wo_DD);
+  }
+  return q;
+}
+
 ForwardOutput Transformer::Run(const ModelInput& in, AttentionKernel kernel) const {
   ForwardOutput out;
   const int64_t K = config_.d_model / config_.num_heads;
@@ -324,7 +339,8 @@ ForwardOutput Transformer::Run(const ModelInput& in, AttentionKernel kernel) con
   at::Tensor x_BTD = at::embedding(embed_VD_, in.tokens_BT);
   const int64_t B = in.tokens_BT.size(0), T = in.tokens_BT.size(1);
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& layer = layers_[l];
+    const Layer quantized = quant_ ? Quantized(layers_[l]) : Layer();
+    const Layer& layer = quant_ ? quantized : layers_[l];
     x_BTD = x_BTD + Attention(layer, Norm(x_BTD, layer.attn_norm_D), in, cos_BTK, sin_BTK,
                               kernel);
     at::Tensor h_BTD = Norm(x_BTD, layer.ffn_norm_D);

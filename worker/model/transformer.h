@@ -27,6 +27,7 @@
 #include "worker/model/moe.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,14 @@ class Transformer {
   // one pass. Off: the composite ops the FP32 golden losses are of. Block
   // linears with a LinearOverride (FP8) stay separate products.
   void SetFusedOps(bool fused) { fused_ops_ = fused; }
+  // Quantization-aware computation: the block linears `q` names compute
+  // with their weights fake-quantized (ggml_quant.h FakeQuantize: the
+  // forward value exactly what a GGUF export holds, the gradient straight
+  // through to the FP32 weight), recomputed from the weights each forward.
+  // Feed-forward weights are then separate products (no fused w1|w3).
+  // nullopt: the weights as they are.
+  void SetWeightQuantization(std::optional<WeightQuantization> q) { quant_ = q; }
+  const std::optional<WeightQuantization>& weight_quantization() const { return quant_; }
   // The MoE layers' experts hook (moe.h; e.g. dist/expert_parallel.h);
   // nullptr: every expert here. Not owned.
   void SetExpertsHook(ExpertsHook* experts) { experts_ = experts; }
@@ -137,6 +146,8 @@ class Transformer {
     at::Tensor router_ED, bias_E, w1_EFD, w3_EFD, w2_EDF;
   };
   at::Tensor SwiGlu(const at::Tensor& h, const Layer& layer) const;
+  // `layer` with the weights quant_ names fake-quantized.
+  Layer Quantized(const Layer& layer) const;
   at::Tensor Norm(const at::Tensor& x, const at::Tensor& gain) const;
   at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
                     const char* name) const;
@@ -152,6 +163,7 @@ class Transformer {
   ExpertsHook* experts_ = nullptr;
   bool fused_ops_ = false;
   int expert_ranks_ = 1;
+  std::optional<WeightQuantization> quant_;
 };
 
 // The name and shape of every parameter a Transformer of `config` has, in

@@ -76,6 +76,19 @@ absl::Status TrainConfig::Validate() const {
   need(moe.num_experts == 0 || (moe.top_k >= 1 && moe.top_k <= moe.num_experts),
        "model.moe.top_k: must be between 1 and model.moe.num_experts");
   need(!(fp8 && bf16), "bf16: precision.compute is either BF16 or FP8, not both");
+  need(!(qat && fp8),
+       "training.qat: cannot be combined with FP8 compute (the FP8 linears would quantize the "
+       "same weights to FP8): train with BF16 or FP32");
+  need(!qat || (eval_quantized && *eval_quantized == *qat),
+       "training.eval_quantized: with training.qat it must be QAT's own format and layers");
+  if (qat || eval_quantized) {
+    const int64_t F = tally::ResolveDff(model.d_model, model.d_ff);
+    need(model.d_model % model::kGgmlBlock == 0 && F % model::kGgmlBlock == 0,
+         absl::StrCat(qat ? "training.qat" : "training.eval_quantized",
+                      ": quantizes blocks of 32 weights along each weight's input dimension, "
+                      "so model.d_model (", model.d_model, ") and model.d_ff (", F,
+                      ") must be multiples of 32"));
+  }
   if (fp8) {
     for (std::string& p : precision::RecipeProblems(fp8_recipe)) problems.push_back(std::move(p));
   }
@@ -121,6 +134,25 @@ EvalMetrics Run::Evaluate() {
   // autocast region reads the weights as they are now.
   precision::AutocastRegion autocast(device_.type(), autocast_);
   if (fp8_) fp8_->SetTraining(false);
+  // val_loss is the high-precision weights' (QAT's too); the quantized
+  // loss is the model as its GGUF export computes: those layers quantized,
+  // every product of dequantized weights (never FP8).
+  const std::optional<model::WeightQuantization> trained = model_->weight_quantization();
+  model_->SetWeightQuantization(std::nullopt);
+  EvalMetrics e = ScoreEvalSample();
+  if (c_.eval_quantized) {
+    model_->SetWeightQuantization(c_.eval_quantized);
+    if (fp8_) model_->SetLinearOverride(nullptr);
+    e.quantized_val_loss = ScoreEvalSample().val_loss;
+    if (fp8_) model_->SetLinearOverride(fp8_.get());
+  }
+  model_->SetWeightQuantization(trained);
+  state_.last_eval_step = state_.step;
+  if (fp8_) fp8_->SetTraining(true);
+  return e;
+}
+
+EvalMetrics Run::ScoreEvalSample() {
   const std::vector<data::Row>& eval_rows = eval_.rows;
   // Per sampled document (in eval_.docs' order): its loss and target sums,
   // then the token-weighted totals, summed over the ranks in one vector.
@@ -194,8 +226,6 @@ EvalMetrics Run::Evaluate() {
   // ratio; 1 for the byte tokenizer, unknown for pre-tokenized input).
   const double target_bytes = text_targets * val_->bytes_per_text_token();
   e.bits_per_byte = target_bytes > 0 ? loss_sum / std::log(2.0) / target_bytes : 0;
-  state_.last_eval_step = state_.step;
-  if (fp8_) fp8_->SetTraining(true);
   return e;
 }
 

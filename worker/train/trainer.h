@@ -145,6 +145,15 @@ struct TrainConfig {
   bool bf16 = false;
   bool fp8 = false;
   precision::RecipeConfig fp8_recipe;
+  // training.qat: the chosen block linears compute with their weights
+  // quantized as a GGUF export holds them (model/ggml_quant.h: straight-
+  // through gradient, FP32 master weights, the optimizer unchanged). Not
+  // with fp8. nullopt: off.
+  std::optional<model::WeightQuantization> qat;
+  // training.eval_quantized: every evaluation also scores the model with
+  // these layers quantized (EvalMetrics::quantized_val_loss); with qat, the
+  // same as qat. nullopt: not scored.
+  std::optional<model::WeightQuantization> eval_quantized;
   ParallelConfig parallel;
   // Where and how.
   std::string device = "cpu";       // "cpu" or "cuda:N"
@@ -291,6 +300,10 @@ struct EvalMetrics {
   int64_t docs = 0;                // documents scored
   double bits_per_byte = 0;
   int64_t target_tokens = 0;
+  // TrainConfig::eval_quantized's loss over the same tokens (mean per target
+  // token, as val_loss): the model with those layers quantized as the GGUF
+  // export will be; the high-precision weights give val_loss (QAT's too).
+  std::optional<double> quantized_val_loss;
 };
 
 struct CheckpointInfo {

@@ -35,6 +35,11 @@ std::string Run::Fingerprint() const {
           : "",
       c_.fp8 ? absl::StrCat(" fp8=", precision::RecipeName(c_.fp8_recipe.recipe), "/",
                             c_.fp8_recipe.history_len, "/", c_.fp8_recipe.margin)
+             : "",
+      // QAT trains another function of the weights: a run resumes only as
+      // the one it was.
+      c_.qat ? absl::StrCat(" qat=", model::GgmlQuantName(c_.qat->format), "/",
+                            model::QuantLayersName(c_.qat->layers))
              : "");
 }
 
@@ -126,6 +131,11 @@ absl::Status Run::SaveCheckpoint(const std::map<size_t, std::array<at::Tensor, 3
   meta["model"] = ModelConfigJson(model_->config());
   meta["seq_len"] = c_.data.seq_len;
   meta["tokenizer"] = TokenizerJson();
+  // What a GGUF export quantizes by default (tally-export --format=gguf).
+  if (c_.qat) {
+    meta["qat"] = {{"format", model::GgmlQuantName(c_.qat->format)},
+                   {"layers", model::QuantLayersName(c_.qat->layers)}};
+  }
   if (init_from_json_.is_object()) meta["init_from"] = init_from_json_;
   data.metadata_json = meta.dump();
   auto& params = model_->parameters();

@@ -39,6 +39,7 @@
 #include "worker/dist/grad_sync.h"
 #include "worker/dist/group.h"
 #include "worker/dist/step_reduce.h"
+#include "worker/model/ggml_quant.h"
 #include "worker/model/transformer.h"
 #include "worker/precision/autocast.h"
 #include "worker/precision/fp8.h"
@@ -125,6 +126,8 @@ class Run {
   // failure to report otherwise.
   std::optional<TrainResult> CheckpointOnAllRanks();
   EvalMetrics Evaluate();
+  // One pass over the evaluation sample with the model as it is set now.
+  EvalMetrics ScoreEvalSample();
   // Evaluate() and report it. A loss that is not finite at this run's first
   // evaluation (the weights it started from overflow: init_from, a resumed
   // checkpoint) is a failure instead, never reported; after a finite one it

@@ -175,6 +175,7 @@ void Run::BuildModel() {
   // BF16 runs take the fused norm and gate/up product (CUDA's path, and
   // the CPU's under precision.compute BF16); FP32 keeps the composite ops.
   model_->SetFusedOps(autocast_);
+  model_->SetWeightQuantization(c_.qat);
   // Each rank holds, updates and keeps optimizer state for its own experts.
   if (expert_parallel()) model_->ShardExperts(c_.parallel.rank, c_.parallel.world_size);
   AdamWOptions adamw;
