@@ -1,9 +1,13 @@
 // tally-export: a Tally checkpoint as a Hugging Face model folder
 // (config.json, model.safetensors, generation_config.json, tokenizer files)
-// that transformers' LlamaForCausalLM / MixtralForCausalLM and vLLM load.
+// that transformers' LlamaForCausalLM / MixtralForCausalLM and vLLM load, or
+// as one GGUF file of llama.cpp's llama architecture (model/gguf.h), which
+// llama.cpp, llama-cpp-python, Ollama and LM Studio load.
 //
 //   tally-export --checkpoint=FILE --out=DIR [--dtype=fp32|bf16]
-//   tally-export --job=jobs/N [--which=best|latest] --out=DIR
+//   tally-export --checkpoint=FILE --format=gguf [--quant=f16|q8_0|q4_0]
+//                [--quant_layers=ffn|all_linear] --out=FILE.gguf
+//   tally-export --job=jobs/N [--which=best|latest] [--format=...] --out=...
 //
 // --job reads tallyd's checkpoint records through tallyctl (`tallyctl
 // checkpoints JOB --output=json`, found beside this program or on PATH), so
@@ -15,15 +19,19 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "worker/model/ggml_quant.h"
+#include "worker/model/gguf.h"
 #include "worker/train/model_io.h"
 
 ABSL_FLAG(std::string, checkpoint, "", "the Tally checkpoint file to export");
@@ -34,10 +42,20 @@ ABSL_FLAG(std::string, which, "best",
           "latest");
 ABSL_FLAG(std::string, controller, "",
           "with --job: tallyd's address, passed to tallyctl (default: tallyctl's own)");
-ABSL_FLAG(std::string, format, "hf", "output format: hf (a Hugging Face model folder)");
-ABSL_FLAG(std::string, out, "", "the folder to write (created if missing)");
-ABSL_FLAG(std::string, dtype, "fp32",
-          "weights as written: fp32 (as trained, exact) or bf16 (half the size)");
+ABSL_FLAG(std::string, format, "hf",
+          "output format: hf (a Hugging Face model folder) or gguf (one llama.cpp file)");
+ABSL_FLAG(std::string, out, "",
+          "hf: the folder to write (created if missing); gguf: the file, ending in .gguf");
+ABSL_FLAG(std::string, dtype, "",
+          "hf: weights as written: fp32 (as trained, exact; the default) or bf16 (half the "
+          "size)");
+ABSL_FLAG(std::string, quant, "",
+          "gguf: f16 (every matrix F16; the default), q8_0 or q4_0 (the --quant_layers linears "
+          "in llama.cpp's block format, bit for bit what quantization-aware training computed "
+          "with; the rest F16)");
+ABSL_FLAG(std::string, quant_layers, "",
+          "gguf with --quant=q8_0|q4_0: ffn (the feed-forward linears; the default) or "
+          "all_linear (and attention's); never the embedding, norms, router or head");
 ABSL_FLAG(std::string, tokenizer_model, "",
           "a SentencePiece-trained model: its tokenizer.model, when no longer where the "
           "dataset recorded it (checked against the recorded SHA-256)");
@@ -139,52 +157,140 @@ absl::StatusOr<std::pair<std::string, std::string>> FromJob(const std::string& j
   return std::make_pair(Str(*pick, "path"), Str(*pick, "sha256"));
 }
 
+// What the flags ask for, checked.
+struct Request {
+  std::string format, out, checkpoint, job, which;
+  std::string dtype = "fp32";                    // hf
+  std::optional<tally::model::GgmlQuant> quant;  // gguf; nullopt: f16
+  tally::model::QuantLayers quant_layers = tally::model::QuantLayers::kFfn;
+};
+
+// The usage error, or "" with `r` filled.
+std::string ParseRequest(Request* r) {
+  r->format = absl::GetFlag(FLAGS_format);
+  r->out = absl::GetFlag(FLAGS_out);
+  r->checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  r->job = absl::GetFlag(FLAGS_job);
+  r->which = absl::GetFlag(FLAGS_which);
+  const std::string dtype = absl::GetFlag(FLAGS_dtype), quant = absl::GetFlag(FLAGS_quant),
+                    layers = absl::GetFlag(FLAGS_quant_layers);
+  const bool gguf = r->format == "gguf";
+  if (r->format != "hf" && !gguf) {
+    return "--format: must be hf (a Hugging Face model folder) or gguf (one llama.cpp file), "
+           "got \"" +
+           r->format + "\"";
+  }
+  if (r->out.empty()) {
+    return gguf ? "--out is required: the .gguf file to write"
+                : "--out is required: the folder to write";
+  }
+  if (r->checkpoint.empty() == r->job.empty()) {
+    return "give --checkpoint=FILE or --job=jobs/N (one of them)";
+  }
+  if (r->which != "best" && r->which != "latest") {
+    return "--which: must be best or latest, got \"" + r->which + "\"";
+  }
+  if (!gguf) {
+    if (!quant.empty() || !layers.empty()) {
+      return std::string(quant.empty() ? "--quant_layers" : "--quant") +
+             " applies to --format=gguf; a Hugging Face folder holds fp32 or bf16 weights "
+             "(--dtype)";
+    }
+    if (!dtype.empty()) r->dtype = dtype;
+    if (r->dtype != "fp32" && r->dtype != "bf16") {
+      return "--dtype: must be fp32 or bf16, got \"" + r->dtype + "\"";
+    }
+    return "";
+  }
+  if (!absl::EndsWith(r->out, ".gguf") || r->out.size() <= 5) {
+    return "--out: with --format=gguf, name the file to write, ending in .gguf (got \"" + r->out +
+           "\")";
+  }
+  if (!dtype.empty()) {
+    return "--dtype applies to --format=hf; a GGUF file's weights are --quant=f16, q8_0 or q4_0";
+  }
+  if (!quant.empty() && quant != "f16") {
+    r->quant = tally::model::ParseGgmlQuant(quant);
+    if (!r->quant) return "--quant: must be f16, q8_0 or q4_0, got \"" + quant + "\"";
+  }
+  if (!layers.empty()) {
+    if (!r->quant) {
+      return "--quant_layers applies to --quant=q8_0 or q4_0 (with f16 every matrix is F16)";
+    }
+    auto parsed = tally::model::ParseQuantLayers(layers);
+    if (!parsed) return "--quant_layers: must be ffn or all_linear, got \"" + layers + "\"";
+    r->quant_layers = *parsed;
+  }
+  return "";
+}
+
+int WriteHf(const tally::train::CheckpointModel& m, const Request& r) {
+  tally::model::HfExportOptions options;
+  options.dtype = r.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  options.drop_routing_bias = absl::GetFlag(FLAGS_drop_routing_bias);
+  options.tokenizer_model = absl::GetFlag(FLAGS_tokenizer_model);
+  auto summary = tally::train::ExportHf(m, r.out, options);
+  if (!summary.ok()) return Fail(std::string(summary.status().message()));
+  std::cout << absl::StrFormat(
+      "tally-export: %s (step %d) -> %s: %s, %d tensors, %d parameters, %s, %.1f MB\n", m.path,
+      m.step, r.out, summary->architecture, summary->tensors, summary->parameters, r.dtype,
+      static_cast<double>(summary->bytes) / 1e6);
+  return 0;
+}
+
+int WriteGgufFile(const tally::train::CheckpointModel& m, const Request& r) {
+  namespace model = tally::model;
+  auto vocab = model::GgufVocabFromRecord(m.tokenizer, m.config.vocab_size,
+                                          absl::GetFlag(FLAGS_tokenizer_model));
+  if (!vocab.ok()) return Fail(std::string(vocab.status().message()));
+  for (const std::string& note : vocab->notes) std::cerr << "tally-export: note: " << note << "\n";
+  model::GgufExportOptions options;
+  options.quant = r.quant;
+  options.quant_layers = r.quant_layers;
+  options.name = std::filesystem::path(r.out).stem().string();
+  if (m.seq_len > 0) options.context_length = m.seq_len;
+  options.drop_routing_bias = absl::GetFlag(FLAGS_drop_routing_bias);
+  options.vocab = *std::move(vocab);
+  auto summary = model::WriteGguf(r.out, m.config, m.parameters, m.biases, options);
+  if (!summary.ok()) return Fail(std::string(summary.status().message()));
+  const std::string quant = r.quant
+                                ? absl::StrCat(model::GgmlQuantName(*r.quant), " ",
+                                               model::QuantLayersName(r.quant_layers), " (",
+                                               summary->quantized_tensors, " tensors quantized)")
+                                : "f16";
+  std::cout << absl::StrFormat(
+      "tally-export: %s (step %d) -> %s: llama GGUF, %d tensors, %d parameters, %s, %.1f MB\n",
+      m.path, m.step, r.out, summary->tensors, summary->parameters, quant,
+      static_cast<double>(summary->bytes) / 1e6);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "tally-export: a Tally checkpoint as a Hugging Face model folder.\n\nUsage:\n"
+      "tally-export: a Tally checkpoint as a Hugging Face model folder or a llama.cpp GGUF "
+      "file.\n\nUsage:\n"
       "  tally-export --checkpoint=FILE --out=DIR [--dtype=fp32|bf16]\n"
-      "  tally-export --job=jobs/N [--which=best|latest] --out=DIR\n"
-      "Writes config.json (LlamaForCausalLM, or MixtralForCausalLM for a softmax-routed MoE), "
-      "model.safetensors, generation_config.json and the tokenizer. Exit 0 written, 1 "
-      "refused or failed, 2 usage.");
+      "  tally-export --checkpoint=FILE --format=gguf [--quant=f16|q8_0|q4_0]\n"
+      "               [--quant_layers=ffn|all_linear] --out=FILE.gguf\n"
+      "  tally-export --job=jobs/N [--which=best|latest] [--format=...] --out=...\n"
+      "hf writes config.json (LlamaForCausalLM, or MixtralForCausalLM for a softmax-routed "
+      "MoE), model.safetensors, generation_config.json and the tokenizer; gguf one file of "
+      "llama.cpp's llama architecture with the tokenizer in it. Exit 0 written, 1 refused or "
+      "failed, 2 usage.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) return Fail(absl::StrCat("unexpected argument ", rest[1]), 2);
-  if (absl::GetFlag(FLAGS_format) != "hf") {
-    return Fail("--format: only hf (a Hugging Face model folder) is written", 2);
-  }
-  const std::string out = absl::GetFlag(FLAGS_out);
-  if (out.empty()) return Fail("--out is required: the folder to write", 2);
-  const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (dtype != "fp32" && dtype != "bf16") {
-    return Fail("--dtype: must be fp32 or bf16, got \"" + dtype + "\"", 2);
-  }
-  std::string path = absl::GetFlag(FLAGS_checkpoint), sha;
-  const std::string job = absl::GetFlag(FLAGS_job), which = absl::GetFlag(FLAGS_which);
-  if (path.empty() == job.empty()) {
-    return Fail("give --checkpoint=FILE or --job=jobs/N (one of them)", 2);
-  }
-  if (which != "best" && which != "latest") {
-    return Fail("--which: must be best or latest, got \"" + which + "\"", 2);
-  }
-  if (!job.empty()) {
-    auto picked = FromJob(job, which, argv[0]);
+  Request r;
+  if (std::string usage = ParseRequest(&r); !usage.empty()) return Fail(usage, 2);
+  std::string path = r.checkpoint, sha;
+  if (!r.job.empty()) {
+    auto picked = FromJob(r.job, r.which, argv[0]);
     if (!picked.ok()) return Fail(std::string(picked.status().message()));
     path = picked->first;
     sha = picked->second;
   }
   auto model = tally::train::ReadCheckpointModel(path, sha);
   if (!model.ok()) return Fail(std::string(model.status().message()));
-  tally::model::HfExportOptions options;
-  options.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
-  options.drop_routing_bias = absl::GetFlag(FLAGS_drop_routing_bias);
-  options.tokenizer_model = absl::GetFlag(FLAGS_tokenizer_model);
-  auto summary = tally::train::ExportHf(*model, out, options);
-  if (!summary.ok()) return Fail(std::string(summary.status().message()));
-  std::cout << absl::StrFormat(
-      "tally-export: %s (step %d) -> %s: %s, %d tensors, %d parameters, %s, %.1f MB\n", path,
-      model->step, out, summary->architecture, summary->tensors, summary->parameters, dtype,
-      static_cast<double>(summary->bytes) / 1e6);
-  return 0;
+  return r.format == "gguf" ? WriteGgufFile(*model, r) : WriteHf(*model, r);
 }

@@ -25,31 +25,6 @@ std::string StringOr(const nlohmann::json& j, const char* key, const std::string
 std::string Layer(int64_t i) { return absl::StrCat("layers.", i, "."); }
 std::string HfLayer(int64_t i) { return absl::StrCat("model.layers.", i, "."); }
 
-// Why `c` cannot be written as a Llama or Mixtral, or "".
-std::string Unexpressible(const ModelConfig& c) {
-  const MoeConfig& m = c.moe;
-  if (m.num_experts == 0) return "";
-  if (m.sigmoid_router) {
-    return "model.moe.router is sigmoid: MixtralForCausalLM routes by a softmax";
-  }
-  if (m.shared_expert) {
-    return "model.moe.shared_expert is on: MixtralForCausalLM has no shared expert";
-  }
-  if (m.every_n_layers != 1) {
-    return absl::StrCat("model.moe.every_n_layers is ", m.every_n_layers,
-                        ": MixtralForCausalLM has experts in every layer");
-  }
-  if (m.capacity_factor > 0) {
-    return absl::StrCat("model.moe.capacity_factor is ", m.capacity_factor,
-                        ": Tally drops tokens over capacity, MixtralForCausalLM never does");
-  }
-  if (m.top_k == 1) {
-    return "model.moe.top_k is 1: Tally keeps the router's score as the gate, "
-           "MixtralForCausalLM renormalises it to 1";
-  }
-  return "";
-}
-
 absl::Status CheckShape(const std::map<std::string, at::Tensor>& t, const std::string& name,
                         std::vector<int64_t> shape) {
   auto it = t.find(name);
@@ -64,13 +39,83 @@ absl::Status CheckShape(const std::map<std::string, at::Tensor>& t, const std::s
   return absl::OkStatus();
 }
 
+constexpr char kMixtral[] = "MixtralForCausalLM";
+constexpr char kHf[] = "a Hugging Face model";
+
 }  // namespace
+
+std::string UnexpressibleMoe(const ModelConfig& c, const std::string& target) {
+  const MoeConfig& m = c.moe;
+  if (m.num_experts == 0) return "";
+  if (m.sigmoid_router) {
+    return absl::StrCat("model.moe.router is sigmoid: ", target, " routes by a softmax");
+  }
+  if (m.shared_expert) {
+    return absl::StrCat("model.moe.shared_expert is on: ", target, " has no shared expert");
+  }
+  if (m.every_n_layers != 1) {
+    return absl::StrCat("model.moe.every_n_layers is ", m.every_n_layers, ": ", target,
+                        " has experts in every layer");
+  }
+  if (m.capacity_factor > 0) {
+    return absl::StrCat("model.moe.capacity_factor is ", m.capacity_factor,
+                        ": Tally drops tokens over capacity, ", target, " never does");
+  }
+  if (m.top_k == 1) {
+    return absl::StrCat("model.moe.top_k is 1: Tally keeps the router's score as the gate, ",
+                        target, " renormalises it to 1");
+  }
+  return "";
+}
+
+absl::Status CheckRoutingBiases(const std::map<int64_t, at::Tensor>& biases, bool drop,
+                                const std::string& format, const std::string& target) {
+  if (drop) return absl::OkStatus();
+  for (const auto& [layer, bias] : biases) {
+    if (bias.numel() == 0) continue;
+    const double top = bias.abs().max().item<double>();
+    if (top == 0) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot export as ", format, ": layer ", layer,
+        " selects experts with balancing biases (largest |bias| ", top, "), and ", target,
+        " selects by the router's scores alone, so some tokens would go to other experts. "
+        "Train with model.moe.bias_balancing: false, or pass --drop_routing_bias to export "
+        "anyway (the exported model's outputs then differ from Tally's)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckExportableWeight(const std::string& name, const at::Tensor& t) {
+  if (t.numel() == 0) return absl::OkStatus();
+  const at::Tensor flat = t.detach().reshape({-1});
+  const at::Tensor bad = flat.isfinite().logical_not().logical_or(flat.abs() > kMaxExportedWeight);
+  if (!bad.any().item<bool>()) return absl::OkStatus();
+  // The first offending element, as an index into t.
+  int64_t at_flat = bad.to(at::kByte).argmax().item<int64_t>();
+  const double value = flat[at_flat].item<double>();
+  std::vector<int64_t> index(t.dim());
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    index[d] = at_flat % t.size(d);
+    at_flat /= t.size(d);
+  }
+  const std::string where = absl::StrCat(" at [", absl::StrJoin(index, ", "), "]");
+  if (!std::isfinite(value)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor ", name, " holds ", std::isnan(value) ? "NaN" : "an infinite value",
+                     where, ": export an earlier checkpoint, from before training diverged"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "tensor ", name, " holds a weight of magnitude ", std::fabs(value), where, ", above ",
+      kMaxExportedWeight,
+      ", the largest F16 holds (llama.cpp stores weights in F16, and vLLM runs an FP32 "
+      "model in F16): no trained model's weights are this large; export an earlier "
+      "checkpoint, from before training diverged"));
+}
 
 absl::StatusOr<nlohmann::ordered_json> HfConfig(const ModelConfig& c,
                                                 const HfExportOptions& options) {
-  if (std::string why = Unexpressible(c); !why.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot export as a Hugging Face model: ", why));
+  if (std::string why = UnexpressibleMoe(c, kMixtral); !why.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot export as ", kHf, ": ", why));
   }
   const bool moe = c.moe.num_experts > 0;
   const int64_t F = ResolveDff(c.d_model, c.d_ff);
@@ -115,16 +160,19 @@ absl::StatusOr<NamedTensors> ToHfTensors(const ModelConfig& c,
                                          const std::map<std::string, at::Tensor>& t,
                                          const std::map<int64_t, at::Tensor>& biases,
                                          const HfExportOptions& options) {
-  if (std::string why = Unexpressible(c); !why.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot export as a Hugging Face model: ", why));
+  if (std::string why = UnexpressibleMoe(c, kMixtral); !why.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot export as ", kHf, ": ", why));
   }
   const int64_t D = c.d_model, V = c.vocab_size, F = ResolveDff(c.d_model, c.d_ff);
   const int64_t E = c.moe.num_experts;
   NamedTensors out;
   auto take = [&](const std::string& name, std::vector<int64_t> shape) -> absl::Status {
-    return CheckShape(t, name, std::move(shape));
+    if (auto s = CheckShape(t, name, std::move(shape)); !s.ok()) return s;
+    return CheckExportableWeight(name, t.at(name));
   };
+  if (auto s = CheckRoutingBiases(biases, options.drop_routing_bias, kHf, kMixtral); !s.ok()) {
+    return s;
+  }
   if (auto s = take("embed", {V, D}); !s.ok()) return s;
   out.emplace_back("model.embed_tokens.weight", t.at("embed"));
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -156,19 +204,6 @@ absl::StatusOr<NamedTensors> ToHfTensors(const ModelConfig& c,
                                                                    {"experts.w3", {E, F, D}},
                                                                    {"experts.w2", {E, D, F}}}) {
       if (auto s = take(p + name, shape); !s.ok()) return s;
-    }
-    auto b = biases.find(i);
-    if (b != biases.end() && !options.drop_routing_bias) {
-      const double top = b->second.abs().max().item<double>();
-      if (top != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "cannot export as a Hugging Face model: layer ", i,
-            " selects experts with balancing biases (largest |bias| ", top,
-            "), and MixtralForCausalLM selects by the router's scores alone, so some tokens "
-            "would go to other experts. Train with model.moe.bias_balancing: false, or pass "
-            "--drop_routing_bias to export anyway (the exported model's outputs then differ "
-            "from Tally's)"));
-      }
     }
     const std::string m = h + "block_sparse_moe.";
     out.emplace_back(m + "gate.weight", t.at(p + "router"));

@@ -25,7 +25,10 @@
 // (capacity_factor), top-1 routing (Tally keeps the raw score as the gate;
 // Mixtral renormalises it to 1), and non-zero expert-selection biases (Mixtral
 // selects by the router's scores alone) unless the caller accepts the
-// difference.
+// difference. The GGUF export (model/gguf.h) refuses the same, through the
+// same checks. So does a weight that is not finite or larger in magnitude
+// than F16 holds (65504): vLLM runs an FP32 model in F16 by default, and
+// llama.cpp stores it so.
 #ifndef TALLY_WORKER_MODEL_HF_H_
 #define TALLY_WORKER_MODEL_HF_H_
 
@@ -54,6 +57,31 @@ struct HfExportOptions {
   std::string tokenizer_model;
 };
 
+// Why a Mixture-of-Experts model of shape `c` cannot be run as `target`
+// ("MixtralForCausalLM", "llama.cpp's llama architecture"), which routes
+// every layer by a softmax over its router, to its top k >= 2 experts, with
+// their scores renormalised to sum to 1, and has no shared expert: the
+// ModelConfig field and why, or "" for one it can (and for a dense model).
+std::string UnexpressibleMoe(const ModelConfig& c, const std::string& target);
+
+// FailedPrecondition "cannot export as `format`: layer N selects experts with
+// balancing biases ..." for the first layer whose selection biases are not all
+// zero (`target` selects by the router's scores alone, so some tokens would
+// go to other experts), naming both fixes; OK when `drop` (the caller accepts
+// the difference) or every bias is zero.
+absl::Status CheckRoutingBiases(const std::map<int64_t, at::Tensor>& biases, bool drop,
+                                const std::string& format, const std::string& target);
+
+// The largest magnitude an exported weight may hold: F16's largest finite
+// value.
+inline constexpr double kMaxExportedWeight = 65504.0;
+
+// FailedPrecondition naming tensor `name`, the value and where it is, for
+// the first element of `t` that is NaN, infinite or larger in magnitude than
+// kMaxExportedWeight (no trained model's weights are; a run that diverged
+// has them): export an earlier checkpoint.
+absl::Status CheckExportableWeight(const std::string& name, const at::Tensor& t);
+
 // config.json for `c`; FailedPrecondition naming the feature for a shape
 // neither class can express.
 absl::StatusOr<nlohmann::ordered_json> HfConfig(const ModelConfig& c,
@@ -61,8 +89,9 @@ absl::StatusOr<nlohmann::ordered_json> HfConfig(const ModelConfig& c,
 
 // The Hugging Face tensors for Tally's `tensors` (by Tally parameter name,
 // as Transformer::parameters() names them) and MoE selection `biases` (by
-// layer). FailedPrecondition for a missing or misshapen tensor, or non-zero
-// biases unless options.drop_routing_bias.
+// layer). FailedPrecondition for a missing or misshapen tensor, a weight
+// CheckExportableWeight refuses, or non-zero biases unless
+// options.drop_routing_bias.
 absl::StatusOr<NamedTensors> ToHfTensors(const ModelConfig& c,
                                          const std::map<std::string, at::Tensor>& tensors,
                                          const std::map<int64_t, at::Tensor>& biases,
