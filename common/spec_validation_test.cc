@@ -394,6 +394,54 @@ training:
   EXPECT_THAT(typo.status().message(), HasSubstr("training.distill.teacher.ckpt"));
 }
 
+TEST(SpecValidationTest, QuantizationFromYamlWithDefaultsAndItsRefusals) {
+  auto spec = ParseJobSpecYaml(R"(
+model: {num_layers: 2, d_model: 64, num_heads: 4}
+data: {train_path: /data/corpus, seq_len: 128}
+training: {max_steps: 10, qat: {format: q4_0}}
+early_stopping: {patience: 2, metric: quantized_val_loss}
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ApplySpecDefaults(&*spec);
+  EXPECT_TRUE(ValidateJobSpec(*spec).ok()) << ValidateJobSpec(*spec);
+  EXPECT_EQ(spec->training().qat().layers(), "ffn");
+  EXPECT_EQ(spec->training().eval_quantized(), "q4_0");
+  EXPECT_EQ(spec->training().eval_quantized_layers(), "ffn");
+
+  auto refused = [](const std::string& yaml) {
+    auto s = ParseJobSpecYaml(yaml);
+    EXPECT_TRUE(s.ok()) << s.status();
+    ApplySpecDefaults(&*s);
+    return std::string(ValidateJobSpec(*s).message());
+  };
+  const std::string base =
+      "model: {num_layers: 2, d_model: 64, num_heads: 4}\n"
+      "data: {train_path: /data/corpus, seq_len: 128}\n";
+  EXPECT_THAT(refused(base + "training: {max_steps: 10, qat: {format: q4_1}}"),
+              HasSubstr("spec.training.qat.format: must be q8_0 or q4_0"));
+  EXPECT_THAT(refused(base + "training: {max_steps: 10, qat: {format: q8_0, layers: attn}}"),
+              HasSubstr("spec.training.qat.layers: must be ffn"));
+  EXPECT_THAT(refused(base + "training: {max_steps: 10, eval_quantized: int8}"),
+              HasSubstr("spec.training.eval_quantized: must be q8_0 or q4_0"));
+  EXPECT_THAT(refused(base + "training: {max_steps: 10, eval_quantized_layers: ffn}"),
+              HasSubstr("spec.training.eval_quantized_layers: is set but"));
+  EXPECT_THAT(
+      refused(base + "training: {max_steps: 10, qat: {format: q4_0}, eval_quantized: q8_0}"),
+      HasSubstr("spec.training.eval_quantized: with training.qat"));
+  EXPECT_THAT(refused(base + "training: {max_steps: 10, qat: {format: q4_0}}\n"
+                             "precision: {compute: PRECISION_FP8}"),
+              HasSubstr("spec.training.qat: cannot be combined with precision.compute"));
+  EXPECT_THAT(refused("model: {num_layers: 2, d_model: 48, num_heads: 4}\n"
+                      "data: {train_path: /data/corpus, seq_len: 128}\n"
+                      "training: {max_steps: 10, eval_quantized: q8_0}"),
+              HasSubstr("model.d_model must be a multiple of 32, got 48"));
+  EXPECT_THAT(refused(base + "training: {max_steps: 10}\n"
+                             "early_stopping: {metric: quantized_val_loss}"),
+              HasSubstr("spec.early_stopping.metric: quantized_val_loss needs a quantized"));
+  EXPECT_THAT(refused(base + "training: {max_steps: 10}\nearly_stopping: {metric: loss}"),
+              HasSubstr("spec.early_stopping.metric: must be val_loss"));
+}
+
 TEST(SpecValidationTest, DisplayNameCountsCharactersNotBytes) {
   JobSpec spec = GoodSpec();
   std::string name;
