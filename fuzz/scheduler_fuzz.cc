@@ -116,6 +116,17 @@ tally::v1::JobSpec PickSpec(FuzzedDataProvider& in) {
     spec.mutable_resources()->set_capacity(kCapacities[in.ConsumeIntegralInRange<int>(0, 2)]);
     spec.set_max_preemptions(in.ConsumeIntegralInRange<int>(0, 2));
   }
+  // A quantized evaluation, sometimes the metric the rules judge (a
+  // worker's report then needs quantized_val_loss, refused without).
+  if (in.ConsumeBool()) {
+    spec.mutable_model()->set_d_model(32);
+    spec.mutable_training()->set_eval_quantized(in.ConsumeBool() ? "q4_0" : "q8_0");
+    if (in.ConsumeBool()) spec.mutable_early_stopping()->set_metric("quantized_val_loss");
+    if (in.ConsumeBool()) {
+      spec.mutable_early_stopping()->set_target_val_loss(
+          in.ConsumeFloatingPointInRange<double>(0.5, 5));
+    }
+  }
   return spec;
 }
 
@@ -202,6 +213,7 @@ WorkerMessage PickMessage(FuzzedDataProvider& in, const std::vector<tally::v1::A
       e->set_bits_per_byte(PickDouble(in));
       e->set_doc_val_loss(PickDouble(in));
       e->set_docs(PickInt(in));
+      if (in.ConsumeBool()) e->set_quantized_val_loss(PickDouble(in));
       break;
     }
     case 3: {

@@ -9,6 +9,7 @@
 #include "common/model_flops.h"
 #include "common/proto_time.h"
 #include "server/policy/cost.h"
+#include "server/policy/loss_metric.h"
 
 namespace tally::ledger {
 
@@ -108,14 +109,19 @@ Accrual CostLedger::ChargeRedone(const tally::v1::CostStatus& cost,
 tally::v1::Checkpoint CostLedger::PriceCheckpoint(
     const tally::v1::Job& job, tally::v1::Checkpoint ck,
     const std::optional<tally::v1::Checkpoint>& previous) const {
+  // Gains are of the loss the job is judged by (its early-stopping
+  // baseline is of that metric too); an unknown loss is 0.
+  const policy::LossMetric metric =
+      policy::ParseLossMetric(job.spec().early_stopping().metric());
+  auto known = [](double loss) { return std::isfinite(loss) && loss > 0 ? loss : 0.0; };
   policy::PreviousCheckpoint prev;
   if (previous) {
-    prev = {previous->cost_usd(), previous->tokens(), previous->val_loss()};
+    prev = {previous->cost_usd(), previous->tokens(), known(policy::LossOf(metric, *previous))};
   } else if (job.early_stopping().has_baseline()) {
-    prev.val_loss = job.early_stopping().baseline_val_loss();
+    prev.val_loss = known(job.early_stopping().baseline_val_loss());
   }
-  const policy::CheckpointPrice p =
-      policy::PriceCheckpoint(job.cost().cost_usd(), ck.tokens(), ck.val_loss(), prev);
+  const policy::CheckpointPrice p = policy::PriceCheckpoint(
+      job.cost().cost_usd(), ck.tokens(), known(policy::LossOf(metric, ck)), prev);
   ck.set_cost_usd(job.cost().cost_usd());
   ck.set_cost_since_previous_usd(p.cost_since_previous_usd);
   ck.set_tokens_since_previous(p.tokens_since_previous);

@@ -118,7 +118,9 @@ class CostLedger {
   Accrual ChargeRedone(const tally::v1::CostStatus& cost, bool checkpoint_at_exit) const;
 
   // `checkpoint` priced at the job's (accrued) cost against the previous
-  // checkpoint, or against the step-0 baseline for the first.
+  // checkpoint, or against the step-0 baseline for the first. The gain per
+  // dollar is of the job's early_stopping.metric: with quantized_val_loss,
+  // the checkpoints' quantized losses (policy/loss_metric.h).
   tally::v1::Checkpoint PriceCheckpoint(const tally::v1::Job& job,
                                         tally::v1::Checkpoint checkpoint,
                                         const std::optional<tally::v1::Checkpoint>& previous) const;

@@ -84,6 +84,37 @@ TEST(CostLedgerTest, PricesACheckpointAgainstThePreviousOrTheBaseline) {
   EXPECT_DOUBLE_EQ(second.usd_per_val_loss_improvement(), 2.0);
 }
 
+// With early_stopping.metric quantized_val_loss the gain is of the quantized
+// loss (the baseline is of it too): a checkpoint whose val_loss improved but
+// whose quantized loss did not has no price per gain.
+TEST(CostLedgerTest, PricesACheckpointByTheQuantizedLossWhenThatIsTheMetric) {
+  tally::v1::Job j;
+  j.mutable_spec()->mutable_early_stopping()->set_metric("quantized_val_loss");
+  j.mutable_cost()->set_cost_usd(3.0);
+  j.mutable_early_stopping()->set_has_baseline(true);
+  j.mutable_early_stopping()->set_baseline_val_loss(5.5);  // the step-0 quantized loss
+  tally::v1::Checkpoint ck;
+  ck.set_tokens(1000);
+  ck.set_val_loss(4.0);
+  ck.set_quantized_val_loss(4.5);
+  tally::v1::Checkpoint first = Ledger().PriceCheckpoint(j, ck, std::nullopt);
+  EXPECT_DOUBLE_EQ(first.usd_per_val_loss_improvement(), 3.0);  // $3 for 5.5 -> 4.5
+  EXPECT_DOUBLE_EQ(first.quantized_val_loss(), 4.5);
+  j.mutable_cost()->set_cost_usd(4.0);
+  ck.set_tokens(3000);
+  ck.set_val_loss(3.5);            // better in float
+  ck.set_quantized_val_loss(4.6);  // worse quantized
+  tally::v1::Checkpoint second = Ledger().PriceCheckpoint(j, ck, first);
+  EXPECT_DOUBLE_EQ(second.cost_since_previous_usd(), 1.0);
+  EXPECT_DOUBLE_EQ(second.usd_per_val_loss_improvement(), 0);
+  ck.set_quantized_val_loss(4.0);
+  tally::v1::Checkpoint third = Ledger().PriceCheckpoint(j, ck, first);
+  EXPECT_DOUBLE_EQ(third.usd_per_val_loss_improvement(), 2.0);  // $1 for 4.5 -> 4.0
+  // Not evaluated quantized at its step: no gain to price.
+  ck.clear_quantized_val_loss();
+  EXPECT_DOUBLE_EQ(Ledger().PriceCheckpoint(j, ck, first).usd_per_val_loss_improvement(), 0);
+}
+
 TEST(CostLedgerTest, BudgetStopsAtMaxDollars) {
   tally::v1::Job j = RunningJob(1, absl::UnixEpoch());
   j.mutable_spec()->mutable_budget()->set_max_dollars(0.05);

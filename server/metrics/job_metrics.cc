@@ -129,7 +129,15 @@ JobMetrics::JobMetrics(Registry* registry, JobMetricsOptions options)
   step_ = gauge("tally_job_step", "Latest step of a job (its last, once it has ended).");
   train_loss_ = gauge("tally_job_train_loss", "Latest training loss of a job.");
   val_loss_ = gauge("tally_job_val_loss", "Latest validation loss of a job.");
-  best_val_loss_ = gauge("tally_job_best_val_loss", "Best validation loss of a job so far.");
+  quantized_val_loss_ = gauge(
+      "tally_job_quantized_val_loss",
+      "Latest quantized validation loss of a job: the same evaluation with its chosen linears "
+      "quantized as its GGUF export will be (training.qat or training.eval_quantized; only jobs "
+      "that have one).");
+  best_val_loss_ = gauge("tally_job_best_val_loss",
+                         "Best loss of a job so far, of the metric its early stopping judges "
+                         "(the validation loss, or the quantized one with early_stopping.metric "
+                         "quantized_val_loss).");
   tokens_ = counter("tally_job_tokens_total",
                     "Tokens a job's attempts have computed, by kind (useful or padding); redone "
                     "work after a resume counts again.");
@@ -178,9 +186,11 @@ JobMetrics::JobMetrics(Registry* registry, JobMetricsOptions options)
                                "MoE jobs: evaluations in a row at which routing had collapsed "
                                "(the routing warning is recorded at 3).");
   forecast_ = gauge("tally_job_forecast_val_loss",
-                    "Validation loss a job's fitted loss curve predicts at max_steps, by bound "
-                    "(predicted, low, high).");
-  target_ = gauge("tally_job_target_val_loss", "The target validation loss in force for a job.");
+                    "Loss a job's fitted loss curve predicts at max_steps, by bound "
+                    "(predicted, low, high), of the metric its early stopping judges.");
+  target_ = gauge("tally_job_target_val_loss",
+                  "The target loss in force for a job, of the metric its early stopping judges "
+                  "(val_loss, or quantized_val_loss).");
   fleet_tokens_ = counter("tally_tokens_total",
                           "Tokens computed by all attempts, by kind (useful or padding) and GPU "
                           "type.");
@@ -277,6 +287,7 @@ void JobMetrics::SetRecordGauges(const tally::v1::Job& j, const tally::v1::CostS
   }
   if (j.train_loss() != 0) SetSimple(s, n, train_loss_, j.train_loss());
   if (j.val_loss() != 0) SetSimple(s, n, val_loss_, j.val_loss());
+  if (j.has_quantized_val_loss()) SetSimple(s, n, quantized_val_loss_, j.quantized_val_loss());
   if (j.early_stopping().has_best()) {
     SetSimple(s, n, best_val_loss_, j.early_stopping().best_val_loss());
   }

@@ -185,6 +185,7 @@ class JobMetrics {
   GaugeFamily* step_;
   GaugeFamily* train_loss_;
   GaugeFamily* val_loss_;
+  GaugeFamily* quantized_val_loss_;
   GaugeFamily* best_val_loss_;
   CounterFamily* tokens_;
   GaugeFamily* useful_tokens_per_second_;

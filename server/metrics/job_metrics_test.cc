@@ -132,6 +132,37 @@ TEST(JobMetricsTest, FinalValuesStayForTheRetentionThenEverySeriesGoes) {
   EXPECT_EQ(m.NumJobs(), 0u);
 }
 
+// tally_job_quantized_val_loss: only for a job evaluated quantized, with the
+// val_loss gauge's lifetime (final value kept for the retention, then gone,
+// rebuilt by a restart within it).
+TEST(JobMetricsTest, TheQuantizedLossIsAGaugeOfJobsThatHaveOne) {
+  Registry registry;
+  JobMetrics m(&registry);  // 15 minutes
+  tally::v1::Job j = Running();
+  m.Update(j);
+  EXPECT_THAT(SerializeText(registry.Collect()),
+              Not(HasSubstr("tally_job_quantized_val_loss{")))
+      << "absent is not 0";
+  EXPECT_THAT(SerializeText(registry.Collect()),
+              HasSubstr("# HELP tally_job_quantized_val_loss Latest quantized validation loss"));
+  j.set_quantized_val_loss(2.78);
+  m.Update(j);
+  EXPECT_EQ(Series(registry)["tally_job_quantized_val_loss{tally_job=\"jobs/7\"}"], 2.78);
+  j.set_quantized_val_loss(2.74);
+  const absl::Time end = absl::FromUnixSeconds(1000);
+  m.Update(Ended(j, tally::v1::JOB_STATE_SUCCEEDED, 1000));
+  m.Expire(end + absl::Minutes(15) - absl::Seconds(1));
+  EXPECT_EQ(Series(registry)["tally_job_quantized_val_loss{tally_job=\"jobs/7\"}"], 2.74);
+  m.Expire(end + absl::Minutes(15));
+  EXPECT_THAT(SerializeText(registry.Collect()), Not(HasSubstr("jobs/7")));
+  // A restart within the retention brings the final value back.
+  Registry after_restart;
+  JobMetrics restored(&after_restart);
+  restored.RestoreEnded(Ended(j, tally::v1::JOB_STATE_SUCCEEDED, 1000), {},
+                        end + absl::Minutes(5));
+  EXPECT_EQ(Series(after_restart)["tally_job_quantized_val_loss{tally_job=\"jobs/7\"}"], 2.74);
+}
+
 TEST(JobMetricsTest, ZeroRetentionRemovesAtOnce) {
   Registry registry;
   JobMetricsOptions o;

@@ -13,9 +13,10 @@ double CostUsd(absl::Duration held, int gpus, double usd_per_gpu_hour);
 struct CheckpointPrice {
   double cost_since_previous_usd = 0;
   int64_t tokens_since_previous = 0;
-  // Dollars spent since the previous checkpoint per unit of validation loss
-  // it gained over the previous checkpoint's loss (or the step-0 baseline for
-  // the first). 0 when it gained nothing or either loss is unknown.
+  // Dollars spent since the previous checkpoint per unit of loss it gained
+  // over the previous checkpoint's loss (or the step-0 baseline for the
+  // first), of whichever metric the job is judged by (the caller passes that
+  // metric's losses). 0 when it gained nothing or either loss is unknown.
   double usd_per_val_loss_improvement = 0;
 };
 

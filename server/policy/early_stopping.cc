@@ -44,7 +44,7 @@ EarlyStoppingDecision ObserveEval(const EarlyStoppingRules& r, EarlyStoppingStat
   };
   if (!std::isfinite(val)) {
     return stop(StopRule::kDivergence,
-                absl::StrFormat("divergence: validation loss is %f at step %d", val, step));
+                absl::StrFormat("divergence: %s is %f at step %d", r.metric_name, val, step));
   }
   if (step == 0 && !s->has_baseline) {
     s->has_baseline = true;
@@ -69,25 +69,26 @@ EarlyStoppingDecision ObserveEval(const EarlyStoppingRules& r, EarlyStoppingStat
   }
   if (r.divergence_factor > 0 && val > s->best * r.divergence_factor) {
     return stop(StopRule::kDivergence,
-                absl::StrFormat("divergence: validation loss %.4f at step %d is above %g x "
+                absl::StrFormat("divergence: %s %.4f at step %d is above %g x "
                                 "the best %.4f (step %d)",
-                                val, step, r.divergence_factor, s->best, s->best_step));
+                                r.metric_name, val, step, r.divergence_factor, s->best,
+                                s->best_step));
   }
   if (r.baseline_evals > 0 && s->has_baseline && s->evals - 1 >= r.baseline_evals &&
       !(s->best < s->baseline * (1.0 - r.baseline_min_rel_gain))) {
     return stop(StopRule::kNoGainOverBaseline,
                 absl::StrFormat("no gain over baseline: after %d evaluations the best "
-                                "validation loss %.4f (step %d) has not beaten the step-0 "
+                                "%s %.4f (step %d) has not beaten the step-0 "
                                 "baseline %.4f by %g%%",
-                                s->evals - 1, s->best, s->best_step, s->baseline,
+                                s->evals - 1, r.metric_name, s->best, s->best_step, s->baseline,
                                 100 * r.baseline_min_rel_gain));
   }
   if (r.patience > 0 && s->evals >= r.min_evals && s->evals_since_best >= r.patience) {
     return stop(StopRule::kPatience,
                 absl::StrFormat("patience: %d evaluations without improving on the best "
-                                "validation loss %.4f (step %d) by %g%%%s; latest %.4f at "
+                                "%s %.4f (step %d) by %g%%%s; latest %.4f at "
                                 "step %d",
-                                s->evals_since_best, s->best, s->best_step,
+                                s->evals_since_best, r.metric_name, s->best, s->best_step,
                                 100 * r.min_rel_delta,
                                 r.min_delta > 0 ? absl::StrFormat(" or %g", r.min_delta) : "",
                                 val, step));

@@ -13,6 +13,9 @@
 //   min_delta is set. Equal to the threshold is not an improvement.
 // An evaluation at a step already counted (a resumed attempt evaluating
 // again) is ignored, so a restart never double-counts.
+// The loss passed in is the one the job's early_stopping.metric names
+// (policy/loss_metric.h): the rules are the same for either, and their
+// reasons name it (`metric_name`).
 #ifndef TALLY_SERVER_POLICY_EARLY_STOPPING_H_
 #define TALLY_SERVER_POLICY_EARLY_STOPPING_H_
 
@@ -29,6 +32,9 @@ struct EarlyStoppingRules {
   double divergence_factor = 0;   // 0: only NaN/Inf diverge
   int baseline_evals = 0;         // 0: no baseline rule
   double baseline_min_rel_gain = 0;
+  // What the reasons call the loss judged: "validation loss", or
+  // "quantized_val_loss" when the rules judge the quantized loss.
+  std::string metric_name = "validation loss";
 };
 
 struct EarlyStoppingState {
@@ -52,8 +58,9 @@ struct EarlyStoppingDecision {
   bool counted = false;     // false: a step already seen, ignored
 };
 
+// `loss`: the evaluation's value of the judged metric.
 EarlyStoppingDecision ObserveEval(const EarlyStoppingRules& rules, EarlyStoppingState* state,
-                                  int64_t step, double val_loss);
+                                  int64_t step, double loss);
 
 int PatienceLeft(const EarlyStoppingRules& rules, const EarlyStoppingState& state);
 

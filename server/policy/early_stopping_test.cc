@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/policy/loss_metric.h"
 #include "server/policy/stop_rules.h"
 
 namespace tally::policy {
@@ -114,6 +115,55 @@ TEST(EarlyStoppingTest, RestartInTheMiddleOfThePatienceWindow) {
   EXPECT_FALSE(ObserveEval(r, &restored, 20, 5).counted);
   auto d = ObserveEval(r, &restored, 30, 5);
   EXPECT_EQ(d.rule, StopRule::kPatience);
+}
+
+// The rules judge whatever loss they are given; their reasons name it.
+TEST(EarlyStoppingTest, ReasonsNameTheMetricJudged) {
+  EarlyStoppingRules r = Patience(1);
+  r.metric_name = kQuantizedValLossMetric;
+  EarlyStoppingState s;
+  ObserveEval(r, &s, 0, 5);
+  auto d = ObserveEval(r, &s, 10, 5);
+  ASSERT_EQ(d.rule, StopRule::kPatience);
+  EXPECT_THAT(d.reason, HasSubstr("best quantized_val_loss 5.0000 (step 0)"));
+  r.divergence_factor = 1.5;
+  EarlyStoppingState t;
+  ObserveEval(r, &t, 0, 2);
+  d = ObserveEval(r, &t, 10, 3.5);
+  ASSERT_EQ(d.rule, StopRule::kDivergence);
+  EXPECT_THAT(d.reason, HasSubstr("divergence: quantized_val_loss 3.5000 at step 10"));
+  EarlyStoppingState u;
+  d = ObserveEval(r, &u, 0, kNaN);
+  EXPECT_THAT(d.reason, HasSubstr("divergence: quantized_val_loss is nan"));
+  EarlyStoppingState v;
+  d = ObserveEval(Patience(1), &v, 0, kNaN);
+  EXPECT_THAT(d.reason, HasSubstr("divergence: validation loss is nan"));
+}
+
+// A point with val_loss() and an optional quantized_val_loss(), as the
+// protos have them.
+struct FakePoint {
+  double val = 0;
+  bool has_quantized = false;
+  double quantized = 0;
+  double val_loss() const { return val; }
+  bool has_quantized_val_loss() const { return has_quantized; }
+  double quantized_val_loss() const { return quantized; }
+};
+
+TEST(LossMetricTest, NamesParseAndValues) {
+  EXPECT_EQ(ParseLossMetric(""), LossMetric::kValLoss);
+  EXPECT_EQ(ParseLossMetric("val_loss"), LossMetric::kValLoss);
+  EXPECT_EQ(ParseLossMetric("quantized_val_loss"), LossMetric::kQuantizedValLoss);
+  EXPECT_STREQ(LossMetricName(LossMetric::kValLoss), "val_loss");
+  EXPECT_STREQ(LossMetricName(LossMetric::kQuantizedValLoss), "quantized_val_loss");
+  const FakePoint both{2.0, true, 2.5};
+  const FakePoint float_only{2.0, false, 0};
+  EXPECT_EQ(LossOf(LossMetric::kValLoss, both), 2.0);
+  EXPECT_EQ(LossOf(LossMetric::kQuantizedValLoss, both), 2.5);
+  EXPECT_EQ(LossOf(LossMetric::kValLoss, float_only), 2.0);
+  EXPECT_TRUE(std::isnan(LossOf(LossMetric::kQuantizedValLoss, float_only)))
+      << "absent is no evaluation, never 0";
 }
 
 // Every rule the early-stopping policy decides is one tally_early_stops_total

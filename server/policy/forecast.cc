@@ -386,6 +386,7 @@ LossForecast ForecastFinalLoss(const std::vector<ForecastPoint>& curve, const Fo
   }
 
   LossForecast f;
+  f.metric = options.metric;
   f.at_step = run.max_steps;
   f.at_tokens = static_cast<double>(run.max_steps) * run.tokens_per_step;
   std::vector<ForecastPoint> fitted;
@@ -432,9 +433,9 @@ LossForecast ForecastFinalLoss(const std::vector<ForecastPoint>& curve, const Fo
   if (RisesBeyondNoise(samples, t_ref, t_first, options.band_k, mean_abs)) {
     f.status = ForecastStatus::kRising;
     f.reason = absl::StrFormat(
-        "forecast: the validation loss rises, from %s at step %d to %s at step %d over "
+        "forecast: the %s rises, from %s at step %d to %s at step %d over "
         "%d evaluations after warm-up; a rising curve has no forecast%s",
-        Num(fitted.front().val_loss), fitted.front().step, Num(last_loss), fitted.back().step,
+        f.metric == "val_loss" ? std::string("validation loss") : f.metric, Num(fitted.front().val_loss), fitted.front().step, Num(last_loss), fitted.back().step,
         f.evals_used, excluded);
     return f;
   }
@@ -467,9 +468,9 @@ LossForecast ForecastFinalLoss(const std::vector<ForecastPoint>& curve, const Fo
 
   f.status = ForecastStatus::kOk;
   f.reason = absl::StrFormat(
-      "forecast: final val_loss %s (band %s to %s) at step %d from %d evals "
+      "forecast: final %s %s (band %s to %s) at step %d from %d evals "
       "(steps %d to %d; L = %s + %s t^-%.3f)%s%s",
-      Num(f.predicted), Num(f.low), Num(f.high), f.at_step, f.evals_used, fitted.front().step,
+      f.metric, Num(f.predicted), Num(f.low), Num(f.high), f.at_step, f.evals_used, fitted.front().step,
       s_last, Num(f.a), Num(f.b), f.c,
       f.evals_outliers > 0 ? absl::StrFormat("; %d outlier(s) down-weighted", f.evals_outliers)
                            : "",
@@ -480,8 +481,8 @@ LossForecast ForecastFinalLoss(const std::vector<ForecastPoint>& curve, const Fo
 namespace {
 
 std::string Summary(const LossForecast& f) {
-  return absl::StrFormat("forecast: final val_loss %s (%s to %s) at step %d from %d evals",
-                         Num(f.predicted), Num(f.low), Num(f.high), f.at_step, f.evals_used);
+  return absl::StrFormat("forecast: final %s %s (%s to %s) at step %d from %d evals",
+                         f.metric, Num(f.predicted), Num(f.low), Num(f.high), f.at_step, f.evals_used);
 }
 
 }  // namespace

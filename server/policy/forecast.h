@@ -128,6 +128,9 @@ struct ForecastOptions {
   double band_k = 2.0;               // band half-width in residual standard deviations
   double min_rel_std = 0.002;        // floor of the residual std, x the last fitted loss
   double lr_decay_allowance = 0.10;  // relative drop the remaining cosine decay may bring
+  // The loss the curve is of, as reasons name it ("val_loss", or
+  // "quantized_val_loss": policy/loss_metric.h).
+  std::string metric = "val_loss";
 };
 
 enum class ForecastStatus { kOk, kInvalidInput, kTooFewEvals, kRising };
@@ -148,6 +151,7 @@ struct LossForecast {
   int evals_before_fit = 0;    // at step <= settle_warmups x warmup_steps or with no tokens
   int evals_non_finite = 0;
   int evals_outliers = 0;  // fitted with Huber weight < 0.5
+  std::string metric = "val_loss";  // ForecastOptions::metric
   bool ok() const { return status == ForecastStatus::kOk; }
 };
 

@@ -397,5 +397,20 @@ TEST(Forecast, DecisionsOnARealForecast) {
   EXPECT_TRUE(CannotImproveBy(f, 2.6, 0.3).stop) << f.reason;
 }
 
+// A curve of the quantized loss is fitted the same; its reasons name it.
+TEST(Forecast, ReasonsNameTheMetric) {
+  ForecastOptions options;
+  options.metric = "quantized_val_loss";
+  const LossForecast f = ForecastFinalLoss(Curve(NoisyPowerLaw(2.0, 40.0, 0.35, 0.003, 21)),
+                                           MakeRun(0.1), options);
+  ASSERT_TRUE(f.ok()) << f.reason;
+  EXPECT_EQ(f.metric, "quantized_val_loss");
+  EXPECT_THAT(f.reason, HasSubstr("forecast: final quantized_val_loss "));
+  EXPECT_THAT(CannotReach(f, 1.9).reason, HasSubstr("final quantized_val_loss"));
+  const LossForecast plain =
+      ForecastFinalLoss(Curve(NoisyPowerLaw(2.0, 40.0, 0.35, 0.003, 21)), MakeRun(0.1));
+  EXPECT_THAT(plain.reason, HasSubstr("forecast: final val_loss "));
+}
+
 }  // namespace
 }  // namespace tally::policy

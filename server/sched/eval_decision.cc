@@ -5,13 +5,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/policy/loss_metric.h"
 #include "server/policy/stop_rules.h"
 
 namespace tally::sched {
 namespace {
 
+using policy::LossMetric;
+
 policy::EarlyStoppingRules Rules(const tally::v1::EarlyStoppingSpec& s) {
   policy::EarlyStoppingRules r;
+  if (policy::ParseLossMetric(s.metric()) == LossMetric::kQuantizedValLoss) {
+    r.metric_name = policy::kQuantizedValLossMetric;
+  }
   r.patience = s.patience();
   r.min_rel_delta = s.min_rel_delta();
   r.min_delta = s.min_delta();
@@ -52,10 +58,20 @@ EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& 
                         bool routing_collapsed) {
   EvalDecision out;
   out.early_stopping = job.early_stopping();
-  policy::EarlyStoppingState state = FromStatus(job.early_stopping());
-  const policy::EarlyStoppingDecision d =
-      policy::ObserveEval(Rules(job.spec().early_stopping()), &state, eval.step(), eval.val_loss());
-  ToStatus(state, &out.early_stopping);
+  const LossMetric metric = MetricOf(job);
+  out.early_stopping.set_metric(policy::LossMetricName(metric));
+  policy::EarlyStoppingDecision d;
+  // An evaluation without the judged loss (reports checks refuse one for a
+  // job evaluated quantized) is not judged.
+  if (metric == LossMetric::kValLoss || eval.has_quantized_val_loss()) {
+    policy::EarlyStoppingState state = FromStatus(job.early_stopping());
+    d = policy::ObserveEval(Rules(job.spec().early_stopping()), &state, eval.step(),
+                            policy::LossOf(metric, eval));
+    ToStatus(state, &out.early_stopping);
+  } else {
+    d.patience_left = policy::PatienceLeft(Rules(job.spec().early_stopping()),
+                                           FromStatus(job.early_stopping()));
+  }
   out.early_stopping.set_patience_left(d.patience_left);
 
   out.routing = job.routing();
@@ -71,11 +87,20 @@ EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& 
   return out;
 }
 
+policy::LossMetric MetricOf(const tally::v1::Job& job) {
+  return policy::ParseLossMetric(job.spec().early_stopping().metric());
+}
+
 std::vector<policy::CurvePoint> CurveOf(const tally::v1::Job& job) {
+  return CurveOf(job, MetricOf(job));
+}
+
+std::vector<policy::CurvePoint> CurveOf(const tally::v1::Job& job, policy::LossMetric metric) {
   std::vector<policy::CurvePoint> out;
   out.reserve(job.curve_size());
   for (const auto& e : job.curve()) {
-    out.push_back({e.step(), e.tokens(), e.cost_usd(), e.gpu_seconds(), e.val_loss()});
+    out.push_back(
+        {e.step(), e.tokens(), e.cost_usd(), e.gpu_seconds(), policy::LossOf(metric, e)});
   }
   return out;
 }
@@ -85,6 +110,7 @@ policy::LossForecast ForecastOf(const tally::v1::Job& j) {
   // time linear in its points (about 9 ms for 512, 2 ms for 128 here): a
   // long curve is fitted on 128 evenly spread points, its latest included.
   constexpr int kMaxFitPoints = 128;
+  const LossMetric metric = MetricOf(j);
   const int n = j.curve_size();
   const int stride = (n + kMaxFitPoints - 1) / kMaxFitPoints;
   std::vector<policy::ForecastPoint> points;
@@ -96,7 +122,11 @@ policy::LossForecast ForecastOf(const tally::v1::Job& j) {
     if (e.step() > 0 && e.tokens() > 0) {
       tokens_per_step = static_cast<double>(e.tokens()) / static_cast<double>(e.step());
     }
-    if ((n - 1 - i) % stride == 0) points.push_back({e.step(), e.tokens(), e.val_loss()});
+    // A point without the judged loss (not evaluated quantized) is none.
+    if ((n - 1 - i) % stride == 0 &&
+        (metric == LossMetric::kValLoss || e.has_quantized_val_loss())) {
+      points.push_back({e.step(), e.tokens(), policy::LossOf(metric, e)});
+    }
   }
   const auto& spec = j.spec();
   policy::ForecastRun run;
@@ -108,6 +138,7 @@ policy::LossForecast ForecastOf(const tally::v1::Job& j) {
   run.min_lr_ratio = spec.optimizer().lr() > 0 ? spec.optimizer().min_lr() / spec.optimizer().lr()
                                                : 1.0;
   policy::ForecastOptions options;
+  options.metric = policy::LossMetricName(metric);
   if (spec.early_stopping().forecast_min_evals() > 0) {
     options.min_evals = spec.early_stopping().forecast_min_evals();
   }
@@ -134,28 +165,39 @@ void AddCurvePoint(tally::v1::Job& j, const tally::v1::EvalResult& ev) {
   e.set_cost_usd(j.cost().cost_usd());
   e.set_gpu_seconds(j.cost().gpu_seconds());
   e.set_val_loss(ev.val_loss());
+  if (ev.has_quantized_val_loss()) e.set_quantized_val_loss(ev.quantized_val_loss());
 }
 
 std::optional<EvalEvent> RecordTargetReached(tally::v1::Job& j) {
   if (j.target_val_loss() <= 0 || j.has_target_reached()) return std::nullopt;
-  auto x = policy::FindTargetCrossing(CurveOf(j), j.target_val_loss());
+  const LossMetric metric = MetricOf(j);
+  auto x = policy::FindTargetCrossing(CurveOf(j, metric), j.target_val_loss());
   if (!x) return std::nullopt;
   tally::v1::TargetReached& t = *j.mutable_target_reached();
   t.set_target_val_loss(j.target_val_loss());
+  t.set_metric(policy::LossMetricName(metric));
   t.set_step(x->at.step);
   t.set_tokens(x->at.tokens);
   t.set_cost_usd(x->at.cost_usd);
   t.set_gpu_seconds(x->at.gpu_seconds);
   t.set_val_loss(x->at.val_loss);
+  // The evaluation's own losses, whichever the target is of.
+  for (const tally::v1::EvalPoint& p : j.curve()) {
+    if (p.step() != x->at.step) continue;
+    t.set_val_loss(p.val_loss());
+    if (p.has_quantized_val_loss()) t.set_quantized_val_loss(p.quantized_val_loss());
+    break;
+  }
   t.set_cost_to_target_usd(x->cost_usd);
   t.set_tokens_to_target(x->tokens);
   t.set_gpu_seconds_to_target(x->gpu_seconds);
   EvalEvent e;
   e.type = "target_reached";
   e.reason = absl::StrFormat(
-      "target reached: val_loss %.4f <= target %.4f at step %d ($%.4f; $%.4f to the "
+      "target reached: %s %.4f <= target %.4f at step %d ($%.4f; $%.4f to the "
       "target itself)",
-      x->at.val_loss, j.target_val_loss(), x->at.step, x->at.cost_usd, x->cost_usd);
+      policy::LossMetricName(metric), x->at.val_loss, j.target_val_loss(), x->at.step,
+      x->at.cost_usd, x->cost_usd);
   e.detail = absl::StrFormat("%.0f tokens and %.1f GPU-seconds to the target", x->tokens,
                              x->gpu_seconds);
   return e;
@@ -173,6 +215,11 @@ EvalOutcome DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& e
     j.set_tokens(ev.tokens());
   }
   j.set_val_loss(ev.val_loss());
+  if (ev.has_quantized_val_loss()) {
+    j.set_quantized_val_loss(ev.quantized_val_loss());
+  } else {
+    j.clear_quantized_val_loss();
+  }
   EvalEvent& eval_event = o.events.emplace_back();
   eval_event.type = "eval";
   eval_event.detail = absl::StrCat(ev.bits_per_byte(), " bits/byte");
@@ -181,13 +228,15 @@ EvalOutcome DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& e
                     " over ", ev.docs(), " documents");
   }
   eval_event.val_loss = ev.val_loss();
+  if (ev.has_quantized_val_loss()) eval_event.quantized_val_loss = ev.quantized_val_loss();
   if (j.has_pending_stop()) {
     // Stopping already (the final evaluation of the stopped state): recorded,
     // no longer judged; but it is the run's state, and it may be its best.
     tally::v1::EarlyStoppingStatus& es = *j.mutable_early_stopping();
-    if (std::isfinite(ev.val_loss()) && (!es.has_best() || ev.val_loss() < es.best_val_loss())) {
+    const double loss = policy::LossOf(MetricOf(j), ev);
+    if (std::isfinite(loss) && (!es.has_best() || loss < es.best_val_loss())) {
       es.set_has_best(true);
-      es.set_best_val_loss(ev.val_loss());
+      es.set_best_val_loss(loss);
       es.set_best_step(ev.step());
       es.set_evals_since_best(0);
     }
@@ -244,6 +293,7 @@ EvalOutcome DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& e
   shown.set_b(f.b);
   shown.set_c(f.c);
   shown.set_reason(f.reason);
+  shown.set_metric(f.metric);
   if (f.ok()) {
     // Watchers see the forecast beside the evaluation it comes from.
     absl::StrAppendFormat(&o.events[0].detail,

@@ -12,6 +12,7 @@
 
 #include "server/policy/early_stopping.h"
 #include "server/policy/forecast.h"
+#include "server/policy/loss_metric.h"
 #include "server/policy/target.h"
 #include "tally/v1/jobs.pb.h"
 #include "tally/v1/workers.pb.h"
@@ -35,13 +36,19 @@ struct EvalDecision {
 };
 
 // `routing_collapsed`: a MoE layer had collapsed at the latest progress
-// (false for dense models).
+// (false for dense models). The rules judge the job's early_stopping.metric
+// (MetricOf): an evaluation without that loss is recorded but not judged.
 EvalDecision DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
                         bool routing_collapsed);
 
+// The loss the job's rules judge: its spec's early_stopping.metric.
+policy::LossMetric MetricOf(const tally::v1::Job& job);
+
 // The job's evaluation curve with its spend at each point, as the target
-// policy (policy/target.h) reads it.
+// policy (policy/target.h) reads it: each point's loss is `metric`'s (NaN
+// where the point has none), the job's own metric by default.
 std::vector<policy::CurvePoint> CurveOf(const tally::v1::Job& job);
+std::vector<policy::CurvePoint> CurveOf(const tally::v1::Job& job, policy::LossMetric metric);
 
 // Adds the evaluation to the job's curve with the job's spend now; a step
 // already on it (a resumed attempt evaluating again) adds nothing. The curve
@@ -59,6 +66,7 @@ struct EvalEvent {
   std::string reason;
   std::string detail;
   std::optional<double> val_loss;  // the eval event's
+  std::optional<double> quantized_val_loss;
 };
 
 // A stop an evaluation decides: the job keeps running until its workers
@@ -70,8 +78,9 @@ struct EvalStop {
   std::string rule;    // policy::rules
 };
 
-// Marks the job's target as reached when its curve has crossed it (and it
-// was not marked yet): sets target_reached and returns its event.
+// Marks the job's target as reached when its curve (of its metric) has
+// crossed it (and it was not marked yet): sets target_reached and returns
+// its event, which names the metric.
 std::optional<EvalEvent> RecordTargetReached(tally::v1::Job& job);
 
 struct EvalOutcome {
@@ -88,7 +97,8 @@ struct EvalOutcome {
 // decided for it. Otherwise, in order: the rules (DecideEval), the target
 // (the spec's, or its fraction of the step-0 loss) and its crossing, then
 // the forecast (shown for every job; a stop only with
-// early_stopping.forecast). No stop is decided at or after max_steps.
+// early_stopping.forecast). Every rule, the target and the forecast judge
+// the job's early_stopping.metric. No stop is decided at or after max_steps.
 // `collapse_where` names the collapsed layer for the routing warning.
 EvalOutcome DecideEval(const tally::v1::Job& job, const tally::v1::EvalResult& eval,
                       bool routing_collapsed, const std::string& collapse_where);

@@ -1,5 +1,6 @@
 #include "server/sched/eval_decision.h"
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -267,6 +268,136 @@ TEST(DecideEvalTest, AnOlderStepsEvaluationNeverMovesTheShownStepBack) {
   EXPECT_EQ(o.job.tokens(), 3400);
   EXPECT_DOUBLE_EQ(o.job.val_loss(), 2.5) << "it is still the latest evaluation";
   EXPECT_EQ(DecideEval(job, Eval(40, 2.4), false, "").job.step(), 40);
+}
+
+}  // namespace
+}  // namespace tally::sched
+
+namespace tally::sched {
+namespace {
+
+// A job judged by its quantized loss (early_stopping.metric).
+tally::v1::Job QuantizedJob(int patience, int64_t max_steps = 1000) {
+  tally::v1::Job job = JobWith(patience, 0, max_steps);
+  job.mutable_spec()->mutable_training()->set_eval_quantized("q4_0");
+  job.mutable_spec()->mutable_training()->set_eval_quantized_layers("ffn");
+  job.mutable_spec()->mutable_early_stopping()->set_metric("quantized_val_loss");
+  return job;
+}
+
+// Feeds (val_loss, quantized_val_loss) pairs as FeedOutcome feeds losses.
+EvalOutcome FeedBoth(tally::v1::Job job, const std::vector<std::pair<double, double>>& losses) {
+  EvalOutcome o;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    const int64_t step = static_cast<int64_t>(10 * i);
+    job.mutable_cost()->set_cost_usd(0.01 * static_cast<double>(step));
+    tally::v1::EvalResult ev = Eval(step, losses[i].first);
+    ev.set_quantized_val_loss(losses[i].second);
+    ev.set_attempt(1);
+    ev.set_tokens(step * 100);
+    o = DecideEval(job, ev, false, "");
+    if (o.stop) return o;
+    job = o.job;
+  }
+  return o;
+}
+
+// The metric decides every rule: one loss plateaus while the other
+// improves, and only the judged one stops the job.
+TEST(QuantizedMetricTest, EachRuleJudgesTheMetricOnly) {
+  const std::vector<std::pair<double, double>> quantized_plateau = {
+      {5, 5.5}, {4, 4.2}, {3.5, 4.3}, {3, 4.25}};
+  const std::vector<std::pair<double, double>> float_plateau = {
+      {5, 5.5}, {4, 4.8}, {4.1, 4.2}, {4.05, 3.9}};
+  tally::v1::Job by_val = QuantizedJob(2);
+  by_val.mutable_spec()->mutable_early_stopping()->clear_metric();
+
+  EvalOutcome o = FeedBoth(QuantizedJob(2), quantized_plateau);
+  ASSERT_TRUE(o.stop.has_value());
+  EXPECT_EQ(o.stop->rule, "patience");
+  EXPECT_THAT(o.stop->reason, HasSubstr("the best quantized_val_loss 4.2000 (step 10)"));
+  EXPECT_FALSE(FeedBoth(by_val, quantized_plateau).stop.has_value()) << "val_loss improves";
+
+  EXPECT_FALSE(FeedBoth(QuantizedJob(2), float_plateau).stop.has_value())
+      << "quantized_val_loss improves";
+  o = FeedBoth(by_val, float_plateau);
+  ASSERT_TRUE(o.stop.has_value());
+  EXPECT_THAT(o.stop->reason, HasSubstr("the best validation loss 4.0000"));
+
+  // Divergence: the quantized loss, not val_loss.
+  tally::v1::Job diverging = QuantizedJob(0);
+  diverging.mutable_spec()->mutable_early_stopping()->set_divergence_factor(1.5);
+  o = FeedBoth(diverging, {{5, 5}, {4, 4}, {3, 7}});
+  ASSERT_TRUE(o.stop.has_value());
+  EXPECT_EQ(o.stop->rule, "divergence");
+  EXPECT_THAT(o.stop->reason, HasSubstr("divergence: quantized_val_loss 7.0000 at step 20"));
+  o = FeedBoth(diverging, {{5, 5}, {4, std::nan("")}});
+  ASSERT_TRUE(o.stop.has_value());
+  EXPECT_EQ(o.stop->rule, "divergence");
+
+  // No gain over the baseline: the step-0 quantized loss is the baseline.
+  tally::v1::Job baseline = QuantizedJob(0);
+  baseline.mutable_spec()->mutable_early_stopping()->set_baseline_evals(2);
+  baseline.mutable_spec()->mutable_early_stopping()->set_baseline_min_rel_gain(0.1);
+  o = FeedBoth(baseline, {{5, 5}, {3, 4.8}, {2, 4.7}});
+  ASSERT_TRUE(o.stop.has_value());
+  EXPECT_EQ(o.stop->rule, "no_gain_over_baseline");
+  EXPECT_THAT(o.stop->reason, HasSubstr("the best quantized_val_loss 4.7000"));
+  EXPECT_EQ(o.job.early_stopping().baseline_val_loss(), 5);
+}
+
+TEST(QuantizedMetricTest, TheTargetIsReachedByTheQuantizedLoss) {
+  tally::v1::Job job = QuantizedJob(0);
+  job.mutable_spec()->mutable_early_stopping()->set_target_val_loss(3.5);
+  // val_loss reaches 3.5 at step 10; the quantized loss only at step 20.
+  const EvalOutcome o = FeedBoth(job, {{5, 5.5}, {3.4, 3.8}, {3.3, 3.4}});
+  ASSERT_TRUE(o.stop.has_value());
+  EXPECT_EQ(o.stop->rule, "target");
+  const tally::v1::TargetReached& t = o.job.target_reached();
+  EXPECT_EQ(t.step(), 20);
+  EXPECT_EQ(t.metric(), "quantized_val_loss");
+  EXPECT_DOUBLE_EQ(t.val_loss(), 3.3);
+  EXPECT_DOUBLE_EQ(t.quantized_val_loss(), 3.4);
+  // Interpolated by the quantized loss: 3.8 -> 3.4 crosses 3.5 at 3/4 of
+  // the way from step 10 ($0.10) to step 20 ($0.20).
+  EXPECT_NEAR(t.cost_to_target_usd(), 0.175, 1e-12);
+  EXPECT_THAT(o.events[1].reason,
+              HasSubstr("target reached: quantized_val_loss 3.4000 <= target 3.5000 at step 20"));
+  EXPECT_DOUBLE_EQ(*o.events[0].quantized_val_loss, 3.4);
+  EXPECT_DOUBLE_EQ(o.job.quantized_val_loss(), 3.4);
+  EXPECT_DOUBLE_EQ(o.job.curve(1).quantized_val_loss(), 3.8);
+
+  // A target relative to the baseline is of the step-0 quantized loss.
+  tally::v1::Job relative = QuantizedJob(0);
+  relative.mutable_spec()->mutable_early_stopping()->set_target_rel_to_baseline(0.5);
+  const EvalOutcome r = FeedBoth(relative, {{4, 6}, {2.9, 3.5}, {2.5, 2.9}});
+  EXPECT_DOUBLE_EQ(r.job.target_val_loss(), 3.0);
+  ASSERT_TRUE(r.stop.has_value());
+  EXPECT_EQ(r.job.target_reached().step(), 20);
+}
+
+// The forecast is of the quantized curve and says so; an evaluation
+// without the quantized loss is recorded and not judged.
+TEST(QuantizedMetricTest, TheForecastAndAnUnjudgedEvaluation) {
+  tally::v1::Job job = QuantizedJob(0, 100000);
+  job.mutable_spec()->mutable_training()->set_global_batch_tokens(100);
+  std::vector<std::pair<double, double>> losses;
+  for (double l : {5.0, 4.2, 4.0, 3.9, 3.85, 3.82, 3.81}) losses.push_back({l - 1, l});
+  EvalOutcome o = FeedBoth(job, losses);
+  ASSERT_TRUE(o.job.forecast().valid()) << o.job.forecast().reason();
+  EXPECT_EQ(o.job.forecast().metric(), "quantized_val_loss");
+  EXPECT_GT(o.job.forecast().final_val_loss(), 3.0) << "of the quantized curve, not val_loss's";
+  EXPECT_THAT(o.job.forecast().reason(), HasSubstr("final quantized_val_loss"));
+
+  tally::v1::Job before = o.job;
+  const EvalOutcome unjudged = DecideEval(before, Eval(70, 2.0), false, "");
+  EXPECT_EQ(unjudged.job.early_stopping().evals(), before.early_stopping().evals());
+  EXPECT_FALSE(unjudged.job.has_quantized_val_loss());
+  EXPECT_EQ(unjudged.job.curve_size(), before.curve_size() + 1);
+  EXPECT_FALSE(unjudged.stop.has_value());
+  const std::vector<policy::CurvePoint> c = CurveOf(unjudged.job);
+  EXPECT_TRUE(std::isnan(c.back().val_loss)) << "no quantized loss: no point of the metric";
+  EXPECT_EQ(CurveOf(unjudged.job, policy::LossMetric::kValLoss).back().val_loss, 2.0);
 }
 
 }  // namespace

@@ -71,6 +71,16 @@ class JobPoliciesTest : public ::testing::Test {
     m.mutable_eval()->set_val_loss(loss);
     Send(m);
   }
+  // An evaluation with its quantized loss (a job with training.eval_quantized).
+  void QuantizedEval(int64_t id, int64_t step, double loss, double quantized) {
+    tally::v1::WorkerMessage m;
+    m.mutable_eval()->set_job("jobs/" + std::to_string(id));
+    m.mutable_eval()->set_attempt(Job(id).attempt());
+    m.mutable_eval()->set_step(step);
+    m.mutable_eval()->set_val_loss(loss);
+    m.mutable_eval()->set_quantized_val_loss(quantized);
+    Send(m);
+  }
   void Checkpoint(int64_t id, int64_t step, int64_t tokens) {
     tally::v1::WorkerMessage m;
     m.mutable_checkpoint()->set_job("jobs/" + std::to_string(id));
@@ -528,6 +538,102 @@ TEST_F(JobPoliciesTest, EstimateIsConfiguredThenMeasured) {
   auto bad = Spec();
   bad.mutable_model()->set_num_heads(3);
   EXPECT_THAT(sched_->EstimateCost(bad).status().message(), HasSubstr("spec.model.num_heads"));
+}
+
+// A spec evaluated quantized (q4_0 of the feed-forward weights, as its
+// export will be) and judged by that loss.
+tally::v1::JobSpec QuantizedSpec() {
+  tally::v1::JobSpec spec = TinySpec();
+  spec.mutable_model()->set_d_model(32);  // whole blocks of 32 weights
+  spec.mutable_training()->set_eval_quantized("q4_0");
+  spec.mutable_early_stopping()->set_metric("quantized_val_loss");
+  return spec;
+}
+
+// Judged by the quantized loss, a job stops on its patience while val_loss
+// keeps improving; its best checkpoint is the lowest quantized loss, and the
+// checkpoints are priced by it.
+TEST_F(JobPoliciesTest, AJobJudgedByItsQuantizedLossStopsOnItsPatience) {
+  auto spec = QuantizedSpec();
+  spec.mutable_early_stopping()->set_patience(2);
+  const int64_t id = Start(spec);
+  QuantizedEval(id, 0, 5.0, 5.5);
+  clock_.Advance(absl::Seconds(10));
+  QuantizedEval(id, 100, 4.0, 4.2);
+  Checkpoint(id, 100, 1000);
+  clock_.Advance(absl::Seconds(10));
+  QuantizedEval(id, 200, 3.5, 4.3);  // val_loss better, quantized worse
+  Checkpoint(id, 200, 2000);
+  EXPECT_EQ(Job(id).early_stopping().patience_left(), 1);
+  EXPECT_EQ(Job(id).early_stopping().metric(), "quantized_val_loss");
+  EXPECT_DOUBLE_EQ(Job(id).early_stopping().best_val_loss(), 4.2);
+  QuantizedEval(id, 300, 3.0, 4.25);
+  EXPECT_EQ(Job(id).pending_stop().rule(), "patience");
+  EXPECT_DOUBLE_EQ(Job(id).pending_stop().quantized_val_loss(), 4.25);
+  EXPECT_DOUBLE_EQ(Job(id).val_loss(), 3.0);
+  EXPECT_DOUBLE_EQ(Job(id).quantized_val_loss(), 4.25);
+  ExitStopped(id);
+  const auto j = Job(id);
+  EXPECT_EQ(j.state(), tally::v1::JOB_STATE_EARLY_STOPPED);
+  EXPECT_THAT(j.state_reason(),
+              HasSubstr("2 evaluations without improving on the best quantized_val_loss 4.2000 "
+                        "(step 100)"));
+  EXPECT_THAT(j.early_stopping().best_checkpoint(), testing::EndsWith("/step-00000100.ckpt"))
+      << "the lowest quantized loss, not the lowest val_loss";
+  auto cks = *store_.ListCheckpoints(id);
+  ASSERT_EQ(cks.size(), 2u);
+  EXPECT_DOUBLE_EQ(cks[0].quantized_val_loss(), 4.2);
+  EXPECT_GT(cks[0].usd_per_val_loss_improvement(), 0) << "5.5 -> 4.2 quantized";
+  EXPECT_DOUBLE_EQ(cks[1].usd_per_val_loss_improvement(), 0) << "4.2 -> 4.3: no gain";
+  auto events = *store_.ListEvents(id, 0, 100);
+  EXPECT_THAT(events.back().detail(),
+              HasSubstr("best checkpoint: step 100, val_loss 4.0000, quantized_val_loss 4.2000"));
+  int evals = 0;
+  for (const auto& e : events) {
+    if (e.type() != "eval") continue;
+    ++evals;
+    EXPECT_TRUE(e.has_quantized_val_loss()) << e.ShortDebugString();
+  }
+  EXPECT_EQ(evals, 4);
+}
+
+// And the other way: judged by val_loss (the default), the same job's
+// quantized plateau stops nothing, while a val_loss plateau does although
+// the quantized loss keeps improving.
+TEST_F(JobPoliciesTest, AJobJudgedByValLossIgnoresItsQuantizedLoss) {
+  auto spec = QuantizedSpec();
+  spec.mutable_early_stopping()->clear_metric();
+  spec.mutable_early_stopping()->set_patience(2);
+  const int64_t id = Start(spec);
+  QuantizedEval(id, 0, 5.0, 5.5);
+  QuantizedEval(id, 100, 4.0, 4.2);
+  QuantizedEval(id, 200, 3.5, 4.3);
+  QuantizedEval(id, 300, 3.0, 4.25);
+  EXPECT_FALSE(Job(id).has_pending_stop());
+  EXPECT_EQ(Job(id).early_stopping().metric(), "val_loss");
+  QuantizedEval(id, 400, 3.0, 3.5);
+  QuantizedEval(id, 500, 3.0, 3.0);
+  EXPECT_EQ(Job(id).pending_stop().rule(), "patience");
+  EXPECT_THAT(Job(id).pending_stop().reason(), HasSubstr("best validation loss 3.0000"));
+}
+
+// An evaluation of a job evaluated quantized that lacks the quantized loss
+// (a worker that did not compute it) is refused and counted, and changes
+// nothing.
+TEST_F(JobPoliciesTest, AnEvaluationWithoutTheQuantizedLossIsRefused) {
+  const int64_t id = Start(QuantizedSpec());
+  tally::v1::WorkerMessage m;
+  m.mutable_eval()->set_job("jobs/" + std::to_string(id));
+  m.mutable_eval()->set_attempt(1);
+  m.mutable_eval()->set_step(0);
+  m.mutable_eval()->set_val_loss(5.0);
+  const absl::Status s = sched_->OnMessage("w0", m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("eval.quantized_val_loss: missing"));
+  EXPECT_EQ(MetricValues(*registries_.back())["tally_worker_reports_refused_total,kind=invalid"],
+            1);
+  EXPECT_EQ(Job(id).curve_size(), 0);
+  EXPECT_EQ(Job(id).early_stopping().evals(), 0);
 }
 
 }  // namespace

@@ -153,12 +153,16 @@ Plan PlanSucceeded(const PlanContext& ctx, const ActiveJob& job, const std::stri
 Plan PlanFinishStop(const PlanContext& ctx, const ActiveJob& job, const Checkpoints& cks,
                     const std::string& how, store::AttemptState attempt_state) {
   const tally::v1::PendingStop ps = job.rec.job().pending_stop();
-  // The best checkpoint: the lowest recorded validation loss, else the latest.
+  // The best checkpoint: the lowest recorded loss of the metric the job is
+  // judged by, else the latest.
+  const policy::LossMetric metric = MetricOf(job.rec.job());
   const tally::v1::Checkpoint* best = cks.empty() ? nullptr : &cks.back();
+  auto loss = [metric](const tally::v1::Checkpoint& c) {
+    const double l = policy::LossOf(metric, c);
+    return l > 0 ? l : 0;  // 0 (or absent): not evaluated
+  };
   for (const auto& c : cks) {
-    if (c.val_loss() > 0 && (best->val_loss() <= 0 || c.val_loss() < best->val_loss())) {
-      best = &c;
-    }
+    if (loss(c) > 0 && (loss(*best) <= 0 || loss(c) < loss(*best))) best = &c;
   }
   Plan p = NewPlan(ctx, job);
   tally::v1::Job& j = *p.rec.mutable_job();
@@ -180,8 +184,12 @@ Plan PlanFinishStop(const PlanContext& ctx, const ActiveJob& job, const Checkpoi
   std::string detail = "no checkpoint yet";
   if (best != nullptr) {
     j.mutable_early_stopping()->set_best_checkpoint(best->path());
-    detail = absl::StrFormat("best checkpoint: step %d, val_loss %.4f, %s", best->step(),
-                             best->val_loss(), best->path());
+    detail = absl::StrFormat("best checkpoint: step %d, val_loss %.4f", best->step(),
+                             best->val_loss());
+    if (best->has_quantized_val_loss()) {
+      absl::StrAppendFormat(&detail, ", quantized_val_loss %.4f", best->quantized_val_loss());
+    }
+    absl::StrAppend(&detail, ", ", best->path());
   }
   if (!how.empty()) absl::StrAppend(&detail, " (", how, ")");
   p.end_rule = ps.rule();
@@ -500,6 +508,7 @@ Plan PlanEval(const PlanContext& ctx, const ActiveJob& job, const tally::v1::Eva
 void AddEvent(Plan& p, const EvalEvent& e) {
   AddEvent(p, e.type, e.reason, e.detail);
   if (e.val_loss) p.events.back().set_val_loss(*e.val_loss);
+  if (e.quantized_val_loss) p.events.back().set_quantized_val_loss(*e.quantized_val_loss);
 }
 
 void PendingStopFor(const PlanContext& ctx, Plan& p, JobState state, const std::string& type,
@@ -514,6 +523,7 @@ void PendingStopFor(const PlanContext& ctx, Plan& p, JobState state, const std::
   ps.set_rule(rule);
   ps.set_step(ev.step());
   ps.set_val_loss(ev.val_loss());
+  if (ev.has_quantized_val_loss()) ps.set_quantized_val_loss(ev.quantized_val_loss());
   *ps.mutable_deadline() = ToProto(p.now + ctx.stop_grace);
   AddEvent(p, "stopping", reason,
            absl::StrCat("rule ", rule, " at step ", ev.step(),
@@ -544,6 +554,9 @@ Plan PlanCheckpoint(const PlanContext& ctx, const ActiveJob& job,
   for (int i = curve.size() - 1; i >= 0; --i) {
     if (curve[i].step() == c.step()) {
       ck.set_val_loss(curve[i].val_loss());
+      if (curve[i].has_quantized_val_loss()) {
+        ck.set_quantized_val_loss(curve[i].quantized_val_loss());
+      }
       break;
     }
     if (curve[i].step() < c.step()) break;

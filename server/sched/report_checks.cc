@@ -114,6 +114,26 @@ absl::Status TokensWithin(absl::string_view field, const tally::v1::JobSpec& spe
       static_cast<int64_t>(std::min(most, 9.2e18)), "), got ", tokens));
 }
 
+// eval.quantized_val_loss exactly when the spec asks for a quantized
+// evaluation (training.eval_quantized; training.qat sets it).
+absl::Status QuantizedAsSpecified(const tally::v1::JobSpec& spec,
+                                  const tally::v1::EvalResult& e) {
+  const std::string& format = spec.training().eval_quantized();
+  if (e.has_quantized_val_loss() && format.empty()) {
+    return absl::InvalidArgumentError(
+        "eval.quantized_val_loss: the job evaluates no quantized model (neither "
+        "training.qat nor training.eval_quantized is set); a worker sends it only for such "
+        "jobs");
+  }
+  if (!e.has_quantized_val_loss() && !format.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval.quantized_val_loss: missing; the job's spec asks for a quantized evaluation "
+        "(training.eval_quantized ", format, ", layers ", spec.training().eval_quantized_layers(),
+        ") at every evaluation: the worker must compute it (upgrade tally-worker)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepWithin(absl::string_view field, const tally::v1::JobSpec& spec, int64_t step) {
   if (step <= spec.training().max_steps()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(field, ": past max_steps (",
@@ -182,6 +202,19 @@ absl::Status CheckReportFigures(const tally::v1::WorkerMessage& msg) {
       if (e.val_loss() < kMinLoss) {
         return Bad("eval.val_loss", absl::StrCat("must be at least ", kMinLoss, " nats a token"),
                    e.val_loss());
+      }
+      if (e.has_quantized_val_loss()) {
+        // The same tokens' loss, quantized: judged like val_loss (NaN or
+        // +Inf when diverging, never below kMinLoss).
+        if (absl::Status s = LossLike("eval.quantized_val_loss", e.quantized_val_loss());
+            !s.ok()) {
+          return s;
+        }
+        if (e.quantized_val_loss() < kMinLoss) {
+          return Bad("eval.quantized_val_loss",
+                     absl::StrCat("must be at least ", kMinLoss, " nats a token"),
+                     e.quantized_val_loss());
+        }
       }
       if (e.doc_val_loss() != 0 && e.doc_val_loss() < kMinLoss) {
         return Bad("eval.doc_val_loss",
@@ -266,6 +299,7 @@ absl::Status CheckReportAgainstSpec(const tally::v1::JobSpec& spec,
     case tally::v1::WorkerMessage::kEval: {
       const tally::v1::EvalResult& e = msg.eval();
       if (absl::Status s = StepWithin("eval.step", spec, e.step()); !s.ok()) return s;
+      if (absl::Status s = QuantizedAsSpecified(spec, e); !s.ok()) return s;
       return TokensWithin("eval.tokens", spec, e.step(), e.tokens());
     }
     case tally::v1::WorkerMessage::kCheckpoint: {

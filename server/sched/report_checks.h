@@ -7,7 +7,7 @@
 // below 0 (cross-entropy cannot be), -Inf, a fraction outside [0, 1], a time
 // or rate that is negative or not finite, token counts no batch of the job
 // could reach, MoE layer ids past the job's layers or more experts than it
-// has, are refused.
+// has, are refused. A quantized validation loss is held to val_loss's rules.
 #ifndef TALLY_SERVER_SCHED_REPORT_CHECKS_H_
 #define TALLY_SERVER_SCHED_REPORT_CHECKS_H_
 
@@ -32,7 +32,8 @@ absl::Status CheckReportFigures(const tally::v1::WorkerMessage& msg);
 // The figures of a report about a job with `spec` (defaults applied): tokens
 // within (step + 1) x twice the tokens of one optimizer step, MoE layer ids
 // below num_layers and at most num_experts per layer, steps within
-// max_steps.
+// max_steps; an evaluation carries quantized_val_loss exactly when the spec
+// has training.eval_quantized (which training.qat sets).
 absl::Status CheckReportAgainstSpec(const tally::v1::JobSpec& spec,
                                     const tally::v1::WorkerMessage& msg);
 

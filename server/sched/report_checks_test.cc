@@ -264,6 +264,79 @@ INSTANTIATE_TEST_SUITE_P(
                  "exit.calibration[0].samples"}),
     [](const auto& info) { return info.param.name; });
 
+// An evaluation of a job whose spec asks for a quantized evaluation
+// (training.eval_quantized, as ApplySpecDefaults sets it from training.qat).
+tally::v1::WorkerMessage QuantizedEval() {
+  tally::v1::WorkerMessage m;
+  auto* e = m.mutable_eval();
+  e->set_job("jobs/1");
+  e->set_attempt(1);
+  e->set_step(10);
+  e->set_tokens(640);
+  e->set_val_loss(2.31);
+  e->set_quantized_val_loss(2.38);
+  return m;
+}
+
+tally::v1::JobSpec QuantizedSpec() {
+  tally::v1::JobSpec s = TinySpec();
+  s.mutable_training()->set_eval_quantized("q4_0");
+  s.mutable_training()->set_eval_quantized_layers("ffn");
+  return s;
+}
+
+class QuantizedEvalTest : public ::testing::TestWithParam<ExitCase> {};
+
+TEST_P(QuantizedEvalTest, ChecksTheQuantizedLoss) {
+  tally::v1::WorkerMessage m = QuantizedEval();
+  tally::v1::JobSpec spec = QuantizedSpec();
+  GetParam().edit(m, spec);
+  absl::Status s = CheckReportFigures(m);
+  if (s.ok()) s = CheckReportAgainstSpec(spec, m);
+  if (GetParam().refused.empty()) {
+    EXPECT_TRUE(s.ok()) << s;
+  } else {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(GetParam().refused));
+  }
+}
+
+tally::v1::EvalResult& E(tally::v1::WorkerMessage& m) { return *m.mutable_eval(); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, QuantizedEvalTest,
+    ::testing::Values(
+        ExitCase{"a_real_eval", [](auto&, auto&) {}, ""},
+        ExitCase{"diverged_passes", [](auto& m, auto&) { E(m).set_quantized_val_loss(kNaN); },
+                 ""},
+        ExitCase{"plus_infinity_passes",
+                 [](auto& m, auto&) { E(m).set_quantized_val_loss(kInf); }, ""},
+        ExitCase{"negative", [](auto& m, auto&) { E(m).set_quantized_val_loss(-0.5); },
+                 "eval.quantized_val_loss: must be >= 0"},
+        ExitCase{"minus_infinity", [](auto& m, auto&) { E(m).set_quantized_val_loss(-kInf); },
+                 "eval.quantized_val_loss"},
+        ExitCase{"zero", [](auto& m, auto&) { E(m).set_quantized_val_loss(0); },
+                 "eval.quantized_val_loss: must be at least 1e-06"},
+        ExitCase{"below_any_model", [](auto& m, auto&) { E(m).set_quantized_val_loss(1e-9); },
+                 "eval.quantized_val_loss: must be at least 1e-06"},
+        ExitCase{"for_a_job_evaluated_unquantized",
+                 [](auto&, auto& spec) {
+                   spec.mutable_training()->clear_eval_quantized();
+                   spec.mutable_training()->clear_eval_quantized_layers();
+                 },
+                 "eval.quantized_val_loss: the job evaluates no quantized model"},
+        ExitCase{"missing_for_a_job_evaluated_quantized",
+                 [](auto& m, auto&) { E(m).clear_quantized_val_loss(); },
+                 "eval.quantized_val_loss: missing; the job's spec asks for a quantized "
+                 "evaluation (training.eval_quantized q4_0, layers ffn)"},
+        ExitCase{"absent_for_a_job_evaluated_unquantized",
+                 [](auto& m, auto& spec) {
+                   E(m).clear_quantized_val_loss();
+                   spec.mutable_training()->clear_eval_quantized();
+                 },
+                 ""}),
+    [](const auto& info) { return info.param.name; });
+
 TEST(CheckLabelValueTest, BoundsAGpuType) {
   EXPECT_TRUE(CheckLabelValue("hello.gpu_type", "h200").ok());
   EXPECT_TRUE(CheckLabelValue("hello.gpu_type", "nvidia-h200_sxm:141g").ok());

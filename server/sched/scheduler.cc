@@ -39,6 +39,7 @@ tally::v1::EvalResult LatestEval(const tally::v1::Job& j) {
   ev.set_step(last.step());
   ev.set_tokens(last.tokens());
   ev.set_val_loss(last.val_loss());
+  if (last.has_quantized_val_loss()) ev.set_quantized_val_loss(last.quantized_val_loss());
   return ev;
 }
 
@@ -324,7 +325,10 @@ absl::StatusOr<tally::v1::Job> Scheduler::SetTarget(int64_t job_id, double targe
   tally::v1::Job& j = *p.rec.mutable_job();
   j.set_target_val_loss(target);
   j.clear_target_reached();
-  AddEvent(p, "target", absl::StrFormat("target val_loss %.4f: %s", target, why), "");
+  AddEvent(p, "target",
+           absl::StrFormat("target %s %.4f: %s", policy::LossMetricName(MetricOf(j)), target,
+                           why),
+           "");
   if (std::optional<EvalEvent> reached = RecordTargetReached(j)) {
     AddEvent(p, *reached);
     const std::string& reason = reached->reason;

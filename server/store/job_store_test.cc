@@ -243,6 +243,63 @@ TEST_P(JobStoreTest, WorkersRoundTrip) {
   EXPECT_EQ((*workers)[0].slots(), 3);
 }
 
+// A job's quantized losses (proto3 optional) come back as stored: present
+// (0 included) or absent, on the job, its curve, its events and its
+// checkpoints; SQLite's after a reopen too (a tallyd restart).
+TEST_P(JobStoreTest, QuantizedLossesRoundTripPresentOrAbsent) {
+  auto a = store_->CreateJob(NewJob(), Submitted());
+  ASSERT_TRUE(a.ok());
+  Mutation m;
+  m.job = a->job;
+  tally::v1::Job& j = *m.job->mutable_job();
+  j.set_last_event_sequence(2);
+  j.set_val_loss(2.31);
+  j.set_quantized_val_loss(2.38);
+  j.add_curve()->set_val_loss(5.0);  // step 0: not evaluated quantized
+  auto* p = j.add_curve();
+  p->set_step(10);
+  p->set_val_loss(2.31);
+  p->set_quantized_val_loss(0.0);  // present, even at 0
+  j.mutable_early_stopping()->set_metric("quantized_val_loss");
+  tally::v1::JobEvent e;
+  e.set_job(j.name());
+  e.set_sequence(2);
+  e.set_type("eval");
+  e.set_val_loss(2.31);
+  e.set_quantized_val_loss(2.38);
+  m.events.push_back(e);
+  tally::v1::Checkpoint c;
+  c.set_job(j.name());
+  c.set_step(10);
+  c.set_path("/ckpt/10");
+  c.set_val_loss(2.31);
+  c.set_quantized_val_loss(2.38);
+  m.checkpoints.push_back(c);
+  ASSERT_TRUE(store_->Commit(m).ok());
+
+  auto check = [&](JobStore& store) {
+    const tally::v1::Job got = store.GetJob(a->job.id())->job();
+    EXPECT_DOUBLE_EQ(got.quantized_val_loss(), 2.38);
+    ASSERT_EQ(got.curve_size(), 2);
+    EXPECT_FALSE(got.curve(0).has_quantized_val_loss());
+    EXPECT_TRUE(got.curve(1).has_quantized_val_loss());
+    EXPECT_EQ(got.early_stopping().metric(), "quantized_val_loss");
+    auto events = store.ListEvents(a->job.id(), 1, 10);
+    ASSERT_EQ(events->size(), 1u);
+    EXPECT_DOUBLE_EQ((*events)[0].quantized_val_loss(), 2.38);
+    auto ckpts = store.ListCheckpoints(a->job.id());
+    ASSERT_EQ(ckpts->size(), 1u);
+    EXPECT_DOUBLE_EQ((*ckpts)[0].quantized_val_loss(), 2.38);
+  };
+  check(*store_);
+  if (!path_.empty()) {
+    store_.reset();
+    auto reopened = SqliteJobStore::Open(path_);
+    ASSERT_TRUE(reopened.ok()) << reopened.status();
+    check(**reopened);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, JobStoreTest,
                          ::testing::Values("memory", "sqlite", "postgres"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
