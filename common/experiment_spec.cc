@@ -27,6 +27,9 @@ using google::protobuf::Message;
 using tally::v1::ExperimentSpec;
 using tally::v1::JobSpec;
 
+constexpr char kValLossMetric[] = "val_loss";
+constexpr char kQuantizedValLossMetric[] = "quantized_val_loss";
+
 constexpr size_t kMaxDisplayNameChars = 200;
 constexpr size_t kMaxListed = 20;
 
@@ -112,6 +115,42 @@ void Merge(const google::protobuf::Struct& overrides, const Message& typed,
   }
 }
 
+bool KnownMetric(absl::string_view metric) {
+  return metric.empty() || metric == kValLossMetric || metric == kQuantizedValLossMetric;
+}
+
+// The experiment's target metric in the variant's spec: every variant's
+// early stopping judges the loss the target is of (its target stop, its
+// patience, its forecast), so with quantized_val_loss it needs a quantized
+// evaluation, and a variant naming another metric is refused. False with
+// the problems (prefixed with `label`) added.
+bool ApplyTargetMetric(const ExperimentSpec& spec, const std::string& label, JobSpec* merged,
+                       std::vector<std::string>* problems) {
+  const std::string& target = spec.target().metric();
+  if (!KnownMetric(target)) return true;  // ValidateExperimentSpec names it
+  const std::string metric = target.empty() ? kValLossMetric : target;
+  const std::string& own = merged->early_stopping().metric();
+  bool ok = true;
+  if (!own.empty() && own != metric) {
+    problems->push_back(absl::StrCat(
+        label, ": spec.early_stopping.metric: is ", QuoteForMessage(own),
+        " but the experiment's target.metric is ", metric,
+        ": a variant stops at the target by the loss the target is of; leave "
+        "early_stopping.metric unset, or set target.metric: ", QuoteForMessage(own)));
+    ok = false;
+  }
+  if (metric != kQuantizedValLossMetric) return ok;
+  if (!merged->training().has_qat() && merged->training().eval_quantized().empty()) {
+    problems->push_back(absl::StrCat(
+        label, ": spec.training: target.metric quantized_val_loss needs a quantized "
+        "evaluation in every variant: set training.qat (format q8_0 or q4_0) or "
+        "training.eval_quantized in base, or in this variant's overrides"));
+    return false;
+  }
+  if (ok) merged->mutable_early_stopping()->set_metric(metric);
+  return ok;
+}
+
 // The variant's spec, or nullopt with its problems (prefixed) added.
 std::optional<JobSpec> Resolve(const ExperimentSpec& spec, int index,
                                std::vector<std::string>* problems) {
@@ -122,6 +161,7 @@ std::optional<JobSpec> Resolve(const ExperimentSpec& spec, int index,
     problems->push_back(absl::StrCat(label, ": ", s.message()));
     return std::nullopt;
   }
+  const bool metric_ok = ApplyTargetMetric(spec, label, &merged, problems);
   JobSpec prepared = merged;
   if (absl::Status s = PrepareJobSpec(&prepared); !s.ok()) {
     for (const std::string& problem : SplitProblems(s.message())) {
@@ -129,6 +169,7 @@ std::optional<JobSpec> Resolve(const ExperimentSpec& spec, int index,
     }
     return std::nullopt;
   }
+  if (!metric_ok) return std::nullopt;
   return merged;
 }
 
@@ -223,6 +264,11 @@ absl::Status ValidateExperimentSpec(const ExperimentSpec& spec) {
   }
 
   const tally::v1::ExperimentTarget& target = spec.target();
+  if (!KnownMetric(target.metric())) {
+    add("target.metric",
+        absl::StrCat("must be val_loss (the default) or quantized_val_loss, got ",
+                     QuoteForMessage(target.metric())));
+  }
   switch (target.target_case()) {
     case tally::v1::ExperimentTarget::TARGET_NOT_SET:
       add("target",

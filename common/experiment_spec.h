@@ -9,6 +9,8 @@
 //     - name: packed
 //       overrides: {}
 //   target: {from_variant: naive}               # or {val_loss: 2.5}
+//                                               # metric: quantized_val_loss judges
+//                                               # every variant by its quantized loss
 //   budget: {max_dollars: 5.0}                  # optional; 0 means none
 //   strategy: all                               # or successive_halving
 //   replicates: 3                               # optional; runs of each variant
@@ -66,8 +68,11 @@ absl::StatusOr<tally::v1::ExperimentSpec> ParseExperimentYaml(
     absl::string_view text, absl::string_view source = "");
 
 // Variant `index`'s JobSpec: the base with its overrides merged by the rules
-// above, as written (defaults not filled in; tallyd fills them on submit). It
-// must pass PrepareJobSpec. INVALID_ARGUMENT for an index out of range, an
+// above, as written (defaults not filled in; tallyd fills them on submit),
+// with target.metric quantized_val_loss set as its early_stopping.metric (a
+// variant then needs training.qat or training.eval_quantized, and one that
+// names another early_stopping.metric is refused). It must pass
+// PrepareJobSpec. INVALID_ARGUMENT for an index out of range, an
 // override that is not a JobSpec field or has the wrong type, or a merged
 // spec PrepareJobSpec refuses, each problem prefixed with the variant.
 absl::StatusOr<tally::v1::JobSpec> ResolveVariant(
@@ -90,7 +95,9 @@ void ApplyExperimentDefaults(tally::v1::ExperimentSpec* spec);
 //   kMaxVariantNameChars of [a-z0-9._-], names unique;
 // - display_name printable text (common/text.h) of at most 200 characters;
 // - target set: from_variant naming a variant, or val_loss a positive
-//   finite number;
+//   finite number; target.metric empty, val_loss or quantized_val_loss
+//   (which every variant's spec must be able to measure, see
+//   ResolveVariant);
 // - budget.max_dollars and rung_dollars finite and >= 0;
 // - strategy ALL or SUCCESSIVE_HALVING (UNSPECIFIED is taken as ALL);
 // - every variant resolves (ResolveVariant) and its spec validates.

@@ -107,6 +107,66 @@ TEST(ExperimentSpecTest, ShortAndFullEnumNamesAndValLossTarget) {
   EXPECT_EQ(unspecified.strategy(), tally::v1::EXPERIMENT_STRATEGY_ALL);
 }
 
+// target.metric quantized_val_loss: every variant's early stopping judges
+// the quantized loss (so its target stop is of the loss the target is),
+// which needs a quantized evaluation in every variant.
+TEST(ExperimentSpecTest, AQuantizedTargetJudgesEveryVariantByItsQuantizedLoss) {
+  const std::string variants =
+      "variants:\n"
+      "  - name: ptq\n    overrides: {training: {eval_quantized: q4_0}}\n"
+      "  - name: qat\n    overrides: {training: {qat: {format: q4_0}}}\n";
+  const ExperimentSpec spec = ParseOrDie(absl::StrCat(
+      kBase, variants, "target: {val_loss: 2.5, metric: quantized_val_loss}\n"));
+  EXPECT_EQ(spec.target().metric(), "quantized_val_loss");
+  EXPECT_TRUE(ValidateExperimentSpec(spec).ok()) << ValidateExperimentSpec(spec);
+  for (int i : {0, 1}) {
+    absl::StatusOr<JobSpec> v = ResolveVariant(spec, i);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->early_stopping().metric(), "quantized_val_loss");
+  }
+
+  // A variant that measures no quantized loss: named, with the fix.
+  const ExperimentSpec plain = ParseOrDie(absl::StrCat(
+      kBase, variants, "  - name: plain\n    overrides: {}\n",
+      "target: {from_variant: qat, metric: quantized_val_loss}\n"));
+  EXPECT_THAT(std::string(ValidateExperimentSpec(plain).message()),
+              HasSubstr("variants[2] (plain): spec.training: target.metric quantized_val_loss "
+                        "needs a quantized evaluation in every variant: set training.qat"));
+  EXPECT_THAT(std::string(ValidateExperimentSpec(plain).message()),
+              Not(HasSubstr("variants[0]")));
+  EXPECT_FALSE(ResolveVariant(plain, 2).ok());
+
+  // A variant whose early stopping names another metric.
+  const ExperimentSpec other = ParseOrDie(absl::StrCat(
+      kBase,
+      "variants:\n  - name: v\n    overrides: {training: {eval_quantized: q8_0}, "
+      "early_stopping: {metric: val_loss}}\n",
+      "target: {val_loss: 2.5, metric: quantized_val_loss}\n"));
+  EXPECT_THAT(std::string(ValidateExperimentSpec(other).message()),
+              HasSubstr("variants[0] (v): spec.early_stopping.metric: is \"val_loss\" but the "
+                        "experiment's target.metric is quantized_val_loss"));
+  const ExperimentSpec backwards = ParseOrDie(absl::StrCat(
+      kBase,
+      "variants:\n  - name: v\n    overrides: {training: {eval_quantized: q8_0}, "
+      "early_stopping: {metric: quantized_val_loss}}\n",
+      "target: {val_loss: 2.5}\n"));
+  EXPECT_THAT(std::string(ValidateExperimentSpec(backwards).message()),
+              HasSubstr("target.metric is val_loss: a variant stops at the target by the loss "
+                        "the target is of"));
+
+  // The default target judges val_loss and leaves the variants' metric be.
+  const ExperimentSpec by_val =
+      ParseOrDie(absl::StrCat(kBase, variants, "target: {val_loss: 2.5}\n"));
+  EXPECT_TRUE(ValidateExperimentSpec(by_val).ok()) << ValidateExperimentSpec(by_val);
+  EXPECT_EQ(ResolveVariant(by_val, 0)->early_stopping().metric(), "");
+
+  ExperimentSpec unknown = spec;
+  unknown.mutable_target()->set_metric("bits_per_byte");
+  EXPECT_THAT(std::string(ValidateExperimentSpec(unknown).message()),
+              HasSubstr("target.metric: must be val_loss (the default) or quantized_val_loss, "
+                        "got \"bits_per_byte\""));
+}
+
 struct MergeCase {
   std::string name;
   std::string overrides;

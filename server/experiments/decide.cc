@@ -102,11 +102,15 @@ struct Score {
   std::string figure;
 };
 
-Score ScoreOf(const VariantStatus& v) {
+// By the experiment's metric: the variant's forecast is of it (its
+// early_stopping.metric is the target's).
+Score ScoreOf(policy::LossMetric metric, const VariantStatus& v) {
+  const std::string name = policy::LossMetricName(metric);
   if (v.forecast().valid() && std::isfinite(v.forecast().final_val_loss())) {
-    return {v.forecast().final_val_loss(), "forecast final val_loss"};
+    return {v.forecast().final_val_loss(), "forecast final " + name};
   }
-  if (std::isfinite(v.val_loss()) && v.val_loss() > 0) return {v.val_loss(), "latest val_loss"};
+  const double latest = LatestLoss(metric, v);
+  if (std::isfinite(latest) && latest > 0) return {latest, "latest " + name};
   return {std::numeric_limits<double>::infinity(), "no evaluation"};
 }
 
@@ -174,6 +178,7 @@ void JudgeRung(const std::vector<int>& contenders, const Rung& r, const std::str
   Plan& p = *plan;
   Experiment& e = *p.rec.mutable_experiment();
   const int k = e.rung();
+  const policy::LossMetric metric = MetricOf(e.spec());
   // The variants in the race, in the file's order, each with its runs.
   struct Group {
     std::string name;
@@ -193,14 +198,14 @@ void JudgeRung(const std::vector<int>& contenders, const Rung& r, const std::str
   }
   for (Group& g : groups) {
     if (g.runs.size() == 1) {
-      g.score = ScoreOf(e.variants(g.runs[0]));
+      g.score = ScoreOf(metric, e.variants(g.runs[0]));
       continue;
     }
     double sum = 0;
     int n = 0;
     std::string figure;
     for (int i : g.runs) {
-      const Score s = ScoreOf(e.variants(i));
+      const Score s = ScoreOf(metric, e.variants(i));
       if (!std::isfinite(s.value)) continue;
       sum += s.value;
       ++n;
@@ -249,9 +254,9 @@ void JudgeRung(const std::vector<int>& contenders, const Rung& r, const std::str
   AddEvent(p, "halving", "",
            absl::StrCat("rung ", k + 1, " of ", r.rungs, " done at ", mark,
                         ": stopping ", absl::StrJoin(halted, ", ")),
-           absl::StrCat("kept ", absl::StrJoin(kept, ", "),
-                        "; each ranked by its forecast final val_loss, or its latest "
-                        "val_loss before it has a forecast"),
+           absl::StrCat("kept ", absl::StrJoin(kept, ", "), "; each ranked by its forecast final ",
+                        policy::LossMetricName(metric), ", or its latest ",
+                        policy::LossMetricName(metric), " before it has a forecast"),
            now);
 }
 
@@ -294,6 +299,7 @@ void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int re
   Experiment& e = *p.rec.mutable_experiment();
   const int n = e.variants_size();
   const bool from_variant = e.spec().target().has_from_variant();
+  const policy::LossMetric metric = MetricOf(e.spec());
   auto job_of = [&](int i) -> const std::optional<Job>& { return JobOf(jobs, i); };
   std::vector<int> runs;
   for (int i = 0; i < n; ++i) {
@@ -312,8 +318,8 @@ void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int re
     if (job) {
       any_job = true;
       all_ended = all_ended && store::IsTerminal(job->state());
-      if (store::IsTerminal(job->state()) && FinalLoss(*job) > 0) {
-        worst = std::max(worst, FinalLoss(*job));
+      if (store::IsTerminal(job->state()) && FinalLoss(*job, metric) > 0) {
+        worst = std::max(worst, FinalLoss(*job, metric));
         ++with_loss;
         names.push_back(job->name());
       }
@@ -327,22 +333,26 @@ void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int re
     const double target = worst;
     e.set_target_val_loss(target);
     FillFigures(jobs, &e);
+    const std::string name = policy::LossMetricName(metric);
+    const std::string loss =
+        metric == policy::LossMetric::kValLoss ? std::string("validation loss") : name;
     AddEvent(p, "target", ref_name,
              runs.size() == 1
-                 ? absl::StrFormat("target val_loss %.4f: the final validation loss of %s (%s)",
-                                   target, ref_name, names[0])
+                 ? absl::StrFormat("target %s %.4f: the final %s of %s (%s)", name, target, loss,
+                                   ref_name, names[0])
                  : absl::StrFormat(
-                       "target val_loss %.4f: the highest final validation loss of %s's %d "
+                       "target %s %.4f: the highest final %s of %s's %d "
                        "runs (%s), so that each of them reached it",
-                       target, ref_name, with_loss, absl::StrJoin(names, ", ")),
+                       name, target, loss, ref_name, with_loss, absl::StrJoin(names, ", ")),
              "", now);
   } else if (all_ended && any_job) {
     p.rec.set_target_unavailable(true);
     const std::optional<Job>& job = job_of(runs[0]);
     AddEvent(p, "target", ref_name,
              absl::StrCat("no target: the reference variant ", ref_name, " ended ",
-                          job ? ShortState(job->state()) : "FAILED",
-                          " without a validation loss"),
+                          job ? ShortState(job->state()) : "FAILED", " without a ",
+                          metric == policy::LossMetric::kValLoss ? "validation loss"
+                                                                 : "quantized_val_loss"),
              "", now);
   } else if (all_ended) {
     p.rec.set_target_unavailable(true);
@@ -353,8 +363,9 @@ void TakeTargetFromReference(const std::vector<std::optional<Job>>& jobs, int re
   if (p.rec.target_unavailable()) {
     for (int i = 0; i < n; ++i) {
       if (job_of(i)) {
-        e.mutable_variants(i)->set_note(
-            "no target: the reference variant ended without a validation loss");
+        e.mutable_variants(i)->set_note(absl::StrCat(
+            "no target: the reference variant ended without a ",
+            metric == policy::LossMetric::kValLoss ? "validation loss" : "quantized_val_loss"));
       }
     }
   }
@@ -389,6 +400,10 @@ void AddEndedEvents(const std::vector<std::optional<Job>>& jobs,
     std::string detail = absl::StrFormat("%d steps, %s", v.step(), FormatDollars(v.cost_usd()));
     if (v.final_val_loss() > 0) {
       absl::StrAppendFormat(&detail, ", final val_loss %.4f", v.final_val_loss());
+    }
+    if (v.has_final_quantized_val_loss()) {
+      absl::StrAppendFormat(&detail, ", final quantized_val_loss %.4f",
+                            v.final_quantized_val_loss());
     }
     if (v.reached_target()) {
       absl::StrAppendFormat(&detail, "; %s to the target (step %d)",
@@ -696,7 +711,8 @@ Plan DecideSubmitted(const store::ExperimentRecord& rec, int variant, const Job&
     return p;
   }
   VariantStatus* v = p.rec.mutable_experiment()->mutable_variants(variant);
-  FillVariantFigures(job, p.rec.experiment().target_val_loss(), v);
+  FillVariantFigures(job, p.rec.experiment().target_val_loss(),
+                     MetricOf(p.rec.experiment().spec()), v);
   AddEvent(p, "variant_submitted", v->name(), absl::StrCat(v->name(), ": ", job.name()),
            job.spec().display_name(), now);
   return p;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -82,6 +83,97 @@ const tally::v1::ExperimentEvent* Event(const Plan& p, const std::string& type) 
     if (e.type() == type) return &e;
   }
   return nullptr;
+}
+
+// A job evaluated quantized: evaluations (step, val_loss, quantized loss)
+// costing $0.001 a step.
+Job MakeQuantizedJob(int id, JobState state,
+                     const std::vector<std::tuple<int64_t, double, double>>& evals) {
+  std::vector<std::pair<int64_t, double>> plain;
+  for (const auto& [step, loss, q] : evals) plain.push_back({step, loss});
+  Job j = MakeJob(id, state, plain);
+  j.mutable_spec()->mutable_early_stopping()->set_metric("quantized_val_loss");
+  for (size_t i = 0; i < evals.size(); ++i) {
+    j.mutable_curve(static_cast<int>(i))->set_quantized_val_loss(std::get<2>(evals[i]));
+    j.set_quantized_val_loss(std::get<2>(evals[i]));
+  }
+  return j;
+}
+
+// target.metric quantized_val_loss: the reference's final quantized loss
+// is the target, every variant's figures to it are where its quantized curve
+// crosses it, and the verdict names the metric.
+TEST(DecideTest, AQuantizedTargetJudgesAndPricesByTheQuantizedCurve) {
+  // naive ends at val_loss 2.0, quantized 2.6: the target is 2.6.
+  Job naive = MakeQuantizedJob(1, tally::v1::JOB_STATE_SUCCEEDED,
+                               {{0, 5.0, 5.6}, {100, 3.0, 3.5}, {200, 2.0, 2.6}});
+  // qat's val_loss passes 2.6 at step 50, its quantized loss between 50
+  // (2.8) and 60 (2.4): at 55.
+  Job qat = MakeQuantizedJob(2, tally::v1::JOB_STATE_RUNNING,
+                             {{0, 5.0, 5.2}, {50, 2.5, 2.8}, {60, 2.3, 2.4}});
+  auto rec = WithJobs(Record({"naive", "qat"}, "naive"), {naive, qat});
+  rec.mutable_experiment()->mutable_spec()->mutable_target()->set_metric("quantized_val_loss");
+  Plan p = Decide(rec, Opt({naive, qat}), kNow);
+  const auto& e = p.rec.experiment();
+  EXPECT_DOUBLE_EQ(e.target_val_loss(), 2.6);
+  EXPECT_THAT(Event(p, "target")->reason(),
+              HasSubstr("target quantized_val_loss 2.6000: the final quantized_val_loss of "
+                        "naive (jobs/1)"));
+  ASSERT_EQ(Count(p, Action::kSetTarget), 1);
+  EXPECT_DOUBLE_EQ(p.actions.back().target_val_loss, 2.6);
+  const auto& n = e.variants(0);
+  EXPECT_DOUBLE_EQ(n.final_val_loss(), 2.0);
+  EXPECT_DOUBLE_EQ(n.final_quantized_val_loss(), 2.6);
+  EXPECT_DOUBLE_EQ(n.best_quantized_val_loss(), 2.6);
+  const auto& v = e.variants(1);
+  EXPECT_DOUBLE_EQ(v.quantized_val_loss(), 2.4);
+  EXPECT_DOUBLE_EQ(v.best_quantized_val_loss(), 2.4);
+  EXPECT_FALSE(v.has_final_quantized_val_loss()) << "still running";
+  ASSERT_TRUE(v.reached_target());
+  EXPECT_EQ(v.target_step(), 60);
+  EXPECT_NEAR(v.steps_to_target(), 55, 1e-9);
+  EXPECT_NEAR(v.cost_to_target_usd(), 0.055, 1e-12);
+
+  qat.set_state(tally::v1::JOB_STATE_SUCCEEDED);
+  Plan ended = Decide(p.rec, Opt({naive, qat}), kNow);
+  EXPECT_EQ(ended.rec.experiment().state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
+  EXPECT_THAT(ended.rec.experiment().state_reason(),
+              HasSubstr("cheapest to the target quantized_val_loss 2.6000: qat at $0.0550"));
+  EXPECT_THAT(Event(ended, "variant_ended")->detail(),
+              HasSubstr("final val_loss 2.3000, final quantized_val_loss 2.4000"));
+}
+
+// Without a quantized evaluation a variant has no figure to a quantized
+// target, and halving ranks variants by their quantized losses.
+TEST(DecideTest, AQuantizedTargetRanksAndNotesByTheQuantizedLoss) {
+  std::vector<Job> jobs = {
+      MakeQuantizedJob(1, tally::v1::JOB_STATE_RUNNING, {{0, 5, 5}, {250, 3.0, 3.2}}),
+      MakeQuantizedJob(2, tally::v1::JOB_STATE_RUNNING, {{0, 5, 5}, {250, 2.0, 3.9}}),
+      MakeQuantizedJob(3, tally::v1::JOB_STATE_RUNNING, {{0, 5, 5}, {250, 3.5, 3.3}}),
+  };
+  auto rec = WithJobs(Record({"ref", "a", "b"}, "", 1.0), jobs);
+  rec.mutable_experiment()->mutable_spec()->set_strategy(
+      tally::v1::EXPERIMENT_STRATEGY_SUCCESSIVE_HALVING);
+  rec.mutable_experiment()->mutable_spec()->mutable_target()->set_metric("quantized_val_loss");
+  rec.mutable_experiment()->set_target_val_loss(1.0);
+  for (auto& j : jobs) j.set_target_val_loss(1.0);
+  Plan p = Decide(rec, Opt(jobs), kNow);
+  ASSERT_EQ(Count(p, Action::kStop), 1);
+  for (const auto& a : p.actions) {
+    if (a.kind == Action::kStop) EXPECT_EQ(a.variant, 1) << "a's val_loss is the best of all";
+  }
+  EXPECT_THAT(Event(p, "halving")->reason(), HasSubstr("a (latest quantized_val_loss 3.9000)"));
+  EXPECT_THAT(Event(p, "halving")->detail(), HasSubstr("ranked by its forecast final "
+                                                       "quantized_val_loss"));
+
+  Job plain = MakeJob(4, tally::v1::JOB_STATE_SUCCEEDED, {{0, 5.0}, {100, 0.5}});
+  auto rec2 = WithJobs(Record({"plain"}, "", 1.0), {plain});
+  rec2.mutable_experiment()->mutable_spec()->mutable_target()->set_metric("quantized_val_loss");
+  const Plan ended = Decide(rec2, Opt({plain}), kNow);
+  const auto& v = ended.rec.experiment().variants(0);
+  EXPECT_FALSE(v.reached_target()) << "its val_loss reached 1.0, it has no quantized loss";
+  EXPECT_EQ(v.note(), "never evaluated quantized: no figure to the target");
+  EXPECT_FALSE(v.has_quantized_val_loss());
 }
 
 TEST(DecideTest, SubmitsEveryVariantReferenceFirstWithLabelsAndStableRequestIds) {
@@ -206,7 +298,7 @@ TEST(DecideTest, AFailedVariantDoesNotFailTheExperimentAndHasNoMadeUpFigures) {
   Plan p = Decide(rec, Opt({naive, broken, none, stopped}), kNow);
   const auto& e = p.rec.experiment();
   EXPECT_EQ(e.state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
-  EXPECT_THAT(e.state_reason(), HasSubstr("cheapest to the target 2.0000: naive"));
+  EXPECT_THAT(e.state_reason(), HasSubstr("cheapest to the target val_loss 2.0000: naive"));
   EXPECT_FALSE(e.variants(1).reached_target());
   // A failed variant says so (not "no evaluations yet", which reads as
   // pending), with the job's reason.
@@ -621,7 +713,7 @@ TEST(DecideTest, ReplicatesPairRunsBySeedAndJudgeByTheInterval) {
   EXPECT_EQ(noisy.verdict(), "no clear difference");
   // The experiment's verdict: the lowest mean, with its interval.
   EXPECT_EQ(e.state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
-  EXPECT_THAT(e.state_reason(), HasSubstr("lowest mean recipe cost to the target 2.0000: "));
+  EXPECT_THAT(e.state_reason(), HasSubstr("lowest mean recipe cost to the target val_loss 2.0000: "));
   EXPECT_THAT(e.state_reason(), HasSubstr("90% interval"));
 }
 

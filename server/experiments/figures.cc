@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "server/experiments/calibration.h"
@@ -18,14 +19,61 @@ using tally::v1::Experiment;
 using tally::v1::Job;
 using tally::v1::VariantStatus;
 
+policy::LossMetric MetricOf(const tally::v1::ExperimentSpec& spec) {
+  return policy::ParseLossMetric(spec.target().metric());
+}
+
 // The last evaluation's loss, or 0.
-double FinalLoss(const Job& job) {
+double FinalLoss(const Job& job, policy::LossMetric metric) {
   for (int i = job.curve_size() - 1; i >= 0; --i) {
-    const double l = job.curve(i).val_loss();
+    const double l = policy::LossOf(metric, job.curve(i));
     if (std::isfinite(l) && l > 0) return l;
   }
   return 0;
 }
+
+double LatestLoss(policy::LossMetric metric, const VariantStatus& v) {
+  return policy::LossOf(metric, v);
+}
+
+double FinalLossOf(policy::LossMetric metric, const VariantStatus& v) {
+  if (metric == policy::LossMetric::kValLoss) return v.final_val_loss();
+  return v.has_final_quantized_val_loss() ? v.final_quantized_val_loss()
+                                          : std::numeric_limits<double>::quiet_NaN();
+}
+
+namespace {
+
+// The lowest finite positive loss of `metric` on the job's curve, or 0.
+double BestLoss(const Job& job, policy::LossMetric metric) {
+  double best = 0;
+  for (const auto& pt : job.curve()) {
+    const double l = policy::LossOf(metric, pt);
+    if (std::isfinite(l) && l > 0 && (best == 0 || l < best)) best = l;
+  }
+  return best;
+}
+
+// The variant's losses, both metrics: latest, final (once ended) and best.
+void FillLosses(const Job& job, VariantStatus* v) {
+  constexpr policy::LossMetric kQuantized = policy::LossMetric::kQuantizedValLoss;
+  const bool ended = store::IsTerminal(job.state());
+  v->set_val_loss(job.val_loss());
+  v->set_final_val_loss(ended ? FinalLoss(job) : 0);
+  v->set_best_val_loss(BestLoss(job, policy::LossMetric::kValLoss));
+  v->clear_quantized_val_loss();
+  v->clear_final_quantized_val_loss();
+  v->clear_best_quantized_val_loss();
+  if (job.has_quantized_val_loss()) v->set_quantized_val_loss(job.quantized_val_loss());
+  if (const double final = FinalLoss(job, kQuantized); ended && final > 0) {
+    v->set_final_quantized_val_loss(final);
+  }
+  if (const double best = BestLoss(job, kQuantized); best > 0) {
+    v->set_best_quantized_val_loss(best);
+  }
+}
+
+}  // namespace
 
 bool IsReference(const Experiment& e, int run) {
   const tally::v1::ExperimentSpec& spec = e.spec();
@@ -52,24 +100,15 @@ int ReferenceIndex(const tally::v1::ExperimentSpec& spec) {
   return 0;
 }
 
-void FillVariantFigures(const Job& job, double target, VariantStatus* v,
-                        const tally::v1::CalibratedStepTime* calibrated) {
+void FillVariantFigures(const Job& job, double target, policy::LossMetric metric,
+                        VariantStatus* v, const tally::v1::CalibratedStepTime* calibrated) {
   v->set_job(job.name());
   v->set_state(job.state());
   v->set_state_reason(job.state_reason());
   v->set_step(job.step());
-  v->set_val_loss(job.val_loss());
   v->set_cost_usd(job.cost().cost_usd());
   *v->mutable_forecast() = job.forecast();
-  v->set_final_val_loss(store::IsTerminal(job.state()) ? FinalLoss(job) : 0);
-  double best = 0;
-  for (const auto& pt : job.curve()) {
-    if (std::isfinite(pt.val_loss()) && pt.val_loss() > 0 &&
-        (best == 0 || pt.val_loss() < best)) {
-      best = pt.val_loss();
-    }
-  }
-  v->set_best_val_loss(best);
+  FillLosses(job, v);
   v->set_reached_target(false);
   v->set_cost_to_target_usd(0);
   v->set_tokens_to_target(0);
@@ -112,7 +151,7 @@ void FillVariantFigures(const Job& job, double target, VariantStatus* v,
                                                          : job.state_reason()));
   }
   if (target <= 0) return;
-  const std::vector<policy::CurvePoint> curve = sched::CurveOf(job);
+  const std::vector<policy::CurvePoint> curve = sched::CurveOf(job, metric);
   if (auto x = policy::FindTargetCrossing(curve, target)) {
     v->set_reached_target(true);
     v->set_cost_to_target_usd(x->cost_usd);
@@ -131,20 +170,28 @@ void FillVariantFigures(const Job& job, double target, VariantStatus* v,
       v->set_note("too few steps to time: no recipe cost");
     }
   } else if (store::IsTerminal(job.state()) && v->note().empty()) {
-    v->set_note(curve.empty() ? "never evaluated: no figure to the target"
-                              : "never reached the target");
+    const bool quantized = metric == policy::LossMetric::kQuantizedValLoss;
+    const bool evaluated =
+        quantized ? std::any_of(job.curve().begin(), job.curve().end(),
+                                [](const auto& p) { return p.has_quantized_val_loss(); })
+                  : !curve.empty();
+    v->set_note(evaluated ? "never reached the target"
+                          : (quantized && !curve.empty()
+                                 ? "never evaluated quantized: no figure to the target"
+                                 : "never evaluated: no figure to the target"));
   }
 }
 
 void FillFigures(const std::vector<std::optional<Job>>& jobs, Experiment* e,
                  const std::optional<Job>& calibration) {
   const double target = e->target_val_loss();
+  const policy::LossMetric metric = MetricOf(e->spec());
   FillCalibration(calibration, e);
   double total = e->calibration().cost_usd();
   for (int i = 0; i < e->variants_size(); ++i) {
     VariantStatus* v = e->mutable_variants(i);
     if (i < static_cast<int>(jobs.size()) && jobs[i]) {
-      FillVariantFigures(*jobs[i], target, v, CalibratedTimeOf(*e, v->name()));
+      FillVariantFigures(*jobs[i], target, metric, v, CalibratedTimeOf(*e, v->name()));
       total += v->cost_usd();
     }
     v->set_ratio_to_reference(0);

@@ -9,13 +9,25 @@
 #include <optional>
 #include <vector>
 
+#include "server/policy/loss_metric.h"
 #include "tally/v1/experiments.pb.h"
 #include "tally/v1/jobs.pb.h"
 
 namespace tally::experiments {
 
-// A job's last evaluation's loss, or 0.
-double FinalLoss(const tally::v1::Job& job);
+// The loss an experiment's target is of, and its variants are judged by
+// (target.metric).
+policy::LossMetric MetricOf(const tally::v1::ExperimentSpec& spec);
+
+// A job's last evaluation's loss of `metric` (its last evaluation that has
+// one), or 0.
+double FinalLoss(const tally::v1::Job& job,
+                 policy::LossMetric metric = policy::LossMetric::kValLoss);
+
+// A variant's latest and final loss of `metric` (NaN for a quantized one it
+// does not have; its final is 0 until it has ended).
+double LatestLoss(policy::LossMetric metric, const tally::v1::VariantStatus& v);
+double FinalLossOf(policy::LossMetric metric, const tally::v1::VariantStatus& v);
 
 // The index of the reference variant in the spec (target.from_variant, else
 // 0).
@@ -30,11 +42,14 @@ int ReferenceRun(const tally::v1::Experiment& e, int replicate);
 // A run's replicate, 1-based (0, from before replicates, reads as 1).
 int ReplicateOf(const tally::v1::VariantStatus& v);
 
-// A variant's figures from its job against `target` (0: none known yet).
-// Leaves name, halved and the ratio as they are. With `calibrated` (the
-// experiment's timing calibration of this variant), its recipe cost is
-// priced at the calibration's step time instead of its own.
-void FillVariantFigures(const tally::v1::Job& job, double target,
+// A variant's figures from its job against `target` (0: none known yet), a
+// loss of `metric`: the figures to the target are where that metric's curve
+// crosses it. Its losses are filled for both metrics (the quantized ones
+// when it is evaluated quantized). Leaves name, halved and the ratio as
+// they are. With `calibrated` (the experiment's timing calibration of this
+// variant), its recipe cost is priced at the calibration's step time
+// instead of its own.
+void FillVariantFigures(const tally::v1::Job& job, double target, policy::LossMetric metric,
                         tally::v1::VariantStatus* v,
                         const tally::v1::CalibratedStepTime* calibrated = nullptr);
 

@@ -42,6 +42,11 @@ ExperimentManager::ExperimentManager(store::JobStore* store, sched::Scheduler* s
   variant_val_loss_ = &registry->Add<metrics::Gauge>(
       "tally_experiment_variant_val_loss",
       "The latest validation loss of an experiment's variant.", none);
+  variant_quantized_val_loss_ = &registry->Add<metrics::Gauge>(
+      "tally_experiment_variant_quantized_val_loss",
+      "The latest quantized validation loss of an experiment's variant (the model quantized "
+      "as its GGUF export will be; variants evaluated quantized only).",
+      none);
   variant_cost_to_target_ = &registry->Add<metrics::Gauge>(
       "tally_experiment_variant_cost_to_target_dollars",
       "Dollars a variant needed to reach the experiment's target validation loss "
@@ -59,7 +64,9 @@ ExperimentManager::ExperimentManager(store::JobStore* store, sched::Scheduler* s
       "1 when the variant has reached the experiment's target validation loss, else 0.", none);
   target_ = &registry->Add<metrics::Gauge>(
       "tally_experiment_target_val_loss",
-      "The experiment's target validation loss, once known.", none);
+      "The experiment's target loss, once known: a validation loss, or a quantized one with "
+      "target.metric quantized_val_loss.",
+      none);
   cost_ = &registry->Add<metrics::Gauge>(
       "tally_experiment_cost_dollars", "Dollars all of an experiment's variants have spent.",
       none);
@@ -190,10 +197,11 @@ absl::StatusOr<Experiment> ExperimentManager::Create(tally::v1::ExperimentSpec s
                                     ? absl::StrCat(" x ", spec.replicates(), " replicates")
                                     : "",
                                 ", reference ", e.reference_variant()));
+  const std::string metric = policy::LossMetricName(MetricOf(spec));
   first.set_detail(spec.target().has_from_variant()
-                       ? absl::StrCat("target: the final validation loss of ",
+                       ? absl::StrCat("target: the final ", metric, " of ",
                                       spec.target().from_variant())
-                       : absl::StrCat("target: val_loss ", spec.target().val_loss()));
+                       : absl::StrCat("target: ", metric, " ", spec.target().val_loss()));
   first.set_principal(by.name);
   ASSIGN_OR_RETURN(store::ExperimentCreateResult created,
                    store_->CreateExperiment(std::move(rec), std::move(first)));
@@ -397,6 +405,9 @@ void ExperimentManager::Export(const Experiment& e) {
     const metrics::Labels l{{"experiment", e.name()}, {"variant", v.name()}};
     variant_cost_->Add(l).Set(spent[v.name()]);
     if (v.val_loss() > 0) variant_val_loss_->Add(l).Set(v.val_loss());
+    if (v.has_quantized_val_loss()) {
+      variant_quantized_val_loss_->Add(l).Set(v.quantized_val_loss());
+    }
     variant_reached_->Add(l).Set(v.reached_target() ? 1 : 0);
     if (v.reached_target()) variant_cost_to_target_->Add(l).Set(v.cost_to_target_usd());
     if (v.recipe_cost_to_target_usd() > 0) {

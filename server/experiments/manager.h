@@ -91,6 +91,7 @@ class ExperimentManager {
 
   metrics::Family<metrics::Gauge>* variant_cost_;
   metrics::Family<metrics::Gauge>* variant_val_loss_;
+  metrics::Family<metrics::Gauge>* variant_quantized_val_loss_;
   metrics::Family<metrics::Gauge>* variant_cost_to_target_;
   metrics::Family<metrics::Gauge>* variant_recipe_cost_to_target_;
   metrics::Family<metrics::Gauge>* variant_reached_;

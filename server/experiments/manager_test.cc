@@ -196,7 +196,7 @@ TEST_F(ManagerTest, TheReferencesFinalLossBecomesTheOthersTargetAndTheyStopAtIt)
   got = manager_->Get(1);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);
-  EXPECT_THAT(got->state_reason(), HasSubstr("cheapest to the target 2.5000: packed"));
+  EXPECT_THAT(got->state_reason(), HasSubstr("cheapest to the target val_loss 2.5000: packed"));
   const auto stored = base_.GetExperiment(1);
   ASSERT_TRUE(stored.ok());
   EXPECT_EQ(stored->experiment().state(), tally::v1::EXPERIMENT_STATE_SUCCEEDED);

@@ -5,11 +5,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/text.h"
+#include "server/experiments/figures.h"
+#include "server/policy/loss_metric.h"
 
 namespace tally::experiments {
 
 using tally::v1::Experiment;
 using tally::v1::VariantStatus;
+
+namespace {
+
+// "val_loss 2.5000": the target with the loss it is of.
+std::string TargetOf(const Experiment& e) {
+  return absl::StrFormat("%s %.4f", policy::LossMetricName(MetricOf(e.spec())),
+                         e.target_val_loss());
+}
+
+}  // namespace
 
 // The ended experiment's verdict: the variant cheapest to the target by
 // recipe cost (what a step of each recipe costs, not when or where it ran),
@@ -33,11 +45,11 @@ std::string Verdict(const Experiment& e, int ref) {
     return reason;
   }
   if (best == nullptr) {
-    absl::StrAppendFormat(&reason, "; no variant reached the target %.4f", e.target_val_loss());
+    absl::StrAppend(&reason, "; no variant reached the target ", TargetOf(e));
     return reason;
   }
-  absl::StrAppendFormat(&reason, "; cheapest to the target %.4f: %s at %s %s",
-                        e.target_val_loss(), best->name(), FormatDollars(figure(*best)),
+  absl::StrAppendFormat(&reason, "; cheapest to the target %s: %s at %s %s", TargetOf(e),
+                        best->name(), FormatDollars(figure(*best)),
                         by_recipe ? "by recipe cost" : "billed");
   if (by_recipe) {
     absl::StrAppend(&reason, " (", FormatDollars(best->cost_to_target_usd()), " billed)");
@@ -69,14 +81,14 @@ std::string ReplicatesVerdict(const Experiment& e) {
     }
   }
   if (best == nullptr) {
-    absl::StrAppendFormat(&reason, "; no variant reached the target %.4f with a recipe cost",
-                          e.target_val_loss());
+    absl::StrAppend(&reason, "; no variant reached the target ", TargetOf(e),
+                    " with a recipe cost");
     return reason;
   }
   absl::StrAppendFormat(&reason,
-                        "; lowest mean recipe cost to the target %.4f: %s at %s (90%% interval "
+                        "; lowest mean recipe cost to the target %s: %s at %s (90%% interval "
                         "%s to %s, %d of %d runs reached it)",
-                        e.target_val_loss(), best->name(),
+                        TargetOf(e), best->name(),
                         FormatDollars(best->recipe_cost_to_target_usd()),
                         FormatDollars(best->recipe_cost_ci90_low_usd()),
                         FormatDollars(best->recipe_cost_ci90_high_usd()),

@@ -1,5 +1,5 @@
-// An ended experiment's verdict (pure): which variant reached the target
-// for the fewest dollars, by recipe cost (or by billed dollars for all when
+// An ended experiment's verdict (pure): which variant reached the target (a
+// loss of target.metric, which the sentence names) for the fewest dollars, by recipe cost (or by billed dollars for all when
 // one that reached it has no recipe cost), with its ratio to the reference,
 // and, over replicates, with its 90% interval and whether that interval
 // tells it apart from the reference. decide.h ends an experiment with it,
