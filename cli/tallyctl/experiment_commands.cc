@@ -87,7 +87,9 @@ void PrintExperiment(const tally::v1::Experiment& e) {
   }
   std::cout << "  target:    ";
   if (e.target_val_loss() > 0) {
-    std::cout << absl::StrFormat("val loss %.4f", e.target_val_loss());
+    const bool by_quantized = e.spec().target().metric() == "quantized_val_loss";
+    std::cout << absl::StrFormat("%s %.4f", by_quantized ? "quantized_val_loss" : "val loss",
+                                 e.target_val_loss());
     if (e.spec().target().has_from_variant()) {
       std::cout << (e.spec().replicates() > 1 ? " (the highest final loss of the runs of "
                                               : " (the final loss of ")

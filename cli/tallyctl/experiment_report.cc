@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,16 @@ constexpr const char* kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", 
 constexpr size_t kPaletteSize = sizeof(kPalette) / sizeof(kPalette[0]);
 
 bool Plottable(double v) { return std::isfinite(v) && std::abs(v) <= kMaxMagnitude; }
+
+// The loss plotted: the experiment's target.metric's (the quantized loss
+// with quantized_val_loss; NaN, so not plotted, where a point has none).
+double Loss(const EvalPoint& p, bool quantized) {
+  if (!quantized) return p.val_loss();
+  return p.has_quantized_val_loss() ? p.quantized_val_loss()
+                                    : std::numeric_limits<double>::quiet_NaN();
+}
+
+bool ByQuantized(const Experiment& e) { return e.spec().target().metric() == "quantized_val_loss"; }
 
 // Decodes one UTF-8 character at the front of `text` into `cp` and returns
 // its length, or returns 0 when the bytes there are not valid UTF-8 (bad
@@ -334,7 +345,7 @@ std::vector<Series> CollectSeries(const Experiment& experiment,
 
 // The x axis (recipe dollars, billed dollars or tokens) and each series'
 // points on it.
-XAxis PlaceSeries(const ReportOptions& options, std::vector<Series>* all) {
+XAxis PlaceSeries(const ReportOptions& options, bool quantized, std::vector<Series>* all) {
   std::vector<Series>& series = *all;
   // Dollars on x unless no evaluation has a cost (tallyd has no prices).
   bool any_loss = false;
@@ -342,7 +353,7 @@ XAxis PlaceSeries(const ReportOptions& options, std::vector<Series>* all) {
   for (const Series& s : series) {
     if (s.curve == nullptr) continue;
     for (const EvalPoint& p : *s.curve) {
-      if (!Plottable(p.val_loss())) continue;
+      if (!Plottable(Loss(p, quantized))) continue;
       any_loss = true;
       any_cost = any_cost || (Plottable(p.cost_usd()) && p.cost_usd() > 0);
     }
@@ -366,7 +377,8 @@ XAxis PlaceSeries(const ReportOptions& options, std::vector<Series>* all) {
                        : x_axis == XAxis::kRecipeDollars
                            ? static_cast<double>(p.step()) * s.status->recipe_usd_per_step()
                            : p.cost_usd();
-      if (Plottable(x) && Plottable(p.val_loss())) s.points.push_back({x, p.val_loss()});
+      const double loss = Loss(p, quantized);
+      if (Plottable(x) && Plottable(loss)) s.points.push_back({x, loss});
     }
   }
   return x_axis;
@@ -539,7 +551,9 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                                 const std::vector<VariantCurve>& curves,
                                 const ReportOptions& options) {
   std::vector<Series> series = CollectSeries(experiment, curves);
-  const XAxis x_axis = PlaceSeries(options, &series);
+  const bool quantized = ByQuantized(experiment);
+  const char* loss_name = quantized ? "quantized validation loss" : "validation loss";
+  const XAxis x_axis = PlaceSeries(options, quantized, &series);
   const bool tokens = x_axis == XAxis::kTokens;
   const bool any_points = std::any_of(series.begin(), series.end(),
                                       [](const Series& s) { return !s.points.empty(); });
@@ -582,7 +596,7 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                         "font-size=\"12\" fill=\"#222222\">\n",
                         kWidth, height, kWidth, height);
   const std::string title = Title(experiment);
-  absl::StrAppend(&svg, "<title>", title, ": validation loss against ",
+  absl::StrAppend(&svg, "<title>", title, ": ", loss_name, " against ",
                   tokens ? "tokens" : "dollars", "</title>\n");
   absl::StrAppendFormat(&svg, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", kWidth,
                         height);
@@ -590,7 +604,10 @@ std::string RenderExperimentSvg(const Experiment& experiment,
                   "\" y=\"28\" font-size=\"16\" font-weight=\"bold\">", title, "</text>\n");
   std::vector<std::string> facts;
   if (const std::string state = StateWord(experiment); !state.empty()) facts.push_back(state);
-  facts.push_back(target > 0 ? absl::StrFormat("target val loss %.4f", target) : "no target yet");
+  facts.push_back(target > 0 ? absl::StrFormat("target %s %.4f",
+                                               quantized ? "quantized_val_loss" : "val loss",
+                                               target)
+                             : "no target yet");
   if (Plottable(experiment.cost_usd()) && experiment.cost_usd() > 0) {
     facts.push_back(absl::StrCat(Dollars(experiment.cost_usd()), " spent"));
   }
@@ -622,7 +639,7 @@ std::string RenderExperimentSvg(const Experiment& experiment,
   const double y_mid = kPlotTop + kPlotHeight / 2;
   absl::StrAppend(&svg, "<text class=\"axis-label\" x=\"24\" y=\"", Px(y_mid),
                   "\" text-anchor=\"middle\" transform=\"rotate(-90 24 ", Px(y_mid),
-                  ")\">validation loss</text>\n");
+                  ")\">", loss_name, "</text>\n");
 
   AppendLegend(series, target, x_axis, &svg);
   absl::StrAppend(&svg, "</svg>\n");

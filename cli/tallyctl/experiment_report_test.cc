@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -403,6 +404,30 @@ TEST(ExperimentReportTest, LongNamesAreCutInTheLegendButNotInTheData) {
   const std::string& shown = WithClass(doc, "text", "legend-name")[0]->text;
   EXPECT_LT(shown.size(), name.size());
   EXPECT_TRUE(absl::EndsWith(shown, "\u2026")) << shown;
+}
+
+// target.metric quantized_val_loss: each curve is of its quantized losses
+// (a point without one is not drawn), and the labels say so.
+TEST(ExperimentReportTest, AQuantizedTargetPlotsTheQuantizedCurve) {
+  Experiment e = MakeExperiment({"qat"}, 3.0);
+  e.mutable_spec()->mutable_target()->set_metric("quantized_val_loss");
+  auto quantized = [](double cost, double loss, std::optional<double> q) {
+    EvalPoint p = Eval(cost, loss);
+    if (q) p.set_quantized_val_loss(*q);
+    return p;
+  };
+  const Document doc = Render(e, {{"qat", {quantized(0, 5, std::nullopt),
+                                           quantized(1, 4, 4.4), quantized(2, 2, 3.3),
+                                           quantized(3, 1.5, 2.8)}}});
+  const auto paths = WithClass(doc, "path", "variant");
+  ASSERT_THAT(paths, SizeIs(1));
+  EXPECT_THAT(Vertices(*paths[0]), SizeIs(3)) << "the step without a quantized loss is left out";
+  EXPECT_THAT(AllText(doc), HasSubstr("target quantized_val_loss 3.0000"));
+  EXPECT_THAT(AllText(doc), HasSubstr("quantized validation loss"));
+  const Document plain = Render(MakeExperiment({"qat"}, 3.0),
+                                {{"qat", {quantized(0, 5, std::nullopt), quantized(1, 4, 4.4)}}});
+  EXPECT_THAT(Vertices(*WithClass(plain, "path", "variant")[0]), SizeIs(2));
+  EXPECT_THAT(AllText(plain), Not(HasSubstr("quantized")));
 }
 
 TEST(ExperimentReportTest, TargetLineOnlyWithATarget) {

@@ -84,6 +84,51 @@ std::string ProgressLine(const tally::v1::Job& job) {
   return line;
 }
 
+std::string LossLines(const tally::v1::Job& j) {
+  const auto& spec = j.spec();
+  const auto& es = j.early_stopping();
+  const bool by_quantized = spec.early_stopping().metric() == "quantized_val_loss";
+  const std::string format = spec.training().eval_quantized();
+  auto quantized = [](bool has, double v) {
+    return has ? std::optional<double>(v) : std::nullopt;
+  };
+  std::string out;
+  if (es.has_best()) {
+    absl::StrAppend(&out, "  val loss:  ",
+                    LossWithQuantized("latest", j.val_loss(),
+                                      quantized(j.has_quantized_val_loss(),
+                                                j.quantized_val_loss()),
+                                      format));
+    absl::StrAppendFormat(&out, ", best %s%.4f at step %d",
+                          by_quantized ? "quantized_val_loss " : "", es.best_val_loss(),
+                          es.best_step());
+    if (spec.early_stopping().patience() > 0) {
+      absl::StrAppendFormat(&out, ", patience left %d of %d", es.patience_left(),
+                            spec.early_stopping().patience());
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  if (j.target_val_loss() > 0) {
+    absl::StrAppendFormat(&out, "  target:    %s %.4f",
+                          by_quantized ? "quantized_val_loss" : "val loss", j.target_val_loss());
+    if (j.has_target_reached()) {
+      const auto& t = j.target_reached();
+      absl::StrAppendFormat(
+          &out,
+          ", reached at step %d (%s, $%.4f); to the target itself $%.4f, %.0f tokens, "
+          "%.1f GPU-seconds",
+          t.step(),
+          LossWithQuantized("val", t.val_loss(),
+                            quantized(t.has_quantized_val_loss(), t.quantized_val_loss()), format),
+          t.cost_usd(), t.cost_to_target_usd(), t.tokens_to_target(), t.gpu_seconds_to_target());
+    } else {
+      absl::StrAppend(&out, ", not reached");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
 std::string SpotUsageLine(const tally::v1::Job& job) {
   const auto& cost = job.cost();
   if (cost.spot_gpus() <= 0 && !(cost.spot_gpu_seconds() > 0)) return "";
@@ -209,11 +254,32 @@ void PreemptionTally::Observe(const tally::v1::JobEvent& e) {
   if (e.type() == "preempted" && e.sequence() > through_) ++seen_;
 }
 
-std::string EventLine(const tally::v1::JobEvent& e, absl::TimeZone tz, int preemptions) {
+std::string LossWithQuantized(const char* label, double val_loss,
+                              const std::optional<double>& quantized,
+                              const std::string& quantized_format) {
+  std::string out = absl::StrFormat("%s %.4f", label, val_loss);
+  if (quantized) {
+    absl::StrAppendFormat(&out, " (%s: %.4f)",
+                          quantized_format.empty() ? std::string("quantized")
+                                                   : Safe(quantized_format),
+                          *quantized);
+  }
+  return out;
+}
+
+std::string EventLine(const tally::v1::JobEvent& e, absl::TimeZone tz, int preemptions,
+                      const std::string& quantized_format) {
   std::string line =
       absl::StrFormat("#%-4d %s %-10s %-9s step %-7d", e.sequence(), FormatTimestamp(e.time(), tz),
                       Safe(e.type()), StateText(e.state()), e.step());
-  if (e.val_loss() != 0) absl::StrAppendFormat(&line, " val_loss %.4f", e.val_loss());
+  if (e.val_loss() != 0) {
+    absl::StrAppend(&line, " ",
+                    LossWithQuantized("val_loss", e.val_loss(),
+                                      e.has_quantized_val_loss()
+                                          ? std::optional<double>(e.quantized_val_loss())
+                                          : std::nullopt,
+                                      quantized_format));
+  }
   if (e.train_loss() != 0) absl::StrAppendFormat(&line, " loss %.4f", e.train_loss());
   if (e.cost_usd() != 0) absl::StrAppendFormat(&line, " $%.4f", e.cost_usd());
   if (e.patience_left() >= 0 && (e.type() == "eval" || e.type() == "progress")) {
@@ -280,10 +346,20 @@ std::string TimingLine(const tally::v1::Experiment& e) {
 std::string VariantTable(const tally::v1::Experiment& e) {
   std::string out;
   const char* kRow =
-      "  %-20s %-15s %-7s %-8s %-8s %-10s %-11s %-28s %-7s %-13s %-7s %-10s %s\n";
-  absl::StrAppendFormat(&out, kRow, "VARIANT", "STATE", "STEP", "VAL_LOSS", "BEST",
-                               "STEPS TO T", "TOKENS TO T", "RECIPE $ TO T (P10-P90)", "x REF",
-                               "BILLED $ TO T", "x REF", "$ SO FAR", "NOTE");
+      "  %-20s %-15s %-7s %-*s %-*s %-10s %-11s %-28s %-7s %-13s %-7s %-10s %s\n";
+  // Judged by the quantized loss: the best is its best, and each latest
+  // val_loss has its quantized one beside it.
+  const bool by_quantized = e.spec().target().metric() == "quantized_val_loss";
+  const bool any_quantized =
+      by_quantized || std::any_of(e.variants().begin(), e.variants().end(),
+                                  [](const auto& v) { return v.has_quantized_val_loss(); });
+  const int loss_width = any_quantized ? 17 : 8;
+  const int best_width = by_quantized ? 10 : 8;
+  absl::StrAppendFormat(&out, kRow, "VARIANT", "STATE", "STEP", loss_width,
+                        any_quantized ? "VAL_LOSS (QUANT)" : "VAL_LOSS", best_width,
+                        by_quantized ? "BEST QUANT" : "BEST", "STEPS TO T", "TOKENS TO T",
+                        "RECIPE $ TO T (P10-P90)", "x REF", "BILLED $ TO T", "x REF", "$ SO FAR",
+                        "NOTE");
   for (const auto& v : e.variants()) {
     const std::string state =
         v.job().empty() && v.state() == tally::v1::JOB_STATE_UNSPECIFIED
@@ -307,9 +383,13 @@ std::string VariantTable(const tally::v1::Experiment& e) {
     const std::string name = v.replicate() > 0 && e.spec().replicates() > 1
                                  ? absl::StrCat(v.name(), "#", v.replicate())
                                  : v.name();
+    std::string loss = LossOrDash(v.val_loss());
+    if (v.has_quantized_val_loss()) {
+      absl::StrAppend(&loss, " (", LossOrDash(v.quantized_val_loss()), ")");
+    }
     absl::StrAppendFormat(
-        &out, kRow, Safe(name), state, absl::StrCat(v.step()), LossOrDash(v.val_loss()),
-        LossOrDash(v.best_val_loss()),
+        &out, kRow, Safe(name), state, absl::StrCat(v.step()), loss_width, loss, best_width,
+        LossOrDash(by_quantized ? v.best_quantized_val_loss() : v.best_val_loss()),
         v.reached_target() ? absl::StrFormat("%.1f", v.steps_to_target()) : std::string("-"),
         v.reached_target() ? Count(v.tokens_to_target()) : std::string("-"),
         recipe ? absl::StrCat(FormatDollars(v.recipe_cost_to_target_usd()), " (",

@@ -6,6 +6,7 @@
 #define TALLY_CLI_TALLYCTL_JOB_FORMAT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -34,6 +35,14 @@ std::string ModelOriginLines(const tally::v1::JobSpec& spec);
 // "  progress:  step 10 / 100, attempt 1 of 3\n", with ", at most N
 // preemptions" when max_preemptions is set.
 std::string ProgressLine(const tally::v1::Job& job);
+
+// The job's losses as `tallyctl get` prints them, once it has an evaluation:
+// "  val loss:  latest 2.3100 (q4_0: 2.3800), best 2.3000 at step 40,
+// patience left 2 of 3\n" (the quantized loss only when the job has one; the
+// best is of the metric its early stopping judges, named when that is
+// quantized_val_loss), then its target: "  target:    val loss 2.2000,
+// reached at step 60 (...)" or "  target:    quantized_val_loss 2.4000, ...".
+std::string LossLines(const tally::v1::Job& job);
 
 // "  spot:      2 of 4 GPUs on spot capacity now, 123.4 spot GPU-seconds in
 // all\n"; empty when the job never ran on spot capacity.
@@ -77,8 +86,18 @@ class PreemptionTally {
 // One event as `tallyctl watch` prints it off a terminal:
 // "#12   2025-01-31 12:00:00 preempted  QUEUED    step 40      $0.0100
 // notice_file (redone $0.0020)", with " preemptions N" on progress and
-// preempted events once `preemptions` is above 0.
-std::string EventLine(const tally::v1::JobEvent& e, absl::TimeZone tz, int preemptions);
+// preempted events once `preemptions` is above 0. An evaluation's quantized
+// loss, when it has one, follows its val_loss as "val_loss 2.3100 (q4_0:
+// 2.3800)": `quantized_format` is the job's training.eval_quantized
+// ("quantized" when empty).
+std::string EventLine(const tally::v1::JobEvent& e, absl::TimeZone tz, int preemptions,
+                      const std::string& quantized_format = "");
+
+// "val_loss 2.3100", with " (q4_0: 2.3800)" when there is a quantized loss:
+// how `tallyctl get` and `watch` show a loss beside its quantized one.
+std::string LossWithQuantized(const char* label, double val_loss,
+                              const std::optional<double>& quantized,
+                              const std::string& quantized_format);
 
 // The progress bar `tallyctl watch` redraws on a terminal (no "\r"):
 // "[###...] step 10/100  loss 2.3456  $0.0100  patience 3  preemptions 1".

@@ -266,6 +266,69 @@ TEST(JobFormatTest, EventLinesWithoutPreemptionsAreUnchanged) {
   EXPECT_THAT(EventLine(eval, absl::UTCTimeZone(), 2), Not(HasSubstr("preemptions")));
 }
 
+// The quantized loss follows val_loss only when the event has one, named
+// by the job's format.
+TEST(JobFormatTest, EventLinesShowTheQuantizedLossBesideValLoss) {
+  JobEvent eval = Event(6, "eval");
+  eval.set_step(50);
+  eval.set_val_loss(2.31);
+  eval.set_quantized_val_loss(2.38);
+  EXPECT_EQ(EventLine(eval, absl::UTCTimeZone(), 0, "q4_0"),
+            "#6    2025-01-31 12:00:00 eval       RUNNING   step 50      val_loss 2.3100 "
+            "(q4_0: 2.3800)");
+  EXPECT_THAT(EventLine(eval, absl::UTCTimeZone(), 0), HasSubstr("(quantized: 2.3800)"));
+  eval.clear_quantized_val_loss();
+  EXPECT_EQ(EventLine(eval, absl::UTCTimeZone(), 0, "q4_0"),
+            "#6    2025-01-31 12:00:00 eval       RUNNING   step 50      val_loss 2.3100");
+}
+
+TEST(JobFormatTest, LossLinesNameTheMetricAndShowTheQuantizedLoss) {
+  tally::v1::Job j;
+  j.set_val_loss(2.31);
+  j.mutable_early_stopping()->set_has_best(true);
+  j.mutable_early_stopping()->set_best_val_loss(2.3);
+  j.mutable_early_stopping()->set_best_step(40);
+  EXPECT_EQ(LossLines(j), "  val loss:  latest 2.3100, best 2.3000 at step 40\n");
+  j.mutable_spec()->mutable_training()->set_eval_quantized("q4_0");
+  j.mutable_spec()->mutable_early_stopping()->set_metric("quantized_val_loss");
+  j.mutable_spec()->mutable_early_stopping()->set_patience(3);
+  j.mutable_early_stopping()->set_best_val_loss(2.35);
+  j.mutable_early_stopping()->set_patience_left(2);
+  j.set_quantized_val_loss(2.38);
+  j.set_target_val_loss(2.45);
+  auto* t = j.mutable_target_reached();
+  t->set_step(60);
+  t->set_val_loss(2.3);
+  t->set_quantized_val_loss(2.44);
+  t->set_cost_usd(0.5);
+  EXPECT_EQ(LossLines(j),
+            "  val loss:  latest 2.3100 (q4_0: 2.3800), best quantized_val_loss 2.3500 at step "
+            "40, patience left 2 of 3\n"
+            "  target:    quantized_val_loss 2.4500, reached at step 60 (val 2.3000 (q4_0: "
+            "2.4400), $0.5000); to the target itself $0.0000, 0 tokens, 0.0 GPU-seconds\n");
+  EXPECT_EQ(LossLines(tally::v1::Job()), "") << "nothing before an evaluation";
+}
+
+TEST(JobFormatTest, TheVariantTableShowsTheQuantizedLoss) {
+  tally::v1::Experiment e;
+  e.mutable_spec()->mutable_target()->set_metric("quantized_val_loss");
+  auto* v = e.add_variants();
+  v->set_name("qat");
+  v->set_job("jobs/1");
+  v->set_state(tally::v1::JOB_STATE_SUCCEEDED);
+  v->set_val_loss(2.31);
+  v->set_best_val_loss(2.2);
+  v->set_quantized_val_loss(2.38);
+  v->set_best_quantized_val_loss(2.36);
+  const std::string t = VariantTable(e);
+  EXPECT_THAT(t, HasSubstr("VAL_LOSS (QUANT)  BEST QUANT"));
+  EXPECT_THAT(t, HasSubstr("2.3100 (2.3800)   2.3600"));
+  EXPECT_THAT(t, Not(HasSubstr("2.2000"))) << "the best of the metric judged";
+  e.mutable_spec()->mutable_target()->clear_metric();
+  e.mutable_variants(0)->clear_quantized_val_loss();
+  EXPECT_THAT(VariantTable(e), HasSubstr("VAL_LOSS BEST "));
+}
+
 TEST(JobFormatTest, ProgressBar) {
   JobEvent e = Event(5, "progress");
   e.set_step(50);

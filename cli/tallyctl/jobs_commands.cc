@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -71,36 +73,15 @@ void PrintJob(const tally::v1::Job& j) {
   }
   std::cout << "\n" << SpotUsageLine(j) << PreemptionLines(j, absl::LocalTimeZone());
   const auto& es = j.early_stopping();
-  if (es.has_best()) {
-    std::cout << absl::StrFormat("  val loss:  latest %.4f, best %.4f at step %d", j.val_loss(),
-                                 es.best_val_loss(), es.best_step());
-    if (spec.early_stopping().patience() > 0) {
-      std::cout << absl::StrFormat(", patience left %d of %d", es.patience_left(),
-                                   spec.early_stopping().patience());
-    }
-    std::cout << "\n";
-  }
+  std::cout << LossLines(j);
   if (!es.best_checkpoint().empty()) {
     std::cout << "  best checkpoint: " << Safe(es.best_checkpoint()) << "\n";
-  }
-  if (j.target_val_loss() > 0) {
-    std::cout << absl::StrFormat("  target:    val loss %.4f", j.target_val_loss());
-    if (j.has_target_reached()) {
-      const auto& t = j.target_reached();
-      std::cout << absl::StrFormat(
-          ", reached at step %d (val %.4f, $%.4f); to the target itself $%.4f, %.0f tokens, "
-          "%.1f GPU-seconds",
-          t.step(), t.val_loss(), t.cost_usd(), t.cost_to_target_usd(), t.tokens_to_target(),
-          t.gpu_seconds_to_target());
-    } else {
-      std::cout << ", not reached";
-    }
-    std::cout << "\n";
   }
   if (j.forecast().valid()) {
     const auto& f = j.forecast();
     std::cout << absl::StrFormat(
-        "  forecast:  val loss %.4f (%.4f-%.4f) at step %d, from %d evals up to step %d\n",
+        "  forecast:  %s %.4f (%.4f-%.4f) at step %d, from %d evals up to step %d\n",
+        f.metric() == "quantized_val_loss" ? "quantized_val_loss" : "val loss",
         f.final_val_loss(), f.low(), f.high(), spec.training().max_steps(), f.evals_used(),
         f.step());
   } else if (!j.forecast().reason().empty() && !IsTerminalState(j.state())) {
@@ -291,6 +272,34 @@ int Cancel(Client& c, const std::string& name) {
   return kOk;
 }
 
+namespace {
+
+// The index of the best checkpoint: the lowest loss of the metric the job
+// is judged by (0 or absent: not evaluated), never a damaged one; with none
+// evaluated, the latest. -1 when there is none.
+int BestCheckpoint(const tally::v1::ListCheckpointsResponse& resp,
+                   const std::map<std::string, std::string>& damaged, bool by_quantized) {
+  auto loss = [by_quantized](const tally::v1::Checkpoint& ck) {
+    if (!by_quantized) return ck.val_loss();
+    return ck.has_quantized_val_loss() ? ck.quantized_val_loss() : 0.0;
+  };
+  int best = -1;
+  for (int i = 0; i < resp.checkpoints_size(); ++i) {
+    const auto& ck = resp.checkpoints(i);
+    if (damaged.count(ck.path())) continue;
+    const double l = loss(ck);
+    const double b = best < 0 ? 0 : loss(resp.checkpoints(best));
+    if (l > 0 && (best < 0 || b <= 0 || l < b)) {
+      best = i;
+    } else if (best < 0 || (b <= 0 && l <= 0 && ck.step() >= resp.checkpoints(best).step())) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
 int Checkpoints(Client& c, const std::string& name) {
   tally::v1::ListCheckpointsRequest req;
   req.set_name(NormalizeName(name));
@@ -303,62 +312,69 @@ int Checkpoints(Client& c, const std::string& name) {
     return kOk;
   }
   // Checkpoints a worker found damaged (the job lists them): marked, and
-  // never the best. Without the job (an older tallyd) none are known.
+  // never the best. Without the job (an older tallyd) none are known, and
+  // the best is by val_loss.
   std::map<std::string, std::string> damaged;
+  tally::v1::Job job;
   {
     tally::v1::GetJobRequest get;
     get.set_name(NormalizeName(name));
-    tally::v1::Job job;
     if (c.Call([&](grpc::ClientContext* ctx) { return c.stub()->GetJob(ctx, get, &job); })
             .ok()) {
       for (const auto& d : job.damaged_checkpoints()) damaged[d.path()] = d.reason();
     }
   }
-  // The best: the lowest validation loss (0: not evaluated); with none
-  // evaluated, the latest.
-  int best = -1;
-  for (int i = 0; i < resp.checkpoints_size(); ++i) {
-    const auto& ck = resp.checkpoints(i);
-    if (damaged.count(ck.path())) continue;
-    if (ck.val_loss() != 0 && (best < 0 || resp.checkpoints(best).val_loss() == 0 ||
-                               ck.val_loss() < resp.checkpoints(best).val_loss())) {
-      best = i;
-    } else if (best < 0 || (resp.checkpoints(best).val_loss() == 0 && ck.val_loss() == 0 &&
-                            ck.step() >= resp.checkpoints(best).step())) {
-      best = i;
-    }
-  }
-  std::cout << absl::StrFormat("%-5s %-7s %-8s %-10s %-9s %-10s %-10s %-12s %s\n", "BEST",
-                               "ATTEMPT", "STEP", "TOKENS", "VAL_LOSS", "COST_USD", "SINCE_USD",
+  const bool by_quantized = job.spec().early_stopping().metric() == "quantized_val_loss";
+  const std::string format = job.spec().training().eval_quantized().empty()
+                                 ? std::string("quantized")
+                                 : Safe(job.spec().training().eval_quantized());
+  const bool any_quantized =
+      std::any_of(resp.checkpoints().begin(), resp.checkpoints().end(),
+                  [](const tally::v1::Checkpoint& ck) { return ck.has_quantized_val_loss(); });
+  const int best = BestCheckpoint(resp, damaged, by_quantized);
+  std::cout << absl::StrFormat("%-5s %-7s %-8s %-10s %-9s ", "BEST", "ATTEMPT", "STEP", "TOKENS",
+                               "VAL_LOSS")
+            << (any_quantized ? absl::StrFormat("%-9s ", absl::AsciiStrToUpper(format)) : "")
+            << absl::StrFormat("%-10s %-10s %-12s %s\n", "COST_USD", "SINCE_USD",
                                "USD_PER_GAIN", "PATH");
   for (int i = 0; i < resp.checkpoints_size(); ++i) {
     const auto& ck = resp.checkpoints(i);
     // 0 means no evaluation at the checkpoint's step, or no gain.
     const std::string val =
         ck.val_loss() != 0 ? absl::StrFormat("%.4f", ck.val_loss()) : std::string("-");
+    const std::string quantized =
+        ck.has_quantized_val_loss() ? absl::StrFormat("%.4f", ck.quantized_val_loss()) : "-";
     const std::string per_gain = ck.usd_per_val_loss_improvement() != 0
                                      ? absl::StrFormat("%.6f", ck.usd_per_val_loss_improvement())
                                      : std::string("-");
     const bool bad = damaged.count(ck.path()) > 0;
-    std::cout << absl::StrFormat("%-5s %-7d %-8d %-10d %-9s %-10.6f %-10.6f %-12s %s%s\n",
+    std::cout << absl::StrFormat("%-5s %-7d %-8d %-10d %-9s ",
                                  i == best ? "*" : (bad ? "bad" : ""), ck.attempt(), ck.step(),
-                                 ck.tokens(), val, ck.cost_usd(), ck.cost_since_previous_usd(),
-                                 per_gain, Safe(ck.path()),
+                                 ck.tokens(), val)
+              << (any_quantized ? absl::StrFormat("%-9s ", quantized) : "")
+              << absl::StrFormat("%-10.6f %-10.6f %-12s %s%s\n", ck.cost_usd(),
+                                 ck.cost_since_previous_usd(), per_gain, Safe(ck.path()),
                                  bad ? "  (damaged: " + Safe(damaged[ck.path()]) + ")" : "");
   }
-  if (best >= 0) {
-    const auto& b = resp.checkpoints(best);
-    const std::string job = NormalizeName(name);
-    std::cout << "\nbest: step " << b.step()
-              << (b.val_loss() != 0 ? absl::StrFormat(" (val loss %.4f)", b.val_loss())
-                                    : std::string(" (latest; none evaluated)"))
-              << ", $" << absl::StrFormat("%.6f", b.cost_usd()) << "\n"
-              << "export it as a Hugging Face model:\n  tally-export --job=" << Safe(job)
-              << " --which=best --out=DIR\n  (or tally-export --checkpoint=" << Safe(b.path())
-              << " --out=DIR)\n";
-  } else {
+  if (best < 0) {
     std::cout << "no checkpoints yet\n";
+    return kOk;
   }
+  const auto& b = resp.checkpoints(best);
+  const std::string job_name = NormalizeName(name);
+  std::string why = " (latest; none evaluated)";
+  if (b.val_loss() != 0 || b.has_quantized_val_loss()) {
+    why = absl::StrFormat(" (val loss %.4f", b.val_loss());
+    if (b.has_quantized_val_loss()) {
+      absl::StrAppendFormat(&why, ", %s %.4f", format, b.quantized_val_loss());
+    }
+    absl::StrAppend(&why, by_quantized ? "; the lowest quantized_val_loss)" : ")");
+  }
+  std::cout << "\nbest: step " << b.step() << why
+            << ", $" << absl::StrFormat("%.6f", b.cost_usd()) << "\n"
+            << "export it as a Hugging Face model:\n  tally-export --job=" << Safe(job_name)
+            << " --which=best --out=DIR\n  (or tally-export --checkpoint=" << Safe(b.path())
+            << " --out=DIR)\n";
   return kOk;
 }
 
@@ -419,7 +435,9 @@ int Watch(Client& c, const std::string& arg) {
       }
       if (bar_shown) std::cout << "\n";
       bar_shown = false;
-      std::cout << EventLine(e, absl::LocalTimeZone(), preemptions.count()) << std::endl;
+      std::cout << EventLine(e, absl::LocalTimeZone(), preemptions.count(),
+                             job.spec().training().eval_quantized())
+                << std::endl;
     }
     grpc::Status s = reader->Finish();
     if (s.ok()) break;
