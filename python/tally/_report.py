@@ -5,13 +5,14 @@ DataFrames."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tally.v1 import experiments_pb2, jobs_pb2
 
 __all__ = ["ExperimentReport", "EvalHistory", "VARIANT_COLUMNS", "SUMMARY_COLUMNS",
-           "EVAL_COLUMNS", "run_name"]
+           "EVAL_COLUMNS", "OPTIONAL_COLUMNS", "run_name", "loss_of"]
 
 # The variant table's columns: VariantStatus fields, in this order.
 VARIANT_COLUMNS = (
@@ -20,7 +21,8 @@ VARIANT_COLUMNS = (
     "ratio_to_reference", "target_step", "recipe_cost_to_target_usd", "recipe_cost_low_usd",
     "recipe_cost_high_usd", "recipe_ratio_to_reference", "steps_to_target", "flops_to_target",
     "step_seconds", "step_seconds_spread", "step_time_varied", "recipe_usd_per_step", "halted",
-    "note", "replicate", "seed", "timing_calibrated", "own_step_seconds")
+    "note", "replicate", "seed", "timing_calibrated", "own_step_seconds", "quantized_val_loss",
+    "final_quantized_val_loss", "best_quantized_val_loss")
 # A variant over its replicates (VariantSummary fields, in this order): the
 # means with their 90% intervals, and the verdict.
 SUMMARY_COLUMNS = (
@@ -29,7 +31,26 @@ SUMMARY_COLUMNS = (
     "recipe_cost_to_target_usd", "recipe_cost_ci90_low_usd", "recipe_cost_ci90_high_usd",
     "recipe_ratio_to_reference", "recipe_ratio_ci90_low", "recipe_ratio_ci90_high",
     "ratio_pairs", "cost_to_target_usd", "verdict")
-EVAL_COLUMNS = ("step", "tokens", "cost_usd", "gpu_seconds", "val_loss")
+EVAL_COLUMNS = ("step", "tokens", "cost_usd", "gpu_seconds", "val_loss", "quantized_val_loss")
+# Fields that may be absent (proto3 optional: a job or variant not evaluated
+# quantized has no quantized loss): NaN in rows and DataFrames, never 0.
+OPTIONAL_COLUMNS = frozenset(("quantized_val_loss", "final_quantized_val_loss",
+                              "best_quantized_val_loss"))
+
+
+def _value(message: Any, column: str) -> Any:
+    if column in OPTIONAL_COLUMNS and not message.HasField(column):
+        return math.nan
+    return getattr(message, column)
+
+
+def loss_of(point: Any, metric: str) -> float:
+    """A point's (an EvalPoint's, a VariantStatus's, a Checkpoint's) loss of
+    ``metric``: ``"val_loss"`` (or empty) or ``"quantized_val_loss"``, NaN
+    when it has no quantized loss."""
+    if metric == "quantized_val_loss":
+        return point.quantized_val_loss if point.HasField("quantized_val_loss") else math.nan
+    return float(point.val_loss)
 
 
 def _pandas() -> Any:
@@ -71,15 +92,23 @@ class ExperimentReport:
 
     @property
     def target_val_loss(self) -> float:
-        """The target every variant is judged against (0 until known)."""
+        """The target every variant is judged against (0 until known), a loss
+        of ``metric``."""
         return self.experiment.target_val_loss
+
+    @property
+    def metric(self) -> str:
+        """What the target is of and the variants are judged by:
+        ``"val_loss"`` or ``"quantized_val_loss"`` (spec.target.metric)."""
+        return self.experiment.spec.target.metric or "val_loss"
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per variant with VARIANT_COLUMNS as keys (the state as
-        its short name, e.g. "SUCCEEDED")."""
+        its short name, e.g. "SUCCEEDED"; a quantized loss the variant does
+        not have is NaN)."""
         out = []
         for v in self.experiment.variants:
-            row: dict[str, Any] = {c: getattr(v, c) for c in VARIANT_COLUMNS}
+            row: dict[str, Any] = {c: _value(v, c) for c in VARIANT_COLUMNS}
             row["state"] = _state(v)
             out.append(row)
         return out
@@ -108,19 +137,25 @@ class ExperimentReport:
         """The table as text: each variant's state, losses and dollars to the
         target (recipe and billed) and the ratio to the reference."""
         e = self.experiment
+        quantized = self.metric == "quantized_val_loss"
         head = "%s  %s" % (e.name, e.spec.display_name) if e.spec.display_name else e.name
         lines = [head.strip(),
-                 "target val loss: %s   reference: %s   spent: $%.4f" % (
+                 "target %s: %s   reference: %s   spent: $%.4f" % (
+                     "quantized_val_loss" if quantized else "val loss",
                      "%.4f" % e.target_val_loss if e.target_val_loss > 0 else "-",
                      e.reference_variant or "-", e.cost_usd),
                  "%-20s %-17s %-9s %-9s %-10s %-12s %-12s %-7s %s" % (
-                     "VARIANT", "STATE", "FINAL", "BEST", "SPENT", "RECIPE_$", "BILLED_$",
+                     "VARIANT", "STATE", "FINAL Q" if quantized else "FINAL",
+                     "BEST Q" if quantized else "BEST", "SPENT", "RECIPE_$", "BILLED_$",
                      "RATIO", "NOTE")]
+
+        def loss(value: float) -> str:
+            return "%.4f" % value if value > 0 else "-"  # NaN > 0 is False
         for v in e.variants:
             lines.append("%-20s %-17s %-9s %-9s %-10s %-12s %-12s %-7s %s" % (
                 run_name(v), _state(v),
-                "%.4f" % v.final_val_loss if v.final_val_loss > 0 else "-",
-                "%.4f" % v.best_val_loss if v.best_val_loss > 0 else "-",
+                loss(_value(v, "final_quantized_val_loss") if quantized else v.final_val_loss),
+                loss(_value(v, "best_quantized_val_loss") if quantized else v.best_val_loss),
                 "$%.4f" % v.cost_usd,
                 "$%.4f" % v.recipe_cost_to_target_usd if v.recipe_cost_to_target_usd > 0 else "-",
                 "$%.4f" % v.cost_to_target_usd if v.reached_target else "-",
@@ -161,11 +196,13 @@ class EvalHistory:
     points: Sequence[jobs_pb2.EvalPoint]
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per evaluation with EVAL_COLUMNS as keys."""
-        return [{c: getattr(p, c) for c in EVAL_COLUMNS} for p in self.points]
+        """One dict per evaluation with EVAL_COLUMNS as keys
+        (quantized_val_loss is NaN for an evaluation without one)."""
+        return [{c: _value(p, c) for c in EVAL_COLUMNS} for p in self.points]
 
     def to_dataframe(self) -> Any:
         """The evaluations as a pandas DataFrame (needs the ``pandas``
-        extra), one row per evaluation, columns EVAL_COLUMNS."""
+        extra), one row per evaluation, columns EVAL_COLUMNS
+        (quantized_val_loss NaN where the job was not evaluated quantized)."""
         pd = _pandas()
         return pd.DataFrame(self.rows(), columns=list(EVAL_COLUMNS))

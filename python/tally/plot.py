@@ -1,4 +1,5 @@
-"""Validation loss against dollars with matplotlib: the picture of
+"""Validation loss (or, for an experiment judged by it, the quantized
+validation loss) against dollars with matplotlib: the picture of
 ``tallyctl experiment report --svg`` (cli/tallyctl/experiment_report.h),
 with the same axes, colours, target line, crossings and legend."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tally._report import ExperimentReport, run_name
+from tally._report import ExperimentReport, loss_of, run_name
 from tally.v1 import experiments_pb2
 
 __all__ = ["plot_loss_vs_dollars", "PALETTE"]
@@ -56,8 +57,9 @@ def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = 
     names += [n for n in report.curves if n not in names]
     status = {run_name(v): v for v in e.variants}
 
-    any_loss = any(_ok(p.val_loss) for c in report.curves.values() for p in c)
-    any_cost = any(_ok(p.val_loss) and _ok(p.cost_usd) and p.cost_usd > 0
+    metric = report.metric
+    any_loss = any(_ok(loss_of(p, metric)) for c in report.curves.values() for p in c)
+    any_cost = any(_ok(loss_of(p, metric)) and _ok(p.cost_usd) and p.cost_usd > 0
                    for c in report.curves.values() for p in c)
     tokens = any_loss and not any_cost
     recipe = not tokens and not billed
@@ -88,8 +90,8 @@ def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = 
     for i, n in enumerate(names):
         color = PALETTE[i % len(PALETTE)]
         style = "--" if i >= len(PALETTE) else "-"
-        pts = [(x_of(n, p), p.val_loss) for p in report.curves.get(n, ())
-               if _ok(p.val_loss) and _ok(x_of(n, p))]
+        pts = [(x_of(n, p), loss_of(p, metric)) for p in report.curves.get(n, ())
+               if _ok(loss_of(p, metric)) and _ok(x_of(n, p))]
         v = status.get(n)
         if pts:
             detail = "latest loss %.4f" % pts[-1][1]
@@ -125,12 +127,14 @@ def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = 
                              "price)",
                    "billed": "dollars billed (USD)" if billed else
                    "dollars billed (USD; a variant has no step times for recipe dollars)"}[axis])
-    ax.set_ylabel("validation loss")
+    quantized = metric == "quantized_val_loss"
+    ax.set_ylabel("quantized validation loss" if quantized else "validation loss")
     title = ("%s (%s)" % (e.spec.display_name, e.name) if e.spec.display_name and e.name
              else e.spec.display_name or e.name or "Experiment")
     facts = [experiments_pb2.ExperimentState.Name(e.state).removeprefix("EXPERIMENT_STATE_")
              .lower().replace("_", " ")]
-    facts.append("target val loss %.4f" % target if target > 0 else "no target yet")
+    facts.append("target %s %.4f" % ("quantized_val_loss" if quantized else "val loss", target)
+                 if target > 0 else "no target yet")
     if _ok(e.cost_usd) and e.cost_usd > 0:
         facts.append("%s spent" % _dollars(e.cost_usd))
     ax.set_title("%s\n%s" % (title, " \u00b7 ".join(facts)), loc="left", fontsize=11)

@@ -1,11 +1,12 @@
 """The experiment report's tables and DataFrames, from messages as tallyd
 sends them (no tallyd needed)."""
 
+import math
 import unittest
 
-from tally import ExperimentReport
-from tally._report import SUMMARY_COLUMNS, run_name
-from tally.v1 import experiments_pb2
+from tally import EvalHistory, ExperimentReport
+from tally._report import EVAL_COLUMNS, SUMMARY_COLUMNS, loss_of, run_name
+from tally.v1 import experiments_pb2, jobs_pb2
 
 
 def replicated() -> experiments_pb2.Experiment:
@@ -59,6 +60,57 @@ class ReportTest(unittest.TestCase):
         summary = report.summary_dataframe()
         self.assertEqual(summary.loc["packed", "verdict"], "cheaper")
         self.assertEqual(summary.loc["naive", "recipe_cost_ci90_low_usd"], 0.01)
+
+
+def quantized_curve() -> list[jobs_pb2.EvalPoint]:
+    """A job evaluated quantized from step 10 on (step 0 without it)."""
+    return [jobs_pb2.EvalPoint(step=0, val_loss=5.0),
+            jobs_pb2.EvalPoint(step=10, val_loss=3.1, quantized_val_loss=3.3),
+            jobs_pb2.EvalPoint(step=20, val_loss=2.9, quantized_val_loss=0.0)]
+
+
+class QuantizedLossTest(unittest.TestCase):
+    def test_eval_rows_have_the_quantized_loss_nan_when_absent(self) -> None:
+        rows = EvalHistory(job="jobs/1", points=quantized_curve()).rows()
+        self.assertEqual(set(rows[0]), set(EVAL_COLUMNS))
+        self.assertTrue(math.isnan(rows[0]["quantized_val_loss"]), "absent is not 0")
+        self.assertEqual(rows[1]["quantized_val_loss"], 3.3)
+        self.assertEqual(rows[2]["quantized_val_loss"], 0.0, "present 0 stays 0")
+        self.assertTrue(math.isnan(loss_of(quantized_curve()[0], "quantized_val_loss")))
+        self.assertEqual(loss_of(quantized_curve()[1], "quantized_val_loss"), 3.3)
+        self.assertEqual(loss_of(quantized_curve()[1], ""), 3.1)
+
+    def test_eval_dataframe_has_a_quantized_column(self) -> None:
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            self.skipTest("pandas is not installed")
+        df = EvalHistory(job="jobs/1", points=quantized_curve()).to_dataframe()
+        self.assertIn("quantized_val_loss", df.columns)
+        self.assertTrue(math.isnan(df["quantized_val_loss"][0]))
+        self.assertEqual(df["quantized_val_loss"][1], 3.3)
+
+    def test_an_experiment_judged_by_the_quantized_loss(self) -> None:
+        e = experiments_pb2.Experiment(name="experiments/4", reference_variant="ptq",
+                                       target_val_loss=2.6)
+        e.spec.target.from_variant = "ptq"
+        e.spec.target.metric = "quantized_val_loss"
+        e.variants.add(name="ptq", final_val_loss=2.0, final_quantized_val_loss=2.6,
+                       best_val_loss=2.0, best_quantized_val_loss=2.6, quantized_val_loss=2.6)
+        e.variants.add(name="plain", final_val_loss=2.1, best_val_loss=2.1)
+        report = ExperimentReport(experiment=e)
+        self.assertEqual(report.metric, "quantized_val_loss")
+        rows = report.rows()
+        self.assertEqual(rows[0]["final_quantized_val_loss"], 2.6)
+        self.assertTrue(math.isnan(rows[1]["quantized_val_loss"]))
+        text = report.table()
+        self.assertIn("target quantized_val_loss: 2.6000", text)
+        self.assertIn("FINAL Q", text)
+        ptq = [line for line in text.splitlines() if line.startswith("ptq ")][0]
+        self.assertIn("2.6000", ptq)
+        self.assertNotIn("2.0000", ptq, "the quantized figures, not val_loss's")
+        self.assertEqual(ExperimentReport(experiment=experiments_pb2.Experiment()).metric,
+                         "val_loss")
 
 
 if __name__ == "__main__":
