@@ -339,8 +339,9 @@ bool ForEachField(absl::string_view msg,
     } else if (wire == 1 || wire == 5) {
       const size_t n = wire == 1 ? 8 : 4;
       if (msg.size() - i < n) return false;
-      for (size_t k = 0; k < n; ++k)
+      for (size_t k = 0; k < n; ++k) {
         v |= static_cast<uint64_t>(static_cast<uint8_t>(msg[i + k])) << (8 * k);
+      }
       i += n;
     } else if (wire == 2) {
       if (!varint(&v) || v > msg.size() - i) return false;

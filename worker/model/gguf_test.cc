@@ -75,8 +75,9 @@ class Reader {
   explicit Reader(const std::string& b) : b_(b) {}
   uint64_t U(int n) {
     uint64_t v = 0;
-    for (int i = 0; i < n; ++i)
+    for (int i = 0; i < n; ++i) {
       v |= static_cast<uint64_t>(static_cast<uint8_t>(b_.at(at_ + i))) << (8 * i);
+    }
     at_ += n;
     return v;
   }
