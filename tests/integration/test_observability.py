@@ -311,6 +311,7 @@ class PrometheusTest(ClusterTest):
         s.precision.compute = spec_pb2.PRECISION_FP8
         s.training.eval_interval_steps = 25
         s.training.eval_tokens = 2048
+        s.training.eval_quantized = "q8_0"  # the loss panel's quantized series
         s.early_stopping.patience = 1000
         s.budget.max_dollars = 0.15  # 80% after 12 s at $0.01/s, exhausted at 15 s
         job = self.submit(s)
@@ -367,6 +368,8 @@ class PrometheusTest(ClusterTest):
                      "the job's final step")
         self.settled('tally_job_best_val_loss{tally_job="%s"}' % job.name,
                      lambda v: v == done.early_stopping.best_val_loss, "the job's best loss")
+        self.settled('tally_job_quantized_val_loss{tally_job="%s"}' % job.name,
+                     lambda v: v == done.quantized_val_loss, "the job's final quantized loss")
         self.settled('tally_job_ends_total{state="budget_exhausted",reason_rule="budget"}',
                      lambda v: v == 1, "one budget end")
         self.settled('tally_job_ends_total{state="succeeded",reason_rule="max_steps"}',
