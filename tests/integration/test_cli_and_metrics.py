@@ -189,8 +189,10 @@ class JobMetricsTest(ClusterTest):
     def test_running_jobs_export_their_series_and_keep_them_when_they_end(self):
         self.add_worker("w1")
         s = spec(max_steps=100000, name="metrics")
+        s.model.d_model = 32
         s.training.eval_interval_steps = 50
         s.training.eval_tokens = 2048
+        s.training.eval_quantized = "q8_0"  # a quantized loss beside val_loss
         s.early_stopping.patience = 1000
         s.budget.max_dollars = 100
         job = self.submit(s)
@@ -211,7 +213,18 @@ class JobMetricsTest(ClusterTest):
         self.assertGreater(series["tally_job_step" + label], 0)
         self.assertEqual(series["tally_job_patience_left" + label],
                          self.get(job.name).early_stopping.patience_left)
+        self.assertIn("tally_job_quantized_val_loss" + label, series)
+        self.assertGreater(series["tally_job_quantized_val_loss" + label], 0)
+        # tallyctl shows the quantized loss beside val_loss, as the format's.
+        g = self.tallyctl("get", job.name)
+        self.assertEqual(g.returncode, 0, g.stderr)
+        self.assertRegex(g.stdout, r"val loss:  latest [0-9.]+ \(q8_0: [0-9.]+\), best ")
         self.tallyd.jobs.CancelJob(jobs_pb2.CancelJobRequest(name=job.name), timeout=10)
+        w = self.tallyctl("watch", job.name)
+        evals = [l for l in w.stdout.splitlines() if " eval " in l]
+        self.assertTrue(evals, w.stdout)
+        for line in evals:
+            self.assertRegex(line, r"val_loss [0-9.]+ \(q8_0: [0-9.]+\)")
         after = self.tallyd.scrape()
         ended = parse_exposition(after)
         self.assertEqual(ended['tally_job_info{display_name="metrics",gpu_type="cpu",'

@@ -232,6 +232,50 @@ class ExperimentsTest(ClusterTest):
         self.assertIn("failed: ", line)
         self.assertTrue(e.variants[0].reached_target)
 
+    def test_a_quantized_target_judges_every_variant_by_its_quantized_loss(self):
+        self.add_worker("w1")
+        self.add_worker("w2")
+        path = self.write(steps=120, every=30, third="qat",
+                          third_overrides="{training: {qat: {format: q8_0}}}")
+        with open(path) as f:
+            text = f.read()
+        text = text.replace("target: {from_variant: naive}",
+                            "target: {from_variant: naive, metric: quantized_val_loss}")
+        text = text.replace("d_model: 16", "d_model: 32")  # whole blocks of 32 weights
+        with open(path, "w") as f:
+            f.write(text)
+        # naive and packed measure no quantized loss: refused, each named.
+        out = self.tallyctl("experiment", "create", "-f", path)
+        self.assertEqual(out.returncode, 2, out.stdout)
+        self.assertIn("variants[0] (naive): spec.training: target.metric quantized_val_loss "
+                      "needs a quantized evaluation in every variant", out.stderr)
+        self.assertIn("variants[1] (packed)", out.stderr)
+        self.assertNotIn("variants[2]", out.stderr)
+        # Post-training quantization measured in the base: every variant has it.
+        name = self.create_edited(path, "checkpoint_interval_steps: 0, seed: 1",
+                                  "checkpoint_interval_steps: 0, seed: 1, eval_quantized: q8_0")
+        e = self.wait_exp(name)
+        self.assertEqual(e.state, experiments_pb2.EXPERIMENT_STATE_SUCCEEDED, e.state_reason)
+        self.assertIn("cheapest to the target quantized_val_loss", e.state_reason)
+        naive = e.variants[0]
+        self.assertTrue(naive.HasField("final_quantized_val_loss"))
+        self.assertAlmostEqual(e.target_val_loss, naive.final_quantized_val_loss, places=12,
+                               msg="the reference's final quantized loss")
+        for v in e.variants:
+            self.assertTrue(v.HasField("best_quantized_val_loss"), v.name)
+        jobs = self.experiment_jobs(name)
+        self.assertEqual({j.spec.early_stopping.metric for j in jobs}, {"quantized_val_loss"})
+        for v in e.variants:
+            if not v.reached_target:
+                continue
+            job = next(j for j in jobs if j.name == v.job)
+            crossing = next(p for p in job.curve if p.step == v.target_step)
+            self.assertLessEqual(crossing.quantized_val_loss, e.target_val_loss, v.name)
+        out = self.tallyctl("experiment", "get", name)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("target:    quantized_val_loss", out.stdout)
+        self.assertIn("BEST QUANT", out.stdout)
+
     def test_a_kill_9_of_tallyd_mid_experiment_loses_and_doubles_nothing(self):
         self.add_worker("w1")
         self.add_worker("w2")

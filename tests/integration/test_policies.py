@@ -102,6 +102,45 @@ class PoliciesTest(ClusterTest):
               "checkpoint at step %d" % (done.target_val_loss, t.step, t.cost_usd,
                                          t.cost_to_target_usd, ck.step))
 
+    def test_a_target_of_the_quantized_loss_is_judged_by_it(self):
+        # Evaluated quantized (q8_0, the feed-forward weights) and judged by
+        # that loss: the target is a fraction of the step-0 quantized loss,
+        # and every evaluation, checkpoint and the job carry both losses.
+        self.add_worker("w1")
+        s = self.learning_spec(20000, "quantized-target")
+        s.model.d_model = 32
+        s.training.eval_quantized = "q8_0"
+        s.early_stopping.metric = "quantized_val_loss"
+        s.early_stopping.target_rel_to_baseline = 0.85
+        job = self.submit(s)
+        done = self.wait_state(job.name, {jobs_pb2.JOB_STATE_EARLY_STOPPED,
+                                          jobs_pb2.JOB_STATE_SUCCEEDED,
+                                          jobs_pb2.JOB_STATE_FAILED}, timeout=300)
+        self.assertEqual(done.state, jobs_pb2.JOB_STATE_SUCCEEDED, done.state_reason)
+        self.assertIn("target reached: quantized_val_loss", done.state_reason)
+        es = done.early_stopping
+        self.assertEqual(es.metric, "quantized_val_loss")
+        self.assertTrue(done.HasField("quantized_val_loss"))
+        t = done.target_reached
+        self.assertEqual(t.metric, "quantized_val_loss")
+        self.assertTrue(t.HasField("quantized_val_loss"))
+        self.assertLessEqual(t.quantized_val_loss, done.target_val_loss)
+        step0 = done.curve[0]
+        self.assertEqual(step0.step, 0)
+        self.assertAlmostEqual(es.baseline_val_loss, step0.quantized_val_loss, places=12,
+                               msg="the baseline is the step-0 quantized loss")
+        self.assertAlmostEqual(done.target_val_loss, 0.85 * step0.quantized_val_loss, places=9)
+        self.assertTrue(all(p.HasField("quantized_val_loss") for p in done.curve))
+        evals = [e for e in self.events(job.name) if e.type == "eval"]
+        self.assertTrue(evals and all(e.HasField("quantized_val_loss") for e in evals))
+        cks = self.tallyd.jobs.ListCheckpoints(
+            jobs_pb2.ListCheckpointsRequest(name=job.name), timeout=10).checkpoints
+        self.assertTrue(cks and all(c.HasField("quantized_val_loss") for c in cks))
+        lowest = min(cks, key=lambda c: c.quantized_val_loss)
+        self.assertEqual(es.best_checkpoint, lowest.path, "the lowest quantized loss")
+        print("\nquantized target %.4f reached at step %d (val_loss %.4f, quantized %.4f)"
+              % (done.target_val_loss, t.step, t.val_loss, t.quantized_val_loss))
+
     def test_budget_stops_within_one_progress_interval(self):
         self.add_worker("w1")
         s = spec(max_steps=1000000, name="budget")

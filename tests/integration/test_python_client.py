@@ -257,6 +257,8 @@ class JobsTest(Base):
         self.addCleanup(c.close)
         spec = tiny(max_steps=30, name="py-done", eval_every=10)
         spec["training"]["checkpoint_interval_steps"] = 15
+        spec["model"]["d_model"] = 32
+        spec["training"]["eval_quantized"] = "q4_0"  # a quantized loss at every evaluation
         estimate = c.estimate(spec)
         self.assertGreater(estimate.cost_usd, 0)
         job = c.submit(spec, request_id="py-done-1")
@@ -274,9 +276,11 @@ class JobsTest(Base):
         history = c.eval_history(job)
         df = history.to_dataframe()
         self.assertEqual(list(df.columns), ["step", "tokens", "cost_usd", "gpu_seconds",
-                                            "val_loss"])
+                                            "val_loss", "quantized_val_loss"])
         self.assertGreaterEqual(len(df), 3)
         self.assertTrue((df["val_loss"] > 0).all())
+        self.assertTrue((df["quantized_val_loss"] > 0).all(), df)
+        self.assertTrue(done.HasField("quantized_val_loss"))
         with self.assertRaises(tally.FailedPrecondition):
             c.cancel(job)
 
