@@ -163,6 +163,7 @@ struct Request {
   std::string dtype = "fp32";                    // hf
   std::optional<tally::model::GgmlQuant> quant;  // gguf; nullopt: f16
   tally::model::QuantLayers quant_layers = tally::model::QuantLayers::kFfn;
+  bool quant_given = false;  // --quant or --quant_layers given: else QAT's own
 };
 
 // The usage error, or "" with `r` filled.
@@ -209,6 +210,7 @@ std::string ParseRequest(Request* r) {
   if (!dtype.empty()) {
     return "--dtype applies to --format=hf; a GGUF file's weights are --quant=f16, q8_0 or q4_0";
   }
+  r->quant_given = !quant.empty() || !layers.empty();
   if (!quant.empty() && quant != "f16") {
     r->quant = tally::model::ParseGgmlQuant(quant);
     if (!r->quant) return "--quant: must be f16, q8_0 or q4_0, got \"" + quant + "\"";
@@ -238,8 +240,30 @@ int WriteHf(const tally::train::CheckpointModel& m, const Request& r) {
   return 0;
 }
 
-int WriteGgufFile(const tally::train::CheckpointModel& m, const Request& r) {
+// A model trained for a format (training.qat) is exported in it unless the
+// flags say otherwise; then the export's weights are not the ones it was
+// trained to compute with, which is said.
+void QatDefaults(const tally::train::CheckpointModel& m, Request* r) {
   namespace model = tally::model;
+  if (!m.qat) return;
+  const std::string trained = model::QuantizationName(*m.qat);
+  if (!r->quant_given) {
+    r->quant = m.qat->format;
+    r->quant_layers = m.qat->layers;
+    std::cerr << "tally-export: the model was trained for " << trained
+              << " (training.qat): exporting it so (--quant=f16 for every matrix in F16)\n";
+    return;
+  }
+  if (!r->quant || *r->quant != m.qat->format || r->quant_layers != m.qat->layers) {
+    std::cerr << "tally-export: note: the model was trained for " << trained
+              << " (training.qat); this export's weights are not the ones it trained with, so "
+                 "its loss is not the job's quantized_val_loss\n";
+  }
+}
+
+int WriteGgufFile(const tally::train::CheckpointModel& m, Request r) {
+  namespace model = tally::model;
+  QatDefaults(m, &r);
   auto vocab = model::GgufVocabFromRecord(m.tokenizer, m.config.vocab_size,
                                           absl::GetFlag(FLAGS_tokenizer_model));
   if (!vocab.ok()) return Fail(std::string(vocab.status().message()));

@@ -20,6 +20,7 @@
 #include "common/model_flops.h"
 #include "worker/data/dataset.h"
 #include "worker/data/tokenizer.h"
+#include "worker/model/ggml_quant.h"
 #include "worker/model/safetensors.h"
 #include "worker/model/transformer.h"
 #include "worker/train/checkpoint.h"
@@ -334,6 +335,20 @@ absl::StatusOr<CheckpointModel> ReadCheckpointModel(const std::string& path,
   }
   auto tok = meta.find("tokenizer");
   m.tokenizer = tok != meta.end() && tok->is_object() ? *tok : ByteTokenizerJson();
+  if (auto qat = meta.find("qat"); qat != meta.end()) {
+    const auto text = [&](const char* key) {
+      auto it = qat->is_object() ? qat->find(key) : qat->end();
+      return it != qat->end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    const auto format = model::ParseGgmlQuant(text("format"));
+    const auto layers = model::ParseQuantLayers(text("layers"));
+    if (!format || !layers) {
+      return in_file(absl::InvalidArgumentError(absl::StrCat(
+          "metadata field qat must be {\"format\": \"q8_0\"|\"q4_0\", \"layers\": "
+          "\"ffn\"|\"all_linear\"}, got ", qat->dump().substr(0, 200))));
+    }
+    m.qat = model::WeightQuantization{*format, *layers};
+  }
   for (const auto& [name, t] : data->tensors) {
     if (absl::StartsWith(name, "model.")) {
       if (t.scalar_type() != at::kFloat) {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -42,6 +43,9 @@ struct CheckpointModel {
   nlohmann::json tokenizer;                      // {"kind", "vocab_size", "bos", "eos"}
   std::map<std::string, at::Tensor> parameters;  // by Transformer parameter name
   std::map<int64_t, at::Tensor> biases;          // MoE selection biases by layer
+  // training.qat's format and layers when the model was trained for them
+  // (the metadata's "qat"); nullopt otherwise.
+  std::optional<model::WeightQuantization> qat;
 };
 
 // Reads and verifies a checkpoint (train/checkpoint.h) and takes the model

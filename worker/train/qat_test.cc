@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/data/test_fortunes.h"
+#include "worker/train/model_io.h"
 #include "worker/train/trainer.h"
 
 namespace tally::train {
@@ -88,6 +89,13 @@ TEST_F(QatTest, EveryEvaluationReportsTheQuantizedLossAndAResumeContinuesExactly
     EXPECT_NE(*e.quantized_val_loss, e.val_loss) << "step " << e.step;
   }
   EXPECT_LT(*a.evals.back().quantized_val_loss, *a.evals.front().quantized_val_loss - 0.5);
+
+  // The checkpoint says what the model was trained for (tally-export's
+  // default format).
+  auto m = ReadCheckpointModel(a.checkpoints.back().path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->qat.has_value());
+  EXPECT_TRUE(*m->qat == *c.qat);
 
   // QAT trains another function than plain training does.
   TrainConfig plain = Tiny();
