@@ -138,6 +138,13 @@ class PoliciesTest(ClusterTest):
         self.assertTrue(cks and all(c.HasField("quantized_val_loss") for c in cks))
         lowest = min(cks, key=lambda c: c.quantized_val_loss)
         self.assertEqual(es.best_checkpoint, lowest.path, "the lowest quantized loss")
+        out = self.tallyctl("checkpoints", job.name)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn(" Q8_0 ", out.stdout.splitlines()[0])
+        best = [l for l in out.stdout.splitlines() if l.startswith("*")]
+        self.assertEqual(len(best), 1, out.stdout)
+        self.assertIn(lowest.path, best[0])
+        self.assertIn("the lowest quantized_val_loss", out.stdout)
         print("\nquantized target %.4f reached at step %d (val_loss %.4f, quantized %.4f)"
               % (done.target_val_loss, t.step, t.val_loss, t.quantized_val_loss))
 
