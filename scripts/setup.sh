@@ -95,6 +95,43 @@ if [ ! -f "$PYTOOLS_DIR/.complete" ]; then
   touch "$PYTOOLS_DIR/.complete"
 fi
 
+# llama.cpp through llama-cpp-python (tests/integration/test_gguf_runtime.py,
+# bench/gguf_serving.sh: exported GGUF files run by llama.cpp itself), built
+# from its source distribution once into a virtual environment in the cache,
+# keyed by version. CPU only and for a generic x86-64 with AVX2 at most (no
+# -march=native, no AVX-512), so a cached build runs on any CI machine. PyPI
+# has only its source; the build tools and the Python dependencies are
+# pinned (no build isolation), and pip's wheel cache is bypassed, so a wheel
+# built with other flags is never reused; the stamp holds every pin and flag,
+# so changing one rebuilds. Its build needs only packages listed above
+# (build-essential, cmake, ninja-build, python3-venv). It takes 5.5
+# CPU-minutes here (9.5 minutes on 2 cores that other builds were sharing);
+# the venv is 155 MB.
+LLAMA_CPP_VERSION=0.3.36
+LLAMA_CPP_DIR=$CACHE_DIR/llama-cpp-$LLAMA_CPP_VERSION
+LLAMA_CPP_REQUIREMENTS=(
+  "llama-cpp-python==$LLAMA_CPP_VERSION" numpy==2.4.6 typing-extensions==4.16.0
+  diskcache==5.6.3 jinja2==3.1.6 markupsafe==3.0.4
+)
+LLAMA_CPP_BUILD_REQUIREMENTS=(scikit-build-core==1.1.2 pathspec==1.1.1 packaging==26.4)
+LLAMA_CPP_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON\
+ -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF\
+ -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DGGML_CCACHE=OFF -DLLAVA_BUILD=OFF"
+LLAMA_CPP_STAMP="${LLAMA_CPP_REQUIREMENTS[*]} ${LLAMA_CPP_BUILD_REQUIREMENTS[*]} $LLAMA_CPP_CMAKE_ARGS"
+if [ "$(cat "$LLAMA_CPP_DIR/.complete" 2>/dev/null)" != "$LLAMA_CPP_STAMP" ]; then
+  echo "setup: building llama-cpp-python==$LLAMA_CPP_VERSION into $LLAMA_CPP_DIR (minutes, once)"
+  rm -rf "$LLAMA_CPP_DIR"
+  mkdir -p "$CACHE_DIR"
+  /usr/bin/python3 -m venv "$LLAMA_CPP_DIR"
+  "$LLAMA_CPP_DIR/bin/pip" install --quiet --disable-pip-version-check \
+    "${LLAMA_CPP_BUILD_REQUIREMENTS[@]}"
+  CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    "$LLAMA_CPP_DIR/bin/pip" install --quiet --disable-pip-version-check \
+    --no-cache-dir --no-build-isolation \
+    "${LLAMA_CPP_REQUIREMENTS[@]}"
+  echo "$LLAMA_CPP_STAMP" > "$LLAMA_CPP_DIR/.complete"
+fi
+
 # The Python client (python/): a virtual environment in the build tree with
 # its dependencies, type checker and test tools from PyPI, pinned, made with
 # Debian's Python 3.11 (the package needs 3.10 or later). ctest's
