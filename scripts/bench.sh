@@ -13,8 +13,9 @@
 # ONLY=eval_sample (the
 # evaluation sample against the whole validation split on three corpora),
 # ONLY=upcycle (dense vs upcycled vs MoE from scratch at one budget),
-# ONLY=distill (a student with and without a teacher) or ONLY=controller runs
-# one part.
+# ONLY=distill (a student with and without a teacher), ONLY=gguf_serving
+# (llama.cpp's tokens/s and file sizes of F16, Q8_0 and Q4_0 exports) or
+# ONLY=controller runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -109,6 +110,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = distill ]; then
   echo
 fi
 [ "$ONLY" = distill ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = gguf_serving ]; then
+  echo "== GGUF serving: llama.cpp tokens/s of F16, Q8_0 and Q4_0 exports (bench/gguf_serving.sh) =="
+  BUILD_DIR="$B" bench/gguf_serving.sh
+  echo
+fi
+[ "$ONLY" = gguf_serving ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"
