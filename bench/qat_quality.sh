@@ -11,8 +11,11 @@
 # model's quantized loss, and the share of PTQ's degradation that QAT
 # recovers, (ptq - qat) / (ptq - hp) (not given where PTQ costs under 0.005
 # nats: the ratio would be of noise); then per corpus the mean and spread
-# (min-max) over seeds, and QAT's step time against plain training's (the
-# median step of each run, runs interleaved on one thread each).
+# (min-max) over seeds. Then what QAT costs a step: ROUNDS rounds of
+# COST_STEPS-step runs, plain, qat-q8_0 and qat-q4_0 one after another on one
+# thread with nothing else running, the order rotating each round; each
+# run's median step time after its first 5 steps, and QAT's over plain's
+# within the round, mean (min-max) over the rounds.
 #   bench/qat_quality.sh                         # about 20 minutes here
 #   SEEDS="1 2 3" STEPS=600 LAYERS=ffn bench/qat_quality.sh
 set -euo pipefail
@@ -23,6 +26,8 @@ SEEDS=${SEEDS:-"1 2"}
 STEPS=${STEPS:-300}
 LAYERS=${LAYERS:-all_linear}
 MODEL=${MODEL:-"{num_layers: 4, d_model: 128, num_heads: 4}"}
+ROUNDS=${ROUNDS:-3}
+COST_STEPS=${COST_STEPS:-40}
 mkdir -p "$OUT"
 
 . bench/lib/models.sh
@@ -74,7 +79,25 @@ for config in $CORPORA; do
   done
 done
 
-/usr/bin/python3 - "$LAYERS" "${runs[@]}" <<'PY'
+# The step cost, on the first corpus.
+IFS=: read -r _ cost_dir <<<"${CORPORA%% *}"
+cost_runs=()
+for round in $(seq "$ROUNDS"); do
+  kinds=("plain" "qat-q8_0" "qat-q4_0")
+  for i in 0 1 2; do
+    kind=${kinds[$(((i + round) % 3))]}
+    extra=""
+    [ "$kind" = plain ] || extra=", qat: {format: ${kind#qat-}, layers: $LAYERS}"
+    out=$OUT/cost-round$round-$kind
+    spec "$cost_dir" 1 "$COST_STEPS" "$extra" "$out"
+    sed -i "s/eval_interval_steps: $COST_STEPS/eval_interval_steps: 0/" "$out.yaml"
+    "$B/worker/tally-train" --spec="$out.yaml" --threads=1 --log_every=100000 \
+      --metrics_out="$out.jsonl" >"$out.log" 2>&1
+  done
+  cost_runs+=("$OUT/cost-round$round")
+done
+
+/usr/bin/python3 - "$LAYERS" "${runs[@]}" -- "${cost_runs[@]}" <<'PY'
 import json, statistics, sys
 
 def evals(path):
@@ -93,7 +116,9 @@ print("layers: %s; losses on the same evaluation sample (nats per token)" % laye
 print("%-12s %4s %-5s %-8s %-8s %-8s %-9s %-9s %-9s" % (
     "corpus", "seed", "quant", "hp", "ptq", "qat", "ptq-hp", "qat-hp", "recovered"))
 groups = {}
-for run in sys.argv[2:]:
+split = sys.argv.index("--")
+quality, cost = sys.argv[2:split], sys.argv[split + 1:]
+for run in quality:
     corpus, seed, base = run.split()
     plain, plain_steps = evals(base + "-plain")
     hp = plain[-1]["val_loss"]
@@ -102,7 +127,7 @@ for run in sys.argv[2:]:
         ptq = ptq_evals[0]["quantized_val_loss"]
         qat_evals, qat_steps = evals(base + "-qat-" + q)
         qat = qat_evals[-1]["quantized_val_loss"]
-        g = groups.setdefault((corpus, q), {"deg": [], "rec": [], "qat_hp": [], "cost": []})
+        g = groups.setdefault((corpus, q), {"deg": [], "rec": [], "qat_hp": []})
         # Below this the ratio is of noise: the two trainings' losses differ
         # by more than the degradation they are measured against.
         rec = (ptq - qat) / (ptq - hp) if ptq - hp >= 0.005 else float("nan")
@@ -110,16 +135,24 @@ for run in sys.argv[2:]:
         g["qat_hp"].append(qat - hp)
         if rec == rec:
             g["rec"].append(rec)
-        med = lambda s: statistics.median(x["step_seconds"] for x in s[1:])
-        g["cost"].append(med(qat_steps) / med(plain_steps))
         print("%-12s %4s %-5s %-8.4f %-8.4f %-8.4f %-+9.4f %-+9.4f %s" % (
             corpus, seed, q, hp, ptq, qat, ptq - hp, qat - hp,
             "%.0f%%" % (100 * rec) if rec == rec else "n/a (ptq-hp < 0.005)"))
 print()
 print("Mean (min-max) over seeds:")
-print("%-12s %-5s %-26s %-26s %-26s %-22s" % (
-    "corpus", "quant", "PTQ degradation", "QAT - hp", "recovered", "QAT step / plain step"))
+print("%-12s %-5s %-26s %-26s %-26s" % (
+    "corpus", "quant", "PTQ degradation", "QAT - hp", "recovered"))
 for (corpus, q), g in groups.items():
-    print("%-12s %-5s %-26s %-26s %-26s %-22s" % (
-        corpus, q, spread(g["deg"]), spread(g["qat_hp"]), spread(g["rec"]), spread(g["cost"])))
+    print("%-12s %-5s %-26s %-26s %-26s" % (
+        corpus, q, spread(g["deg"]), spread(g["qat_hp"]), spread(g["rec"])))
+print()
+def median_step(path):
+    _, steps = evals(path)
+    return statistics.median(x["step_seconds"] for x in steps[5:])
+print("QAT's step time over plain training's (%s; %d rounds, mean (min-max)):" % (
+    layers, len(cost)))
+for q in ("q8_0", "q4_0"):
+    ratios = [median_step(r + "-qat-" + q) / median_step(r + "-plain") for r in cost]
+    plain = [median_step(r + "-plain") for r in cost]
+    print("  %s: %s   (plain step %.1f ms)" % (q, spread(ratios), 1000 * statistics.mean(plain)))
 PY

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -29,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/ggml_quant.h"
 #include "worker/model/gguf.h"
@@ -102,11 +104,10 @@ std::string Tallyctl(const char* argv0) {
   return "tallyctl";
 }
 
-// The checkpoint record --job and --which pick, through tallyctl.
-absl::StatusOr<std::pair<std::string, std::string>> FromJob(const std::string& job,
-                                                            const std::string& which,
-                                                            const char* argv0) {
-  std::string cmd = Quote(Tallyctl(argv0)) + " checkpoints " + Quote(job) + " --output=json";
+// `tallyctl ARGS --output=json`'s object.
+absl::StatusOr<nlohmann::json> TallyctlJson(const std::string& args, const std::string& what,
+                                            const char* argv0) {
+  std::string cmd = Quote(Tallyctl(argv0)) + " " + args + " --output=json";
   if (!absl::GetFlag(FLAGS_controller).empty()) {
     cmd += " --controller=" + Quote(absl::GetFlag(FLAGS_controller));
   }
@@ -121,30 +122,58 @@ absl::StatusOr<std::pair<std::string, std::string>> FromJob(const std::string& j
   const int rc = ::pclose(p);
   if (rc != 0) {
     return absl::UnavailableError(absl::StrCat(
-        "tallyctl checkpoints ", job, " failed (its message is above); check --controller"));
+        "tallyctl ", what, " failed (its message is above); check --controller"));
   }
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InternalError("tallyctl printed something other than JSON");
   }
+  return j;
+}
+
+// The checkpoint record --job and --which pick, through tallyctl: the
+// latest, or the best as tallyctl checkpoints marks it (the lowest loss of
+// the metric the job is judged by, never one a worker found damaged).
+absl::StatusOr<std::pair<std::string, std::string>> FromJob(const std::string& job,
+                                                            const std::string& which,
+                                                            const char* argv0) {
+  ASSIGN_OR_RETURN(const nlohmann::json j,
+                   TallyctlJson("checkpoints " + Quote(job), "checkpoints " + job, argv0));
   const nlohmann::json list =
       j.contains("checkpoints") ? j["checkpoints"] : nlohmann::json::array();
   if (!list.is_array() || list.empty()) {
     return absl::NotFoundError(absl::StrCat(job, " has no checkpoints yet"));
   }
+  // The job's metric and damaged checkpoints; an older tallyd's job without
+  // them: val_loss, none.
+  const char* metric = "val_loss";
+  std::set<std::string> damaged;
+  if (auto got = TallyctlJson("get " + Quote(job), "get " + job, argv0); got.ok()) {
+    const nlohmann::json& spec = got->contains("spec") ? (*got)["spec"] : nlohmann::json();
+    if (spec.is_object() && spec.contains("early_stopping") &&
+        Str(spec["early_stopping"], "metric") == "quantized_val_loss") {
+      metric = "quantized_val_loss";
+    }
+    if (got->contains("damaged_checkpoints") && (*got)["damaged_checkpoints"].is_array()) {
+      for (const auto& d : (*got)["damaged_checkpoints"]) {
+        if (d.is_object()) damaged.insert(Str(d, "path"));
+      }
+    }
+  }
   const nlohmann::json* pick = nullptr;
   for (const auto& ck : list) {
-    if (!ck.is_object()) continue;
-    const double v = Num(ck, "val_loss");
+    if (!ck.is_object() || damaged.count(Str(ck, "path"))) continue;
+    const double v = Num(ck, metric);
     if (which == "latest") {
       if (pick == nullptr || Num(ck, "step") >= Num(*pick, "step")) pick = &ck;
-    } else if (v != 0 && (pick == nullptr || v < Num(*pick, "val_loss"))) {
+    } else if (v != 0 && (pick == nullptr || v < Num(*pick, metric))) {
       pick = &ck;
     }
   }
   if (pick == nullptr) {  // best, with no evaluated checkpoint: the latest
     for (const auto& ck : list) {
-      if (ck.is_object() && (pick == nullptr || Num(ck, "step") >= Num(*pick, "step"))) {
+      if (ck.is_object() && !damaged.count(Str(ck, "path")) &&
+          (pick == nullptr || Num(ck, "step") >= Num(*pick, "step"))) {
         pick = &ck;
       }
     }
@@ -153,7 +182,11 @@ absl::StatusOr<std::pair<std::string, std::string>> FromJob(const std::string& j
     return absl::NotFoundError(absl::StrCat(job, ": no checkpoint record with a path"));
   }
   std::cerr << "tally-export: " << job << " " << which << " checkpoint: step " << Num(*pick, "step")
-            << ", val loss " << Num(*pick, "val_loss") << ", " << Str(*pick, "path") << "\n";
+            << ", val loss " << Num(*pick, "val_loss");
+  if (pick->contains("quantized_val_loss")) {
+    std::cerr << ", quantized val loss " << Num(*pick, "quantized_val_loss");
+  }
+  std::cerr << ", " << Str(*pick, "path") << "\n";
   return std::make_pair(Str(*pick, "path"), Str(*pick, "sha256"));
 }
 

@@ -4,10 +4,11 @@ on across a tallyd restart."""
 
 import os
 import signal
+import subprocess
 import time
 import unittest
 
-from harness import ClusterTest, jobs_pb2, spec, wait_for
+from harness import BUILD, ClusterTest, jobs_pb2, spec, wait_for
 
 PRICE = 36.0  # $/GPU-hour for "cpu" in these tests: $0.01 a second
 
@@ -145,6 +146,18 @@ class PoliciesTest(ClusterTest):
         self.assertEqual(len(best), 1, out.stdout)
         self.assertIn(lowest.path, best[0])
         self.assertIn("the lowest quantized_val_loss", out.stdout)
+        # tally-export --job picks the same best checkpoint, and exports the
+        # GGUF file of the format the job was evaluated in.
+        gguf = os.path.join(self.dir, "best.gguf")
+        exported = subprocess.run(
+            [os.path.join(BUILD, "worker", "tally-export"), "--job=" + job.name,
+             "--which=best", "--format=gguf", "--quant=q8_0", "--out=" + gguf],
+            capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, TALLY_CONTROLLER=self.tallyd.grpc_addr))
+        self.assertEqual(exported.returncode, 0, exported.stderr)
+        self.assertIn(lowest.path, exported.stderr)
+        self.assertIn("quantized val loss", exported.stderr)
+        self.assertTrue(os.path.getsize(gguf) > 0)
         print("\nquantized target %.4f reached at step %d (val_loss %.4f, quantized %.4f)"
               % (done.target_val_loss, t.step, t.val_loss, t.quantized_val_loss))
 
