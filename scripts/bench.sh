@@ -14,8 +14,11 @@
 # evaluation sample against the whole validation split on three corpora),
 # ONLY=upcycle (dense vs upcycled vs MoE from scratch at one budget),
 # ONLY=distill (a student with and without a teacher), ONLY=gguf_serving
-# (llama.cpp's tokens/s and file sizes of F16, Q8_0 and Q4_0 exports) or
-# ONLY=controller runs one part.
+# (llama.cpp's tokens/s and file sizes of F16, Q8_0 and Q4_0 exports),
+# ONLY=qat_quality (plain, post-training quantized and QAT losses over seeds
+# and corpora, and QAT's step cost), ONLY=qat_target (dollars to a quantized
+# loss: post-training quantization against QAT) or ONLY=controller runs one
+# part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD_DIR:-build}
@@ -117,6 +120,20 @@ if [ -z "$ONLY" ] || [ "$ONLY" = gguf_serving ]; then
   echo
 fi
 [ "$ONLY" = gguf_serving ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = qat_quality ]; then
+  echo "== QAT: what quantization costs and what QAT wins back (bench/qat_quality.sh) =="
+  BUILD_DIR="$B" bench/qat_quality.sh
+  echo
+fi
+[ "$ONLY" = qat_quality ] && exit 0
+
+if [ -z "$ONLY" ] || [ "$ONLY" = qat_target ]; then
+  echo "== QAT: dollars to a quantized loss, PTQ vs QAT (bench/qat_target.sh) =="
+  BUILD_DIR="$B" bench/qat_target.sh
+  echo
+fi
+[ "$ONLY" = qat_target ] && exit 0
 
 echo "== Submit on loopback (${SECONDS_EACH}s per row) =="
 printf "store\tclients\tsubmits\tper_s\tp50_ms\tp99_ms\terrors\n"
