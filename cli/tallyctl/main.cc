@@ -20,6 +20,7 @@
 #include "cli/tallyctl/flags.h"
 #include "cli/tallyctl/jobs_commands.h"
 #include "cli/tallyctl/output.h"
+#include "cli/tallyctl/suggest.h"
 #include "cli/tallyctl/token_commands.h"
 #include "cli/tallyctl/usage.h"
 
@@ -57,7 +58,9 @@ int Main(std::vector<char*> args) {
                                               "get",        "watch",       "cancel",
                                               "checkpoints", "cost",       "estimate"};
   if (std::find(std::begin(kCommands), std::end(kCommands), cmd) == std::end(kCommands)) {
-    std::cerr << "tallyctl: unknown command \"" << Safe(cmd) << "\"\n\n" << kUsageText;
+    std::vector<const char*> known(std::begin(kCommands), std::end(kCommands));
+    known.insert(known.end(), {"validate", "token", "help"});
+    std::cerr << UnknownCommandMessage(cmd, known);
     return kUsage;
   }
   Connection conn;
@@ -77,7 +80,7 @@ int Main(std::vector<char*> args) {
   }
   if (cmd == "cost") return need_job("cost") ? Cost(client, args[2]) : kUsage;
   if (cmd == "estimate") return Estimate(client);
-  std::cerr << "tallyctl: unknown command \"" << cmd << "\"\n\n" << kUsageText;
+  std::cerr << "tallyctl: unknown command \"" << Safe(cmd) << "\"\n";
   return kUsage;
 }
 

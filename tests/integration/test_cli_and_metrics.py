@@ -83,6 +83,9 @@ class TallyctlTest(ClusterTest):
         self.assertEqual(self.tallyctl("get", "jobs/999").returncode, 3)
         self.assertEqual(self.tallyctl("submit", "-f", "/nonexistent.yaml").returncode, 3)
         self.assertEqual(self.tallyctl("frobnicate").returncode, 2)
+        r = self.tallyctl("sumbit", "-f", TINY)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn('unknown command "sumbit"; did you mean "submit"?', r.stderr)
         self.assertEqual(self.tallyctl("list", "--state=sleepy").returncode, 2)
         env = dict(os.environ, TALLY_CONTROLLER="127.0.0.1:1")
         from harness import TALLYCTL
