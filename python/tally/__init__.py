@@ -14,7 +14,29 @@ has the same client for asyncio.
 
 from __future__ import annotations
 
-from typing import Any
+import os as _os
+import sys as _sys
+
+
+def _import_grpc_quietly() -> None:
+    # gRPC's C core logs failed handshakes and the like to stderr on its own;
+    # this package says what failed in its exceptions. The C core reads
+    # GRPC_VERBOSITY once, when grpc is first imported, so it is set for that
+    # import only (child processes do not inherit it); GRPC_VERBOSITY or
+    # GRPC_TRACE set by the user, or grpc imported before tally, win.
+    if "grpc" in _sys.modules or "GRPC_VERBOSITY" in _os.environ \
+            or "GRPC_TRACE" in _os.environ:
+        return
+    _os.environ["GRPC_VERBOSITY"] = "NONE"
+    try:
+        import grpc  # noqa: F401
+    finally:
+        _os.environ.pop("GRPC_VERBOSITY", None)
+
+
+_import_grpc_quietly()
+
+from typing import Any  # noqa: E402
 
 from tally._client import Client, Experiments, Jobs
 from tally._config import Connection, resolve_connection

@@ -120,7 +120,8 @@ class Client:
         if len(self._endpoints) > 1 and code == grpc.StatusCode.UNAVAILABLE:
             details = "no tallyd of %s answered (each was tried); the last said: %s" % (
                 self._conn.address, details)
-        return error_from_rpc(code, details, address, self._conn.token)
+        return error_from_rpc(code, details, address, self._conn.token,
+                              tls=bool(self._conn.ca_cert_pem))
 
     def _unary(self, method: str, request: Any, timeout: float | None = None) -> Any:
         path, req_cls, resp_cls = _common.METHODS[method]

@@ -169,6 +169,11 @@ def is_loopback(address: str) -> bool:
 
 
 def _host_port_problem(address: str) -> str:
+    scheme_end = address.find("://")
+    if scheme_end >= 0:  # "http://host:port" is a web address; gRPC takes none
+        rest = address[scheme_end + 3:].split("/", 1)[0]
+        return ('is a URL: tallyd is reached at HOST:PORT without "%s" (give "%s"; for TLS, '
+                'set ca_cert)' % (address[:scheme_end + 3], rest))
     if address.startswith("["):
         close = address.find("]")
         if close < 0:

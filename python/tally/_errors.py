@@ -113,13 +113,36 @@ _BY_CODE: dict[grpc.StatusCode, type[TallyError]] = {
 }
 
 
+# tallyd words its token hint for tallyctl; a Python user sets the token
+# another way.
+_TALLYCTL_TOKEN_HINT = "(tallyctl --token, TALLY_TOKEN or a --context with a token_file)"
+PYTHON_TOKEN_HINT = ("(tally.Client(token=...) or token_file=..., the TALLY_TOKEN environment "
+                     "variable, or a context with a token_file: tally.Client.from_config(\"NAME\"))")
+TLS_MISMATCH_HINT = ("the server speaks TLS: set ca_cert (tally.Client(ca_cert=\"ca.pem\"), "
+                     "TALLY_CA_CERT or the context's ca_cert)")
+_TLS_WORDS = ("ssl", "tls", "handshake", "certificate")
+
+
 def error_from_rpc(code: grpc.StatusCode, details: str | None, address: str,
-                   token: str = "") -> TallyError:
+                   token: str = "", tls: bool = True) -> TallyError:
     """The exception for a failed call: its class by ``code``, tallyd's
-    message (with the token blanked out, should it appear)."""
+    message (with the token blanked out, should it appear), with what to do
+    in this client's terms: how to give a token, and that a plaintext client
+    (``tls`` False) whose connection the server closed should set ca_cert."""
     message = details or "tallyd answered %s with no message" % code.name
     if token:
         message = message.replace(token, "<token>")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        if _TALLYCTL_TOKEN_HINT in message:
+            message = message.replace(_TALLYCTL_TOKEN_HINT, PYTHON_TOKEN_HINT)
+        else:
+            message += "; give a token: " + PYTHON_TOKEN_HINT
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        lower = message.lower()
+        if not tls and ("socket closed" in lower or "connection reset" in lower):
+            message += " (%s)" % TLS_MISMATCH_HINT  # what a TLS server does to plaintext
+        elif tls and any(w in lower for w in _TLS_WORDS):
+            message += (" (the TLS handshake failed: check ca_cert and tls_server_name, or "
+                        "whether tallyd serves TLS at this address)")
         message = "tallyd at %s: %s" % (address, message)
     return _BY_CODE.get(code, TallyError)(message, code, address)

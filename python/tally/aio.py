@@ -90,7 +90,8 @@ class Client:
         if len(self._channels) > 1 and e.code() == grpc.StatusCode.UNAVAILABLE:
             details = "no tallyd of %s answered (each was tried); the last said: %s" % (
                 self._conn.address, details)
-        return error_from_rpc(e.code(), details, address, self._conn.token)
+        return error_from_rpc(e.code(), details, address, self._conn.token,
+                              tls=bool(self._conn.ca_cert_pem))
 
     async def _unary(self, method: str, request: Any) -> Any:
         path, req_cls, resp_cls = _common.METHODS[method]
