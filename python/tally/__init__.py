@@ -39,6 +39,8 @@ _import_grpc_quietly()
 from typing import Any  # noqa: E402
 
 from tally._client import Client, Experiments, Jobs
+from tally._display import (experiment_summary, job_summary, register_ipython,
+                            state_name)
 from tally._config import Connection, resolve_connection
 from tally._errors import (AlreadyExists, ConfigError, DeadlineExceeded, FailedPrecondition,
                            InvalidSpec, NotFound, PermissionDenied, ResourceExhausted,
@@ -55,7 +57,11 @@ __all__ = [
     "Unauthenticated", "FailedPrecondition", "ResourceExhausted", "Unavailable",
     "DeadlineExceeded", "ExperimentReport", "EvalHistory", "load_job_spec",
     "load_experiment_spec", "plot_loss_vs_dollars", "jobs_pb2", "experiments_pb2", "spec_pb2",
+    "state_name", "job_summary", "experiment_summary",
 ]
+
+# In a notebook, Job and Experiment messages show as a line and a table.
+register_ipython()
 
 
 def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = False,

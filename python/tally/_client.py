@@ -19,8 +19,8 @@ from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
 __all__ = ["Client", "Jobs", "Experiments"]
 
 R = TypeVar("R")
-JobRef = Any  # a Job, "jobs/N", "N" or N
-ExperimentRef = Any  # an Experiment, "experiments/N", "N" or N
+JobRef = _common.JobRef
+ExperimentRef = _common.ExperimentRef
 
 
 class _Endpoint:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Union
 
 import grpc
 
@@ -49,20 +49,40 @@ TERMINAL_JOB_STATES = frozenset({
     jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED, jobs_pb2.JOB_STATE_CANCELLED, jobs_pb2.JOB_STATE_FAILED})
 
 
-def job_name(job: str | int | jobs_pb2.Job) -> str:
-    """"jobs/N" from a Job, "jobs/N", "N" or N."""
-    if isinstance(job, jobs_pb2.Job):
-        return job.name
-    s = str(job)
-    return s if s.startswith("jobs/") else "jobs/" + s
+JobRef = Union[str, int, jobs_pb2.Job]
+"""A job: its name ("jobs/N"), its number (N or "N"), or the Job itself."""
+ExperimentRef = Union[str, int, experiments_pb2.Experiment]
+"""An experiment: "experiments/N", N or "N", or the Experiment itself."""
 
 
-def experiment_name(exp: str | int | experiments_pb2.Experiment) -> str:
-    """"experiments/N" from an Experiment, "experiments/N", "N" or N."""
-    if isinstance(exp, experiments_pb2.Experiment):
-        return exp.name
-    s = str(exp)
-    return s if s.startswith("experiments/") else "experiments/" + s
+def _name_of(ref: object, collection: str, message: type, what: str) -> str:
+    if isinstance(ref, message):
+        name: str = ref.name  # type: ignore[attr-defined]
+        return name
+    if isinstance(ref, int) and not isinstance(ref, bool):
+        number = str(ref)
+    elif isinstance(ref, str):
+        number = ref.strip().removeprefix(collection + "/")
+    else:
+        raise TypeError("%s: expected %s/N, a number or a %s, got %s %.60r" % (
+            what, collection, message.__name__, type(ref).__name__, ref))
+    if not number.isascii() or not number.isdigit():
+        from tally._errors import InvalidSpec
+        raise InvalidSpec("name: %.60r is not a %s name; give %s/N or the number N"
+                          % (ref, what, collection), field="name")
+    return "%s/%s" % (collection, number)
+
+
+def job_name(job: JobRef) -> str:
+    """"jobs/N" from a Job, "jobs/N", "N" or N; TypeError for anything else
+    (a dict, an event, an experiment), ValueError for a malformed name."""
+    return _name_of(job, "jobs", jobs_pb2.Job, "job")
+
+
+def experiment_name(exp: ExperimentRef) -> str:
+    """"experiments/N" from an Experiment, "experiments/N", "N" or N;
+    TypeError for anything else."""
+    return _name_of(exp, "experiments", experiments_pb2.Experiment, "experiment")
 
 
 def new_request_id() -> str:

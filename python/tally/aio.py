@@ -22,8 +22,8 @@ from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
 
 __all__ = ["Client", "Jobs", "Experiments"]
 
-JobRef = Any
-ExperimentRef = Any
+JobRef = _common.JobRef
+ExperimentRef = _common.ExperimentRef
 
 
 class Client:

@@ -5,6 +5,7 @@ with the same axes, colours, target line, crossings and legend."""
 
 from __future__ import annotations
 
+import io
 import math
 from typing import Any
 
@@ -27,6 +28,27 @@ def _dollars(v: float) -> str:
     return ("-$" if v < 0 else "$") + ("%.3g" % abs(v) if abs(v) < 1 else "%.2f" % abs(v))
 
 
+_FIGURE_CLASS: Any = None
+
+
+def _figure_class() -> Any:
+    """matplotlib's Figure that shows itself as a PNG where it is
+    displayed (a notebook cell's last expression) without pyplot: a Figure
+    no backend manages is otherwise shown as ``<Figure size ...>``."""
+    global _FIGURE_CLASS
+    if _FIGURE_CLASS is None:
+        from matplotlib.figure import Figure
+
+        class LossFigure(Figure):
+            def _repr_png_(self) -> bytes:
+                buf = io.BytesIO()
+                self.savefig(buf, format="png", bbox_inches="tight")
+                return buf.getvalue()
+
+        _FIGURE_CLASS = LossFigure
+    return _FIGURE_CLASS
+
+
 def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = False,
                          zoom: bool = True, ax: Any = None) -> Any:
     """Draws every variant's validation loss against what it had spent at
@@ -44,9 +66,8 @@ def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = 
         ax: The Axes to draw on; default a new Figure's.
     """
     # A Figure of its own, not pyplot's: no backend is chosen or changed
-    # (scripts save it; a notebook shows the returned Figure once).
-    from matplotlib.figure import Figure
-
+    # (scripts save it; a notebook shows the returned Figure once, by its
+    # PNG, as a cell's last expression).
     report = experiment
     if not isinstance(report, ExperimentReport):
         if client is None:
@@ -81,7 +102,7 @@ def plot_loss_vs_dollars(experiment: Any, client: Any = None, *, billed: bool = 
         return (v.tokens_to_target if axis == "tokens" else
                 v.recipe_cost_to_target_usd if axis == "recipe" else v.cost_to_target_usd)
 
-    fig = ax.figure if ax is not None else Figure(figsize=(8.8, 4.8))
+    fig = ax.figure if ax is not None else _figure_class()(figsize=(8.8, 4.8))
     if ax is None:
         ax = fig.add_axes((0.1, 0.14, 0.6, 0.72))
     target = e.target_val_loss if _ok(e.target_val_loss) and e.target_val_loss > 0 else 0.0

@@ -10,6 +10,7 @@ Run by the virtual environment scripts/setup.sh makes (TALLY_PYTHON_VENV)
 with the package installed (the python.install test)."""
 
 import asyncio
+import base64
 import json
 import os
 import shutil
@@ -459,18 +460,29 @@ class ExperimentTest(Base):
             if cell.cell_type == "code":
                 self.assertEqual(cell.get("outputs", []), [], "store the notebook without outputs")
                 self.assertIsNone(cell.get("execution_count"))
-        nb_png = os.path.join(CLUSTER.dir, "notebook.png")
         old = dict(os.environ)
         os.environ.update(CLUSTER.env("alice"))
-        os.environ.update(TALLY_EXPERIMENT=exp.name, TALLY_PLOT_PNG=nb_png)
+        os.environ.update(TALLY_EXPERIMENT=exp.name)
+        os.environ.pop("MPLBACKEND", None)  # a fresh kernel's own backend, as a user has
         try:
             NotebookClient(nb, timeout=300, kernel_name="python3",
                            resources={"metadata": {"path": EXAMPLES}}).execute()
         finally:
             os.environ.clear()
             os.environ.update(old)
-        with open(nb_png, "rb") as f:
-            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        # The plot cell, whose last expression is the Figure, shows it as an
+        # image (not "<Figure size ...>"), once.
+        plot_cell = next(c for c in nb.cells if "plot_loss_vs_dollars(report)" in c.source)
+        images = [o["data"]["image/png"] for o in plot_cell.outputs if "image/png" in o.get("data", {})]
+        self.assertEqual(len(images), 1, plot_cell.outputs)
+        self.assertEqual(base64.b64decode(images[0])[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertNotIn("<Figure size", json.dumps(plot_cell.outputs))
+        # A job as a cell's last expression: one line of text and a table.
+        job_cell = next(c for c in nb.cells if "client.get(" in c.source)
+        data = job_cell.outputs[0]["data"]
+        self.assertTrue(data["text/plain"].startswith("<tally Job jobs/"), data)
+        self.assertLess(len(data["text/plain"]), 200)
+        self.assertIn("SUCCEEDED", data["text/html"])
 
 
 if __name__ == "__main__":
