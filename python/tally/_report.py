@@ -38,10 +38,31 @@ OPTIONAL_COLUMNS = frozenset(("quantized_val_loss", "final_quantized_val_loss",
                               "best_quantized_val_loss"))
 
 
+# Figures tallyd leaves at 0 while they are unknown (a running variant's
+# final loss, dollars to a target not reached, a recipe price not yet
+# measured): NaN in rows and DataFrames, so min() and mean() skip them.
+UNKNOWN_WHEN_ZERO = frozenset((
+    "val_loss", "final_val_loss", "best_val_loss", "ratio_to_reference",
+    "recipe_cost_to_target_usd", "recipe_cost_low_usd", "recipe_cost_high_usd",
+    "recipe_ratio_to_reference", "step_seconds", "step_seconds_spread", "recipe_usd_per_step",
+    "own_step_seconds", "steps_ci90_low", "steps_ci90_high", "tokens_ci90_low",
+    "tokens_ci90_high", "recipe_cost_ci90_low_usd", "recipe_cost_ci90_high_usd",
+    "recipe_ratio_ci90_low", "recipe_ratio_ci90_high"))
+# Figures to the target: NaN while the target is not reached.
+TO_TARGET_COLUMNS = frozenset((
+    "cost_to_target_usd", "tokens_to_target", "gpu_seconds_to_target", "target_step",
+    "steps_to_target", "flops_to_target", "recipe_cost_to_target_usd"))
+
+
 def _value(message: Any, column: str) -> Any:
     if column in OPTIONAL_COLUMNS and not message.HasField(column):
         return math.nan
-    return getattr(message, column)
+    value = getattr(message, column)
+    if column in TO_TARGET_COLUMNS and not getattr(message, "reached_target", True):
+        return math.nan
+    if column in UNKNOWN_WHEN_ZERO and value == 0:
+        return math.nan
+    return value
 
 
 def loss_of(point: Any, metric: str) -> float:
@@ -104,8 +125,10 @@ class ExperimentReport:
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per variant with VARIANT_COLUMNS as keys (the state as
-        its short name, e.g. "SUCCEEDED"; a quantized loss the variant does
-        not have is NaN)."""
+        its short name, e.g. "SUCCEEDED"); a figure not known (yet) is NaN,
+        never 0: a quantized loss the variant does not have, the final loss
+        of a variant still running, figures to a target it has not reached,
+        recipe dollars before its step times are measured."""
         out = []
         for v in self.experiment.variants:
             row: dict[str, Any] = {c: _value(v, c) for c in VARIANT_COLUMNS}
@@ -125,8 +148,9 @@ class ExperimentReport:
 
     def summary_rows(self) -> list[dict[str, Any]]:
         """One dict per variant with SUMMARY_COLUMNS as keys: the means over
-        its replicates, their 90% intervals and the verdict."""
-        return [{c: getattr(s, c) for c in SUMMARY_COLUMNS} for s in self.experiment.summaries]
+        its replicates, their 90% intervals and the verdict (NaN where not
+        known, as in rows())."""
+        return [{c: _value(s, c) for c in SUMMARY_COLUMNS} for s in self.experiment.summaries]
 
     def summary_dataframe(self) -> Any:
         """summary_rows() as a pandas DataFrame indexed by variant name."""

@@ -112,6 +112,33 @@ class QuantizedLossTest(unittest.TestCase):
         self.assertEqual(ExperimentReport(experiment=experiments_pb2.Experiment()).metric,
                          "val_loss")
 
+    def test_unknown_figures_are_nan_so_min_and_mean_skip_them(self) -> None:
+        e = experiments_pb2.Experiment(name="experiments/5", target_val_loss=2.5)
+        e.variants.add(name="done", state=jobs_pb2.JOB_STATE_SUCCEEDED, final_val_loss=2.4,
+                       best_val_loss=2.4, reached_target=True, cost_to_target_usd=0.5,
+                       tokens_to_target=1000, recipe_cost_to_target_usd=0.4,
+                       step_seconds=0.2, recipe_usd_per_step=0.001)
+        e.variants.add(name="running", state=jobs_pb2.JOB_STATE_RUNNING, cost_usd=0.1)
+        e.variants.add(name="missed", state=jobs_pb2.JOB_STATE_EARLY_STOPPED,
+                       final_val_loss=2.7, best_val_loss=2.6)
+        report = ExperimentReport(experiment=e)
+        rows = {r["name"]: r for r in report.rows()}
+        for column in ("final_val_loss", "best_val_loss", "cost_to_target_usd",
+                       "tokens_to_target", "recipe_cost_to_target_usd", "step_seconds",
+                       "recipe_usd_per_step", "ratio_to_reference", "target_step"):
+            self.assertTrue(math.isnan(rows["running"][column]), column)
+        for column in ("cost_to_target_usd", "tokens_to_target", "steps_to_target"):
+            self.assertTrue(math.isnan(rows["missed"][column]), column)
+        self.assertEqual(rows["missed"]["final_val_loss"], 2.7)
+        self.assertEqual(rows["running"]["cost_usd"], 0.1)  # a known figure stays
+        self.assertEqual(rows["done"]["cost_to_target_usd"], 0.5)
+        df = report.to_dataframe()
+        self.assertEqual(df.final_val_loss.min(), 2.4)
+        self.assertEqual(df.cost_to_target_usd.mean(), 0.5)
+        self.assertEqual(report.rows(), report.rows())  # NaN is one object: rows compare equal
+        summary = ExperimentReport(experiment=replicated()).summary_rows()
+        self.assertTrue(math.isnan(summary[0]["recipe_ratio_ci90_low"]))  # the reference's
+
 
 if __name__ == "__main__":
     unittest.main()
