@@ -144,6 +144,7 @@ PYTHON_REQUIREMENTS=(
   mypy==2.4.1 types-protobuf==7.35.1.20261122 types-PyYAML==6.0.12.20261122
   grpc-stubs==1.53.0.6
   nbclient==0.11.0 nbformat==5.11.1 ipykernel==7.4.0
+  tqdm==4.70.1   # the client's progress extra: wait()'s bar
   cryptography==50.0.2   # tests/integration/test_security.py's PKI, reused by the client's test
 )
 if [ "$(cat "$PYTHON_VENV/.complete" 2>/dev/null)" != "${PYTHON_REQUIREMENTS[*]}" ]; then

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -11,7 +12,9 @@ import grpc
 
 from tally import _common
 from tally._config import Connection
-from tally._errors import TallyError, error_from_rpc
+from tally._display import state_name
+from tally._errors import DeadlineExceeded, TallyError, error_from_rpc
+from tally._progress import ExperimentProgress, JobProgress, wait_timed_out
 from tally._report import EvalHistory, ExperimentReport, run_name
 from tally._spec import SpecInput, load_experiment_spec, load_job_spec
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
@@ -148,20 +151,49 @@ class Client:
         raise self._error(last, address) from None
 
     def _watch(self, method: str, make_request: Callable[[int], Any], after: int,
-               limit: int) -> Iterator[Any]:
+               limit: int, deadline: float | None = None) -> Iterator[Any]:
         """Events after ``after``, resuming after the last one seen whenever
-        the stream drops, on the next address when there are several."""
+        the stream drops, on the next address when there are several.
+
+        Until tallyd has accepted the watch once (its initial metadata), the
+        client's timeout bounds the whole try, a hung endpoint included:
+        Unavailable naming the address. ``deadline`` (time.monotonic())
+        bounds the whole watch: DeadlineExceeded."""
         path, req_cls, resp_cls = _common.METHODS[method]
         failures = 0
         wait = 0.2
+        established = False
+        connect_deadline = time.monotonic() + self._timeout
         while True:
             endpoint = self._endpoints[self._current]
             call = endpoint.channel.unary_stream(
                 path, request_serializer=req_cls.SerializeToString,
                 response_deserializer=resp_cls.FromString)
-            stream = call(make_request(after), metadata=self._metadata)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            stream = call(make_request(after), metadata=self._metadata, timeout=timeout)
+            timer: threading.Timer | None = None
+            connect_timed_out = threading.Event()
+            if not established:
+                def give_up(s: Any = stream) -> None:
+                    connect_timed_out.set()
+                    s.cancel()
+                timer = threading.Timer(max(0.0, connect_deadline - time.monotonic()), give_up)
+                timer.daemon = True
+                timer.start()
             try:
+                if not established:
+                    # tallyd sends this at once when it takes the watch; a
+                    # failed call has none (its error is raised below).
+                    metadata = stream.initial_metadata() or ()
+                    if any(k == _common.WATCH_ESTABLISHED_KEY for k, _ in metadata):
+                        established = True
+                        if timer is not None:
+                            timer.cancel()
                 for event in stream:
+                    if not established:
+                        established = True
+                        if timer is not None:
+                            timer.cancel()
                     failures, wait = 0, 0.2
                     if event.sequence <= after:
                         continue  # already seen before the stream dropped
@@ -169,15 +201,24 @@ class Client:
                     yield event
                 return
             except grpc.RpcError as e:
-                code = e.code()
+                code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+                if connect_timed_out.is_set() or (
+                        not established and code in _common.STREAM_RETRYABLE
+                        and time.monotonic() + wait > connect_deadline):
+                    details = "" if connect_timed_out.is_set() or not hasattr(e, "details") \
+                        else e.details()
+                    raise self._error(_common.connect_failure(self._timeout, details),
+                                      endpoint.address) from None
                 failures += 1
-                if code not in _common.STREAM_RETRYABLE or failures > limit:
+                if code not in _common.STREAM_RETRYABLE or (established and failures > limit):
                     raise self._error(e, endpoint.address) from None
                 if code == grpc.StatusCode.UNAVAILABLE:
                     self._current = (self._current + 1) % len(self._endpoints)
                 time.sleep(wait)
                 wait = min(wait * 2, 5.0)
             finally:
+                if timer is not None:
+                    timer.cancel()
                 stream.cancel()  # type: ignore[no-untyped-call]
 
     def _pages(self, method: str, make_request: Callable[[str], Any],
@@ -298,11 +339,40 @@ class Jobs:
             "WatchJob", lambda a: jobs_pb2.WatchJobRequest(name=name, after_sequence=a),
             after, limit=20)
 
-    def wait(self, job: JobRef) -> jobs_pb2.Job:
-        """Watches the job to its end and returns it as it ended."""
-        for _ in self.watch(job):
-            pass
-        return self.get(job)
+    def wait(self, job: JobRef, timeout: float | None = None,
+             progress: bool = True) -> jobs_pb2.Job:
+        """Watches the job to its end and returns it as it ended.
+
+        Args:
+            timeout: Seconds to wait at most; None: until it ends.
+            progress: Show a tqdm bar (steps, loss, dollars) while waiting,
+                when tqdm is installed.
+
+        Raises:
+            DeadlineExceeded: The job had not ended within ``timeout``; the
+                message says its state and step.
+        """
+        name = _common.job_name(job)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        current = self.get(name)
+        if current.state in _common.TERMINAL_JOB_STATES:
+            return current
+        bar = JobProgress(current, progress)
+        try:
+            for event in self._c._watch(
+                    "WatchJob",
+                    lambda a: jobs_pb2.WatchJobRequest(name=name, after_sequence=a),
+                    current.last_event_sequence, limit=20, deadline=deadline):
+                bar.event(event)
+        except DeadlineExceeded as e:
+            if timeout is None:
+                raise
+            now = self.get(name)
+            raise wait_timed_out(name, timeout, state_name(now), " at step %d" % now.step,
+                                 e) from None
+        finally:
+            bar.close()
+        return self.get(name)
 
     def checkpoints(self, job: JobRef) -> builtins.list[jobs_pb2.Checkpoint]:
         """The job's checkpoints with their cost, oldest first."""
@@ -383,11 +453,35 @@ class Experiments:
             lambda a: experiments_pb2.WatchExperimentRequest(name=name, after_sequence=a),
             after, limit=20)
 
-    def wait(self, experiment: ExperimentRef) -> experiments_pb2.Experiment:
-        """Watches the experiment to its end and returns it as it ended."""
-        for _ in self.watch(experiment):
-            pass
-        return self.get(experiment)
+    def wait(self, experiment: ExperimentRef, timeout: float | None = None,
+             progress: bool = True) -> experiments_pb2.Experiment:
+        """Watches the experiment to its end and returns it as it ended.
+
+        Args:
+            timeout: Seconds to wait at most; None: until it ends.
+            progress: Show a tqdm bar of the variants that have ended, when
+                tqdm is installed.
+
+        Raises:
+            DeadlineExceeded: It had not ended within ``timeout``.
+        """
+        name = _common.experiment_name(experiment)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        current = self.get(name)
+        bar = ExperimentProgress(current, progress)
+        try:
+            for event in self._c._watch(
+                    "WatchExperiment",
+                    lambda a: experiments_pb2.WatchExperimentRequest(name=name, after_sequence=a),
+                    0, limit=20, deadline=deadline):
+                bar.event(event)
+        except DeadlineExceeded as e:
+            if timeout is None:
+                raise
+            raise wait_timed_out(name, timeout, state_name(self.get(name)), "", e) from None
+        finally:
+            bar.close()
+        return self.get(name)
 
     def report(self, experiment: ExperimentRef) -> ExperimentReport:
         """The variant table and every variant's evaluation curve (what

@@ -44,6 +44,27 @@ METHODS: dict[str, tuple[str, Any, Any]] = {
                         experiments_pb2.WatchExperimentRequest, experiments_pb2.ExperimentEvent),
 }
 
+class ConnectFailure(grpc.RpcError):
+    """A watch that found no tallyd within the connect timeout, as an
+    UNAVAILABLE status for the clients' error mapping."""
+
+    def __init__(self, details: str) -> None:
+        super().__init__(details)
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return self._details
+
+
+def connect_failure(timeout: float, details: str | None) -> ConnectFailure:
+    """What a watch says when tallyd did not take it within ``timeout``."""
+    return ConnectFailure("the watch got no answer within %gs%s"
+                          % (timeout, ": " + details if details else ""))
+
+
 TERMINAL_JOB_STATES = frozenset({
     jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_EARLY_STOPPED,
     jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED, jobs_pb2.JOB_STATE_CANCELLED, jobs_pb2.JOB_STATE_FAILED})

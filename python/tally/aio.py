@@ -5,8 +5,9 @@ resumption."""
 
 from __future__ import annotations
 
-import builtins
 import asyncio
+import builtins
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
@@ -15,7 +16,9 @@ import grpc.aio
 
 from tally import _common
 from tally._config import Connection
-from tally._errors import TallyError, error_from_rpc
+from tally._display import state_name
+from tally._errors import DeadlineExceeded, TallyError, error_from_rpc
+from tally._progress import ExperimentProgress, JobProgress, wait_timed_out
 from tally._report import EvalHistory, ExperimentReport, run_name
 from tally._spec import SpecInput, load_experiment_spec, load_job_spec
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
@@ -85,7 +88,8 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _error(self, e: grpc.aio.AioRpcError, address: str) -> TallyError:
+    def _error(self, e: grpc.aio.AioRpcError | _common.ConnectFailure,
+               address: str) -> TallyError:
         details = e.details()
         if len(self._channels) > 1 and e.code() == grpc.StatusCode.UNAVAILABLE:
             details = "no tallyd of %s answered (each was tried); the last said: %s" % (
@@ -115,17 +119,35 @@ class Client:
         raise self._error(last, address) from None
 
     async def _watch(self, method: str, make_request: Callable[[int], Any],
-                     after: int, limit: int = 20) -> AsyncIterator[Any]:
+                     after: int, limit: int = 20,
+                     deadline: float | None = None) -> AsyncIterator[Any]:
+        """As tally.Client's: the connect timeout bounds the watch until
+        tallyd has taken it once; ``deadline`` (time.monotonic()) the whole
+        watch."""
         path, req_cls, resp_cls = _common.METHODS[method]
         failures = 0
         wait = 0.2
+        established = False
+        connect_deadline = time.monotonic() + self._timeout
         while True:
             address, ch = self._channels[self._current]
             call = ch.unary_stream(path, request_serializer=req_cls.SerializeToString,
                                    response_deserializer=resp_cls.FromString)
-            stream = call(make_request(after), metadata=self._metadata)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            stream = call(make_request(after), metadata=self._metadata, timeout=timeout)
             try:
+                if not established:
+                    try:
+                        metadata = await asyncio.wait_for(
+                            stream.initial_metadata(),
+                            max(0.0, connect_deadline - time.monotonic()))
+                    except asyncio.TimeoutError:
+                        raise self._error(_common.connect_failure(self._timeout, None),
+                                          address) from None
+                    if metadata is not None and _common.WATCH_ESTABLISHED_KEY in metadata:
+                        established = True
                 async for event in stream:
+                    established = True
                     failures, wait = 0, 0.2
                     if event.sequence <= after:
                         continue
@@ -133,8 +155,12 @@ class Client:
                     yield event
                 return
             except grpc.aio.AioRpcError as e:
+                if not established and e.code() in _common.STREAM_RETRYABLE \
+                        and time.monotonic() + wait > connect_deadline:
+                    raise self._error(_common.connect_failure(self._timeout, e.details()),
+                                      address) from None
                 failures += 1
-                if e.code() not in _common.STREAM_RETRYABLE or failures > limit:
+                if e.code() not in _common.STREAM_RETRYABLE or (established and failures > limit):
                     raise self._error(e, address) from None
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     self._current = (self._current + 1) % len(self._channels)
@@ -232,6 +258,33 @@ class Jobs:
         return self._c._watch(
             "WatchJob", lambda a: jobs_pb2.WatchJobRequest(name=name, after_sequence=a), after)
 
+    async def wait(self, job: JobRef, timeout: float | None = None,
+                   progress: bool = True) -> jobs_pb2.Job:
+        """Watches the job to its end and returns it as it ended; as
+        tally.Jobs.wait (``timeout`` in seconds: DeadlineExceeded;
+        ``progress``: a tqdm bar when tqdm is installed)."""
+        name = _common.job_name(job)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        current = await self.get(name)
+        if current.state in _common.TERMINAL_JOB_STATES:
+            return current
+        bar = JobProgress(current, progress)
+        try:
+            async for event in self._c._watch(
+                    "WatchJob",
+                    lambda a: jobs_pb2.WatchJobRequest(name=name, after_sequence=a),
+                    current.last_event_sequence, deadline=deadline):
+                bar.event(event)
+        except DeadlineExceeded as e:
+            if timeout is None:
+                raise
+            now = await self.get(name)
+            raise wait_timed_out(name, timeout, state_name(now), " at step %d" % now.step,
+                                 e) from None
+        finally:
+            bar.close()
+        return await self.get(name)
+
     async def checkpoints(self, job: JobRef) -> builtins.list[jobs_pb2.Checkpoint]:
         """The job's checkpoints."""
         resp: jobs_pb2.ListCheckpointsResponse = await self._c._unary(
@@ -300,6 +353,28 @@ class Experiments:
         return self._c._watch(
             "WatchExperiment",
             lambda a: experiments_pb2.WatchExperimentRequest(name=name, after_sequence=a), after)
+
+    async def wait(self, experiment: ExperimentRef, timeout: float | None = None,
+                   progress: bool = True) -> experiments_pb2.Experiment:
+        """Watches the experiment to its end and returns it as it ended; as
+        tally.Experiments.wait."""
+        name = _common.experiment_name(experiment)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = ExperimentProgress(await self.get(name), progress)
+        try:
+            async for event in self._c._watch(
+                    "WatchExperiment",
+                    lambda a: experiments_pb2.WatchExperimentRequest(name=name, after_sequence=a),
+                    0, deadline=deadline):
+                bar.event(event)
+        except DeadlineExceeded as e:
+            if timeout is None:
+                raise
+            raise wait_timed_out(name, timeout, state_name(await self.get(name)), "",
+                                 e) from None
+        finally:
+            bar.close()
+        return await self.get(name)
 
     async def report(self, experiment: ExperimentRef) -> ExperimentReport:
         """The variant table and every variant's evaluation curve."""
