@@ -32,6 +32,14 @@ bool IsPrintable(absl::string_view s) {
 
 // Empty when `address` is a valid HOST:PORT, else what is wrong with it.
 std::string HostPortProblem(absl::string_view address) {
+  // "http://host:port" is what a web address looks like; gRPC takes none.
+  if (const size_t scheme_end = address.find("://"); scheme_end != absl::string_view::npos) {
+    absl::string_view rest = address.substr(scheme_end + 3);
+    rest = rest.substr(0, rest.find('/'));
+    return absl::StrCat("is a URL: tallyd is reached at HOST:PORT without \"",
+                        EscapeUnprintable(address.substr(0, scheme_end + 3)), "\" (give \"",
+                        EscapeUnprintable(rest), "\"; for TLS, set ca_cert)");
+  }
   absl::string_view host;
   absl::string_view port;
   if (absl::StartsWith(address, "[")) {

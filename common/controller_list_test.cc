@@ -62,6 +62,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"host:65536", "from 1 to 65535"},
                       BadCase{"host:0000050051", "from 1 to 65535"},
                       BadCase{"::1:50051", "not in brackets"},
+                      BadCase{"http://tally:50051",
+                              "\"http://tally:50051\" is a URL: tallyd is reached at "
+                              "HOST:PORT without \"http://\" (give \"tally:50051\"; for "
+                              "TLS, set ca_cert)"},
+                      BadCase{"https://tally.example.com:443/", "(give \"tally.example.com:443\""},
                       BadCase{"[::1:50051", "without ']'"},
                       BadCase{"[::1]", "no port after the IPv6 host"},
                       BadCase{"[zz]:1", "bad IPv6 host"},
