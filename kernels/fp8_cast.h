@@ -75,7 +75,9 @@ struct CastArgs {
 void CastReference(const CastArgs& args);
 
 // The same on the GPU, bit for bit (device pointers; `stream` is a
-// cudaStream_t). Each block converts 64 x 64 tiles, writes the row-major
+// cudaStream_t). Each block converts 32 x 128 tiles, 16 values a thread
+// with 16-byte loads and stores (a scalar path where a segment is not
+// 16-byte aligned or the tensor's edge cuts it), writes the row-major
 // bytes as it reads and the transposed ones from shared memory, and folds
 // its amax and counts in with one atomic each. Returns "" or the CUDA error,
 // never exits. scale may be null only when out and out_t are.

@@ -400,13 +400,13 @@ int ByteMismatches(const std::vector<uint8_t>& got, const std::vector<uint8_t>& 
   return bad;
 }
 
-// Shapes that are and are not multiples of the 64 x 64 tile, both formats,
-// both sources, with clamped values: every byte of both layouts, both
-// amaxes and both counts equal.
+// Shapes that are and are not multiples of the 32 x 128 tile and of the
+// 16-value segment, both formats, both sources, with clamped values: every
+// byte of both layouts, both amaxes and both counts equal.
 TEST(Fp8CastGpu, MatchesTheReferenceBitForBit) {
   if (!HaveGpu()) GTEST_SKIP() << "needs a GPU (none here)";
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1024, 4096}, {8192, 1408}, {77, 129},
-                            {1, 1000}, {3000, 1}}) {
+                            {1, 1000}, {3000, 1}, {33, 48}, {96, 400}}) {
     std::vector<float> x = test_support::RandomNormal(rows * cols, 5, 3.0f);
     std::vector<uint16_t> xb(x.size());
     for (size_t i = 0; i < x.size(); ++i) xb[i] = FloatToBf16(x[i]);
@@ -431,6 +431,33 @@ TEST(Fp8CastGpu, MatchesTheReferenceBitForBit) {
       }
     }
   }
+}
+
+// Pointers that are not 16-byte aligned (one element into an allocation)
+// take the scalar path: the same bytes.
+TEST(Fp8CastGpu, UnalignedTensorsMatchTheReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "needs a GPU (none here)";
+  const int64_t rows = 96, cols = 256, n = rows * cols;
+  const std::vector<float> x = test_support::RandomNormal(n + 1, 6, 3.0f);
+  const float scale = 40.0f;
+  std::vector<uint8_t> want(n + 1), want_t(n + 1);
+  CastArgs a;
+  a.x = x.data() + 1;
+  a.rows = rows;
+  a.cols = cols;
+  a.scale = &scale;
+  a.out = want.data() + 1;
+  a.out_t = want_t.data() + 1;
+  CastReference(a);
+  DeviceBuffer dx((n + 1) * 4, x.data()), ds(4, &scale), dout(n + 1), dout_t(n + 1);
+  a.x = dx.get<float>() + 1;
+  a.scale = ds.get<float>();
+  a.out = dout.get<uint8_t>() + 1;
+  a.out_t = dout_t.get<uint8_t>() + 1;
+  ASSERT_EQ(CastCuda(a, nullptr), "");
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(ByteMismatches(dout.Read<uint8_t>(), want, Fp8Kind::kE4M3), 0);
+  EXPECT_EQ(ByteMismatches(dout_t.Read<uint8_t>(), want_t, Fp8Kind::kE4M3), 0);
 }
 
 // NaN, infinities, the overflow bound and its neighbours, denormals, signed

@@ -3,6 +3,8 @@
 #include "kernels/elementwise.h"
 #include "kernels/fp8_cast.h"
 #include "kernels/fp8_scaling.h"
+#include "kernels/fused_cast.h"
+#include "kernels/rowwise_cast.h"
 
 namespace tally::kernels {
 namespace {
@@ -12,6 +14,9 @@ constexpr char kNoCuda[] = "this build has no CUDA kernels (nvcc was not found a
 }  // namespace
 
 std::string CastCuda(const CastArgs&, void*) { return kNoCuda; }
+std::string RmsNormCastCuda(const RmsNormCastArgs&, void*) { return kNoCuda; }
+std::string SwiGluCastCuda(const SwiGluCastArgs&, void*) { return kNoCuda; }
+std::string RowwiseCastCuda(const RowwiseCastArgs&, void*) { return kNoCuda; }
 std::string DelayedScalingStepCuda(const ScalingState&, const ScalingRecipe&, void*) {
   return kNoCuda;
 }
