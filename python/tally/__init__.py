@@ -39,6 +39,7 @@ _import_grpc_quietly()
 from typing import Any  # noqa: E402
 
 from tally._client import Client, Experiments, Jobs
+from tally._common import ExperimentRef, JobRef
 from tally._display import (experiment_summary, job_summary, register_ipython,
                             state_name)
 from tally._config import Connection, resolve_connection
@@ -46,7 +47,8 @@ from tally._errors import (AlreadyExists, ConfigError, DeadlineExceeded, FailedP
                            InvalidSpec, NotFound, PermissionDenied, ResourceExhausted,
                            TallyError, Unauthenticated, Unavailable)
 from tally._report import EvalHistory, ExperimentReport
-from tally._spec import load_experiment_spec, load_job_spec
+from tally._spec import (ExperimentSpecInput, JobSpecInput, load_experiment_spec,
+                         load_job_spec)
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
 
 __version__ = "0.1.0"
@@ -57,7 +59,8 @@ __all__ = [
     "Unauthenticated", "FailedPrecondition", "ResourceExhausted", "Unavailable",
     "DeadlineExceeded", "ExperimentReport", "EvalHistory", "load_job_spec",
     "load_experiment_spec", "plot_loss_vs_dollars", "jobs_pb2", "experiments_pb2", "spec_pb2",
-    "state_name", "job_summary", "experiment_summary",
+    "state_name", "job_summary", "experiment_summary", "JobRef", "ExperimentRef",
+    "JobSpecInput", "ExperimentSpecInput",
 ]
 
 # In a notebook, Job and Experiment messages show as a line and a table.

@@ -16,7 +16,8 @@ from tally._display import state_name
 from tally._errors import DeadlineExceeded, TallyError, error_from_rpc
 from tally._progress import ExperimentProgress, JobProgress, wait_timed_out
 from tally._report import EvalHistory, ExperimentReport, run_name
-from tally._spec import SpecInput, load_experiment_spec, load_job_spec
+from tally._spec import (ExperimentSpecInput, JobSpecInput, load_experiment_spec,
+                         load_job_spec)
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
 
 __all__ = ["Client", "Jobs", "Experiments"]
@@ -233,7 +234,7 @@ class Client:
 
     # --- the Jobs API, also as the client's own methods
 
-    def submit(self, spec: SpecInput, request_id: str | None = None) -> jobs_pb2.Job:
+    def submit(self, spec: JobSpecInput, request_id: str | None = None) -> jobs_pb2.Job:
         """Same as ``jobs.submit``."""
         return self.jobs.submit(spec, request_id)
 
@@ -258,11 +259,11 @@ class Client:
         """Same as ``jobs.checkpoints``."""
         return self.jobs.checkpoints(job)
 
-    def estimate(self, spec: SpecInput) -> jobs_pb2.CostEstimate:
+    def estimate(self, spec: JobSpecInput) -> jobs_pb2.CostEstimate:
         """Same as ``jobs.estimate``."""
         return self.jobs.estimate(spec)
 
-    def validate(self, spec: SpecInput) -> spec_pb2.JobSpec:
+    def validate(self, spec: JobSpecInput) -> spec_pb2.JobSpec:
         """Same as ``jobs.validate``."""
         return self.jobs.validate(spec)
 
@@ -278,7 +279,7 @@ class Jobs:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    def submit(self, spec: SpecInput, request_id: str | None = None) -> jobs_pb2.Job:
+    def submit(self, spec: JobSpecInput, request_id: str | None = None) -> jobs_pb2.Job:
         """Submits a job and returns it (QUEUED).
 
         Args:
@@ -380,13 +381,13 @@ class Jobs:
             "ListCheckpoints", jobs_pb2.ListCheckpointsRequest(name=_common.job_name(job)))
         return list(resp.checkpoints)
 
-    def estimate(self, spec: SpecInput) -> jobs_pb2.CostEstimate:
+    def estimate(self, spec: JobSpecInput) -> jobs_pb2.CostEstimate:
         """What the spec would cost (tallyd's estimate, also on spot)."""
         out: jobs_pb2.CostEstimate = self._c._unary(
             "EstimateCost", jobs_pb2.EstimateCostRequest(spec=load_job_spec(spec)))
         return out
 
-    def validate(self, spec: SpecInput) -> spec_pb2.JobSpec:
+    def validate(self, spec: JobSpecInput) -> spec_pb2.JobSpec:
         """Checks the spec with tallyd's own validation, submitting nothing,
         and returns it as read. Raises InvalidSpec naming the field."""
         s = load_job_spec(spec)
@@ -407,7 +408,7 @@ class Experiments:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    def create(self, spec: SpecInput,
+    def create(self, spec: ExperimentSpecInput,
                request_id: str | None = None) -> experiments_pb2.Experiment:
         """Creates an experiment (its variants are submitted at once).
 

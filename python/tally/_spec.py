@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 import yaml
 from google.protobuf import message as _message
@@ -19,12 +19,18 @@ from google.protobuf.descriptor import FieldDescriptor
 from tally._errors import InvalidSpec
 from tally.v1 import experiments_pb2, spec_pb2
 
-__all__ = ["load_job_spec", "load_experiment_spec", "to_message", "SpecInput"]
+__all__ = ["load_job_spec", "load_experiment_spec", "to_message", "SpecInput", "JobSpecInput",
+           "ExperimentSpecInput"]
 
 MAX_SPEC_BYTES = 256 << 10
 M = TypeVar("M", bound=_message.Message)
 
-SpecInput = Any  # a message, a dict, or a path (str / os.PathLike) to YAML or JSON
+JobSpecInput = Union[spec_pb2.JobSpec, Mapping[str, Any], str, "os.PathLike[str]"]
+"""A job spec: the message, a dict of its fields, or a YAML/JSON file's path."""
+ExperimentSpecInput = Union[experiments_pb2.ExperimentSpec, Mapping[str, Any], str,
+                            "os.PathLike[str]"]
+"""An experiment spec: the message, a dict of its fields, or a file's path."""
+SpecInput = Union[JobSpecInput, ExperimentSpecInput]
 
 
 class _SpecLoader(yaml.SafeLoader):
@@ -184,7 +190,7 @@ def _read(path: str | os.PathLike[str]) -> Any:
     return docs[0] if docs and docs[0] is not None else {}
 
 
-def _load(spec: SpecInput, cls: type[M]) -> M:
+def _load(spec: object, cls: type[M]) -> M:
     """A ``cls`` from a ``cls`` (copied), a dict, or a YAML/JSON file's path."""
     if isinstance(spec, cls):
         out = cls()
@@ -198,12 +204,12 @@ def _load(spec: SpecInput, cls: type[M]) -> M:
     return to_message(spec, cls, "spec")
 
 
-def load_job_spec(spec: SpecInput) -> spec_pb2.JobSpec:
+def load_job_spec(spec: JobSpecInput) -> spec_pb2.JobSpec:
     """A JobSpec from a JobSpec (copied), a dict, or a YAML/JSON file's path."""
     return _load(spec, spec_pb2.JobSpec)
 
 
-def load_experiment_spec(spec: SpecInput) -> experiments_pb2.ExperimentSpec:
+def load_experiment_spec(spec: ExperimentSpecInput) -> experiments_pb2.ExperimentSpec:
     """An ExperimentSpec from a message (copied), a dict, or a YAML/JSON
     file's path (the format of ``tallyctl experiment create -f``)."""
     return _load(spec, experiments_pb2.ExperimentSpec)

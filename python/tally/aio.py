@@ -20,7 +20,8 @@ from tally._display import state_name
 from tally._errors import DeadlineExceeded, TallyError, error_from_rpc
 from tally._progress import ExperimentProgress, JobProgress, wait_timed_out
 from tally._report import EvalHistory, ExperimentReport, run_name
-from tally._spec import SpecInput, load_experiment_spec, load_job_spec
+from tally._spec import (ExperimentSpecInput, JobSpecInput, load_experiment_spec,
+                         load_job_spec)
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
 
 __all__ = ["Client", "Jobs", "Experiments"]
@@ -180,7 +181,7 @@ class Client:
             if not token:
                 return
 
-    async def submit(self, spec: SpecInput, request_id: str | None = None) -> jobs_pb2.Job:
+    async def submit(self, spec: JobSpecInput, request_id: str | None = None) -> jobs_pb2.Job:
         """Same as ``jobs.submit``."""
         return await self.jobs.submit(spec, request_id)
 
@@ -205,11 +206,11 @@ class Client:
         """Same as ``jobs.checkpoints``."""
         return await self.jobs.checkpoints(job)
 
-    async def estimate(self, spec: SpecInput) -> jobs_pb2.CostEstimate:
+    async def estimate(self, spec: JobSpecInput) -> jobs_pb2.CostEstimate:
         """Same as ``jobs.estimate``."""
         return await self.jobs.estimate(spec)
 
-    async def validate(self, spec: SpecInput) -> spec_pb2.JobSpec:
+    async def validate(self, spec: JobSpecInput) -> spec_pb2.JobSpec:
         """Same as ``jobs.validate``."""
         return await self.jobs.validate(spec)
 
@@ -224,7 +225,7 @@ class Jobs:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    async def submit(self, spec: SpecInput, request_id: str | None = None) -> jobs_pb2.Job:
+    async def submit(self, spec: JobSpecInput, request_id: str | None = None) -> jobs_pb2.Job:
         """Submits a job; retries reuse one request id (see tally.Jobs.submit)."""
         req = jobs_pb2.SubmitJobRequest(spec=load_job_spec(spec),
                                         request_id=request_id or _common.new_request_id())
@@ -291,13 +292,13 @@ class Jobs:
             "ListCheckpoints", jobs_pb2.ListCheckpointsRequest(name=_common.job_name(job)))
         return list(resp.checkpoints)
 
-    async def estimate(self, spec: SpecInput) -> jobs_pb2.CostEstimate:
+    async def estimate(self, spec: JobSpecInput) -> jobs_pb2.CostEstimate:
         """What the spec would cost."""
         out: jobs_pb2.CostEstimate = await self._c._unary(
             "EstimateCost", jobs_pb2.EstimateCostRequest(spec=load_job_spec(spec)))
         return out
 
-    async def validate(self, spec: SpecInput) -> spec_pb2.JobSpec:
+    async def validate(self, spec: JobSpecInput) -> spec_pb2.JobSpec:
         """tallyd's validation of the spec, submitting nothing."""
         s = load_job_spec(spec)
         await self._c._unary("EstimateCost", jobs_pb2.EstimateCostRequest(spec=s))
@@ -315,7 +316,7 @@ class Experiments:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    async def create(self, spec: SpecInput,
+    async def create(self, spec: ExperimentSpecInput,
                      request_id: str | None = None) -> experiments_pb2.Experiment:
         """Creates an experiment; retries reuse one request id."""
         req = experiments_pb2.CreateExperimentRequest(
