@@ -243,9 +243,12 @@ class Client:
         return self.jobs.get(job)
 
     def list(self, states: Iterable[str | int] | None = None, tenant: str = "",
-             page_size: int = 100) -> Iterator[jobs_pb2.Job]:
+             page_size: int = 100, *, labels: Mapping[str, str] | None = None,
+             name_prefix: str = "", created_after: _common.TimeBound = None,
+             created_before: _common.TimeBound = None) -> Iterator[jobs_pb2.Job]:
         """Same as ``jobs.list``."""
-        return self.jobs.list(states, tenant, page_size)
+        return self.jobs.list(states, tenant, page_size, labels=labels, name_prefix=name_prefix,
+                              created_after=created_after, created_before=created_before)
 
     def cancel(self, job: JobRef, reason: str = "") -> jobs_pb2.Job:
         """Same as ``jobs.cancel``."""
@@ -304,21 +307,32 @@ class Jobs:
         return out
 
     def list(self, states: Iterable[str | int] | None = None, tenant: str = "",
-             page_size: int = 100) -> Iterator[jobs_pb2.Job]:
+             page_size: int = 100, *, labels: Mapping[str, str] | None = None,
+             name_prefix: str = "", created_after: _common.TimeBound = None,
+             created_before: _common.TimeBound = None) -> Iterator[jobs_pb2.Job]:
         """Every job the caller may see, newest first, fetching page after
-        page as the iterator is read.
+        page as the iterator is read. tallyd applies every filter.
 
         Args:
             states: Only jobs in these states ("queued", "running", ... or
                 JobState values); default all.
             tenant: Admins: only this tenant's jobs.
             page_size: Jobs per call (1 to 1000).
+            labels: Only jobs whose spec.labels hold all of these.
+            name_prefix: Only jobs whose display name starts with this.
+            created_after: Only jobs created at or after this datetime, or
+                within this timedelta of now.
+            created_before: Only jobs created before this (datetime, or a
+                timedelta ago).
         """
-        numbers: Any = _common.job_states(states)
+        base = _common.list_jobs_request(states, tenant, page_size, labels, name_prefix,
+                                         created_after, created_before)
 
         def request(token: str) -> jobs_pb2.ListJobsRequest:
-            return jobs_pb2.ListJobsRequest(page_size=page_size, page_token=token,
-                                            states=numbers, tenant=tenant)
+            req = jobs_pb2.ListJobsRequest()
+            req.CopyFrom(base)
+            req.page_token = token
+            return req
 
         return self._c._pages("ListJobs", request, lambda r: r.jobs)
 

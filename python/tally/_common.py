@@ -3,6 +3,7 @@ message types, request building, channel options and the retry rules."""
 
 from __future__ import annotations
 
+import datetime
 import random
 import warnings
 from collections.abc import Iterable, Mapping
@@ -127,6 +128,40 @@ def job_states(states: Iterable[str | int] | None) -> list[int]:
                               "early_stopped, budget_exhausted, cancelled, failed" % s,
                               field="states") from None
     return out
+
+
+TimeBound = Union[datetime.datetime, datetime.timedelta, None]
+"""A creation-time bound: a datetime (naive ones are local time, as
+datetime.astimezone reads them) or a timedelta before now."""
+
+
+def list_jobs_request(states: Iterable[str | int] | None, tenant: str, page_size: int,
+                      labels: Mapping[str, str] | None, name_prefix: str,
+                      created_after: TimeBound,
+                      created_before: TimeBound) -> jobs_pb2.ListJobsRequest:
+    """A ListJobsRequest of the filters (tallyd filters; pages may be short)."""
+    numbers: Any = job_states(states)
+    req = jobs_pb2.ListJobsRequest(page_size=page_size, states=numbers, tenant=tenant,
+                                   display_name_prefix=name_prefix)
+    for key, value in (labels or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            from tally._errors import InvalidSpec
+            raise InvalidSpec("labels: %r=%r: keys and values are strings" % (key, value),
+                              field="labels")
+        req.labels[key] = value
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for field, bound in (("created_after", created_after), ("created_before", created_before)):
+        if bound is None:
+            continue
+        if isinstance(bound, datetime.timedelta):
+            at = now - bound
+        elif isinstance(bound, datetime.datetime):
+            at = bound.astimezone(datetime.timezone.utc)
+        else:
+            raise TypeError("%s: expected a datetime or a timedelta (that long ago), got %s"
+                            % (field, type(bound).__name__))
+        getattr(req, field).FromDatetime(at)
+    return req
 
 
 def client_connection(controller: str | None, *, token: str | None, token_file: str | None,

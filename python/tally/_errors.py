@@ -95,7 +95,9 @@ def field_of(message: str) -> str:
     for m in _FIELD.finditer(message):
         path = m.group(1)
         if "." in path or "[" in path or path in ("spec", "name", "request_id", "page_size",
-                                                  "page_token", "states", "tenant"):
+                                                  "page_token", "states", "tenant", "labels",
+                                                  "display_name_prefix", "created_after",
+                                                  "created_before"):
             return path
     return ""
 

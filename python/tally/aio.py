@@ -190,9 +190,12 @@ class Client:
         return await self.jobs.get(job)
 
     def list(self, states: Iterable[str | int] | None = None, tenant: str = "",
-             page_size: int = 100) -> AsyncIterator[jobs_pb2.Job]:
+             page_size: int = 100, *, labels: Mapping[str, str] | None = None,
+             name_prefix: str = "", created_after: _common.TimeBound = None,
+             created_before: _common.TimeBound = None) -> AsyncIterator[jobs_pb2.Job]:
         """Same as ``jobs.list``."""
-        return self.jobs.list(states, tenant, page_size)
+        return self.jobs.list(states, tenant, page_size, labels=labels, name_prefix=name_prefix,
+                              created_after=created_after, created_before=created_before)
 
     async def cancel(self, job: JobRef, reason: str = "") -> jobs_pb2.Job:
         """Same as ``jobs.cancel``."""
@@ -239,13 +242,21 @@ class Jobs:
         return out
 
     def list(self, states: Iterable[str | int] | None = None, tenant: str = "",
-             page_size: int = 100) -> AsyncIterator[jobs_pb2.Job]:
-        """Every job the caller may see, over all pages."""
-        numbers: Any = _common.job_states(states)
-        return self._c._pages(
-            "ListJobs", lambda t: jobs_pb2.ListJobsRequest(
-                page_size=page_size, page_token=t, states=numbers, tenant=tenant),
-            lambda r: r.jobs)
+             page_size: int = 100, *, labels: Mapping[str, str] | None = None,
+             name_prefix: str = "", created_after: _common.TimeBound = None,
+             created_before: _common.TimeBound = None) -> AsyncIterator[jobs_pb2.Job]:
+        """Every job the caller may see, over all pages, filtered by tallyd
+        (see tally.Jobs.list)."""
+        base = _common.list_jobs_request(states, tenant, page_size, labels, name_prefix,
+                                         created_after, created_before)
+
+        def request(token: str) -> jobs_pb2.ListJobsRequest:
+            req = jobs_pb2.ListJobsRequest()
+            req.CopyFrom(base)
+            req.page_token = token
+            return req
+
+        return self._c._pages("ListJobs", request, lambda r: r.jobs)
 
     async def cancel(self, job: JobRef, reason: str = "") -> jobs_pb2.Job:
         """Cancels a queued or running job."""

@@ -3,6 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "common/names.h"
 #include "common/text.h"
 #include "common/watch_metadata.h"
+#include "server/api/job_filter.h"
 #include "server/api/refused_reactor.h"
 #include "server/store/job_store.h"
 #include "google/protobuf/descriptor.h"
@@ -271,16 +273,49 @@ grpc::Status JobsService::ListJobs(grpc::ServerContext* context,
     }
     q.states.push_back(state);
   }
-  ++q.limit;  // one more tells whether there is a next page
-  absl::StatusOr<std::vector<store::JobRecord>> jobs = core_->store()->ListJobs(q);
-  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
-  const bool more = static_cast<int>(jobs->size()) == q.limit;
-  if (more) jobs->pop_back();
-  for (const auto& j : *jobs) *resp->add_jobs() = j.job();
-  if (more && !jobs->empty()) {
-    resp->set_next_page_token(absl::StrCat(jobs->back().id()));
+  absl::StatusOr<JobFilter> filter = ParseJobFilter(*req);
+  if (!filter.ok()) return ToGrpcStatus(filter.status());
+  if (filter->empty()) {
+    ++q.limit;  // one more tells whether there is a next page
+    absl::StatusOr<std::vector<store::JobRecord>> jobs = core_->store()->ListJobs(q);
+    if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+    const bool more = static_cast<int>(jobs->size()) == q.limit;
+    if (more) jobs->pop_back();
+    for (const auto& j : *jobs) *resp->add_jobs() = j.job();
+    if (more && !jobs->empty()) {
+      resp->set_next_page_token(absl::StrCat(jobs->back().id()));
+    }
+    return grpc::Status::OK;
   }
-  return grpc::Status::OK;
+  // Filtered: the store's pages are read until this page is full, bounded by
+  // how many jobs one call may look at; the token then says where the next
+  // call goes on (so a page may be short, or empty, and still have a next).
+  constexpr int kMaxScannedPerCall = 20000;
+  const int want = q.limit;
+  q.limit = std::max(want + 1, 500);
+  int scanned = 0;
+  while (true) {
+    absl::StatusOr<std::vector<store::JobRecord>> jobs = core_->store()->ListJobs(q);
+    if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+    for (const auto& j : *jobs) {
+      ++scanned;
+      if (!Matches(*filter, j.job())) {
+        q.before_id = j.id();
+        continue;
+      }
+      if (resp->jobs_size() == want) {  // a match beyond this page
+        resp->set_next_page_token(absl::StrCat(q.before_id));
+        return grpc::Status::OK;
+      }
+      *resp->add_jobs() = j.job();
+      q.before_id = j.id();
+    }
+    if (static_cast<int>(jobs->size()) < q.limit) return grpc::Status::OK;  // the last
+    if (scanned >= kMaxScannedPerCall) {
+      resp->set_next_page_token(absl::StrCat(q.before_id));
+      return grpc::Status::OK;
+    }
+  }
 }
 
 grpc::Status JobsService::CancelJob(grpc::ServerContext* context,

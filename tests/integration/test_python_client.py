@@ -362,6 +362,45 @@ class JobsTest(Base):
 
         self.assertEqual(asyncio.run(async_names()), listed)
 
+    def test_list_filters_by_label_name_prefix_and_creation_time_on_tallyd(self):
+        import datetime
+        c = CLUSTER.client("bob")
+        self.addCleanup(c.close)
+        made = {}
+        for name, labels in (("flt-a1", {"sweep": "s1", "lr": "1"}),
+                             ("flt-a2", {"sweep": "s1", "lr": "2"}),
+                             ("flt-b1", {"sweep": "s2"})):
+            spec = tiny(gpu_type="none-such", name=name)
+            spec["labels"] = labels
+            made[name] = c.submit(spec).name
+        self.addCleanup(lambda: [c.cancel(n) for n in made.values()])
+
+        def names(**filters):
+            return [j.spec.display_name for j in c.list(page_size=1, **filters)]
+
+        self.assertEqual(names(labels={"sweep": "s1"}), ["flt-a2", "flt-a1"])
+        self.assertEqual(names(labels={"sweep": "s1", "lr": "1"}), ["flt-a1"])
+        self.assertEqual(names(name_prefix="flt-b"), ["flt-b1"])
+        self.assertEqual(names(name_prefix="flt-", labels={"sweep": "s2"}), ["flt-b1"])
+        recent = names(name_prefix="flt-", created_after=datetime.timedelta(minutes=10))
+        self.assertEqual(recent, ["flt-b1", "flt-a2", "flt-a1"])
+        self.assertEqual(names(name_prefix="flt-", created_before=datetime.timedelta(hours=1)),
+                         [])
+        with self.assertRaises(tally.InvalidSpec) as cm:
+            list(c.list(created_after=datetime.timedelta(0),
+                        created_before=datetime.timedelta(hours=1)))
+        self.assertEqual(cm.exception.field, "created_before")
+        with self.assertRaises(tally.InvalidSpec) as cm:
+            list(c.list(labels={"k": "v" * 300}))
+        self.assertIn("at most 256", str(cm.exception))
+
+        async def async_names():
+            async with tally.aio.Client(CLUSTER.tallyd.grpc_addr, ca_cert=PKI.ca,
+                                        token=PKI.tokens["bob"], environ={}) as a:
+                return [j.spec.display_name async for j in a.list(labels={"sweep": "s1"})]
+
+        self.assertEqual(asyncio.run(async_names()), ["flt-a2", "flt-a1"])
+
     def test_watch_resumes_after_tallyd_is_killed_and_restarted(self):
         c = CLUSTER.client("alice")
         self.addCleanup(c.close)
