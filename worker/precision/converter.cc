@@ -47,8 +47,11 @@ Fp8Layer& Fp8Linears::LayerFor(const std::string& site) {
   };
   // w1 and w3 read the same h: one input entry for both, so its cast is
   // made once (InputImage) and both layers' checkpoint entries hold it.
-  const bool w3 = site.size() >= 3 && site.compare(site.size() - 3, 3, ".w3") == 0;
-  if (w3) layer.x = LayerFor(site.substr(0, site.size() - 3) + ".w1").x;
+  auto ends_with = [&](const char* tail) {
+    return site.size() >= 3 && site.compare(site.size() - 3, 3, tail) == 0;
+  };
+  if (ends_with(".w3")) layer.x = LayerFor(site.substr(0, site.size() - 3) + ".w1").x;
+  layer.input_read_again = ends_with(".w1") || ends_with(".w3");
   if (layer.x < 0) layer.x = add(Fp8Format::kE4M3, "input");
   layer.w = add(Fp8Format::kE4M3, "weight");
   layer.g = add(Fp8Format::kE5M2, "grad");
@@ -123,31 +126,43 @@ Fp8Image Fp8Linears::Cast(int64_t t, const at::Tensor& x2_in, bool force_overflo
   Fp8Cast c = CastFp8(source, image.scale.scale, table_.format(t), true, cuda, sinks);
   image.data = c.data;
   image.data_t = c.data_t;
-  if (!cuda) image.dequantized = image.data.to(at::kFloat) / image.scale.scale;
+  if (!cuda) image.dequantized = internal::Dequantized(image.data, image.scale.scale);
   image.bf16_outputs = emulate_bf16;
   return image;
 }
 
-Fp8Image Fp8Linears::InputImage(const Fp8Layer& layer, const at::Tensor& x2) {
-  LastInput& last = last_input_[layer.x];
-  if (last.x2.defined() && last.x2.data_ptr() == x2.data_ptr() &&
-      last.x2.sizes() == x2.sizes() && last.x2.strides() == x2.strides() &&
-      last.x2.scalar_type() == x2.scalar_type() && last.version == x2._version()) {
-    return last.image;
+Fp8Image Fp8Linears::InputImage(const Fp8Layer& layer, const at::Tensor& x2, bool read_again) {
+  auto it = kept_inputs_.find(layer.x);
+  if (it != kept_inputs_.end()) {
+    KeptInput kept = std::move(it->second);
+    kept_inputs_.erase(it);
+    const c10::intrusive_ptr<c10::StorageImpl> storage = kept.storage.lock();
+    if (storage && storage.get() == x2.storage().unsafeGetStorageImpl() &&
+        kept.offset == x2.storage_offset() && x2.sizes() == kept.sizes &&
+        x2.strides() == kept.strides && x2.scalar_type() == kept.dtype &&
+        x2._version() == kept.version) {
+      return kept.image;
+    }
   }
   const bool force = training_ && config_.test_overflow_fraction > 0;
-  last = {x2, x2._version(), Cast(layer.x, x2, force, /*activation=*/true)};
-  return last.image;
+  Fp8Image image = Cast(layer.x, x2, force, /*activation=*/true);
+  if (read_again) {
+    kept_inputs_[layer.x] = {x2.storage().getWeakStorageImpl(), x2.storage_offset(),
+                             x2.sizes().vec(), x2.strides().vec(), x2.scalar_type(),
+                             x2._version(), image};
+  }
+  return image;
+}
+
+bool Fp8Linears::Fresh(const at::Tensor& cached, int64_t version, const at::Tensor& w) {
+  return cached.defined() && cached.data_ptr() == w.data_ptr() && cached.sizes() == w.sizes() &&
+         cached.strides() == w.strides() && version == w._version();
 }
 
 Fp8Image Fp8Linears::WeightImage(const Fp8Layer& layer, const at::Tensor& w) {
   auto it = weights_.find(layer.w);
-  if (it != weights_.end()) {
-    const at::Tensor& cached = it->second.weight;
-    if (cached.data_ptr() == w.data_ptr() && cached.sizes() == w.sizes() &&
-        cached.strides() == w.strides() && it->second.version == w._version()) {
-      return it->second.image;
-    }
+  if (it != weights_.end() && Fresh(it->second.weight, it->second.version, w)) {
+    return it->second.image;
   }
   const at::Tensor wd = w.detach();
   Fp8Image image = Cast(layer.w, wd, false, /*activation=*/false);
@@ -157,6 +172,27 @@ Fp8Image Fp8Linears::WeightImage(const Fp8Layer& layer, const at::Tensor& w) {
 
 Fp8Image Fp8Linears::GradImage(const Fp8Layer& layer, const at::Tensor& g2) {
   return Cast(layer.g, g2, false, /*activation=*/true);
+}
+
+const internal::RowwiseWeight& Fp8Linears::RowwiseWeightImage(const Fp8Layer& layer,
+                                                              const at::Tensor& w) {
+  auto it = rowwise_weights_.find(layer.w);
+  if (it != rowwise_weights_.end() && Fresh(it->second.weight, it->second.version, w)) {
+    return it->second.image;
+  }
+  const at::Tensor wd = w.detach();
+  const std::string group = layer.group + ".weight";
+  internal::RowwiseWeight image{
+      internal::RowwiseCast(this, wd, Fp8Format::kE4M3, group),
+      internal::RowwiseCast(this, wd.t().contiguous(), Fp8Format::kE4M3, "")};
+  if (!wd.is_cuda()) {
+    for (internal::RowwiseImage* i : {&image.rows, &image.cols}) {
+      i->dequantized = internal::Dequantized(i->data, i->scale);
+    }
+  }
+  auto& slot = rowwise_weights_[layer.w];
+  slot = {wd, w._version(), std::move(image)};
+  return slot.image;
 }
 
 void Fp8Linears::CountProducts(int64_t total, int64_t fp8, int64_t grouped) {
@@ -184,13 +220,14 @@ void Fp8Linears::SetTraining(bool training) {
   training_ = training;
   // Casts made in one mode are not the other's (only training ones record).
   weights_.clear();
-  last_input_.clear();
+  rowwise_weights_.clear();
+  kept_inputs_.clear();
 }
 
 Fp8Stats Fp8Linears::TakeStats() {
   Fp8Stats out = std::move(stats_);
   stats_ = Fp8Stats{};
-  last_input_.clear();
+  kept_inputs_.clear();
   const int64_t T = table_.size();
   // Everything the step left on the device, in one read: counts, every
   // tensor's raw and finite amax, the row-wise amaxes.
@@ -219,7 +256,8 @@ Fp8Stats Fp8Linears::TakeStats() {
 void Fp8Linears::OnOptimizerStep() {
   recipe_->OnOptimizerStep(&table_);
   weights_.clear();
-  last_input_.clear();
+  rowwise_weights_.clear();
+  kept_inputs_.clear();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Fp8Linears::State() {
@@ -284,7 +322,8 @@ bool Fp8Linears::LoadState(const std::map<std::string, at::Tensor>& tensors, std
     }
   }
   weights_.clear();
-  last_input_.clear();
+  rowwise_weights_.clear();
+  kept_inputs_.clear();
   return true;
 }
 

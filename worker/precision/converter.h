@@ -86,15 +86,21 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
 
   // For the products (linear.cc, grouped.cc, rowwise_recipe.cc) only.
   Fp8Layer& LayerFor(const std::string& site);
-  // x2's image as input of `layer` (E4M3): the last input's when x2 is it
-  // (the same tensor, unchanged, for the same entry), else a new cast.
-  // `transposed`: the CUDA weight gradient reads it.
-  Fp8Image InputImage(const Fp8Layer& layer, const at::Tensor& x2);
+  // x2's image as input of `layer` (E4M3): the one kept for this entry
+  // when x2 is the input it was cast from (the same storage, view and
+  // version; it is then handed over and no longer kept), else a new cast,
+  // kept for the next reader of the entry only when `read_again` (w1 or
+  // w3, the other of which reads it too). Nothing here keeps x2 itself
+  // alive.
+  Fp8Image InputImage(const Fp8Layer& layer, const at::Tensor& x2, bool read_again);
   // w's image (E4M3, row-major and transposed), cast at its first use in an
   // optimizer step and reused until the next.
   Fp8Image WeightImage(const Fp8Layer& layer, const at::Tensor& w);
   // An output gradient's image (E5M2, row-major and transposed).
   Fp8Image GradImage(const Fp8Layer& layer, const at::Tensor& g2);
+  // Row-wise recipe: w's two row-wise images, cast at its first use in an
+  // optimizer step and reused until the next.
+  const internal::RowwiseWeight& RowwiseWeightImage(const Fp8Layer& layer, const at::Tensor& w);
   // Adds to the step's statistics (no-ops while evaluating): products, and
   // device counts and amax from a row-wise cast.
   void CountProducts(int64_t total, int64_t fp8, int64_t grouped = 0);
@@ -105,6 +111,8 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
   // One cast of x2 for table entry t: rows/transposed as the products need.
   // `activation`: an input or a gradient (not a weight).
   Fp8Image Cast(int64_t t, const at::Tensor& x2, bool force_overflows, bool activation);
+  // Whether a cache entry made from `cached` at `version` is w's.
+  static bool Fresh(const at::Tensor& cached, int64_t version, const at::Tensor& w);
   void NoteUsed(int64_t t);
   RecipeConfig config_;
   std::unique_ptr<Fp8Recipe> recipe_;
@@ -118,18 +126,29 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
   std::map<std::string, at::Tensor> rowwise_amax_;
   struct CachedWeight {
     at::Tensor weight;  // kept, so its address is not reused
-    uint32_t version = 0;
+    int64_t version = 0;
     Fp8Image image;
   };
   std::map<int64_t, CachedWeight> weights_;  // by weight entry
-  // By input entry, the latest input cast (so w3 reuses its w1's, and each
-  // expert's w3 its w1's): dropped when the step's statistics are taken.
-  struct LastInput {
-    at::Tensor x2;
-    uint32_t version = 0;
+  struct CachedRowwiseWeight {
+    at::Tensor weight;
+    int64_t version = 0;
+    internal::RowwiseWeight image;
+  };
+  std::map<int64_t, CachedRowwiseWeight> rowwise_weights_;  // by weight entry
+  // By input entry, w1's (or w3's) input cast until the other takes it.
+  // The input is known by a weak reference to its storage, its view and
+  // its version, so a high-precision activation is never kept alive here;
+  // what is kept is FP8 bytes, for the moment between the two products.
+  struct KeptInput {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    int64_t offset = 0;
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype = at::kFloat;
+    int64_t version = 0;
     Fp8Image image;
   };
-  std::map<int64_t, LastInput> last_input_;
+  std::map<int64_t, KeptInput> kept_inputs_;
   bool training_ = true;
   std::string grouped_off_;
   bool grouped_checked_ = false;

@@ -97,7 +97,7 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
         // CUDA casts the whole padded group (its backward needs rows in
         // multiples of 16); the CPU the real rows.
         const int64_t n = cuda ? rows : counts[e];
-        xs[e] = self->InputImage(*layer, x_RI.narrow(0, start, n));
+        xs[e] = self->InputImage(*layer, x_RI.narrow(0, start, n), layer->input_read_again);
         ws[e] = self->WeightImage(*layer, w_EOI[e]);
         x8.narrow(0, start, n).copy_(xs[e].data.view(at::kByte));
         w8[e].copy_(ws[e].data.view(at::kByte));
@@ -140,18 +140,20 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
       }
       if (!y.defined()) y = PerExpertScaledMm(xs, ws, ends, R, O, x_RI.options());
     }
-    std::vector<at::Tensor> x_t, x_deq, x_inv, w_t, w_deq, w_inv;
+    // Kept for the backward, per expert: x's FP8 bytes and scale (CUDA the
+    // transpose and the inverse scale; CPU the row-major bytes, dequantized
+    // again there), and the step's weight image (CUDA its transposed bytes,
+    // CPU the FP32 values the weight cache holds anyway).
+    std::vector<at::Tensor> x_bytes, x_scale, w_t, w_deq, w_inv;
     for (int64_t e = 0; e < E; ++e) {
-      x_t.push_back(xs[e].data_t);
-      x_deq.push_back(xs[e].dequantized);
-      x_inv.push_back(xs[e].scale.inv_scale);
+      x_bytes.push_back(cuda ? xs[e].data_t : xs[e].data);
+      x_scale.push_back(cuda ? xs[e].scale.inv_scale : xs[e].scale.scale);
       w_t.push_back(ws[e].data_t);
       w_deq.push_back(ws[e].dequantized);
       w_inv.push_back(ws[e].scale.inv_scale);
     }
-    ctx->saved_data["x_t"] = ListOf(x_t);
-    ctx->saved_data["x_deq"] = ListOf(x_deq);
-    ctx->saved_data["x_inv"] = ListOf(x_inv);
+    ctx->saved_data["x_bytes"] = ListOf(x_bytes);
+    ctx->saved_data["x_scale"] = ListOf(x_scale);
     ctx->saved_data["w_t"] = ListOf(w_t);
     ctx->saved_data["w_deq"] = ListOf(w_deq);
     ctx->saved_data["w_inv"] = ListOf(w_inv);
@@ -175,7 +177,7 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
     const std::vector<int64_t> w_shape = ctx->saved_data["w_shape"].toIntVector();
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     auto list = [&](const char* name) { return ctx->saved_data[name].toTensorList(); };
-    const auto x_t = list("x_t"), x_deq = list("x_deq"), x_inv = list("x_inv");
+    const auto x_bytes = list("x_bytes"), x_scale = list("x_scale");
     const auto w_t = list("w_t"), w_deq = list("w_deq"), w_inv = list("w_inv");
     const at::Tensor& g_RO = grads[0];
     at::Tensor gx = at::zeros(x_shape, g_RO.options());
@@ -187,9 +189,12 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
         const auto* layer = reinterpret_cast<const Fp8Layer*>(layers[e]);
         const int64_t n = cuda ? ends[e] - start : counts[e];
         Fp8Image x, w;
-        x.data_t = x_t.get(e);
-        x.dequantized = x_deq.get(e);
-        x.scale.inv_scale = x_inv.get(e);
+        if (cuda) {
+          x.data_t = x_bytes.get(e);
+          x.scale.inv_scale = x_scale.get(e);
+        } else {
+          x.dequantized = internal::Dequantized(x_bytes.get(e), x_scale.get(e));
+        }
         w.data_t = w_t.get(e);
         w.dequantized = w_deq.get(e);
         w.scale.inv_scale = w_inv.get(e);

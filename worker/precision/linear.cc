@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "worker/precision/converter.h"
@@ -13,6 +15,10 @@ namespace internal {
 
 bool ScaledMmShapeOk(int64_t m, int64_t k, int64_t n) {
   return m % 16 == 0 && k % 16 == 0 && n % 16 == 0;
+}
+
+at::Tensor Dequantized(const at::Tensor& data, const at::Tensor& scale) {
+  return data.to(at::kFloat) / scale;
 }
 
 at::Tensor ForceOverflows(const at::Tensor& x2, const at::Tensor& scale, double fraction) {
@@ -80,12 +86,42 @@ namespace {
 
 using internal::ScaledMmShapeOk;
 
-// Saved from the forward for the backward: the images it cast (an image's
-// tensors are kept alive by the autograd node; on CUDA the input's row-major
-// bytes are dropped, only its transpose is read again).
-struct SavedImages {
-  Fp8Image x, w;
-};
+// What the backward of a per-tensor FP8 product reads of one operand
+// (x or w), kept from the forward: CUDA its transposed bytes and inverse
+// scale; CPU its row-major bytes and scale (dequantized again in the
+// backward, exactly as the cast did) or, for the step's weight image, the
+// dequantized values the weight cache holds anyway.
+void SaveOperand(torch::autograd::AutogradContext* ctx, const std::string& name,
+                 const Fp8Image& image, bool cached) {
+  auto& saved = ctx->saved_data;
+  if (image.data.is_cuda()) {
+    saved[name + "_bytes"] = image.data_t;
+    saved[name + "_scale"] = image.scale.inv_scale;
+  } else if (cached) {
+    saved[name + "_deq"] = image.dequantized;
+  } else {
+    saved[name + "_bytes"] = image.data;
+    saved[name + "_scale"] = image.scale.scale;
+  }
+}
+
+Fp8Image SavedOperand(torch::autograd::AutogradContext* ctx, const std::string& name) {
+  auto& saved = ctx->saved_data;
+  Fp8Image image;
+  if (saved.count(name + "_deq")) {
+    image.dequantized = saved[name + "_deq"].toTensor();
+    return image;
+  }
+  const at::Tensor bytes = saved[name + "_bytes"].toTensor();
+  const at::Tensor scale = saved[name + "_scale"].toTensor();
+  if (bytes.is_cuda()) {
+    image.data_t = bytes;
+    image.scale.inv_scale = scale;
+  } else {
+    image.dequantized = internal::Dequantized(bytes, scale);
+  }
+  return image;
+}
 
 class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
  public:
@@ -98,41 +134,31 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     at::Tensor x2 = x.reshape({-1, x.size(-1)});
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
     shape.back() = w.size(0);
-    if (self->config().recipe == Recipe::kRowwise) {
-      ctx->saved_data["rowwise"] = true;
-      ctx->save_for_backward({x2, w});
-      return internal::RowwiseForward(self, *layer, x2, w).reshape(shape);
-    }
     if (x.is_cuda() && !ScaledMmShapeOk(x2.size(0), x2.size(1), w.size(0))) {
-      // _scaled_mm cannot take it: BF16, forward and backward, counted.
+      // _scaled_mm cannot take it: BF16, forward and backward, counted; x
+      // kept in BF16.
       self->CountProducts(3, 0);
       ctx->saved_data["bf16"] = true;
-      ctx->save_for_backward({x2, w});
-      return at::linear(x2.to(at::kBFloat16), w.to(at::kBFloat16)).reshape(shape);
+      const at::Tensor x2b = x2.to(at::kBFloat16);
+      ctx->save_for_backward({x2b, w});
+      return at::linear(x2b, w.to(at::kBFloat16)).reshape(shape);
     }
-    const Fp8Image xi = self->InputImage(*layer, x2);
+    if (self->config().recipe == Recipe::kRowwise) {
+      internal::RowwiseImage x_cols;
+      const at::Tensor y = internal::RowwiseForward(self, *layer, x2, w, &x_cols);
+      ctx->saved_data["rowwise"] = true;
+      ctx->saved_data["x_bytes"] = x_cols.data;
+      ctx->saved_data["x_scale"] = x_cols.scale;
+      ctx->saved_data["x_inv"] = x_cols.inv_scale;
+      ctx->save_for_backward({w});
+      return y.reshape(shape);
+    }
+    const Fp8Image xi = self->InputImage(*layer, x2, layer->input_read_again);
     const Fp8Image wi = self->WeightImage(*layer, w);
     self->CountProducts(1, 1);
     const at::Tensor y = internal::ForwardProduct(xi, wi);
-    // What the backward reads: on CUDA the transposed bytes and the scales,
-    // on CPU the dequantized values.
-    auto keep = [](const Fp8Image& i) {
-      Fp8Image k;
-      k.scale = i.scale;
-      if (i.data.is_cuda()) {
-        k.data_t = i.data_t;
-      } else {
-        k.dequantized = i.dequantized;
-      }
-      return k;
-    };
-    const Fp8Image kx = keep(xi), kw = keep(wi);
-    ctx->saved_data["x_t"] = kx.data_t;
-    ctx->saved_data["x_deq"] = kx.dequantized;
-    ctx->saved_data["x_inv"] = kx.scale.inv_scale;
-    ctx->saved_data["w_t"] = kw.data_t;
-    ctx->saved_data["w_deq"] = kw.dequantized;
-    ctx->saved_data["w_inv"] = kw.scale.inv_scale;
+    SaveOperand(ctx, "x", xi, /*cached=*/false);
+    SaveOperand(ctx, "w", wi, /*cached=*/true);
     ctx->saved_data["w_shape"] = w.sizes().vec();
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     return y.reshape(shape);
@@ -146,29 +172,29 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     std::vector<int64_t> shape(g.sizes().begin(), g.sizes().end());
     at::Tensor gx, gw;
     at::ScalarType w_dtype = at::kFloat;
-    if (ctx->saved_data.count("rowwise") || ctx->saved_data.count("bf16")) {
+    if (ctx->saved_data.count("bf16")) {
       const auto saved = ctx->get_saved_variables();
-      const at::Tensor& x2 = saved[0];
+      const at::Tensor& x2b = saved[0];
       const at::Tensor& w = saved[1];
       w_dtype = w.scalar_type();
       const at::Tensor g2 = g.reshape({-1, w.size(0)});
-      if (ctx->saved_data.count("rowwise")) {
-        std::tie(gx, gw) = internal::RowwiseBackward(self, *layer, g2, x2, w);
-      } else {
-        gx = g2.to(at::kBFloat16).matmul(w.to(at::kBFloat16));
-        gw = g2.t().to(at::kBFloat16).matmul(x2.to(at::kBFloat16));
-      }
+      gx = g2.to(at::kBFloat16).matmul(w.to(at::kBFloat16));
+      gw = g2.t().to(at::kBFloat16).matmul(x2b);
+      shape.back() = w.size(1);
+    } else if (ctx->saved_data.count("rowwise")) {
+      const at::Tensor w = ctx->get_saved_variables()[0];
+      w_dtype = w.scalar_type();
+      internal::RowwiseImage x_cols;
+      x_cols.data = ctx->saved_data["x_bytes"].toTensor();
+      x_cols.scale = ctx->saved_data["x_scale"].toTensor();
+      x_cols.inv_scale = ctx->saved_data["x_inv"].toTensor();
+      std::tie(gx, gw) =
+          internal::RowwiseBackward(self, *layer, g.reshape({-1, w.size(0)}), x_cols, w);
       shape.back() = w.size(1);
     } else {
       const std::vector<int64_t> w_shape = ctx->saved_data["w_shape"].toIntVector();
       w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-      Fp8Image x, w;
-      x.data_t = ctx->saved_data["x_t"].toTensor();
-      x.dequantized = ctx->saved_data["x_deq"].toTensor();
-      x.scale.inv_scale = ctx->saved_data["x_inv"].toTensor();
-      w.data_t = ctx->saved_data["w_t"].toTensor();
-      w.dequantized = ctx->saved_data["w_deq"].toTensor();
-      w.scale.inv_scale = ctx->saved_data["w_inv"].toTensor();
+      const Fp8Image x = SavedOperand(ctx, "x"), w = SavedOperand(ctx, "w");
       const Fp8Image gi = self->GradImage(*layer, g.reshape({-1, w_shape[0]}));
       self->CountProducts(2, 2);
       gx = internal::InputGradProduct(gi, w);

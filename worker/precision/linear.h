@@ -7,16 +7,24 @@
 //
 // Per-tensor recipes: every cast is the fused cast (quantize.h) under a
 // scale on the device (the recipe's, fp8_recipe.h), writing the layouts the
-// products read: the forward saves the input's FP8 transpose (not FP32 x)
-// for the weight gradient, the weight is cast once per optimizer step
-// (row-major and transposed) and reused by every micro-batch, and an input
-// two layers share (w1 and w3 read the same h) is cast once. CUDA: every
+// products read; the weight is cast once per optimizer step (row-major and
+// transposed) and reused by every micro-batch, and an input two layers share
+// (w1 and w3 read the same h) is cast once. CUDA: every
 // product is at::_scaled_mm on those bytes with the inverse scales from
 // device memory (the second operand column-major, dimensions multiples of
 // 16; a shape it cannot take runs in BF16 and is counted); nothing reads a
-// value back to the host. CPU: the same bytes dequantized (FP8 / scale) and
-// multiplied in FP32, so CPU tests check what the GPU computes up to
-// accumulation order. Row-wise: rowwise_recipe.cc.
+// value back to the host. CPU: the same bytes dequantized
+// (FP8 / scale) and multiplied in FP32, so CPU tests check what the GPU
+// computes up to accumulation order. Row-wise: rowwise_recipe.cc.
+//
+// What the forward keeps for the backward (the autograd graph's share of a
+// step's memory): x's FP8 bytes and their scale, never x itself — on CUDA
+// the transpose the weight gradient reads (1 byte an element), on the CPU
+// the row-major bytes the backward dequantizes (the same values the forward
+// multiplied); the weight's image is the optimizer step's, shared with every
+// micro-batch. A product run in BF16 (a shape _scaled_mm cannot take) keeps
+// x in BF16. Row-wise keeps x's FP8 image scaled per column (the one its
+// weight gradient reads), cast in the forward.
 //
 // Not thread-safe: one trainer owns it.
 #ifndef TALLY_WORKER_PRECISION_LINEAR_H_
@@ -54,6 +62,11 @@ struct Fp8Layer {
   std::string site;
   std::string group;
   int64_t x = -1, w = -1, g = -1;
+  // A w1 or w3 computed as a product of its own (an expert's, or a dense
+  // feed-forward's without the joint product): the other reads the same
+  // input just before or after, so the first one's input cast is kept until
+  // the second takes it.
+  bool input_read_again = false;
 };
 
 // A tensor cast to FP8 for products: the bytes the products read, the scale
@@ -81,6 +94,10 @@ namespace internal {
 // Whether at::_scaled_mm takes an [m, k] x [k, n] product.
 bool ScaledMmShapeOk(int64_t m, int64_t k, int64_t n);
 
+// An image's FP32 values from its row-major bytes: data / scale, as the
+// cast that made them divides (CPU).
+at::Tensor Dequantized(const at::Tensor& data, const at::Tensor& scale);
+
 // Tests only (RecipeConfig::test_overflow_fraction): a copy of x2 with every
 // round(1/fraction)-th value set to 16 times the E4M3 range under `scale`
 // (on the device), its sign kept, so each of them overflows and is clamped.
@@ -94,11 +111,32 @@ at::Tensor ForwardProduct(const Fp8Image& x, const Fp8Image& w);
 at::Tensor InputGradProduct(const Fp8Image& g, const Fp8Image& w);
 at::Tensor WeightGradProduct(const Fp8Image& g, const Fp8Image& x);
 
-// The row-wise recipe's forward and backward (rowwise_recipe.cc).
+// A row-wise cast (rowwise_recipe.cc): a [R, C] in FP8, each row scaled
+// from its own amax; scale [R, 1] FP32 is the factor the cast applied and
+// inv_scale its inverse (what a product dequantizes with); dequantized
+// (CPU) is data / scale in FP32.
+struct RowwiseImage {
+  at::Tensor data, scale, inv_scale, dequantized;
+};
+// A weight w [N, K] cast once per optimizer step both ways the row-wise
+// products read it: per row (the forward) and w^T [K, N] per row, i.e. per
+// column of w (the input gradient).
+struct RowwiseWeight {
+  RowwiseImage rows, cols;
+};
+// One row-wise cast of a [R, C] (FP32 or BF16) to `format`, its counts
+// added to the converter's statistics and its amax reported under `group`.
+RowwiseImage RowwiseCast(Fp8Linears* linears, const at::Tensor& a, Fp8Format format,
+                         const std::string& group);
+
+// The row-wise recipe's forward and backward (rowwise_recipe.cc). The
+// forward returns y and, in *x_cols, the image its weight gradient reads:
+// x^T [K, M] per row (x per column), so the backward never needs x.
 at::Tensor RowwiseForward(Fp8Linears* linears, const Fp8Layer& layer, const at::Tensor& x2,
-                          const at::Tensor& w);
+                          const at::Tensor& w, RowwiseImage* x_cols);
 std::pair<at::Tensor, at::Tensor> RowwiseBackward(Fp8Linears* linears, const Fp8Layer& layer,
-                                                  const at::Tensor& g2, const at::Tensor& x2,
+                                                  const at::Tensor& g2,
+                                                  const RowwiseImage& x_cols,
                                                   const at::Tensor& w);
 
 }  // namespace internal

@@ -3,11 +3,13 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cstdint>
+#include <iostream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/precision/converter.h"
+#include "worker/precision/held_bytes_testing.h"
 
 namespace tally::precision {
 namespace {
@@ -118,6 +120,43 @@ TEST(Fp8LinearsTest, TheTestKnobForcesAFractionOfTheInputsToOverflowInTrainingOn
       EXPECT_EQ(fp8.TakeStats().overflows, 0);
     }
     EXPECT_TRUE(at::equal(evaluated[0], evaluated[1]));
+  }
+}
+
+
+// What one FP8 linear leaves allocated after its forward pass, for its
+// backward (the autograd graph's saved tensors and the converter's caches
+// together): x's FP8 bytes (CPU: row-major, from which the backward
+// dequantizes; CUDA: the transpose) and a scale, never a full-precision copy
+// of x. The weight's cast is the optimizer step's, made before the count.
+TEST(Fp8LinearsTest, TheForwardKeepsOnlyFp8CopiesOfItsInput) {
+  const int64_t M = 256, K = 512, N = 384;
+  for (Recipe recipe : {Recipe::kDelayed, Recipe::kCurrent, Recipe::kRowwise}) {
+    SCOPED_TRACE(RecipeName(recipe));
+    at::manual_seed(7);
+    RecipeConfig c;
+    c.recipe = recipe;
+    Fp8Linears fp8(c);
+    const at::Tensor w = (at::randn({N, K}) * 0.1).set_requires_grad(true);
+    for (int step = 0; step < 2; ++step) {
+      // The step's weight cast (and, step 1, the delayed scales' history).
+      fp8.Linear(at::randn({M, K}).set_requires_grad(true), w, "layers.0.wo").sum().backward();
+      const at::Tensor leaf = at::randn({M, K}).set_requires_grad(true);
+      at::Tensor y;
+      const int64_t held = testing::BytesHeldAfter([&] {
+        // x is made here (as a norm makes it), so a copy kept alive counts.
+        const at::Tensor x = leaf * 1.0;
+        y = fp8.Linear(x, w, "layers.0.wo");
+      });
+      const int64_t kept = held - y.nbytes();
+      std::cout << RecipeName(recipe) << " step " << step << ": " << kept
+                << " bytes held for the backward of a [" << M << ", " << K << "] input ("
+                << static_cast<double>(kept) / (M * K) << " per element)\n";
+      EXPECT_LE(kept, M * K + 64 * K) << "more than x's FP8 bytes and its scales";
+      y.sum().backward();
+      fp8.TakeStats();
+      fp8.OnOptimizerStep();
+    }
   }
 }
 

@@ -75,8 +75,8 @@ at::Tensor QuantizeScaledLater(const at::Tensor& x, double scale, Fp8Format f,
   return q;
 }
 
-at::Tensor QuantizeDequantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
-                                        QuantStats* stats, at::Tensor* scales_out) {
+at::Tensor QuantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
+                              QuantStats* stats, at::Tensor* scales_out, at::Tensor* amax_out) {
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor amax = xf.abs().amax({dim}, /*keepdim=*/true);
   at::Tensor scales =
@@ -84,11 +84,20 @@ at::Tensor QuantizeDequantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8For
                 Fp8Max(f) / amax / std::pow(2.0, margin), at::ones_like(amax));
   at::Tensor scaled = xf * scales;
   const double max = Fp8Max(f);
-  at::Tensor q = scaled.clamp(-max, max).to(Fp8Dtype(f)).to(at::kFloat);
+  at::Tensor q8 = scaled.clamp(-max, max).to(Fp8Dtype(f));
   if (stats != nullptr) {
-    CountLater(stats, scaled.abs().gt(max * (1 + 1e-6)), xf.ne(0).logical_and(q.eq(0)),
-               x.numel());
+    CountLater(stats, scaled.abs().gt(max * (1 + 1e-6)),
+               xf.ne(0).logical_and(q8.to(at::kFloat).eq(0)), x.numel());
   }
+  *scales_out = scales;
+  if (amax_out != nullptr) *amax_out = amax;
+  return q8;
+}
+
+at::Tensor QuantizeDequantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8Format f, int margin,
+                                        QuantStats* stats, at::Tensor* scales_out) {
+  at::Tensor scales;
+  const at::Tensor q = QuantizeAlongLater(x, dim, f, margin, stats, &scales).to(at::kFloat);
   if (scales_out != nullptr) *scales_out = scales;
   return q / scales;
 }

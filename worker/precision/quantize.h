@@ -85,6 +85,13 @@ at::Tensor QuantizeScaledLater(const at::Tensor& x, double scale, Fp8Format form
                                QuantStats* stats);
 at::Tensor QuantizeDequantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8Format format,
                                         int margin, QuantStats* stats, at::Tensor* scales_out);
+// The same cast kept in FP8: x * scales clamped, in Fp8Dtype(format) (so
+// QuantizeDequantizeAlongLater is its FP32 value / scales); *scales_out
+// gets the scales and, when not null, *amax_out each slice's amax (both
+// the shape of amax with keepdim).
+at::Tensor QuantizeAlongLater(const at::Tensor& x, int64_t dim, Fp8Format format, int margin,
+                              QuantStats* stats, at::Tensor* scales_out,
+                              at::Tensor* amax_out = nullptr);
 
 }  // namespace internal
 }  // namespace tally::precision

@@ -5,6 +5,13 @@
 // per column (N) and X per column (K). On CUDA each is one row-wise
 // _scaled_mm. Every scale comes from its own rows, on the device: nothing
 // carries over, nothing is checkpointed.
+//
+// Each weight is cast both ways once per optimizer step (the converter's
+// cache); the forward casts x per row for its product and per column for
+// the weight gradient, and keeps only the latter (FP8) for the backward.
+// The casts are ATen passes (an amax, a scale, a clamp-and-cast and the
+// counts), not yet a fused kernel: kernels/ has no row-wise cast.
+#include <string>
 #include <utility>
 
 #include "worker/precision/converter.h"
@@ -25,38 +32,21 @@ class RowwiseRecipe final : public Fp8Recipe {
   void OnOptimizerStep(ScalingTable* table) const override { table->StepCurrent(); }
 };
 
-using internal::QuantizeDequantizeAlongLater;
-using internal::ScaledMmShapeOk;
+using internal::RowwiseImage;
 
-// a [M, K] (scaled along a_dim) x b [N, K] (scaled along b_dim)^T.
-at::Tensor RowwiseProduct(Fp8Linears* linears, const at::Tensor& a, int64_t a_dim, Fp8Format fa,
-                          const at::Tensor& b, int64_t b_dim, Fp8Format fb, bool* in_fp8) {
-  const int margin = linears->config().margin;
-  QuantStats qa, qb;
-  at::Tensor y;
-  const bool cuda = a.is_cuda();
-  if (cuda && !ScaledMmShapeOk(a.size(0), a.size(1), b.size(0))) {
-    *in_fp8 = false;
-    y = at::matmul(a.to(at::kBFloat16), b.to(at::kBFloat16).t());
-  } else if (cuda) {
-    *in_fp8 = true;
-    at::Tensor sa, sb;
-    QuantizeDequantizeAlongLater(a, a_dim, fa, margin, &qa, &sa);
-    QuantizeDequantizeAlongLater(b, b_dim, fb, margin, &qb, &sb);
-    const double max_a = Fp8Max(fa), max_b = Fp8Max(fb);
-    at::Tensor a8 = (a.to(at::kFloat) * sa).clamp(-max_a, max_a).to(Fp8Dtype(fa));
-    at::Tensor b8 = (b.to(at::kFloat) * sb).clamp(-max_b, max_b).to(Fp8Dtype(fb));
-    // Row-wise _scaled_mm: scale_a [M, 1], scale_b [1, N], both FP32.
-    y = at::_scaled_mm(a8, b8.t(), (1.0 / sa).reshape({-1, 1}).contiguous(),
-                       (1.0 / sb).reshape({1, -1}).contiguous(), {}, {}, at::kBFloat16);
-  } else {
-    *in_fp8 = true;
-    y = at::matmul(QuantizeDequantizeAlongLater(a, a_dim, fa, margin, &qa, nullptr),
-                   QuantizeDequantizeAlongLater(b, b_dim, fb, margin, &qb, nullptr).t());
+// The FP32 values of an image (CPU): its own when it keeps them.
+at::Tensor DequantizedOf(const RowwiseImage& a) {
+  return a.dequantized.defined() ? a.dequantized : internal::Dequantized(a.data, a.scale);
+}
+
+// a [M, K] times b [N, K]^T, each scaled per row: CUDA one row-wise
+// _scaled_mm (scale_a [M, 1], scale_b [1, N], FP32), BF16 out; CPU FP32.
+at::Tensor RowwiseProduct(const RowwiseImage& a, const RowwiseImage& b) {
+  if (a.data.is_cuda()) {
+    return at::_scaled_mm(a.data, b.data.t(), a.inv_scale, b.inv_scale.reshape({1, -1}), {}, {},
+                          at::kBFloat16);
   }
-  linears->AddRowwise(qa);
-  linears->AddRowwise(qb);
-  return y;
+  return at::matmul(DequantizedOf(a), DequantizedOf(b).t());
 }
 
 }  // namespace
@@ -65,28 +55,41 @@ std::unique_ptr<Fp8Recipe> MakeRowwiseRecipe() { return std::make_unique<Rowwise
 
 namespace internal {
 
+RowwiseImage RowwiseCast(Fp8Linears* linears, const at::Tensor& a, Fp8Format format,
+                         const std::string& group) {
+  QuantStats q;
+  RowwiseImage image;
+  at::Tensor amax;
+  image.data =
+      QuantizeAlongLater(a, 1, format, linears->config().margin, &q, &image.scale, &amax);
+  image.inv_scale = 1.0 / image.scale;
+  linears->AddRowwise(q);
+  if (!group.empty()) linears->ReportRowwiseAmax(group, amax.max());
+  return image;
+}
+
 at::Tensor RowwiseForward(Fp8Linears* linears, const Fp8Layer& layer, const at::Tensor& x2,
-                          const at::Tensor& w) {
-  linears->ReportRowwiseAmax(layer.group + ".input", x2.detach().abs().max());
-  linears->ReportRowwiseAmax(layer.group + ".weight", w.detach().abs().max());
-  bool fp8 = false;
-  at::Tensor y = RowwiseProduct(linears, x2, 1, Fp8Format::kE4M3, w, 1, Fp8Format::kE4M3, &fp8);
-  linears->CountProducts(1, fp8);
-  return y;
+                          const at::Tensor& w, RowwiseImage* x_cols) {
+  const RowwiseWeight& wi = linears->RowwiseWeightImage(layer, w);
+  const RowwiseImage xi = RowwiseCast(linears, x2, Fp8Format::kE4M3, layer.group + ".input");
+  // The weight gradient's operand, x^T [K, M] per row: cast now, so the
+  // backward needs no copy of x (the same amax as x's, not reported twice).
+  *x_cols = RowwiseCast(linears, x2.t().contiguous(), Fp8Format::kE4M3, "");
+  linears->CountProducts(1, 1);
+  return RowwiseProduct(xi, wi.rows);
 }
 
 std::pair<at::Tensor, at::Tensor> RowwiseBackward(Fp8Linears* linears, const Fp8Layer& layer,
-                                                  const at::Tensor& g2, const at::Tensor& x2,
+                                                  const at::Tensor& g2, const RowwiseImage& x_cols,
                                                   const at::Tensor& w) {
-  linears->ReportRowwiseAmax(layer.group + ".grad", g2.detach().abs().max());
-  bool fp8_x = false, fp8_w = false;
+  const RowwiseWeight& wi = linears->RowwiseWeightImage(layer, w);
   // dX [M, K] = dY [M, N] x (W^T [K, N])^T: dY per row, W^T per row (W per column).
-  at::Tensor wt = w.t().contiguous();
-  at::Tensor gx = RowwiseProduct(linears, g2, 1, Fp8Format::kE5M2, wt, 1, Fp8Format::kE4M3, &fp8_x);
+  const RowwiseImage gi = RowwiseCast(linears, g2, Fp8Format::kE5M2, layer.group + ".grad");
+  const at::Tensor gx = RowwiseProduct(gi, wi.cols);
   // dW [N, K] = dY^T [N, M] x (X^T [K, M])^T: both along M.
-  at::Tensor gw = RowwiseProduct(linears, g2.t().contiguous(), 1, Fp8Format::kE5M2,
-                                 x2.t().contiguous(), 1, Fp8Format::kE4M3, &fp8_w);
-  linears->CountProducts(2, fp8_x + fp8_w);
+  const RowwiseImage gti = RowwiseCast(linears, g2.t().contiguous(), Fp8Format::kE5M2, "");
+  const at::Tensor gw = RowwiseProduct(gti, x_cols);
+  linears->CountProducts(2, 2);
   return {gx, gw};
 }
 
