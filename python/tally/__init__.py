@@ -46,7 +46,7 @@ from tally._config import Connection, resolve_connection
 from tally._errors import (AlreadyExists, ConfigError, DeadlineExceeded, FailedPrecondition,
                            InvalidSpec, NotFound, PermissionDenied, ResourceExhausted,
                            TallyError, Unauthenticated, Unavailable)
-from tally._report import EvalHistory, ExperimentReport
+from tally._report import EvalHistory, ExperimentReport, TrainHistory
 from tally._spec import (ExperimentSpecInput, JobSpecInput, load_experiment_spec,
                          load_job_spec)
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
@@ -57,7 +57,7 @@ __all__ = [
     "Client", "Jobs", "Experiments", "Connection", "resolve_connection",
     "TallyError", "ConfigError", "InvalidSpec", "NotFound", "AlreadyExists", "PermissionDenied",
     "Unauthenticated", "FailedPrecondition", "ResourceExhausted", "Unavailable",
-    "DeadlineExceeded", "ExperimentReport", "EvalHistory", "load_job_spec",
+    "DeadlineExceeded", "ExperimentReport", "EvalHistory", "TrainHistory", "load_job_spec",
     "load_experiment_spec", "plot_loss_vs_dollars", "jobs_pb2", "experiments_pb2", "spec_pb2",
     "state_name", "job_summary", "experiment_summary", "JobRef", "ExperimentRef",
     "JobSpecInput", "ExperimentSpecInput",

@@ -15,7 +15,7 @@ from tally._config import Connection
 from tally._display import state_name
 from tally._errors import DeadlineExceeded, TallyError, error_from_rpc
 from tally._progress import ExperimentProgress, JobProgress, wait_timed_out
-from tally._report import EvalHistory, ExperimentReport, run_name
+from tally._report import EvalHistory, ExperimentReport, TrainHistory, run_name
 from tally._spec import (ExperimentSpecInput, JobSpecInput, load_experiment_spec,
                          load_job_spec)
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
@@ -274,6 +274,10 @@ class Client:
         """Same as ``jobs.eval_history``."""
         return self.jobs.eval_history(job)
 
+    def train_history(self, job: JobRef) -> TrainHistory:
+        """Same as ``jobs.train_history``."""
+        return self.jobs.train_history(job)
+
 
 class Jobs:
     """tallyd's Jobs API. Results are the API's own protobuf messages
@@ -413,6 +417,13 @@ class Jobs:
         ``pandas`` extra, ``.to_dataframe()``."""
         j = job if isinstance(job, jobs_pb2.Job) and job.curve else self.get(job)
         return EvalHistory(job=j.name, points=list(j.curve))
+
+    def train_history(self, job: JobRef) -> TrainHistory:
+        """The job's training loss at every reported step (tallyd's curve,
+        not progress events; see TrainHistory); with the ``pandas`` extra,
+        ``.to_dataframe()``."""
+        j = self.get(job)
+        return TrainHistory(job=j.name, points=list(j.train_curve), every=j.train_curve_every)
 
 
 class Experiments:

@@ -11,7 +11,8 @@ from typing import Any
 
 from tally.v1 import experiments_pb2, jobs_pb2
 
-__all__ = ["ExperimentReport", "EvalHistory", "VARIANT_COLUMNS", "SUMMARY_COLUMNS",
+__all__ = ["ExperimentReport", "EvalHistory", "TrainHistory", "TRAIN_COLUMNS", "VARIANT_COLUMNS",
+           "SUMMARY_COLUMNS",
            "EVAL_COLUMNS", "OPTIONAL_COLUMNS", "run_name", "loss_of"]
 
 # The variant table's columns: VariantStatus fields, in this order.
@@ -31,6 +32,7 @@ SUMMARY_COLUMNS = (
     "recipe_cost_to_target_usd", "recipe_cost_ci90_low_usd", "recipe_cost_ci90_high_usd",
     "recipe_ratio_to_reference", "recipe_ratio_ci90_low", "recipe_ratio_ci90_high",
     "ratio_pairs", "cost_to_target_usd", "verdict")
+TRAIN_COLUMNS = ("step", "tokens", "train_loss", "attempt")
 EVAL_COLUMNS = ("step", "tokens", "cost_usd", "gpu_seconds", "val_loss", "quantized_val_loss")
 # Fields that may be absent (proto3 optional: a job or variant not evaluated
 # quantized has no quantized loss): NaN in rows and DataFrames, never 0.
@@ -230,3 +232,31 @@ class EvalHistory:
         (quantized_val_loss NaN where the job was not evaluated quantized)."""
         pd = _pandas()
         return pd.DataFrame(self.rows(), columns=list(EVAL_COLUMNS))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainHistory:
+    """A job's training loss at each reported step, as tallyd keeps it
+    (Job.train_curve: every reported step up to 2048 points, then an even
+    sample every ``every`` steps).
+
+    Attributes:
+        job: The job's name ("jobs/N").
+        points: The points, oldest first.
+        every: Steps between kept points once thinned; 0 while every
+            reported step is kept.
+    """
+
+    job: str
+    points: Sequence[jobs_pb2.TrainPoint]
+    every: int = 0
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per reported step with TRAIN_COLUMNS as keys."""
+        return [{c: getattr(p, c) for c in TRAIN_COLUMNS} for p in self.points]
+
+    def to_dataframe(self) -> Any:
+        """The points as a pandas DataFrame (needs the ``pandas`` extra), one
+        row per step, columns TRAIN_COLUMNS."""
+        pd = _pandas()
+        return pd.DataFrame(self.rows(), columns=list(TRAIN_COLUMNS))

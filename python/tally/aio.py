@@ -19,7 +19,7 @@ from tally._config import Connection
 from tally._display import state_name
 from tally._errors import DeadlineExceeded, TallyError, error_from_rpc
 from tally._progress import ExperimentProgress, JobProgress, wait_timed_out
-from tally._report import EvalHistory, ExperimentReport, run_name
+from tally._report import EvalHistory, ExperimentReport, TrainHistory, run_name
 from tally._spec import (ExperimentSpecInput, JobSpecInput, load_experiment_spec,
                          load_job_spec)
 from tally.v1 import experiments_pb2, jobs_pb2, spec_pb2
@@ -221,6 +221,10 @@ class Client:
         """Same as ``jobs.eval_history``."""
         return await self.jobs.eval_history(job)
 
+    async def train_history(self, job: JobRef) -> TrainHistory:
+        """Same as ``jobs.train_history``."""
+        return await self.jobs.train_history(job)
+
 
 class Jobs:
     """The Jobs API as coroutines; see tally.Jobs."""
@@ -319,6 +323,12 @@ class Jobs:
         """The job's evaluations."""
         j = await self.get(job)
         return EvalHistory(job=j.name, points=list(j.curve))
+
+    async def train_history(self, job: JobRef) -> TrainHistory:
+        """The job's training loss at every reported step (see
+        tally.Jobs.train_history)."""
+        j = await self.get(job)
+        return TrainHistory(job=j.name, points=list(j.train_curve), every=j.train_curve_every)
 
 
 class Experiments:

@@ -4,7 +4,7 @@ sends them (no tallyd needed)."""
 import math
 import unittest
 
-from tally import EvalHistory, ExperimentReport
+from tally import EvalHistory, ExperimentReport, TrainHistory
 from tally._report import EVAL_COLUMNS, SUMMARY_COLUMNS, loss_of, run_name
 from tally.v1 import experiments_pb2, jobs_pb2
 
@@ -138,6 +138,14 @@ class QuantizedLossTest(unittest.TestCase):
         self.assertEqual(report.rows(), report.rows())  # NaN is one object: rows compare equal
         summary = ExperimentReport(experiment=replicated()).summary_rows()
         self.assertTrue(math.isnan(summary[0]["recipe_ratio_ci90_low"]))  # the reference's
+
+    def test_train_history_is_one_row_per_reported_step(self) -> None:
+        points = [jobs_pb2.TrainPoint(step=s, tokens=s * 64, train_loss=4.0 - s / 10, attempt=1)
+                  for s in (1, 2, 3)]
+        df = TrainHistory(job="jobs/1", points=points).to_dataframe()
+        self.assertEqual(list(df.columns), ["step", "tokens", "train_loss", "attempt"])
+        self.assertEqual(list(df["step"]), [1, 2, 3])
+        self.assertAlmostEqual(df["train_loss"].iloc[-1], 3.7)
 
 
 if __name__ == "__main__":

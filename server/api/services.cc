@@ -252,6 +252,18 @@ grpc::Status JobsService::EstimateCost(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+namespace {
+
+// A job as ListJobs shows it: without its train curve (GetJob has it), so a
+// page of long jobs stays small.
+void AddListed(const tally::v1::Job& job, tally::v1::ListJobsResponse* resp) {
+  tally::v1::Job* out = resp->add_jobs();
+  *out = job;
+  out->clear_train_curve();
+}
+
+}  // namespace
+
 grpc::Status JobsService::ListJobs(grpc::ServerContext* context,
                                    const tally::v1::ListJobsRequest* req,
                                    tally::v1::ListJobsResponse* resp) {
@@ -281,7 +293,7 @@ grpc::Status JobsService::ListJobs(grpc::ServerContext* context,
     if (!jobs.ok()) return ToGrpcStatus(jobs.status());
     const bool more = static_cast<int>(jobs->size()) == q.limit;
     if (more) jobs->pop_back();
-    for (const auto& j : *jobs) *resp->add_jobs() = j.job();
+    for (const auto& j : *jobs) AddListed(j.job(), resp);
     if (more && !jobs->empty()) {
       resp->set_next_page_token(absl::StrCat(jobs->back().id()));
     }
@@ -307,7 +319,7 @@ grpc::Status JobsService::ListJobs(grpc::ServerContext* context,
         resp->set_next_page_token(absl::StrCat(q.before_id));
         return grpc::Status::OK;
       }
-      *resp->add_jobs() = j.job();
+      AddListed(j.job(), resp);
       q.before_id = j.id();
     }
     if (static_cast<int>(jobs->size()) < q.limit) return grpc::Status::OK;  // the last

@@ -1,5 +1,7 @@
 #include "server/sched/progress_reading.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "server/policy/step_times.h"
 
@@ -34,6 +36,7 @@ std::string CollapseWhere(const metrics::MoeLayerHealth& h) {
 
 ProgressReading ReadProgress(const ActiveJob& job, const tally::v1::Progress& p) {
   ProgressReading r;
+  r.attempt = p.attempt();
   r.step = p.step();
   r.tokens = p.tokens();
   if (!p.trained()) return r;
@@ -61,13 +64,40 @@ void ApplyProgressReading(const ProgressReading& r, ActiveJob& job) {
   tally::v1::Job& j = *job.rec.mutable_job();
   j.set_step(r.step);
   j.set_tokens(r.tokens);
-  if (r.train_loss) j.set_train_loss(*r.train_loss);
+  if (r.train_loss) {
+    j.set_train_loss(*r.train_loss);
+    tally::v1::TrainPoint point;
+    point.set_step(r.step);
+    point.set_tokens(r.tokens);
+    point.set_train_loss(*r.train_loss);
+    point.set_attempt(r.attempt);
+    AddTrainPoint(point, j);
+  }
   if (r.padding_tokens) j.set_padding_tokens(*r.padding_tokens);
   if (r.step_seconds) AddStepTime(*r.step_seconds, j.mutable_step_times());
   if (r.moe_reported) {
     job.routing_collapsed = r.routing_collapsed;
     job.collapse_where = r.collapse_where;
   }
+}
+
+void AddTrainPoint(const tally::v1::TrainPoint& point, tally::v1::Job& job, int max_points) {
+  auto* curve = job.mutable_train_curve();
+  while (!curve->empty() && curve->rbegin()->step() >= point.step()) curve->RemoveLast();
+  if (!curve->empty() && job.train_curve_every() > 0 &&
+      point.step() - curve->rbegin()->step() < job.train_curve_every()) {
+    return;
+  }
+  *curve->Add() = point;
+  if (curve->size() <= max_points) return;
+  const int64_t span = curve->rbegin()->step() - curve->begin()->step();
+  int kept = 0;
+  for (int i = 0; i < curve->size(); i += 2) curve->SwapElements(kept++, i);
+  curve->DeleteSubrange(kept, curve->size() - kept);
+  const int64_t every = job.train_curve_every() > 0
+                            ? 2 * job.train_curve_every()
+                            : std::max<int64_t>(2, 2 * span / std::max(1, max_points));
+  job.set_train_curve_every(every);
 }
 
 }  // namespace tally::sched

@@ -20,6 +20,7 @@
 namespace tally::sched {
 
 struct ProgressReading {
+  int32_t attempt = 0;
   int64_t step = 0;
   int64_t tokens = 0;
   // Only from a worker that trained (Progress.trained).
@@ -40,8 +41,20 @@ struct ProgressReading {
 
 ProgressReading ReadProgress(const ActiveJob& job, const tally::v1::Progress& p);
 
-// The reading applied to the job in memory.
+// The reading applied to the job in memory (a trained report's loss also
+// to the job's train_curve, by AddTrainPoint).
 void ApplyProgressReading(const ProgressReading& r, ActiveJob& job);
+
+// The most points Job.train_curve keeps.
+inline constexpr int kMaxTrainPoints = 2048;
+
+// `point` added to `job`'s train_curve: points at or past its step (a
+// resumed attempt redoing steps) are dropped first; a step less than
+// train_curve_every after the last kept one is skipped; a full curve
+// (`max_points`) drops every other point and doubles train_curve_every (from
+// the curve's mean spacing when 0), so a long run keeps an even sample.
+void AddTrainPoint(const tally::v1::TrainPoint& point, tally::v1::Job& job,
+                   int max_points = kMaxTrainPoints);
 
 }  // namespace tally::sched
 

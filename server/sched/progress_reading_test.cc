@@ -92,5 +92,56 @@ TEST(ProgressReadingTest, RoutingCollapseIsReadFromTheLoadsAndClearedByHealthyOn
   EXPECT_EQ(job.collapse_where, "");
 }
 
+tally::v1::TrainPoint Point(int64_t step, double loss, int32_t attempt = 1) {
+  tally::v1::TrainPoint p;
+  p.set_step(step);
+  p.set_tokens(step * 100);
+  p.set_train_loss(loss);
+  p.set_attempt(attempt);
+  return p;
+}
+
+std::vector<int64_t> Steps(const tally::v1::Job& job) {
+  std::vector<int64_t> out;
+  for (const auto& p : job.train_curve()) out.push_back(p.step());
+  return out;
+}
+
+TEST(TrainCurveTest, ATrainedReportAddsItsStepAndLoss) {
+  ActiveJob job = Job(1, -1, 0);
+  ApplyProgressReading(ReadProgress(job, Report(1, 10)), job);
+  ApplyProgressReading(ReadProgress(job, Report(1, 20, /*trained=*/false)), job);
+  ASSERT_EQ(job.rec.job().train_curve_size(), 1);
+  const tally::v1::TrainPoint& p = job.rec.job().train_curve(0);
+  EXPECT_EQ(p.step(), 10);
+  EXPECT_EQ(p.tokens(), 1000);
+  EXPECT_EQ(p.train_loss(), 2.5);
+  EXPECT_EQ(p.attempt(), 1);
+}
+
+TEST(TrainCurveTest, AResumedAttemptReplacesTheStepsItRedoes) {
+  tally::v1::Job job;
+  for (int64_t s : {1, 2, 3, 4, 5}) AddTrainPoint(Point(s, 3.0), job);
+  AddTrainPoint(Point(3, 2.0, 2), job);  // resumed from step 2's checkpoint
+  EXPECT_EQ(Steps(job), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(job.train_curve(2).attempt(), 2);
+  EXPECT_EQ(job.train_curve(2).train_loss(), 2.0);
+}
+
+TEST(TrainCurveTest, AFullCurveKeepsAnEvenSampleWithinItsBound) {
+  tally::v1::Job job;
+  for (int64_t s = 1; s <= 9; ++s) AddTrainPoint(Point(s, 3.0), job, /*max_points=*/8);
+  EXPECT_EQ(Steps(job), (std::vector<int64_t>{1, 3, 5, 7, 9}));
+  EXPECT_EQ(job.train_curve_every(), 2);
+  for (int64_t s = 10; s <= 1000; ++s) AddTrainPoint(Point(s, 3.0), job, 8);
+  EXPECT_LE(job.train_curve_size(), 8);
+  EXPECT_EQ(job.train_curve(0).step(), 1);
+  EXPECT_GE(job.train_curve(job.train_curve_size() - 1).step(), 1000 - job.train_curve_every());
+  const std::vector<int64_t> steps = Steps(job);
+  for (size_t i = 1; i < steps.size(); ++i) {
+    EXPECT_GE(steps[i] - steps[i - 1], job.train_curve_every() / 2) << i;
+  }
+}
+
 }  // namespace
 }  // namespace tally::sched

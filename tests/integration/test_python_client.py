@@ -282,6 +282,18 @@ class JobsTest(Base):
         self.assertTrue((df["val_loss"] > 0).all())
         self.assertTrue((df["quantized_val_loss"] > 0).all(), df)
         self.assertTrue(done.HasField("quantized_val_loss"))
+        # The train loss at every reported step, from the curve tallyd keeps
+        # (more points than the thinned progress events).
+        train = c.train_history(job).to_dataframe()
+        self.assertEqual(list(train.columns), ["step", "tokens", "train_loss", "attempt"])
+        progress_steps = {e.step for e in events if e.type == "progress"}
+        self.assertGreaterEqual(len(train), len(progress_steps))
+        self.assertEqual(train["step"].iloc[-1], done.step)
+        self.assertTrue(train["step"].is_monotonic_increasing)
+        self.assertTrue((train["train_loss"] > 0).all())
+        self.assertNotIn(0, list(train["step"]))
+        listed = next(j for j in c.list(name_prefix="py-done") if j.name == job.name)
+        self.assertEqual(len(listed.train_curve), 0)  # ListJobs leaves the curve out
         with self.assertRaises(tally.FailedPrecondition):
             c.cancel(job)
 
