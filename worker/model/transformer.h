@@ -68,6 +68,14 @@ class LinearOverride {
   virtual ~LinearOverride() = default;
   virtual at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
                             const std::string& site) = 0;
+  // A feed-forward's w1 and w3 ([F, D] each) on the same x: [..., 2F], w1's
+  // outputs first (what the fused SwiGLU takes). The default is two Linear
+  // calls joined; an override may compute it as one product (FP8: one cast
+  // of x, one product).
+  virtual at::Tensor GateUpLinear(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
+                                  const std::string& site1, const std::string& site3) {
+    return at::cat({Linear(x, w1, site1), Linear(x, w3, site3)}, -1);
+  }
 };
 
 struct Parameter {
@@ -101,8 +109,10 @@ class Transformer {
   // (fused_ops.h); each dense feed-forward's w1 and w3 as one product over
   // their joint storage (w1 and w3 are row blocks of one [2F, D] tensor, so
   // the fused product reads them without a copy and h once), then SwiGLU as
-  // one pass. Off: the composite ops the FP32 golden losses are of. Block
-  // linears with a LinearOverride (FP8) stay separate products.
+  // one pass. Off: the composite ops the FP32 golden losses are of. With a
+  // LinearOverride (FP8) the feed-forward's w1 and w3 go to its
+  // GateUpLinear as one call (FP8's: one cast of h, one product), then the
+  // same fused SwiGLU.
   void SetFusedOps(bool fused) { fused_ops_ = fused; }
   // Quantization-aware computation: the block linears `q` names compute
   // with their weights fake-quantized (ggml_quant.h FakeQuantize: the

@@ -68,6 +68,15 @@ at::Tensor Fp8Linears::Linear(const at::Tensor& x, const at::Tensor& w, const st
   return Fp8Linear(x, w, &LayerFor(site), this);
 }
 
+at::Tensor Fp8Linears::GateUpLinear(const at::Tensor& x, const at::Tensor& w1,
+                                    const at::Tensor& w3, const std::string& site1,
+                                    const std::string& site3) {
+  TORCH_CHECK(x.device() == table_.device(), "FP8 linear ", site1, ": its scaling state is on ",
+              table_.device(), ", the input on ", x.device());
+  Fp8Layer& layer1 = LayerFor(site1);
+  return Fp8GateUpLinear(x, w1, w3, &layer1, &LayerFor(site3), this);
+}
+
 bool Fp8Linears::Groups(const at::Tensor& x, int64_t out, int64_t in) const {
   if (!config_.grouped_experts || !recipe_->PerTensor() || !grouped_off_.empty()) return false;
   return x.is_cuda() ? out % 16 == 0 && in % 16 == 0 : config_.grouped_on_cpu;
@@ -94,7 +103,7 @@ void Fp8Linears::TurnGroupedOff(std::string why) {
 void Fp8Linears::NoteUsed(int64_t t) { used_[t] = true; }
 
 Fp8Image Fp8Linears::Cast(int64_t t, const at::Tensor& x2_in, bool force_overflows,
-                          bool activation) {
+                          bool activation, const at::Tensor& rows_into) {
   const bool record = training_;
   const bool cuda = x2_in.is_cuda();
   const bool emulate_bf16 = !cuda && config_.emulate_bf16_intermediates;
@@ -123,7 +132,7 @@ Fp8Image Fp8Linears::Cast(int64_t t, const at::Tensor& x2_in, bool force_overflo
     sinks.amax = table_.step_amax(t);
     sinks.amax_finite = table_.step_finite(t);
   }
-  Fp8Cast c = CastFp8(source, image.scale.scale, table_.format(t), true, cuda, sinks);
+  Fp8Cast c = CastFp8(source, image.scale.scale, table_.format(t), true, cuda, sinks, rows_into);
   image.data = c.data;
   image.data_t = c.data_t;
   if (!cuda) image.dequantized = internal::Dequantized(image.data, image.scale.scale);
@@ -168,6 +177,39 @@ Fp8Image Fp8Linears::WeightImage(const Fp8Layer& layer, const at::Tensor& w) {
   Fp8Image image = Cast(layer.w, wd, false, /*activation=*/false);
   weights_[layer.w] = {wd, w._version(), image};
   return image;
+}
+
+const Fp8Linears::JointWeight& Fp8Linears::JointWeightImage(const Fp8Layer& layer1,
+                                                            const at::Tensor& w1,
+                                                            const Fp8Layer& layer3,
+                                                            const at::Tensor& w3) {
+  auto it = joint_weights_.find(layer1.w);
+  if (it != joint_weights_.end() && Fresh(it->second.w1, it->second.version1, w1) &&
+      Fresh(it->second.w3, it->second.version3, w3)) {
+    return it->second.image;
+  }
+  TORCH_CHECK(w1.sizes() == w3.sizes() && w1.dim() == 2,
+              "the joint w1|w3 product takes two weights of one [F, K] shape, got ", w1.sizes(),
+              " and ", w3.sizes());
+  const int64_t F = w1.size(0), K = w1.size(1);
+  const at::Tensor w1d = w1.detach(), w3d = w3.detach();
+  JointWeight j;
+  // Each weight's row-major bytes are cast straight into its row block.
+  j.data = at::empty({2 * F, K}, w1.options().dtype(Fp8Dtype(Fp8Format::kE4M3)));
+  j.w1 = Cast(layer1.w, w1d, false, /*activation=*/false, j.data.narrow(0, 0, F));
+  j.w3 = Cast(layer3.w, w3d, false, /*activation=*/false, j.data.narrow(0, F, F));
+  j.inv_scale_row = at::cat({j.w1.scale.inv_scale.expand({F}), j.w3.scale.inv_scale.expand({F})})
+                        .reshape({1, 2 * F});
+  if (!w1.is_cuda()) {
+    j.dequantized = at::cat({j.w1.dequantized, j.w3.dequantized});
+    j.w1.dequantized = j.dequantized.narrow(0, 0, F);
+    j.w3.dequantized = j.dequantized.narrow(0, F, F);
+  }
+  weights_[layer1.w] = {w1d, w1._version(), j.w1};
+  weights_[layer3.w] = {w3d, w3._version(), j.w3};
+  auto& slot = joint_weights_[layer1.w];
+  slot = {w1d, w3d, w1._version(), w3._version(), std::move(j)};
+  return slot.image;
 }
 
 Fp8Image Fp8Linears::GradImage(const Fp8Layer& layer, const at::Tensor& g2) {
@@ -220,6 +262,7 @@ void Fp8Linears::SetTraining(bool training) {
   training_ = training;
   // Casts made in one mode are not the other's (only training ones record).
   weights_.clear();
+  joint_weights_.clear();
   rowwise_weights_.clear();
   kept_inputs_.clear();
 }
@@ -256,6 +299,7 @@ Fp8Stats Fp8Linears::TakeStats() {
 void Fp8Linears::OnOptimizerStep() {
   recipe_->OnOptimizerStep(&table_);
   weights_.clear();
+  joint_weights_.clear();
   rowwise_weights_.clear();
   kept_inputs_.clear();
 }
@@ -322,6 +366,7 @@ bool Fp8Linears::LoadState(const std::map<std::string, at::Tensor>& tensors, std
     }
   }
   weights_.clear();
+  joint_weights_.clear();
   rowwise_weights_.clear();
   kept_inputs_.clear();
   return true;

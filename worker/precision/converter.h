@@ -43,6 +43,10 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
   explicit Fp8Linears(RecipeConfig config, at::Device device = at::kCPU);
   ~Fp8Linears() override;
   at::Tensor Linear(const at::Tensor& x, const at::Tensor& w, const std::string& site) override;
+  // w1 and w3 as one FP8 product (Fp8GateUpLinear): one cast of x, one
+  // product; the row-wise recipe takes the two products.
+  at::Tensor GateUpLinear(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
+                          const std::string& site1, const std::string& site3) override;
   bool Groups(const at::Tensor& x, int64_t out, int64_t in) const override;
   at::Tensor GroupedLinear(const at::Tensor& x_RI, const std::vector<int64_t>& counts,
                            const std::vector<int64_t>& ends, const at::Tensor& w_EOI,
@@ -82,6 +86,8 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
   bool LoadState(const std::map<std::string, at::Tensor>& tensors, std::string* bad);
 
   const RecipeConfig& config() const { return config_; }
+  // Whether the recipe scales per tensor (not row-wise).
+  bool per_tensor() const { return recipe_->PerTensor(); }
   bool training() const { return training_; }
 
   // For the products (linear.cc, grouped.cc, rowwise_recipe.cc) only.
@@ -96,6 +102,17 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
   // w's image (E4M3, row-major and transposed), cast at its first use in an
   // optimizer step and reused until the next.
   Fp8Image WeightImage(const Fp8Layer& layer, const at::Tensor& w);
+  // w1's and w3's images for their joint product (linear.h
+  // Fp8GateUpLinear): each cast under its own scale and cached as
+  // WeightImage caches it, their row-major bytes the two row blocks of one
+  // [2F, K] image `data` (CPU: `dequantized` likewise), and `inv_scale_row`
+  // [1, 2F] FP32, each output channel's inverse scale.
+  struct JointWeight {
+    Fp8Image w1, w3;
+    at::Tensor data, dequantized, inv_scale_row;
+  };
+  const JointWeight& JointWeightImage(const Fp8Layer& layer1, const at::Tensor& w1,
+                                      const Fp8Layer& layer3, const at::Tensor& w3);
   // An output gradient's image (E5M2, row-major and transposed).
   Fp8Image GradImage(const Fp8Layer& layer, const at::Tensor& g2);
   // Row-wise recipe: w's two row-wise images, cast at its first use in an
@@ -110,7 +127,9 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
  private:
   // One cast of x2 for table entry t: rows/transposed as the products need.
   // `activation`: an input or a gradient (not a weight).
-  Fp8Image Cast(int64_t t, const at::Tensor& x2, bool force_overflows, bool activation);
+  // `rows_into`: where the row-major bytes go (CastFp8's).
+  Fp8Image Cast(int64_t t, const at::Tensor& x2, bool force_overflows, bool activation,
+                const at::Tensor& rows_into = {});
   // Whether a cache entry made from `cached` at `version` is w's.
   static bool Fresh(const at::Tensor& cached, int64_t version, const at::Tensor& w);
   void NoteUsed(int64_t t);
@@ -130,6 +149,12 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
     Fp8Image image;
   };
   std::map<int64_t, CachedWeight> weights_;  // by weight entry
+  struct CachedJointWeight {
+    at::Tensor w1, w3;
+    int64_t version1 = 0, version3 = 0;
+    JointWeight image;
+  };
+  std::map<int64_t, CachedJointWeight> joint_weights_;  // by w1's weight entry
   struct CachedRowwiseWeight {
     at::Tensor weight;
     int64_t version = 0;

@@ -1,10 +1,16 @@
 #include "worker/precision/converter.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/model/transformer.h"
 
 namespace tally::precision {
 namespace {
@@ -93,6 +99,69 @@ TEST(Fp8LinearsTest, AWeightIsCastOncePerOptimizerStep) {
     w.mul_(2);  // a change with no step between: seen too (the version moved)
   }
   EXPECT_EQ(fp8.Linear(x, w, "layers.0.wo")[0][0].item<float>(), 64.0f);
+}
+
+// Every autograd node reachable from `t`, by name, counted.
+std::map<std::string, int> GraphNodes(const at::Tensor& t) {
+  std::map<std::string, int> names;
+  std::set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> todo = {t.grad_fn().get()};
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (n == nullptr || !seen.insert(n).second) continue;
+    ++names[n->name()];
+    for (const auto& edge : n->next_edges()) todo.push_back(edge.function.get());
+  }
+  return names;
+}
+
+int CountContaining(const std::map<std::string, int>& names, const std::string& part) {
+  int n = 0;
+  for (const auto& [name, k] : names) {
+    if (name.find(part) != std::string::npos) n += k;
+  }
+  return n;
+}
+
+// In the model's fused mode (CUDA's), FP8 keeps the fused feed-forward: w1
+// and w3 are one FP8 product (one cast of h) and SwiGLU the fused op; the
+// numbers are the separate products' (each weight keeps its own scale).
+TEST(Fp8LinearsTest, TheFusedModelKeepsTheJointGateUpProductInFp8) {
+  model::ModelConfig mc;
+  mc.num_layers = 2;
+  mc.d_model = 32;
+  mc.num_heads = 2;
+  mc.vocab_size = 64;
+  model::ModelInput in;
+  in.tokens_BT = at::arange(32, at::kLong).remainder(64).view({2, 16});
+  in.positions_BT = at::arange(16, at::kLong).repeat({2, 1});
+  in.segments_BT = at::zeros({2, 16}, at::kLong);
+  RecipeConfig c;
+  c.recipe = Recipe::kCurrent;
+  std::vector<at::Tensor> logits;
+  std::vector<Fp8Stats> stats;
+  for (const bool fused : {false, true}) {
+    model::Transformer m(mc, 3, at::kCPU);
+    m.SetFusedOps(fused);
+    Fp8Linears fp8(c);
+    fp8.Declare(m.LinearSites());
+    m.SetLinearOverride(&fp8);
+    const at::Tensor y = m.Forward(in, model::AttentionKernel::kMaskedSdpa);
+    const auto nodes = GraphNodes(y);
+    EXPECT_EQ(CountContaining(nodes, "Fp8GateUpFunction"), fused ? 2 : 0);
+    EXPECT_EQ(CountContaining(nodes, "Fp8LinearFunction"), fused ? 2 * 3 : 2 * 5);
+    EXPECT_EQ(CountContaining(nodes, "SwiGluFunction"), fused ? 2 : 0);
+    EXPECT_EQ(CountContaining(nodes, "SiluBackward"), fused ? 0 : 2);
+    y.square().mean().backward();
+    logits.push_back(y.detach());
+    stats.push_back(fp8.TakeStats());
+  }
+  EXPECT_LT((logits[0] - logits[1]).abs().max().item<double>(),
+            1e-3 * logits[0].abs().max().item<double>());
+  EXPECT_EQ(stats[0].elements, stats[1].elements) << "h cast once either way";
+  EXPECT_EQ(stats[0].fp8_products, stats[1].fp8_products);
+  EXPECT_EQ(stats[1].fp8_products, stats[1].total_products);
 }
 
 }  // namespace

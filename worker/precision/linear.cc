@@ -205,7 +205,86 @@ class Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   }
 };
 
+// w1 and w3 as one FP8 product (Fp8GateUpLinear).
+class Fp8GateUpFunction : public torch::autograd::Function<Fp8GateUpFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w1, const at::Tensor& w3, int64_t layer1_address,
+                            int64_t layer3_address, int64_t linears_address) {
+    auto* layer1 = reinterpret_cast<const Fp8Layer*>(layer1_address);
+    auto* layer3 = reinterpret_cast<const Fp8Layer*>(layer3_address);
+    auto* self = reinterpret_cast<Fp8Linears*>(linears_address);
+    ctx->saved_data["layers"] = std::vector<int64_t>{layer1_address, layer3_address};
+    ctx->saved_data["linears"] = linears_address;
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    const int64_t M = x2.size(0), F = w1.size(0);
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = 2 * F;
+    // One cast of x (w1's input entry, which w3 shares), kept for no one.
+    const Fp8Image xi = self->InputImage(*layer1, x2, /*read_again=*/false);
+    const Fp8Linears::JointWeight& wj = self->JointWeightImage(*layer1, w1, *layer3, w3);
+    self->CountProducts(2, 2);
+    at::Tensor y;
+    if (x2.is_cuda()) {
+      // Row-wise _scaled_mm: x's one inverse scale on each of its rows,
+      // each weight's on its F output channels; the joint bytes [2F, K]
+      // viewed transposed are the column-major second operand.
+      y = at::_scaled_mm(xi.data, wj.data.t(), xi.scale.inv_scale.expand({M, 1}).contiguous(),
+                         wj.inv_scale_row, {}, {}, at::kBFloat16);
+    } else {
+      y = at::matmul(xi.dequantized, wj.dequantized.t());
+      if (xi.bf16_outputs) y = y.to(at::kBFloat16).to(at::kFloat);
+    }
+    SaveOperand(ctx, "x", xi, /*cached=*/false);
+    SaveOperand(ctx, "w1", wj.w1, /*cached=*/true);
+    SaveOperand(ctx, "w3", wj.w3, /*cached=*/true);
+    ctx->saved_data["w_dtypes"] = std::vector<int64_t>{static_cast<int64_t>(w1.scalar_type()),
+                                                       static_cast<int64_t>(w3.scalar_type())};
+    return y.reshape(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<int64_t> layers = ctx->saved_data["layers"].toIntVector();
+    auto* self = reinterpret_cast<Fp8Linears*>(ctx->saved_data["linears"].toInt());
+    const std::vector<int64_t> w_dtypes = ctx->saved_data["w_dtypes"].toIntVector();
+    const at::Tensor& g = grads[0];
+    const int64_t F = g.size(-1) / 2;
+    const at::Tensor g2 = g.reshape({-1, 2 * F});
+    const Fp8Image x = SavedOperand(ctx, "x");
+    at::Tensor gx;
+    std::vector<at::Tensor> gw;
+    // Each half of the gradient under its own layer's gradient scale, and
+    // its two products, as the separate linears compute them.
+    for (int half = 0; half < 2; ++half) {
+      const auto* layer = reinterpret_cast<const Fp8Layer*>(layers[half]);
+      const Fp8Image w = SavedOperand(ctx, half == 0 ? "w1" : "w3");
+      const Fp8Image gi = self->GradImage(*layer, g2.narrow(1, half * F, F));
+      self->CountProducts(2, 2);
+      const at::Tensor gxh = internal::InputGradProduct(gi, w);
+      gx = gx.defined() ? gx + gxh : gxh;
+      gw.push_back(internal::WeightGradProduct(gi, x).to(static_cast<at::ScalarType>(w_dtypes[half])));
+    }
+    std::vector<int64_t> shape(g.sizes().begin(), g.sizes().end());
+    shape.back() = gx.size(-1);
+    return {gx.reshape(shape).to(g.scalar_type()), gw[0], gw[1], at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor Fp8GateUpLinear(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
+                           const Fp8Layer* layer1, const Fp8Layer* layer3, Fp8Linears* linears) {
+  const int64_t M = x.numel() / x.size(-1);
+  if (!linears->per_tensor() ||
+      (x.is_cuda() && !internal::ScaledMmShapeOk(M, x.size(-1), 2 * w1.size(0)))) {
+    return at::cat({Fp8Linear(x, w1, layer1, linears), Fp8Linear(x, w3, layer3, linears)}, -1);
+  }
+  return Fp8GateUpFunction::apply(x, w1, w3, reinterpret_cast<int64_t>(layer1),
+                                  reinterpret_cast<int64_t>(layer3),
+                                  reinterpret_cast<int64_t>(linears));
+}
 
 at::Tensor Fp8Linear(const at::Tensor& x, const at::Tensor& w, const Fp8Layer* layer,
                      Fp8Linears* linears) {

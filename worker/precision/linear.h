@@ -88,6 +88,17 @@ class Fp8Linears;
 at::Tensor Fp8Linear(const at::Tensor& x, const at::Tensor& w, const Fp8Layer* layer,
                      Fp8Linears* linears);
 
+// A feed-forward's w1 and w3 (each [F, K]) as one product: x [..., K] times
+// [w1; w3]^T, [..., 2F] (w1's outputs first), differentiable in x, w1 and
+// w3. x is cast once; each weight keeps its own scale (its layer's
+// entries), so the numbers are those of the two separate FP8 linears. CUDA:
+// one row-wise at::_scaled_mm over both weights' bytes (x's inverse scale
+// on every row, each weight's on its output channels). Backward: the
+// output gradient's halves are cast under w1's and w3's gradient scales and
+// each half takes its two products. Per-tensor recipes only.
+at::Tensor Fp8GateUpLinear(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
+                           const Fp8Layer* layer1, const Fp8Layer* layer3, Fp8Linears* linears);
+
 // Shared by the files of worker/precision only; not for callers.
 namespace internal {
 

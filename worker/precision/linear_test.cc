@@ -160,5 +160,66 @@ TEST(Fp8LinearsTest, TheForwardKeepsOnlyFp8CopiesOfItsInput) {
   }
 }
 
+// w1 and w3 as one product compute what the two FP8 linears compute: one
+// cast of x, each weight under its own scale, each half of the gradient
+// under its own layer's; the same statistics and scaling state. The
+// forward keeps x's FP8 bytes once for both.
+TEST(Fp8LinearsTest, TheJointGateUpProductIsTheTwoLinears) {
+  const int64_t M = 64, K = 96, F = 80;
+  for (Recipe recipe : {Recipe::kDelayed, Recipe::kCurrent, Recipe::kRowwise}) {
+    SCOPED_TRACE(RecipeName(recipe));
+    at::manual_seed(11);
+    RecipeConfig c;
+    c.recipe = recipe;
+    Fp8Linears joint(c), apart(c);
+    const at::Tensor w1 = (at::randn({F, K}) * 0.1).set_requires_grad(true);
+    const at::Tensor w3 = (at::randn({F, K}) * 0.3).set_requires_grad(true);
+    const at::Tensor w1b = w1.detach().clone().set_requires_grad(true);
+    const at::Tensor w3b = w3.detach().clone().set_requires_grad(true);
+    for (int step = 0; step < 3; ++step) {
+      const at::Tensor x = (at::randn({2, M / 2, K}) * (1 + step)).set_requires_grad(true);
+      const at::Tensor xb = x.detach().clone().set_requires_grad(true);
+      const at::Tensor g = at::randn({2, M / 2, 2 * F});
+      // The step's weight casts first (an earlier micro-batch's), in both.
+      joint.GateUpLinear(x.detach(), w1, w3, "layers.0.w1", "layers.0.w3");
+      apart.Linear(xb.detach(), w1b, "layers.0.w1");
+      apart.Linear(xb.detach(), w3b, "layers.0.w3");
+      at::Tensor y;
+      const int64_t held = testing::BytesHeldAfter([&] {
+        y = joint.GateUpLinear(x * 1.0, w1, w3, "layers.0.w1", "layers.0.w3");
+      });
+      const at::Tensor yb = at::cat({apart.Linear(xb, w1b, "layers.0.w1"),
+                                     apart.Linear(xb, w3b, "layers.0.w3")},
+                                    -1);
+      ASSERT_EQ(y.sizes(), yb.sizes());
+      EXPECT_TRUE(at::allclose(y, yb, 1e-5, 1e-6)) << (y - yb).abs().max();
+      // Row-wise takes the two products, each keeping x's column-scaled
+      // image.
+      const int64_t images = recipe == Recipe::kRowwise ? 2 : 1;
+      EXPECT_LE(held - y.nbytes(), images * (M * K + 64 * K)) << "x's FP8 bytes";
+      y.backward(g);
+      yb.backward(g);
+      EXPECT_TRUE(at::allclose(x.grad(), xb.grad(), 1e-5, 1e-6));
+      EXPECT_TRUE(at::allclose(w1.grad(), w1b.grad(), 1e-5, 1e-6));
+      EXPECT_TRUE(at::allclose(w3.grad(), w3b.grad(), 1e-5, 1e-6));
+      const Fp8Stats a = joint.TakeStats(), b = apart.TakeStats();
+      EXPECT_EQ(a.elements, b.elements) << "x cast once in both";
+      EXPECT_EQ(a.fp8_products, b.fp8_products);
+      EXPECT_EQ(a.total_products, b.total_products);
+      EXPECT_EQ(a.overflows, b.overflows);
+      EXPECT_EQ(a.underflows, b.underflows);
+      EXPECT_EQ(a.amax, b.amax);
+      joint.OnOptimizerStep();
+      apart.OnOptimizerStep();
+    }
+    const auto sa = joint.State(), sb = apart.State();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) {
+      EXPECT_EQ(sa[i].first, sb[i].first);
+      EXPECT_TRUE(at::equal(sa[i].second, sb[i].second)) << sa[i].first;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tally::precision

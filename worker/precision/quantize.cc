@@ -124,7 +124,7 @@ at::Tensor QuantizeDequantizeAlong(const at::Tensor& x, int64_t dim, Fp8Format f
 }
 
 Fp8Cast CastFp8(const at::Tensor& x2, const at::Tensor& scale, Fp8Format format, bool rows,
-                bool transposed, const CastSinks& sinks) {
+                bool transposed, const CastSinks& sinks, const at::Tensor& rows_into) {
   RECORD_USER_SCOPE("tally::fp8_cast");
   TORCH_CHECK(x2.dim() == 2, "CastFp8: x must be 2-D, got ", x2.dim(), "-D");
   at::Tensor x = x2.scalar_type() == at::kBFloat16 || x2.scalar_type() == at::kFloat
@@ -133,7 +133,16 @@ Fp8Cast CastFp8(const at::Tensor& x2, const at::Tensor& scale, Fp8Format format,
   const int64_t M = x.size(0), K = x.size(1);
   Fp8Cast out;
   const auto bytes = x.options().dtype(at::kByte);
-  if (rows) out.data = at::empty({M, K}, bytes);
+  if (rows && rows_into.defined()) {
+    TORCH_CHECK(rows_into.dim() == 2 && rows_into.size(0) == M && rows_into.size(1) == K &&
+                    rows_into.element_size() == 1 && rows_into.is_contiguous() &&
+                    rows_into.device() == x.device(),
+                "CastFp8: the row-major output must be a contiguous one-byte [", M, ", ", K,
+                "] tensor on ", x.device());
+    out.data = rows_into.view(at::kByte);
+  } else if (rows) {
+    out.data = at::empty({M, K}, bytes);
+  }
   if (transposed) out.data_t = at::empty({K, M}, bytes);
   if (rows || transposed) {
     TORCH_CHECK(scale.defined() && scale.numel() == 1 && scale.scalar_type() == at::kFloat &&

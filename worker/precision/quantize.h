@@ -63,10 +63,12 @@ struct CastSinks {
 // bytes with `rows`, transposed ones with `transposed`, and the sinks. With
 // neither layout it only measures (scale may then be undefined). CUDA
 // tensors run the kernel on the current stream (nothing waits for it); CPU
-// tensors its reference. Throws c10::Error when the kernel reports an error
-// or is not in this build.
+// tensors its reference. `rows_into`, when defined, is where the row-major
+// bytes go (a contiguous [M, K] uint8 or FP8 tensor on x2's device, e.g.
+// a row block of a larger image); data is then a view of it. Throws
+// c10::Error when the kernel reports an error or is not in this build.
 Fp8Cast CastFp8(const at::Tensor& x2, const at::Tensor& scale, Fp8Format format, bool rows,
-                bool transposed, const CastSinks& sinks);
+                bool transposed, const CastSinks& sinks, const at::Tensor& rows_into = {});
 
 // How many values the FP8 bookkeeping has read back from the device in this
 // process (each one a host sync on a GPU): for tests.
