@@ -291,6 +291,7 @@ sched::SchedulerOptions SchedulerOptionsFrom(const config::TallydOptions& o,
   s.quotas = config.quotas;
   s.cross_tenant_preemption = config.tenancy.cross_tenant_preemption;
   s.checkpoint_root = config.checkpoint_root;
+  s.logs_keep_bytes = config.logs.keep_bytes();
   return s;
 }
 

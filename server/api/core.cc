@@ -76,6 +76,7 @@ void Core::Shutdown() {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
     sessions.swap(sessions_);
+    scheduler_.log_notifier()->Close();  // ends every WatchJobLogs (UNAVAILABLE)
   }
   watch_hub_.Shutdown();
   {

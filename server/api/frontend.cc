@@ -44,6 +44,14 @@ class Frontend::Jobs final
                             tally::v1::CostEstimate* resp) override {
     return owner_->Forward<&Leader::jobs, &JobsService::EstimateCost>(c, req, resp);
   }
+  grpc::Status GetJobLogs(grpc::ServerContext* c, const tally::v1::GetJobLogsRequest* req,
+                          tally::v1::GetJobLogsResponse* resp) override {
+    return owner_->Forward<&Leader::jobs, &JobsService::GetJobLogs>(c, req, resp);
+  }
+  grpc::Status WatchJobLogs(grpc::ServerContext* c, const tally::v1::WatchJobLogsRequest* req,
+                            grpc::ServerWriter<tally::v1::LogLine>* w) override {
+    return owner_->Forward<&Leader::jobs, &JobsService::WatchJobLogs>(c, req, w);
+  }
 
  private:
   const Frontend* const owner_;

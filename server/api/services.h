@@ -76,8 +76,15 @@ class JobsService final
                                tally::v1::ListCheckpointsResponse*) override;
   grpc::Status EstimateCost(grpc::ServerContext*, const tally::v1::EstimateCostRequest*,
                             tally::v1::CostEstimate*) override;
+  // job_logs_service.cc. WatchJobLogs holds one of gRPC's threads while it
+  // waits, so its streams have limits of their own (LogWatchLimits).
+  grpc::Status GetJobLogs(grpc::ServerContext*, const tally::v1::GetJobLogsRequest*,
+                          tally::v1::GetJobLogsResponse*) override;
+  grpc::Status WatchJobLogs(grpc::ServerContext*, const tally::v1::WatchJobLogsRequest*,
+                            grpc::ServerWriter<tally::v1::LogLine>*) override;
 
  private:
+  static StreamLimiter::Options LogWatchLimits();
   // The job `id` as `p` may see it: NOT_FOUND (as for a job that does not
   // exist) when it belongs to another tenant.
   absl::StatusOr<store::JobRecord> VisibleJob(const auth::Principal& p, int64_t id) const;
@@ -90,6 +97,7 @@ class JobsService final
   RateLimiter* const submit_limiter_;
   const Clock* const clock_;
   StreamLimiter watch_limiter_;
+  StreamLimiter log_watch_limiter_{LogWatchLimits()};
 };
 
 // Experiments, synchronous. A WatchExperiment stream holds one of gRPC's

@@ -569,5 +569,67 @@ TEST_F(ServicesTest, AWorkerTokenSpeaksForItsOwnWorkerIdOnly) {
   }
 }
 
+// GetJobLogs and WatchJobLogs: GetJob's tenancy (another tenant's job is
+// NOT_FOUND), a page with filters, a tail, and a watch that ends with the job.
+TEST_F(ServicesTest, JobLogsHaveTheJobsTenancyFiltersAndAWatchThatEnds) {
+  const std::string alices = SubmitTiny(kAlice);
+  const int64_t id = std::stoll(alices.substr(5));
+  std::vector<tally::v1::LogLine> lines;
+  for (int i = 0; i < 3; ++i) {
+    tally::v1::LogLine l;
+    l.set_attempt(1);
+    l.set_rank(i % 2);
+    l.set_level("info");
+    l.set_source("trainer");
+    l.set_text("line " + std::to_string(i));
+    l.mutable_time()->set_seconds(1'700'000'000 + i);
+    lines.push_back(l);
+  }
+  ASSERT_TRUE(store_.AppendJobLogs(id, lines, 1 << 20).ok());
+
+  tally::v1::GetJobLogsRequest req;
+  req.set_name(alices);
+  tally::v1::GetJobLogsResponse resp;
+  grpc::Status s = jobs_stub_->GetJobLogs(As(kBob).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), alices + " not found");
+  ASSERT_TRUE(jobs_stub_->GetJobLogs(As(kAlice).get(), req, &resp).ok());
+  ASSERT_EQ(resp.lines_size(), 3);
+  EXPECT_EQ(resp.lines(2).sequence(), 3);
+  EXPECT_FALSE(resp.more());
+  req.mutable_selector()->set_rank(1);
+  ASSERT_TRUE(jobs_stub_->GetJobLogs(As(kVera).get(), req, &resp).ok());
+  ASSERT_EQ(resp.lines_size(), 1);
+  EXPECT_EQ(resp.lines(0).text(), "line 1");
+  req.mutable_selector()->clear_rank();
+  req.mutable_selector()->set_tail(-1);
+  s = jobs_stub_->GetJobLogs(As(kAlice).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("selector.tail"));
+
+  // Bob's watch is refused; alice's sends the tail and ends once the job
+  // has ended.
+  tally::v1::WatchJobLogsRequest watch;
+  watch.set_name(alices);
+  watch.mutable_selector()->set_tail(2);
+  {
+    auto ctx = As(kBob);
+    auto reader = jobs_stub_->WatchJobLogs(ctx.get(), watch);
+    tally::v1::LogLine l;
+    EXPECT_FALSE(reader->Read(&l));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  tally::v1::Job job;
+  ASSERT_TRUE(Cancel(kAlice, alices, &job).ok());
+  auto ctx = As(kAlice);
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto reader = jobs_stub_->WatchJobLogs(ctx.get(), watch);
+  std::vector<std::string> texts;
+  tally::v1::LogLine l;
+  while (reader->Read(&l)) texts.push_back(l.text());
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_THAT(texts, ElementsAre("line 1", "line 2"));
+}
+
 }  // namespace
 }  // namespace tally::api

@@ -201,6 +201,10 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
         RETURN_IF_ERROR(ParseCheckpointRoot(section.second, line, &config.checkpoint_root));
         continue;
       }
+      if (key == "logs") {
+        RETURN_IF_ERROR(ParseLogsConfig(section.second, line, &config.logs));
+        continue;
+      }
       if (key == "worker_gpu_types") {
         RETURN_IF_ERROR(ParseGpuTypeList(section.second, line, &config.prices.worker_gpu_types));
         continue;
@@ -216,7 +220,7 @@ absl::StatusOr<TallydConfig> ParseTallydConfig(absl::string_view text) {
             key, " (line ", line,
             "): unknown key; expected usd_per_gpu_hour, spot_usd_per_gpu_hour, "
             "flops_per_second_per_gpu, worker_gpu_types, checkpoint_root, tenants, grpc_server, "
-            "limits or tenancy"));
+            "limits, tenancy or logs"));
       }
       if (!section.second.IsMap()) {
         return absl::InvalidArgumentError(

@@ -9,6 +9,7 @@
 //     research: {max_gpus: 8, max_dollars_per_day: 200, max_dollars_per_month: 3000}
 //   worker_gpu_types: [l4]                # announced by workers, not priced
 //   checkpoint_root: /mnt/tally-checkpoints
+//   logs: {keep_mib: 4}                   # job output kept per job (logs_config.h)
 //
 // A GPU type with no spot price is priced on spot at its on-demand price; a
 // spot price above the on-demand one is accepted as given.
@@ -28,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "server/ledger/cost_ledger.h"
 #include "server/ledger/tenant_quota.h"
+#include "server/config/logs_config.h"
 #include "server/config/server_limits.h"
 #include "server/config/tenancy.h"
 
@@ -46,6 +48,8 @@ struct TallydConfig {
   // then records only checkpoints in ROOT/job-N/. Empty: not checked.
   // Read at start; SIGHUP does not move it.
   std::string checkpoint_root;
+  // logs: how much of each job's output tallyd keeps. Read at start.
+  LogsConfig logs;
 
   // InvalidArgument for a negative or non-finite price (on-demand or spot),
   // or a throughput that is not a positive finite number, naming the key.

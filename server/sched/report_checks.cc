@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/text.h"
+#include "server/sched/log_report_checks.h"
 #include "server/sched/plan.h"
 
 namespace tally::sched {
@@ -258,6 +259,8 @@ absl::Status CheckReportFigures(const tally::v1::WorkerMessage& msg) {
       }
       return absl::OkStatus();
     }
+    case tally::v1::WorkerMessage::kLogs:
+      return CheckLogBatch(msg.logs());
     default:
       return absl::OkStatus();
   }
@@ -373,6 +376,8 @@ std::pair<std::string, int32_t> ReportedAttempt(const tally::v1::WorkerMessage& 
       return {msg.checkpoint().job(), msg.checkpoint().attempt()};
     case tally::v1::WorkerMessage::kExit:
       return {msg.exit().job(), msg.exit().attempt()};
+    case tally::v1::WorkerMessage::kLogs:
+      return {msg.logs().job(), msg.logs().attempt()};
     default:
       return {"", 0};
   }

@@ -177,11 +177,13 @@ void SchedMetrics::RegisterFleetFamilies(metrics::Registry& registry) {
                               "of range (invalid: the worker's stream ends), an evaluation or "
                               "checkpoint taken already, sent again after a broken stream "
                               "lost its acknowledgement (repeated), a hello announcing a GPU "
-                              "type tallyd's config does not name (hello).")
+                              "type tallyd's config does not name (hello), a log batch about "
+                              "an attempt the worker does not run (logs) or over its limits "
+                              "(logs_invalid).")
                         .Register(registry);
   for (const char* kind : {"progress", "eval", "checkpoint", "exit", "checkpoint_path",
                            "progress_out_of_order", "damaged_checkpoint", "invalid",
-                           "repeated", "hello"}) {
+                           "repeated", "hello", "logs", "logs_invalid"}) {
     refused_reports_->Add({{"kind", kind}});
   }
   gpus_wanted_ = &metrics::BuildGauge()

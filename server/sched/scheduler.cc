@@ -53,7 +53,8 @@ Scheduler::Scheduler(store::JobStore* store, WorkerChannel* channel, const Clock
       options_(options),
       ledger_(options.prices),
       workers_(options.heartbeat_timeout),
-      metrics_(registry, store, options.job_metrics) {
+      metrics_(registry, store, options.job_metrics),
+      log_metrics_(registry) {
   observers_.push_back(metrics_.job_observer());
   for (const auto& [gpu_type, price] : options_.prices.usd_per_gpu_hour) metrics_.AddGpuType(gpu_type);
 }

@@ -69,6 +69,8 @@
 #include "server/ledger/cost_ledger.h"
 #include "server/ledger/tenant_quota.h"
 #include "server/metrics/job_metrics.h"
+#include "server/logs/log_metrics.h"
+#include "server/logs/log_notifier.h"
 #include "server/metrics/registry.h"
 #include "server/policy/forecast.h"
 #include "server/policy/placement.h"
@@ -119,6 +121,9 @@ struct SchedulerOptions {
   // outside ROOT/job-N/ is refused. Empty: any absolute path in the job's
   // folder (report_checks.h CheckCheckpointPath).
   std::string checkpoint_root;
+  // Each job keeps its newest log output up to this many bytes (tallyd's
+  // --config logs.keep_mib); older lines give way to a marker.
+  int64_t logs_keep_bytes = int64_t{4} << 20;
 };
 
 // Who asks for a change: a principal's name and tenant (empty when tallyd
@@ -265,6 +270,9 @@ class Scheduler {
   // `observer` is told of every committed job change from now on; it must
   // outlive the scheduler (or be there until its last call).
   void AddObserver(CommitObserver* observer) { observers_.push_back(observer); }
+  // Moves after every committed log batch (WatchJobLogs waits on it).
+  // Thread-safe: may be used without the scheduler's lock.
+  logs::LogNotifier* log_notifier() { return &log_notifier_; }
 
  private:
   // The queued jobs, as placement takes them.
@@ -348,6 +356,9 @@ class Scheduler {
   // Retries the worker's exits whose commit failed; the first error.
   absl::Status RetryExits(const std::string& worker_id);
   absl::Status HandleProgress(ActiveJob& job, const tally::v1::Progress& p);
+  // A worker's log batch (scheduler_logs.cc): checked, stored, then its
+  // watchers woken; a refused one is counted and dropped.
+  absl::Status HandleLogs(const std::string& worker_id, const tally::v1::LogBatch& batch);
   ActiveJob* CurrentAttempt(const std::string& job, int32_t attempt);
   // FAILED_PRECONDITION for a job that has ended ("...; only QUEUED or
   // RUNNING jobs can <what>"), UNAVAILABLE for one committed by a submit
@@ -398,6 +409,8 @@ class Scheduler {
   WorkerRegistry workers_;
 
   SchedMetrics metrics_;
+  logs::LogMetrics log_metrics_;
+  logs::LogNotifier log_notifier_;
   // A waiting job's claim on the slots its preemptions free: the (worker,
   // attempt) holds of its victims, until each is released (a gang's ranks
   // exit one by one) or the job leaves the queue. In memory only: after a

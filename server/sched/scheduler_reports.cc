@@ -120,6 +120,8 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
   }
   sender->last_seen = clock_->Now();
   sender->counted_lost = false;
+  // Log lines have their own checks and refusals (scheduler_logs.cc).
+  if (msg.has_logs()) return HandleLogs(worker_id, msg.logs());
 
   // A report about an attempt tallyd no longer runs gets a stop order. Its
   // slots stay held until the worker reports the exit: the worker is still
@@ -206,6 +208,8 @@ absl::Status Scheduler::OnMessage(const std::string& worker_id,
     case tally::v1::WorkerMessage::kNotice:
       s = HandleNotice(worker_id, *sender, msg.notice());
       break;
+    case tally::v1::WorkerMessage::kLogs:
+      return absl::OkStatus();  // handled above
     case tally::v1::WorkerMessage::kHello:
       return absl::FailedPreconditionError("Hello was already sent on this stream");
     case tally::v1::WorkerMessage::MSG_NOT_SET:

@@ -11,6 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/logs/log_retention.h"
+#include "server/store/job_logs.h"
 #include "server/store/write_health.h"
 #include "tally/store/records.pb.h"
 #include "tally/v1/experiments.pb.h"
@@ -124,6 +126,18 @@ class JobStore {
   virtual absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() = 0;
   virtual absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
       int64_t experiment_id, int64_t after_sequence, int limit) = 0;
+
+  // --- Job logs, in the same database. In one transaction: `lines` get the
+  // job's next sequences and are stored, and the oldest lines over
+  // keep_bytes are dropped for a marker (logs::AppendLogs).
+  virtual absl::StatusOr<logs::AppendResult> AppendJobLogs(
+      int64_t job_id, std::vector<tally::v1::LogLine> lines, int64_t keep_bytes) {
+    return absl::UnimplementedError("this store keeps no job logs");
+  }
+  virtual absl::StatusOr<std::vector<tally::v1::LogLine>> ListJobLogs(
+      int64_t job_id, const LogQuery& query) {
+    return absl::UnimplementedError("this store keeps no job logs");
+  }
 };
 
 bool IsTerminal(tally::v1::JobState state);

@@ -39,6 +39,12 @@ class InMemoryJobStore final : public JobStore {
   absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() override;
   absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
       int64_t experiment_id, int64_t after_sequence, int limit) override;
+  // memory_job_logs.cc
+  absl::StatusOr<logs::AppendResult> AppendJobLogs(int64_t job_id,
+                                                   std::vector<tally::v1::LogLine> lines,
+                                                   int64_t keep_bytes) override;
+  absl::StatusOr<std::vector<tally::v1::LogLine>> ListJobLogs(int64_t job_id,
+                                                              const LogQuery& query) override;
 
  private:
   struct Entry {
@@ -60,6 +66,11 @@ class InMemoryJobStore final : public JobStore {
   int64_t next_experiment_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, ExperimentEntry> experiments_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> experiment_by_request_id_ ABSL_GUARDED_BY(mu_);
+  struct LogEntry {
+    logs::LogState state;
+    std::map<int64_t, tally::v1::LogLine> lines;  // by sequence
+  };
+  std::map<int64_t, LogEntry> logs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tally::store

@@ -13,6 +13,7 @@
 #include <libpq-fe.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -56,7 +57,7 @@ void IgnoreNotice(void*, const char*) {}
 
 // One queued write and, once `done`, its outcome.
 struct PostgresJobStore::Write {
-  enum class Kind { kCreateJob, kCreateExperiment, kCommit, kCommitExperiment, kPutWorker };
+  enum class Kind { kCreateJob, kCreateExperiment, kCommit, kCommitExperiment, kPutWorker, kRun };
   explicit Write(Kind k) : kind(k) {}
   const Kind kind;
   JobRecord job;
@@ -66,6 +67,7 @@ struct PostgresJobStore::Write {
   const Mutation* mutation = nullptr;
   const ExperimentMutation* experiment_mutation = nullptr;
   const WorkerRecord* worker = nullptr;
+  std::function<absl::Status()> run;  // kRun: with mu_ held, in the batch's transaction
 
   absl::Status status;
   std::optional<CreateResult> create_result;
@@ -412,6 +414,8 @@ absl::Status PostgresJobStore::ApplyWriteLocked(Write* w) {
               "ON CONFLICT (worker_id) DO UPDATE SET record = EXCLUDED.record",
               {Text(w->worker->worker_id()), Bytes(w->worker->SerializeAsString())})
           .status();
+    case Write::Kind::kRun:
+      return w->run();
   }
   return absl::InternalError("unknown write");
 }
@@ -429,6 +433,13 @@ absl::StatusOr<CreateResult> PostgresJobStore::CreateJob(JobRecord job,
 absl::Status PostgresJobStore::Commit(const Mutation& mutation) {
   Write w(Write::Kind::kCommit);
   w.mutation = &mutation;
+  RunWrite(&w);
+  return w.status;
+}
+
+absl::Status PostgresJobStore::RunInWrite(std::function<absl::Status()> run) {
+  Write w(Write::Kind::kRun);
+  w.run = std::move(run);
   RunWrite(&w);
   return w.status;
 }

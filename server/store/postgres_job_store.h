@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,7 +51,7 @@ class Connection;  // postgres_wire.h
 class PostgresJobStore final : public JobStore {
  public:
   // The schema version this build writes.
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   // Connects to `dsn` (a libpq connection string or URI) and migrates the
   // schema. FAILED_PRECONDITION for a schema newer than this build;
@@ -106,6 +107,13 @@ class PostgresJobStore final : public JobStore {
   absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() override;
   absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
       int64_t experiment_id, int64_t after_sequence, int limit) override;
+  // Job logs (postgres_job_logs.cc): an append is a queued write like the
+  // others, fenced by the lease.
+  absl::StatusOr<logs::AppendResult> AppendJobLogs(int64_t job_id,
+                                                   std::vector<tally::v1::LogLine> lines,
+                                                   int64_t keep_bytes) override;
+  absl::StatusOr<std::vector<tally::v1::LogLine>> ListJobLogs(int64_t job_id,
+                                                              const LogQuery& query) override;
 
  private:
   struct Write;
@@ -122,6 +130,8 @@ class PostgresJobStore final : public JobStore {
   // Queues `w`, then runs it (with whatever else is queued) in one
   // transaction, or waits for the caller who does.
   void RunWrite(Write* w) ABSL_LOCKS_EXCLUDED(mu_, queue_mu_);
+  // `run` as a queued write: with mu_ held, in its batch's transaction.
+  absl::Status RunInWrite(std::function<absl::Status()> run) ABSL_LOCKS_EXCLUDED(mu_, queue_mu_);
   // Runs `batch` in one transaction; true if it reached COMMIT.
   bool RunBatchLocked(std::vector<Write*>& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckFenceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -64,6 +64,23 @@ const char* const kMigrations[] = {
       expires_at TIMESTAMPTZ NOT NULL);
     INSERT INTO tally_lease (id, holder, epoch, expires_at) VALUES (1, '', 0, '-infinity');
     )sql",
+    // 1 -> 2: what attempts printed (postgres_job_logs.cc); cost 0: a marker.
+    R"sql(
+    CREATE TABLE job_logs (
+      job_id BIGINT NOT NULL,
+      seq BIGINT NOT NULL,
+      attempt INT NOT NULL,
+      rank INT NOT NULL,
+      time_us BIGINT NOT NULL,
+      cost BIGINT NOT NULL,
+      line BYTEA NOT NULL,
+      PRIMARY KEY (job_id, seq));
+    CREATE TABLE job_log_state (
+      job_id BIGINT PRIMARY KEY,
+      last_seq BIGINT NOT NULL,
+      kept_bytes BIGINT NOT NULL,
+      dropped_bytes BIGINT NOT NULL);
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == PostgresJobStore::kSchemaVersion);
 

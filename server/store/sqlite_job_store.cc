@@ -85,6 +85,15 @@ const char* const kMigrations[] = {
       usd REAL NOT NULL,
       PRIMARY KEY (tenant, hour)) WITHOUT ROWID;
     )sql",
+    // 5 -> 6: what attempts printed (sqlite_job_logs.cc); cost 0: a marker.
+    R"sql(
+    CREATE TABLE job_logs (
+      job_id INTEGER NOT NULL, seq INTEGER NOT NULL, attempt INTEGER NOT NULL,
+      rank INTEGER NOT NULL, time_us INTEGER NOT NULL, cost INTEGER NOT NULL,
+      line BLOB NOT NULL, PRIMARY KEY (job_id, seq)) WITHOUT ROWID;
+    CREATE TABLE job_log_state (job_id INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL,
+      kept_bytes INTEGER NOT NULL, dropped_bytes INTEGER NOT NULL);
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) ==
               SqliteJobStore::kSchemaVersion);

@@ -36,7 +36,7 @@ namespace tally::store {
 class SqliteJobStore final : public JobStore {
  public:
   // The schema version this build writes.
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
 
   // Opens (creating if needed) and migrates the database at `path`.
   static absl::StatusOr<std::unique_ptr<SqliteJobStore>> Open(
@@ -94,6 +94,13 @@ class SqliteJobStore final : public JobStore {
   absl::StatusOr<std::vector<ExperimentRecord>> ListActiveExperiments() override;
   absl::StatusOr<std::vector<tally::v1::ExperimentEvent>> ListExperimentEvents(
       int64_t experiment_id, int64_t after_sequence, int limit) override;
+  // Job logs (sqlite_job_logs.cc): an append is a write in the group-commit
+  // queue like any other.
+  absl::StatusOr<logs::AppendResult> AppendJobLogs(int64_t job_id,
+                                                   std::vector<tally::v1::LogLine> lines,
+                                                   int64_t keep_bytes) override;
+  absl::StatusOr<std::vector<tally::v1::LogLine>> ListJobLogs(int64_t job_id,
+                                                              const LogQuery& query) override;
 
  private:
   // One write in the queue. `write` runs in its batch's transaction with
