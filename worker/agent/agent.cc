@@ -78,7 +78,9 @@ Agent::Agent(AgentOptions options, std::unique_ptr<Runner> runner, AgentSeams se
       connector_(seams.connector != nullptr ? std::move(seams.connector)
                                             : std::make_unique<GrpcConnector>(options_.controller)),
       backoff_seed_(seams.backoff_seed.has_value() ? *seams.backoff_seed
-                                                   : std::random_device{}()) {}
+                                                   : std::random_device{}()) {
+  InstallAttemptLogSink();
+}
 
 bool Agent::AwaitUntil(const absl::Condition& cond, absl::Time deadline, uint64_t* num_checks) {
   while (true) {
@@ -109,8 +111,17 @@ void Agent::EnqueueReport(Attempt* a, WorkerMessage m) {
   absl::MutexLock lock(&mu_);
   // Its exit is queued already: tallyd takes nothing of an attempt after it.
   if (a->abandoned) return;
+  FlushLogsLocked();  // what it printed goes ahead of what it reports
   outbox_.Push(std::move(m));
   outbox_cv_.Signal();
+}
+
+void Agent::FlushLogsLocked() {
+  for (tally::v1::LogBatch& b : log_capture_.TakeBatches()) {
+    WorkerMessage m;
+    *m.mutable_logs() = std::move(b);
+    outbox_.Push(std::move(m));
+  }
 }
 
 tally::v1::Hello Agent::MakeHello() {
@@ -179,8 +190,21 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
   Attempt* raw = attempt.get();
   running_[key] = std::move(attempt);
   raw->thread = std::thread([this, raw, key] {
+    // What this thread logs is the attempt's output (log_capture.h).
+    std::optional<AttemptLogScope> log_scope;
+    if (options_.capture_logs) {
+      log_scope.emplace(&log_capture_,
+                        AttemptLogKey{raw->assignment.job(), raw->assignment.attempt(),
+                                      raw->assignment.rank()},
+                        "worker");
+    }
+    spdlog::info("attempt {} of {}: started on worker {} (rank {}/{})", raw->assignment.attempt(),
+                 raw->assignment.job(), options_.worker_id, raw->assignment.rank(),
+                 raw->assignment.world_size());
+    if (log_scope) log_scope->set_source("trainer");
     AttemptReporter reporter(this, raw);
     tally::v1::AttemptExit exit = runner_->Run(raw->assignment, &reporter, &raw->stop);
+    if (log_scope) log_scope->set_source("worker");
     exit.set_rank(raw->assignment.rank());
     absl::MutexLock lock(&mu_);
     // The cause this worker knows; none when another rank was preempted
@@ -198,6 +222,7 @@ void Agent::StartAttempt(const tally::v1::Assignment& assignment) {
                    exit.preemption_cause().empty()
                        ? ""
                        : absl::StrCat(", cause ", exit.preemption_cause()));
+      FlushLogsLocked();  // the attempt's last lines go before its exit
       WorkerMessage m;
       *m.mutable_exit() = exit;
       outbox_.Push(std::move(m));
@@ -272,6 +297,7 @@ void Agent::ReapFinished() {
 void Agent::WriteReports(StreamState* st, Stream* stream, grpc::ClientContext* context) {
   absl::MutexLock lock(&mu_);
   while (!st->done) {
+    FlushLogsLocked();
     if (!outbox_.HasUnwritten() || !st->welcomed) {
       const bool draining = shutdown_.load() || !preemption_cause_.empty();
       if (!outbox_.HasUnwritten() && draining &&

@@ -81,6 +81,7 @@
 #include "worker/agent/backoff.h"
 #include "worker/agent/connector.h"
 #include "worker/agent/credentials.h"
+#include "worker/agent/log_capture.h"
 #include "worker/agent/outbox.h"
 #include "worker/agent/runner.h"
 #include "worker/train/stop.h"
@@ -123,6 +124,9 @@ struct AgentOptions {
   // Leave (Run() returns 0) after this long connected with no attempt; the
   // worker tells tallyd first (a Notice with cause "idle"). Zero: never.
   absl::Duration exit_when_idle = absl::ZeroDuration();
+  // Send what each attempt logs (log_capture.h) to tallyd as LogBatch
+  // reports, ahead of the attempt's other reports and its exit.
+  bool capture_logs = true;
 };
 
 // What the agent takes from outside besides its options; tests pass fakes.
@@ -238,6 +242,8 @@ class Agent {
                   uint64_t* num_checks = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A report of `a`'s, dropped once `a` is abandoned.
   void EnqueueReport(Attempt* a, tally::v1::WorkerMessage m);
+  // What attempts printed since the last call (LogCapture), into the outbox.
+  void FlushLogsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the attempts to exit and the stream to take their reports,
   // gives up on them at the deadline, and ends Run() (its own thread).
   void Drain(absl::Time deadline);
@@ -267,6 +273,7 @@ class Agent {
   absl::Mutex mu_;
   absl::CondVar outbox_cv_;
   Outbox outbox_ ABSL_GUARDED_BY(mu_);
+  LogCapture log_capture_;  // thread-safe on its own
   std::map<std::string, std::unique_ptr<Attempt>> running_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Attempt>> finished_ ABSL_GUARDED_BY(mu_);
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);

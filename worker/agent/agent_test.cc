@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_join.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
 #include "worker/agent/backoff.h"
@@ -64,6 +65,20 @@ class NoRunner final : public Runner {
                              const train::StopFlag*) override {
     ADD_FAILURE() << "no assignment was sent";
     return {};
+  }
+};
+
+// Logs a line with a control character and a second line, then succeeds.
+class PrintingRunner final : public Runner {
+ public:
+  tally::v1::AttemptExit Run(const tally::v1::Assignment& a, Reporter*,
+                             const train::StopFlag*) override {
+    spdlog::warn("loss spiked\x1b[2J\nsecond line");
+    tally::v1::AttemptExit e;
+    e.set_job(a.job());
+    e.set_attempt(a.attempt());
+    e.set_outcome(tally::v1::ATTEMPT_OUTCOME_SUCCEEDED);
+    return e;
   }
 };
 
@@ -566,6 +581,7 @@ class AgentTest : public ::testing::Test {
     o.initial_backoff = absl::Milliseconds(10);
     o.max_backoff = absl::Milliseconds(40);
     o.credential_files = files;
+    o.capture_logs = false;  // these tests count reports; LogsGoAheadOfTheExit turns it on
     absl::StatusOr<Credentials> c = LoadCredentials(files);
     EXPECT_TRUE(c.ok()) << c.status();
     if (c.ok()) o.credentials = *c;
@@ -681,6 +697,37 @@ class AgentTest : public ::testing::Test {
   int run_rc_ ABSL_GUARDED_BY(run_mu_) = -1;
   absl::Time run_returned_ ABSL_GUARDED_BY(run_mu_) = absl::InfinitePast();
 };
+
+// What an attempt's thread logs reaches tallyd as LogBatch reports of that
+// attempt, one line per line, before the attempt's exit.
+TEST_F(AgentTest, LogsGoAheadOfTheExit) {
+  StartTallyd();
+  AgentOptions o = Options({});
+  o.capture_logs = true;
+  StartAgent(o, std::make_unique<PrintingRunner>());
+  ASSERT_TRUE(tallyd_->WaitConnected());
+  ASSERT_TRUE(tallyd_->Send(AssignmentMessage("jobs/4", 2)));
+  ASSERT_TRUE(tallyd_->WaitFor([](const auto& m) { return m.has_exit(); }));
+  std::vector<std::string> texts;
+  bool exit_seen = false;
+  for (const auto& m : WithoutHeartbeats(tallyd_->received())) {
+    if (m.has_exit()) exit_seen = true;
+    if (!m.has_logs()) continue;
+    EXPECT_FALSE(exit_seen) << "a log batch after the exit";
+    EXPECT_EQ(m.logs().job(), "jobs/4");
+    EXPECT_EQ(m.logs().attempt(), 2);
+    for (const auto& l : m.logs().lines()) {
+      texts.push_back(l.source() + " " + l.level() + " " + l.text());
+      EXPECT_GT(l.time().seconds(), 0);
+    }
+  }
+  ASSERT_EQ(texts.size(), 4u) << absl::StrJoin(texts, " | ");
+  EXPECT_EQ(texts[0], "worker info attempt 2 of jobs/4: started on worker w1 (rank 0/1)");
+  EXPECT_EQ(texts[1], "trainer warning loss spiked\x1b[2J");
+  EXPECT_EQ(texts[2], "trainer warning second line");
+  EXPECT_EQ(texts[3].rfind("worker info attempt 2 of jobs/4: ATTEMPT_OUTCOME_SUCCEEDED", 0), 0u)
+      << texts[3];
+}
 
 TEST_F(AgentTest, TheTokenIsSentAsBearerMetadataAndReadAgainOnReconnect) {
   StartServer(grpc::Status(grpc::StatusCode::UNAVAILABLE, "closing"));

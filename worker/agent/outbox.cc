@@ -30,9 +30,47 @@ bool About(const WorkerMessage& m, std::string* job, int32_t* attempt, int64_t* 
   }
 }
 
+int64_t LogBytes(const WorkerMessage& m) {
+  int64_t n = 0;
+  for (const auto& l : m.logs().lines()) n += static_cast<int64_t>(l.text().size());
+  return n;
+}
+
+bool SameAttempt(const tally::v1::LogBatch& a, const tally::v1::LogBatch& b) {
+  return a.job() == b.job() && a.attempt() == b.attempt() && a.rank() == b.rank();
+}
+
 }  // namespace
 
+void Outbox::PushLogs(WorkerMessage m) {
+  queue_.push_back(std::move(m));
+  int64_t total = 0;
+  for (size_t i = written_; i < queue_.size(); ++i) {
+    if (queue_[i].has_logs()) total += LogBytes(queue_[i]);
+  }
+  // Over the limit: the oldest unwritten batches go; the next batch of the
+  // same attempt and rank says how many bytes.
+  for (size_t i = written_; total > kMaxQueuedLogBytes && i + 1 < queue_.size();) {
+    if (!queue_[i].has_logs()) {
+      ++i;
+      continue;
+    }
+    const int64_t bytes = LogBytes(queue_[i]);
+    const int64_t owed = queue_[i].logs().dropped_bytes() + bytes;
+    for (size_t j = i + 1; j < queue_.size(); ++j) {
+      if (queue_[j].has_logs() && SameAttempt(queue_[j].logs(), queue_[i].logs())) {
+        auto* next = queue_[j].mutable_logs();
+        next->set_dropped_bytes(next->dropped_bytes() + owed);
+        break;
+      }
+    }
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
+    total -= bytes;
+  }
+}
+
 void Outbox::Push(WorkerMessage m) {
+  if (m.has_logs()) return PushLogs(std::move(m));
   if (m.has_progress()) {
     const tally::v1::Progress& p = m.progress();
     bool merge_closed = false;  // something else of this job is queued after

@@ -13,6 +13,11 @@
 // that does not acknowledge, written messages are dropped at once.
 // PushUrgent (a preemption notice) goes ahead of everything not written.
 //
+// Log batches (LogBatch) are bounded: past kMaxQueuedLogBytes of unwritten
+// log text (a worker out of reach of tallyd), the oldest unwritten batches
+// are dropped and the next batch of their attempt and rank carries the count
+// (LogBatch.dropped_bytes).
+//
 // Not thread-safe: the agent holds its mutex around every call.
 #ifndef TALLY_WORKER_AGENT_OUTBOX_H_
 #define TALLY_WORKER_AGENT_OUTBOX_H_
@@ -53,7 +58,10 @@ class Outbox {
   void Rewind() { written_ = 0; }
   size_t written() const { return written_; }
 
+  static constexpr int64_t kMaxQueuedLogBytes = int64_t{8} << 20;
+
  private:
+  void PushLogs(tally::v1::WorkerMessage m);
   std::deque<tally::v1::WorkerMessage> queue_;
   size_t written_ = 0;  // the front messages written on this stream
 };
