@@ -19,6 +19,7 @@
 #include "cli/tallyctl/experiment_commands.h"
 #include "cli/tallyctl/flags.h"
 #include "cli/tallyctl/jobs_commands.h"
+#include "cli/tallyctl/logs_command.h"
 #include "cli/tallyctl/output.h"
 #include "cli/tallyctl/suggest.h"
 #include "cli/tallyctl/token_commands.h"
@@ -56,7 +57,8 @@ int Main(std::vector<char*> args) {
   }
   static constexpr const char* kCommands[] = {"experiment", "submit",      "list",
                                               "get",        "watch",       "cancel",
-                                              "checkpoints", "cost",       "estimate"};
+                                              "checkpoints", "cost",       "estimate",
+                                              "logs"};
   if (std::find(std::begin(kCommands), std::end(kCommands), cmd) == std::end(kCommands)) {
     std::vector<const char*> known(std::begin(kCommands), std::end(kCommands));
     known.insert(known.end(), {"validate", "token", "help"});
@@ -79,6 +81,7 @@ int Main(std::vector<char*> args) {
     return need_job("checkpoints") ? Checkpoints(client, args[2]) : kUsage;
   }
   if (cmd == "cost") return need_job("cost") ? Cost(client, args[2]) : kUsage;
+  if (cmd == "logs") return need_job("logs") ? Logs(client, args[2]) : kUsage;
   if (cmd == "estimate") return Estimate(client);
   std::cerr << "tallyctl: unknown command \"" << Safe(cmd) << "\"\n";
   return kUsage;

@@ -13,6 +13,8 @@ Commands:
                          admins: --tenant=T for one tenant's)
   watch JOB              follow a job's events until it ends (progress bar on
                          a terminal, one line per event otherwise)
+  logs JOB               what the job's attempts printed (--follow until it
+                         ends, --attempt K, --rank R, --since 10m, --tail 100)
   cancel JOB             cancel a queued or running job (--reason)
   checkpoints JOB        list a job's checkpoints, with their cost
   cost JOB               what a job cost: estimate beside actual, dollars per
