@@ -40,7 +40,7 @@ from typing import Any  # noqa: E402
 
 from tally._client import Client, Experiments, Jobs
 from tally._common import ExperimentRef, JobRef
-from tally._display import (experiment_summary, job_summary, register_ipython,
+from tally._display import (JobState, experiment_summary, job_summary, register_ipython,
                             state_name)
 from tally._config import Connection, resolve_connection
 from tally._errors import (AlreadyExists, ConfigError, DeadlineExceeded, FailedPrecondition,
@@ -59,7 +59,7 @@ __all__ = [
     "Unauthenticated", "FailedPrecondition", "ResourceExhausted", "Unavailable",
     "DeadlineExceeded", "ExperimentReport", "EvalHistory", "TrainHistory", "load_job_spec",
     "load_experiment_spec", "plot_loss_vs_dollars", "jobs_pb2", "experiments_pb2", "spec_pb2",
-    "state_name", "job_summary", "experiment_summary", "JobRef", "ExperimentRef",
+    "JobState", "state_name", "job_summary", "experiment_summary", "JobRef", "ExperimentRef",
     "JobSpecInput", "ExperimentSpecInput",
 ]
 

@@ -9,6 +9,7 @@ functions everywhere else."""
 
 from __future__ import annotations
 
+import enum
 import html
 import math
 import sys
@@ -17,8 +18,30 @@ from typing import Any
 
 from tally.v1 import experiments_pb2, jobs_pb2
 
-__all__ = ["state_name", "job_summary", "job_html", "experiment_summary", "experiment_html",
+__all__ = ["JobState", "state_name", "job_summary", "job_html", "experiment_summary", "experiment_html",
            "sparkline_svg", "register_ipython"]
+
+class JobState(enum.IntEnum):
+    """A job's state by name: ``tally.JobState(job.state)`` prints as
+    ``SUCCEEDED`` and equals the message's number (``jobs_pb2`` constants)."""
+
+    UNSPECIFIED = jobs_pb2.JOB_STATE_UNSPECIFIED
+    QUEUED = jobs_pb2.JOB_STATE_QUEUED
+    RUNNING = jobs_pb2.JOB_STATE_RUNNING
+    SUCCEEDED = jobs_pb2.JOB_STATE_SUCCEEDED
+    EARLY_STOPPED = jobs_pb2.JOB_STATE_EARLY_STOPPED
+    BUDGET_EXHAUSTED = jobs_pb2.JOB_STATE_BUDGET_EXHAUSTED
+    CANCELLED = jobs_pb2.JOB_STATE_CANCELLED
+    FAILED = jobs_pb2.JOB_STATE_FAILED
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def ended(self) -> bool:
+        """Whether a job in this state has ended (it will not run again)."""
+        return self >= JobState.SUCCEEDED
+
 
 StateLike = (jobs_pb2.Job | jobs_pb2.JobEvent | experiments_pb2.Experiment
              | experiments_pb2.VariantStatus | int)

@@ -34,6 +34,16 @@ class StateNameTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             tally.state_name({"state": 3})
 
+    def test_job_state_is_a_readable_enum_equal_to_the_number(self):
+        state = tally.JobState(big_job().state)
+        self.assertEqual(str(state), "SUCCEEDED")
+        self.assertEqual(state, jobs_pb2.JOB_STATE_SUCCEEDED)
+        self.assertTrue(state.ended)
+        self.assertFalse(tally.JobState.RUNNING.ended)
+        self.assertEqual(f"{tally.JobState(2)}", "RUNNING")
+        self.assertEqual([s.name for s in tally.JobState][1:],
+                         [n.removeprefix("JOB_STATE_") for n in jobs_pb2.JobState.keys()][1:])
+
 
 class SummaryTest(unittest.TestCase):
     def test_a_job_is_one_short_line_not_its_whole_message(self):
