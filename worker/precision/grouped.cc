@@ -31,8 +31,9 @@ at::Tensor ScaledGroupedMm(const at::Tensor& x8, const at::Tensor& sa_R, const a
     at::Tensor offs = at::tensor(ends32, at::kInt).pin_memory().to(x8.device(), true);
     // The second operand column-major per group: w8 is [E, O, I] row-major,
     // so its transpose [E, I, O] is.
+    // A forward product: fast accumulation, as the dense forward (linear.cc).
     return at::_scaled_grouped_mm(x8, w8.transpose(1, 2), sa_R, sb_EO, offs, {}, {},
-                                  at::kBFloat16);
+                                  at::kBFloat16, /*use_fast_accum=*/true);
   }
   at::Tensor y = at::zeros({x8.size(0), w8.size(1)}, x8.options().dtype(at::kFloat));
   int64_t start = 0;

@@ -13,7 +13,9 @@
 // product is at::_scaled_mm on those bytes with the inverse scales from
 // device memory (the second operand column-major, dimensions multiples of
 // 16; a shape it cannot take runs in BF16 and is counted); nothing reads a
-// value back to the host. CPU: the same bytes dequantized
+// value back to the host. Forward products accumulate fast (the tensor
+// cores' accumulator over the whole K, as TransformerEngine's forward),
+// the two backward products exactly. CPU: the same bytes dequantized
 // (FP8 / scale) and multiplied in FP32, so CPU tests check what the GPU
 // computes up to accumulation order. Row-wise: rowwise_recipe.cc.
 //

@@ -40,11 +40,12 @@ at::Tensor DequantizedOf(const RowwiseImage& a) {
 }
 
 // a [M, K] times b [N, K]^T, each scaled per row: CUDA one row-wise
-// _scaled_mm (scale_a [M, 1], scale_b [1, N], FP32), BF16 out; CPU FP32.
-at::Tensor RowwiseProduct(const RowwiseImage& a, const RowwiseImage& b) {
+// _scaled_mm (scale_a [M, 1], scale_b [1, N], FP32), BF16 out, fast
+// accumulation for the forward product only (linear.cc says why); CPU FP32.
+at::Tensor RowwiseProduct(const RowwiseImage& a, const RowwiseImage& b, bool fast_accum) {
   if (a.data.is_cuda()) {
     return at::_scaled_mm(a.data, b.data.t(), a.inv_scale, b.inv_scale.reshape({1, -1}), {}, {},
-                          at::kBFloat16);
+                          at::kBFloat16, fast_accum);
   }
   return at::matmul(DequantizedOf(a), DequantizedOf(b).t());
 }
@@ -76,7 +77,7 @@ at::Tensor RowwiseForward(Fp8Linears* linears, const Fp8Layer& layer, const at::
   // backward needs no copy of x (the same amax as x's, not reported twice).
   *x_cols = RowwiseCast(linears, x2.t().contiguous(), Fp8Format::kE4M3, "");
   linears->CountProducts(1, 1);
-  return RowwiseProduct(xi, wi.rows);
+  return RowwiseProduct(xi, wi.rows, /*fast_accum=*/true);
 }
 
 std::pair<at::Tensor, at::Tensor> RowwiseBackward(Fp8Linears* linears, const Fp8Layer& layer,
@@ -85,10 +86,10 @@ std::pair<at::Tensor, at::Tensor> RowwiseBackward(Fp8Linears* linears, const Fp8
   const RowwiseWeight& wi = linears->RowwiseWeightImage(layer, w);
   // dX [M, K] = dY [M, N] x (W^T [K, N])^T: dY per row, W^T per row (W per column).
   const RowwiseImage gi = RowwiseCast(linears, g2, Fp8Format::kE5M2, layer.group + ".grad");
-  const at::Tensor gx = RowwiseProduct(gi, wi.cols);
+  const at::Tensor gx = RowwiseProduct(gi, wi.cols, /*fast_accum=*/false);
   // dW [N, K] = dY^T [N, M] x (X^T [K, M])^T: both along M.
   const RowwiseImage gti = RowwiseCast(linears, g2.t().contiguous(), Fp8Format::kE5M2, "");
-  const at::Tensor gw = RowwiseProduct(gti, x_cols);
+  const at::Tensor gw = RowwiseProduct(gti, x_cols, /*fast_accum=*/false);
   linears->CountProducts(2, 2);
   return {gx, gw};
 }
