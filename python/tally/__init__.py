@@ -46,6 +46,7 @@ from tally._config import Connection, resolve_connection
 from tally._errors import (AlreadyExists, ConfigError, DeadlineExceeded, FailedPrecondition,
                            InvalidSpec, NotFound, PermissionDenied, ResourceExhausted,
                            TallyError, Unauthenticated, Unavailable)
+from tally._logs import LogLine
 from tally._report import EvalHistory, ExperimentReport, TrainHistory
 from tally._spec import (ExperimentSpecInput, JobSpecInput, load_experiment_spec,
                          load_job_spec)
@@ -60,7 +61,7 @@ __all__ = [
     "DeadlineExceeded", "ExperimentReport", "EvalHistory", "TrainHistory", "load_job_spec",
     "load_experiment_spec", "plot_loss_vs_dollars", "jobs_pb2", "experiments_pb2", "spec_pb2",
     "JobState", "state_name", "job_summary", "experiment_summary", "JobRef", "ExperimentRef",
-    "JobSpecInput", "ExperimentSpecInput",
+    "JobSpecInput", "ExperimentSpecInput", "LogLine",
 ]
 
 # In a notebook, Job and Experiment messages show as a line and a table.

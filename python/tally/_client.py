@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from tally import _common
+from tally import _common, _logs
 from tally._config import Connection
 from tally._display import state_name
 from tally._errors import DeadlineExceeded, TallyError, error_from_rpc
@@ -258,6 +258,13 @@ class Client:
         """Same as ``jobs.watch``."""
         return self.jobs.watch(job, after)
 
+    def logs(self, job: JobRef, follow: bool = False, *, attempt: int = 0,
+             rank: int | None = None, since: _logs.Since = None, tail: int = 0,
+             after: int = 0) -> Iterator[_logs.LogLine]:
+        """Same as ``jobs.logs``."""
+        return self.jobs.logs(job, follow, attempt=attempt, rank=rank, since=since, tail=tail,
+                              after=after)
+
     def checkpoints(self, job: JobRef) -> builtins.list[jobs_pb2.Checkpoint]:
         """Same as ``jobs.checkpoints``."""
         return self.jobs.checkpoints(job)
@@ -346,6 +353,18 @@ class Jobs:
         out: jobs_pb2.Job = self._c._unary(
             "CancelJob", jobs_pb2.CancelJobRequest(name=_common.job_name(job), reason=reason))
         return out
+
+    def logs(self, job: JobRef, follow: bool = False, *, attempt: int = 0,
+             rank: int | None = None, since: _logs.Since = None, tail: int = 0,
+             after: int = 0) -> Iterator[_logs.LogLine]:
+        """What the job's attempts printed, oldest first, as LogLine objects
+        (``str(line)`` escapes control characters). Only ``attempt``'s
+        lines (0: all), ``rank``'s (None: all), those since a datetime or a
+        timedelta ago, the last ``tail``, those after sequence ``after``.
+        ``follow``: then every new line until the job has ended, resumed
+        after the last line seen when the stream drops."""
+        sel = _logs.selector(attempt, rank, since, tail, after)
+        return _logs.sync_logs(self._c, job, follow, sel)
 
     def watch(self, job: JobRef, after: int = 0) -> Iterator[jobs_pb2.JobEvent]:
         """The job's events after sequence ``after``, as they happen, until

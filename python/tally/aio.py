@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from tally import _common
+from tally import _common, _logs
 from tally._config import Connection
 from tally._display import state_name
 from tally._errors import DeadlineExceeded, TallyError, error_from_rpc
@@ -205,6 +205,13 @@ class Client:
         """Same as ``jobs.watch``."""
         return self.jobs.watch(job, after)
 
+    def logs(self, job: JobRef, follow: bool = False, *, attempt: int = 0,
+             rank: int | None = None, since: _logs.Since = None, tail: int = 0,
+             after: int = 0) -> AsyncIterator[_logs.LogLine]:
+        """Same as ``jobs.logs``."""
+        return self.jobs.logs(job, follow, attempt=attempt, rank=rank, since=since, tail=tail,
+                              after=after)
+
     async def checkpoints(self, job: JobRef) -> builtins.list[jobs_pb2.Checkpoint]:
         """Same as ``jobs.checkpoints``."""
         return await self.jobs.checkpoints(job)
@@ -267,6 +274,14 @@ class Jobs:
         out: jobs_pb2.Job = await self._c._unary(
             "CancelJob", jobs_pb2.CancelJobRequest(name=_common.job_name(job), reason=reason))
         return out
+
+    def logs(self, job: JobRef, follow: bool = False, *, attempt: int = 0,
+             rank: int | None = None, since: _logs.Since = None, tail: int = 0,
+             after: int = 0) -> AsyncIterator[_logs.LogLine]:
+        """What the job's attempts printed; as tally.Jobs.logs (an async
+        iterator)."""
+        sel = _logs.selector(attempt, rank, since, tail, after)
+        return _logs.async_logs(self._c, job, follow, sel)
 
     def watch(self, job: JobRef, after: int = 0) -> AsyncIterator[jobs_pb2.JobEvent]:
         """The job's events after ``after``, resumed after a dropped stream."""
