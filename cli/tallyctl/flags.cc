@@ -49,6 +49,14 @@ ABSL_FLAG(std::string, state, "",
           "list: only jobs in these states, comma-separated (e.g. queued,running)");
 ABSL_FLAG(int, page_size, 50, "list: jobs per page");
 ABSL_FLAG(std::string, page_token, "", "list: continue from a previous page");
+ABSL_FLAG(std::string, label, "",
+          "list: only jobs with these labels, KEY=VALUE[,KEY=VALUE...] (all of them)");
+ABSL_FLAG(std::string, name_prefix, "", "list: only jobs whose display name starts with this");
+ABSL_FLAG(std::string, created_after, "",
+          "list: only jobs created at or after this: a time (RFC 3339, e.g. "
+          "2026-12-06T09:00:00Z) or a duration ago (e.g. 6h)");
+ABSL_FLAG(std::string, created_before, "",
+          "list: only jobs created before this: a time (RFC 3339) or a duration ago");
 ABSL_FLAG(std::string, reason, "", "cancel: why, recorded in the job's events");
 ABSL_FLAG(int64_t, after, 0, "watch: start after this event sequence number");
 ABSL_FLAG(bool, wait, true, "submit: false to return right after submitting");

@@ -199,8 +199,52 @@ int Get(Client& c, const std::string& name) {
   return kOk;
 }
 
+namespace {
+
+// --created_after / --created_before: an RFC 3339 time, or a duration
+// before now ("6h"). False (with the message printed) when it is neither.
+bool ReadTimeFlag(const std::string& value, const char* flag,
+                  google::protobuf::Timestamp* out) {
+  absl::Time t;
+  absl::Duration ago;
+  std::string err;
+  if (absl::ParseDuration(value, &ago) && ago >= absl::ZeroDuration()) {
+    t = absl::Now() - ago;
+  } else if (!absl::ParseTime(absl::RFC3339_full, value, &t, &err)) {
+    std::cerr << "tallyctl list: --" << flag << ": \"" << Safe(value)
+              << "\" is neither a time (RFC 3339, e.g. 2026-12-06T09:00:00Z) nor a duration "
+                 "ago (e.g. 6h, 30m)\n";
+    return false;
+  }
+  out->set_seconds(absl::ToUnixSeconds(t));
+  out->set_nanos(static_cast<int32_t>(
+      absl::ToInt64Nanoseconds(t - absl::FromUnixSeconds(absl::ToUnixSeconds(t)))));
+  return true;
+}
+
+}  // namespace
+
 int List(Client& c) {
   tally::v1::ListJobsRequest req;
+  for (absl::string_view kv :
+       absl::StrSplit(absl::GetFlag(FLAGS_label), ',', absl::SkipEmpty())) {
+    const size_t eq = kv.find('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      std::cerr << "tallyctl list: --label: \"" << Safe(kv)
+                << "\" is not KEY=VALUE; e.g. --label=team=nlp,sweep=lr\n";
+      return kUsage;
+    }
+    (*req.mutable_labels())[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+  }
+  req.set_display_name_prefix(absl::GetFlag(FLAGS_name_prefix));
+  if (const std::string v = absl::GetFlag(FLAGS_created_after);
+      !v.empty() && !ReadTimeFlag(v, "created_after", req.mutable_created_after())) {
+    return kUsage;
+  }
+  if (const std::string v = absl::GetFlag(FLAGS_created_before);
+      !v.empty() && !ReadTimeFlag(v, "created_before", req.mutable_created_before())) {
+    return kUsage;
+  }
   req.set_page_size(absl::GetFlag(FLAGS_page_size));
   req.set_page_token(absl::GetFlag(FLAGS_page_token));
   req.set_tenant(absl::GetFlag(FLAGS_tenant));

@@ -10,7 +10,9 @@ Commands:
   submit -f job.yaml     submit a job spec (YAML or JSON); prints the job name
   get JOB                show one job (JOB is jobs/ID or just ID)
   list                   list jobs, newest first (--state, --page_size;
-                         admins: --tenant=T for one tenant's)
+                         admins: --tenant=T for one tenant's; tallyd filters
+                         by --label=K=V[,K=V], --name_prefix=P and
+                         --created_after/--created_before=TIME|6h)
   watch JOB              follow a job's events until it ends (progress bar on
                          a terminal, one line per event otherwise)
   logs JOB               what the job's attempts printed (--follow until it

@@ -412,6 +412,17 @@ class JobsTest(Base):
                 return [j.spec.display_name async for j in a.list(labels={"sweep": "s1"})]
 
         self.assertEqual(asyncio.run(async_names()), ["flt-a2", "flt-a1"])
+        # tallyctl list sends the same filters.
+        r = subprocess.run([TALLYCTL, "list", "--label=sweep=s1", "--name_prefix=flt-",
+                            "--created_after=10m", "--output=json"], capture_output=True,
+                           text=True, env=CLUSTER.env("bob"), timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([j["spec"]["display_name"] for j in json.loads(r.stdout)["jobs"]],
+                         ["flt-a2", "flt-a1"])
+        r = subprocess.run([TALLYCTL, "list", "--label=sweep"], capture_output=True, text=True,
+                           env=CLUSTER.env("bob"), timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--label: \"sweep\" is not KEY=VALUE", r.stderr)
 
     def test_watch_resumes_after_tallyd_is_killed_and_restarted(self):
         c = CLUSTER.client("alice")
