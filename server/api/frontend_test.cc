@@ -93,6 +93,20 @@ class FrontendTest : public ::testing::Test {
       }
       return reader->Finish();
     });
+    tally::v1::GetJobLogsRequest logs;
+    logs.set_name("jobs/1");
+    tally::v1::GetJobLogsResponse lines;
+    call("GetJobLogs", [&](auto* c) { return jobs_stub_->GetJobLogs(c, logs, &lines); });
+    tally::v1::WatchJobLogsRequest watch_logs;
+    watch_logs.set_name("jobs/1");
+    call("WatchJobLogs", [&](auto* c) {
+      c->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+      auto reader = jobs_stub_->WatchJobLogs(c, watch_logs);
+      tally::v1::LogLine l;
+      while (reader->Read(&l)) {
+      }
+      return reader->Finish();
+    });
     tally::v1::Experiment experiment;
     tally::v1::CreateExperimentRequest create;
     call("CreateExperiment",

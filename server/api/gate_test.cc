@@ -307,6 +307,8 @@ const std::vector<Rpc>& UserRpcs() {
       {"tally.v1.Jobs.WatchJob", Access::kRead},
       {"tally.v1.Jobs.ListCheckpoints", Access::kRead},
       {"tally.v1.Jobs.EstimateCost", Access::kRead},
+      {"tally.v1.Jobs.GetJobLogs", Access::kRead},
+      {"tally.v1.Jobs.WatchJobLogs", Access::kRead},
       {"tally.v1.Experiments.CreateExperiment", Access::kWrite},
       {"tally.v1.Experiments.GetExperiment", Access::kRead},
       {"tally.v1.Experiments.ListExperiments", Access::kRead},
