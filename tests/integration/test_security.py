@@ -177,6 +177,8 @@ class AccessMatrixTest(SecureCluster):
                 jobs_pb2.ListCheckpointsRequest(name=target["job"]), timeout=10),
             "EstimateCost": lambda: jobs.EstimateCost(
                 jobs_pb2.EstimateCostRequest(spec=spec()), timeout=10),
+            "GetJobLogs": lambda: jobs.GetJobLogs(
+                jobs_pb2.GetJobLogsRequest(name=target["job"]), timeout=10),
             "CreateExperiment": lambda: exps.CreateExperiment(
                 experiments_pb2.CreateExperimentRequest(spec=experiment_spec()), timeout=10),
             "GetExperiment": lambda: exps.GetExperiment(
@@ -219,10 +221,10 @@ class AccessMatrixTest(SecureCluster):
             "tenant admin": PKI.tokens["dadmin"],
         }
         reads = ["GetJob", "ListJobs", "WatchJob", "ListCheckpoints", "EstimateCost",
-                 "GetExperiment", "ListExperiments", "WatchExperiment"]
+                 "GetExperiment", "ListExperiments", "WatchExperiment", "GetJobLogs"]
         writes = ["SubmitJob", "CancelJob", "CreateExperiment", "CancelExperiment"]
         own = {"GetJob", "WatchJob", "ListCheckpoints", "CancelJob", "GetExperiment",
-               "WatchExperiment", "CancelExperiment"}
+               "WatchExperiment", "CancelExperiment", "GetJobLogs"}
         expected = {}
         for caller in callers:
             for m in reads + writes:
