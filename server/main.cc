@@ -429,6 +429,7 @@ absl::Status Announce(const Serving& s) {
   // /readyz: not ready while the store refuses writes (a full disk), with
   // the reason; the ticker probes the store until writes succeed again.
   opened.exporter->SetReadinessCheck([&opened]() -> std::optional<std::string> {
+    if (std::optional<std::string> lapse = opened.Lapse()) return lapse;
     const store::WriteHealth* health = opened.store->write_health();
     return health != nullptr ? health->Failing() : std::nullopt;
   });
@@ -539,6 +540,30 @@ int Lead(const Serving& s) {
     s.server.Shutdown();
     return Refuse(st);
   }
+  // While the lease has lapsed (PostgreSQL unreachable past
+  // --lease_timeout) another tallyd may lead: every call is refused
+  // UNAVAILABLE and every stream ended (workers and watchers reconnect to
+  // whichever leads) until a renewal shows the lease is still this one's.
+  struct LapseHandler {
+    const Serving& s;
+    ~LapseHandler() { s.opened.OnLapse(nullptr); }
+  } uninstall{s};
+  s.opened.OnLapse([&gate, &s](const std::optional<std::string>& why) {
+    if (why.has_value()) {
+      const int ended = gate.Suspend(absl::UnavailableError(absl::StrCat(
+          "this tallyd's leader lease has lapsed (PostgreSQL could not be reached); it serves "
+          "again once it renews the lease, or another tallyd leads: try again or the next "
+          "address")));
+      s.server.GetHealthCheckService()->SetServingStatus("", false);
+      s.server_metrics.leader.Set(0);
+      spdlog::warn("tallyd: refusing every call until the lease is renewed; ended {} streams",
+                   ended);
+    } else {
+      gate.Resume();
+      s.server.GetHealthCheckService()->SetServingStatus("", true);
+      s.server_metrics.leader.Set(1);
+    }
+  });
   return ServeUntilSignalled(s, core, gate, s.server);
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "server/api/stream_limiter.h"
 
 namespace tally::api {
@@ -221,14 +222,45 @@ std::shared_ptr<const Credentials> Gate::Current() const {
 bool Gate::users_authenticated() const { return Current()->users_authenticated(); }
 bool Gate::workers_authenticated() const { return Current()->workers_authenticated(); }
 
+absl::Status Gate::Suspended() const {
+  absl::MutexLock lock(&mu_);
+  return suspended_;
+}
+
+int Gate::Suspend(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    suspended_ = why;
+  }
+  std::vector<std::shared_ptr<Watched>> all;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (const auto& [id, w] : streams_) {
+      if (!w->revoked) {
+        w->revoked = true;
+        all.push_back(w);
+      }
+    }
+  }
+  for (const auto& w : all) w->on_revoked(why);
+  return static_cast<int>(all.size());
+}
+
+void Gate::Resume() {
+  absl::MutexLock lock(&mu_);
+  suspended_ = absl::OkStatus();
+}
+
 absl::StatusOr<auth::Principal> Gate::AdmitUser(const grpc::ServerContextBase& context,
                                                 Access access,
                                                 absl::string_view what) const {
+  RETURN_IF_ERROR(Suspended());
   return AdmitUserWith(*Current(), ReadPresented(context), access, what);
 }
 
 absl::StatusOr<auth::Principal> Gate::AdmitUser(const Presented& presented, Access access,
                                                 absl::string_view what) const {
+  RETURN_IF_ERROR(Suspended());
   return AdmitUserWith(*Current(), presented, access, what);
 }
 
@@ -284,10 +316,12 @@ absl::StatusOr<auth::Principal> Gate::AdmitUserWith(const Credentials& cr,
 }
 
 absl::StatusOr<WorkerIdentity> Gate::AdmitWorker(const grpc::ServerContextBase& context) const {
+  RETURN_IF_ERROR(Suspended());
   return AdmitWorkerWith(*Current(), ReadPresented(context));
 }
 
 absl::StatusOr<WorkerIdentity> Gate::AdmitWorker(const Presented& presented) const {
+  RETURN_IF_ERROR(Suspended());
   return AdmitWorkerWith(*Current(), presented);
 }
 

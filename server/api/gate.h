@@ -176,6 +176,13 @@ class Gate {
 
   int64_t num_watched_streams() const;
 
+  // Refuses every call with `why` (UNAVAILABLE: clients try another address
+  // or retry) and ends every open stream with it, until Resume: a leader
+  // whose lease lapsed, which may no longer be the leader. Returns the
+  // number of streams ended.
+  int Suspend(const absl::Status& why);
+  void Resume();
+
  private:
   struct Watched;
 
@@ -184,6 +191,7 @@ class Gate {
                                                 Access access, absl::string_view what) const;
   absl::StatusOr<WorkerIdentity> AdmitWorkerWith(const Credentials& c,
                                                  const Presented& presented) const;
+  absl::Status Suspended() const;
   StreamWatch Register(std::shared_ptr<Watched> watched) const;
   void Unregister(int64_t id) const;
   int RecheckAgainst(const Credentials& c) const;
@@ -191,6 +199,7 @@ class Gate {
   const Clock* const clock_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const Credentials> credentials_ ABSL_GUARDED_BY(mu_);
+  absl::Status suspended_ ABSL_GUARDED_BY(mu_);  // OK: serving
   mutable absl::Mutex streams_mu_;
   mutable int64_t next_stream_id_ ABSL_GUARDED_BY(streams_mu_) = 1;
   mutable std::map<int64_t, std::shared_ptr<Watched>> streams_ ABSL_GUARDED_BY(streams_mu_);

@@ -190,6 +190,35 @@ TEST_F(GateTest, AReloadEndsTheStreamsOfRemovedTokensBeforeItReturns) {
   EXPECT_EQ(bob_told.times, 0);
 }
 
+TEST_F(GateTest, SuspendRefusesEveryCallAndEndsEveryStreamUntilResume) {
+  Gate gate(&clock_, Base());
+  Told alice_told, w1_told;
+  absl::StatusOr<auth::Principal> alice =
+      gate.AdmitUser(Bearer("tok-alice"), Access::kRead, "WatchJob");
+  absl::StatusOr<WorkerIdentity> w1 = gate.AdmitWorker(Bearer("tok-w1"));
+  ASSERT_TRUE(alice.ok() && w1.ok());
+  Gate::StreamWatch a =
+      gate.WatchUserStream(Bearer("tok-alice"), Access::kRead, "WatchJob", *alice, alice_told.Fn());
+  Gate::StreamWatch x = gate.WatchWorkerStream(Bearer("tok-w1"), *w1, w1_told.Fn());
+  const absl::Status why = absl::UnavailableError("the lease has lapsed");
+  EXPECT_EQ(gate.Suspend(why), 2);
+  EXPECT_EQ(alice_told.times, 1);
+  EXPECT_EQ(alice_told.why, why);
+  EXPECT_EQ(w1_told.times, 1);
+  EXPECT_EQ(w1_told.why, why);
+  EXPECT_EQ(gate.AdmitUser(Bearer("tok-alice"), Access::kRead, "GetJob").status(), why);
+  EXPECT_EQ(gate.AdmitWorker(Bearer("tok-w1")).status(), why);
+  // Ended streams are not told again; a check finds nothing to end.
+  EXPECT_EQ(gate.Suspend(why), 0);
+  EXPECT_EQ(gate.RecheckStreams(), 0);
+  gate.Resume();
+  EXPECT_TRUE(gate.AdmitUser(Bearer("tok-alice"), Access::kRead, "GetJob").ok());
+  EXPECT_TRUE(gate.AdmitWorker(Bearer("tok-w1")).ok());
+  // Bad credentials are still refused as such.
+  EXPECT_EQ(gate.AdmitUser(Bearer("tok-nobody"), Access::kRead, "GetJob").status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
 TEST_F(GateTest, AStreamWhoseTokenNowNamesAnotherRoleOrTenantEnds) {
   Gate gate(&clock_, Base());
   Told told;

@@ -210,11 +210,29 @@ void LeaseKeeper::WatchLoop() {
            "state must be recovered from the database");
       return;
     }
-    if (deadline_.Expired()) {
+    const bool expired = deadline_.Expired();
+    if (expired && !options_.on_lapsed) {
       Lose(absl::StrCat("the leader lease (epoch ", epoch_, ") was not renewed for ",
                         absl::FormatDuration(options_.lease_timeout),
                         " (--lease_timeout); another tallyd may have taken over"));
       return;
+    }
+    if (expired && !lapsed_.load()) {
+      lapsed_.store(true);
+      lapsed_at_ = options_.clock->Elapsed();
+      options_.on_lapsed(absl::StrCat(
+          "the leader lease (epoch ", epoch_, ") was not renewed for ",
+          absl::FormatDuration(options_.lease_timeout),
+          " (--lease_timeout: the database could not be reached); another tallyd may lead "
+          "now, so this one serves nothing until a renewal shows the lease is still its own"));
+    } else if (expired && options_.clock->Elapsed() - lapsed_at_ > options_.max_lapse) {
+      Lose(absl::StrCat("the leader lease (epoch ", epoch_, ") could not be renewed for ",
+                        absl::FormatDuration(options_.max_lapse),
+                        " after it lapsed; state must be recovered from the database"));
+      return;
+    } else if (!expired && lapsed_.load()) {
+      lapsed_.store(false);
+      if (options_.on_restored) options_.on_restored();
     }
   }
 }

@@ -100,10 +100,21 @@ class LeaderLease {
 // Keeps a held lease: renews it every lease_timeout/3 on one thread, and on a
 // second thread watches that the last successful renewal was sent less than
 // lease_timeout ago (LeaseDeadline, on options.clock) and that the store does
-// not need a restart. When either fails, or a renewal finds the lease taken,
-// it calls `on_lost` once, with the reason, from one of its threads. Stop()
-// (or the destructor) joins both threads; after it returns no renewal is in
-// flight, so Release is safe.
+// not need a restart. When the store needs a restart, or a renewal finds the
+// lease taken (another tallyd's epoch), it calls `on_lost` once, with the
+// reason, from one of its threads.
+//
+// A deadline passed without a renewal is a lapse, not a loss: the database
+// could not be reached (a restart, a network blip), so nobody can say yet
+// whether another tallyd took the lease. With `on_lapsed` set the keeper
+// calls it (this tallyd must stop serving: another may lead now) and goes on
+// renewing with its epoch; a renewal that succeeds proves nobody took the
+// lease meanwhile (taking it raises the epoch), and `on_restored` is called
+// (serve again: the state is still this tallyd's, since the fence let no
+// other epoch commit); one that finds the lease taken calls `on_lost`; a
+// lapse longer than max_lapse too. Without `on_lapsed`, a lapse calls
+// `on_lost`. Stop() (or the destructor) joins both threads; after it returns
+// no renewal is in flight, so Release is safe.
 //
 // The threads pace themselves on real time (a renewal every lease_timeout/3,
 // a watch pass every 50 ms); what they decide on time (when a renewal was
@@ -116,6 +127,10 @@ class LeaseKeeper {
     // store's state is no longer trustworthy (PostgresJobStore::MustRestart).
     std::function<bool()> must_restart;
     std::function<void(const std::string& why)> on_lost;
+    // A lapse began (with why) and ended with a renewal; see above.
+    std::function<void(const std::string& why)> on_lapsed;
+    std::function<void()> on_restored;
+    absl::Duration max_lapse = absl::Minutes(10);
     // Not owned; must outlive the keeper. Tests pass a FakeMonotonicClock.
     const MonotonicClock* clock = RealMonotonicClock::Get();
   };
@@ -128,6 +143,7 @@ class LeaseKeeper {
   ~LeaseKeeper();
   void Stop();
   bool lost() const { return lost_.load(); }
+  bool lapsed() const { return lapsed_.load(); }
 
  private:
   void RenewLoop();
@@ -140,6 +156,9 @@ class LeaseKeeper {
   // Renewed by the renewal thread, checked by the watcher.
   LeaseDeadline deadline_;
   std::atomic<bool> lost_{false};
+  // Owned by the watcher thread; read by lapsed().
+  std::atomic<bool> lapsed_{false};
+  absl::Duration lapsed_at_;
   absl::Notification stop_;
   std::thread renewer_;
   std::thread watcher_;

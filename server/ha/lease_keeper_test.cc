@@ -96,6 +96,33 @@ TEST_F(LeaseKeeperTest, StepsDownExactlyAtTheDeadlineOnItsClock) {
   EXPECT_THAT(why(), HasSubstr("(epoch 1) was not renewed for 300ms"));
 }
 
+TEST_F(LeaseKeeperTest, AMissedDeadlineIsALapseUntilMaxLapseWithALapseHandler) {
+  LeaseKeeper::Options options = Options();
+  absl::Notification lapsed;
+  std::string lapse_why;
+  options.on_lapsed = [&](const std::string& why) {
+    lapse_why = why;
+    lapsed.Notify();
+  };
+  options.on_restored = [] { ADD_FAILURE() << "no renewal can succeed here"; };
+  options.max_lapse = absl::Seconds(5);
+  LeaseKeeper keeper(&lease_, 1, clock_.Elapsed(), options);
+  clock_.Advance(kTimeout);
+  ASSERT_TRUE(lapsed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_THAT(lapse_why, HasSubstr("serves nothing until a renewal"));
+  EXPECT_TRUE(keeper.lapsed());
+  EXPECT_FALSE(keeper.lost());
+  // Still renewing, still not lost, up to max_lapse after the lapse began.
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(passes_.AwaitOneFullPass());
+  EXPECT_FALSE(keeper.lost());
+  clock_.Advance(kTick);
+  ASSERT_TRUE(lost_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_THAT(why(), HasSubstr("could not be renewed for 5s after it lapsed"));
+  keeper.Stop();
+  EXPECT_EQ(num_lost(), 1);
+}
+
 TEST_F(LeaseKeeperTest, CountsFromWhenTheAcquisitionWasSent) {
   const absl::Duration sent = clock_.Elapsed();
   clock_.Advance(absl::Milliseconds(100));  // the acquiring statement's round trip

@@ -86,7 +86,8 @@ absl::StatusOr<std::string> StartStandby(const StoreInputs& in, OpenedStore* out
   return addresses;
 }
 
-// Renews the lease from now on; losing it stops this tallyd with code 3.
+// Renews the lease from now on; a lapse is reported (OpenedStore::SetLapse)
+// and losing it stops this tallyd with code 3.
 void KeepLease(const PostgresSettings& pg, const ha::Acquired& acquired,
                store::PostgresJobStore* fenced, OpenedStore* out) {
   ha::LeaseKeeper::Options keep;
@@ -106,6 +107,15 @@ void KeepLease(const PostgresSettings& pg, const ha::Acquired& acquired,
       std::_Exit(3);
     }).detach();
     kill(getpid(), SIGTERM);
+  };
+  keep.on_lapsed = [out](const std::string& why) {
+    spdlog::error("tallyd: {}", why);
+    out->SetLapse(why);
+  };
+  keep.on_restored = [out] {
+    spdlog::info("tallyd: renewed the leader lease after its lapse: still the leader, serving "
+                 "again");
+    out->SetLapse(std::nullopt);
   };
   out->keeper = std::make_unique<ha::LeaseKeeper>(out->lease.get(), out->lease_epoch,
                                                   acquired.sent, std::move(keep));
@@ -156,6 +166,23 @@ absl::StatusOr<bool> LeadOnPostgres(const StoreInputs& in, const PostgresSetting
 }
 
 }  // namespace
+
+void OpenedStore::SetLapse(std::optional<std::string> why) {
+  absl::MutexLock lock(&lapse_mu_);
+  lapse_ = std::move(why);
+  if (on_lapse_) on_lapse_(lapse_);
+}
+
+void OpenedStore::OnLapse(std::function<void(const std::optional<std::string>&)> fn) {
+  absl::MutexLock lock(&lapse_mu_);
+  on_lapse_ = std::move(fn);
+  if (on_lapse_ && lapse_.has_value()) on_lapse_(lapse_);
+}
+
+std::optional<std::string> OpenedStore::Lapse() const {
+  absl::MutexLock lock(&lapse_mu_);
+  return lapse_;
+}
 
 absl::StatusOr<std::optional<PostgresSettings>> LoadPostgresSettings(
     const config::TallydOptions& options) {

@@ -12,11 +12,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/config/tallyd_options.h"
 #include "server/ha/leader_lease.h"
@@ -73,12 +75,25 @@ struct OpenedStore {
   int64_t lease_epoch = 0;
   std::unique_ptr<ha::LeaderLease> lease;
   std::unique_ptr<ha::LeaseKeeper> keeper;
+
+  // A lapse of the lease (ha::LeaseKeeper: not renewed in time, the
+  // database unreachable): its reason while it lasts. The keeper reports
+  // it from its thread; the leader installs what to do with OnLapse (stop
+  // serving, then serve again), told at once of a lapse already under way.
+  void SetLapse(std::optional<std::string> why);
+  void OnLapse(std::function<void(const std::optional<std::string>&)> fn);
+  std::optional<std::string> Lapse() const;
+
+ private:
+  mutable absl::Mutex lapse_mu_;
+  std::optional<std::string> lapse_ ABSL_GUARDED_BY(lapse_mu_);
+  std::function<void(const std::optional<std::string>&)> on_lapse_ ABSL_GUARDED_BY(lapse_mu_);
 };
 
 // Opens the store. With --store=postgres: serves as a standby, writes
 // --address_file, waits for the lease, fences the store with its epoch and
-// keeps the lease renewed (losing it logs, raises SIGTERM, and exits with
-// code 3 if draining takes over 5 s). Null when a signal stopped the standby
+// keeps the lease renewed (a lapse is reported through SetLapse; losing it
+// logs, raises SIGTERM, and exits with code 3 if draining takes over 5 s). Null when a signal stopped the standby
 // before it led. Errors are a message to log before exiting with code 2.
 absl::StatusOr<std::unique_ptr<OpenedStore>> OpenStore(const StoreInputs& in);
 

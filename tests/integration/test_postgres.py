@@ -286,6 +286,56 @@ class PostgresRestartTest(DatabaseTestCase):
                 print("  #%d %s attempt %d: %s %s" % (e.sequence, e.type, e.attempt, e.reason,
                                                      e.detail), file=sys.stderr)
 
+    def test_a_lone_leader_outlives_a_database_stop_longer_than_its_lease(self):
+        """PostgreSQL stopped for longer than --lease_timeout, with no standby:
+        the leader's lease lapses, so it refuses every call (UNAVAILABLE, not
+        ready) and ends its streams, but it does not exit; once PostgreSQL is
+        back its renewal finds the lease still its own, and the same process
+        serves again, its job still running."""
+        self.tallyd.stop()
+        self.tallyd = Tallyd(self.dir, ["--store=postgres", "--postgres_dsn=" + self.dsn,
+                                        "--lease_timeout=3s", "--heartbeat_timeout=30s"])
+        self.wait_leader()
+        worker = Worker(self.tallyd.grpc_addr, "w1", self.dir)
+        self.workers.append(worker)
+        long_spec = spec(max_steps=20000, name="long", checkpoint_interval=500)
+        long_job = self.tallyd.jobs.SubmitJob(
+            jobs_pb2.SubmitJobRequest(spec=long_spec, request_id="long"), timeout=10)
+        wait_for(lambda: self.get_job(long_job.name).state == jobs_pb2.JOB_STATE_RUNNING,
+                 timeout=60, what="the long job to run")
+        pid = self.tallyd.proc.pid
+        self.pg.stop()
+        try:
+            # Past the lease (3 s) and then some: refused, not ready, alive.
+            def refused():
+                try:
+                    self.tallyd.jobs.GetJob(jobs_pb2.GetJobRequest(name=long_job.name),
+                                            timeout=2)
+                    return None
+                except grpc.RpcError as e:
+                    return e if e.code() == grpc.StatusCode.UNAVAILABLE and \
+                        "lease has lapsed" in (e.details() or "") else None
+            err = wait_for(refused, timeout=30, what="calls refused once the lease lapsed")
+            self.assertFalse(self.tallyd.ready(), "/readyz during the lapse")
+            time.sleep(4)
+            self.assertIsNone(self.tallyd.proc.poll(), "tallyd exited during the lapse")
+        finally:
+            self.pg.start()
+        wait_for(self.tallyd.ready, timeout=60, what="tallyd to serve again")
+        self.assertIsNone(self.tallyd.proc.poll())
+        self.assertEqual(self.tallyd.proc.pid, pid, "the same process")
+        self.assertIn("renewed the leader lease after its lapse", self.tallyd.logs())
+        # The worker comes back to its attempt, which trains on.
+        job = self.get_job(long_job.name)
+        step = job.step
+        wait_for(lambda: self.get_job(long_job.name).step > step + 5, timeout=120,
+                 what="the job to train on after the lapse")
+        job = self.get_job(long_job.name)
+        self.assertEqual(job.state, jobs_pb2.JOB_STATE_RUNNING)
+        print("refused during the lapse: %s; after: attempt %d, step %d"
+              % (err.details()[:80], job.attempt, job.step), file=sys.stderr)
+        self.assertEqual(job.attempt, 1, "the attempt survived the lapse")
+
     def test_clients_move_past_a_dead_address_and_a_standby(self):
         """tallyctl and tally-worker given a dead address and a standby
         before the leader reach the leader; the standby answers UNAVAILABLE
