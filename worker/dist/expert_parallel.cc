@@ -52,22 +52,30 @@ at::Tensor AllToAllWithGrad(const at::Tensor& x, ExpertExchange* exchange,
   return AllToAllFunction::apply(x, reinterpret_cast<int64_t>(exchange), send, recv);
 }
 
+at::Tensor ExpertParallel::ExchangeCounts(const at::Tensor& counts_E) {
+  const int W = exchange_->size();
+  const int64_t E = counts_E.size(0), M = E / W;  // M experts per rank
+  // Rank j gets, from every rank, how many rows it sends each of j's M
+  // experts (a plain all-to-all of M counts per pair, on the device).
+  return exchange_
+      ->AllToAll(counts_E.to(at::kDouble).reshape({E, 1}), std::vector<int64_t>(W, M),
+                 std::vector<int64_t>(W, M))
+      .reshape({E});
+}
+
 at::Tensor ExpertParallel::Run(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
-                               const LocalExperts& local) {
+                               const std::vector<int64_t>& received, const LocalExperts& local) {
   ExpertExchange* ex = exchange_;
   const int W = ex->size(), me = ex->rank();
   const int64_t E = static_cast<int64_t>(counts.size()), M = E / W;  // M experts per rank
-  // Counts first: rank j learns how many rows of each of its experts every
-  // rank sends (a plain all-to-all of M counts per pair).
-  at::Tensor mine = at::tensor(counts, at::kLong).to(at::kDouble).reshape({E, 1});
-  at::Tensor theirs =
-      ex->AllToAll(mine, std::vector<int64_t>(W, M), std::vector<int64_t>(W, M)).to(at::kCPU);
+  TORCH_CHECK(static_cast<int64_t>(received.size()) == W * M, "ExpertParallel: ",
+              received.size(), " received counts for ", W, " ranks of ", M, " experts");
   std::vector<int64_t> send(W, 0), recv(W, 0);
   std::vector<std::vector<int64_t>> from(W, std::vector<int64_t>(M));  // [source][local expert]
   for (int j = 0; j < W; ++j) {
     for (int64_t m = 0; m < M; ++m) {
       send[j] += counts[j * M + m];
-      from[j][m] = static_cast<int64_t>(theirs[j * M + m][0].item<double>());
+      from[j][m] = received[j * M + m];
       recv[j] += from[j][m];
     }
   }
@@ -96,8 +104,8 @@ at::Tensor ExpertParallel::Run(const at::Tensor& rows_SD, const std::vector<int6
   if (placed == 0) return AllToAllWithGrad(out_RD, ex, recv, send);
   const at::Device device = in_RD.device();
   at::Tensor order = at::arange(placed, at::TensorOptions().dtype(at::kLong).device(device)) +
-                     at::repeat_interleave(at::tensor(shift, at::kLong).to(device),
-                                           at::tensor(length, at::kLong).to(device), 0, placed);
+                     at::repeat_interleave(model::Upload(shift, device),
+                                           model::Upload(length, device), 0, placed);
   // This rank's block through the model's own expert code.
   at::Tensor ye = local(in_RD.index_select(0, order), local_counts, me * M);
   out_RD = out_RD.index_add(0, order, ye.to(out_RD.scalar_type()));

@@ -3,7 +3,11 @@
 // contiguous blocks (rank r computes experts [r·E/W, (r+1)·E/W)). Every rank
 // routes its own tokens; the hook sends each kept assignment to its expert's
 // rank and gets the result back, by all-to-all, in the forward pass and
-// again (the routes reversed) in the backward pass. A rank's block runs
+// again (the routes reversed) in the backward pass. The counts that size
+// those exchanges are exchanged first, on the device, and read back by the
+// MoE layer with its own in its one read (model/moe.cc lists it); nothing
+// here reads the device, and what goes up to it goes from pinned memory
+// without waiting (model::Upload). A rank's block runs
 // through the model's own expert code (grouped products or the loop). The
 // expert weights may stay replicated (the trainer then sums their gradients
 // over ranks like any other) or be sharded (Transformer::ShardExperts: each
@@ -62,8 +66,10 @@ class ExpertParallel final : public model::ExpertsHook {
  public:
   explicit ExpertParallel(ExpertExchange* exchange) : exchange_(exchange) {}
   int ranks() const override { return exchange_->size(); }
+  // One all-to-all of M counts per pair of ranks, on the device.
+  at::Tensor ExchangeCounts(const at::Tensor& counts_E) override;
   at::Tensor Run(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
-                 const LocalExperts& local) override;
+                 const std::vector<int64_t>& received, const LocalExperts& local) override;
 
  private:
   ExpertExchange* exchange_;

@@ -36,6 +36,7 @@ class Recording final : public model::LinearOverride {
 struct Result {
   at::Tensor y, dx, dw1, drouter;
   std::set<std::string> sites;
+  int64_t host_reads = 0;  // the MoE layer's, forward and backward
 };
 
 // run(rank, exchange) on two ranks.
@@ -67,10 +68,12 @@ class ExpertParallelTest : public ::testing::Test {
     at::Tensor x = tokens_[rank].clone().set_requires_grad(true);
     std::optional<ExpertParallel> hook;
     if (ex != nullptr) hook.emplace(ex);
+    const int64_t reads = model::MoeHostReads();
     model::MoeOutput out = model::MoeForward(x, {}, p[0], {}, p[1], p[2], p[3], c_, linear, "l.",
                                              hook ? &*hook : nullptr);
     (out.y_ND * at::arange(D, at::kFloat)).sum().backward();
-    Result r{out.y_ND.detach(), x.grad(), p[1].grad(), p[0].grad(), {}};
+    Result r{out.y_ND.detach(), x.grad(), p[1].grad(), p[0].grad(), {},
+             model::MoeHostReads() - reads};
     if (!r.dw1.defined()) r.dw1 = at::zeros_like(p[1]);
     return r;
   }
@@ -99,6 +102,13 @@ TEST_F(ExpertParallelTest, MatchesOneProcessAndSplitsTheExperts) {
       EXPECT_EQ(e / 2, rank) << site;
     }
   }
+  // Each rank waits for the host once: its own counts and the ones the
+  // other rank sends, in one read (the loop over experts alone reads its
+  // counts too).
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(split[rank].host_reads, 1) << rank;
+    EXPECT_EQ(alone[rank].host_reads, 1) << rank;
+  }
   // Expert weight gradients live on the owner: summed over ranks they are
   // what the two single-process runs give together.
   EXPECT_TRUE(at::allclose(split[0].dw1 + split[1].dw1, alone[0].dw1 + alone[1].dw1, 1e-4,
@@ -121,6 +131,10 @@ TEST_F(ExpertParallelTest, ShardedWeightsWithGroupedProducts) {
     ASSERT_EQ(split[rank].dw1.size(0), 2);
     // The owner's gradient is already every rank's: nothing left to sum.
     EXPECT_TRUE(at::allclose(split[rank].dw1, dw1.narrow(0, 2 * rank, 2), 1e-4, 1e-5)) << rank;
+    // One read per rank (the counts); grouped products on one process read
+    // none.
+    EXPECT_EQ(split[rank].host_reads, 1) << rank;
+    EXPECT_EQ(alone[rank].host_reads, 0) << rank;
   }
 }
 

@@ -1,5 +1,6 @@
 #include "worker/model/moe.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cmath>
@@ -7,7 +8,40 @@
 
 #include "worker/model/transformer.h"
 
-#include <ATen/core/grad_mode.h>
+// Where a MoE layer (and expert parallelism) waits for the host. On a GPU
+// each of these is a device-to-host read that stalls the stream; CUDA's
+// sync-debug mode (the device script's sync audit, TrainConfig::
+// test_sync_check) reports each with its source line, to be checked against
+// this table. Host-to-device copies are not listed: every one goes through
+// Upload (pinned memory, non-blocking), which does not wait.
+//
+//   file:line          what                              how often
+//   moe.cc:324         the layer's counts (ReadCountsOnce  1 per MoE layer per micro-batch,
+//                      at moe.cc:90), with the counts the  forward only: FP8 experts
+//                      other ranks send here under expert  (grouped or the loop), the
+//                      parallelism                         loop over experts, expert
+//                                                          parallelism
+//   grouped.cc:133     the first FP8 grouped product       1 per run (CUDA)
+//                      against the per-expert ones
+//   converter.cc:280   Fp8Linears::TakeStats               1 per step (FP8 statistics)
+//   scaling.cc:115     StepDelayed without TakeStats       never in the trainer
+//   moe.cc:392         ReadMoeStats                        tests and tools only
+//
+// Not here: BF16/FP32 grouped experts on one process read nothing (counts,
+// layout and offsets stay on the device); the trainer's one read per step
+// of every layer's routing statistics with the losses (worker/train/
+// step.cc) feeds NudgeBias, whose update goes up with Upload. Expert
+// parallelism's counts exchange (ExchangeCounts) stays on the device and is
+// read with the local counts in the one read above; its row exchange is
+// sized from those host values.
+//
+// So an FP8 MoE step waits for the host once per MoE layer per micro-batch
+// (MoE layers x micro-batches), with or without expert parallelism, plus
+// the step's own reads. Once per step in all would need the FP8 experts'
+// casts and products sized on the device (per-row scales from an expert
+// index built there, grouped products on device offsets), and a grouped
+// backward that torch 2.11's _scaled_grouped_mm cannot run with E5M2
+// gradients (it takes E4M3 operands only).
 
 namespace tally::model {
 
@@ -47,6 +81,16 @@ Routing Route(const at::Tensor& x_ND, const at::Tensor& router_ED, const at::Ten
 
 namespace {
 
+thread_local int64_t host_reads = 0;
+
+// The one host read of a MoE layer: `t`'s int64 values (a few, on any
+// device), counted.
+std::vector<int64_t> ReadCountsOnce(const at::Tensor& t) {
+  ++host_reads;
+  const at::Tensor h = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel());
+}
+
 at::Tensor ExpertLinear(const at::Tensor& x, const at::Tensor& w, LinearOverride* linear,
                         const std::string& site) {
   return linear == nullptr ? at::linear(x, w) : linear->Linear(x, w, site);
@@ -73,6 +117,18 @@ bool GroupedShapesFit(int64_t D, int64_t F, bool cuda) {
 }
 
 }  // namespace
+
+int64_t MoeHostReads() { return host_reads; }
+
+at::Tensor Upload(const std::vector<int64_t>& values, at::Device device) {
+  const at::Tensor h = at::tensor(values, at::kLong);
+  return device.is_cuda() ? h.pin_memory().to(device, /*non_blocking=*/true) : h.to(device);
+}
+
+at::Tensor Upload(const std::vector<float>& values, at::Device device) {
+  const at::Tensor h = at::tensor(values, at::kFloat);
+  return device.is_cuda() ? h.pin_memory().to(device, /*non_blocking=*/true) : h.to(device);
+}
 
 std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t align,
                                      std::vector<int64_t>* starts) {
@@ -113,8 +169,7 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
     }
     const at::Device device = rows_SD.device();
     dest_S = at::arange(kept, at::TensorOptions().dtype(at::kLong).device(device)) +
-             at::repeat_interleave(at::tensor(shift, at::kLong).to(device),
-                                   at::tensor(counts, at::kLong).to(device), 0, kept);
+             at::repeat_interleave(Upload(shift, device), Upload(counts, device), 0, kept);
   }
   // BF16 on CUDA (what its grouped kernels take); FP32 on CPU.
   const auto dtype = cuda ? at::kBFloat16 : at::kFloat;
@@ -123,8 +178,10 @@ at::Tensor GroupedExperts(const at::Tensor& rows_SD, const std::vector<int64_t>&
   at::Tensor x_RD = rows == kept ? xs
                                  : at::zeros({rows, rows_SD.size(1)}, xs.options()).index_copy(
                                        0, dest_S, xs);
-  std::vector<int32_t> ends32(ends.begin(), ends.end());
-  at::Tensor offs = at::tensor(ends32, at::kInt).to(rows_SD.device());
+  // The group ends on the device, for at::_grouped_mm only (FP8's grouped
+  // product takes them from the host).
+  at::Tensor offs;
+  if (linear == nullptr) offs = Upload(ends, rows_SD.device()).to(at::kInt);
   auto grouped = [&](const at::Tensor& a, const at::Tensor& w, const char* name) {
     if (linear != nullptr) {  // FP8: the override's own grouped product
       std::vector<std::string> sites;
@@ -260,10 +317,14 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
     y_ND = y_ND.index_add(0, tok, ye.to(y_ND.scalar_type()));
   } else {
     // The loop over experts, FP8's grouped products (each expert's own
-    // scales) and the exchange between ranks take the counts on the host.
-    std::vector<int64_t> counts(E);
-    const at::Tensor counts_cpu = counts_E.to(at::kCPU);
-    for (int64_t e = 0; e < E; ++e) counts[e] = counts_cpu[e].item<int64_t>();
+    // scales) and the exchange between ranks take the counts on the host:
+    // the layer's one read, with what the other ranks send here.
+    at::Tensor received_P;
+    if (across_ranks) received_P = experts->ExchangeCounts(counts_E);
+    std::vector<int64_t> counts = ReadCountsOnce(
+        across_ranks ? at::cat({counts_E, received_P.to(counts_E.dtype())}) : counts_E);
+    const std::vector<int64_t> received(counts.begin() + E, counts.end());
+    counts.resize(E);
     int64_t kept = 0;
     for (int64_t n : counts) kept += n;
     // (With no kept assignment at all, the loop below has nothing to do; the
@@ -275,7 +336,7 @@ MoeOutput MoeForward(const at::Tensor& x_ND, const at::Tensor& real_N, const at:
       at::Tensor xs = x_ND.index_select(0, tok);
       at::Tensor ye;
       if (across_ranks) {
-        ye = experts->Run(xs, counts,
+        ye = experts->Run(xs, counts, received,
                           [&](const at::Tensor& rows_SD, const std::vector<int64_t>& block,
                               int64_t first) {
                             return LocalExperts(rows_SD, block, first, w1_EFD, w3_EFD, w2_EDF,
@@ -349,7 +410,7 @@ void NudgeBias(at::Tensor& bias_E, const std::vector<int64_t>& tokens_per_expert
     delta[e] = static_cast<float>(n < mean ? rate : n > mean ? -rate : 0.0);
   }
   at::NoGradGuard no_grad;
-  bias_E.add_(at::tensor(delta, at::kFloat).to(bias_E.device()));
+  bias_E.add_(Upload(delta, bias_E.device()));
 }
 
 }  // namespace tally::model

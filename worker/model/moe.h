@@ -17,8 +17,10 @@
 // experts (at::_grouped_mm with int32 group ends on the device; BF16 on
 // CUDA, FP32 on CPU); the results are gathered back and combined with their
 // gates. (The loop over experts, FP8's grouped products and expert
-// parallelism read the counts on the host: they need them to size their
-// calls.) With FP8 (a
+// parallelism read the counts on the host, once per layer and micro-batch,
+// with the counts other processes send under expert parallelism: they size
+// their calls. Nothing else in a layer waits for the host; moe.cc lists
+// every read.) With FP8 (a
 // LinearOverride that is also a GroupedLinearOverride) the override's
 // GroupedLinear takes each weight's grouped product where its Groups()
 // allows (at::_scaled_grouped_mm on CUDA), and each expert runs once over
@@ -85,11 +87,18 @@ class ExpertsHook {
   // more, the expert weights here may hold every expert or only this
   // process's block of E / ranks().
   virtual int ranks() const = 0;
+  // What every process sends this one: from this process's counts_E [E]
+  // (int64, on the device), the rows each process p routes to each expert m
+  // this one holds, [ranks() * E / ranks()] (p-major) on the same device.
+  // A collective every process joins; nothing is read back, so MoeForward
+  // reads these with its own counts in one read.
+  virtual at::Tensor ExchangeCounts(const at::Tensor& counts_E) = 0;
   // rows_SD: this process's kept assignments' inputs sorted by expert,
-  // counts[e] for each of the E experts. Returns the experts' outputs for
-  // them, in the same order, computing this process's share with `local`.
+  // counts[e] for each of the E experts; received: ExchangeCounts' values
+  // on the host. Returns the experts' outputs for them, in the same order,
+  // computing this process's share with `local`.
   virtual at::Tensor Run(const at::Tensor& rows_SD, const std::vector<int64_t>& counts,
-                         const LocalExperts& local) = 0;
+                         const std::vector<int64_t>& received, const LocalExperts& local) = 0;
 };
 
 
@@ -149,7 +158,20 @@ std::vector<int64_t> PaddedGroupEnds(const std::vector<int64_t>& counts, int64_t
 
 // Auxiliary-loss-free balancing: each expert's selection bias moves by
 // `rate` toward balance (up when it got fewer than the mean, down when more).
+// The step's counts come from the host (its one read); the nudge reaches
+// the device without waiting (Upload).
 void NudgeBias(at::Tensor& bias_E, const std::vector<int64_t>& tokens_per_expert, double rate);
+
+// Small host values on `device` without waiting for it: on a GPU copied from
+// pinned memory, queued on the current stream (the pinned block is held
+// until the copy is done); as they are elsewhere. int64 or FP32.
+at::Tensor Upload(const std::vector<int64_t>& values, at::Device device);
+at::Tensor Upload(const std::vector<float>& values, at::Device device);
+
+// How many times MoE layers and expert parallelism have read values back
+// from the device on this thread (each a wait for the device on a GPU),
+// for tests: the table at the top of moe.cc lists every such read.
+int64_t MoeHostReads();
 
 }  // namespace tally::model
 

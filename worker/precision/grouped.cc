@@ -130,8 +130,9 @@ class Fp8GroupedFunction : public torch::autograd::Function<Fp8GroupedFunction> 
         // Once per run (one read): the grouped product against the
         // per-expert ones.
         at::Tensor ref = PerExpertScaledMm(xs, ws, ends, R, O, x_RI.options()).to(at::kFloat);
-        const double diff = (y.to(at::kFloat) - ref).abs().max().item<double>();
-        const double top = ref.abs().max().item<double>();
+        const std::vector<double> read = internal::ReadHost(
+            at::stack({(y.to(at::kFloat) - ref).abs().max(), ref.abs().max()}));
+        const double diff = read[0], top = read[1];
         if (!(diff <= 1e-2 * std::max(top, 1e-6))) {
           self->TurnGroupedOff(absl::StrCat(
               "its first product differed from the per-expert _scaled_mm by ", diff,

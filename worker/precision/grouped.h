@@ -14,7 +14,13 @@
 // product is emulated in FP32 from the same FP8 operands and scales.
 // Backward: each expert's two products as the FP8 linear's, expert by
 // expert (on CUDA over its whole padded group: zero rows change no product
-// and keep the row count a multiple of 16).
+// and keep the row count a multiple of 16), sized by the counts the forward
+// read (no read of its own). Not grouped: torch 2.11's
+// at::_scaled_grouped_mm takes E4M3 operands only (its row-wise path checks
+// that both are Float8_e4m3fn, and only BF16 out, scales FP32 [rows] per
+// operand, offsets int32 on the device, the second operand column-major),
+// and every backward product has the E5M2 gradient as an operand; grouping
+// dX and dW would mean E4M3 gradients for the experts, a recipe change.
 //
 // Not thread-safe: one trainer owns it.
 #ifndef TALLY_WORKER_PRECISION_GROUPED_H_

@@ -1,9 +1,14 @@
 #include "worker/precision/grouped.h"
 
+#include <ATen/record_function.h>
+
 #include <cstdint>
 #include <string>
 #include <algorithm>
+#include <functional>
 #include <iostream>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -127,6 +132,93 @@ TEST(Fp8LinearsTest, Bf16IntermediatesExplainTheCudaGap) {
     // CUDA measured 3.8%, 4.7% and 5.7% against the FP32 reference.
     EXPECT_GT(gap, 0.02);
     EXPECT_LT(gap, 0.08);
+  }
+}
+
+// The operations of `f` (nested ones too) that read a tensor's values back
+// to the host (on a GPU each waits for the device), by name. Reads inside
+// at::one_hot are left out: it checks the class values on the CPU only (on
+// CUDA it relies on the scatter's device asserts, and reads nothing). Every
+// operation seen is counted under "(every operation)", so a pass that is
+// not observed at all shows.
+thread_local std::map<std::string, int>* host_reads_seen = nullptr;
+thread_local std::vector<std::string> host_reads_stack;
+
+std::map<std::string, int> HostReadOps(const std::function<void()>& f) {
+  std::map<std::string, int> ops;
+  auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+            static const std::set<std::string> kReads = {
+                "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::equal",
+                "aten::is_nonzero", "aten::allclose", "aten::tolist"};
+            if (host_reads_seen == nullptr) return nullptr;
+            const bool in_one_hot =
+                std::find(host_reads_stack.begin(), host_reads_stack.end(), "aten::one_hot") !=
+                host_reads_stack.end();
+            if (kReads.count(fn.name()) && !in_one_hot) ++(*host_reads_seen)[fn.name()];
+            ++(*host_reads_seen)["(every operation)"];
+            host_reads_stack.push_back(fn.name());
+            return nullptr;
+          },
+          [](const at::RecordFunction&, at::ObserverContext*) {
+            if (host_reads_seen != nullptr && !host_reads_stack.empty()) {
+              host_reads_stack.pop_back();
+            }
+          })
+          .scopes({at::RecordScope::FUNCTION}));
+  host_reads_stack.clear();
+  host_reads_seen = &ops;
+  f();
+  host_reads_seen = nullptr;
+  at::removeCallback(handle);
+  return ops;
+}
+
+// An FP8 MoE layer waits for the host once per forward (its counts, which
+// size the experts' casts and products, moe.cc's table), never in the
+// backward, and no operation inside reads a value back on its own: with
+// the grouped products and the loop, with padding groups, with drops.
+TEST(Fp8LinearsTest, AnFp8MoeLayerReadsTheHostOncePerForward) {
+  const int64_t E = 4, D = 32, F = 48, N = 40;
+  model::MoeConfig moe;
+  moe.num_experts = E;
+  moe.top_k = 2;
+  moe.capacity_factor = 1.0;
+  for (const bool grouped : {true, false}) {
+    for (const int64_t align : {1, 16}) {
+      SCOPED_TRACE(absl::StrCat(grouped ? "grouped" : "loop", ", align ", align));
+      moe.group_align = align;
+      RecipeConfig rc;
+      rc.grouped_on_cpu = grouped;
+      Fp8Linears fp8(rc);
+      at::manual_seed(3);
+      const at::Tensor router = at::randn({E, D});
+      std::vector<at::Tensor> w = {(at::randn({E, F, D}) * 0.2).set_requires_grad(true),
+                                   (at::randn({E, F, D}) * 0.2).set_requires_grad(true),
+                                   (at::randn({E, D, F}) * 0.2).set_requires_grad(true)};
+      for (int step = 0; step < 2; ++step) {
+        const at::Tensor x = at::randn({N, D}).set_requires_grad(true);
+        const int64_t moe_reads = model::MoeHostReads(), fp8_reads = Fp8HostReads();
+        model::MoeOutput out;
+        const auto forward_ops = HostReadOps([&] {
+          out = model::MoeForward(x, {}, router, at::zeros({E}), w[0], w[1], w[2], moe, &fp8,
+                                  "layers.0.");
+        });
+        EXPECT_EQ(model::MoeHostReads() - moe_reads, 1) << "the counts, once";
+        const auto backward_ops = HostReadOps([&] { out.y_ND.square().sum().backward(); });
+        EXPECT_EQ(model::MoeHostReads() - moe_reads, 1) << "nothing more in the backward";
+        EXPECT_EQ(Fp8HostReads() - fp8_reads, 0);
+        for (const auto* ops : {&forward_ops, &backward_ops}) {
+          EXPECT_GT(ops->count("(every operation)"), 0u) << "observed";
+          EXPECT_EQ(ops->size(), 1u) << ops->rbegin()->first;
+        }
+        const Fp8Stats stats = fp8.TakeStats();
+        EXPECT_EQ(stats.fp8_products, stats.total_products);
+        EXPECT_GT(stats.fp8_products, 0);
+        fp8.OnOptimizerStep();
+      }
+    }
   }
 }
 
