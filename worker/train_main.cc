@@ -50,11 +50,17 @@ class Printer final : public tally::train::TrainEvents {
         "tally-train: %d parameters (%d active, %d in the embedding), %.3g training "
         "FLOPs/token, "
         "%d micro-batches/step, %s attention on %s; %d train / %d val documents, "
-        "first-epoch packing efficiency %.4f; model state %.3g MB (activations aside)%s%s%s%s\n",
+        "first-epoch packing efficiency %.4f; model state %.3g MB (activations aside)%s%s%s%s%s\n",
         i.num_parameters, i.num_active_parameters, i.num_embedding_parameters,
         i.flops_per_token,
         i.micro_batches_per_step, i.attention, i.device, i.train_docs, i.val_docs,
         i.packing_efficiency, i.state_bytes / 1e6,
+        i.activation_bytes > 0
+            ? absl::StrFormat(", plus about %.3g GB of activations per micro-batch and %.3g GB "
+                              "of weight casts (estimated; %.3g GB a step in all)",
+                              i.activation_bytes / 1e9, i.weight_cast_bytes / 1e9,
+                              (i.state_bytes + i.activation_bytes + i.weight_cast_bytes) / 1e9)
+            : "",
         i.start_step > 0 ? absl::StrFormat("; resumed at step %d", i.start_step) : "",
         i.num_resident_parameters < i.num_parameters
             ? absl::StrFormat("; experts sharded, %d parameters held by this rank",

@@ -232,6 +232,13 @@ struct RunInfo {
   // a resident parameter (FP32 weight, gradient, AdamW m and v) and 4 a
   // teacher parameter (FP32 weight, no gradient, no optimizer state).
   int64_t state_bytes = 0;
+  // On a GPU, estimated from the shapes (precision/activation_memory.h):
+  // what one micro-batch's forward leaves for its backward (BF16 or FP8,
+  // as each path saves it) and the step's weight casts (BF16 copies, or
+  // FP8 bytes in both layouts). 0 on the CPU (not estimated). A step needs
+  // about state_bytes + weight_cast_bytes + activation_bytes.
+  int64_t activation_bytes = 0;
+  int64_t weight_cast_bytes = 0;
   int64_t micro_batches_per_step = 0;
   int64_t start_step = 0;          // > 0 when resumed
   int64_t train_docs = 0, val_docs = 0;

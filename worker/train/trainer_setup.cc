@@ -3,6 +3,8 @@
 // teacher.
 #include "worker/train/trainer_run.h"
 
+#include "worker/precision/activation_memory.h"
+
 namespace tally::train::internal {
 namespace {
 
@@ -250,6 +252,15 @@ RunInfo Run::Info() const {
     info.flops_per_token += info.teacher_flops_per_token;
   }
   info.state_bytes = 16 * info.num_resident_parameters + 4 * info.teacher_parameters;
+  if (device_.is_cuda()) {
+    model::ModelConfig shape = model_->config();
+    if (expert_parallel()) shape.moe.num_experts /= c_.parallel.world_size;  // held here
+    const precision::StepMemory m = precision::EstimateStepMemory(
+        shape, c_.micro_batch_rows * c_.data.seq_len,
+        c_.fp8 ? precision::StepPrecision::kFp8 : precision::StepPrecision::kBf16);
+    info.activation_bytes = m.activation_bytes;
+    info.weight_cast_bytes = m.weight_cast_bytes;
+  }
   info.micro_batches_per_step = micro_per_step_;
   info.start_step = state_.step;
   info.train_docs = train_->num_docs();
