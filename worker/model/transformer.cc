@@ -221,8 +221,8 @@ at::Tensor Transformer::SwiGlu(const at::Tensor& h, const Layer& layer) const {
   if (fused_ops_ && linear_ != nullptr) {
     // The override's joint product (FP8: one cast of h, one product, each
     // weight under its own scale), then the same fused SwiGLU.
-    const at::Tensor y13 =
-        linear_->GateUpLinear(h, layer.w1_FD, layer.w3_FD, layer.prefix + "w1", layer.prefix + "w3");
+    const at::Tensor y13 = linear_->GateUpLinear(h, layer.w1_FD, layer.w3_FD,
+                                                 layer.prefix + "w1", layer.prefix + "w3");
     return Linear(FusedSwiGlu(y13), layer.w2_DF, layer, "w2");
   }
   at::Tensor gate = at::silu(Linear(h, layer.w1_FD, layer, "w1"));

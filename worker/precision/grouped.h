@@ -7,8 +7,9 @@
 // per optimizer step, an input w1 and w3 share once). Forward on CUDA: one
 // at::_scaled_grouped_mm (E4M3 operands, each expert's inverse scales
 // spread over its rows and output channels on the device, fast
-// accumulation as every forward product (linear.h), BF16 output). The first grouped product of a run is checked
-// against the per-expert _scaled_mm products; a mismatch or a refusal turns
+// accumulation as every forward product (linear.h), BF16 output). The
+// first grouped product of a run is checked against the per-expert
+// _scaled_mm products; a mismatch or a refusal turns
 // grouping off for the run (Fp8Linears::TurnGroupedOff) and the experts run
 // one by one. On CPU (tests, RecipeConfig::grouped_on_cpu) the grouped
 // product is emulated in FP32 from the same FP8 operands and scales.

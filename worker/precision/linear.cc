@@ -279,7 +279,8 @@ class Fp8GateUpFunction : public torch::autograd::Function<Fp8GateUpFunction> {
       self->CountProducts(2, 2);
       const at::Tensor gxh = internal::InputGradProduct(gi, w);
       gx = gx.defined() ? gx + gxh : gxh;
-      gw.push_back(internal::WeightGradProduct(gi, x).to(static_cast<at::ScalarType>(w_dtypes[half])));
+      const auto w_dtype = static_cast<at::ScalarType>(w_dtypes[half]);
+      gw.push_back(internal::WeightGradProduct(gi, x).to(w_dtype));
     }
     std::vector<int64_t> shape(g.sizes().begin(), g.sizes().end());
     shape.back() = gx.size(-1);
