@@ -225,8 +225,8 @@ const internal::RowwiseWeight& Fp8Linears::RowwiseWeightImage(const Fp8Layer& la
   const at::Tensor wd = w.detach();
   const std::string group = layer.group + ".weight";
   internal::RowwiseWeight image{
-      internal::RowwiseCast(this, wd, Fp8Format::kE4M3, group),
-      internal::RowwiseCast(this, wd.t().contiguous(), Fp8Format::kE4M3, "")};
+      internal::RowwiseCast(this, wd, Fp8Format::kE4M3, group, /*columns=*/false),
+      internal::RowwiseCast(this, wd, Fp8Format::kE4M3, "", /*columns=*/true)};
   if (!wd.is_cuda()) {
     for (internal::RowwiseImage* i : {&image.rows, &image.cols}) {
       i->dequantized = internal::Dequantized(i->data, i->scale);

@@ -137,10 +137,13 @@ struct RowwiseImage {
 struct RowwiseWeight {
   RowwiseImage rows, cols;
 };
-// One row-wise cast of a [R, C] (FP32 or BF16) to `format`, its counts
-// added to the converter's statistics and its amax reported under `group`.
+// One row-wise cast of a [R, C] (FP32 or BF16; others as FP32) to
+// `format`, per row, or with `columns` per column into the transposed
+// image [C, R] (a^T per row, without a transposed copy); one pass of
+// kernels/rowwise_cast.h. Its counts are added to the converter's
+// statistics and its amax reported under `group` (empty: not reported).
 RowwiseImage RowwiseCast(Fp8Linears* linears, const at::Tensor& a, Fp8Format format,
-                         const std::string& group);
+                         const std::string& group, bool columns);
 
 // The row-wise recipe's forward and backward (rowwise_recipe.cc). The
 // forward returns y and, in *x_cols, the image its weight gradient reads:
