@@ -42,14 +42,19 @@ fuzz: fuzz-build
 
 # tests/gpu/run.sh's preflight, configure and build on this machine (nvcc,
 # no GPU): a fresh venv with torch==2.11.0 and only the carried Debian
-# packages (tests/gpu/fetch-deps.sh), never the system's -dev packages. GPU
-# steps skip; the table lands in $(GPU_REHEARSAL_OUT)/summary.md.
+# packages (tests/gpu/fetch-deps.sh), never the system's -dev packages. Once
+# per card the lent machine may be (--card: the H100's and the H200's
+# sizing, pricing and peaks; the second run keeps the first's venv and
+# build). GPU steps skip; the tables land in
+# $(GPU_REHEARSAL_OUT)/{h100,h200}/summary.md.
 GPU_REHEARSAL_OUT ?= $(BUILD_DIR)/gpu-rehearsal
 gpu-rehearsal: setup
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target tally-prep
 	@tests/gpu/fetch-deps.sh
 	@rm -rf $(GPU_REHEARSAL_OUT)
-	@OUT=$(GPU_REHEARSAL_OUT) JOBS=$(JOBS) tests/gpu/run.sh --rehearse
+	@OUT=$(GPU_REHEARSAL_OUT)/h100 JOBS=$(JOBS) tests/gpu/run.sh --rehearse --card=h100
+	@OUT=$(GPU_REHEARSAL_OUT)/h200 JOBS=$(JOBS) TALLY_REHEARSAL_VENV=keep \
+	  tests/gpu/run.sh --rehearse --card=h200
 
 clean:
 	rm -rf $(BUILD_DIR) $(FUZZ_BUILD_DIR) build-gpu-rehearsal
