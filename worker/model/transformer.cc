@@ -170,6 +170,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(
   return out;
 }
 
+at::Tensor LinearOverride::SwiGluLinear(const at::Tensor& y13, const at::Tensor& w2,
+                                        const std::string& site) {
+  return Linear(FusedSwiGlu(y13), w2, site);
+}
+
 at::Tensor Transformer::Linear(const at::Tensor& x, const at::Tensor& w, const Layer& layer,
                                const char* name) const {
   if (linear_ == nullptr) return at::linear(x, w);
@@ -220,10 +225,11 @@ at::Tensor Transformer::SwiGlu(const at::Tensor& h, const Layer& layer) const {
   }
   if (fused_ops_ && linear_ != nullptr) {
     // The override's joint product (FP8: one cast of h, one product, each
-    // weight under its own scale), then the same fused SwiGLU.
+    // weight under its own scale), then the fused SwiGLU into w2 (FP8: with
+    // the cast of its output fused in, where the scale is known ahead).
     const at::Tensor y13 = linear_->GateUpLinear(h, layer.w1_FD, layer.w3_FD,
                                                  layer.prefix + "w1", layer.prefix + "w3");
-    return Linear(FusedSwiGlu(y13), layer.w2_DF, layer, "w2");
+    return linear_->SwiGluLinear(y13, layer.w2_DF, layer.prefix + "w2");
   }
   at::Tensor gate = at::silu(Linear(h, layer.w1_FD, layer, "w1"));
   return Linear(gate * Linear(h, layer.w3_FD, layer, "w3"), layer.w2_DF, layer, "w2");

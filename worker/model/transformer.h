@@ -76,6 +76,11 @@ class LinearOverride {
                                   const std::string& site1, const std::string& site3) {
     return at::cat({Linear(x, w1, site1), Linear(x, w3, site3)}, -1);
   }
+  // The fused SwiGLU of GateUpLinear's output y13 into w2 [D, F]: [..., D].
+  // The default is FusedSwiGlu (fused_ops.h), then Linear; an override may
+  // fuse more (FP8: the SwiGLU and the cast of its output in one pass).
+  virtual at::Tensor SwiGluLinear(const at::Tensor& y13, const at::Tensor& w2,
+                                  const std::string& site);
 };
 
 struct Parameter {
@@ -111,8 +116,8 @@ class Transformer {
   // the fused product reads them without a copy and h once), then SwiGLU as
   // one pass. Off: the composite ops the FP32 golden losses are of. With a
   // LinearOverride (FP8) the feed-forward's w1 and w3 go to its
-  // GateUpLinear as one call (FP8's: one cast of h, one product), then the
-  // same fused SwiGLU.
+  // GateUpLinear as one call (FP8's: one cast of h, one product), and the
+  // fused SwiGLU and w2 to its SwiGluLinear.
   void SetFusedOps(bool fused) { fused_ops_ = fused; }
   // Quantization-aware computation: the block linears `q` names compute
   // with their weights fake-quantized (ggml_quant.h FakeQuantize: the

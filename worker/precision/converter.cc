@@ -5,7 +5,12 @@
 #include <limits>
 #include <set>
 
+#if defined(TALLY_WITH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include "absl/strings/str_cat.h"
+#include "kernels/fused_cast.h"
 #include "worker/precision/grouped.h"
 #include "worker/precision/quantize.h"
 
@@ -75,6 +80,13 @@ at::Tensor Fp8Linears::GateUpLinear(const at::Tensor& x, const at::Tensor& w1,
               table_.device(), ", the input on ", x.device());
   Fp8Layer& layer1 = LayerFor(site1);
   return Fp8GateUpLinear(x, w1, w3, &layer1, &LayerFor(site3), this);
+}
+
+at::Tensor Fp8Linears::SwiGluLinear(const at::Tensor& y13, const at::Tensor& w2,
+                                    const std::string& site) {
+  TORCH_CHECK(y13.device() == table_.device(), "FP8 linear ", site, ": its scaling state is on ",
+              table_.device(), ", the input on ", y13.device());
+  return Fp8SwiGluLinear(y13, w2, &LayerFor(site), this);
 }
 
 bool Fp8Linears::Groups(const at::Tensor& x, int64_t out, int64_t in) const {
@@ -210,6 +222,68 @@ const Fp8Linears::JointWeight& Fp8Linears::JointWeightImage(const Fp8Layer& laye
   auto& slot = joint_weights_[layer1.w];
   slot = {w1d, w3d, w1._version(), w3._version(), std::move(j)};
   return slot.image;
+}
+
+bool Fp8Linears::SwiGluCastAhead(const Fp8Layer& layer) const {
+  return recipe_->PerTensor() && recipe_->ScaleKnownAhead(table_, layer.x) &&
+         !(training_ && config_.test_overflow_fraction > 0);
+}
+
+Fp8Image Fp8Linears::SwiGluInputImage(const Fp8Layer& layer, const at::Tensor& y13) {
+  TORCH_CHECK(SwiGluCastAhead(layer), "the fused SwiGLU cast of ", layer.site,
+              " needs its scale ahead");
+  const int64_t t = layer.x;
+  const bool cuda = y13.is_cuda();
+  const bool record = training_;
+  const bool emulate_bf16 = !cuda && config_.emulate_bf16_intermediates;
+  const at::Tensor x = y13.scalar_type() == at::kBFloat16 || y13.scalar_type() == at::kFloat
+                           ? y13.contiguous()
+                           : y13.to(at::kFloat).contiguous();
+  const int64_t F = x.size(-1) / 2, M = x.numel() / (2 * F);
+  bool cast_records = false;
+  Fp8Image image;
+  image.scale = recipe_->ScaleFor(&table_, t, at::Tensor(), record, &cast_records);
+  const auto bytes = x.options().dtype(at::kByte);
+  at::Tensor data = at::empty({M, F}, bytes);
+  at::Tensor data_t = cuda ? at::empty({F, M}, bytes) : at::Tensor();
+  kernels::SwiGluCastArgs a;
+  a.x13 = x.data_ptr();
+  a.x_dtype = x.scalar_type() == at::kBFloat16 ? kernels::Dtype::kBFloat16
+                                               : kernels::Dtype::kFloat32;
+  a.rows = M;
+  a.cols = F;
+  // The value cast is the SwiGLU's output in the products' input dtype:
+  // BF16 on CUDA (autocast's), and on the CPU when it emulates that.
+  a.y_dtype = cuda || emulate_bf16 ? kernels::Dtype::kBFloat16 : kernels::Dtype::kFloat32;
+  a.fp8.scale = image.scale.scale.data_ptr<float>();
+  a.fp8.format = kernels::Fp8Kind::kE4M3;
+  a.fp8.out = data.data_ptr<uint8_t>();
+  a.fp8.out_t = cuda ? data_t.data_ptr<uint8_t>() : nullptr;
+  if (cast_records) {
+    a.fp8.amax = table_.step_amax(t).data_ptr<float>();
+    a.fp8.amax_finite = table_.step_finite(t).data_ptr<float>();
+  }
+  if (record) {
+    a.fp8.counts = static_cast<uint64_t*>(counts_.data_ptr());
+    stats_.elements += M * F;
+    NoteUsed(t);
+  }
+  if (cuda) {
+#if defined(TALLY_WITH_CUDA)
+    const std::string err = kernels::SwiGluCastCuda(a, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err.empty(), "fused SwiGLU + FP8 cast: ", err);
+#else
+    TORCH_CHECK(false, "fused SwiGLU + FP8 cast: this build has no CUDA");
+#endif
+  } else {
+    kernels::SwiGluCastReference(a);
+  }
+  const at::ScalarType e4m3 = Fp8Dtype(Fp8Format::kE4M3);
+  image.data = data.view(e4m3);
+  if (cuda) image.data_t = data_t.view(e4m3);
+  if (!cuda) image.dequantized = internal::Dequantized(image.data, image.scale.scale);
+  image.bf16_outputs = emulate_bf16;
+  return image;
 }
 
 Fp8Image Fp8Linears::GradImage(const Fp8Layer& layer, const at::Tensor& g2) {

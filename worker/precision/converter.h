@@ -51,6 +51,11 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
   at::Tensor GroupedLinear(const at::Tensor& x_RI, const std::vector<int64_t>& counts,
                            const std::vector<int64_t>& ends, const at::Tensor& w_EOI,
                            const std::vector<std::string>& sites) override;
+  // The fused SwiGLU of y13 (w1|w3's output) into w2 (Fp8SwiGluLinear):
+  // SwiGLU and the FP8 cast of its output in one pass where the scale is
+  // known ahead, else the fused SwiGLU and w2's FP8 linear.
+  at::Tensor SwiGluLinear(const at::Tensor& y13, const at::Tensor& w2,
+                          const std::string& site) override;
   // Why grouped expert products were turned off for this run; empty while on.
   const std::string& grouped_off() const { return grouped_off_; }
   void TurnGroupedOff(std::string why);
@@ -113,6 +118,16 @@ class Fp8Linears final : public model::LinearOverride, public model::GroupedLine
   };
   const JointWeight& JointWeightImage(const Fp8Layer& layer1, const at::Tensor& w1,
                                       const Fp8Layer& layer3, const at::Tensor& w3);
+  // Whether SwiGluInputImage can cast `layer`'s input in the SwiGLU's own
+  // pass: a per-tensor scale known ahead (delayed scaling once the entry
+  // has a history), and no forced overflows.
+  bool SwiGluCastAhead(const Fp8Layer& layer) const;
+  // The image of silu(a) * b for y13 = [a | b] ([..., 2F], FP32 or BF16) as
+  // `layer`'s input (E4M3, row-major and, on CUDA, transposed), computed
+  // and cast in one pass (kernels/fused_cast.h SwiGluCast): what Cast
+  // would make of the SwiGLU's output, with its statistics and amax. Only
+  // where SwiGluCastAhead.
+  Fp8Image SwiGluInputImage(const Fp8Layer& layer, const at::Tensor& y13);
   // An output gradient's image (E5M2, row-major and transposed).
   Fp8Image GradImage(const Fp8Layer& layer, const at::Tensor& g2);
   // Row-wise recipe: w's two row-wise images, cast at its first use in an

@@ -23,6 +23,9 @@ class DelayedRecipe final : public Fp8Recipe {
     *cast_records = false;
     return table->ScaleFromItself(t, x2, record);
   }
+  bool ScaleKnownAhead(const ScalingTable& table, int64_t t) const override {
+    return table.has_history(t);
+  }
   void OnOptimizerStep(ScalingTable* table) const override { table->StepDelayed(); }
 };
 

@@ -33,6 +33,10 @@ class Fp8Recipe {
   // (the scale was known ahead) or it has been taken already.
   virtual Scale ScaleFor(ScalingTable* table, int64_t t, const at::Tensor& x2, bool record,
                          bool* cast_records) const = 0;
+  // Whether tensor t's scale is known before the tensor is seen (so a
+  // cast fused into the op that makes the tensor can take it): ScaleFor
+  // then reads nothing of x2.
+  virtual bool ScaleKnownAhead(const ScalingTable& table, int64_t t) const { return false; }
   // Once per optimizer step, after the step's amax are final.
   virtual void OnOptimizerStep(ScalingTable* table) const = 0;
 };

@@ -8,6 +8,12 @@
 #include <tuple>
 #include <vector>
 
+#if defined(TALLY_WITH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "kernels/elementwise.h"
+#include "worker/model/fused_ops.h"
 #include "worker/precision/converter.h"
 
 namespace tally::precision {
@@ -289,7 +295,81 @@ class Fp8GateUpFunction : public torch::autograd::Function<Fp8GateUpFunction> {
   }
 };
 
+// The fused SwiGLU and w2 as one FP8 function (Fp8SwiGluLinear), for a
+// scale known ahead.
+class Fp8SwiGluLinearFunction : public torch::autograd::Function<Fp8SwiGluLinearFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& y13,
+                            const at::Tensor& w, int64_t layer_address, int64_t linears_address) {
+    auto* layer = reinterpret_cast<const Fp8Layer*>(layer_address);
+    auto* self = reinterpret_cast<Fp8Linears*>(linears_address);
+    ctx->saved_data["layer"] = layer_address;
+    ctx->saved_data["linears"] = linears_address;
+    std::vector<int64_t> shape(y13.sizes().begin(), y13.sizes().end());
+    shape.back() = w.size(0);
+    const Fp8Image yi = self->SwiGluInputImage(*layer, y13);
+    const Fp8Image wi = self->WeightImage(*layer, w);
+    self->CountProducts(1, 1);
+    const at::Tensor out = internal::ForwardProduct(yi, wi);
+    // The SwiGLU's backward reads y13, as the fused SwiGLU keeps it.
+    ctx->save_for_backward({y13});
+    SaveOperand(ctx, "x", yi, /*cached=*/false);
+    SaveOperand(ctx, "w", wi, /*cached=*/true);
+    ctx->saved_data["w_shape"] = w.sizes().vec();
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    return out.reshape(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* layer = reinterpret_cast<const Fp8Layer*>(ctx->saved_data["layer"].toInt());
+    auto* self = reinterpret_cast<Fp8Linears*>(ctx->saved_data["linears"].toInt());
+    const at::Tensor y13 = ctx->get_saved_variables()[0];
+    const std::vector<int64_t> w_shape = ctx->saved_data["w_shape"].toIntVector();
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    const Fp8Image x = SavedOperand(ctx, "x"), w = SavedOperand(ctx, "w");
+    const at::Tensor& g = grads[0];
+    const Fp8Image gi = self->GradImage(*layer, g.reshape({-1, w_shape[0]}));
+    self->CountProducts(2, 2);
+    const at::Tensor gy = internal::InputGradProduct(gi, w);  // the SwiGLU output's gradient
+    const at::Tensor gw = internal::WeightGradProduct(gi, x);
+    // The SwiGLU's backward, as the fused SwiGLU runs it (kernels/elementwise.h).
+    const at::ScalarType dtype = y13.scalar_type() == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+    const kernels::Dtype kdtype =
+        dtype == at::kBFloat16 ? kernels::Dtype::kBFloat16 : kernels::Dtype::kFloat32;
+    const at::Tensor x13 = y13.to(dtype).contiguous();
+    const at::Tensor dy = gy.to(dtype).contiguous();
+    const int64_t F = x13.size(-1) / 2, n = x13.numel() / (2 * F);
+    at::Tensor dx13 = at::empty_like(x13);
+    if (x13.is_cuda()) {
+#if defined(TALLY_WITH_CUDA)
+      const std::string err =
+          kernels::SwiGluBackwardCuda(x13.data_ptr(), dy.data_ptr(), kdtype, n, F, dx13.data_ptr(),
+                                      c10::cuda::getCurrentCUDAStream().stream());
+      TORCH_CHECK(err.empty(), "fused SwiGLU backward: ", err);
+#else
+      TORCH_CHECK(false, "fused SwiGLU backward: this build has no CUDA");
+#endif
+    } else {
+      kernels::SwiGluBackwardReference(x13.data_ptr(), dy.data_ptr(), kdtype, n, F,
+                                       dx13.data_ptr());
+    }
+    return {dx13.to(y13.scalar_type()), gw.to(w_dtype), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor Fp8SwiGluLinear(const at::Tensor& y13, const at::Tensor& w2, const Fp8Layer* layer,
+                           Fp8Linears* linears) {
+  const int64_t F = y13.size(-1) / 2, M = y13.numel() / std::max<int64_t>(1, 2 * F);
+  if (!linears->SwiGluCastAhead(*layer) ||
+      (y13.is_cuda() && !internal::ScaledMmShapeOk(M, F, w2.size(0)))) {
+    return Fp8Linear(model::FusedSwiGlu(y13), w2, layer, linears);
+  }
+  return Fp8SwiGluLinearFunction::apply(y13, w2, reinterpret_cast<int64_t>(layer),
+                                        reinterpret_cast<int64_t>(linears));
+}
 
 at::Tensor Fp8GateUpLinear(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
                            const Fp8Layer* layer1, const Fp8Layer* layer3, Fp8Linears* linears) {

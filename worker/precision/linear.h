@@ -101,6 +101,17 @@ at::Tensor Fp8Linear(const at::Tensor& x, const at::Tensor& w, const Fp8Layer* l
 at::Tensor Fp8GateUpLinear(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
                            const Fp8Layer* layer1, const Fp8Layer* layer3, Fp8Linears* linears);
 
+// A feed-forward's fused SwiGLU and w2: silu(a) * b for y13 = [a | b]
+// ([..., 2F], w1|w3's output) times w2 [N, F]^T, [..., N], differentiable
+// in y13 and w2. Where the scale of w2's input is known ahead (delayed
+// scaling with a history) the SwiGLU and its FP8 cast are one pass
+// (kernels/fused_cast.h), so the SwiGLU's output is never written; the
+// backward runs w2's two products and the SwiGLU's backward on y13 (what
+// the fused SwiGLU keeps anyway). Otherwise: the fused SwiGLU, then
+// Fp8Linear.
+at::Tensor Fp8SwiGluLinear(const at::Tensor& y13, const at::Tensor& w2, const Fp8Layer* layer,
+                           Fp8Linears* linears);
+
 // Shared by the files of worker/precision only; not for callers.
 namespace internal {
 

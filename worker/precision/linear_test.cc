@@ -1,6 +1,7 @@
 #include "worker/precision/linear.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <cstdint>
 #include <iostream>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "worker/model/fused_ops.h"
 #include "worker/precision/converter.h"
 #include "worker/precision/held_bytes_testing.h"
 
@@ -218,6 +220,48 @@ TEST(Fp8LinearsTest, TheJointGateUpProductIsTheTwoLinears) {
       EXPECT_EQ(sa[i].first, sb[i].first);
       EXPECT_TRUE(at::equal(sa[i].second, sb[i].second)) << sa[i].first;
     }
+  }
+}
+
+// Once delayed scaling knows w2's input scale (a step has passed), the
+// SwiGLU and the FP8 cast of its output are one pass (kernels/fused_cast.h):
+// the same products, statistics and gradients as the fused SwiGLU followed
+// by the FP8 linear, up to the last place of the SwiGLU's exp.
+TEST(Fp8LinearsTest, TheSwiGluCastIsFusedOnceTheScaleIsKnownAhead) {
+  const int64_t M = 48, F = 64, N = 32;
+  at::manual_seed(12);
+  RecipeConfig c;  // delayed
+  Fp8Linears fused(c), apart(c);
+  const at::Tensor w = (at::randn({N, F}) * 0.1).set_requires_grad(true);
+  const at::Tensor wb = w.detach().clone().set_requires_grad(true);
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE(step);
+    const at::Tensor y13 = at::randn({2, M / 2, 2 * F}).set_requires_grad(true);
+    const at::Tensor y13b = y13.detach().clone().set_requires_grad(true);
+    const at::Tensor g = at::randn({2, M / 2, N});
+    const at::Tensor out = fused.SwiGluLinear(y13, w, "layers.0.w2");
+    const at::Tensor outb = apart.Linear(model::FusedSwiGlu(y13b), wb, "layers.0.w2");
+    const std::string node = out.grad_fn()->name();
+    EXPECT_EQ(node.find("Fp8SwiGluLinearFunction") != std::string::npos, step > 0) << node;
+    const double scale = outb.abs().max().item<double>();
+    const double diff = (out - outb).abs().max().item<double>();
+    std::cout << "step " << step << ": fused SwiGLU cast vs SwiGLU then cast, max |diff| "
+              << diff / scale << " of the largest output\n";
+    EXPECT_LT(diff, 1e-2 * scale);
+    out.backward(g);
+    outb.backward(g);
+    EXPECT_LT((y13.grad() - y13b.grad()).abs().max().item<double>(),
+              1e-2 * y13b.grad().abs().max().item<double>());
+    EXPECT_LT((w.grad() - wb.grad()).abs().max().item<double>(),
+              1e-2 * wb.grad().abs().max().item<double>());
+    const Fp8Stats a = fused.TakeStats(), b = apart.TakeStats();
+    EXPECT_EQ(a.elements, b.elements);
+    EXPECT_EQ(a.fp8_products, b.fp8_products);
+    EXPECT_EQ(a.total_products, b.total_products);
+    EXPECT_NEAR(a.amax.at("ffn.input"), b.amax.at("ffn.input"),
+                1e-5 * b.amax.at("ffn.input"));
+    fused.OnOptimizerStep();
+    apart.OnOptimizerStep();
   }
 }
 
