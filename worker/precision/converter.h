@@ -12,6 +12,16 @@
 // statistics (TakeStats), none when the histories advance (OnOptimizerStep
 // after TakeStats), one per checkpoint (State).
 //
+// Fused casts (kernels/fused_cast.h): the SwiGLU's into w2 (SwiGluLinear)
+// where the scale is known ahead. Not yet the RMSNorm's into wq|wk|wv and
+// w1|w3: that needs a model hook that hands over the norm's input and gain
+// with the weight (the model calls Norm, then Linear), an autograd function
+// whose backward runs the FP8 products and then the norm's backward from x
+// and rstd (dx = rstd (g gain - x rstd^2 mean(g gain x)), dgain = the sum
+// over rows of g x rstd), y_dtype FP32 (the FP8 linears cast at::rms_norm's
+// FP32 output today), the unfused path where the scale is not known ahead,
+// and none in MoE layers (their router reads the norm's output).
+//
 // Not thread-safe: one trainer owns it. Embeddings, norms, softmax and the
 // output head never come here.
 #ifndef TALLY_WORKER_PRECISION_CONVERTER_H_
