@@ -363,17 +363,18 @@ record preflight ok "$(elapsed "$t0")" \
 # micro-batches arithmetic" (rows 0: not even one row fits). Counted
 # conservatively: every linear's FP32 master, gradient and AdamW m and v plus
 # its BF16/FP8 weight images (18 B a parameter); per token and layer the
-# BF16 activations the backward keeps (22 d + 8 d_ff bytes) and the FP32
-# inputs an FP8 linear kept until it saved only FP8 (4 (3 d + d_ff) bytes),
-# so the plan holds with or without that change; of the card's memory 90%
-# less 3 GB (CUDA context, cuBLAS workspace, allocator slack) is usable.
-# d_ff is the model's default, 8/3 d rounded up to 32.
+# activations the backward keeps, 22 d + 8 d_ff bytes (above
+# worker/precision/activation_memory.h's estimates: BF16 20 d + 6 d_ff, FP8
+# 19 d + 5 d_ff now that an FP8 linear saves only FP8 copies of its input,
+# 30 d + 10 d_ff before); of the card's memory 90% less 3 GB (CUDA context,
+# cuBLAS workspace, allocator slack) is usable. d_ff is the model's
+# default, 8/3 d rounded up to 32.
 plan_rows() {
   awk -v L="$1" -v d="$2" -v s="$3" -v w="$4" -v mib="$MEM_MIB" 'BEGIN {
     f = int((8 * d / 3 + 31) / 32) * 32
     P = L * (4 * d * d + 3 * d * f)
     state = P * 18 / 1e9
-    row = s * L * (22 * d + 8 * f + 4 * (3 * d + f)) / 1e9
+    row = s * L * (22 * d + 8 * f) / 1e9
     usable = 0.9 * mib * 1048576 / 1e9 - 3
     r = w
     while (r >= 1 && state + r * row > usable) r = int(r / 2)
