@@ -193,8 +193,8 @@ absl::StatusOr<std::optional<PostgresSettings>> LoadPostgresSettings(
   p.lease_timeout = options.lease_timeout;
   if (p.lease_timeout < absl::Seconds(6)) {
     spdlog::warn("--lease_timeout={}: shorter than 6s, one reconnect to PostgreSQL (up to 2 s) "
-                 "can outlast a renewal, and the leader then exits with code 3 on a brief "
-                 "database blip; 10s or more suits production",
+                 "can outlast a renewal, and the leader then stops serving on a brief "
+                 "database blip until it renews; 10s or more suits production",
                  absl::FormatDuration(p.lease_timeout));
   }
   p.advertise_address = options.advertise_address;

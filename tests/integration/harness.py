@@ -10,6 +10,7 @@ file would be. Such a tallyd leads only once it holds the lease
 /readyz, so after a kill -9 it returns once the old lease has expired.
 Unset, or sqlite, keeps the default store."""
 
+import atexit
 import os
 import re
 import signal
@@ -203,6 +204,7 @@ class Tallyd:
              "--heartbeat_interval=300ms", "--heartbeat_timeout=3s",
              "--tick_interval=50ms"] + self.store_args + self.extra_args,
             stdout=self.log, stderr=subprocess.STDOUT)
+        _STARTED.append(self.proc)
         text = wait_for(lambda: self._exited_early() or
                         (os.path.exists(addr_file) and _read(addr_file)),
                         what="tallyd to write its address")
@@ -288,6 +290,20 @@ class Tallyd:
     def logs(self):
         with open(self.log_path) as f:
             return f.read()
+
+
+# Every tallyd a test started: one a test forgot to stop is killed when the
+# test process exits (a leader whose database went away waits for it,
+# refusing calls, instead of exiting).
+_STARTED = []
+
+
+@atexit.register
+def _kill_leftover_tallyds():
+    for proc in _STARTED:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 class BearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
