@@ -224,8 +224,7 @@ int main(int argc, char** argv) {
   }
   std::string quantized;
   if (const auto& q = config->eval_quantized) {
-    quantized = absl::StrCat(q->format == tally::model::GgmlQuant::kQ4_0 ? "q4_0" : "q8_0",
-                             q->layers == tally::model::QuantLayers::kFfn ? " ffn" : " all_linear",
+    quantized = absl::StrCat(tally::model::QuantizationName(*q),
                              config->qat ? ", trained for it" : ", post-training");
   }
   Printer printer(config->max_steps, absl::GetFlag(FLAGS_log_every),

@@ -19,12 +19,10 @@ double PeakFlopsFor(const std::string& gpu_type) {
 
 namespace {
 
-// A validated spec's format and layers ("q8_0" | "q4_0", "ffn" | "all_linear").
+// A validated spec's format and layers.
 model::WeightQuantization Quantization(const std::string& format, const std::string& layers) {
-  model::WeightQuantization q;
-  q.format = format == "q4_0" ? model::GgmlQuant::kQ4_0 : model::GgmlQuant::kQ8_0;
-  q.layers = layers == "all_linear" ? model::QuantLayers::kAllLinear : model::QuantLayers::kFfn;
-  return q;
+  return {model::ParseGgmlQuant(format).value_or(model::GgmlQuant::kQ8_0),
+          model::ParseQuantLayers(layers).value_or(model::QuantLayers::kFfn)};
 }
 
 }  // namespace

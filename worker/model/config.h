@@ -5,6 +5,9 @@
 #define TALLY_WORKER_MODEL_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 
 namespace tally::model {
 
@@ -47,6 +50,27 @@ struct WeightQuantization {
   }
   bool operator!=(const WeightQuantization& o) const { return !(*this == o); }
 };
+
+// Their names as specs, flags and checkpoints write them: "q8_0" / "q4_0",
+// "ffn" / "all_linear"; nullopt for anything else.
+inline std::optional<GgmlQuant> ParseGgmlQuant(std::string_view name) {
+  if (name == "q8_0") return GgmlQuant::kQ8_0;
+  if (name == "q4_0") return GgmlQuant::kQ4_0;
+  return std::nullopt;
+}
+inline const char* GgmlQuantName(GgmlQuant q) { return q == GgmlQuant::kQ8_0 ? "q8_0" : "q4_0"; }
+inline std::optional<QuantLayers> ParseQuantLayers(std::string_view name) {
+  if (name == "ffn") return QuantLayers::kFfn;
+  if (name == "all_linear") return QuantLayers::kAllLinear;
+  return std::nullopt;
+}
+inline const char* QuantLayersName(QuantLayers layers) {
+  return layers == QuantLayers::kFfn ? "ffn" : "all_linear";
+}
+// "q4_0 ffn".
+inline std::string QuantizationName(const WeightQuantization& q) {
+  return std::string(GgmlQuantName(q.format)) + " " + QuantLayersName(q.layers);
+}
 
 struct ModelConfig {
   int64_t num_layers = 2;

@@ -8,25 +8,7 @@
 
 namespace tally::model {
 
-std::optional<GgmlQuant> ParseGgmlQuant(std::string_view name) {
-  if (name == "q8_0") return GgmlQuant::kQ8_0;
-  if (name == "q4_0") return GgmlQuant::kQ4_0;
-  return std::nullopt;
-}
-
-const char* GgmlQuantName(GgmlQuant q) { return q == GgmlQuant::kQ8_0 ? "q8_0" : "q4_0"; }
-
 int64_t GgmlBlockBytes(GgmlQuant q) { return q == GgmlQuant::kQ8_0 ? 34 : 18; }
-
-std::optional<QuantLayers> ParseQuantLayers(std::string_view name) {
-  if (name == "ffn") return QuantLayers::kFfn;
-  if (name == "all_linear") return QuantLayers::kAllLinear;
-  return std::nullopt;
-}
-
-const char* QuantLayersName(QuantLayers layers) {
-  return layers == QuantLayers::kFfn ? "ffn" : "all_linear";
-}
 
 bool QuantizesParameter(std::string_view name, QuantLayers layers) {
   if (name.substr(0, 7) != "layers.") return false;
@@ -36,10 +18,6 @@ bool QuantizesParameter(std::string_view name, QuantLayers layers) {
   if (rest.substr(0, 8) == "experts.") rest = rest.substr(8);
   if (rest == "w1" || rest == "w2" || rest == "w3") return true;
   return layers == QuantLayers::kAllLinear && (rest == "wqkv" || rest == "wo");
-}
-
-std::string QuantizationName(const WeightQuantization& q) {
-  return std::string(GgmlQuantName(q.format)) + " " + QuantLayersName(q.layers);
 }
 
 namespace {

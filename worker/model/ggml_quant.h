@@ -29,21 +29,12 @@ namespace tally::model {
 
 inline constexpr int64_t kGgmlBlock = 32;
 
-// "q8_0" / "q4_0"; nullopt otherwise.
-std::optional<GgmlQuant> ParseGgmlQuant(std::string_view name);
-const char* GgmlQuantName(GgmlQuant q);
 // Bytes of one block in the file: 34 and 18.
 int64_t GgmlBlockBytes(GgmlQuant q);
 
-// "ffn" / "all_linear"; nullopt otherwise.
-std::optional<QuantLayers> ParseQuantLayers(std::string_view name);
-const char* QuantLayersName(QuantLayers layers);
 // Whether a Tally parameter name ("layers.0.w1", "layers.1.experts.w2",
 // "layers.0.wqkv", ...) is one `layers` quantizes.
 bool QuantizesParameter(std::string_view name, QuantLayers layers);
-
-// "q4_0 ffn".
-std::string QuantizationName(const WeightQuantization& q);
 
 struct GgmlBlocks {
   at::Tensor scale;  // kHalf [..., n / 32]: each block's d
